@@ -1,0 +1,20 @@
+"""lsg-fairseq: long-input sequence-to-sequence models (LSG-BART, LOCOST, LED) as a fairseq plugin.
+
+Use with ``fairseq-train --user-dir $(lsg-fairseq-user-dir) ...`` or ``import lsg_fairseq`` before
+loading a checkpoint. Importing registers every model, architecture and task, and allowlists what
+fairseq checkpoints contain so that ``torch.load`` works under torch >= 2.6.
+"""
+import os
+
+from lsg_fairseq.serialization import register_safe_globals
+
+register_safe_globals()
+
+from lsg_fairseq import models, tasks  # noqa: E402,F401  (registration side effects)
+
+__version__ = "0.1.0"
+
+
+def user_dir() -> str:
+    """The path to pass as ``--user-dir`` (fairseq wants a path, not a module name)."""
+    return os.path.dirname(os.path.abspath(__file__))

@@ -1,0 +1,73 @@
+"""One converter for every model family: HF folders (BART, LSG-BART, LOCOST, LED) -> fairseq.
+
+Contract (binding; other parts and checks rely on it)::
+
+    lsg-fairseq-convert SRC OUT_DIR [--to KIND] [--max-source-positions N]
+                        [--num-global-tokens G] [family flags]
+    python -m lsg_fairseq.convert ...            (same)
+    lsg_fairseq.convert.convert(src, out, **options)
+
+``convert`` detects the source kind (``config.json`` of an HF folder, or a fairseq checkpoint),
+and writes ``OUT_DIR/model.pt`` (loadable by
+``fairseq.checkpoint_utils.load_model_ensemble_and_task([OUT_DIR/model.pt])`` after
+``import lsg_fairseq``), ``OUT_DIR/dict.txt``, tokenizer files for offline use and
+``OUT_DIR/token_map.json`` only when fairseq indices differ from HF ids (a list: fairseq index ->
+HF id).
+
+Each family lives in its own module and registers itself with :func:`register_family`:
+``detect(src) -> bool`` says whether it handles ``src``; ``convert(src, out, **options)`` does
+the work and returns the path of the written ``model.pt``.
+"""
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List
+
+
+class ConversionError(ValueError):
+    """A source the converter refuses, with a message naming the file or field at fault."""
+
+
+@dataclass
+class Family:
+    name: str
+    detect: Callable[[str], bool]
+    convert: Callable[..., str]
+
+
+_FAMILIES: Dict[str, Family] = {}
+
+# Family modules, imported lazily so that `--help` stays fast and a broken family cannot hide
+# another one's error message.
+_FAMILY_MODULES: List[str] = ["bart", "locost", "led"]
+
+
+def register_family(name: str, detect: Callable[[str], bool], convert: Callable[..., str]) -> None:
+    _FAMILIES[name] = Family(name, detect, convert)
+
+
+def _load_families() -> None:
+    here = os.path.dirname(__file__)
+    for mod in _FAMILY_MODULES:
+        if os.path.exists(os.path.join(here, mod + ".py")):
+            importlib.import_module(f"{__name__}.{mod}")
+
+
+def detect_family(src: str) -> Family:
+    if not os.path.exists(src):
+        raise ConversionError(f"{src}: no such file or folder")
+    _load_families()
+    for family in _FAMILIES.values():
+        if family.detect(src):
+            return family
+    known = ", ".join(sorted(_FAMILIES)) or "none"
+    raise ConversionError(
+        f"{src}: not a model this converter knows (families: {known}). Expected an HF folder "
+        "whose config.json describes BART, LSG-BART, LOCOST or LED, or a fairseq checkpoint "
+        "written by lsg-fairseq."
+    )
+
+
+def convert(src: str, out: str, **options) -> str:
+    """Convert ``src`` into a fairseq model folder ``out``; returns the path of ``model.pt``."""
+    return detect_family(src).convert(src, out, **options)

@@ -1,0 +1,3 @@
+from lsg_fairseq.cli.convert import main
+
+main()

@@ -1,0 +1,1 @@
+"""Datasets, truncation, sentence splitting, GSG selection, ROUGE helpers (architecture-agnostic)."""

@@ -1,0 +1,1 @@
+"""Tiny pure functions for index arithmetic shared by LSG and LED (blocks, bands, padding)."""

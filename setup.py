@@ -1,0 +1,40 @@
+"""lsg-fairseq: a fairseq plugin for long-document sequence-to-sequence models.
+
+Install torch first, pinned (an unpinned torch pulls several GB of CUDA packages on a CPU box):
+    pip install torch==2.13.0 && pip install --no-build-isolation -e .
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="lsg-fairseq",
+    version="0.1.0",
+    description="LSG-BART, LOCOST and LED long-input encoders for fairseq",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["lsg_fairseq", "lsg_fairseq.*"]),
+    install_requires=[
+        # fairseq 0.12.2 does not import on Python 3.11; fairseq-fixed is the maintained rebuild.
+        "fairseq-fixed==0.12.3.1",
+        "torch>=2.1",
+        "numpy",
+        "sentencepiece",
+        "sacrebleu",
+        "rouge-score",
+        "tensorboard",
+        "pysbd",
+        "safetensors",
+        "tqdm",
+    ],
+    extras_require={
+        "test": ["pytest"],
+        "plots": ["matplotlib"],
+    },
+    entry_points={
+        "console_scripts": [
+            "lsg-fairseq-user-dir=lsg_fairseq.cli.user_dir:main",
+            "lsg-fairseq-summarize=lsg_fairseq.cli.summarize:main",
+            "lsg-fairseq-convert=lsg_fairseq.cli.convert:main",
+        ]
+    },
+)
