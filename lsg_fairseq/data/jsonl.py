@@ -1,0 +1,71 @@
+"""Reading and validating summarization JSONL, and flattening it to fairseq parallel text.
+
+Input: one JSON object per line with at least ``{"document": str, "summary": str}`` (the format of
+``shared/data/{sumpubmed,squality,qmsum}`` and of :mod:`lsg_fairseq.data.synthetic`). Inside a
+``document``, each line is a paragraph or a speaker turn.
+
+Output: fairseq wants one example per line, so :func:`flatten` joins all whitespace runs (newlines
+included) into single spaces. Sentence information survives through punctuation, which
+:func:`lsg_fairseq.data.sentences.split_sentences` uses; what is lost is the boundary after a
+paragraph without final punctuation (a heading such as ``BACKGROUND``). Pass ``newline_token``
+(e.g. ``"<n>"``, PEGASUS' convention) to keep paragraph breaks as an explicit token instead.
+"""
+import json
+from typing import Dict, Iterator, Optional, Sequence, Tuple
+
+from lsg_fairseq.data.fileio import DataError
+
+DEFAULT_FIELDS = ("document", "summary")
+
+
+def flatten(text: str, newline_token: Optional[str] = None) -> str:
+    """One line of text: whitespace runs become one space; paragraph breaks optionally a token."""
+    if newline_token is None:
+        return " ".join(text.split())
+    paragraphs = (" ".join(p.split()) for p in text.splitlines())
+    return f" {newline_token} ".join(p for p in paragraphs if p)
+
+
+def read_jsonl(
+    path: str,
+    fields: Sequence[str] = DEFAULT_FIELDS,
+    max_examples: Optional[int] = None,
+) -> Iterator[Tuple[int, Dict]]:
+    """Yield ``(line_number, object)`` for each example, validating ``fields``.
+
+    Raises :class:`DataError` naming ``path:line`` for a line that is not JSON, not an object, or
+    whose field is missing, not a string, or empty/whitespace-only (an empty document or summary
+    would become an empty line that fairseq trains on as if it were data). Blank lines are errors
+    too: they usually mean a truncated or hand-edited file.
+    """
+    try:
+        yield from _read_checked(path, fields, max_examples)
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start} of a read block: {e.reason})") from None
+
+
+def _read_checked(path, fields, max_examples):
+    count = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if max_examples is not None and count >= max_examples:
+                return
+            where = f"{path}:{lineno}"
+            if not line.strip():
+                raise DataError(f"{where}: blank line (expected one JSON object per line)")
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            for field in fields:
+                if field not in obj:
+                    raise DataError(f"{where}: missing field {field!r} (has: {', '.join(sorted(obj))})")
+                value = obj[field]
+                if not isinstance(value, str):
+                    raise DataError(f"{where}: field {field!r} must be a string, got {type(value).__name__}")
+                if not value.strip():
+                    raise DataError(f"{where}: field {field!r} is empty")
+            count += 1
+            yield lineno, obj
