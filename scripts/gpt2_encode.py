@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Encode text lines to GPT-2 BPE ids with LOCAL encoder.json / vocab.bpe (never downloads).
+
+A drop-in for fairseq's examples/roberta/multiprocessing_bpe_encoder.py, with the same flags and
+semantics: --inputs are read in parallel (line i of every input forms one example), each line is
+stripped, and without --keep-empty an example with any empty line is dropped from every output.
+Unlike fairseq's script, inputs of different lengths are an error (fairseq silently truncates to
+the shortest), the BPE files are checked first, and outputs appear only when complete.
+
+HF vocab.json/merges.txt (BART, RoBERTa) work as --encoder-json/--vocab-bpe unchanged. The ids are
+GPT-2 ids; fairseq-preprocess maps them to indices with a dict.txt (lsg-fairseq-convert writes
+one for converted HF models).
+
+Example:
+    python scripts/gpt2_encode.py --encoder-json m/encoder.json --vocab-bpe m/vocab.bpe \\
+        --inputs raw/train.source raw/train.target --outputs bpe/train.source bpe/train.target \\
+        --keep-empty --workers 2
+"""
+import argparse
+import contextlib
+import os
+import sys
+from multiprocessing import Pool
+
+# Runs from a checkout without `pip install -e .`: make the repo's package importable.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress  # noqa: E402
+from lsg_fairseq.data.offline_bpe import gpt2_encode_line, load_gpt2_encoder, require_local_file  # noqa: E402
+
+PROG = "gpt2_encode.py"
+
+# Per-process state, set by _init_worker in the main process and in every pool worker.
+_encoder = None
+_keep_empty = False
+
+
+def _init_worker(encoder_json: str, vocab_bpe: str, keep_empty: bool) -> None:
+    global _encoder, _keep_empty
+    _encoder = load_gpt2_encoder(encoder_json, vocab_bpe)
+    _keep_empty = keep_empty
+
+
+def _encode_example(item):
+    """(line_number, lines) -> ("PASS", encoded lines) | ("EMPTY", None) | ("ERROR", message)."""
+    lineno, lines = item
+    out = []
+    for line in lines:
+        line = line.strip()
+        if not line and not _keep_empty:
+            return "EMPTY", None
+        try:
+            out.append(" ".join(map(str, gpt2_encode_line(_encoder, line))))
+        except DataError as e:
+            return "ERROR", f"line {lineno}: {e}"
+    return "PASS", out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--encoder-json", required=True, help="local encoder.json (or HF vocab.json)")
+    p.add_argument("--vocab-bpe", required=True, help="local vocab.bpe (or HF merges.txt), with its '#version' header line")
+    p.add_argument("--inputs", nargs="+", default=["-"], help="text files read in parallel ('-' = stdin)")
+    p.add_argument("--outputs", nargs="+", default=["-"], help="one output per input ('-' = stdout)")
+    p.add_argument("--keep-empty", action="store_true", help="keep empty lines (as empty output lines) instead of dropping the example")
+    p.add_argument("--workers", type=int, default=1, help="encoder processes (default: 1); output order is kept")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if len(args.inputs) != len(args.outputs):
+        return die(f"--inputs has {len(args.inputs)} paths but --outputs has {len(args.outputs)}; give one output per input", PROG)
+    if args.workers < 1:
+        return die(f"--workers must be >= 1, got {args.workers}", PROG)
+    if args.inputs.count("-") > 1:
+        return die("--inputs: stdin ('-') can be given only once", PROG)
+    try:
+        # Validates both files (existence, URL, format) before any output exists.
+        _init_worker(args.encoder_json, args.vocab_bpe, args.keep_empty)
+        for path in args.inputs:
+            if path != "-":
+                require_local_file(path, "--inputs")
+        files = [p for p in args.inputs if p != "-"]
+        counts = {p: count_lines(p) for p in files}
+        if len(set(counts.values())) > 1:
+            detail = ", ".join(f"{p} has {n}" for p, n in counts.items())
+            raise DataError(f"--inputs have different line counts ({detail}); they must be aligned")
+        total = next(iter(counts.values()), None)
+
+        stats = {"PASS": 0, "EMPTY": 0}
+        with contextlib.ExitStack() as stack:
+            ins = [sys.stdin if p == "-" else stack.enter_context(open(p, encoding="utf-8")) for p in args.inputs]
+            outs = stack.enter_context(atomic_outputs(args.outputs))
+            items = enumerate(zip(*ins), start=1)
+            if args.workers > 1:
+                pool = stack.enter_context(Pool(args.workers, initializer=_init_worker, initargs=(args.encoder_json, args.vocab_bpe, args.keep_empty)))
+                results = pool.imap(_encode_example, items, chunksize=100)  # imap keeps input order
+            else:
+                results = map(_encode_example, items)
+            for status, enc in progress(results, desc="gpt2 bpe", total=total):
+                if status == "ERROR":
+                    raise DataError(f"{enc} (inputs: {', '.join(args.inputs)})")
+                stats[status] += 1
+                if status == "PASS":
+                    for line, fout in zip(enc, outs):
+                        fout.write(line + "\n")
+    except DataError as e:
+        return die(str(e), PROG)
+    except UnicodeDecodeError as e:
+        return die(f"--inputs: not UTF-8 text ({e.reason})", PROG)
+    msg = f"encoded {stats['PASS']} examples"
+    if stats["EMPTY"]:
+        msg += f"; dropped {stats['EMPTY']} with an empty line (pass --keep-empty to keep them)"
+    print(msg, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Train a sentencepiece model offline and write a fairseq dict.txt consistent with it.
+
+Writes PREFIX.model, PREFIX.vocab and (default) dict.txt beside them. The model reserves
+fairseq's specials at the same ids (<s>=0 <pad>=1 </s>=2 <unk>=3), and dict.txt lists every other
+piece in id order, so fairseq dictionary index == sentencepiece id (see
+lsg_fairseq/data/offline_bpe.py). Input lines (whole documents) are split into sentences for
+training, because sentencepiece skips lines longer than --max-sentence-length bytes.
+
+Then: scripts/spm_encode.py --model PREFIX.model ..., fairseq-preprocess --srcdict dict.txt, and
+decode with fairseq's `--bpe sentencepiece --sentencepiece-model PREFIX.model`.
+
+Example:
+    python scripts/spm_train.py --inputs raw/train.source raw/train.target \\
+        --model-prefix spm/spm --vocab-size 8000
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+# Runs from a checkout without `pip install -e .`: make the repo's package importable.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, die, progress  # noqa: E402
+from lsg_fairseq.data.offline_bpe import (  # noqa: E402
+    fairseq_dict_lines,
+    load_sentencepiece,
+    require_local_file,
+    sentencepiece_special_kwargs,
+    sentences_for_training,
+)
+from lsg_fairseq.data.sentences import split_sentences  # noqa: E402
+
+PROG = "spm_train.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--inputs", nargs="+", required=True, help="text files, one document (or sentence) per line")
+    p.add_argument("--model-prefix", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab")
+    p.add_argument("--vocab-size", type=int, default=8000, help="number of pieces, the 4 specials included (default: 8000)")
+    p.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram", help="sentencepiece algorithm (default: unigram)")
+    p.add_argument("--dict", default=None, help="fairseq dictionary to write (default: dict.txt beside PREFIX.model)")
+    p.add_argument("--character-coverage", type=float, default=0.9995, help="share of characters covered; rarer ones become <unk> (default: 0.9995; use 1.0 for small alphabets)")
+    p.add_argument(
+        "--soft-vocab-limit", action="store_true",
+        help="allow fewer pieces than --vocab-size when the data is too small (sentencepiece's hard_vocab_limit=false)",
+    )
+    p.add_argument("--user-defined-symbols", default="", help="comma-separated pieces never split, e.g. '<n>' for jsonl_to_parallel.py --newline-token")
+    p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="sample at most this many sentences for training (default: 2000000)")
+    p.add_argument("--max-sentence-length", type=int, default=16384, help="longest training sentence in bytes; longer ones are cut at word boundaries (default: 16384)")
+    p.add_argument("--no-sentence-split", action="store_true", help="train on input lines as they are (already one sentence per line)")
+    p.add_argument("--normalization-rule", default="nmt_nfkc", help="sentencepiece normalization_rule_name (default: nmt_nfkc; 'identity' keeps text byte-exact)")
+    p.add_argument("--seed", type=int, default=1, help="seed of sentencepiece's sampling (default: 1)")
+    p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="training threads")
+    p.add_argument("--verbose", action="store_true", help="show sentencepiece's own training log")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.vocab_size <= 4:
+        return die(f"--vocab-size must be > 4 (4 ids are fairseq's specials), got {args.vocab_size}", PROG)
+    try:
+        for path in args.inputs:
+            require_local_file(path, "--inputs")
+    except DataError as e:
+        return die(str(e), PROG)
+    import sentencepiece as spm
+
+    prefix = os.path.abspath(args.model_prefix)
+    out_dir = os.path.dirname(prefix)
+    dict_path = args.dict or os.path.join(out_dir, "dict.txt")
+    os.makedirs(out_dir, exist_ok=True)
+
+    def sentences():
+        for path in args.inputs:
+            with open(path, encoding="utf-8") as f:
+                lines = progress(f, desc=f"reading {os.path.basename(path)}")
+                if args.no_sentence_split:
+                    yield from sentences_for_training(lines, lambda x: [x.strip()] if x.strip() else [], args.max_sentence_length)
+                else:
+                    yield from sentences_for_training(lines, split_sentences, args.max_sentence_length)
+
+    spm.set_random_generator_seed(args.seed)
+    # Train into a temp folder beside the outputs and move the files only once everything,
+    # dict.txt included, exists: a failed run leaves no model without its dictionary.
+    tmp_dir = tempfile.mkdtemp(prefix=".spm_train.", dir=out_dir)
+    try:
+        tmp_prefix = os.path.join(tmp_dir, "m")
+        print(f"training sentencepiece ({args.model_type}, vocab {args.vocab_size}) ...", file=sys.stderr)
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=sentences(),
+                model_prefix=tmp_prefix,
+                vocab_size=args.vocab_size,
+                model_type=args.model_type,
+                character_coverage=args.character_coverage,
+                hard_vocab_limit=not args.soft_vocab_limit,
+                user_defined_symbols=[s for s in args.user_defined_symbols.split(",") if s],
+                input_sentence_size=args.input_sentence_size,
+                shuffle_input_sentence=True,
+                max_sentence_length=args.max_sentence_length,
+                normalization_rule_name=args.normalization_rule,
+                num_threads=args.threads,
+                minloglevel=0 if args.verbose else 1,
+                **sentencepiece_special_kwargs(),
+            )
+        except (RuntimeError, OSError) as e:
+            hint = " (lower --vocab-size or pass --soft-vocab-limit)" if "Vocabulary size" in str(e) else ""
+            raise DataError(f"sentencepiece training failed: {e}{hint}") from None
+        sp = load_sentencepiece(tmp_prefix + ".model", flag="--model-prefix")
+        with atomic_outputs([dict_path]) as (f,):
+            for line in fairseq_dict_lines(sp):
+                f.write(line + "\n")
+            for ext in (".model", ".vocab"):
+                shutil.move(tmp_prefix + ext, prefix + ext)
+    except DataError as e:
+        return die(str(e), PROG)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    n = sp.get_piece_size()
+    print(f"wrote {prefix}.model/.vocab ({n} pieces) and {dict_path} ({n - 4} entries; index == piece id)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
