@@ -88,6 +88,14 @@ class _DocumentCounts:
         self.total = np.bincount(local, minlength=vocab)
 
 
+def _f1_vector(overlap: np.ndarray, len_a: np.ndarray, len_b: np.ndarray) -> np.ndarray:
+    """:func:`rouge1_f1` on arrays, operation for operation (so results are bit-identical)."""
+    precision = overlap / np.maximum(len_a, 1)
+    recall = overlap / np.maximum(len_b, 1)
+    denom = precision + recall
+    return np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)
+
+
 def ind_orig_scores(sentences_words: Sequence[Sequence[int]]) -> np.ndarray:
     """ROUGE-1 F1 of each sentence against the rest of the document (the document without it)."""
     d = _DocumentCounts(sentences_words)
@@ -97,15 +105,7 @@ def ind_orig_scores(sentences_words: Sequence[Sequence[int]]) -> np.ndarray:
     # the rest: the clipped overlap is min(c, T - c).
     rest_count = d.total[d.pair_word] - d.pair_count
     overlap = np.bincount(d.pair_sent, weights=np.minimum(d.pair_count, rest_count), minlength=d.n)
-    return np.array([rouge1_f1(overlap[i], int(d.sent_len[i]), d.doc_len - int(d.sent_len[i]))
-                     for i in range(d.n)])
-
-
-def _f1_vector(overlap: np.ndarray, len_a: np.ndarray, len_b: np.ndarray) -> np.ndarray:
-    precision = overlap / np.maximum(len_a, 1)
-    recall = overlap / np.maximum(len_b, 1)
-    denom = precision + recall
-    return np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)
+    return _f1_vector(overlap, d.sent_len, d.doc_len - d.sent_len)
 
 
 def top_m(scores: Sequence[float], m: int) -> List[int]:
@@ -219,22 +219,27 @@ def build_source_target(
         raise ValueError(f"{len(actions)} mask actions for {len(selected)} selected sentences")
     n = len(sentences_tokens)
     action_of = dict(zip(selected, actions))
-    source: List[int] = []
-    target: List[int] = []
-    for i in selected:
-        target.extend(sentences_tokens[i])
+    # Pieces are concatenated once at the end: sentences may be numpy views of a memory map.
+    source: List[Sequence[int]] = []
     for i, tokens in enumerate(sentences_tokens):
         action = action_of.get(i)
         if action is None or action == KEEP:
-            source.extend(tokens)
+            source.append(tokens)
         elif action == MASK or (action == RANDOM and n < 2):
-            source.append(mask_token)
+            source.append([mask_token])
         elif action == RANDOM:
             j = int(rng.integers(n - 1))
-            source.extend(sentences_tokens[j + (j >= i)])  # skip i itself
+            source.append(sentences_tokens[j + (j >= i)])  # skip i itself
         elif action != REMOVE:
             raise ValueError(f"unknown mask action {action}")
-    return source, target
+    target = [sentences_tokens[i] for i in selected]
+    return _flatten(source), _flatten(target)
+
+
+def _flatten(pieces: Sequence[Sequence[int]]) -> List[int]:
+    if not pieces:
+        return []
+    return np.concatenate([np.asarray(p, dtype=np.int64) for p in pieces]).tolist()
 
 
 def gsg_example(

@@ -1,0 +1,180 @@
+#!/usr/bin/env python
+"""Raw unlabeled text -> the corpus that `--task gap_sentence_generation` reads.
+
+Splits documents into sentences (offline regex splitter shared with ROUGE-Lsum), optionally cuts
+long documents (books) into pseudo-documents of about --chunk-words words, tokenizes every
+sentence with the model's tokenizer and writes, per split, <output-dir>/<split>.gsg.*.npy
+(model token ids + ROUGE word ids + sentence/document boundaries, see
+lsg_fairseq/data/gsg_dataset.py) and <output-dir>/dict.txt. Gap-sentence selection and masking
+happen on the fly in the task, so one preprocessing run serves every epoch, seed and GSG flag.
+
+Input formats (--format): lines (one document per line), blank (documents separated by blank
+lines), file (each file one document, e.g. a book), jsonl (field --document-field, default
+"document", as in shared/data).
+
+Tokenizers: sentencepiece (--spm-model from scripts/spm_train.py, dict.txt beside it by default),
+gpt2 (--gpt2-encoder-json/--gpt2-vocab-bpe + --dict, e.g. a converted BART folder), or
+whitespace (--dict, or a dictionary built from the first split).
+
+Example (Gutenberg books -> ~4K-word documents):
+    python scripts/gsg_preprocess.py --format file --chunk-words 4000 \\
+        --input train=../shared/data/gutenberg/austen-emma.txt,../shared/data/gutenberg/melville-moby_dick.txt \\
+        --input valid=../shared/data/gutenberg/chesterton-thursday.txt \\
+        --spm-model spm/spm.model --output-dir data-bin/gsg
+"""
+import argparse
+import os
+import shutil
+import sys
+import time
+
+# Runs from a checkout without `pip install -e .`: make the repo's package importable.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lsg_fairseq.data.documents import DOCUMENT_FORMATS, chunk_sentences, document_sentences, read_documents  # noqa: E402
+from lsg_fairseq.data.fileio import DataError, die, require_file  # noqa: E402
+
+PROG = "gsg_preprocess.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", action="append", required=True, metavar="SPLIT=FILE[,FILE...]",
+                   help="input files of one split (repeatable), e.g. train=a.txt,b.txt valid=c.txt")
+    p.add_argument("--format", choices=DOCUMENT_FORMATS, required=True, help="how documents are delimited (see above)")
+    p.add_argument("--document-field", default="document", help="JSON field holding the text for --format jsonl (default: document)")
+    p.add_argument("--output-dir", required=True, help="where <split>.gsg.*.npy and dict.txt are written")
+    p.add_argument("--chunk-words", type=int, default=0,
+                   help="cut documents into runs of consecutive sentences of at most this many words (0: keep whole; ~4000 for books)")
+    p.add_argument("--min-sentences", type=int, default=2,
+                   help="drop (pseudo-)documents with fewer sentences: one sentence leaves nothing to condition on (default: 2)")
+    p.add_argument("--max-sentence-words", type=int, default=200,
+                   help="cut longer 'sentences' (verse, lists without punctuation) into pieces of this many words (default: 200)")
+    p.add_argument("--spm-model", default=None, help="sentencepiece model (tokenizer: sentencepiece)")
+    p.add_argument("--gpt2-encoder-json", default=None, help="GPT-2 encoder.json (tokenizer: gpt2; needs --gpt2-vocab-bpe and --dict)")
+    p.add_argument("--gpt2-vocab-bpe", default=None, help="GPT-2 vocab.bpe (tokenizer: gpt2)")
+    p.add_argument("--dict", default=None,
+                   help="fairseq dict.txt mapping tokens to ids (default: dict.txt beside --spm-model; built from the first split for whitespace)")
+    p.add_argument("--nwords", type=int, default=8000, help="whitespace tokenizer without --dict: keep this many most frequent words (default: 8000)")
+    p.add_argument("--max-documents", type=int, default=None, metavar="N", help="keep only the first N (pseudo-)documents of each split")
+    return p
+
+
+def parse_inputs(items):
+    inputs = {}
+    for item in items:
+        split, sep, files = item.partition("=")
+        if not sep or not split or not files:
+            raise DataError(f"--input: expected SPLIT=FILE[,FILE...], got {item!r}")
+        if split in inputs:
+            raise DataError(f"--input: split {split!r} given twice; list its files comma-separated")
+        inputs[split] = [require_file(f, f"--input {split}") for f in files.split(",") if f]
+    return inputs
+
+
+def build_encoder(args, first_split_docs):
+    """(dictionary, dict_path or None, encode: list of sentences -> list of token id lists)."""
+    from fairseq.data import Dictionary
+
+    if args.spm_model and args.gpt2_encoder_json:
+        raise DataError("give either --spm-model or --gpt2-encoder-json, not both")
+    if args.spm_model:
+        from lsg_fairseq.data.offline_bpe import load_sentencepiece
+
+        sp = load_sentencepiece(args.spm_model, "--spm-model")
+        dict_path = args.dict or os.path.join(os.path.dirname(os.path.abspath(args.spm_model)), "dict.txt")
+        dictionary = Dictionary.load(require_file(dict_path, "--dict"))
+
+        def encode(sentences):
+            return [[dictionary.index(p) for p in pieces] for pieces in sp.encode(sentences, out_type=str)]
+
+        return dictionary, dict_path, encode
+    if args.gpt2_encoder_json or args.gpt2_vocab_bpe:
+        from lsg_fairseq.data.offline_bpe import gpt2_encode_line, load_gpt2_encoder
+
+        bpe = load_gpt2_encoder(args.gpt2_encoder_json, args.gpt2_vocab_bpe, "--gpt2-encoder-json", "--gpt2-vocab-bpe")
+        if not args.dict:
+            raise DataError("--dict is required with the gpt2 tokenizer (the dict.txt of the model)")
+        dictionary = Dictionary.load(require_file(args.dict, "--dict"))
+
+        def encode(sentences):
+            # A leading space, as every sentence but the first has in running text, so sentences
+            # concatenated in a GSG target decode with spaces between them.
+            return [[dictionary.index(str(i)) for i in gpt2_encode_line(bpe, " " + s)] for s in sentences]
+
+        return dictionary, args.dict, encode
+    if args.dict:
+        dictionary = Dictionary.load(require_file(args.dict, "--dict"))
+        dict_path = args.dict
+    else:
+        dictionary = Dictionary()
+        for doc in first_split_docs:
+            for sentence in doc:
+                for word in sentence.split():
+                    dictionary.add_symbol(word)
+        dictionary.finalize(nwords=args.nwords + dictionary.nspecial)
+        dict_path = None
+
+    def encode(sentences):
+        return [[dictionary.index(w) for w in s.split()] for s in sentences]
+
+    return dictionary, dict_path, encode
+
+
+def read_split(files, args):
+    docs, dropped = [], 0
+    for path in files:
+        for paragraphs in read_documents(path, args.format, args.document_field):
+            for chunk in chunk_sentences(document_sentences(paragraphs, args.max_sentence_words), args.chunk_words):
+                if len(chunk) < args.min_sentences:
+                    dropped += 1
+                    continue
+                docs.append(chunk)
+                if args.max_documents is not None and len(docs) >= args.max_documents:
+                    return docs, dropped
+    return docs, dropped
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    for flag, value, low in (("--min-sentences", args.min_sentences, 1), ("--max-sentence-words", args.max_sentence_words, 1),
+                             ("--chunk-words", args.chunk_words, 0), ("--nwords", args.nwords, 1)):
+        if value < low:
+            return die(f"{flag} must be >= {low}, got {value}", PROG)
+    from lsg_fairseq.data.gsg_dataset import GSGCorpusWriter, corpus_prefix
+
+    try:
+        inputs = parse_inputs(args.input)
+        t0 = time.time()
+        split_docs = {}
+        for split, files in inputs.items():
+            split_docs[split], dropped = read_split(files, args)
+            if not split_docs[split]:
+                raise DataError(f"split {split!r}: no document with >= {args.min_sentences} sentences in {files}")
+            print(f"{split}: {len(split_docs[split])} documents ({dropped} with < {args.min_sentences} sentences dropped)", file=sys.stderr)
+        dictionary, dict_path, encode = build_encoder(args, next(iter(split_docs.values())))
+        os.makedirs(args.output_dir, exist_ok=True)
+        out_dict = os.path.join(args.output_dir, "dict.txt")
+        if dict_path is None:
+            dictionary.save(out_dict)
+        elif os.path.abspath(dict_path) != os.path.abspath(out_dict):
+            shutil.copyfile(dict_path, out_dict)
+        writer = GSGCorpusWriter()
+        for split, docs in split_docs.items():
+            n_unk = 0
+            for doc in docs:
+                tokens = encode(doc)
+                n_unk += sum(t == dictionary.unk() for sent in tokens for t in sent)
+                writer.add_document(tokens, doc)
+            stats = writer.save(corpus_prefix(args.output_dir, split))
+            print(f"{split}: {stats['documents']} documents, {stats['sentences']} sentences, {stats['tokens']} tokens "
+                  f"({100.0 * n_unk / max(stats['tokens'], 1):.2f}% <unk>), {stats['words']} ROUGE words "
+                  f"-> {corpus_prefix(args.output_dir, split)}.*.npy", file=sys.stderr)
+        print(f"done in {time.time() - t0:.1f}s; dictionary: {out_dict} ({len(dictionary)} symbols)", file=sys.stderr)
+    except DataError as e:
+        return die(str(e), PROG)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
