@@ -1,0 +1,109 @@
+#!/usr/bin/env python
+"""ROUGE report (rouge-score F1 x100, stemmed, Lsum on sentences) from fairseq-generate output.
+
+Mode 1, from fairseq-generate stdout (or --results-path's generate-test.txt):
+    python scripts/generate_to_rouge.py --generate-output gen.out [--ref-file raw/test.target] \\
+        --output-dir eval/
+  writes eval/hyp.txt and eval/ref.txt (one example per line, sorted by example id; hypotheses
+  from D- lines, else H-; references from T- lines or, with --ref-file, line <id> of that file)
+  and eval/rouge.json, and prints the JSON.
+
+Mode 2, two existing files (same line count):
+    python scripts/generate_to_rouge.py --hyp eval/hyp.txt --ref raw/test.target [--json out.json]
+
+The JSON holds rouge1, rouge2, rougeL, rougeLsum (means over examples, x100) and n.
+"""
+import argparse
+import json
+import os
+import sys
+
+# Runs from a checkout without `pip install -e .`: make the repo's package importable.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, require_file  # noqa: E402
+from lsg_fairseq.data.generate_output import hypotheses_and_references, parse_generate_output  # noqa: E402
+from lsg_fairseq.data.rouge import rouge_corpus  # noqa: E402
+
+PROG = "generate_to_rouge.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("mode 1: fairseq-generate output")
+    g.add_argument("--generate-output", metavar="FILE", help="fairseq-generate stdout ('-' = stdin)")
+    g.add_argument("--ref-file", metavar="FILE", help="raw references, line i = example id i (default: the T- lines)")
+    g.add_argument("--output-dir", metavar="DIR", help="where hyp.txt, ref.txt and rouge.json are written")
+    g = p.add_argument_group("mode 2: score two files")
+    g.add_argument("--hyp", metavar="FILE", help="hypotheses, one per line")
+    g.add_argument("--ref", metavar="FILE", help="references, one per line (same count as --hyp)")
+    g.add_argument("--json", metavar="FILE", help="also write the JSON report here")
+    return p
+
+
+def _read_lines(path: str, flag: str):
+    require_file(path, flag)
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def score_files(args) -> dict:
+    hyp_n, ref_n = count_lines(require_file(args.hyp, "--hyp")), count_lines(require_file(args.ref, "--ref"))
+    if hyp_n != ref_n:
+        raise DataError(f"line counts differ: --hyp {args.hyp} has {hyp_n} lines, --ref {args.ref} has {ref_n}")
+    if hyp_n == 0:
+        raise DataError(f"--hyp {args.hyp} and --ref {args.ref} are empty")
+    return rouge_corpus(_read_lines(args.hyp, "--hyp"), _read_lines(args.ref, "--ref"))
+
+
+def score_generate_output(args) -> dict:
+    path = args.generate_output
+    if path == "-":
+        examples = parse_generate_output(sys.stdin, "<stdin>")
+    else:
+        require_file(path, "--generate-output")
+        with open(path, encoding="utf-8") as f:
+            examples = parse_generate_output(f, path)
+    refs = _read_lines(args.ref_file, "--ref-file") if args.ref_file else None
+    ids, hyps, refs = hypotheses_and_references(examples, refs, path)
+    report = rouge_corpus(hyps, refs)
+    if args.ref_file and len(ids) < count_lines(args.ref_file):
+        # fairseq drops over-long examples under --skip-invalid-size-inputs-valid-test.
+        report["skipped"] = count_lines(args.ref_file) - len(ids)
+        print(f"warning: only {len(ids)} of {count_lines(args.ref_file)} references have a hypothesis", file=sys.stderr)
+    out = args.output_dir
+    with atomic_outputs([os.path.join(out, "hyp.txt"), os.path.join(out, "ref.txt"), os.path.join(out, "rouge.json")]) as (fh, fr, fj):
+        for h, r in zip(hyps, refs):
+            # One example per line, whatever the text holds.
+            fh.write(" ".join(h.split()) + "\n")
+            fr.write(" ".join(r.split()) + "\n")
+        fj.write(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    mode1 = args.generate_output is not None
+    mode2 = args.hyp is not None or args.ref is not None
+    try:
+        if mode1 == mode2:
+            raise DataError("give either --generate-output (with --output-dir) or --hyp and --ref")
+        if mode1:
+            if not args.output_dir:
+                raise DataError("--generate-output needs --output-dir")
+            report = score_generate_output(args)
+        else:
+            if not (args.hyp and args.ref):
+                raise DataError("--hyp and --ref go together")
+            report = score_files(args)
+        if args.json:
+            with atomic_outputs([args.json]) as (f,):
+                f.write(json.dumps(report, indent=2) + "\n")
+    except DataError as e:
+        return die(str(e), PROG)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
