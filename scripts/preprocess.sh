@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Binarize PREF.source / PREF.target pairs with fairseq-preprocess (one joined dictionary).
+# Checks first that every file exists and that source and target of each split have the same
+# number of lines (fairseq would otherwise fail late, or pair examples wrongly). Output appears in
+# --destdir only when fairseq-preprocess succeeds (it runs in a temp folder beside it).
+set -euo pipefail
+
+prog=$(basename "$0")
+
+usage() {
+  cat <<EOF
+usage: $prog --trainpref P [--validpref P[,P2...]] [--testpref P[,P2...]] --destdir DIR
+             [--dict DICT] [--workers N] [-- EXTRA fairseq-preprocess ARGS]
+
+Runs: fairseq-preprocess --source-lang source --target-lang target --trainpref P ...
+      --destdir DIR --srcdict DICT --tgtdict DICT --workers N
+Each prefix P names the files P.source and P.target (one example per line, already BPE/
+sentencepiece-encoded: scripts/gpt2_encode.py or scripts/spm_encode.py).
+
+  --dict DICT    joined dictionary (dict.txt from scripts/spm_train.py or a converted model);
+                 without it a joined dictionary is built from the training data
+                 (--joined-dictionary).
+  --workers N    fairseq-preprocess workers (default: 1)
+  -h, --help     this help
+
+The fairseq-preprocess of the active environment is used; set PYTHON=/path/to/python to run
+"\$PYTHON -m fairseq_cli.preprocess" instead.
+EOF
+}
+
+die() { echo "$prog: error: $*" >&2; exit 2; }
+
+trainpref="" validpref="" testpref="" destdir="" dict="" workers=1
+extra=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --trainpref|--validpref|--testpref|--destdir|--dict|--workers)
+      [[ $# -ge 2 ]] || die "$1 needs a value"
+      case "$1" in
+        --trainpref) trainpref=$2 ;; --validpref) validpref=$2 ;; --testpref) testpref=$2 ;;
+        --destdir) destdir=$2 ;; --dict) dict=$2 ;; --workers) workers=$2 ;;
+      esac
+      shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    *) die "unknown argument '$1' (see --help; fairseq-preprocess options go after '--')" ;;
+  esac
+done
+
+[[ -n "$trainpref" ]] || die "--trainpref is required"
+[[ -n "$destdir" ]] || die "--destdir is required"
+[[ "$workers" =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$workers'"
+if [[ -n "$dict" && ! -f "$dict" ]]; then die "--dict: file not found: $dict"; fi
+
+# awk counts a last line without its newline, as fairseq reads it (wc -l would not).
+count_lines() { awk 'END { print NR }' "$1"; }
+
+check_pair() {  # $1 = flag name, $2 = prefix
+  local src="$2.source" tgt="$2.target"
+  [[ -f "$src" ]] || die "$1: file not found: $src"
+  [[ -f "$tgt" ]] || die "$1: file not found: $tgt"
+  local ns nt
+  ns=$(count_lines "$src"); nt=$(count_lines "$tgt")
+  [[ "$ns" == "$nt" ]] || die "$1: line counts differ: $src has $ns lines, $tgt has $nt lines"
+  [[ "$ns" -gt 0 ]] || die "$1: $src and $tgt are empty"
+  echo "$prog: $2: $ns examples" >&2
+}
+
+check_pair --trainpref "$trainpref"
+IFS=, read -r -a valids <<< "$validpref"
+for p in "${valids[@]}"; do check_pair --validpref "$p"; done
+IFS=, read -r -a tests <<< "$testpref"
+for p in "${tests[@]}"; do check_pair --testpref "$p"; done
+
+if [[ -n "${PYTHON:-}" ]]; then
+  cmd=("$PYTHON" -m fairseq_cli.preprocess)
+elif command -v fairseq-preprocess >/dev/null; then
+  cmd=(fairseq-preprocess)
+else
+  die "fairseq-preprocess not found on PATH (activate the environment or set PYTHON=/path/to/python)"
+fi
+
+args=(--source-lang source --target-lang target --trainpref "$trainpref" --workers "$workers")
+[[ -n "$validpref" ]] && args+=(--validpref "$validpref")
+[[ -n "$testpref" ]] && args+=(--testpref "$testpref")
+if [[ -n "$dict" ]]; then
+  args+=(--srcdict "$dict" --tgtdict "$dict")
+else
+  args+=(--joined-dictionary)
+fi
+
+parent=$(dirname "$destdir")
+mkdir -p "$parent"
+tmp=$(mktemp -d "$parent/.$(basename "$destdir").tmp.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+"${cmd[@]}" "${args[@]}" --destdir "$tmp" ${extra[@]+"${extra[@]}"} \
+  || die "fairseq-preprocess failed (nothing written to $destdir)"
+
+mkdir -p "$destdir"
+for f in "$tmp"/* ; do mv -f "$f" "$destdir/"; done
+echo "$prog: binarized data in $destdir" >&2
