@@ -22,8 +22,8 @@ def split_sentences(text: str) -> List[str]:
         start = 0
         for m in _BOUNDARY.finditer(para):
             candidate = para[start : m.start()].strip()
-            last_word = candidate.rsplit(" ", 1)[-1].lower()
-            if last_word in _ABBREVIATIONS or re.fullmatch(r"[a-z]\.", last_word):
+            last_word = candidate.rsplit(" ", 1)[-1]
+            if last_word.lower() in _ABBREVIATIONS or re.fullmatch(r"[A-Z]\.", last_word):
                 continue  # "Dr. Smith", "J. Doe": not a boundary
             if candidate:
                 sentences.append(candidate)

@@ -1,0 +1,298 @@
+"""``long_document_summarization``: fine-tuning seq2seq models on long documents, ROUGE in validation.
+
+A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long inputs need:
+
+* source padded on the **right** (block-sparse encoders align blocks from position 0; left padding
+  shifts them, fairseq_notes §3.5) and ``<s>`` prepended to source and target, as BART/HF do, so that
+  converted HF checkpoints see the ids they were trained on; generation starts like BART's hub
+  (``</s> <s>`` then tokens) and ``<s>`` is stripped from the output;
+* over-long sources are **truncated** (eos kept) to ``--max-source-positions``, never skipped, and
+  the number of truncated examples per split is logged; targets likewise with ``--truncate-target``;
+  an empty source (or target) line is refused with its index;
+* ``--eval-rouge``: ROUGE-1/2/L/Lsum F1 (rouge-score, stemmed) of generated summaries, logged as
+  ``rouge1 rouge2 rougeL rougeLsum`` so that ``--best-checkpoint-metric rougeL
+  --maximize-best-checkpoint-metric`` works; the model is left exactly as before generation
+  (fairseq#3893) and ``--no-repeat-ngram-size`` works on CPU (fairseq#5206).
+"""
+import json
+import logging
+import os
+from argparse import Namespace
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq import metrics, utils
+from fairseq.data import Dictionary, LanguagePairDataset, PrependTokenDataset, encoders
+from fairseq.dataclass import ChoiceEnum
+from fairseq.tasks import register_task
+from fairseq.tasks.translation import (
+    TranslationConfig,
+    TranslationTask,
+    load_langpair_dataset,
+)
+
+from lsg_fairseq.data.rouge import ROUGE_KEYS, rouge_example
+from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
+from lsg_fairseq.generation import beam_size_scope, fix_ngram_blocker, reset_beam_size
+
+logger = logging.getLogger(__name__)
+
+EVAL_ROUGE_BPE_CHOICES = ChoiceEnum(["gpt2", "sentencepiece", "none"])
+DEFAULT_EVAL_ROUGE_ARGS = '{"beam": 4, "lenpen": 1.0, "max_len_b": 256, "min_len": 0, "no_repeat_ngram_size": 3}'
+
+
+@dataclass
+class LongDocumentSummarizationConfig(TranslationConfig):
+    source_lang: Optional[str] = field(
+        default="source", metadata={"help": "source suffix of the binarized files", "argparse_alias": "-s"}
+    )
+    target_lang: Optional[str] = field(
+        default="target", metadata={"help": "target suffix of the binarized files", "argparse_alias": "-t"}
+    )
+    left_pad_source: bool = field(
+        default=False,
+        metadata={"help": "pad the source on the left; keep False: block-sparse attention needs right padding"},
+    )
+    prepend_bos: bool = field(
+        default=True,
+        metadata={"help": "prepend <s> to source and target and start generation with it (BART/HF convention)"},
+    )
+    truncate_target: bool = field(
+        default=False,
+        metadata={"help": "truncate over-long targets to --max-target-positions (counted) instead of skipping them"},
+    )
+    eval_rouge: bool = field(
+        default=False, metadata={"help": "generate summaries during validation and log ROUGE-1/2/L/Lsum F1"}
+    )
+    eval_rouge_args: Optional[str] = field(
+        default=DEFAULT_EVAL_ROUGE_ARGS,
+        metadata={"help": "generation args for --eval-rouge as JSON (beam, lenpen, max_len_b, min_len, no_repeat_ngram_size, ...)"},
+    )
+    eval_rouge_bpe: EVAL_ROUGE_BPE_CHOICES = field(
+        default="gpt2",
+        metadata={"help": "how to detokenize before ROUGE: gpt2 (encoder.json/vocab.bpe), sentencepiece, or none"},
+    )
+    eval_rouge_gpt2_encoder_json: Optional[str] = field(
+        default=None, metadata={"help": "GPT-2 encoder.json for --eval-rouge (default: <data>/encoder.json)"}
+    )
+    eval_rouge_gpt2_vocab_bpe: Optional[str] = field(
+        default=None, metadata={"help": "GPT-2 vocab.bpe for --eval-rouge (default: <data>/vocab.bpe)"}
+    )
+    eval_rouge_sentencepiece_model: Optional[str] = field(
+        default=None, metadata={"help": "sentencepiece model for --eval-rouge (default: <data>/spm.model)"}
+    )
+    eval_rouge_print_samples: bool = field(
+        default=False, metadata={"help": "log one generated summary and its reference per validation batch"}
+    )
+
+
+@register_task("long_document_summarization", dataclass=LongDocumentSummarizationConfig)
+class LongDocumentSummarizationTask(TranslationTask):
+    cfg: LongDocumentSummarizationConfig
+
+    def __init__(self, cfg, src_dict, tgt_dict):
+        super().__init__(cfg, src_dict, tgt_dict)
+        self.bpe = None
+        self.sequence_generator = None
+        self.eval_rouge_gen_args = None
+        self.truncation_counts = {}
+
+    # ---------------------------------------------------------------- dictionaries
+    @classmethod
+    def load_dictionary(cls, filename):
+        """Load ``filename``, falling back to ``dict.txt`` beside it; always has ``<mask>``.
+
+        Every plugin task adds ``<mask>`` so the embedding rows equal the HF vocabulary size and
+        BART's ``upgrade_state_dict_named`` never drops a row (fairseq_notes §3.4).
+        """
+        if not os.path.exists(filename):
+            joint = os.path.join(os.path.dirname(filename), "dict.txt")
+            if os.path.exists(joint):
+                filename = joint
+            else:
+                raise FileNotFoundError(
+                    f"no dictionary: neither {filename} nor {joint} exists (run scripts/preprocess.sh "
+                    "or point --data at a converted model folder)"
+                )
+        dictionary = Dictionary.load(filename)
+        dictionary.add_symbol("<mask>")
+        return dictionary
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        paths = utils.split_paths(cfg.data) if cfg.data else []
+        if not paths or not os.path.isdir(paths[0]):
+            raise FileNotFoundError(f"--data: data directory {cfg.data!r} does not exist")
+        return super().setup_task(cfg, **kwargs)
+
+    # ---------------------------------------------------------------- datasets
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        paths = utils.split_paths(self.cfg.data)
+        if split != self.cfg.train_subset:
+            paths = paths[:1]
+        data_path = paths[(epoch - 1) % len(paths)]
+        src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        pair = load_langpair_dataset(
+            data_path,
+            split,
+            src,
+            self.src_dict,
+            tgt,
+            self.tgt_dict,
+            combine=combine,
+            dataset_impl=self.cfg.dataset_impl,
+            upsample_primary=self.cfg.upsample_primary,
+            left_pad_source=self.cfg.left_pad_source,
+            left_pad_target=self.cfg.left_pad_target,
+            max_source_positions=self.cfg.max_source_positions,
+            max_target_positions=self.cfg.max_target_positions,
+        )
+        where = os.path.join(data_path, f"{split}.{src}-{tgt}")
+        self._refuse_empty(pair.src.sizes, f"{where}.{src}", "source")
+        if pair.tgt is not None:
+            self._refuse_empty(pair.tgt.sizes, f"{where}.{tgt}", "target")
+
+        bos = 1 if self.cfg.prepend_bos else 0
+        src_ds = TruncateKeepEosDataset(pair.src, self.cfg.max_source_positions - bos, self.src_dict.eos())
+        counts = {"source": src_ds.num_truncated}
+        tgt_ds = pair.tgt
+        if tgt_ds is not None and self.cfg.truncate_target:
+            tgt_ds = TruncateKeepEosDataset(tgt_ds, self.cfg.max_target_positions - bos, self.tgt_dict.eos())
+            counts["target"] = tgt_ds.num_truncated
+        if self.cfg.prepend_bos:
+            src_ds = PrependTokenDataset(src_ds, self.src_dict.bos())
+            if tgt_ds is not None:
+                tgt_ds = PrependTokenDataset(tgt_ds, self.tgt_dict.bos())
+        pair = LanguagePairDataset(
+            src_ds,
+            src_ds.sizes,
+            self.src_dict,
+            tgt_ds,
+            tgt_ds.sizes if tgt_ds is not None else None,
+            self.tgt_dict,
+            left_pad_source=self.cfg.left_pad_source,
+            left_pad_target=self.cfg.left_pad_target,
+            num_buckets=self.cfg.num_batch_buckets,
+            shuffle=(split != "test"),
+            pad_to_multiple=self.cfg.required_seq_len_multiple,
+        )
+        self.truncation_counts[split] = counts
+        msg = ", ".join(f"{n} of {len(pair)} {side}s" for side, n in counts.items())
+        logger.info(
+            f"[{split}] truncated {msg} (max source positions {self.cfg.max_source_positions}, "
+            f"max target positions {self.cfg.max_target_positions})"
+        )
+        self.datasets[split] = pair
+
+    @staticmethod
+    def _refuse_empty(sizes, path, side):
+        bad = empty_indices(sizes)
+        if bad:
+            shown = ", ".join(str(i) for i in bad[:10]) + (" ..." if len(bad) > 10 else "")
+            raise ValueError(
+                f"{path}: {len(bad)} empty {side} line(s) at example index {shown} (0-based line numbers "
+                "of the text given to fairseq-preprocess); remove or fill them"
+            )
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        # The hub/interactive paths hand us tokens that already carry <s> where the caller wants it.
+        return super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
+
+    # ---------------------------------------------------------------- generation
+    def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        extra = dict(extra_gen_cls_kwargs or {})
+        if self.cfg.prepend_bos:
+            extra.setdefault("symbols_to_strip_from_output", {self.tgt_dict.bos()})
+        generator = super().build_generator(
+            models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra, **kwargs
+        )
+        fix_ngram_blocker(generator)
+        # SequenceGenerator.__init__ already called set_beam_size(beam): undo it so training
+        # forwards are unaffected; inference_step turns it on for the duration of a call.
+        for m in models:
+            reset_beam_size(m)
+        generator._lsg_beam = getattr(args, "beam", 1)
+        return generator
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        if prefix_tokens is None and self.cfg.prepend_bos:
+            # like BART's hub: decoder input starts "</s> <s>", the HF decoder_start + forced bos
+            src = sample["net_input"]["src_tokens"]
+            prefix_tokens = src.new_full((src.size(0), 1), self.tgt_dict.bos())
+        with beam_size_scope(models, getattr(generator, "_lsg_beam", getattr(generator, "beam_size", 1))):
+            return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+
+    # ---------------------------------------------------------------- ROUGE in validation
+    def build_model(self, cfg, from_checkpoint=False):
+        model = super(TranslationTask, self).build_model(cfg, from_checkpoint)
+        if self.cfg.eval_rouge:
+            self.bpe = self._build_eval_bpe()
+            self.eval_rouge_gen_args = json.loads(self.cfg.eval_rouge_args)
+            self.sequence_generator = self.build_generator([model], Namespace(**self.eval_rouge_gen_args))
+        return model
+
+    def _build_eval_bpe(self):
+        kind = str(self.cfg.eval_rouge_bpe)
+        data_dir = utils.split_paths(self.cfg.data)[0]
+
+        def path(flag, value, default_name):
+            p = value or os.path.join(data_dir, default_name)
+            if not os.path.exists(p):
+                raise FileNotFoundError(f"--{flag}: {p} does not exist (needed to detokenize for --eval-rouge)")
+            return p
+
+        if kind == "gpt2":
+            return encoders.build_bpe(Namespace(
+                bpe="gpt2",
+                gpt2_encoder_json=path("eval-rouge-gpt2-encoder-json", self.cfg.eval_rouge_gpt2_encoder_json, "encoder.json"),
+                gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, "vocab.bpe"),
+            ))
+        if kind == "sentencepiece":
+            return encoders.build_bpe(Namespace(
+                bpe="sentencepiece",
+                sentencepiece_model=path("eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, "spm.model"),
+                sentencepiece_enable_sampling=False,
+                sentencepiece_alpha=None,
+            ))
+        return None
+
+    def decode_tokens(self, tokens, escape_unk=False) -> str:
+        """Token ids -> detokenized text (specials stripped), as ROUGE sees it."""
+        text = self.tgt_dict.string(
+            tokens.int().cpu(),
+            unk_string=("UNKNOWNTOKENINREF" if escape_unk else "UNKNOWNTOKENINHYP"),
+            extra_symbols_to_ignore={self.tgt_dict.bos()},
+        )
+        if self.bpe is not None:
+            text = self.bpe.decode(text)
+        return text.strip()
+
+    def valid_step(self, sample, model, criterion):
+        loss, sample_size, logging_output = super(TranslationTask, self).valid_step(sample, model, criterion)
+        if self.cfg.eval_rouge:
+            gen_out = self.inference_step(self.sequence_generator, [model], sample)
+            totals = {k: 0.0 for k in ROUGE_KEYS}
+            for i, hypos in enumerate(gen_out):
+                hyp = self.decode_tokens(hypos[0]["tokens"])
+                ref = self.decode_tokens(utils.strip_pad(sample["target"][i], self.tgt_dict.pad()), escape_unk=True)
+                for k, v in rouge_example(hyp, ref).items():
+                    totals[k] += v
+                if i == 0 and self.cfg.eval_rouge_print_samples:
+                    logger.info(f"example hypothesis: {hyp}")
+                    logger.info(f"example reference: {ref}")
+            for k in ROUGE_KEYS:
+                logging_output[f"_rouge_{k}_sum"] = totals[k]
+            logging_output["_rouge_n"] = len(gen_out)
+        return loss, sample_size, logging_output
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        super().reduce_metrics(logging_outputs, criterion)
+        if not self.cfg.eval_rouge:
+            return
+        # Plain Python floats only: numpy scalars in meters end up in checkpoints and break
+        # torch>=2.6 weights_only loading (fairseq#5603).
+        n = float(sum(float(log.get("_rouge_n", 0)) for log in logging_outputs))
+        for k in ROUGE_KEYS:
+            total = float(sum(float(log.get(f"_rouge_{k}_sum", 0.0)) for log in logging_outputs))
+            # always log the key, or --best-checkpoint-metric raises KeyError (fairseq#3881)
+            metrics.log_scalar(k, 100.0 * total / n if n else 0.0, weight=n, round=2)
