@@ -1,0 +1,286 @@
+"""S4D layer (LOCOST's token mixer): every fast path against a slow, obviously-correct reference."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lsg_fairseq.modules.s4d import (
+    S4D,
+    S4DKernel,
+    circular_bidirectional_kernel,
+    next_fast_len,
+    vandermonde_blocked,
+    vandermonde_naive,
+)
+
+FIXTURE = "/work/shared/fixtures/locost"
+
+
+def _perturbed_layer(H=8, N=8, seed=0, **kw):
+    """A layer whose parameters are moved off their init values (B != 1, A not S4D-Lin)."""
+    torch.manual_seed(seed)
+    layer = S4D(H, N, **kw)
+    with torch.no_grad():
+        layer.kernel.B.add_(0.3 * torch.randn_like(layer.kernel.B))
+        layer.kernel.inv_A_real.add_(0.5 * torch.randn_like(layer.kernel.inv_A_real))
+        layer.kernel.A_imag.add_(0.2 * torch.randn_like(layer.kernel.A_imag))
+        layer.kernel.log_dt.add_(0.5)  # larger steps: kernels decay within the short test lengths
+    return layer
+
+
+# ---------------------------------------------------------------------------- helpers
+def test_next_fast_len_is_minimal_even_5_smooth():
+    def smooth(m):
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        return m == 1
+
+    for n in range(1, 400):
+        f = next_fast_len(n)
+        assert f >= n and f % 2 == 0 and smooth(f), (n, f)
+        assert not any(m % 2 == 0 and smooth(m) for m in range(max(n, 2), f)), (n, f)
+
+
+@pytest.mark.parametrize("length", [1, 2, 3, 17, 100, 1000])
+def test_blocked_vandermonde_equals_naive_formula(length):
+    layer = _perturbed_layer(H=6, N=16)
+    c_prime, dt_a = layer.kernel.discretize()
+    fast = vandermonde_blocked(c_prime, dt_a, length)  # float32 path
+    exact = vandermonde_naive(c_prime.to(torch.complex128), dt_a.to(torch.complex128), length)
+    assert fast.shape == (2, 6, length) and fast.dtype == torch.float32
+    assert (fast.double() - exact).abs().max() < 2e-6 * max(1.0, exact.abs().max().item())
+    # channel chunking must not change the result
+    chunked = vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems=1)
+    assert torch.allclose(chunked, fast, atol=1e-6)
+    # and the kernel is the ZOH formula written out with the parameters directly
+    k = layer.kernel
+    dt = torch.exp(k.log_dt.double())
+    a = torch.complex(-torch.exp(k.inv_A_real.double()), k.A_imag.double())
+    b = torch.view_as_complex(k.B.double())
+    c = torch.view_as_complex(k.C.double())
+    l = torch.arange(length, dtype=torch.float64)
+    manual = torch.stack([
+        2 * (c[i, :, :, None] * b[..., None] * (torch.exp(dt[:, None] * a) - 1)[..., None] / a[..., None]
+             * torch.exp(dt[:, None, None] * a[..., None] * l)).sum(1).real
+        for i in range(2)
+    ])
+    assert (fast.double() - manual).abs().max() < 2e-6 * max(1.0, manual.abs().max().item())
+
+
+def test_kernel_gradients_match_naive():
+    layer = _perturbed_layer(H=4, N=8)
+    k = layer.kernel
+    weights = torch.randn(2, 4, 50)
+    g_fast = torch.autograd.grad((k(50) * weights).sum(), list(k.parameters()))
+    g_slow = torch.autograd.grad((k.reference(50) * weights).sum(), list(k.parameters()))
+    for a, b in zip(g_fast, g_slow):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_matches_reference_fixture():
+    """Layer 0 of the fixture model, L=3000: max |diff| <= 1e-5 (README), vs both fixture kernels."""
+    sd = torch.load(f"{FIXTURE}/model/pytorch_model.bin", map_location="cpu")
+    pre = "encoder.block.0.layer.0.ssm_layer."
+    layer = S4D(64, 32)
+    layer.load_state_dict({k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)})
+    ref = np.load(f"{FIXTURE}/kernels_layer0.npz")
+    k = layer.kernel(3000).detach().numpy()
+    assert np.abs(k - ref["kernel_raw"]).max() < 1e-5
+    assert np.abs(k - ref["kernel_raw_fp64"]).max() < 1e-5
+    bi = circular_bidirectional_kernel(torch.from_numpy(k), 6000).numpy()
+    assert np.abs(bi - ref["kernel_bidirectional"]).max() < 1e-5
+
+
+# ---------------------------------------------------------------------------- convolution
+def _direct_conv(layer, u, mask=None):
+    """O(L^2) definition: y[t] = sum_{s<=t} Kf[t-s] k[s] + sum_{s>=t} Kb[s-t] k[s] + D k[t]."""
+    B, L, H = u.shape
+    k = layer.k_proj(u)
+    if mask is not None:
+        k = k.masked_fill(mask.unsqueeze(-1), 0.0)
+    q = layer.q_proj(u)
+    kern = layer.kernel.reference(L).double()  # (2 H L)
+    kd = k.double()
+    t = torch.arange(L)
+    lag = t[:, None] - t[None, :]  # (t s)
+    fwd = torch.where(lag >= 0, kern[0][:, lag.clamp(min=0)], 0.0)  # (H t s)
+    bwd = torch.where(lag <= 0, kern[1][:, (-lag).clamp(min=0)], 0.0)  # (H t s)
+    y = torch.einsum("hts,bsh->bth", fwd + bwd, kd) + layer.D.double() * kd
+    return layer.output_linear((y * q.double()).float())
+
+
+def _recurrent(layer, u, mask=None):
+    """Step-by-step ZOH recurrence x_l = exp(dt A) x_{l-1} + Bbar k_l, y_l = 2 Re(C x_l), run left
+    to right with C[0] and right to left with C[1] (complex128)."""
+    B, L, H = u.shape
+    k = layer.k_proj(u)
+    if mask is not None:
+        k = k.masked_fill(mask.unsqueeze(-1), 0.0)
+    q = layer.q_proj(u)
+    kern = layer.kernel
+    dt = torch.exp(kern.log_dt.double())
+    a = torch.complex(-torch.exp(kern.inv_A_real.double()), kern.A_imag.double())  # (H M)
+    abar = torch.exp(dt[:, None] * a)
+    bbar = (abar - 1) / a * torch.view_as_complex(kern.B.double())
+    c = torch.view_as_complex(kern.C.double())
+    kd = k.double()
+    y = torch.zeros(B, L, H, dtype=torch.float64)
+    for direction, order in ((0, range(L)), (1, reversed(range(L)))):
+        x = torch.zeros(B, H, a.shape[1], dtype=torch.complex128)
+        for t in order:
+            x = abar * x + bbar * kd[:, t, :, None]
+            y[:, t] += 2 * (c[direction] * x).sum(-1).real
+    y = y + layer.D.double() * kd
+    return layer.output_linear((y * q.double()).float())
+
+
+@pytest.mark.parametrize("length", [1, 5, 16, 37])
+def test_fft_conv_equals_direct_conv_and_recurrence(length):
+    layer = _perturbed_layer(H=8, N=8).eval()
+    u = torch.randn(2, length, 8)
+    with torch.no_grad():
+        fast = layer(u)
+        direct = _direct_conv(layer, u)
+        rec = _recurrent(layer, u)
+    assert fast.shape == (2, length, 8)
+    assert torch.allclose(fast, direct, atol=2e-5), (fast - direct).abs().max()
+    assert torch.allclose(fast, rec, atol=2e-5), (fast - rec).abs().max()
+
+
+def test_both_directions_and_lag0_matter():
+    """Sanity for the reference above: the anti-causal half really contributes."""
+    layer = _perturbed_layer(H=4, N=8).eval()
+    u = torch.randn(1, 12, 4)
+    with torch.no_grad():
+        full = layer(u)
+        layer.kernel.C[1].zero_()  # kill the anti-causal kernel
+        causal_only = layer(u)
+    assert (full - causal_only).abs().max() > 1e-3
+    # with Kb = 0, output at t depends only on inputs <= t
+    u2 = u.clone()
+    u2[:, 6:] += 1.0
+    with torch.no_grad():
+        assert torch.allclose(layer(u2)[:, :6], causal_only[:, :6], atol=1e-6)
+
+
+def test_padding_invariance_left_and_right():
+    layer = _perturbed_layer(H=8, N=8).eval()
+    torch.manual_seed(1)
+    u = torch.randn(1, 20, 8)
+    with torch.no_grad():
+        ref = layer(u)
+        junk = torch.randn(1, 7, 8) * 5
+        right = layer(torch.cat([u, junk], 1), torch.tensor([[False] * 20 + [True] * 7]))
+        left = layer(torch.cat([junk, u], 1), torch.tensor([[True] * 7 + [False] * 20]))
+        unmasked = layer(torch.cat([u, junk], 1))
+    assert torch.allclose(right[:, :20], ref, atol=1e-5)
+    assert torch.allclose(left[:, 7:], ref, atol=1e-5)
+    assert (unmasked[:, :20] - ref).abs().max() > 1e-3  # the mask is what makes it invariant
+
+
+def test_fft_size_rounding_does_not_change_result():
+    """FFT size 2L (the reference) vs the rounded-up fast size give the same convolution."""
+    layer = _perturbed_layer(H=4, N=8).eval()
+    L = 37  # 2L = 74 = 2*37 is not 5-smooth: next_fast_len gives 75 -> 80
+    assert next_fast_len(2 * L) != 2 * L
+    k = torch.randn(1, 4, L)
+    kern = layer.kernel(L).detach()
+    outs = []
+    for f in (2 * L, next_fast_len(2 * L), 2 * L - 1):
+        kh = torch.fft.rfft(circular_bidirectional_kernel(kern, f), n=f)
+        outs.append(torch.fft.irfft(torch.fft.rfft(k, n=f) * kh, n=f)[..., :L])
+    assert torch.allclose(outs[0], outs[1], atol=1e-5) and torch.allclose(outs[0], outs[2], atol=1e-5)
+    with pytest.raises(ValueError):
+        circular_bidirectional_kernel(kern, 2 * L - 2)
+
+
+# ---------------------------------------------------------------------------- cache
+def test_kernel_cache_hits_and_invalidation():
+    layer = _perturbed_layer(H=8, N=8).eval()
+    u = torch.randn(2, 30, 8)
+    with torch.no_grad():
+        y1 = layer(u)
+        kh = layer.kernel_fft(30, next_fast_len(60))
+        assert layer.kernel_fft(30, next_fast_len(60)) is kh  # cached object reused
+        assert torch.equal(layer(u), y1)
+        # in-place parameter update (optimizer step, load_state_dict) invalidates
+        layer.kernel.log_dt.add_(0.1)
+        y2 = layer(u)
+        assert layer.kernel_fft(30, next_fast_len(60)) is not kh
+    fresh = _perturbed_layer(H=8, N=8)
+    with torch.no_grad():
+        fresh.kernel.log_dt.add_(0.1)
+        fresh.eval()
+        assert torch.allclose(y2, fresh(u), atol=1e-6)
+        assert (y2 - y1).abs().max() > 1e-4
+        # load_state_dict into the same module also invalidates
+        layer.load_state_dict(_perturbed_layer(H=8, N=8, seed=5).state_dict())
+        assert torch.allclose(layer(u), _perturbed_layer(H=8, N=8, seed=5).eval()(u), atol=1e-6)
+
+
+def test_no_cache_in_training_or_with_grad():
+    layer = _perturbed_layer(H=4, N=8)
+    layer.train()
+    a = layer.kernel_fft(10, 20)
+    assert layer.kernel_fft(10, 20) is not a and len(layer._cache) == 0
+    layer.eval()
+    with torch.enable_grad():
+        layer.kernel_fft(10, 20)
+    assert len(layer._cache) == 0
+    with torch.no_grad():
+        layer.kernel_fft(10, 20)
+    assert len(layer._cache) == 1
+    layer.train()
+    assert len(layer._cache) == 0
+    zero = S4D(4, 8, kernel_cache_mb=0).eval()
+    with torch.no_grad():
+        zero.kernel_fft(10, 20)
+    assert len(zero._cache) == 0
+
+
+def test_cache_budget_evicts_oldest():
+    layer = _perturbed_layer(H=4, N=8, kernel_cache_mb=4 * 51 * 8 * 2.5 / 2 ** 20).eval()
+    with torch.no_grad():
+        for L in (50, 50, 50):  # entries of 4 * 51 complex64 each: two fit in the budget
+            layer.kernel_fft(L, 100)
+        layer.kernel_fft(49, 100)
+        layer.kernel_fft(48, 100)
+    assert list(layer._cache) == [(49, 100), (48, 100)]
+
+
+# ---------------------------------------------------------------------------- training bits
+def test_gradients_flow_and_ssm_params_tagged():
+    layer = _perturbed_layer(H=4, N=8, lr=1e-3)
+    layer(torch.randn(2, 9, 4)).sum().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    for name in ("log_dt", "inv_A_real", "A_imag", "B", "C"):
+        assert getattr(layer.kernel, name)._optim == {"weight_decay": 0.0, "lr": 1e-3}
+    assert not hasattr(layer.D, "_optim") and not hasattr(layer.k_proj.weight, "_optim")
+
+
+def test_half_precision_activations_use_fp32_fft():
+    layer = _perturbed_layer(H=4, N=8).eval()
+    u = torch.randn(1, 16, 4)
+    with torch.no_grad():
+        ref = layer(u)
+        out = layer.to(torch.bfloat16)(u.bfloat16())
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_invalid_hyperparameters_are_refused():
+    with pytest.raises(ValueError, match="d_state"):
+        S4DKernel(4, 7)
+    with pytest.raises(ValueError, match="dt_min"):
+        S4DKernel(4, 8, dt_min=0.1, dt_max=0.01)
+
+
+def test_init_is_s4d_lin():
+    k = S4DKernel(3, 8)
+    assert torch.allclose(-torch.exp(k.inv_A_real), torch.full((3, 4), -0.5))
+    assert torch.allclose(k.A_imag, math.pi * torch.arange(4.0).expand(3, 4))
+    assert torch.equal(k.B[..., 0], torch.ones(3, 4)) and torch.equal(k.B[..., 1], torch.zeros(3, 4))
+    assert ((k.log_dt >= math.log(1e-3)) & (k.log_dt <= math.log(1e-1))).all()
