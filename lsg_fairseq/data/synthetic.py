@@ -1,0 +1,177 @@
+"""A seeded, *long-range* synthetic summarization set (JSONL like ``shared/data``), no external data.
+
+Each document is 2K-8K whitespace tokens (configurable) of filler sentences drawn from fixed
+templates, with a few KEY sentences inserted at uniformly random sentence positions::
+
+    The {colour} {animal} visited {city} on {weekday}.
+
+The summary is the key sentences in document order, verbatim. Key words (colours, animals,
+cities, weekdays, "visited") never occur in filler, so the task is pure retrieve-and-copy; but
+since keys land anywhere, usually beyond the first 1K tokens, a model that reads only a 1K prefix
+(plain BART) cannot solve it, while a long-input encoder can. The whole vocabulary is a few
+hundred word types so that a tiny model with a small sentencepiece vocabulary learns it quickly.
+
+Every example also stores its facts under ``"keys"`` (with the whitespace-token offset of each key
+sentence) for analysis; the pipeline only reads ``document`` and ``summary``.
+
+Determinism: split ``s`` with seed ``n`` uses ``random.Random(f"lsg-synthetic/{n}/{s}")``
+(string seeds are hashed with SHA-512, independent of PYTHONHASHSEED), so the same arguments
+give byte-identical files on any machine.
+"""
+import random
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Tuple
+
+COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "grey", "brown", "pink", "silver")
+ANIMALS = ("fox", "owl", "bear", "wolf", "deer", "hare", "otter", "eagle", "badger", "heron", "lynx", "moose", "raven", "seal", "tiger", "camel")
+CITIES = ("Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Vienna", "Prague", "Madrid", "Athens", "Quito", "Tokyo", "Nairobi", "Boston", "Sydney", "Berlin")
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+KEY_TEMPLATE = "The {colour} {animal} visited {city} on {weekday}."
+KEY_TOKENS = len(KEY_TEMPLATE.split())  # 7
+KEY_SENTENCE_RE = re.compile(
+    r"The (%s) (%s) visited (%s) on (%s)\." % tuple("|".join(words) for words in (COLOURS, ANIMALS, CITIES, WEEKDAYS))
+)
+
+# Filler: people doing ordinary things. None of these words is a key word (checked in tests).
+_SUBJECTS = (
+    "the farmer", "a teacher", "the old sailor", "my neighbour", "the young doctor", "a quiet student",
+    "the baker", "the mayor", "a tired worker", "the painter", "her brother", "the driver", "a stranger",
+    "the nurse", "our cook", "the clerk", "his aunt", "the gardener", "a child", "the captain",
+)
+_VERBS = (
+    "carried", "found", "cleaned", "repaired", "sold", "bought", "painted", "watched", "opened",
+    "closed", "moved", "counted", "dropped", "lifted", "washed", "hid", "borrowed", "returned",
+    "wrapped", "checked", "measured", "forgot", "kept", "shared",
+)
+_OBJECTS = (
+    "a wooden box", "the heavy door", "some fresh bread", "an empty basket", "the long letter",
+    "a small key", "the broken chair", "two old books", "a glass jar", "the new map", "a warm coat",
+    "the tall ladder", "some dry wood", "a paper bag", "the tin spoon", "three clay pots",
+    "a thin rope", "the metal bucket", "a loaf of rye", "the cotton sheets",
+)
+_PLACES = (
+    "near the river", "in the small garden", "behind the market", "under the bridge", "at the station",
+    "inside the barn", "by the fence", "on the hill", "next to the school", "in the kitchen",
+    "outside the church", "along the road", "at the harbour", "in the cellar", "across the square",
+)
+_TIMES = (
+    "in the morning", "after lunch", "before dinner", "late at night", "during the storm",
+    "at dawn", "after the meeting", "before the rain", "at noon", "in the evening", "once again",
+)
+_TEMPLATES = (
+    "{S} {V} {O} {P}.",
+    "{S} {V} {O} {T}.",
+    "{T}, {s} {V} {O}.",
+    "{S} said that {s} {V} {O} {P}.",
+    "Nobody knew why {s} {V} {O}.",
+    "{S} {V} {O} and {v2} {o2}.",
+    "{S} {V} {O}.",
+    "{P}, {s} quietly {V} {O} {T}.",
+)
+# Exact-length fillers that close the gap to the drawn document length.
+_GAP_FILLERS = {2: "It rained.", 3: "Nothing happened."}
+
+
+@dataclass
+class SyntheticConfig:
+    min_tokens: int = 2000  # document length in whitespace tokens, inclusive bounds
+    max_tokens: int = 8000
+    min_keys: int = 2  # key sentences per document (and so per summary)
+    max_keys: int = 3
+    min_paragraph: int = 3  # sentences per paragraph (one paragraph per line, as in shared/data)
+    max_paragraph: int = 8
+
+    def validate(self) -> None:
+        if self.min_tokens < 2 * KEY_TOKENS * self.max_keys:
+            raise ValueError(f"min_tokens={self.min_tokens} is too small for {self.max_keys} key sentences")
+        if self.max_tokens <= self.min_tokens:
+            raise ValueError(f"max_tokens={self.max_tokens} must be > min_tokens={self.min_tokens}")
+        if not 1 <= self.min_keys <= self.max_keys <= len(ANIMALS):
+            raise ValueError(f"need 1 <= min_keys <= max_keys <= {len(ANIMALS)}, got {self.min_keys}, {self.max_keys}")
+        if not 1 <= self.min_paragraph <= self.max_paragraph:
+            raise ValueError(f"need 1 <= min_paragraph <= max_paragraph, got {self.min_paragraph}, {self.max_paragraph}")
+
+
+def key_sentence(fact: Dict[str, str]) -> str:
+    return KEY_TEMPLATE.format(**fact)
+
+
+def summary_from_facts(facts: List[Dict[str, str]]) -> str:
+    """The target: key sentences in document order."""
+    return " ".join(key_sentence(f) for f in facts)
+
+
+def find_key_sentences(document: str) -> List[Tuple[int, Dict[str, str]]]:
+    """``(whitespace-token offset, fact)`` of every key sentence in ``document``, in order."""
+    tokens = document.split()
+    out = []
+    for i in range(len(tokens) - KEY_TOKENS + 1):
+        if tokens[i] == "The" and tokens[i + 3] == "visited":
+            m = KEY_SENTENCE_RE.fullmatch(" ".join(tokens[i : i + KEY_TOKENS]))
+            if m:
+                out.append((i, dict(zip(("colour", "animal", "city", "weekday"), m.groups()))))
+    return out
+
+
+def _filler_sentence(rng: random.Random) -> str:
+    template = rng.choice(_TEMPLATES)
+    text = template.format(
+        S=rng.choice(_SUBJECTS), s=rng.choice(_SUBJECTS), V=rng.choice(_VERBS), O=rng.choice(_OBJECTS), P=rng.choice(_PLACES),
+        T=rng.choice(_TIMES), v2=rng.choice(_VERBS), o2=rng.choice(_OBJECTS),
+    )
+    return text[0].upper() + text[1:]
+
+
+def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str) -> Dict:
+    target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
+    n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
+    animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
+    facts = [
+        {"colour": rng.choice(COLOURS), "animal": a, "city": rng.choice(CITIES), "weekday": rng.choice(WEEKDAYS)}
+        for a in animals
+    ]
+    # Filler up to the drawn length minus the keys, then close the gap exactly with 2-/3-token
+    # sentences, so the document has target_len or target_len - 1 tokens.
+    budget = target_len - n_keys * KEY_TOKENS
+    filler: List[str] = []
+    used = 0
+    while True:
+        s = _filler_sentence(rng)
+        n = len(s.split())
+        if used + n > budget - 2:
+            break
+        filler.append(s)
+        used += n
+    gap = budget - used
+    while gap >= 2:
+        k = 3 if gap >= 5 or gap == 3 else 2
+        filler.insert(rng.randint(0, len(filler)), _GAP_FILLERS[k])
+        gap -= k
+    # Keys go into uniformly random sentence slots (sorted: positions in document order).
+    slots = sorted(rng.sample(range(len(filler) + n_keys), n_keys))
+    sentences: List[str] = []
+    fi = ki = 0
+    for pos in range(len(filler) + n_keys):
+        if ki < n_keys and pos == slots[ki]:
+            sentences.append(key_sentence(facts[ki]))
+            ki += 1
+        else:
+            sentences.append(filler[fi])
+            fi += 1
+    paragraphs, i = [], 0
+    while i < len(sentences):
+        size = rng.randint(cfg.min_paragraph, cfg.max_paragraph)
+        paragraphs.append(" ".join(sentences[i : i + size]))
+        i += size
+    document = "\n".join(paragraphs)
+    keys = [dict(fact, token_offset=offset) for offset, fact in find_key_sentences(document)]
+    return {"id": example_id, "document": document, "summary": summary_from_facts(facts), "keys": keys}
+
+
+def make_split(split: str, n: int, seed: int, cfg: SyntheticConfig) -> Iterator[Dict]:
+    cfg.validate()
+    rng = random.Random(f"lsg-synthetic/{seed}/{split}")
+    for i in range(n):
+        yield make_example(rng, cfg, f"synthetic-{split}-{i}")
