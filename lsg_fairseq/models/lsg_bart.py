@@ -1,0 +1,298 @@
+"""LSG-BART: BART whose encoder self-attention is LSG attention (local + sparse + global tokens).
+
+``--arch lsg_bart_base`` / ``lsg_bart_large`` / ``lsg_bart_tiny``. Only the encoder changes
+(``spec/lsg.md``): G learned global tokens are prepended to the embedded input (after token +
+position embedding, before ``layernorm_embedding`` and dropout) and every encoder layer uses
+:class:`~lsg_fairseq.modules.lsg_attention.LSGSelfAttention`. The decoder is BART's; it
+cross-attends to ``[G globals + tokens]`` (``--pass-global-tokens-to-decoder``, default) or to the
+tokens only, optionally with global 0's output pooled onto the first token
+(``--pool-with-global``). Source padding must be on the right (blocks align from position 0).
+
+State dict = BART's plus ``encoder.global_embeddings.weight`` [512, d] (always 512 rows, as the
+reference, so HF LSG checkpoints map 1:1; only the first G are used).
+"""
+import argparse
+import logging
+
+import torch
+import torch.nn as nn
+
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.bart import BARTModel
+from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerEncoder
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+from lsg_fairseq.modules.lsg_attention import (
+    SPARSITY_TYPES,
+    LSGSelfAttention,
+    check_lsg_config,
+    normalize_sparsity_type,
+)
+
+logger = logging.getLogger(__name__)
+
+MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table (the reference's fixed size)
+
+# argparse dest -> flag, so validation errors name what the user typed
+LSG_FLAGS = {
+    "block_size": "--block-size",
+    "sparse_block_size": "--sparse-block-size",
+    "sparsity_factor": "--sparsity-factor",
+    "sparsity_type": "--sparsity-type",
+    "num_global_tokens": "--num-global-tokens",
+    "lsh_num_pre_rounds": "--lsh-num-pre-rounds",
+}
+
+
+def _bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(value).lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {value!r}")
+
+
+def lsg_attention_kwargs(args) -> dict:
+    """The LSGSelfAttention keyword arguments held by a model namespace."""
+    return dict(
+        num_global_tokens=args.num_global_tokens,
+        block_size=args.block_size,
+        sparse_block_size=args.sparse_block_size,
+        sparsity_factor=args.sparsity_factor,
+        sparsity_type=normalize_sparsity_type(args.sparsity_type),
+        lsh_num_pre_rounds=args.lsh_num_pre_rounds,
+    )
+
+
+def validate_lsg_args(args) -> None:
+    """Refuse inconsistent LSG hyper-parameters at build time (messages name the flags)."""
+    check_lsg_config(
+        args.block_size, args.sparse_block_size, args.sparsity_factor, args.sparsity_type,
+        args.num_global_tokens, args.lsh_num_pre_rounds, names=LSG_FLAGS,
+    )
+    if args.mask_first_token and not args.pass_global_tokens_to_decoder and not args.pool_with_global:
+        raise ValueError(
+            "--mask-first-token hides the first token, so its output must come from global token 0: "
+            "use --pool-with-global true (the reference forces it) or --pass-global-tokens-to-decoder"
+        )
+
+
+class LSGTransformerEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer with LSG self-attention (everything else unchanged)."""
+
+    def __init__(self, cfg, lsg_kwargs: dict, return_fc: bool = False):
+        # read by build_self_attention, which the base __init__ calls
+        self.lsg_kwargs = dict(lsg_kwargs)
+        super().__init__(cfg, return_fc=return_fc)
+
+    def build_self_attention(self, embed_dim, cfg):
+        return LSGSelfAttention(
+            embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, **self.lsg_kwargs
+        )
+
+
+class LSGBARTEncoder(TransformerEncoder):
+    """BART encoder with G global tokens and LSG layers.
+
+    Output: ``encoder_out`` (G + L, B, C) with the globals first and ``encoder_padding_mask``
+    (B, G + L) with G leading False columns (or L and B x L without
+    ``--pass-global-tokens-to-decoder``).
+    """
+
+    def __init__(self, args, dictionary, embed_tokens, return_fc=False):
+        super().__init__(args, dictionary, embed_tokens, return_fc=return_fc)
+        self.num_global_tokens = args.num_global_tokens
+        self.mask_first_token = args.mask_first_token
+        self.pass_global_tokens_to_decoder = args.pass_global_tokens_to_decoder
+        self.pool_with_global = args.pool_with_global
+        self.global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, embed_tokens.embedding_dim)
+
+    def build_encoder_layer(self, args):
+        cfg = TransformerConfig.from_namespace(args)
+        layer = LSGTransformerEncoderLayer(cfg, lsg_attention_kwargs(self.args), return_fc=self.return_fc)
+        # same wrapping as fairseq's TransformerEncoderBase.build_encoder_layer (no key changes)
+        checkpoint = cfg.checkpoint_activations
+        if checkpoint:
+            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+        min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+        return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+    def forward_embedding(self, src_tokens, token_embedding=None):
+        """Token + position embedding, then globals prepended, then LayerNorm and dropout.
+
+        Returns x (B, G + L, C) and the scaled token embedding (B, L, C).
+        """
+        if token_embedding is None:
+            token_embedding = self.embed_tokens(src_tokens)
+        x = embed = self.embed_scale * token_embedding  # (B, L, C)
+        if self.embed_positions is not None:
+            # fairseq positions count non-pad tokens from row 2: with right padding these are
+            # the reference's arange(L) + 2; pads get row 1 (they are masked everywhere).
+            x = embed + self.embed_positions(src_tokens)
+        n, _, C = x.shape
+        G = self.num_global_tokens
+        # globals get no position and go through layernorm_embedding + dropout like tokens
+        glob = self.global_embeddings.weight[:G].to(x.dtype)  # (G, C)
+        x = torch.cat([glob.unsqueeze(0).expand(n, G, C), x], dim=1)  # (B, G + L, C)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        return x, embed
+
+    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
+                           token_embeddings=None):
+        G = self.num_global_tokens
+        n = src_tokens.size(0)
+        pad = src_tokens.eq(self.padding_idx)  # (B, L)
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        no_pad = torch.zeros(n, G, dtype=torch.bool, device=pad.device)
+        if pad.any():
+            x = x * (1 - torch.cat([no_pad, pad], dim=1).unsqueeze(-1).type_as(x))
+
+        hidden = pad
+        if self.mask_first_token:
+            # token 0 (<s>) is redundant with global 0: hidden as a key, and (as in the
+            # reference, whose mask is mutated in place) from cross-attention too
+            hidden = pad.clone()
+            hidden[:, 0] = True
+        key_mask = torch.cat([no_pad, hidden], dim=1)  # (B, G + L), True = not attended
+        layer_mask = key_mask if bool(key_mask.any()) else None
+
+        x = x.transpose(0, 1)  # (G + L, B, C)
+        encoder_states = [x] if return_all_hiddens else []
+        for layer in self.layers:
+            lr = layer(x, encoder_padding_mask=layer_mask)
+            x = lr[0] if isinstance(lr, tuple) and len(lr) == 2 else lr
+            if return_all_hiddens:
+                encoder_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+
+        if self.pass_global_tokens_to_decoder:
+            out_mask = key_mask
+        else:
+            if self.pool_with_global:
+                x = torch.cat([x[:1], x[G + 1:]], dim=0)  # global 0 replaces token 0
+            else:
+                x = x[G:]
+            out_mask = hidden
+        src_lengths = (~pad).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {
+            "encoder_out": [x],  # (G + L | L, B, C)
+            "encoder_padding_mask": [out_mask],  # (B, G + L | L)
+            "encoder_embedding": [encoder_embedding],  # (B, L, C)
+            "encoder_states": encoder_states,  # List[(G + L, B, C)]
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths],
+        }
+
+
+@register_model("lsg_bart")
+class LSGBARTModel(BARTModel):
+    """BART with an LSG encoder; see the module docstring."""
+
+    @staticmethod
+    def add_args(parser):
+        BARTModel.add_args(parser)
+        parser.add_argument("--block-size", type=int, metavar="N",
+                            help="LSG local block size: each block of N queries attends to 3N local keys")
+        parser.add_argument("--sparse-block-size", type=int, metavar="N",
+                            help="number of sparse keys taken on EACH side of the local window (0: no sparse attention)")
+        parser.add_argument("--sparsity-factor", type=int, metavar="N",
+                            help="the sparse sequence has length/N entries; must divide --block-size")
+        parser.add_argument("--sparsity-type", type=str, choices=SPARSITY_TYPES,
+                            help="how the sparse sequence is built (none disables sparse attention)")
+        parser.add_argument("--num-global-tokens", type=int, metavar="G",
+                            help="number of learned global tokens prepended to the encoder input (1..512)")
+        parser.add_argument("--mask-first-token", type=_bool, nargs="?", const=True, metavar="BOOL",
+                            help="hide the first source token (<s>, redundant with global 0) from self- and cross-attention")
+        parser.add_argument("--pass-global-tokens-to-decoder", type=_bool, nargs="?", const=True, metavar="BOOL",
+                            help="decoder cross-attends to the global tokens too (default true)")
+        parser.add_argument("--pool-with-global", type=_bool, nargs="?", const=True, metavar="BOOL",
+                            help="without --pass-global-tokens-to-decoder: global 0's output replaces the first token's (default true)")
+        parser.add_argument("--lsh-num-pre-rounds", type=int, metavar="N",
+                            help="lsh sparsity only: merging rounds before the final hashing round")
+        parser.add_argument("--train-global-only", type=_bool, nargs="?", const=True, metavar="BOOL",
+                            help="global tuning: freeze every parameter except the global token embeddings")
+
+    @classmethod
+    def build_model(cls, args, task):
+        lsg_architecture_defaults(args)
+        validate_lsg_args(args)
+        model = super().build_model(args, task)
+        if args.train_global_only:
+            for name, p in model.named_parameters():
+                p.requires_grad = name == "encoder.global_embeddings.weight"
+        return model
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return LSGBARTEncoder(args, src_dict, embed_tokens)
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+                        bpe="gpt2", **kwargs):
+        """Load through ``lsg_fairseq.models.hub`` (no 1024-token truncation) when present."""
+        try:
+            from lsg_fairseq.models import hub
+        except ImportError:
+            hub = None
+        if hub is not None and hasattr(hub, "from_pretrained"):
+            return hub.from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
+                                       data_name_or_path=data_name_or_path, bpe=bpe, **kwargs)
+        return super().from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
+                                       data_name_or_path=data_name_or_path, bpe=bpe, **kwargs)
+
+
+def lsg_architecture_defaults(args):
+    """Defaults of the LSG flags (the reference's, spec/lsg.md section 1)."""
+    args.block_size = getattr(args, "block_size", 128)
+    args.sparse_block_size = getattr(args, "sparse_block_size", 128)
+    args.sparsity_factor = getattr(args, "sparsity_factor", 2)
+    args.sparsity_type = normalize_sparsity_type(getattr(args, "sparsity_type", "norm"))
+    args.num_global_tokens = getattr(args, "num_global_tokens", 1)
+    args.mask_first_token = _bool(getattr(args, "mask_first_token", False))
+    args.pass_global_tokens_to_decoder = _bool(getattr(args, "pass_global_tokens_to_decoder", True))
+    args.pool_with_global = _bool(getattr(args, "pool_with_global", True))
+    args.lsh_num_pre_rounds = getattr(args, "lsh_num_pre_rounds", 1)
+    args.train_global_only = _bool(getattr(args, "train_global_only", False))
+
+
+@register_model_architecture("lsg_bart", "lsg_bart_large")
+def lsg_bart_large_architecture(args):
+    args.max_source_positions = getattr(args, "max_source_positions", 4096)
+    lsg_architecture_defaults(args)
+    bart_large_architecture(args)
+
+
+@register_model_architecture("lsg_bart", "lsg_bart_base")
+def lsg_bart_base_architecture(args):
+    args.max_source_positions = getattr(args, "max_source_positions", 4096)
+    lsg_architecture_defaults(args)
+    bart_base_architecture(args)
+
+
+@register_model_architecture("lsg_bart", "lsg_bart_tiny")
+def lsg_bart_tiny_architecture(args):
+    """A few-minute CPU model for tests and demos (64-dim, 2+2 layers, 32-token blocks)."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.max_source_positions = getattr(args, "max_source_positions", 2048)
+    args.max_target_positions = getattr(args, "max_target_positions", 256)
+    args.block_size = getattr(args, "block_size", 32)
+    args.sparse_block_size = getattr(args, "sparse_block_size", 32)
+    args.sparsity_factor = getattr(args, "sparsity_factor", 2)
+    lsg_architecture_defaults(args)
+    bart_large_architecture(args)
