@@ -1,0 +1,234 @@
+"""Checkpoint-writing plumbing shared by every converter family (BART/LSG, LOCOST, LED).
+
+A family maps an HF folder (or an older fairseq checkpoint) to a fairseq state dict and a list of
+command-line flags; this module does the rest the way fairseq itself would:
+
+1. ``write_identity_dict`` / ``write_gpt2_bpe_files``: ``dict.txt`` (fairseq index == HF id) and
+   offline GPT-2 BPE files beside the checkpoint (fairseq_notes section 3);
+2. ``build_model``: ``parse_args_and_arch`` -> ``convert_namespace_to_omegaconf`` -> task
+   (``long_document_summarization``, data = the output folder) -> ``task.build_model``, exactly
+   as ``fairseq-train`` builds a model, so the saved ``cfg`` is one fairseq accepts everywhere;
+3. ``save_checkpoint``: strict ``load_state_dict`` then ``torch_persistent_save`` of a complete
+   checkpoint ``{cfg, model, optimizer_history, extra_state}`` usable by fairseq-generate, the
+   hub, ``--restore-file`` (with ``--reset-*``) and ``--finetune-from-model``.
+"""
+import json
+import logging
+import os
+import shutil
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from lsg_fairseq.convert import ConversionError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TASK = "long_document_summarization"
+
+
+# ----------------------------------------------------------------------------- reading sources
+def read_json(path: str) -> dict:
+    if not os.path.exists(path):
+        raise ConversionError(f"{path}: missing (expected an HF model folder)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"{path}: not valid JSON ({e})") from e
+
+
+def read_hf_config(src: str) -> dict:
+    return read_json(os.path.join(src, "config.json"))
+
+
+def load_hf_state_dict(src: str) -> Dict[str, torch.Tensor]:
+    """Weights of an HF folder: model.safetensors, sharded safetensors or pytorch_model.bin."""
+    single = os.path.join(src, "model.safetensors")
+    index = os.path.join(src, "model.safetensors.index.json")
+    binary = os.path.join(src, "pytorch_model.bin")
+    if os.path.exists(single) or os.path.exists(index):
+        from safetensors.torch import load_file
+
+        if os.path.exists(single):
+            return load_file(single)
+        files = sorted(set(read_json(index)["weight_map"].values()))
+        state = {}
+        for name in files:
+            path = os.path.join(src, name)
+            if not os.path.exists(path):
+                raise ConversionError(f"{path}: listed in model.safetensors.index.json but missing")
+            state.update(load_file(path))
+        return state
+    if os.path.exists(binary):
+        return torch.load(binary, map_location="cpu", weights_only=True)
+    raise ConversionError(
+        f"{src}: no weights found (expected model.safetensors, model.safetensors.index.json "
+        "or pytorch_model.bin)"
+    )
+
+
+def read_hf_vocab(src: str) -> Optional[Dict[str, int]]:
+    path = os.path.join(src, "vocab.json")
+    return read_json(path) if os.path.exists(path) else None
+
+
+# ----------------------------------------------------------------------------- writing outputs
+def write_identity_dict(out_dir: str, vocab_size: int) -> str:
+    """``dict.txt`` whose fairseq indices equal HF ids: lines ``i 1`` for i = 4 .. V-2.
+
+    fairseq's Dictionary supplies <s> <pad> </s> <unk> (0..3) and the tasks append ``<mask>``,
+    which lands on V-1 (fairseq_notes section 3).
+    """
+    path = os.path.join(out_dir, "dict.txt")
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(4, vocab_size - 1):
+            f.write(f"{i} 1\n")
+    return path
+
+
+def check_bart_vocab(vocab: Dict[str, int], vocab_size: int, src: str) -> None:
+    """HF byte-level BPE ids must be 0..V-1 with BART's specials, so no token map is needed."""
+    ids = sorted(vocab.values())
+    if ids != list(range(len(ids))):
+        raise ConversionError(f"{src}/vocab.json: ids are not 0..{len(ids) - 1} without gaps")
+    expected = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for tok, i in expected.items():
+        if vocab.get(tok) != i:
+            raise ConversionError(f"{src}/vocab.json: {tok} has id {vocab.get(tok)}, fairseq needs {i}")
+    if len(ids) != vocab_size:
+        raise ConversionError(
+            f"{src}/vocab.json has {len(ids)} tokens but the model has {vocab_size} embedding rows"
+        )
+    if vocab.get("<mask>", vocab_size - 1) != vocab_size - 1:
+        raise ConversionError(f"{src}/vocab.json: <mask> must be the last id ({vocab_size - 1})")
+
+
+def write_gpt2_bpe_files(src: str, out_dir: str) -> List[str]:
+    """``encoder.json`` (= vocab.json) and ``vocab.bpe`` (= merges.txt with a ``#version`` header
+    and a trailing newline) for ``--bpe gpt2 --gpt2-encoder-json ... --gpt2-vocab-bpe ...``."""
+    vocab, merges = os.path.join(src, "vocab.json"), os.path.join(src, "merges.txt")
+    if not (os.path.exists(vocab) and os.path.exists(merges)):
+        logger.warning("%s: no vocab.json/merges.txt; writing no BPE files", src)
+        return []
+    shutil.copyfile(vocab, os.path.join(out_dir, "encoder.json"))
+    with open(merges, encoding="utf-8") as f:
+        text = f.read()
+    if not text.startswith("#version"):
+        text = "#version: 0.2\n" + text
+    if not text.endswith("\n"):
+        text += "\n"
+    with open(os.path.join(out_dir, "vocab.bpe"), "w", encoding="utf-8") as f:
+        f.write(text)
+    return [os.path.join(out_dir, "encoder.json"), os.path.join(out_dir, "vocab.bpe")]
+
+
+def write_token_map(out_dir: str, fairseq_to_hf: Sequence[int]) -> str:
+    """``token_map.json``: a list, fairseq index -> HF id (only when they differ)."""
+    path = os.path.join(out_dir, "token_map.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(list(map(int, fairseq_to_hf)), f)
+    return path
+
+
+def flag(name: str, value) -> List[str]:
+    """``flag("encoder_embed_dim", 64)`` -> ``["--encoder-embed-dim", "64"]``."""
+    return ["--" + name.replace("_", "-"), str(value)]
+
+
+# ----------------------------------------------------------------------------- fairseq side
+def build_model(out_dir: str, arch: str, cli: Sequence[str] = (), task: str = DEFAULT_TASK,
+                namespace_overrides: Optional[dict] = None):
+    """Build ``(cfg, task, model)`` through fairseq's own training path.
+
+    ``out_dir`` must already hold ``dict.txt`` (the task reads its dictionary from the data
+    folder). ``namespace_overrides`` are set on the parsed namespace after the architecture
+    defaults (for values no flag can express, e.g. ``no_scale_embedding=False``).
+    """
+    import lsg_fairseq  # noqa: F401  (registers models and tasks)
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = [os.path.abspath(out_dir), "--task", task, "--arch", arch] + list(cli)
+    parser = options.get_training_parser()
+    try:
+        args = options.parse_args_and_arch(parser, argv)
+    except SystemExit as e:  # argparse exits on a bad flag; turn it into an exception
+        raise ConversionError(f"fairseq refused the model flags {argv[1:]}") from e
+    for key, value in (namespace_overrides or {}).items():
+        setattr(args, key, value)
+    cfg = convert_namespace_to_omegaconf(args)
+    fairseq_task = tasks.setup_task(cfg.task)
+    try:
+        model = fairseq_task.build_model(cfg.model)
+    except ValueError as e:
+        raise ConversionError(str(e)) from e
+    return cfg, fairseq_task, model
+
+
+def build_model_from_cfg(cfg, out_dir: str):
+    """Rebuild ``(cfg, task, model)`` from an existing checkpoint cfg, data = ``out_dir``."""
+    import lsg_fairseq  # noqa: F401
+    from fairseq import tasks
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.task.data = os.path.abspath(out_dir)
+    fairseq_task = tasks.setup_task(cfg.task)
+    try:
+        model = fairseq_task.build_model(cfg.model)
+    except ValueError as e:
+        raise ConversionError(str(e)) from e
+    return cfg, fairseq_task, model
+
+
+def load_strict(model, state: Dict[str, torch.Tensor]) -> None:
+    """Strict load with a readable report of missing / unexpected / mis-shaped tensors."""
+    target = model.state_dict()
+    missing = sorted(set(target) - set(state))
+    unexpected = sorted(set(state) - set(target))
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(target[k].shape)}"
+              for k in sorted(set(state) & set(target)) if state[k].shape != target[k].shape]
+    if missing or unexpected or shapes:
+        lines = []
+        if missing:
+            lines.append("missing: " + ", ".join(missing[:10]) + (" ..." if len(missing) > 10 else ""))
+        if unexpected:
+            lines.append("unexpected: " + ", ".join(unexpected[:10]) + (" ..." if len(unexpected) > 10 else ""))
+        if shapes:
+            lines.append("shape mismatch: " + "; ".join(shapes[:10]))
+        raise ConversionError("weights do not fit the fairseq model:\n  " + "\n  ".join(lines))
+    state = {k: v.to(target[k].dtype) for k, v in state.items()}
+    model.load_state_dict(state, strict=True)
+
+
+def save_checkpoint(cfg, model, path: str) -> str:
+    """Write a complete fairseq checkpoint (fairseq_notes section 3, "Checkpoint to write")."""
+    from fairseq import checkpoint_utils
+    from omegaconf import OmegaConf
+
+    state = {
+        "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "args": None,
+        "model": model.state_dict(),
+        "optimizer_history": [
+            {
+                "criterion_name": "CrossEntropyCriterion",
+                "optimizer_name": "NoneType",
+                "lr_scheduler_state": {"best": None},
+                "num_updates": 0,
+            }
+        ],
+        "extra_state": {"train_iterator": {"epoch": 1}},
+        "last_optimizer_state": None,
+    }
+    checkpoint_utils.torch_persistent_save(state, path)
+    return path
+
+
+def prepare_out_dir(src: str, out_dir: str) -> None:
+    if os.path.abspath(src) == os.path.abspath(out_dir):
+        raise ConversionError(f"{out_dir}: the output folder must differ from the source")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ConversionError(f"{out_dir}: exists and is not a folder")
+    os.makedirs(out_dir, exist_ok=True)
