@@ -1,0 +1,341 @@
+"""LOCOST (Le Bronnec et al., EACL 2024): SSM encoder + T5 v1.1 decoder, as a fairseq model.
+
+``--arch locost_base`` (the released model's shape) / ``locost_tiny`` (tests, demos). Spec:
+``shared/spec/locost.md``. Encoder: token embedding (no scaling, **no positions**, so any input
+length) -> dropout -> N x [pre-RMSNorm bidirectional S4D + residual, pre-RMSNorm gated-GeLU FFN +
+residual] -> RMSNorm -> dropout. Decoder: T5 v1.1 (relative position bias computed by layer 0 and
+shared, no score scaling, output projection tied to the shared embedding with d_model^-0.5).
+
+Token conventions (T5, not BART):
+
+* the source is ``x </s>`` without ``<s>``; the task must not prepend ``<s>`` (``prepend_bos`` below);
+* the decoder starts from a dedicated start embedding: fairseq feeds ``</s>`` at decoder position 0
+  (teacher forcing and generation alike) and :class:`LOCOSTDecoder` embeds it with the row of
+  ``<s>`` instead. For converted checkpoints that row holds the HF row 0 (T5's pad / decoder start).
+  Pads are never masked as decoder keys: the decoder is causal and targets are right-padded.
+
+SSM parameters (``log_dt, inv_A_real, A_imag, B, C``) are tagged ``param_group="ssm"`` with no weight
+decay and ``lr_scale = --ssm-lr / --lr``; ``--optimizer grouped_adam`` honours the tags.
+"""
+import logging
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+    register_model_architecture,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+
+import lsg_fairseq.optim.grouped_adam  # noqa: F401  (registers --optimizer grouped_adam)
+from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
+from lsg_fairseq.modules.s4d import SSM_PARAMETER_NAMES
+from lsg_fairseq.modules.t5_layers import T5LayerNorm
+
+logger = logging.getLogger(__name__)
+
+# Every model hyper-parameter: (flag, type, help). Defaults live in the arch functions only.
+LOCOST_ARGS = [
+    ("--d-model", int, "model width d (= H, the number of SSM channels)"),
+    ("--d-state", int, "real SSM state size N per channel (stored as N/2 complex modes; released: 512)"),
+    ("--d-ff", int, "inner size of the gated-GeLU feed-forward blocks"),
+    ("--d-kv", int, "size of one decoder attention head (heads x d_kv may differ from d_model)"),
+    ("--encoder-layers", int, "number of LOCOST (SSM) encoder layers"),
+    ("--decoder-layers", int, "number of T5 decoder layers"),
+    ("--decoder-attention-heads", int, "number of decoder attention heads"),
+    ("--layer-norm-eps", float, "RMSNorm epsilon"),
+    ("--relative-attention-num-buckets", int, "T5 relative position buckets (decoder self-attention)"),
+    ("--relative-attention-max-distance", int, "distance beyond which relative positions share the last bucket"),
+    ("--dropout", float, "dropout on embeddings, residual branches, FFN inner activations and attention weights"),
+    ("--ssm-dt-min", float, "lower bound of the log-uniform init of the SSM step size dt"),
+    ("--ssm-dt-max", float, "upper bound of the log-uniform init of the SSM step size dt"),
+    ("--ssm-lr", float, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
+                        "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
+                        "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
+    ("--ssm-kernel-cache-mb", float, "per-layer memory budget (MiB) for caching SSM kernel FFTs per length in "
+                                     "eval mode without autograd; 0 disables"),
+    ("--max-source-positions", int, "longest source the task feeds (the encoder itself has no limit)"),
+    ("--max-target-positions", int, "longest target / generation length"),
+]
+
+_POSITIVE = ("d_model", "d_state", "d_ff", "d_kv", "encoder_layers", "decoder_layers",
+             "decoder_attention_heads", "relative_attention_num_buckets",
+             "relative_attention_max_distance", "max_source_positions", "max_target_positions")
+
+
+def check_locost_args(args) -> None:
+    """Validate at build time, naming the flag at fault."""
+    def flag(name):
+        return "--" + name.replace("_", "-")
+
+    for name in _POSITIVE:
+        if int(getattr(args, name)) <= 0:
+            raise ValueError(f"{flag(name)} must be positive (got {getattr(args, name)})")
+    if args.d_state % 2:
+        raise ValueError(f"--d-state must be even (got {args.d_state}): the real state is stored as "
+                         "d_state/2 complex-conjugate modes")
+    if not 0.0 <= args.dropout < 1.0:
+        raise ValueError(f"--dropout must be in [0, 1) (got {args.dropout})")
+    if not 0.0 < args.ssm_dt_min <= args.ssm_dt_max:
+        raise ValueError(f"need 0 < --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
+    if args.layer_norm_eps <= 0:
+        raise ValueError(f"--layer-norm-eps must be positive (got {args.layer_norm_eps})")
+    if args.relative_attention_num_buckets < 4:
+        raise ValueError("--relative-attention-num-buckets must be >= 4 (half exact, half log-spaced)")
+    if args.ssm_kernel_cache_mb < 0:
+        raise ValueError(f"--ssm-kernel-cache-mb must be >= 0 (got {args.ssm_kernel_cache_mb})")
+
+
+def _bool(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    return str(value).lower() in ("1", "true", "yes", "on")
+
+
+class LOCOSTEncoder(FairseqEncoder):
+    """Embedding (no positions) -> SSM blocks -> RMSNorm. Output: fairseq's dict-of-lists contract."""
+
+    def __init__(self, args, dictionary, embed_tokens):
+        super().__init__(dictionary)
+        self.padding_idx = dictionary.pad()
+        self.embed_tokens = embed_tokens
+        self.dropout = nn.Dropout(args.dropout)
+        self.max_source_positions = args.max_source_positions
+        blocks = []
+        for _ in range(args.encoder_layers):
+            block = LOCOSTEncoderBlock(
+                args.d_model, args.d_state, args.d_ff, args.dropout, args.layer_norm_eps,
+                dt_min=args.ssm_dt_min, dt_max=args.ssm_dt_max, kernel_cache_mb=args.ssm_kernel_cache_mb,
+            )
+            if _bool(getattr(args, "checkpoint_activations", False)):
+                block = checkpoint_wrapper(block, offload_to_cpu=_bool(getattr(args, "offload_activations", False)))
+            blocks.append(block)
+        self.block = nn.ModuleList(blocks)
+        self.final_layer_norm = T5LayerNorm(args.d_model, args.layer_norm_eps)
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None):
+        padding_mask = src_tokens.eq(self.padding_idx)  # (B L) True at pads
+        emb = self.embed_tokens(src_tokens) if token_embeddings is None else token_embeddings  # (B L C)
+        x = self.dropout(emb)
+        # skip the masking multiply when nothing is padded (outputs are identical)
+        mask = padding_mask if padding_mask.any() else None
+        states = []
+        for block in self.block:
+            x = block(x, mask)
+            if return_all_hiddens:
+                states.append(x.transpose(0, 1))  # (L B C)
+        x = self.dropout(self.final_layer_norm(x))
+        if src_lengths is None:
+            src_lengths = (~padding_mask).sum(1)
+        return {
+            "encoder_out": [x.transpose(0, 1)],  # (L B C)
+            "encoder_padding_mask": [padding_mask],  # (B L)
+            "encoder_embedding": [emb],  # (B L C)
+            "encoder_states": states,
+            "src_tokens": [],
+            "src_lengths": [src_lengths.view(-1, 1)],  # (B 1)
+        }
+
+    def reorder_encoder_out(self, encoder_out, new_order):
+        def sel(items, dim):
+            return [t.index_select(dim, new_order) for t in items]
+
+        return {
+            "encoder_out": sel(encoder_out["encoder_out"], 1),
+            "encoder_padding_mask": sel(encoder_out["encoder_padding_mask"], 0),
+            "encoder_embedding": sel(encoder_out["encoder_embedding"], 0),
+            "encoder_states": sel(encoder_out["encoder_states"], 1),
+            "src_tokens": sel(encoder_out["src_tokens"], 0),
+            "src_lengths": sel(encoder_out["src_lengths"], 0),
+        }
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class LOCOSTDecoder(FairseqIncrementalDecoder):
+    """T5 v1.1 decoder with fairseq incremental decoding; start symbol handling in the docstring above."""
+
+    def __init__(self, args, dictionary, embed_tokens):
+        super().__init__(dictionary)
+        self.embed_tokens = embed_tokens
+        self.start_index = dictionary.bos()
+        self.eos_index = dictionary.eos()
+        self.d_model = args.d_model
+        self.dropout = nn.Dropout(args.dropout)
+        self.max_target_positions = args.max_target_positions
+        blocks = []
+        for i in range(args.decoder_layers):
+            block = T5DecoderBlock(
+                args.d_model, args.d_kv, args.decoder_attention_heads, args.d_ff, args.dropout,
+                args.layer_norm_eps, has_relative_attention_bias=(i == 0),
+                relative_attention_num_buckets=args.relative_attention_num_buckets,
+                relative_attention_max_distance=args.relative_attention_max_distance,
+            )
+            if _bool(getattr(args, "checkpoint_activations", False)):
+                block = checkpoint_wrapper(block, offload_to_cpu=_bool(getattr(args, "offload_activations", False)))
+            blocks.append(block)
+        self.block = nn.ModuleList(blocks)
+        self.final_layer_norm = T5LayerNorm(args.d_model, args.layer_norm_eps)
+        self.output_projection = nn.Linear(args.d_model, len(dictionary), bias=False)
+        self.output_projection.weight = embed_tokens.weight  # tied, as T5 (tie_word_embeddings)
+
+    def _first_self_attention(self):
+        block = self.block[0]
+        block = getattr(block, "_checkpoint_wrapped_module", block)
+        return block.layer[0].SelfAttention
+
+    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
+                full_context_alignment=False, alignment_layer=None, alignment_heads=None,
+                src_lengths=None, return_all_hiddens=False):
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None, **unused):
+        rel = self._first_self_attention()
+        offset = rel.cached_length(incremental_state)  # decoder positions already processed
+        tokens = prev_output_tokens
+        if incremental_state is not None:
+            tokens = tokens[:, offset:]  # (B T): the new positions only (fairseq passes the prefix)
+        if offset == 0:
+            # fairseq starts decoding with </s>; T5 starts from its own start embedding (see module doc)
+            first = tokens[:, :1]
+            tokens = torch.cat([first.masked_fill(first.eq(self.eos_index), self.start_index), tokens[:, 1:]], 1)
+        x = self.dropout(self.embed_tokens(tokens))  # (B T C)
+        T = x.size(1)
+        S = offset + T
+        pos_bias = rel.compute_bias(T, S, q_offset=offset, device=x.device).float()  # (1 heads T S)
+        q_pos = torch.arange(offset, S, device=x.device)[:, None]  # (T 1)
+        k_pos = torch.arange(S, device=x.device)[None, :]  # (1 S)
+        neg = torch.finfo(torch.float32).min
+        self_bias = pos_bias.masked_fill(k_pos > q_pos, neg)  # (1 heads T S): causal
+
+        memory, cross_bias = None, None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            memory = encoder_out["encoder_out"][0].transpose(0, 1)  # (B S_enc C)
+            enc_pad = encoder_out["encoder_padding_mask"]
+            if len(enc_pad) > 0 and enc_pad[0].any():
+                cross_bias = torch.zeros(enc_pad[0].shape, device=x.device, dtype=torch.float32)
+                cross_bias = cross_bias.masked_fill(enc_pad[0], neg)[:, None, None, :]  # (B 1 1 S_enc)
+        inner_states = [x]
+        for block in self.block:
+            x = block(x, memory, self_bias, cross_bias, incremental_state)
+            inner_states.append(x)
+        x = self.dropout(self.final_layer_norm(x))
+        return x, {"attn": [None], "inner_states": inner_states}
+
+    def output_layer(self, features):
+        # tied projection with T5's rescaling (absent it, logits are ~d^0.5 too large)
+        return self.output_projection(features * (self.d_model ** -0.5))
+
+    def max_positions(self):
+        return self.max_target_positions
+
+
+@register_model("locost")
+class LOCOSTModel(FairseqEncoderDecoderModel):
+    """LOCOST encoder-decoder. See the module docstring for token conventions."""
+
+    # Read by the summarization task: T5 conventions, no <s> on the source or target.
+    prepend_bos = False
+
+    @staticmethod
+    def add_args(parser):
+        for flag, typ, help_text in LOCOST_ARGS:
+            parser.add_argument(flag, type=typ, metavar="N" if typ is int else "F", help=help_text)
+        parser.add_argument("--checkpoint-activations", action="store_true",
+                            help="recompute each encoder / decoder block in the backward pass (saves memory)")
+        parser.add_argument("--offload-activations", action="store_true",
+                            help="with --checkpoint-activations, keep checkpointed activations on the CPU")
+
+    @classmethod
+    def build_model(cls, args, task):
+        locost_base_architecture(args)
+        check_locost_args(args)
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        if src_dict != tgt_dict:
+            raise ValueError(
+                "locost shares one embedding between encoder, decoder and output (T5's `shared`): source "
+                "and target dictionaries must be identical (preprocess with --joined-dictionary or use "
+                "the converter's dict.txt for both sides)"
+            )
+        cls._use_t5_token_conventions(task)
+        embed_tokens = nn.Embedding(len(src_dict), args.d_model)  # no padding_idx: T5 trains every row
+        nn.init.normal_(embed_tokens.weight, mean=0.0, std=1.0)  # T5 init of `shared`
+        encoder = LOCOSTEncoder(args, src_dict, embed_tokens)
+        decoder = LOCOSTDecoder(args, tgt_dict, embed_tokens)
+        model = cls(encoder, decoder)
+        model._init_ffn_weights(args)
+        model.tag_ssm_parameters(cls._ssm_lr_scale(args))
+        return model
+
+    @classmethod
+    def _use_t5_token_conventions(cls, task):
+        # fairseq builds the model before it loads datasets (train, generate, validate, hub), so
+        # switching the task's <s> convention here covers every entry point.
+        task_cfg = getattr(task, "cfg", None)
+        if task_cfg is not None and getattr(task_cfg, "prepend_bos", False):
+            logger.info("locost: T5 token conventions, turning off the task's prepend_bos")
+            task_cfg.prepend_bos = False
+
+    def _init_ffn_weights(self, args):
+        # T5's _init_weights for the gated FFN (factor 1): wi ~ N(0, d^-1/2), wo ~ N(0, d_ff^-1/2)
+        for name, p in self.named_parameters():
+            if ".DenseReluDense.wi_" in name:
+                nn.init.normal_(p, std=args.d_model ** -0.5)
+            elif ".DenseReluDense.wo" in name:
+                nn.init.normal_(p, std=args.d_ff ** -0.5)
+
+    @staticmethod
+    def _ssm_lr_scale(args) -> float:
+        ssm_lr = float(getattr(args, "ssm_lr", 0.0) or 0.0)
+        lr = getattr(args, "lr", None)
+        base = float(lr[0] if isinstance(lr, (list, tuple)) else lr) if lr is not None else 0.0
+        if ssm_lr <= 0:
+            return 1.0
+        if base <= 0:
+            raise ValueError(f"--ssm-lr {ssm_lr} needs a positive --lr to scale against")
+        return ssm_lr / base
+
+    def tag_ssm_parameters(self, lr_scale: float = 1.0) -> None:
+        """Mark SSM parameters for :mod:`lsg_fairseq.optim.grouped_adam` (and fairseq's composite)."""
+        for name, p in self.named_parameters():
+            if name.rsplit(".", 1)[-1] in SSM_PARAMETER_NAMES and ".ssm_layer.kernel." in name:
+                p.param_group = "ssm"
+                p.optim_overrides = {"optimizer": {"lr_scale": lr_scale, "weight_decay_scale": 0.0}}
+
+    def max_positions(self):
+        return (self.encoder.max_positions(), self.decoder.max_positions())
+
+
+def _defaults(args, **values):
+    for k, v in values.items():
+        setattr(args, k, getattr(args, k, v))
+
+
+@register_model_architecture("locost", "locost_base")
+def locost_base_architecture(args):
+    """The released LOCOST (flbbb/locost-gsg-pretrained): 12+12 layers, d 768, N 512."""
+    _defaults(
+        args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
+        decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
+        relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=1e-3, ssm_dt_max=1e-1,
+        ssm_lr=0.0, ssm_kernel_cache_mb=64.0, max_source_positions=4096, max_target_positions=1024,
+        checkpoint_activations=False, offload_activations=False,
+    )
+
+
+@register_model_architecture("locost", "locost_tiny")
+def locost_tiny_architecture(args):
+    """Tiny LOCOST for tests and demos (the conformance fixture's shape)."""
+    _defaults(args, d_model=64, d_state=32, d_ff=128, d_kv=16, encoder_layers=2, decoder_layers=2,
+              decoder_attention_heads=4)
+    locost_base_architecture(args)

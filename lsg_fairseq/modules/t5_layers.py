@@ -1,0 +1,185 @@
+"""T5 v1.1 building blocks used by LOCOST (spec ``shared/spec/locost.md`` sections 2-3), pure torch.
+
+- :class:`T5LayerNorm`: RMSNorm ``x * rsqrt(mean(x^2) + eps) * w`` (no mean, no bias), in float32.
+- :class:`T5DenseGatedGelu`: ``wo(gelu_new(wi_0 h) * wi_1 h)``, no biases.
+- :class:`T5Attention`: multi-head attention without the 1/sqrt(d_kv) score scaling, softmax in
+  float32, optional T5 relative position bias (bucketed), and fairseq-style incremental decoding.
+
+Attribute names mirror HF T5 (``q, k, v, o``, ``relative_attention_bias``, ``wi_0, wi_1, wo``) so
+that checkpoints map by name. Incremental decoding follows fairseq's protocol without importing
+fairseq: state lives in the caller's ``incremental_state`` dict under a per-module key, and
+``reorder_incremental_state(incremental_state, new_order)`` is found by
+``FairseqIncrementalDecoder.reorder_incremental_state_scripting`` through ``self.modules()``.
+"""
+import math
+import uuid
+from typing import Dict, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+IncrementalState = Dict[str, Dict[str, Optional[torch.Tensor]]]
+
+
+class T5LayerNorm(nn.Module):
+    """RMSNorm (T5LayerNorm): statistics in float32, output in the weight's dtype if half."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)  # (... 1)
+        x = x * torch.rsqrt(variance + self.variance_epsilon)  # promoted to float32
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            x = x.to(self.weight.dtype)
+        return self.weight * x
+
+
+def gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """tanh-approximated GELU (HF ``gelu_new``); the erf GELU differs by ~1e-3 on the fixture."""
+    return F.gelu(x, approximate="tanh")
+
+
+class T5DenseGatedGelu(nn.Module):
+    """Gated-GeLU feed-forward of T5 v1.1: ``wo(dropout(gelu_new(wi_0 h) * wi_1 h))``."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
+        super().__init__()
+        self.wi_0 = nn.Linear(d_model, d_ff, bias=False)
+        self.wi_1 = nn.Linear(d_model, d_ff, bias=False)
+        self.wo = nn.Linear(d_ff, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.wo(self.dropout(gelu_new(self.wi_0(h)) * self.wi_1(h)))
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """T5 buckets for ``memory_position - query_position`` (HF ``_relative_position_bucket``).
+
+    Unidirectional (decoder): only non-positive offsets count; half the buckets are exact offsets
+    0..num_buckets/2-1, the rest log-spaced up to ``max_distance``, beyond which all share the last.
+    Bidirectional: the buckets are split between the two signs first.
+    """
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        relative_position = relative_position.abs()
+    else:
+        relative_position = -torch.clamp(relative_position, max=0)
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    # clamp(min=1) only avoids log(0) on entries that the torch.where below discards anyway
+    large = max_exact + (
+        torch.log(relative_position.clamp(min=1).float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = torch.clamp(large, max=num_buckets - 1)
+    return buckets + torch.where(is_small, relative_position, large)
+
+
+class T5Attention(nn.Module):
+    """T5 attention: no score scaling (folded into the init), fp32 softmax, optional position bias.
+
+    ``forward`` takes batch-first tensors (B, T, C). ``bias`` is an additive float tensor
+    broadcastable to (B, heads, T, S) that already combines position bias and masks.
+
+    Incremental decoding: with ``incremental_state`` given, self-attention appends this step's keys /
+    values to the cached ones; cross-attention (``static_kv=True``) projects the memory once and
+    reuses it.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        d_kv: int,
+        num_heads: int,
+        has_relative_attention_bias: bool = False,
+        relative_attention_num_buckets: int = 32,
+        relative_attention_max_distance: int = 128,
+        bidirectional: bool = False,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        inner = num_heads * d_kv
+        self.num_heads, self.d_kv = num_heads, d_kv
+        self.q = nn.Linear(d_model, inner, bias=False)
+        self.k = nn.Linear(d_model, inner, bias=False)
+        self.v = nn.Linear(d_model, inner, bias=False)
+        self.o = nn.Linear(inner, d_model, bias=False)
+        self.dropout = dropout
+        self.bidirectional = bidirectional
+        self.num_buckets = relative_attention_num_buckets
+        self.max_distance = relative_attention_max_distance
+        if has_relative_attention_bias:
+            self.relative_attention_bias = nn.Embedding(relative_attention_num_buckets, num_heads)
+        self._state_key = f"{uuid.uuid4()}.t5_attn_state"
+
+    def compute_bias(self, q_len: int, k_len: int, q_offset: int = 0, device=None) -> torch.Tensor:
+        """Position bias (1, heads, q_len, k_len) for queries at positions q_offset..q_offset+q_len-1."""
+        weight = self.relative_attention_bias.weight
+        device = device or weight.device
+        ctx = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]  # (T 1)
+        mem = torch.arange(k_len, device=device)[None, :]  # (1 S)
+        buckets = relative_position_bucket(mem - ctx, self.bidirectional, self.num_buckets,
+                                           self.max_distance)  # (T S)
+        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1 heads T S)
+
+    def _shape(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.d_kv).transpose(1, 2)  # (B heads T d_kv)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: Optional[torch.Tensor] = None,
+        bias: Optional[torch.Tensor] = None,
+        incremental_state: Optional[IncrementalState] = None,
+        static_kv: bool = False,
+    ) -> torch.Tensor:
+        """x: (B, T, C); memory: (B, S, C) for cross-attention (None: self-attention) -> (B, T, C)."""
+        B, T, _ = x.shape
+        q = self._shape(self.q(x))  # (B heads T d_kv)
+        saved = None
+        if incremental_state is not None:
+            saved = incremental_state.get(self._state_key)
+        if static_kv and saved is not None:
+            k, v = saved["prev_key"], saved["prev_value"]  # projected memory from step 0
+        else:
+            src = x if memory is None else memory
+            k, v = self._shape(self.k(src)), self._shape(self.v(src))  # (B heads S d_kv)
+            if saved is not None and not static_kv:
+                k = torch.cat([saved["prev_key"], k], dim=2)  # (B heads S_prev+T d_kv)
+                v = torch.cat([saved["prev_value"], v], dim=2)
+        if incremental_state is not None:
+            incremental_state[self._state_key] = {"prev_key": k, "prev_value": v}
+
+        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B heads T S)
+        if bias is not None:
+            scores = scores + bias
+        attn = F.softmax(scores, dim=-1).type_as(q)
+        attn = F.dropout(attn, p=self.dropout, training=self.training)
+        out = torch.matmul(attn, v)  # (B heads T d_kv)
+        out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.d_kv)  # (B T heads*d_kv)
+        return self.o(out)
+
+    def cached_length(self, incremental_state: Optional[IncrementalState]) -> int:
+        """Number of key positions already cached (0 without state)."""
+        if incremental_state is None or self._state_key not in incremental_state:
+            return 0
+        return incremental_state[self._state_key]["prev_key"].shape[2]
+
+    def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: torch.Tensor):
+        """Beam search: select batch rows ``new_order`` of the cached keys / values."""
+        saved = incremental_state.get(self._state_key)
+        if saved is not None:
+            incremental_state[self._state_key] = {
+                name: t.index_select(0, new_order) for name, t in saved.items()
+            }

@@ -1,0 +1,1 @@
+"""Optimizers that honour per-parameter tags (``param_group`` / ``optim_overrides``)."""
