@@ -18,8 +18,8 @@ import json
 import os
 import sys
 
-# Runs from a checkout without `pip install -e .`: make the repo's package importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
 from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, require_file  # noqa: E402
 from lsg_fairseq.data.generate_output import hypotheses_and_references, parse_generate_output  # noqa: E402

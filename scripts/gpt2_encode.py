@@ -22,8 +22,8 @@ import os
 import sys
 from multiprocessing import Pool
 
-# Runs from a checkout without `pip install -e .`: make the repo's package importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
 from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress  # noqa: E402
 from lsg_fairseq.data.offline_bpe import gpt2_encode_line, load_gpt2_encoder, require_local_file  # noqa: E402

@@ -16,8 +16,8 @@ import os
 import sys
 import time
 
-# Runs from a checkout without `pip install -e .`: make the repo's package importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
 from lsg_fairseq.data.fileio import atomic_outputs, die, progress  # noqa: E402
 from lsg_fairseq.data.synthetic import SyntheticConfig, make_split  # noqa: E402
