@@ -1,0 +1,251 @@
+"""Converter (bart family) against the reference fixtures in shared/fixtures/lsg (spec/lsg.md)."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import lsg_fairseq  # noqa: F401
+from fairseq import checkpoint_utils
+
+from lsg_fairseq.cli.convert import main as cli_main
+from lsg_fairseq.convert import ConversionError, convert
+from lsg_fairseq.convert.bart import extend_positions, init_global_embeddings
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(REPO, "..", "shared", "fixtures", "lsg")
+FOLDERS = ["bart_plain", "lsg_none", "lsg_norm", "lsg_pooling"]
+LSG_AS_FIXTURES = dict(max_source_positions=1024, num_global_tokens=4, block_size=32,
+                       sparse_block_size=32, sparsity_factor=2, sparsity_type="norm")
+
+pytestmark = pytest.mark.skipif(not os.path.isdir(FIXTURES), reason="shared/fixtures/lsg not found")
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("converted")
+    out = {}
+    for name in FOLDERS:
+        out[name] = str(root / name)
+        convert(os.path.join(FIXTURES, name, "hf"), out[name])
+    out["plain_to_lsg"] = str(root / "plain_to_lsg")
+    convert(os.path.join(FIXTURES, "bart_plain", "hf"), out["plain_to_lsg"], **LSG_AS_FIXTURES)
+    return out
+
+
+def load(folder):
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([os.path.join(folder, "model.pt")])
+    return models[0].eval(), task
+
+
+def run(model, S):
+    inputs = np.load(os.path.join(FIXTURES, "inputs.npz"))
+    ids = torch.from_numpy(inputs[f"{S}_input_ids"])
+    lengths = torch.from_numpy(inputs[f"{S}_lengths"])
+    dec = torch.from_numpy(inputs[f"{S}_decoder_input_ids"])
+    with torch.no_grad():
+        enc = model.encoder(ids, src_lengths=lengths)["encoder_out"][0].transpose(0, 1)
+        logits, _ = model(ids, lengths, dec)
+    return enc.numpy(), logits.numpy(), lengths.tolist()
+
+
+@pytest.mark.parametrize("name", FOLDERS)
+def test_fixture_conformance(converted, name):
+    model, _ = load(converted[name])
+    expected = np.load(os.path.join(FIXTURES, name, "outputs.npz"))
+    G = getattr(model.encoder, "num_global_tokens", 0)
+    checked = 0
+    for S in ["long", "mid", "short"]:
+        if f"{S}_encoder_out" not in expected:
+            continue
+        enc, logits, lengths = run(model, S)
+        ref = expected[f"{S}_encoder_out"]
+        for i, n in enumerate(lengths):  # only valid positions: globals + real tokens
+            assert np.abs(enc[i, : G + n] - ref[i, : G + n]).max() <= 1e-4, (S, i)
+        assert np.abs(logits - expected[f"{S}_logits"]).max() <= 1e-4, S
+        checked += 1
+    assert checked == (2 if name == "bart_plain" else 3)
+
+
+def test_plain_bart_to_lsg_equals_reference_conversion(converted):
+    a = torch.load(os.path.join(converted["plain_to_lsg"], "model.pt"), weights_only=True)
+    for name in ["lsg_none", "lsg_norm", "lsg_pooling"]:
+        b = torch.load(os.path.join(converted[name], "model.pt"), weights_only=True)
+        assert set(a["model"]) == set(b["model"])
+        for k in a["model"]:
+            assert torch.equal(a["model"][k], b["model"][k]), (name, k)
+    b = torch.load(os.path.join(converted["lsg_norm"], "model.pt"), weights_only=True)
+    ma, mb = vars(a["cfg"]["model"]), vars(b["cfg"]["model"])
+    assert {k for k in set(ma) | set(mb) if ma.get(k) != mb.get(k)} == {"data"}
+
+
+def test_global_and_position_init_facts(converted):
+    sd = torch.load(os.path.join(converted["plain_to_lsg"], "model.pt"), weights_only=True)["model"]
+    plain = torch.load(os.path.join(converted["bart_plain"], "model.pt"), weights_only=True)["model"]
+    E, pos = plain["encoder.embed_tokens.weight"], plain["encoder.embed_positions.weight"]
+    glob = sd["encoder.global_embeddings.weight"]
+    assert glob.shape == (512, 64)
+    assert torch.allclose(glob[0], E[0] + pos[2])
+    for g in [1, 7, 8, 9, 100, 511]:
+        assert torch.allclose(glob[g], E[499] + pos[2 + 64 * (g % 8) + g // 8]), g
+    for key in ["encoder.embed_positions.weight", "decoder.embed_positions.weight"]:
+        new, old = sd[key], plain[key]
+        assert new.shape == (1026, 64)
+        assert torch.equal(new[:2], old[:2])
+        i = torch.arange(1024)
+        assert torch.equal(new[2 + i], old[2 + i % 512])
+
+
+def test_position_extension_is_exactly_m_plus_2_rows():
+    old = torch.randn(1026, 4)  # P = 1024
+    for M in [3076, 4096, 1000, 1]:  # 3076: the reference's repeat count falls short here
+        new = extend_positions(old, M)
+        assert new.shape == (M + 2, 4)
+        assert torch.equal(new[2:], old[2 + torch.arange(M) % 1024])
+
+
+def test_global_init_for_short_tables_is_seeded():
+    E = torch.randn(10, 8)
+    pos = torch.randn(2 + 100, 8)  # P = 100 < 512: rows completed from N(mean, std)
+    a = init_global_embeddings(pos, E, 0, 9, 64, seed=123)
+    b = init_global_embeddings(pos, E, 0, 9, 64, seed=123)
+    c = init_global_embeddings(pos, E, 0, 9, 64, seed=124)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.allclose(a[0], E[0] + pos[2])
+    # factor 1, m = 64, 512/m = 8: g = 8 -> row 1 (real); g = 2 -> row 128 >= P (drawn)
+    assert torch.allclose(a[8], E[9] + pos[3])
+    assert torch.equal(a[8], c[8]) and not torch.equal(a[2], c[2])
+
+
+def test_tokenizer_files(converted):
+    out = converted["lsg_norm"]
+    src = os.path.join(FIXTURES, "lsg_norm", "hf")
+    with open(os.path.join(out, "encoder.json")) as f, open(os.path.join(src, "vocab.json")) as g:
+        assert json.load(f) == json.load(g)
+    with open(os.path.join(out, "vocab.bpe")) as f:
+        text = f.read()
+    assert text.startswith("#version") and text.endswith("\n")
+    with open(os.path.join(out, "dict.txt")) as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "4 1" and lines[-1] == "498 1" and len(lines) == 495
+    assert not os.path.exists(os.path.join(out, "token_map.json"))
+    _, task = load(out)
+    assert len(task.source_dictionary) == 500 and task.source_dictionary.index("<mask>") == 499
+
+
+def test_checkpoint_is_complete(converted):
+    state = checkpoint_utils.load_checkpoint_to_cpu(os.path.join(converted["lsg_norm"], "model.pt"))
+    assert state["optimizer_history"][-1]["num_updates"] == 0
+    assert state["extra_state"]["train_iterator"]["epoch"] == 1
+    assert state["cfg"]["model"].arch == "lsg_bart_base"
+    assert state["cfg"]["task"]["_name"] == "long_document_summarization"
+
+
+def test_fairseq_checkpoint_warm_start(converted, tmp_path):
+    # 1024 -> 4096 positions and 4 -> 8 globals from a converted lsg_bart checkpoint
+    longer = str(tmp_path / "longer")
+    convert(converted["lsg_norm"], longer, max_source_positions=4096)
+    more = str(tmp_path / "more")
+    cli_main([os.path.join(converted["lsg_norm"], "model.pt"), more, "--max-source-positions",
+              "4096", "--num-global-tokens", "8"])
+    base, _ = load(converted["lsg_norm"])
+    m1, _ = load(longer)
+    m2, _ = load(more)
+    assert m1.encoder.max_positions() == 4096 and m2.encoder.num_global_tokens == 8
+    old = base.encoder.embed_positions.weight
+    new = m2.encoder.embed_positions.weight
+    assert new.shape == (4098, 64) and torch.equal(new[2 + 3000], old[2 + 3000 % 1024])
+    assert torch.equal(m2.encoder.global_embeddings.weight, base.encoder.global_embeddings.weight)
+    enc0, logits0, lengths = run(base, "mid")
+    enc1, logits1, _ = run(m1, "mid")
+    assert np.abs(logits0 - logits1).max() < 1e-5  # only the table grew
+    enc2, _, _ = run(m2, "mid")
+    assert enc2.shape[1] == enc0.shape[1] + 4
+
+
+def test_to_bart_from_plain(converted):
+    state = torch.load(os.path.join(converted["bart_plain"], "model.pt"), weights_only=True)
+    assert state["cfg"]["model"].arch == "bart_base"
+    model, _ = load(converted["bart_plain"])
+    assert type(model).__name__ == "BARTModel"
+    assert state["model"]["encoder.embed_positions.weight"].shape == (514, 64)
+
+
+# ----------------------------------------------------------------------------- refusals
+def copy_hf(name, dest):
+    shutil.copytree(os.path.join(FIXTURES, name, "hf"), dest)
+    for f in os.listdir(dest):
+        os.chmod(os.path.join(dest, f), 0o644)
+    os.chmod(dest, 0o755)
+    return dest
+
+
+def edit_config(folder, **changes):
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config.update(changes)
+    with open(path, "w") as f:
+        json.dump(config, f)
+
+
+def test_refuses_missing_source(tmp_path):
+    with pytest.raises(ConversionError, match="no such file"):
+        convert(str(tmp_path / "nope"), str(tmp_path / "out"))
+
+
+def test_refuses_missing_weights(tmp_path):
+    src = copy_hf("bart_plain", str(tmp_path / "src"))
+    os.remove(os.path.join(src, "model.safetensors"))
+    with pytest.raises(ConversionError, match="no weights found"):
+        convert(src, str(tmp_path / "out"))
+
+
+def test_refuses_unknown_model_type(tmp_path):
+    src = copy_hf("bart_plain", str(tmp_path / "src"))
+    edit_config(src, model_type="gpt2")
+    with pytest.raises(ConversionError, match="not a model this converter knows"):
+        convert(src, str(tmp_path / "out"))
+
+
+def test_refuses_shape_mismatch(tmp_path):
+    src = copy_hf("bart_plain", str(tmp_path / "src"))
+    edit_config(src, encoder_ffn_dim=96)
+    with pytest.raises(ConversionError, match="shape mismatch.*fc1"):
+        convert(src, str(tmp_path / "out"))
+
+
+def test_refuses_nonzero_final_logits_bias(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src = copy_hf("bart_plain", str(tmp_path / "src"))
+    path = os.path.join(src, "model.safetensors")
+    sd = load_file(path)
+    sd["final_logits_bias"] = torch.full_like(sd.get("final_logits_bias", torch.zeros(1, 500)), 0.5)
+    save_file(sd, path)
+    with pytest.raises(ConversionError, match="final_logits_bias"):
+        convert(src, str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("length", [0, 1 << 21])
+def test_refuses_unachievable_max_length(tmp_path, length):
+    with pytest.raises(ConversionError, match="not achievable"):
+        convert(os.path.join(FIXTURES, "bart_plain", "hf"), str(tmp_path / "out"),
+                to="lsg_bart", max_source_positions=length)
+
+
+def test_refuses_bad_lsg_options(tmp_path):
+    with pytest.raises(ConversionError, match="--sparsity-factor"):
+        convert(os.path.join(FIXTURES, "bart_plain", "hf"), str(tmp_path / "out"),
+                block_size=32, sparsity_factor=3)
+    with pytest.raises(ConversionError, match="--to bart cannot keep"):
+        convert(os.path.join(FIXTURES, "lsg_norm", "hf"), str(tmp_path / "out2"), to="bart")
+
+
+def test_cli_reports_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main([str(tmp_path / "missing"), str(tmp_path / "out")])
+    assert e.value.code == 2
+    assert "no such file" in capsys.readouterr().err
