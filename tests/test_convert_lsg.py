@@ -249,3 +249,14 @@ def test_cli_reports_errors(tmp_path, capsys):
         cli_main([str(tmp_path / "missing"), str(tmp_path / "out")])
     assert e.value.code == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_hub_loading(converted):
+    from lsg_fairseq.models.lsg_bart import LSGBARTModel
+
+    hub = LSGBARTModel.from_pretrained(converted["lsg_norm"])
+    assert isinstance(hub.model, LSGBARTModel)
+    assert hub.model.max_positions()[0] == 1024
+    src = torch.tensor([0] + list(range(4, 300)) + [2])  # longer than 2 blocks: LSG path
+    hyps = hub.generate([src], beam=2, max_len_b=5)
+    assert len(hyps) == 1 and hyps[0][0]["tokens"].numel() >= 1

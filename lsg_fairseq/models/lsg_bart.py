@@ -239,17 +239,25 @@ class LSGBARTModel(BARTModel):
 
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
-                        bpe="gpt2", **kwargs):
-        """Load through ``lsg_fairseq.models.hub`` (no 1024-token truncation) when present."""
+                        bpe=None, **kwargs):
+        """Load through ``lsg_fairseq.models.hub`` (no 1,024-token truncation) when present.
+
+        The dictionary and tokenizer files are read from the model folder itself (what
+        ``lsg-fairseq-convert`` writes); ``bpe`` overrides the detected tokenizer.
+        """
         try:
             from lsg_fairseq.models import hub
         except ImportError:
             hub = None
-        if hub is not None and hasattr(hub, "from_pretrained"):
-            return hub.from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
-                                       data_name_or_path=data_name_or_path, bpe=bpe, **kwargs)
-        return super().from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
-                                       data_name_or_path=data_name_or_path, bpe=bpe, **kwargs)
+        if hub is None or not hasattr(hub, "from_pretrained"):
+            return super().from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
+                                           data_name_or_path=data_name_or_path,
+                                           bpe=bpe or "gpt2", **kwargs)
+        if data_name_or_path not in (".", None):
+            raise ValueError("lsg_bart hub models read dict.txt from the model folder itself")
+        if bpe is not None:
+            kwargs["bpe"] = bpe
+        return hub.from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file, **kwargs)
 
 
 def lsg_architecture_defaults(args):
