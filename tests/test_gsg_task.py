@@ -1,0 +1,269 @@
+"""The GSG data path end to end: raw text -> scripts/gsg_preprocess.py -> on-the-fly dataset ->
+``fairseq-train --task gap_sentence_generation`` (then fine-tuning with the summarization task)."""
+import contextlib
+import importlib.util
+import io
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+import lsg_fairseq  # noqa: F401  (registers the tasks)
+from lsg_fairseq.data import gsg
+from lsg_fairseq.data.documents import chunk_sentences, document_sentences, read_documents
+from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
+from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationConfig, validate_gsg_config
+
+from conftest import REPO_ROOT, SHARED_DATA
+
+GUTENBERG = os.path.join(SHARED_DATA, "gutenberg")
+SCRIPT = os.path.join(REPO_ROOT, "scripts", "gsg_preprocess.py")
+TINY_BART = ["--arch", "bart_base", "--encoder-layers", "1", "--decoder-layers", "1",
+             "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+             "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+def _load_script():
+    # In-process: a subprocess per call would re-import torch and fairseq (~8 s each here).
+    spec = importlib.util.spec_from_file_location("gsg_preprocess", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GSG_PREPROCESS = _load_script()
+
+
+def run_script(*args):
+    """(exit status, stderr) of scripts/gsg_preprocess.py."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = GSG_PREPROCESS.main(list(args))
+    return status, err.getvalue()
+
+
+def fairseq_train(argv):
+    """fairseq-train in this process (plugin already imported from the same path: fine)."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq_cli import train
+
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    train.main(convert_namespace_to_omegaconf(args))
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    """Blake's poems (train) and the start of Macbeth (valid), ~300-word pseudo-documents."""
+    out = tmp_path_factory.mktemp("gsg")
+    status, err = run_script("--format", "file", "--chunk-words", "300", "--max-documents", "12",
+                             "--input", f"train={GUTENBERG}/blake-poems.txt",
+                             "--input", f"valid={GUTENBERG}/shakespeare-macbeth.txt",
+                             "--output-dir", str(out), "--nwords", "1500")
+    assert status == 0, err
+    return out
+
+
+def load(corpus_dir, split="train", **overrides):
+    d = Dictionary.load(str(corpus_dir / "dict.txt"))
+    mask = d.add_symbol("<mask>")
+    options = dict(ratio=0.2, ratio_max=None, strategy="ind_orig", score_noise=0.0,
+                   mask_probs=(1, 0, 0, 0), seed=1, max_source_positions=1024, max_target_positions=512)
+    options.update(overrides)
+    ds = GapSentenceDataset(GSGCorpus(corpus_prefix(str(corpus_dir), split)), d, mask_token=mask, **options)
+    return ds, d, mask
+
+
+# ----------------------------------------------------------------------------- raw text
+
+
+def test_document_formats(tmp_path):
+    (tmp_path / "lines.txt").write_text("One doc. Two sentences.\n\nSecond doc here.\n")
+    (tmp_path / "blank.txt").write_text("First doc, line\nwrapped. Next one.\n\n\nDoc two.\n")
+    (tmp_path / "d.jsonl").write_text(json.dumps({"document": "Para one. Yes.\nPara two", "summary": "x"}) + "\n")
+    assert list(read_documents(str(tmp_path / "lines.txt"), "lines")) == [["One doc. Two sentences."], ["Second doc here."]]
+    assert list(read_documents(str(tmp_path / "blank.txt"), "blank")) == [["First doc, line wrapped. Next one."], ["Doc two."]]
+    assert list(read_documents(str(tmp_path / "blank.txt"), "file")) == [["First doc, line wrapped. Next one.", "Doc two."]]
+    assert list(read_documents(str(tmp_path / "d.jsonl"), "jsonl")) == [["Para one. Yes.", "Para two"]]
+    assert document_sentences(["Para one. Yes.", "Para two"], 200) == ["Para one.", "Yes.", "Para two"]
+    assert document_sentences(["a b c d e"], 2) == ["a b", "c d", "e"]
+
+
+def test_chunking_respects_word_budget():
+    sentences = [" ".join(["w"] * n) for n in (3, 4, 2, 6, 1, 9)]
+    chunks = list(chunk_sentences(sentences, 7))
+    assert [s for c in chunks for s in c] == sentences  # nothing lost, order kept
+    assert [sum(len(s.split()) for s in c) for c in chunks] == [7, 2, 7, 9]  # greedy; 9 > 7 alone
+    assert list(chunk_sentences(sentences, 0)) == [sentences]
+
+
+def test_script_jsonl_and_errors(tmp_path):
+    src = os.path.join(SHARED_DATA, "sumpubmed", "valid.jsonl")
+    status, err = run_script("--format", "jsonl", "--input", f"train={src}", "--max-documents", "3",
+                             "--output-dir", str(tmp_path))
+    assert status == 0, err
+    corpus = GSGCorpus(corpus_prefix(str(tmp_path), "train"))
+    assert len(corpus) == 3 and (corpus.doc_tokens > 500).all()
+    status, err = run_script("--format", "jsonl", "--input", f"train={tmp_path}/missing.jsonl", "--output-dir", str(tmp_path))
+    assert status == 2 and "file not found" in err
+    status, err = run_script("--format", "lines", "--input", f"train={src}", "--min-sentences", "0", "--output-dir", str(tmp_path))
+    assert status == 2 and "--min-sentences must be >= 1" in err
+
+
+def test_corpus_round_trip(corpus_dir):
+    """Stored sentences decode to the text's words, and ROUGE word ids follow rouge_tokenize."""
+    ds, d, _ = load(corpus_dir)
+    docs = []
+    for paragraphs in read_documents(os.path.join(GUTENBERG, "blake-poems.txt"), "file"):
+        docs.extend(c for c in chunk_sentences(document_sentences(paragraphs, 200), 300) if len(c) >= 2)
+    assert len(ds) == 12
+    for i in (0, 7):
+        tokens, words = ds.corpus.document(i)
+        assert len(tokens) == len(docs[i])
+        for toks, w, sentence in zip(tokens, words, docs[i]):
+            expected = [t if d.index(t) != d.unk() else "<unk>" for t in sentence.split()]
+            assert d.string(torch.as_tensor(toks)).split() == expected
+            assert len(w) == len(gsg.rouge_tokenize(sentence))
+
+
+# ----------------------------------------------------------------------------- dataset
+
+
+def test_examples_match_selection_and_masking(corpus_dir):
+    ds, d, mask = load(corpus_dir)
+    for i in range(len(ds)):
+        tokens, words = ds.corpus.document(i)
+        item = ds[i]
+        selected = gsg.select_gap_sentences(words, 0.2)
+        assert len(selected) == max(len(tokens) // 5, 1)
+        src, tgt = item["source"].tolist(), item["target"].tolist()
+        assert src[0] == d.bos() and src[-1] == d.eos() and tgt[0] == d.bos() and tgt[-1] == d.eos()
+        assert tgt[1:-1] == [t for j in selected for t in tokens[j].tolist()]
+        assert src.count(mask) == len(selected)
+        kept = [t for j in range(len(tokens)) if j not in selected for t in tokens[j].tolist()]
+        assert [t for t in src[1:-1] if t != mask] == kept
+
+
+def test_remove_option_gives_pseudo_source(corpus_dir):
+    ds, d, mask = load(corpus_dir, mask_probs=(0, 1, 0, 0))
+    tokens, words = ds.corpus.document(3)
+    selected = gsg.select_gap_sentences(words, 0.2)
+    src = ds[3]["source"].tolist()
+    assert mask not in src
+    assert src[1:-1] == [t for j in range(len(tokens)) if j not in selected for t in tokens[j].tolist()]
+
+
+def test_determinism_per_seed_and_epoch(corpus_dir):
+    noisy = dict(ratio_max=0.5, score_noise=0.5, mask_probs=(0.4, 0.3, 0.2, 0.1))
+    a, _, _ = load(corpus_dir, **noisy)
+    b, _, _ = load(corpus_dir, **noisy)
+    same = lambda x, y, i: all(torch.equal(x[i][k], y[i][k]) for k in ("source", "target"))  # noqa: E731
+    assert all(same(a, b, i) for i in range(len(a)))
+    b.set_epoch(2)
+    assert not all(same(a, b, i) for i in range(len(a)))  # a new epoch draws new examples
+    a.set_epoch(2)
+    assert all(same(a, b, i) for i in range(len(a)))  # ... the same ones for the same epoch
+    c, _, _ = load(corpus_dir, seed=2, **noisy)
+    c.set_epoch(2)
+    assert not all(same(a, c, i) for i in range(len(a)))
+    # validation data ignores the epoch
+    v1, _, _ = load(corpus_dir, "valid", fixed_epoch=1, **noisy)
+    v2, _, _ = load(corpus_dir, "valid", fixed_epoch=1, **noisy)
+    v2.set_epoch(5)
+    assert all(same(v1, v2, i) for i in range(len(v1)))
+
+
+def test_truncation_keeps_eos_and_is_counted(corpus_dir):
+    ds, d, _ = load(corpus_dir, max_source_positions=64, max_target_positions=16)
+    items = [ds[i] for i in range(len(ds))]
+    assert all(len(x["source"]) <= 64 and len(x["target"]) <= 16 for x in items)
+    assert all(x["source"][-1] == d.eos() and x["target"][-1] == d.eos() for x in items)
+    batch = ds.collater(items)
+    assert batch["gsg_source_truncated"] == sum(x["source_truncated"] for x in items) == len(ds)
+    # right padding: every row starts with <s>
+    assert (batch["net_input"]["src_tokens"][:, 0] == d.bos()).all()
+    assert ds.src_sizes.max() <= 64 and (ds.num_tokens_vec(np.arange(len(ds))) <= 64).all()
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("gsg_ratio", 0.0, "--gsg-ratio must be in"),
+    ("gsg_ratio_max", 0.1, "--gsg-ratio-max must be in"),
+    ("gsg_keep_prob", 0.5, "must sum to 1"),
+    ("gsg_score_noise", -1.0, "--gsg-score-noise must be >= 0"),
+])
+def test_config_validation(field, value, message):
+    cfg = GapSentenceGenerationConfig(seed=1)
+    setattr(cfg, field, value)
+    with pytest.raises(ValueError, match=message):
+        validate_gsg_config(cfg)
+
+
+def test_throughput(corpus_dir):
+    """Not a benchmark (the README reports one on ~4K-token documents): a floor that catches an
+    accidental quadratic or per-pair rouge-score call."""
+    import time
+
+    ds, _, _ = load(corpus_dir)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        for i in range(len(ds)):
+            ds[i]
+    rate = 5 * len(ds) / (time.perf_counter() - t0)
+    assert rate > 100, f"{rate:.0f} examples/s"
+
+
+# ----------------------------------------------------------------------------- fairseq-train
+
+
+def test_fairseq_train_then_finetune(corpus_dir, tmp_path, caplog):
+    """A few GSG updates, then the checkpoint fine-tunes with long_document_summarization."""
+    caplog.set_level(logging.INFO)
+    common = ["--user-dir", lsg_fairseq.user_dir(), "--cpu", "--optimizer", "adam", "--lr", "1e-3",
+              "--max-tokens", "2048", "--max-source-positions", "256", "--max-target-positions", "64",
+              "--log-format", "json", "--log-interval", "1", "--num-workers", "0", "--no-epoch-checkpoints",
+              # fairseq drops a last batch smaller than this multiple when it is the only one
+              "--required-batch-size-multiple", "1", *TINY_BART]
+    fairseq_train([str(corpus_dir), "--task", "gap_sentence_generation", "--gsg-selection", "seq",
+                   "--gsg-mask-prob", "0.5", "--gsg-remove-prob", "0.5", "--max-update", "3",
+                   "--save-dir", str(tmp_path / "ck"), *common])
+    log = caplog.text
+    valid = [json.loads(r.getMessage()) for r in caplog.records
+             if r.getMessage().startswith("{") and '"valid_loss"' in r.getMessage()]
+    assert valid and float(valid[-1]["valid_loss"]) > 0 and "gsg_src_trunc" in log
+    state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", weights_only=False)
+    assert state["optimizer_history"][-1]["num_updates"] == 3
+    assert state["cfg"]["task"]["_name"] == "gap_sentence_generation"
+
+    # Fine-tuning: summarization data binarized with the GSG dictionary, restored from the GSG
+    # checkpoint (embedding sizes only match if both tasks add <mask> the same way).
+    raw, binarized = tmp_path / "raw", tmp_path / "bin"
+    raw.mkdir()
+    with open(os.path.join(SHARED_DATA, "squality", "train.jsonl")) as f:
+        examples = [json.loads(next(f)) for _ in range(3)]
+    for split, exs in (("train", examples[:2]), ("valid", examples[2:])):
+        for side, key in (("source", "document"), ("target", "summary")):
+            (raw / f"{split}.{side}").write_text("".join(" ".join(ex[key].split()) + "\n" for ex in exs))
+    dict_txt = str(corpus_dir / "dict.txt")
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    preprocess.main(options.get_preprocessing_parser().parse_args(
+        ["--source-lang", "source", "--target-lang", "target", "--trainpref", str(raw / "train"),
+         "--validpref", str(raw / "valid"), "--destdir", str(binarized), "--srcdict", dict_txt,
+         "--tgtdict", dict_txt, "--workers", "1"]))
+    caplog.clear()
+    fairseq_train([str(binarized), "--task", "long_document_summarization", "--truncate-target",
+                   "--restore-file", str(tmp_path / "ck" / "checkpoint_last.pt"), "--reset-optimizer",
+                   "--reset-dataloader", "--reset-meters", "--max-update", "2",
+                   "--save-dir", str(tmp_path / "ck2"), *common])
+    assert "Loaded checkpoint" in caplog.text
+    tuned = torch.load(tmp_path / "ck2" / "checkpoint_last.pt", weights_only=False)
+    assert tuned["optimizer_history"][-1]["num_updates"] == 2
+    # started from the GSG weights: two small Adam steps stay close to them
+    key = "encoder.embed_tokens.weight"
+    assert tuned["model"][key].shape == state["model"][key].shape
+    assert (tuned["model"][key] - state["model"][key]).abs().max() < 0.01
