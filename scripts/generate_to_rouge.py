@@ -65,15 +65,15 @@ def score_generate_output(args) -> dict:
         with open(path, encoding="utf-8") as f:
             examples = parse_generate_output(f, path)
     refs = _read_lines(args.ref_file, "--ref-file") if args.ref_file else None
-    ids, hyps, refs = hypotheses_and_references(examples, refs, path)
-    report = rouge_corpus(hyps, refs)
-    if args.ref_file and len(ids) < count_lines(args.ref_file):
+    ids, hyps, refs_by_id = hypotheses_and_references(examples, refs, path)
+    report = rouge_corpus(hyps, refs_by_id)
+    if refs is not None and len(ids) < len(refs):
         # fairseq drops over-long examples under --skip-invalid-size-inputs-valid-test.
-        report["skipped"] = count_lines(args.ref_file) - len(ids)
-        print(f"warning: only {len(ids)} of {count_lines(args.ref_file)} references have a hypothesis", file=sys.stderr)
+        report["skipped"] = len(refs) - len(ids)
+        print(f"warning: only {len(ids)} of the {len(refs)} references in {args.ref_file} have a hypothesis", file=sys.stderr)
     out = args.output_dir
     with atomic_outputs([os.path.join(out, "hyp.txt"), os.path.join(out, "ref.txt"), os.path.join(out, "rouge.json")]) as (fh, fr, fj):
-        for h, r in zip(hyps, refs):
+        for h, r in zip(hyps, refs_by_id):
             # One example per line, whatever the text holds.
             fh.write(" ".join(h.split()) + "\n")
             fr.write(" ".join(r.split()) + "\n")

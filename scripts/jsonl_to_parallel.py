@@ -44,18 +44,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_inputs(args) -> dict:
     """Map split -> JSONL path, checking that every file exists before anything is written."""
+    if args.input and args.input_dir:
+        raise DataError("give --input-dir or --input SPLIT=FILE, not both")
     if args.input:
         inputs = {}
         for item in args.input:
             split, sep, path = item.partition("=")
             if not sep or not split or not path:
                 raise DataError(f"--input: expected SPLIT=FILE, got {item!r}")
+            if split in inputs:
+                raise DataError(f"--input: split {split!r} given twice")
             inputs[split] = require_file(path, f"--input {split}")
         return inputs
     if not args.input_dir:
         raise DataError("give --input-dir DIR or at least one --input SPLIT=FILE")
     require_dir(args.input_dir, "--input-dir")
-    return {s: require_file(os.path.join(args.input_dir, f"{s}.jsonl"), f"--input-dir (split {s!r})") for s in args.splits}
+    splits = list(dict.fromkeys(args.splits))  # a split named twice is converted once
+    return {s: require_file(os.path.join(args.input_dir, f"{s}.jsonl"), f"--input-dir (split {s!r})") for s in splits}
 
 
 def main(argv=None) -> int:

@@ -383,3 +383,23 @@ def test_every_script_has_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_script(name).main(["--help"])
     assert exit_info.value.code == 0 and "usage:" in capsys.readouterr().out
+
+
+def test_generate_to_rouge_ref_file_reports_skipped_examples(tmp_path, capsys):
+    # Example 1 was dropped by --skip-invalid-size-inputs-valid-test: no lines at all.
+    (tmp_path / "gen.out").write_text("H-2\t-1\tc d\nD-2\t-1\tc d\nH-0\t-1\ta b\nD-0\t-1\ta b\n")
+    (tmp_path / "test.target").write_text("a b\nnever generated\nc d\n")
+    rc = load_script("generate_to_rouge.py").main(
+        ["--generate-output", str(tmp_path / "gen.out"), "--ref-file", str(tmp_path / "test.target"), "--output-dir", str(tmp_path / "ev")]
+    )
+    assert rc == 0 and "only 2 of the 3 references" in capsys.readouterr().err
+    assert read_lines(tmp_path / "ev" / "ref.txt") == ["a b", "c d"]
+    report = json.loads((tmp_path / "ev" / "rouge.json").read_text())
+    assert report["n"] == 2 and report["skipped"] == 1 and report["rouge1"] == pytest.approx(100.0)
+
+
+def test_generate_to_rouge_rejects_non_generate_output(tmp_path, capsys):
+    (tmp_path / "gen.out").write_text("just a log line\n")
+    assert load_script("generate_to_rouge.py").main(["--generate-output", str(tmp_path / "gen.out"), "--output-dir", str(tmp_path / "ev")]) == 2
+    assert f"{tmp_path / 'gen.out'}: no H-/D- lines" in capsys.readouterr().err
+    assert not (tmp_path / "ev").exists()
