@@ -1,0 +1,244 @@
+"""locost model wiring: incremental == full decoding, generation, padding, SSM optimizer groups, CLI."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq import options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.sequence_generator import SequenceGenerator
+
+import lsg_fairseq  # noqa: F401  (registers the model, task, optimizer)
+from lsg_fairseq.models.locost import LOCOSTModel
+from lsg_fairseq.optim.grouped_adam import GroupedAdam, GroupedAdamConfig
+
+TINY = ["--arch", "locost_tiny", "--d-model", "32", "--d-state", "8", "--d-ff", "48", "--d-kv", "8",
+        "--decoder-attention-heads", "4", "--dropout", "0"]
+BIN = os.path.dirname(sys.executable)
+
+
+def build(data, *extra, arch=TINY, seed=0):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser,
+        [str(data), "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(),
+         "--criterion", "cross_entropy", "--optimizer", "grouped_adam", "--lr", "0.001", "--cpu",
+         *arch, *extra],
+    )
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(seed)
+    model = task.build_model(cfg.model)
+    with torch.no_grad():  # move the SSM parameters off their init (B = 1, S4D-Lin A)
+        for name, p in model.named_parameters():
+            if ".kernel." in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return cfg, task, model
+
+
+def batch(task, split, n, start=0):
+    task.load_dataset(split)
+    ds = task.dataset(split)
+    return ds.collater([ds[i] for i in range(start, start + n)])
+
+
+def test_task_conventions_no_bos_and_start_embedding(word_data):
+    _, task, model = build(word_data)
+    assert task.cfg.prepend_bos is False and LOCOSTModel.prepend_bos is False
+    sample = batch(task, "valid", 2)
+    src = sample["net_input"]["src_tokens"]
+    assert (src[:, 0] != task.src_dict.bos()).all()  # T5: no <s> on the source
+    prev = sample["net_input"]["prev_output_tokens"]
+    assert (prev[:, 0] == task.tgt_dict.eos()).all()  # fairseq's start symbol ...
+    model.eval()
+    with torch.no_grad():
+        enc = model.encoder(src, sample["net_input"]["src_lengths"])
+        a, _ = model.decoder(prev, encoder_out=enc)
+        prev_bos = prev.clone()
+        prev_bos[:, 0] = task.tgt_dict.bos()
+        b, _ = model.decoder(prev_bos, encoder_out=enc)
+        prev_other = prev.clone()
+        prev_other[:, 0] = 7
+        c, _ = model.decoder(prev_other, encoder_out=enc)
+    assert torch.equal(a, b)  # ... is embedded with the <s> row (T5's decoder start)
+    assert (a - c).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("reorder", [False, True])
+def test_incremental_equals_full_decoding(word_data, reorder):
+    _, task, model = build(word_data)
+    model.eval()
+    sample = batch(task, "valid", 3)
+    src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    prev = sample["net_input"]["prev_output_tokens"][:, :12]
+    order = torch.tensor([2, 0, 1])
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        state, steps = {}, []
+        for t in range(prev.size(1)):
+            if reorder and t == 5:  # beam-search style reordering of cached states mid-way
+                model.decoder.reorder_incremental_state_scripting(state, order)
+                enc = model.encoder.reorder_encoder_out(enc, order)
+                prev = prev[order]
+                steps = [s[order] for s in steps]
+            out, extra = model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)
+            assert out.shape[1] == 1
+            steps.append(out)
+        inc = torch.cat(steps, 1)
+        full, _ = model.decoder(prev, encoder_out=enc)
+    assert torch.allclose(inc, full, atol=1e-5), (inc - full).abs().max()
+
+
+def test_encoder_padding_invariance_and_contract(word_data):
+    _, task, model = build(word_data)
+    model.eval()
+    sample = batch(task, "valid", 4)
+    src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
+    assert (lengths < src.size(1)).any()  # the batch is right padded
+    with torch.no_grad():
+        out = model.encoder(src, lengths, return_all_hiddens=True)
+        for i in range(src.size(0)):
+            n = int(lengths[i])
+            alone = model.encoder(src[i : i + 1, :n], lengths[i : i + 1])
+            assert torch.allclose(out["encoder_out"][0][:n, i], alone["encoder_out"][0][:, 0], atol=1e-5)
+    L, B = src.size(1), src.size(0)
+    assert out["encoder_out"][0].shape == (L, B, 32)
+    assert torch.equal(out["encoder_padding_mask"][0], src.eq(task.src_dict.pad()))
+    assert out["encoder_embedding"][0].shape == (B, L, 32)
+    assert len(out["encoder_states"]) == 2 and out["encoder_states"][0].shape == (L, B, 32)
+    assert out["src_lengths"][0].shape == (B, 1)
+    order = torch.tensor([3, 1])
+    re = model.encoder.reorder_encoder_out(out, order)
+    assert torch.equal(re["encoder_out"][0], out["encoder_out"][0][:, order])
+    assert torch.equal(re["encoder_padding_mask"][0], out["encoder_padding_mask"][0][order])
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_generate_greedy_and_beam(word_data, beam):
+    _, task, model = build(word_data)
+    model.eval()
+    sample = batch(task, "valid", 2)
+    gen = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_b=10)
+    with torch.no_grad():
+        hyps = gen.generate([model], sample)
+    assert len(hyps) == 2 and len(hyps[0]) == beam
+    for h in hyps:
+        toks = h[0]["tokens"]
+        assert 1 <= len(toks) <= 11 and toks[-1].item() == task.tgt_dict.eos()
+        assert task.tgt_dict.pad() not in toks.tolist()
+        assert torch.isfinite(h[0]["score"])
+    if beam > 1:  # beam results are sorted by score and the scores are proper log-probabilities
+        assert hyps[0][0]["score"] >= hyps[0][1]["score"]
+    # greedy equals the teacher-forced argmax path of the full (non-incremental) model
+    if beam == 1:
+        toks = hyps[0][0]["tokens"]
+        prev = torch.cat([torch.tensor([task.tgt_dict.eos()]), toks[:-1]]).unsqueeze(0)
+        with torch.no_grad():
+            logits, _ = model(sample["net_input"]["src_tokens"][:1], sample["net_input"]["src_lengths"][:1], prev)
+        logits[..., task.tgt_dict.pad()] = -float("inf")
+        n = len(toks) - 1 if len(toks) == 11 else len(toks)  # at max length eos is forced
+        assert logits[0].argmax(-1).tolist()[:n] == toks.tolist()[:n]
+
+
+def test_ssm_parameters_tagged_and_grouped(word_data):
+    _, task, model = build(word_data, "--ssm-lr", "0.004", "--weight-decay", "0.1")
+    ssm = {n for n, p in model.named_parameters() if getattr(p, "param_group", None) == "ssm"}
+    assert len(ssm) == 2 * 5  # 2 layers x (log_dt, inv_A_real, A_imag, B, C)
+    assert all(".ssm_layer.kernel." in n for n in ssm)
+    p = model.encoder.block[0].layer[0].ssm_layer.kernel.log_dt
+    assert p.optim_overrides == {"optimizer": {"lr_scale": 4.0, "weight_decay_scale": 0.0}}
+    assert not hasattr(model.encoder.block[0].layer[0].ssm_layer.D, "param_group")
+
+    cfg = GroupedAdamConfig(lr=[0.001], weight_decay=0.1, adam_betas="(0.9, 0.999)")
+    opt = GroupedAdam(cfg, [q for q in model.parameters() if q.requires_grad])
+    groups = {g["group_name"]: g for g in opt.param_groups}
+    assert set(groups) == {"default", "ssm"}
+    assert groups["ssm"]["weight_decay"] == 0.0 and groups["default"]["weight_decay"] == 0.1
+    assert groups["ssm"]["lr"] == pytest.approx(0.004) and groups["default"]["lr"] == pytest.approx(0.001)
+    opt.set_lr(0.0005)  # what the lr scheduler does every update
+    assert groups["ssm"]["lr"] == pytest.approx(0.002) and opt.get_lr() == pytest.approx(0.0005)
+
+    # one step with zero gradients: only weight decay acts, and only on the default group
+    before = {n: q.detach().clone() for n, q in model.named_parameters()}
+    for q in model.parameters():
+        q.grad = torch.zeros_like(q)
+    opt.step()
+    for n, q in model.named_parameters():
+        if n in ssm:
+            assert torch.equal(q, before[n]), n
+    moved = model.encoder.block[0].layer[1].DenseReluDense.wo.weight
+    assert not torch.equal(moved, before["encoder.block.0.layer.1.DenseReluDense.wo.weight"])
+
+    # restoring optimizer state keeps the per-group settings (fairseq passes global overrides)
+    state = opt.state_dict()
+    opt2 = GroupedAdam(cfg, [q for q in model.parameters() if q.requires_grad])
+    opt2.load_state_dict(state, {"lr": 0.001, "weight_decay": 0.1})
+    g2 = {g["group_name"]: g for g in opt2.param_groups}
+    assert g2["ssm"]["weight_decay"] == 0.0 and g2["ssm"]["lr"] == pytest.approx(0.004)
+
+
+def test_untagged_grouped_adam_equals_adam():
+    from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(4, 3)
+    b = torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    oa = FairseqAdam(FairseqAdamConfig(lr=[0.01], weight_decay=0.1, adam_betas="(0.9, 0.999)"), list(a.parameters()))
+    ob = GroupedAdam(GroupedAdamConfig(lr=[0.01], weight_decay=0.1, adam_betas="(0.9, 0.999)"), list(b.parameters()))
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        for m, o in ((a, oa), (b, ob)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+
+
+def test_checkpoint_activations_same_gradients(word_data):
+    grads = []
+    for extra in ([], ["--checkpoint-activations"]):
+        _, task, model = build(word_data, *extra, seed=1)
+        sample = batch(task, "train", 2)
+        model.train()
+        logits, _ = model(**sample["net_input"])
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), sample["target"],
+                                                 ignore_index=task.tgt_dict.pad())
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    for n in grads[0]:
+        assert torch.allclose(grads[0][n], grads[1][n], atol=1e-5), n
+
+
+@pytest.mark.parametrize("flag,value,match", [
+    ("--d-state", "7", "--d-state"), ("--d-model", "0", "--d-model"), ("--dropout", "1.5", "--dropout"),
+    ("--ssm-dt-min", "0.5", "--ssm-dt-min"), ("--relative-attention-num-buckets", "2", "buckets"),
+])
+def test_bad_flags_refused(word_data, flag, value, match):
+    with pytest.raises(ValueError, match=match):
+        build(word_data, flag, value)
+
+
+def test_train_then_generate_cli(word_data, tmp_path):
+    """fairseq-train (grouped_adam, --ssm-lr, checkpoint activations) then fairseq-generate (beam 2)."""
+    save = tmp_path / "ckpt"
+    common = ["--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization", "--cpu"]
+    subprocess.run(
+        [os.path.join(BIN, "fairseq-train"), str(word_data), *common, *TINY,
+         "--criterion", "cross_entropy", "--optimizer", "grouped_adam", "--lr", "0.001", "--ssm-lr", "0.002",
+         "--weight-decay", "0.01", "--max-tokens", "2048", "--max-update", "3", "--max-source-positions", "256",
+         "--required-batch-size-multiple", "1", "--checkpoint-activations", "--save-dir", str(save),
+         "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0"],
+        check=True, capture_output=True, text=True,
+    )
+    assert (save / "checkpoint_last.pt").exists()
+    res = subprocess.run(
+        [os.path.join(BIN, "fairseq-generate"), str(word_data), *common, "--path", str(save / "checkpoint_last.pt"),
+         "--gen-subset", "valid", "--beam", "2", "--max-len-b", "8", "--batch-size", "2",
+         "--max-source-positions", "256", "--num-workers", "0"],
+        check=True, capture_output=True, text=True,
+    )
+    hyps = [l for l in res.stdout.splitlines() if l.startswith("H-")]
+    assert len(hyps) == 4
