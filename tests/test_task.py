@@ -167,3 +167,15 @@ def test_rouge_metrics_logged_as_floats(word_data):
     for key in ("rouge1", "rouge2", "rougeL", "rougeLsum"):
         assert key in values and isinstance(values[key], float)
         assert 0.0 <= values[key] <= 100.0
+
+
+def test_no_example_dropped_by_batch_size_multiple(word_data):
+    """fairseq's batch_by_size drops n mod 8 examples with the default multiple of 8."""
+    task, _, _ = build(word_data)
+    task.load_dataset("valid")
+    ds = task.dataset("valid")
+    itr = task.get_batch_iterator(
+        ds, max_tokens=None, max_sentences=3, max_positions=(100000, 100000), required_batch_size_multiple=8
+    ).next_epoch_itr(shuffle=False)
+    ids = sorted(i for b in itr for i in b["id"].tolist())
+    assert ids == list(range(len(ds)))

@@ -194,6 +194,36 @@ class LongDocumentSummarizationTask(TranslationTask):
                 "of the text given to fairseq-preprocess); remove or fill them"
             )
 
+    def get_batch_iterator(self, dataset, *args, **kwargs):
+        # fairseq's batch_by_size drops the last (n mod multiple) examples when
+        # --required-batch-size-multiple > 1 (the default is 8): test documents vanish from
+        # generation and the same training documents are skipped every epoch. Long-document
+        # batches hold a handful of examples anyway, so the rounding buys nothing here.
+        multiple = kwargs.get("required_batch_size_multiple", 1)
+        if multiple != 1:
+            if not getattr(self, "_warned_batch_multiple", False):
+                logger.warning(
+                    f"--required-batch-size-multiple {multiple} ignored (using 1): fairseq's batching would "
+                    "silently drop the remainder examples"
+                )
+                self._warned_batch_multiple = True
+            kwargs["required_batch_size_multiple"] = 1
+        return super().get_batch_iterator(dataset, *args, **kwargs)
+
+    def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
+        # fairseq's own message for valid/test suggests skipping examples; for summarization the
+        # right fix is truncating the target (sources are always truncated, so never too long here).
+        if not ignore_invalid_inputs and max_positions is not None and getattr(dataset, "tgt_sizes", None) is not None:
+            max_tgt = max_positions[1] if isinstance(max_positions, tuple) else max_positions
+            too_long = [int(i) for i in indices if dataset.tgt_sizes[i] > max_tgt]
+            if too_long:
+                raise ValueError(
+                    f"{len(too_long)} target(s) longer than --max-target-positions {max_tgt} (first: example "
+                    f"#{too_long[0]}, {int(dataset.tgt_sizes[too_long[0]])} tokens): pass --truncate-target "
+                    "(for generation, score against the raw references, e.g. generate_to_rouge.py --ref-file)"
+                )
+        return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
+
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         # The hub/interactive paths hand us tokens that already carry <s> where the caller wants it.
         return super().build_dataset_for_inference(src_tokens, src_lengths, constraints)

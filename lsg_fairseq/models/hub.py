@@ -1,0 +1,85 @@
+"""Hub interface for long inputs: ``lsg_fairseq.from_pretrained(model_dir).sample([...])``.
+
+fairseq's ``BARTHubInterface`` truncates every input to ``min(max_positions) - 2`` over the
+(source, target) pair: 1,022 tokens even for a 16K-source model (fairseq_notes §2). This
+subclass truncates the source only, to the model's own ``max_source_positions``, follows the
+task's ``<s>`` convention instead of forcing a ``<s>`` prefix, and leaves the model as it was after
+beam search (fairseq#3893).
+"""
+import logging
+import os
+from typing import List
+
+import torch
+from fairseq import hub_utils
+from fairseq.hub_utils import GeneratorHubInterface
+from fairseq.models.bart.hub_interface import BARTHubInterface
+
+from lsg_fairseq.generation import reset_beam_size
+
+logger = logging.getLogger(__name__)
+
+SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
+
+
+class LongInputHubInterface(BARTHubInterface):
+    """BART's hub, with source-only truncation to ``max_source_positions`` (no 1,024 cap)."""
+
+    @property
+    def max_source_tokens(self) -> int:
+        return min(self.task.max_positions()[0], self.model.max_positions()[0])
+
+    @property
+    def prepend_bos(self) -> bool:
+        return bool(getattr(self.task.cfg, "prepend_bos", True))
+
+    def encode(self, sentence: str, *addl_sentences, no_separator=True) -> torch.LongTensor:
+        if addl_sentences:
+            raise ValueError("long-input summarization encodes one document at a time")
+        pieces = self.bpe.encode(sentence).split()
+        budget = self.max_source_tokens - 1 - int(self.prepend_bos)  # room for </s> (and <s>)
+        if len(pieces) > budget:
+            logger.warning(f"input of {len(pieces)} tokens truncated to {budget} (max source positions)")
+            pieces = pieces[:budget]
+        text = ("<s> " if self.prepend_bos else "") + " ".join(pieces) + " </s>"
+        return self.task.source_dictionary.encode_line(text, append_eos=False, add_if_not_exist=False).long()
+
+    def decode(self, tokens: torch.LongTensor) -> str:
+        d = self.task.target_dictionary
+        text = d.string(tokens.cpu(), extra_symbols_to_ignore={d.bos()})
+        return self.bpe.decode(text).strip() if self.bpe is not None else text
+
+    def generate(self, tokenized_sentences: List[torch.LongTensor], *args, **kwargs):
+        # Skip BART's forced <s> prefix: the task's inference_step adds it when its convention asks.
+        try:
+            return GeneratorHubInterface.generate(self, tokenized_sentences, *args, **kwargs)
+        finally:
+            reset_beam_size(self.model)
+
+
+def detect_bpe(model_dir: str) -> dict:
+    """hub kwargs for the tokenizer files found in ``model_dir`` (GPT-2 BPE or sentencepiece)."""
+    enc, merges = os.path.join(model_dir, "encoder.json"), os.path.join(model_dir, "vocab.bpe")
+    if os.path.exists(enc) and os.path.exists(merges):
+        return {"bpe": "gpt2", "gpt2_encoder_json": enc, "gpt2_vocab_bpe": merges}
+    for name in SENTENCEPIECE_NAMES:
+        path = os.path.join(model_dir, name)
+        if os.path.exists(path):
+            return {"bpe": "sentencepiece", "sentencepiece_model": path}
+    raise FileNotFoundError(
+        f"{model_dir}: no tokenizer files (expected encoder.json + vocab.bpe for GPT-2 BPE, or one of "
+        f"{', '.join(SENTENCEPIECE_NAMES)} for sentencepiece)"
+    )
+
+
+def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrides) -> LongInputHubInterface:
+    """Load ``model_dir/checkpoint_file`` with the dictionary and tokenizer files beside it."""
+    path = os.path.join(model_dir, checkpoint_file)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    kwargs = detect_bpe(model_dir)
+    kwargs.update(overrides)
+    loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, ".", **kwargs)
+    hub = LongInputHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
+    reset_beam_size(hub.model)
+    return hub
