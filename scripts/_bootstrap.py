@@ -10,6 +10,7 @@
    would leave the models unregistered for everything else), and only if the package is not
    imported yet.
 """
+
 import os
 import sys
 import types
@@ -22,6 +23,8 @@ if REPO_ROOT not in sys.path:
 _program = sys.argv[0] if sys.argv and sys.argv[0] else ""
 _running_a_script = os.path.dirname(os.path.abspath(_program)) == os.path.dirname(os.path.abspath(__file__))
 if _program and _running_a_script and "lsg_fairseq" not in sys.modules:
-    _package = types.ModuleType("lsg_fairseq", "lsg_fairseq without its plugin registration (scripts/_bootstrap.py)")
+    _package = types.ModuleType(
+        "lsg_fairseq", "lsg_fairseq without its plugin registration (scripts/_bootstrap.py)"
+    )
     _package.__path__ = [os.path.join(REPO_ROOT, "lsg_fairseq")]
     sys.modules["lsg_fairseq"] = _package

@@ -13,6 +13,7 @@ Mode 2, two existing files (same line count):
 
 The JSON holds rouge1, rouge2, rougeL, rougeLsum (means over examples, x100) and n.
 """
+
 import argparse
 import json
 import os
@@ -29,10 +30,14 @@ PROG = "generate_to_rouge.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     g = p.add_argument_group("mode 1: fairseq-generate output")
     g.add_argument("--generate-output", metavar="FILE", help="fairseq-generate stdout ('-' = stdin)")
-    g.add_argument("--ref-file", metavar="FILE", help="raw references, line i = example id i (default: the T- lines)")
+    g.add_argument(
+        "--ref-file", metavar="FILE", help="raw references, line i = example id i (default: the T- lines)"
+    )
     g.add_argument("--output-dir", metavar="DIR", help="where hyp.txt, ref.txt and rouge.json are written")
     g = p.add_argument_group("mode 2: score two files")
     g.add_argument("--hyp", metavar="FILE", help="hypotheses, one per line")
@@ -50,7 +55,9 @@ def _read_lines(path: str, flag: str):
 def score_files(args) -> dict:
     hyp_n, ref_n = count_lines(require_file(args.hyp, "--hyp")), count_lines(require_file(args.ref, "--ref"))
     if hyp_n != ref_n:
-        raise DataError(f"line counts differ: --hyp {args.hyp} has {hyp_n} lines, --ref {args.ref} has {ref_n}")
+        raise DataError(
+            f"line counts differ: --hyp {args.hyp} has {hyp_n} lines, --ref {args.ref} has {ref_n}"
+        )
     if hyp_n == 0:
         raise DataError(f"--hyp {args.hyp} and --ref {args.ref} are empty")
     return rouge_corpus(_read_lines(args.hyp, "--hyp"), _read_lines(args.ref, "--ref"))
@@ -70,9 +77,14 @@ def score_generate_output(args) -> dict:
     if refs is not None and len(ids) < len(refs):
         # fairseq drops over-long examples under --skip-invalid-size-inputs-valid-test.
         report["skipped"] = len(refs) - len(ids)
-        print(f"warning: only {len(ids)} of the {len(refs)} references in {args.ref_file} have a hypothesis", file=sys.stderr)
+        print(
+            f"warning: only {len(ids)} of the {len(refs)} references in {args.ref_file} have a hypothesis",
+            file=sys.stderr,
+        )
     out = args.output_dir
-    with atomic_outputs([os.path.join(out, "hyp.txt"), os.path.join(out, "ref.txt"), os.path.join(out, "rouge.json")]) as (fh, fr, fj):
+    with atomic_outputs(
+        [os.path.join(out, "hyp.txt"), os.path.join(out, "ref.txt"), os.path.join(out, "rouge.json")]
+    ) as (fh, fr, fj):
         for h, r in zip(hyps, refs_by_id):
             # One example per line, whatever the text holds.
             fh.write(" ".join(h.split()) + "\n")

@@ -16,6 +16,7 @@ Example:
         --inputs raw/train.source raw/train.target --outputs bpe/train.source bpe/train.target \\
         --keep-empty --workers 2
 """
+
 import argparse
 import contextlib
 import os
@@ -57,20 +58,35 @@ def _encode_example(item):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--encoder-json", required=True, help="local encoder.json (or HF vocab.json)")
-    p.add_argument("--vocab-bpe", required=True, help="local vocab.bpe (or HF merges.txt), with its '#version' header line")
+    p.add_argument(
+        "--vocab-bpe",
+        required=True,
+        help="local vocab.bpe (or HF merges.txt), with its '#version' header line",
+    )
     p.add_argument("--inputs", nargs="+", default=["-"], help="text files read in parallel ('-' = stdin)")
     p.add_argument("--outputs", nargs="+", default=["-"], help="one output per input ('-' = stdout)")
-    p.add_argument("--keep-empty", action="store_true", help="keep empty lines (as empty output lines) instead of dropping the example")
-    p.add_argument("--workers", type=int, default=1, help="encoder processes (default: 1); output order is kept")
+    p.add_argument(
+        "--keep-empty",
+        action="store_true",
+        help="keep empty lines (as empty output lines) instead of dropping the example",
+    )
+    p.add_argument(
+        "--workers", type=int, default=1, help="encoder processes (default: 1); output order is kept"
+    )
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if len(args.inputs) != len(args.outputs):
-        return die(f"--inputs has {len(args.inputs)} paths but --outputs has {len(args.outputs)}; give one output per input", PROG)
+        return die(
+            f"--inputs has {len(args.inputs)} paths but --outputs has {len(args.outputs)}; give one output per input",
+            PROG,
+        )
     if args.workers < 1:
         return die(f"--workers must be >= 1, got {args.workers}", PROG)
     if args.inputs.count("-") > 1:
@@ -90,11 +106,19 @@ def main(argv=None) -> int:
 
         stats = {"PASS": 0, "EMPTY": 0}
         with contextlib.ExitStack() as stack:
-            ins = [sys.stdin if p == "-" else stack.enter_context(open(p, encoding="utf-8")) for p in args.inputs]
+            ins = [
+                sys.stdin if p == "-" else stack.enter_context(open(p, encoding="utf-8")) for p in args.inputs
+            ]
             outs = stack.enter_context(atomic_outputs(args.outputs))
             items = enumerate(zip(*ins), start=1)
             if args.workers > 1:
-                pool = stack.enter_context(Pool(args.workers, initializer=_init_worker, initargs=(args.encoder_json, args.vocab_bpe, args.keep_empty)))
+                pool = stack.enter_context(
+                    Pool(
+                        args.workers,
+                        initializer=_init_worker,
+                        initargs=(args.encoder_json, args.vocab_bpe, args.keep_empty),
+                    )
+                )
                 results = pool.imap(_encode_example, items, chunksize=100)  # imap keeps input order
             else:
                 results = map(_encode_example, items)

@@ -9,6 +9,7 @@ nothing is created or replaced.
 Example:
     python scripts/jsonl_to_parallel.py --input-dir ../shared/data/sumpubmed --output-dir raw/
 """
+
 import argparse
 import os
 import sys
@@ -16,29 +17,63 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress, require_dir, require_file  # noqa: E402
+from lsg_fairseq.data.fileio import (
+    DataError,
+    atomic_outputs,
+    count_lines,
+    die,
+    progress,
+    require_dir,
+    require_file,
+)  # noqa: E402
 from lsg_fairseq.data.jsonl import flatten, read_jsonl  # noqa: E402
 
 PROG = "jsonl_to_parallel.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--input-dir", help="folder holding {split}.jsonl for every split in --splits")
     p.add_argument(
-        "--input", action="append", default=[], metavar="SPLIT=FILE",
+        "--input",
+        action="append",
+        default=[],
+        metavar="SPLIT=FILE",
         help="explicit input file for one split (repeatable); replaces --input-dir/--splits",
     )
     p.add_argument("--output-dir", required=True, help="where {split}.source/.target are written")
-    p.add_argument("--splits", nargs="+", default=["train", "valid", "test"], help="splits to convert (default: train valid test)")
-    p.add_argument("--max-examples", type=int, default=None, metavar="N", help="keep only the first N examples of each split")
-    p.add_argument("--document-field", default="document", help="JSON field of the source text (default: document)")
-    p.add_argument("--summary-field", default="summary", help="JSON field of the target text (default: summary)")
     p.add_argument(
-        "--newline-token", default=None, metavar="TOK",
+        "--splits",
+        nargs="+",
+        default=["train", "valid", "test"],
+        help="splits to convert (default: train valid test)",
+    )
+    p.add_argument(
+        "--max-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep only the first N examples of each split",
+    )
+    p.add_argument(
+        "--document-field", default="document", help="JSON field of the source text (default: document)"
+    )
+    p.add_argument(
+        "--summary-field", default="summary", help="JSON field of the target text (default: summary)"
+    )
+    p.add_argument(
+        "--newline-token",
+        default=None,
+        metavar="TOK",
         help="replace paragraph breaks by ' TOK ' instead of a space (e.g. '<n>'); default: a space",
     )
-    p.add_argument("--write-ids", action="store_true", help="also write {split}.id with each example's 'id' field (or its line number)")
+    p.add_argument(
+        "--write-ids",
+        action="store_true",
+        help="also write {split}.id with each example's 'id' field (or its line number)",
+    )
     return p
 
 
@@ -60,14 +95,19 @@ def resolve_inputs(args) -> dict:
         raise DataError("give --input-dir DIR or at least one --input SPLIT=FILE")
     require_dir(args.input_dir, "--input-dir")
     splits = list(dict.fromkeys(args.splits))  # a split named twice is converted once
-    return {s: require_file(os.path.join(args.input_dir, f"{s}.jsonl"), f"--input-dir (split {s!r})") for s in splits}
+    return {
+        s: require_file(os.path.join(args.input_dir, f"{s}.jsonl"), f"--input-dir (split {s!r})")
+        for s in splits
+    }
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_examples is not None and args.max_examples < 1:
         return die(f"--max-examples must be >= 1, got {args.max_examples}", PROG)
-    if args.newline_token is not None and (not args.newline_token or args.newline_token != args.newline_token.strip() or " " in args.newline_token):
+    if args.newline_token is not None and (
+        not args.newline_token or any(c.isspace() for c in args.newline_token)
+    ):
         return die(f"--newline-token must be a single token without spaces, got {args.newline_token!r}", PROG)
     try:
         inputs = resolve_inputs(args)
@@ -82,7 +122,9 @@ def main(argv=None) -> int:
             for i, (split, path) in enumerate(inputs.items()):
                 files = handles[i * len(exts) : (i + 1) * len(exts)]
                 n = 0
-                for lineno, ex in progress(read_jsonl(path, fields, args.max_examples), desc=split, unit="doc"):
+                for lineno, ex in progress(
+                    read_jsonl(path, fields, args.max_examples), desc=split, unit="doc"
+                ):
                     files[0].write(flatten(ex[args.document_field], args.newline_token) + "\n")
                     files[1].write(flatten(ex[args.summary_field], args.newline_token) + "\n")
                     if args.write_ids:
@@ -101,7 +143,10 @@ def main(argv=None) -> int:
     except DataError as e:
         return die(str(e), PROG)
     for split, n in counts.items():
-        print(f"{split}: {n} examples -> {os.path.join(args.output_dir, split)}.{{source,target}}", file=sys.stderr)
+        print(
+            f"{split}: {n} examples -> {os.path.join(args.output_dir, split)}.{{source,target}}",
+            file=sys.stderr,
+        )
     return 0
 
 

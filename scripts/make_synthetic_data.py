@@ -10,6 +10,7 @@ Example:
     python scripts/make_synthetic_data.py --output-dir data/synthetic
     python scripts/jsonl_to_parallel.py --input-dir data/synthetic --output-dir data/synthetic/raw
 """
+
 import argparse
 import json
 import os
@@ -27,22 +28,48 @@ PROG = "make_synthetic_data.py"
 
 def build_parser() -> argparse.ArgumentParser:
     d = SyntheticConfig()
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output-dir", required=True, help="where train.jsonl, valid.jsonl and test.jsonl are written")
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--output-dir", required=True, help="where train.jsonl, valid.jsonl and test.jsonl are written"
+    )
     p.add_argument("--train", type=int, default=300, help="training documents (default: 300)")
     p.add_argument("--valid", type=int, default=20, help="validation documents (default: 20)")
     p.add_argument("--test", type=int, default=20, help="test documents (default: 20)")
-    p.add_argument("--min-tokens", type=int, default=d.min_tokens, help=f"shortest document, whitespace tokens (default: {d.min_tokens})")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help=f"longest document, whitespace tokens (default: {d.max_tokens})")
-    p.add_argument("--min-keys", type=int, default=d.min_keys, help=f"fewest key sentences per document (default: {d.min_keys})")
-    p.add_argument("--max-keys", type=int, default=d.max_keys, help=f"most key sentences per document (default: {d.max_keys})")
+    p.add_argument(
+        "--min-tokens",
+        type=int,
+        default=d.min_tokens,
+        help=f"shortest document, whitespace tokens (default: {d.min_tokens})",
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=d.max_tokens,
+        help=f"longest document, whitespace tokens (default: {d.max_tokens})",
+    )
+    p.add_argument(
+        "--min-keys",
+        type=int,
+        default=d.min_keys,
+        help=f"fewest key sentences per document (default: {d.min_keys})",
+    )
+    p.add_argument(
+        "--max-keys",
+        type=int,
+        default=d.max_keys,
+        help=f"most key sentences per document (default: {d.max_keys})",
+    )
     p.add_argument("--seed", type=int, default=1, help="random seed (default: 1)")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    cfg = SyntheticConfig(min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys)
+    cfg = SyntheticConfig(
+        min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys
+    )
     try:
         cfg.validate()
     except ValueError as e:
@@ -55,9 +82,14 @@ def main(argv=None) -> int:
     start = time.time()
     with atomic_outputs([os.path.join(args.output_dir, f"{s}.jsonl") for s in splits]) as handles:
         for split, f in zip(splits, handles):
-            for ex in progress(make_split(split, sizes[split], args.seed, cfg), desc=split, total=sizes[split], unit="doc"):
+            for ex in progress(
+                make_split(split, sizes[split], args.seed, cfg), desc=split, total=sizes[split], unit="doc"
+            ):
                 f.write(json.dumps(ex, ensure_ascii=False) + "\n")
-    print(f"wrote {', '.join(f'{s}.jsonl ({sizes[s]})' for s in splits)} to {args.output_dir} in {time.time() - start:.1f} s", file=sys.stderr)
+    print(
+        f"wrote {', '.join(f'{s}.jsonl ({sizes[s]})' for s in splits)} to {args.output_dir} in {time.time() - start:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -9,6 +9,7 @@ Example:
     python scripts/spm_encode.py --model spm/spm.model \\
         --inputs raw/train.source raw/train.target --outputs bpe/train.source bpe/train.target
 """
+
 import argparse
 import os
 import sys
@@ -24,14 +25,24 @@ BATCH = 256  # lines handed to sentencepiece's C++ encoder at once (it threads o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", required=True, help="sentencepiece model (PREFIX.model from spm_train.py)")
     p.add_argument("--inputs", nargs="+", default=["-"], help="text files ('-' = stdin); default: stdin")
-    p.add_argument("--outputs", nargs="+", default=["-"], help="one output per input ('-' = stdout); default: stdout")
-    p.add_argument("--output-format", choices=["piece", "id"], default="piece", help="pieces (for fairseq-preprocess) or ids (== fairseq dictionary indices)")
+    p.add_argument(
+        "--outputs", nargs="+", default=["-"], help="one output per input ('-' = stdout); default: stdout"
+    )
+    p.add_argument(
+        "--output-format",
+        choices=["piece", "id"],
+        default="piece",
+        help="pieces (for fairseq-preprocess) or ids (== fairseq dictionary indices)",
+    )
     p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="encoder threads")
     p.add_argument(
-        "--allow-foreign-model", action="store_true",
+        "--allow-foreign-model",
+        action="store_true",
         help="accept a model whose ids 0..3 are not <s> <pad> </s> <unk> (dict.txt indices will not equal piece ids)",
     )
     return p
@@ -40,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if len(args.inputs) != len(args.outputs):
-        return die(f"--inputs has {len(args.inputs)} paths but --outputs has {len(args.outputs)}; give one output per input", PROG)
+        return die(
+            f"--inputs has {len(args.inputs)} paths but --outputs has {len(args.outputs)}; give one output per input",
+            PROG,
+        )
     try:
         sp = load_sentencepiece(args.model, "--model", check_specials=not args.allow_foreign_model)
         for path in args.inputs:

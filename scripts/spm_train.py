@@ -14,6 +14,7 @@ Example:
     python scripts/spm_train.py --inputs raw/train.source raw/train.target \\
         --model-prefix spm/spm --vocab-size 8000
 """
+
 import argparse
 import os
 import shutil
@@ -37,22 +38,68 @@ PROG = "spm_train.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--inputs", nargs="+", required=True, help="text files, one document (or sentence) per line")
-    p.add_argument("--model-prefix", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab")
-    p.add_argument("--vocab-size", type=int, default=8000, help="number of pieces, the 4 specials included (default: 8000)")
-    p.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram", help="sentencepiece algorithm (default: unigram)")
-    p.add_argument("--dict", default=None, help="fairseq dictionary to write (default: dict.txt beside PREFIX.model)")
-    p.add_argument("--character-coverage", type=float, default=0.9995, help="share of characters covered; rarer ones become <unk> (default: 0.9995; use 1.0 for small alphabets)")
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument(
-        "--soft-vocab-limit", action="store_true",
+        "--inputs", nargs="+", required=True, help="text files, one document (or sentence) per line"
+    )
+    p.add_argument(
+        "--model-prefix", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab"
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=8000,
+        help="number of pieces, the 4 specials included (default: 8000)",
+    )
+    p.add_argument(
+        "--model-type",
+        choices=["unigram", "bpe"],
+        default="unigram",
+        help="sentencepiece algorithm (default: unigram)",
+    )
+    p.add_argument(
+        "--dict", default=None, help="fairseq dictionary to write (default: dict.txt beside PREFIX.model)"
+    )
+    p.add_argument(
+        "--character-coverage",
+        type=float,
+        default=0.9995,
+        help="share of characters covered; rarer ones become <unk> (default: 0.9995; use 1.0 for small alphabets)",
+    )
+    p.add_argument(
+        "--soft-vocab-limit",
+        action="store_true",
         help="allow fewer pieces than --vocab-size when the data is too small (sentencepiece's hard_vocab_limit=false)",
     )
-    p.add_argument("--user-defined-symbols", default="", help="comma-separated pieces never split, e.g. '<n>' for jsonl_to_parallel.py --newline-token")
-    p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="sample at most this many sentences for training (default: 2000000)")
-    p.add_argument("--max-sentence-length", type=int, default=16384, help="longest training sentence in bytes; longer ones are cut at word boundaries (default: 16384)")
-    p.add_argument("--no-sentence-split", action="store_true", help="train on input lines as they are (already one sentence per line)")
-    p.add_argument("--normalization-rule", default="nmt_nfkc", help="sentencepiece normalization_rule_name (default: nmt_nfkc; 'identity' keeps text byte-exact)")
+    p.add_argument(
+        "--user-defined-symbols",
+        default="",
+        help="comma-separated pieces never split, e.g. '<n>' for jsonl_to_parallel.py --newline-token",
+    )
+    p.add_argument(
+        "--input-sentence-size",
+        type=int,
+        default=2_000_000,
+        help="sample at most this many sentences for training (default: 2000000)",
+    )
+    p.add_argument(
+        "--max-sentence-length",
+        type=int,
+        default=16384,
+        help="longest training sentence in bytes; longer ones are cut at word boundaries (default: 16384)",
+    )
+    p.add_argument(
+        "--no-sentence-split",
+        action="store_true",
+        help="train on input lines as they are (already one sentence per line)",
+    )
+    p.add_argument(
+        "--normalization-rule",
+        default="nmt_nfkc",
+        help="sentencepiece normalization_rule_name (default: nmt_nfkc; 'identity' keeps text byte-exact)",
+    )
     p.add_argument("--seed", type=int, default=1, help="seed of sentencepiece's sampling (default: 1)")
     p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="training threads")
     p.add_argument("--verbose", action="store_true", help="show sentencepiece's own training log")
@@ -80,7 +127,9 @@ def main(argv=None) -> int:
             with open(path, encoding="utf-8") as f:
                 lines = progress(f, desc=f"reading {os.path.basename(path)}")
                 if args.no_sentence_split:
-                    yield from sentences_for_training(lines, lambda x: [x.strip()] if x.strip() else [], args.max_sentence_length)
+                    yield from sentences_for_training(
+                        lines, lambda x: [x.strip()] if x.strip() else [], args.max_sentence_length
+                    )
                 else:
                     yield from sentences_for_training(lines, split_sentences, args.max_sentence_length)
 
@@ -122,7 +171,10 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     n = sp.get_piece_size()
-    print(f"wrote {prefix}.model/.vocab ({n} pieces) and {dict_path} ({n - 4} entries; index == piece id)", file=sys.stderr)
+    print(
+        f"wrote {prefix}.model/.vocab ({n} pieces) and {dict_path} ({n - 4} entries; index == piece id)",
+        file=sys.stderr,
+    )
     return 0
 
 

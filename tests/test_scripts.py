@@ -5,6 +5,7 @@ the README (JSONL -> parallel text -> sentencepiece -> fairseq-preprocess). Erro
 scripts' ``main(argv)`` in-process (same code, no second interpreter start) and check the message
 names the file/flag and that no output file was left behind.
 """
+
 import importlib.util
 import json
 import os
@@ -21,8 +22,13 @@ N = 4  # examples per split: enough for line-count checks, small enough for a fa
 
 
 def run_script(name, *args, check=True):
-    cmd = (["bash"] if name.endswith(".sh") else [sys.executable]) + [os.path.join(SCRIPTS, name), *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, cwd=REPO_ROOT)
+    cmd = (["bash"] if name.endswith(".sh") else [sys.executable]) + [
+        os.path.join(SCRIPTS, name),
+        *map(str, args),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, cwd=REPO_ROOT
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
@@ -49,16 +55,52 @@ def pipeline(tmp_path_factory):
     """jsonl_to_parallel -> spm_train -> spm_encode -> preprocess.sh, once for the module."""
     root = tmp_path_factory.mktemp("pipeline")
     raw, spm_dir, enc, binarized = root / "raw", root / "spm", root / "enc", root / "bin"
-    run_script("jsonl_to_parallel.py", "--input-dir", SUMPUBMED, "--output-dir", raw, "--max-examples", N, "--write-ids")
     run_script(
-        "spm_train.py", "--inputs", raw / "train.source", raw / "train.target", "--model-prefix", spm_dir / "spm",
-        "--vocab-size", 600, "--character-coverage", 1.0, "--threads", 1,
+        "jsonl_to_parallel.py",
+        "--input-dir",
+        SUMPUBMED,
+        "--output-dir",
+        raw,
+        "--max-examples",
+        N,
+        "--write-ids",
+    )
+    run_script(
+        "spm_train.py",
+        "--inputs",
+        raw / "train.source",
+        raw / "train.target",
+        "--model-prefix",
+        spm_dir / "spm",
+        "--vocab-size",
+        600,
+        "--character-coverage",
+        1.0,
+        "--threads",
+        1,
     )
     srcs = [raw / f"{s}.{side}" for s in ("train", "valid") for side in ("source", "target")]
-    run_script("spm_encode.py", "--model", spm_dir / "spm.model", "--inputs", *srcs, "--outputs", *[enc / p.name for p in srcs], "--threads", 1)
     run_script(
-        "preprocess.sh", "--trainpref", enc / "train", "--validpref", enc / "valid", "--destdir", binarized,
-        "--dict", spm_dir / "dict.txt",
+        "spm_encode.py",
+        "--model",
+        spm_dir / "spm.model",
+        "--inputs",
+        *srcs,
+        "--outputs",
+        *[enc / p.name for p in srcs],
+        "--threads",
+        1,
+    )
+    run_script(
+        "preprocess.sh",
+        "--trainpref",
+        enc / "train",
+        "--validpref",
+        enc / "valid",
+        "--destdir",
+        binarized,
+        "--dict",
+        spm_dir / "dict.txt",
     )
     return {"raw": raw, "spm": spm_dir, "enc": enc, "bin": binarized}
 
@@ -68,10 +110,16 @@ def pipeline(tmp_path_factory):
 
 def test_jsonl_to_parallel_one_example_per_line(pipeline):
     raw = pipeline["raw"]
-    assert files_in(raw) == sorted(f"{s}.{e}" for s in ("train", "valid", "test") for e in ("source", "target", "id"))
+    assert files_in(raw) == sorted(
+        f"{s}.{e}" for s in ("train", "valid", "test") for e in ("source", "target", "id")
+    )
     with open(os.path.join(SUMPUBMED, "train.jsonl"), encoding="utf-8") as f:
         originals = [json.loads(next(f)) for _ in range(N)]
-    src, tgt, ids = read_lines(raw / "train.source"), read_lines(raw / "train.target"), read_lines(raw / "train.id")
+    src, tgt, ids = (
+        read_lines(raw / "train.source"),
+        read_lines(raw / "train.target"),
+        read_lines(raw / "train.id"),
+    )
     assert len(src) == len(tgt) == len(ids) == N
     for ex, s, t, i in zip(originals, src, tgt, ids):
         assert "\n" in ex["document"]  # paragraphs in the JSONL ...
@@ -83,7 +131,12 @@ def test_jsonl_to_parallel_one_example_per_line(pipeline):
 def test_jsonl_to_parallel_newline_token(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps({"document": "First para.\nSecond  para\n\nthird", "summary": "s\nt"}) + "\n")
-    assert load_script("jsonl_to_parallel.py").main(["--input", f"train={src}", "--output-dir", str(tmp_path / "o"), "--newline-token", "<n>"]) == 0
+    assert (
+        load_script("jsonl_to_parallel.py").main(
+            ["--input", f"train={src}", "--output-dir", str(tmp_path / "o"), "--newline-token", "<n>"]
+        )
+        == 0
+    )
     assert read_lines(tmp_path / "o" / "train.source") == ["First para. <n> Second para <n> third"]
     assert read_lines(tmp_path / "o" / "train.target") == ["s <n> t"]
 
@@ -104,7 +157,9 @@ def test_jsonl_to_parallel_bad_line_names_file_and_line(tmp_path, capsys, line, 
     good = json.dumps({"document": "d", "summary": "s"})
     (in_dir / "train.jsonl").write_text(good + "\n" + line + "\n")
     (in_dir / "valid.jsonl").write_text(good + "\n")
-    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(in_dir), "--output-dir", str(out_dir), "--splits", "valid", "train"])
+    rc = load_script("jsonl_to_parallel.py").main(
+        ["--input-dir", str(in_dir), "--output-dir", str(out_dir), "--splits", "valid", "train"]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and message in err and str(in_dir / "train.jsonl") in err
     # valid.jsonl was fine and converted first, yet nothing is left: outputs are all-or-nothing.
@@ -117,13 +172,20 @@ def test_jsonl_to_parallel_keeps_old_outputs_on_error(tmp_path, capsys):
     out_dir.mkdir()
     (out_dir / "train.source").write_text("old\n")
     (in_dir / "train.jsonl").write_text('{"document": "d", "summary": ""}\n')
-    assert load_script("jsonl_to_parallel.py").main(["--input-dir", str(in_dir), "--output-dir", str(out_dir), "--splits", "train"]) == 2
+    assert (
+        load_script("jsonl_to_parallel.py").main(
+            ["--input-dir", str(in_dir), "--output-dir", str(out_dir), "--splits", "train"]
+        )
+        == 2
+    )
     assert files_in(out_dir) == ["train.source"] and (out_dir / "train.source").read_text() == "old\n"
 
 
 def test_jsonl_to_parallel_missing_input_dir(tmp_path, capsys):
     missing = tmp_path / "no_such_dir"
-    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(missing), "--output-dir", str(tmp_path / "out")])
+    rc = load_script("jsonl_to_parallel.py").main(
+        ["--input-dir", str(missing), "--output-dir", str(tmp_path / "out")]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "--input-dir" in err and str(missing) in err and "not found" in err
     assert not (tmp_path / "out").exists()
@@ -131,7 +193,9 @@ def test_jsonl_to_parallel_missing_input_dir(tmp_path, capsys):
 
 def test_jsonl_to_parallel_missing_split_file(tmp_path, capsys):
     (tmp_path / "train.jsonl").write_text('{"document": "d", "summary": "s"}\n')
-    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")])
+    rc = load_script("jsonl_to_parallel.py").main(
+        ["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and str(tmp_path / "valid.jsonl") in err
     assert not (tmp_path / "out").exists()
@@ -151,7 +215,9 @@ def test_spm_dict_matches_model_ids(pipeline):
     # fairseq index == sentencepiece id for every piece
     assert all(d.index(sp.id_to_piece(i)) == i for i in range(4, sp.get_piece_size()))
     assert (d.bos(), d.pad(), d.eos(), d.unk()) == (0, 1, 2, 3)
-    assert (pipeline["spm"] / "spm.vocab").exists() and not [f for f in files_in(pipeline["spm"]) if f.startswith(".")]
+    assert (pipeline["spm"] / "spm.vocab").exists() and not [
+        f for f in files_in(pipeline["spm"]) if f.startswith(".")
+    ]
 
 
 def test_spm_encode_round_trip_through_fairseq(pipeline):
@@ -183,7 +249,9 @@ def test_spm_encode_round_trip_through_fairseq(pipeline):
 
 
 def test_spm_encode_missing_model(tmp_path, capsys):
-    rc = load_script("spm_encode.py").main(["--model", str(tmp_path / "nope.model"), "--inputs", "-", "--outputs", str(tmp_path / "o")])
+    rc = load_script("spm_encode.py").main(
+        ["--model", str(tmp_path / "nope.model"), "--inputs", "-", "--outputs", str(tmp_path / "o")]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "--model" in err and "nope.model" in err and not (tmp_path / "o").exists()
 
@@ -195,7 +263,9 @@ def test_preprocess_writes_binarized_splits(pipeline):
     names = files_in(pipeline["bin"])
     for split in ("train", "valid"):
         for side in ("source", "target"):
-            assert f"{split}.source-target.{side}.bin" in names and f"{split}.source-target.{side}.idx" in names
+            assert (
+                f"{split}.source-target.{side}.bin" in names and f"{split}.source-target.{side}.idx" in names
+            )
     assert "dict.source.txt" in names and "dict.target.txt" in names
     assert not [n for n in files_in(pipeline["bin"].parent) if n.startswith(".bin.tmp")]
 
@@ -203,7 +273,9 @@ def test_preprocess_writes_binarized_splits(pipeline):
 def test_preprocess_mismatched_line_counts(tmp_path):
     (tmp_path / "train.source").write_text("a\nb\nc\n")
     (tmp_path / "train.target").write_text("a\nb")  # last line without newline still counts
-    proc = run_script("preprocess.sh", "--trainpref", tmp_path / "train", "--destdir", tmp_path / "bin", check=False)
+    proc = run_script(
+        "preprocess.sh", "--trainpref", tmp_path / "train", "--destdir", tmp_path / "bin", check=False
+    )
     assert proc.returncode == 2
     assert f"{tmp_path}/train.source has 3 lines, {tmp_path}/train.target has 2 lines" in proc.stderr
     assert not (tmp_path / "bin").exists()
@@ -212,7 +284,16 @@ def test_preprocess_mismatched_line_counts(tmp_path):
 def test_preprocess_missing_file(tmp_path):
     (tmp_path / "train.source").write_text("a\n")
     (tmp_path / "train.target").write_text("a\n")
-    proc = run_script("preprocess.sh", "--trainpref", tmp_path / "train", "--validpref", tmp_path / "valid", "--destdir", tmp_path / "bin", check=False)
+    proc = run_script(
+        "preprocess.sh",
+        "--trainpref",
+        tmp_path / "train",
+        "--validpref",
+        tmp_path / "valid",
+        "--destdir",
+        tmp_path / "bin",
+        check=False,
+    )
     assert proc.returncode == 2 and f"--validpref: file not found: {tmp_path}/valid.source" in proc.stderr
     assert not (tmp_path / "bin").exists()
 
@@ -243,9 +324,20 @@ def test_gpt2_encode_matches_hand_merges(tiny_gpt2):
     (folder / "a.txt").write_text("the cat\n\n  the the \n")
     (folder / "b.txt").write_text("a\nb\nc\n")
     run_script(
-        "gpt2_encode.py", "--encoder-json", folder / "encoder.json", "--vocab-bpe", folder / "vocab.bpe",
-        "--inputs", folder / "a.txt", folder / "b.txt", "--outputs", folder / "a.ids", folder / "b.ids",
-        "--keep-empty", "--workers", 2,
+        "gpt2_encode.py",
+        "--encoder-json",
+        folder / "encoder.json",
+        "--vocab-bpe",
+        folder / "vocab.bpe",
+        "--inputs",
+        folder / "a.txt",
+        folder / "b.txt",
+        "--outputs",
+        folder / "a.ids",
+        folder / "b.ids",
+        "--keep-empty",
+        "--workers",
+        2,
     )
     # By hand: "the" -> t h e -> th e -> the; " cat" -> Ġ c a t -> Ġc a t -> Ġca t;
     # " the" -> Ġ t h e -> Ġ th e -> Ġ the (no merge "Ġ the").
@@ -259,10 +351,20 @@ def test_gpt2_encode_drops_empty_without_keep_empty(tiny_gpt2, capsys):
     (folder / "a.txt").write_text("the\n\nthe cat\n")
     (folder / "b.txt").write_text("a\nb\n\n")
     main = load_script("gpt2_encode.py").main
-    args = ["--encoder-json", str(folder / "encoder.json"), "--vocab-bpe", str(folder / "vocab.bpe"), "--inputs", str(folder / "a.txt"), str(folder / "b.txt")]
+    args = [
+        "--encoder-json",
+        str(folder / "encoder.json"),
+        "--vocab-bpe",
+        str(folder / "vocab.bpe"),
+        "--inputs",
+        str(folder / "a.txt"),
+        str(folder / "b.txt"),
+    ]
     assert main(args + ["--outputs", str(folder / "a.ids"), str(folder / "b.ids")]) == 0
     # Lines 2 and 3 each have an empty side: both examples are dropped from both outputs.
-    assert read_lines(folder / "a.ids") == [str(enc["the"])] and read_lines(folder / "b.ids") == [str(enc["a"])]
+    assert read_lines(folder / "a.ids") == [str(enc["the"])] and read_lines(folder / "b.ids") == [
+        str(enc["a"])
+    ]
     assert "dropped 2" in capsys.readouterr().err
 
 
@@ -272,7 +374,12 @@ def test_gpt2_encode_unknown_bpe_file(tiny_gpt2, capsys, flag):
     (folder / "a.txt").write_text("the\n")
     paths = {"--encoder-json": str(folder / "encoder.json"), "--vocab-bpe": str(folder / "vocab.bpe")}
     paths[flag] = str(folder / "missing" / "bpe.file")
-    argv = [x for kv in paths.items() for x in kv] + ["--inputs", str(folder / "a.txt"), "--outputs", str(folder / "a.ids")]
+    argv = [x for kv in paths.items() for x in kv] + [
+        "--inputs",
+        str(folder / "a.txt"),
+        "--outputs",
+        str(folder / "a.ids"),
+    ]
     assert load_script("gpt2_encode.py").main(argv) == 2
     assert f"{flag}: file not found: {folder / 'missing' / 'bpe.file'}" in capsys.readouterr().err
     assert not (folder / "a.ids").exists()
@@ -283,10 +390,38 @@ def test_gpt2_encode_refuses_urls_and_headerless_merges(tiny_gpt2, capsys):
     (folder / "a.txt").write_text("the\n")
     main = load_script("gpt2_encode.py").main
     url = "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json"
-    assert main(["--encoder-json", url, "--vocab-bpe", str(folder / "vocab.bpe"), "--inputs", str(folder / "a.txt"), "--outputs", str(folder / "o")]) == 2
+    assert (
+        main(
+            [
+                "--encoder-json",
+                url,
+                "--vocab-bpe",
+                str(folder / "vocab.bpe"),
+                "--inputs",
+                str(folder / "a.txt"),
+                "--outputs",
+                str(folder / "o"),
+            ]
+        )
+        == 2
+    )
     assert "--encoder-json" in capsys.readouterr().err
     (folder / "nohead.bpe").write_text("t h\nth e\n")
-    assert main(["--encoder-json", str(folder / "encoder.json"), "--vocab-bpe", str(folder / "nohead.bpe"), "--inputs", str(folder / "a.txt"), "--outputs", str(folder / "o")]) == 2
+    assert (
+        main(
+            [
+                "--encoder-json",
+                str(folder / "encoder.json"),
+                "--vocab-bpe",
+                str(folder / "nohead.bpe"),
+                "--inputs",
+                str(folder / "a.txt"),
+                "--outputs",
+                str(folder / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--vocab-bpe" in err and str(folder / "nohead.bpe") in err and "#version" in err
     assert not (folder / "o").exists()
@@ -297,8 +432,18 @@ def test_gpt2_encode_mismatched_inputs(tiny_gpt2, capsys):
     (folder / "a.txt").write_text("the\nthe\n")
     (folder / "b.txt").write_text("the\n")
     rc = load_script("gpt2_encode.py").main(
-        ["--encoder-json", str(folder / "encoder.json"), "--vocab-bpe", str(folder / "vocab.bpe"),
-         "--inputs", str(folder / "a.txt"), str(folder / "b.txt"), "--outputs", str(folder / "a.o"), str(folder / "b.o")]
+        [
+            "--encoder-json",
+            str(folder / "encoder.json"),
+            "--vocab-bpe",
+            str(folder / "vocab.bpe"),
+            "--inputs",
+            str(folder / "a.txt"),
+            str(folder / "b.txt"),
+            "--outputs",
+            str(folder / "a.o"),
+            str(folder / "b.o"),
+        ]
     )
     err = capsys.readouterr().err
     assert rc == 2 and f"{folder / 'a.txt'} has 2" in err and f"{folder / 'b.txt'} has 1" in err
@@ -331,7 +476,9 @@ D-2\t-1.0\t
 
 def test_generate_to_rouge_from_fairseq_output(tmp_path):
     (tmp_path / "gen.out").write_text(GENERATE_OUTPUT)
-    proc = run_script("generate_to_rouge.py", "--generate-output", tmp_path / "gen.out", "--output-dir", tmp_path / "eval")
+    proc = run_script(
+        "generate_to_rouge.py", "--generate-output", tmp_path / "gen.out", "--output-dir", tmp_path / "eval"
+    )
     # Sorted by id; D- lines (the best of the n-best) are used.
     assert read_lines(tmp_path / "eval" / "hyp.txt") == ["a b", "the cat sat", ""]
     assert read_lines(tmp_path / "eval" / "ref.txt") == ["a b", "the cat ran", "an empty hypothesis"]
@@ -349,7 +496,13 @@ def test_generate_to_rouge_from_fairseq_output(tmp_path):
 def test_generate_output_parser_falls_back_to_h_and_uses_ref_file(tmp_path):
     from lsg_fairseq.data.generate_output import hypotheses_and_references, parse_generate_output
 
-    lines = ["H-3\t-1.5\tonly tokens", "T-3\tt three", "H-0\t-0.1\tzero", "D-0\t-0.1\tZero decoded", "T-0\tt zero"]
+    lines = [
+        "H-3\t-1.5\tonly tokens",
+        "T-3\tt three",
+        "H-0\t-0.1\tzero",
+        "D-0\t-0.1\tZero decoded",
+        "T-0\tt zero",
+    ]
     examples = parse_generate_output(lines)
     ids, hyps, refs = hypotheses_and_references(examples)
     assert (ids, hyps, refs) == ([0, 3], ["Zero decoded", "only tokens"], ["t zero", "t three"])
@@ -361,12 +514,31 @@ def test_generate_to_rouge_two_files_and_mismatch(tmp_path, capsys):
     main = load_script("generate_to_rouge.py").main
     (tmp_path / "h").write_text("the cat sat\n")
     (tmp_path / "r").write_text("the cat ran\n")
-    assert main(["--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"), "--json", str(tmp_path / "r.json")]) == 0
+    assert (
+        main(["--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"), "--json", str(tmp_path / "r.json")])
+        == 0
+    )
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["n"] == 1 and report["rouge2"] == pytest.approx(50.0) and report["rouge1"] == pytest.approx(200 / 3)
+    assert (
+        report["n"] == 1
+        and report["rouge2"] == pytest.approx(50.0)
+        and report["rouge1"] == pytest.approx(200 / 3)
+    )
     capsys.readouterr()
     (tmp_path / "r2").write_text("a\nb\n")
-    assert main(["--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r2"), "--json", str(tmp_path / "bad.json")]) == 2
+    assert (
+        main(
+            [
+                "--hyp",
+                str(tmp_path / "h"),
+                "--ref",
+                str(tmp_path / "r2"),
+                "--json",
+                str(tmp_path / "bad.json"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"--hyp {tmp_path / 'h'} has 1 lines, --ref {tmp_path / 'r2'} has 2" in err
     assert not (tmp_path / "bad.json").exists()
@@ -377,7 +549,14 @@ def test_generate_to_rouge_two_files_and_mismatch(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "name",
-    ["jsonl_to_parallel.py", "spm_train.py", "spm_encode.py", "gpt2_encode.py", "generate_to_rouge.py", "make_synthetic_data.py"],
+    [
+        "jsonl_to_parallel.py",
+        "spm_train.py",
+        "spm_encode.py",
+        "gpt2_encode.py",
+        "generate_to_rouge.py",
+        "make_synthetic_data.py",
+    ],
 )
 def test_every_script_has_help(name, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -390,7 +569,14 @@ def test_generate_to_rouge_ref_file_reports_skipped_examples(tmp_path, capsys):
     (tmp_path / "gen.out").write_text("H-2\t-1\tc d\nD-2\t-1\tc d\nH-0\t-1\ta b\nD-0\t-1\ta b\n")
     (tmp_path / "test.target").write_text("a b\nnever generated\nc d\n")
     rc = load_script("generate_to_rouge.py").main(
-        ["--generate-output", str(tmp_path / "gen.out"), "--ref-file", str(tmp_path / "test.target"), "--output-dir", str(tmp_path / "ev")]
+        [
+            "--generate-output",
+            str(tmp_path / "gen.out"),
+            "--ref-file",
+            str(tmp_path / "test.target"),
+            "--output-dir",
+            str(tmp_path / "ev"),
+        ]
     )
     assert rc == 0 and "only 2 of the 3 references" in capsys.readouterr().err
     assert read_lines(tmp_path / "ev" / "ref.txt") == ["a b", "c d"]
@@ -400,6 +586,11 @@ def test_generate_to_rouge_ref_file_reports_skipped_examples(tmp_path, capsys):
 
 def test_generate_to_rouge_rejects_non_generate_output(tmp_path, capsys):
     (tmp_path / "gen.out").write_text("just a log line\n")
-    assert load_script("generate_to_rouge.py").main(["--generate-output", str(tmp_path / "gen.out"), "--output-dir", str(tmp_path / "ev")]) == 2
+    assert (
+        load_script("generate_to_rouge.py").main(
+            ["--generate-output", str(tmp_path / "gen.out"), "--output-dir", str(tmp_path / "ev")]
+        )
+        == 2
+    )
     assert f"{tmp_path / 'gen.out'}: no H-/D- lines" in capsys.readouterr().err
     assert not (tmp_path / "ev").exists()

@@ -1,4 +1,5 @@
 """The synthetic long-range set: determinism, lengths, key placement, summary = f(keys)."""
+
 import importlib.util
 import json
 import os
@@ -38,7 +39,9 @@ def train_examples():
 
 def test_script_is_deterministic(tmp_path):
     args = ["--train", "3", "--valid", "2", "--test", "1", "--min-tokens", "300", "--max-tokens", "600"]
-    subprocess.run([sys.executable, SCRIPT, "--output-dir", str(tmp_path / "a"), *args], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, SCRIPT, "--output-dir", str(tmp_path / "a"), *args], check=True, capture_output=True
+    )
     assert load_main()(["--output-dir", str(tmp_path / "b"), *args]) == 0
     assert load_main()(["--output-dir", str(tmp_path / "c"), *args, "--seed", "2"]) == 0
     for split, n in (("train", 3), ("valid", 2), ("test", 1)):
@@ -47,7 +50,9 @@ def test_script_is_deterministic(tmp_path):
         assert a != (tmp_path / "c" / f"{split}.jsonl").read_bytes()  # other seed: other data
         assert len(a.decode().splitlines()) == n
     # Splits differ from each other even with one seed.
-    first = lambda split: json.loads((tmp_path / "a" / f"{split}.jsonl").read_text().splitlines()[0])["document"]  # noqa: E731
+    first = lambda split: json.loads((tmp_path / "a" / f"{split}.jsonl").read_text().splitlines()[0])[
+        "document"
+    ]  # noqa: E731
     assert first("train") != first("valid") != first("test")
 
 
@@ -98,6 +103,8 @@ def test_small_vocabulary(train_examples):
 
 
 def test_bad_sizes_are_rejected(tmp_path, capsys):
-    assert load_main()(["--output-dir", str(tmp_path / "o"), "--min-tokens", "500", "--max-tokens", "400"]) == 2
+    assert (
+        load_main()(["--output-dir", str(tmp_path / "o"), "--min-tokens", "500", "--max-tokens", "400"]) == 2
+    )
     assert "--max-tokens" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()

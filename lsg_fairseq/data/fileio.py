@@ -4,6 +4,7 @@ Every script writes its outputs through :func:`atomic_outputs`, so a run that fa
 (bad JSON on line 4,000, a missing BPE file, Ctrl-C) leaves no truncated file behind that a later
 ``fairseq-preprocess`` would silently accept.
 """
+
 import contextlib
 import os
 import sys

@@ -10,6 +10,7 @@ in batch order, not id order, mixed with log lines; with ``--nbest k`` each id h
 best first. Hypotheses come from D- (decoded by ``--bpe``), falling back to H- when an id has no
 D- line. Examples dropped by ``--skip-invalid-size-inputs-valid-test`` have no lines at all.
 """
+
 import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -33,7 +34,9 @@ class GeneratedExample:
         return self.detokenized if self.detokenized is not None else self.hypothesis
 
 
-def parse_generate_output(lines: Iterable[str], path: str = "<generate output>") -> Dict[int, GeneratedExample]:
+def parse_generate_output(
+    lines: Iterable[str], path: str = "<generate output>"
+) -> Dict[int, GeneratedExample]:
     """``{id: GeneratedExample}`` from fairseq-generate output; only the best (first) hypothesis
     of each id is kept. Raises :class:`DataError` naming ``path:line`` on a malformed H-/D- line."""
     examples: Dict[int, GeneratedExample] = {}
@@ -84,7 +87,9 @@ def hypotheses_and_references(
     else:
         too_big = [i for i in ids if i >= len(references)]
         if too_big:
-            raise DataError(f"{path}: ids {_short(too_big)} exceed the {len(references)} lines of the reference file")
+            raise DataError(
+                f"{path}: ids {_short(too_big)} exceed the {len(references)} lines of the reference file"
+            )
         refs = [references[i] for i in ids]
     return ids, [examples[i].best_hypothesis for i in ids], refs
 

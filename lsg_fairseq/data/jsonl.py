@@ -10,6 +10,7 @@ included) into single spaces. Sentence information survives through punctuation,
 paragraph without final punctuation (a heading such as ``BACKGROUND``). Pass ``newline_token``
 (e.g. ``"<n>"``, PEGASUS' convention) to keep paragraph breaks as an explicit token instead.
 """
+
 import json
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
@@ -27,9 +28,7 @@ def flatten(text: str, newline_token: Optional[str] = None) -> str:
 
 
 def read_jsonl(
-    path: str,
-    fields: Sequence[str] = DEFAULT_FIELDS,
-    max_examples: Optional[int] = None,
+    path: str, fields: Sequence[str] = DEFAULT_FIELDS, max_examples: Optional[int] = None
 ) -> Iterator[Tuple[int, Dict]]:
     """Yield ``(line_number, object)`` for each example, validating ``fields``.
 

@@ -15,6 +15,7 @@ dictionary index == sentencepiece id for every piece, and the model's own contro
 never emitted by ``encode`` (sentencepiece emits control symbols only when asked), so they
 cannot appear twice in the dictionary. The fairseq task appends ``<mask>`` after the last piece.
 """
+
 import json
 import re
 from typing import Dict, Iterable, Iterator, List
@@ -39,7 +40,9 @@ def require_local_file(path: str, flag: str) -> str:
 # ----------------------------------------------------------------------------- GPT-2 BPE
 
 
-def check_gpt2_files(encoder_json: str, vocab_bpe: str, encoder_flag: str = "--encoder-json", vocab_flag: str = "--vocab-bpe") -> None:
+def check_gpt2_files(
+    encoder_json: str, vocab_bpe: str, encoder_flag: str = "--encoder-json", vocab_flag: str = "--vocab-bpe"
+) -> None:
     """Validate the two GPT-2 BPE files the way fairseq's ``get_encoder`` will read them.
 
     ``get_encoder`` drops the first and the last item of ``vocab.bpe.split("\\n")``: a file without
@@ -53,7 +56,9 @@ def check_gpt2_files(encoder_json: str, vocab_bpe: str, encoder_flag: str = "--e
             encoder = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{encoder_flag}: {encoder_json} is not a JSON file ({e})") from None
-    if not isinstance(encoder, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()):
+    if not isinstance(encoder, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()
+    ):
         raise DataError(f"{encoder_flag}: {encoder_json} must be a JSON object mapping token -> integer id")
     if len(set(encoder.values())) != len(encoder):
         raise DataError(f"{encoder_flag}: {encoder_json} maps two tokens to the same id")
@@ -78,7 +83,9 @@ def check_gpt2_files(encoder_json: str, vocab_bpe: str, encoder_flag: str = "--e
             raise DataError(f"{vocab_flag}: {vocab_bpe}:{lineno}: expected a merge 'A B', got {line!r}")
 
 
-def load_gpt2_encoder(encoder_json: str, vocab_bpe: str, encoder_flag: str = "--encoder-json", vocab_flag: str = "--vocab-bpe"):
+def load_gpt2_encoder(
+    encoder_json: str, vocab_bpe: str, encoder_flag: str = "--encoder-json", vocab_flag: str = "--vocab-bpe"
+):
     """fairseq's own GPT-2 ``Encoder`` built from validated local files."""
     check_gpt2_files(encoder_json, vocab_bpe, encoder_flag, vocab_flag)
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
@@ -91,7 +98,9 @@ def gpt2_encode_line(encoder, line: str) -> List[int]:
     try:
         return encoder.encode(line)
     except KeyError as e:
-        raise DataError(f"BPE token {e.args[0]!r} is not in encoder.json: encoder.json and vocab.bpe do not belong together") from None
+        raise DataError(
+            f"BPE token {e.args[0]!r} is not in encoder.json: encoder.json and vocab.bpe do not belong together"
+        ) from None
 
 
 # ----------------------------------------------------------------------------- sentencepiece
@@ -100,8 +109,14 @@ def gpt2_encode_line(encoder, line: str) -> List[int]:
 def sentencepiece_special_kwargs() -> Dict[str, object]:
     """Trainer options that put fairseq's four specials at ids 0..3 (see the module docstring)."""
     return dict(
-        bos_id=0, pad_id=1, eos_id=2, unk_id=3,
-        bos_piece="<s>", pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
+        bos_id=0,
+        pad_id=1,
+        eos_id=2,
+        unk_id=3,
+        bos_piece="<s>",
+        pad_piece="<pad>",
+        eos_piece="</s>",
+        unk_piece="<unk>",
     )
 
 
@@ -126,7 +141,9 @@ def fairseq_dict_lines(sp) -> Iterator[str]:
     for i in range(len(FAIRSEQ_SPECIALS), n):
         piece = sp.id_to_piece(i)
         if not piece or any(ch.isspace() for ch in piece):
-            raise DataError(f"sentencepiece piece {i} ({piece!r}) contains whitespace; fairseq's dict.txt cannot hold it")
+            raise DataError(
+                f"sentencepiece piece {i} ({piece!r}) contains whitespace; fairseq's dict.txt cannot hold it"
+            )
         yield f"{piece} {n - i}"
 
 

@@ -23,15 +23,24 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Tuple
 
-COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "grey", "brown", "pink", "silver")
-ANIMALS = ("fox", "owl", "bear", "wolf", "deer", "hare", "otter", "eagle", "badger", "heron", "lynx", "moose", "raven", "seal", "tiger", "camel")
-CITIES = ("Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Vienna", "Prague", "Madrid", "Athens", "Quito", "Tokyo", "Nairobi", "Boston", "Sydney", "Berlin")
+COLOURS = (
+    "red", "blue", "green", "yellow", "purple", "orange", "black", "white", "grey", "brown", "pink", "silver",
+)
+ANIMALS = (
+    "fox", "owl", "bear", "wolf", "deer", "hare", "otter", "eagle", "badger", "heron", "lynx", "moose",
+    "raven", "seal", "tiger", "camel",
+)
+CITIES = (
+    "Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Vienna", "Prague", "Madrid", "Athens", "Quito",
+    "Tokyo", "Nairobi", "Boston", "Sydney", "Berlin",
+)
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 KEY_TEMPLATE = "The {colour} {animal} visited {city} on {weekday}."
 KEY_TOKENS = len(KEY_TEMPLATE.split())  # 7
 KEY_SENTENCE_RE = re.compile(
-    r"The (%s) (%s) visited (%s) on (%s)\." % tuple("|".join(words) for words in (COLOURS, ANIMALS, CITIES, WEEKDAYS))
+    r"The (%s) (%s) visited (%s) on (%s)\."
+    % tuple("|".join(words) for words in (COLOURS, ANIMALS, CITIES, WEEKDAYS))
 )
 
 # Filler: people doing ordinary things. None of these words is a key word (checked in tests).
@@ -89,9 +98,13 @@ class SyntheticConfig:
         if self.max_tokens <= self.min_tokens:
             raise ValueError(f"max_tokens={self.max_tokens} must be > min_tokens={self.min_tokens}")
         if not 1 <= self.min_keys <= self.max_keys <= len(ANIMALS):
-            raise ValueError(f"need 1 <= min_keys <= max_keys <= {len(ANIMALS)}, got {self.min_keys}, {self.max_keys}")
+            raise ValueError(
+                f"need 1 <= min_keys <= max_keys <= {len(ANIMALS)}, got {self.min_keys}, {self.max_keys}"
+            )
         if not 1 <= self.min_paragraph <= self.max_paragraph:
-            raise ValueError(f"need 1 <= min_paragraph <= max_paragraph, got {self.min_paragraph}, {self.max_paragraph}")
+            raise ValueError(
+                f"need 1 <= min_paragraph <= max_paragraph, got {self.min_paragraph}, {self.max_paragraph}"
+            )
 
 
 def key_sentence(fact: Dict[str, str]) -> str:
@@ -118,7 +131,8 @@ def find_key_sentences(document: str) -> List[Tuple[int, Dict[str, str]]]:
 def _filler_sentence(rng: random.Random) -> str:
     template = rng.choice(_TEMPLATES)
     text = template.format(
-        S=rng.choice(_SUBJECTS), s=rng.choice(_SUBJECTS), V=rng.choice(_VERBS), O=rng.choice(_OBJECTS), P=rng.choice(_PLACES),
+        S=rng.choice(_SUBJECTS), s=rng.choice(_SUBJECTS), V=rng.choice(_VERBS), O=rng.choice(_OBJECTS),
+        P=rng.choice(_PLACES),
         T=rng.choice(_TIMES), v2=rng.choice(_VERBS), o2=rng.choice(_OBJECTS),
     )
     return text[0].upper() + text[1:]
@@ -129,7 +143,8 @@ def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str) -> D
     n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
     animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
     facts = [
-        {"colour": rng.choice(COLOURS), "animal": a, "city": rng.choice(CITIES), "weekday": rng.choice(WEEKDAYS)}
+        {"colour": rng.choice(COLOURS), "animal": a, "city": rng.choice(CITIES),
+         "weekday": rng.choice(WEEKDAYS)}
         for a in animals
     ]
     # Filler up to the drawn length minus the keys, then close the gap exactly with 2-/3-token
