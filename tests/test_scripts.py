@@ -248,6 +248,17 @@ def test_spm_encode_round_trip_through_fairseq(pipeline):
                 assert bpe.decode(d.string(dataset[i])) == unicodedata.normalize("NFKC", text)
 
 
+def test_spm_train_vocab_too_large_leaves_nothing(tmp_path, capsys):
+    (tmp_path / "t.txt").write_text("a tiny corpus. it has few words.\n" * 20)
+    out = tmp_path / "spm"
+    main = load_script("spm_train.py").main
+    assert main(["--inputs", str(tmp_path / "t.txt"), "--model-prefix", str(out / "m"), "--vocab-size", "5000"]) == 2
+    assert "--vocab-size" in capsys.readouterr().err
+    assert files_in(out) == []  # no model without its dict, no temp folder
+    assert main(["--inputs", str(tmp_path / "nope.txt"), "--model-prefix", str(out / "m")]) == 2
+    assert f"--inputs: file not found: {tmp_path / 'nope.txt'}" in capsys.readouterr().err
+
+
 def test_spm_encode_missing_model(tmp_path, capsys):
     rc = load_script("spm_encode.py").main(
         ["--model", str(tmp_path / "nope.model"), "--inputs", "-", "--outputs", str(tmp_path / "o")]
