@@ -182,7 +182,7 @@ def run_both(attn, T, n, lengths=None, seed=1, gen_seed=None):
 # ----------------------------------------------------------------------------- tests
 @pytest.mark.parametrize("stype", TYPES)
 @pytest.mark.parametrize("G", [1, 4])
-@pytest.mark.parametrize("L,lengths", [(29, None), (29, [29, 17]), (24, [11, 24])])
+@pytest.mark.parametrize("L,lengths", [(29, None), (32, None), (29, [29, 17]), (24, [11, 24])])
 def test_matches_dense_reference(stype, G, L, lengths):
     attn = make(stype, G=G, bs=4, sbs=4, sf=2)
     n = 2
@@ -203,7 +203,7 @@ def test_odd_and_unaligned_windows(bs, sbs, sf, stype):
     assert torch.allclose(fast[keep], slow[keep], atol=1e-5)
 
 
-@pytest.mark.parametrize("bs,sbs,sf", [(8, 4, 2), (8, 8, 4), (4, 8, 1), (8, 4, 4)])
+@pytest.mark.parametrize("bs,sbs,sf", [(8, 4, 2), (8, 8, 4), (4, 8, 1), (8, 4, 4), (8, 10, 2), (8, 9, 4)])
 def test_norm_chunking(bs, sbs, sf):
     attn = make("norm", G=1, bs=bs, sbs=sbs, sf=sf)
     L = 6 * bs - 3
@@ -269,10 +269,11 @@ def test_lsg_path_on_two_blocks_equals_full_attention(stype):
     mask = torch.zeros(2, 19, dtype=torch.bool)
     mask[0, 14:] = True
     with torch.no_grad():
-        q, k, v = (attn._heads(p(x.transpose(0, 1))) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
-        key_mask = mask.float() * NEG
-        o = attn._lsg(q, k, v, key_mask)
-        out = attn.out_proj(o.permute(2, 0, 1, 3).reshape(19, 2, 16))
+        q, k, v = (p(x.transpose(0, 1)).view(2, 19, 2, 8)  # (n, S, h, d)
+                   for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        key_mask = torch.zeros(2, 19).masked_fill(mask, NEG)
+        o = attn._lsg(q, k, v, key_mask)  # (n, S, C)
+        out = attn.out_proj(o).transpose(0, 1)
         ref = full_attention(attn, x, mask)
     keep = ~mask.t()
     assert torch.allclose(out[keep], ref[keep], atol=1e-5)

@@ -160,6 +160,10 @@ class LSGSelfAttention(nn.Module):
         # Source of randomness for the lsh projections; None -> torch's global RNG (reference).
         self.generator = generator
         self.has_sparse = self.sparsity_type != "none" and sparse_block_size > 0
+        self._cache = {}  # per-length block index tables (_block_keys); not state
+        c = min(block_size, sparse_block_size)
+        # norm: do sparse windows cut through the chunks of c/sf selected tokens?
+        self._norm_order_matters = sparse_block_size % max(c // sparsity_factor, 1) != 0
 
         # BART names, so BART / HF LSG-BART weights load without renaming.
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -214,104 +218,132 @@ class LSGSelfAttention(nn.Module):
                 [pad_mask.bool(), pad_mask.new_ones(n, extra, dtype=torch.bool)], dim=1
             )  # (n, G + t)
 
-        q = self._heads(self.q_proj(x))  # (n, h, G+t, d)
-        k = self._heads(self.k_proj(x))
-        v = self._heads(self.v_proj(x))
-        neg = torch.finfo(q.dtype).min
+        # token-major layout (n, S, h, d) throughout: the projections' own layout, so the
+        # per-block gathers and the attention outputs need no permute copies
+        S = x.size(1)
+        q = self.q_proj(x).view(n, S, self.num_heads, self.head_dim)  # (n, S, h, d)
+        k = self.k_proj(x).view(n, S, self.num_heads, self.head_dim)
+        v = self.v_proj(x).view(n, S, self.num_heads, self.head_dim)
+        key_mask = None
         if pad_mask is not None:
             key_mask = torch.zeros(pad_mask.shape, dtype=q.dtype, device=q.device)
-            key_mask.masked_fill_(pad_mask.bool(), neg)  # (n, G+t) additive
-        else:
-            key_mask = None
+            key_mask.masked_fill_(pad_mask.bool(), torch.finfo(q.dtype).min)  # (n, S) additive
 
         if L <= 2 * bs:
-            out = self._attend(q, k, v, None if key_mask is None else key_mask[:, None, None, :])
+            mask = None if key_mask is None else key_mask[:, None, None, :]
+            out = self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+            out = out.transpose(1, 2).reshape(n, S, C)  # (n, S, C)
         else:
-            out = self._lsg(q, k, v, key_mask)  # (n, h, G+t, d)
-
-        out = out.permute(2, 0, 1, 3)[:T].reshape(T, n, C)  # (T, n, C): drop adaptive padding
-        return self.out_proj(out), None
-
-    def _heads(self, x: Tensor) -> Tensor:
-        n, t, _ = x.shape
-        return x.view(n, t, self.num_heads, self.head_dim).transpose(1, 2)  # (n, h, t, d)
+            out = self._lsg(q, k, v, key_mask)  # (n, S, C)
+        out = self.out_proj(out[:, :T])  # (n, T, C): adaptive padding dropped
+        return out.transpose(0, 1), None  # (T, n, C)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
-        """softmax(q k^T / sqrt(d) + mask) v with dropout on the probabilities."""
+        """softmax(q k^T / sqrt(d) + mask) v with dropout on the probabilities; (B, h, L, d)."""
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
         )
 
     # ------------------------------------------------------------------ LSG path
     def _lsg(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:
-        n, h, S, d = q.shape  # S = G + t
+        """q, k, v (n, S, h, d) with S = G + t, t a multiple of bs; key_mask (n, S) or None.
+
+        Returns the attention output (n, S, C) before out_proj.
+        """
+        n, S, h, d = q.shape
         G, bs = self.num_global_tokens, self.block_size
         t = S - G
         nb = t // bs
-        neg = torch.finfo(q.dtype).min
-        if key_mask is None:
-            key_mask = q.new_zeros(n, S)
+        if key_mask is None and self.sparsity_type == "lsh":
+            key_mask = q.new_zeros(n, S)  # lsh can leave buckets empty: its mask is always needed
 
         # global queries: full attention over every key
-        out_global = self._attend(q[:, :, :G], k, v, key_mask[:, None, None, :])  # (n, h, G, d)
+        glob_mask = None if key_mask is None else key_mask[:, None, None, :]
+        out_global = self._attend(q[:, :G].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                  glob_mask)  # (n, h, G, d)
 
-        # sources for the per-block key sets: [all keys (G + t) | sparse (ns) | one masked zero]
-        src_k, src_v, src_m = [k], [v], [key_mask[:, None, :]]  # src_m: (n, 1|h, .)
+        # per-block key sets are gathered from [all keys (S) | sparse sequence (ns)]
+        src_k, src_v, src_m = k, v, None
         ns = 0
         if self.has_sparse:
-            tok_mask = key_mask[:, G:]  # (n, t)
-            sk, sv, sm = self._sparse_tokens(q[:, :, G:G + 1], k[:, :, G:], v[:, :, G:], tok_mask)
+            tok_mask = None if key_mask is None else key_mask[:, G:]  # (n, t)
+            sk, sv, sm = self._sparse_tokens(
+                q[:, G:G + 1].transpose(1, 2), k[:, G:].transpose(1, 2), v[:, G:].transpose(1, 2),
+                tok_mask)  # (n, h, ns, d), mask (n, 1|h, ns) or None
             ns = sk.size(2)
-            src_k.append(sk)  # (n, h, ns, d)
-            src_v.append(sv)
-            src_m.append(sm)  # (n, 1|h, ns)
-        pad_slot = S + ns
-        src_k.append(k.new_zeros(n, h, 1, d))
-        src_v.append(v.new_zeros(n, h, 1, d))
-        src_m.append(key_mask.new_full((n, 1, 1), neg))
-        hm = max(m.size(1) for m in src_m)
-        src_k = torch.cat(src_k, dim=2)  # (n, h, S + ns + 1, d)
-        src_v = torch.cat(src_v, dim=2)
-        src_m = torch.cat([m.expand(n, hm, m.size(2)) for m in src_m], dim=2)  # (n, hm, S+ns+1)
+            src_k = torch.cat([k, sk.transpose(1, 2)], dim=1)  # (n, S + ns, h, d)
+            src_v = torch.cat([v, sv.transpose(1, 2)], dim=1)
+            if key_mask is not None:
+                src_m = torch.cat([key_mask[:, None, :].expand(n, sm.size(1), S), sm], dim=2)
+        elif key_mask is not None:
+            src_m = key_mask[:, None, :]  # (n, 1, S)
 
-        index = self._key_index(nb, ns, S, pad_slot, q.device)  # (nb, Kn)
-        Kn = index.size(1)
-        flat = index.reshape(-1)
-        keys = src_k.index_select(2, flat).view(n, h * nb, Kn, d)  # (n, h*nb, Kn, d)
-        values = src_v.index_select(2, flat).view(n, h * nb, Kn, d)
-        mask = src_m.index_select(2, flat).view(n, hm, 1, nb, Kn)
-        mask = mask.expand(n, h, 1, nb, Kn).transpose(2, 3).reshape(n, h * nb, 1, Kn)
+        index, static_mask = self._block_keys(nb, ns, S, q.device, q.dtype)  # (nb*Kn,), (nb, Kn)
+        Kn = static_mask.size(1)
+        keys = src_k.index_select(1, index).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
+        values = src_v.index_select(1, index).view(n * nb, Kn, h, d).transpose(1, 2)
+        if src_m is None:
+            mask = static_mask[:, None, None, :]  # (nb, 1, 1, Kn): only out-of-range keys
+            if n > 1:
+                mask = mask.repeat(n, 1, 1, 1)  # (n*nb, 1, 1, Kn)
+        else:
+            hm = src_m.size(1)
+            mask = src_m.index_select(2, index).view(n, hm, nb, Kn)
+            mask = torch.minimum(mask, static_mask)  # masked if padded OR out of range
+            mask = mask.transpose(1, 2).reshape(n * nb, hm, 1, Kn)  # (n*nb, 1|h, 1, Kn)
 
-        q_tok = q[:, :, G:].reshape(n, h * nb, bs, d)  # (n, h*nb, bs, d)
-        out_tok = self._attend(q_tok, keys, values, mask).view(n, h, t, d)
-        return torch.cat([out_global, out_tok], dim=2)  # (n, h, G + t, d)
+        q_tok = q[:, G:].reshape(n * nb, bs, h, d).transpose(1, 2)  # (n*nb, h, bs, d)
+        out_tok = self._attend(q_tok, keys, values, mask)  # (n*nb, h, bs, d)
+        out_tok = out_tok.transpose(1, 2).reshape(n, t, h * d)
+        out_global = out_global.transpose(1, 2).reshape(n, G, h * d)
+        return torch.cat([out_global, out_tok], dim=1)  # (n, S, C)
 
-    def _key_index(self, nb: int, ns: int, S: int, pad_slot: int, device) -> Tensor:
-        """(nb, Kn) indices into [keys (S) | sparse (ns) | zero]: globals, sparse, local."""
+    def _block_keys(self, nb: int, ns: int, S: int, device, dtype) -> Tuple[Tensor, Tensor]:
+        """Key positions of every query block and their static additive mask, cached.
+
+        Index (nb * Kn,) into [keys (S) | sparse (ns)], per block: G globals, 2*sbs sparse,
+        3*bs local, then padding up to a multiple of _KEY_ALIGN. Out-of-range entries point at
+        key 0 and are masked with finfo.min in the (nb, Kn) mask (they get exactly 0 weight,
+        like the reference's zero vectors with mask min).
+        """
+        cache_key = (nb, ns, S, str(device), dtype)
+        cached = self._cache.get(cache_key)
+        if cached is not None:
+            return cached
         G, bs = self.num_global_tokens, self.block_size
         parts = [torch.arange(G, device=device).expand(nb, G)]
+        valid = [torch.ones(nb, G, dtype=torch.bool, device=device)]
         if self.has_sparse:
             step = bs // self.sparsity_factor
             idx, ok = sparse_window_indices(nb, step, self.sparse_block_size, n_sparse=ns,
                                             device=device)  # (nb, 2*sbs)
-            parts.append(clamp_index(idx + S, ok, pad_slot))
+            parts.append(clamp_index(idx + S, ok, 0))
+            valid.append(ok)
         idx, ok = local_window_indices(nb, bs, 1, 1, device=device)  # (nb, 3*bs)
-        parts.append(clamp_index(idx + G, ok, pad_slot))
-        index = torch.cat(parts, dim=1)
+        parts.append(clamp_index(idx + G, ok, 0))
+        valid.append(ok)
+        index, valid = torch.cat(parts, dim=1), torch.cat(valid, dim=1)
         extra = -index.size(1) % _KEY_ALIGN
         if extra:
-            index = F.pad(index, (0, extra), value=pad_slot)
-        return index
+            index = F.pad(index, (0, extra), value=0)
+            valid = F.pad(valid, (0, extra), value=False)
+        mask = torch.zeros(valid.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~valid, torch.finfo(dtype).min)
+        if len(self._cache) > 16:
+            self._cache.clear()
+        self._cache[cache_key] = (index.reshape(-1), mask)
+        return self._cache[cache_key]
 
     # ------------------------------------------------------------------ sparse keys (Step A)
     def _sparse_tokens(self, q0: Tensor, k: Tensor, v: Tensor, mask: Tensor):
         """Build the sparse sequence from the token keys/values.
 
         q0 (n, h, 1, d): query of the first non-global token (bos_pooling); k, v (n, h, t, d);
-        mask (n, t) additive. Returns sparse keys, values (n, h, ns, d) and mask (n, 1|h, ns).
+        mask (n, t) additive, or None when nothing is padded. Returns sparse keys, values
+        (n, h, ns, d) and their mask (n, 1|h, ns) (None when ``mask`` is None).
         """
         if self.sparsity_factor == 1:
-            return k, v, mask[:, None, :]
+            return k, v, None if mask is None else mask[:, None, :]
         return getattr(self, "_sparse_" + self.sparsity_type)(q0, k, v, mask)
 
     def _sparse_norm(self, q0, k, v, mask):
@@ -321,19 +353,28 @@ class LSGSelfAttention(nn.Module):
         keep = c // self.sparsity_factor
         with torch.no_grad():
             norms = k.detach().norm(dim=-1)  # (n, h, t)
-            norms = norms.masked_fill(mask[:, None, :] != 0, 0.0).view(n, h, t // c, c)
-            # the reference argsorts ascending and keeps the last c/sf: same set, same order
-            idx = norms.topk(keep, dim=-1, largest=True, sorted=True).indices.flip(-1)
+            if mask is not None:
+                norms = norms.masked_fill(mask[:, None, :] != 0, 0.0)  # padding never wins
+            norms = norms.view(n, h, t // c, c)
+            idx = norms.topk(keep, dim=-1, largest=True, sorted=self._norm_order_matters).indices
+            if self._norm_order_matters:
+                # windows cut through chunks: keep the reference's order (ascending norm, as
+                # its argsort-then-take-last gives); otherwise only the set matters
+                idx = idx.flip(-1)
             idx = idx + torch.arange(0, t, c, device=k.device)[:, None]  # (n, h, t/c, keep)
             idx = idx.reshape(n, h, -1)  # (n, h, ns)
         full = idx[..., None].expand(n, h, idx.size(2), d)
-        sm = mask[:, None, :].expand(n, h, t).gather(2, idx)  # (n, h, ns)
+        sm = None if mask is None else mask[:, None, :].expand(n, h, t).gather(2, idx)  # (n, h, ns)
         return k.gather(2, full), v.gather(2, full), sm
 
     def _sparse_pooling(self, q0, k, v, mask):
         # mean of each group of sf tokens over its valid tokens; empty groups masked
         n, h, t, d = k.shape
         sf = self.sparsity_factor
+        if mask is None:  # every group full: sum / (sf + 1e-6) as the reference computes it
+            sk = k.view(n, h, t // sf, sf, d).sum(dim=-2) / (sf + 1e-6)
+            sv = v.view(n, h, t // sf, sf, d).sum(dim=-2) / (sf + 1e-6)
+            return sk, sv, None
         valid = (mask == 0).to(k.dtype).view(n, 1, t // sf, sf, 1)
         count = valid.sum(dim=-2)  # (n, 1, ns, 1)
         sk = (k.view(n, h, t // sf, sf, d) * valid).sum(dim=-2) / (count + 1e-6)  # (n, h, ns, d)
@@ -345,7 +386,9 @@ class LSGSelfAttention(nn.Module):
         """Gather token positions idx (h, ns), a different set per head."""
         n, h, t, d = k.shape
         full = idx[None, :, :, None].expand(n, h, idx.size(1), d)
-        sm = mask[:, None, :].expand(n, h, t).gather(2, idx[None].expand(n, h, idx.size(1)))
+        sm = None
+        if mask is not None:
+            sm = mask[:, None, :].expand(n, h, t).gather(2, idx[None].expand(n, h, idx.size(1)))
         return k.gather(2, full), v.gather(2, full), sm
 
     def _sparse_stride(self, q0, k, v, mask):
@@ -373,11 +416,15 @@ class LSGSelfAttention(nn.Module):
         sf = self.sparsity_factor
         kg = k.view(n, h, t // sf, sf, d)
         vg = v.view(n, h, t // sf, sf, d)
-        mg = mask.view(n, 1, t // sf, sf)
-        scores = torch.einsum("nhgsd,nhd->nhgs", kg, q0[:, :, 0]) / math.sqrt(d) + mg
+        scores = torch.einsum("nhgsd,nhd->nhgs", kg, q0[:, :, 0]) / math.sqrt(d)
+        if mask is not None:
+            mg = mask.view(n, 1, t // sf, sf)
+            scores = scores + mg
         w = torch.softmax(scores, dim=-1)  # (n, h, ns, sf)
         sk = torch.einsum("nhgs,nhgsd->nhgd", w, kg)  # (n, h, ns, d)
         sv = torch.einsum("nhgs,nhgsd->nhgd", w, vg)
+        if mask is None:
+            return sk, sv, None
         # Fix of the reference (spec section 7): a group made only of padding is masked. The
         # reference averages the mask, which overflows to -inf in fp32 and unmasks the group.
         empty = (mg != 0).all(dim=-1)  # (n, 1, ns)
