@@ -332,8 +332,11 @@ def tiny_gpt2(tmp_path):
 
 def test_gpt2_encode_matches_hand_merges(tiny_gpt2):
     folder, enc = tiny_gpt2
-    (folder / "a.txt").write_text("the cat\n\n  the the \n")
-    (folder / "b.txt").write_text("a\nb\nc\n")
+    # 250 more lines "cat", "the cat", "the the cat", ...: with 2 workers and chunks of 100 lines,
+    # results come back from different processes and must still be in input order.
+    extra = [" ".join(["the"] * (i % 4) + ["cat"]) for i in range(250)]
+    (folder / "a.txt").write_text("the cat\n\n  the the \n" + "".join(x + "\n" for x in extra))
+    (folder / "b.txt").write_text("a\nb\nc\n" + "a\n" * len(extra))
     run_script(
         "gpt2_encode.py",
         "--encoder-json",
@@ -351,10 +354,15 @@ def test_gpt2_encode_matches_hand_merges(tiny_gpt2):
         2,
     )
     # By hand: "the" -> t h e -> th e -> the; " cat" -> Ġ c a t -> Ġc a t -> Ġca t;
-    # " the" -> Ġ t h e -> Ġ th e -> Ġ the (no merge "Ġ the").
+    # " the" -> Ġ t h e -> Ġ th e -> Ġ the (no merge "Ġ the"); "cat" -> c a t (no merge "c a").
     ids = lambda *tokens: " ".join(str(enc[t]) for t in tokens)  # noqa: E731
-    assert read_lines(folder / "a.ids") == [ids("the", "\u0120ca", "t"), "", ids("the", "\u0120", "the")]
-    assert read_lines(folder / "b.ids") == [ids("a"), ids("b"), ids("c")]
+    g = "\u0120"
+    expected_extra = [
+        ids(*(["c", "a", "t"] if k == 0 else ["the"] + [g, "the"] * (k - 1) + [g + "ca", "t"]))
+        for k in (i % 4 for i in range(250))
+    ]
+    assert read_lines(folder / "a.ids") == [ids("the", g + "ca", "t"), "", ids("the", g, "the")] + expected_extra
+    assert read_lines(folder / "b.ids") == [ids("a"), ids("b"), ids("c")] + [ids("a")] * 250
 
 
 def test_gpt2_encode_drops_empty_without_keep_empty(tiny_gpt2, capsys):
