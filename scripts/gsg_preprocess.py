@@ -28,8 +28,8 @@ import shutil
 import sys
 import time
 
-# Runs from a checkout without `pip install -e .`: make the repo's package importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without registering models)
 
 from lsg_fairseq.data.documents import DOCUMENT_FORMATS, chunk_sentences, document_sentences, read_documents  # noqa: E402
 from lsg_fairseq.data.fileio import DataError, die, require_file  # noqa: E402

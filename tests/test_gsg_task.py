@@ -213,7 +213,7 @@ def test_throughput(corpus_dir):
         for i in range(len(ds)):
             ds[i]
     rate = 5 * len(ds) / (time.perf_counter() - t0)
-    assert rate > 100, f"{rate:.0f} examples/s"
+    assert rate > 20, f"{rate:.0f} examples/s"  # ~700/s measured; low floor: 2 shared cores
 
 
 # ----------------------------------------------------------------------------- fairseq-train
