@@ -61,6 +61,7 @@ def main(argv=None) -> int:
             if path != "-":
                 require_local_file(path, "--inputs")
         unk = sp.unk_id()
+        known = {sp.id_to_piece(i) for i in range(sp.get_piece_size()) if i != unk}
         for src, dst in zip(args.inputs, args.outputs):
             n_lines = n_pieces = n_unk = 0
             total = count_lines(src) if src != "-" else None
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
                         # Same strings as fairseq's SentencepieceBPE.encode: an unknown character
                         # stays as itself and fairseq-preprocess maps it to <unk>.
                         seqs = sp.encode(batch, out_type=str, num_threads=args.threads)
-                        n_unk += sum(sp.piece_to_id(p) == unk for seq in seqs for p in seq)
+                        n_unk += sum(p not in known for seq in seqs for p in seq)
                     for seq in seqs:
                         n_pieces += len(seq)
                         fout.write(" ".join(map(str, seq)) + "\n")
