@@ -134,3 +134,22 @@ def test_clamp_index_and_blocks():
     assert B.blocks(x, 3, dim=1).shape == (1, 2, 3, 2)
     with pytest.raises(ValueError, match="divisible"):
         B.blocks(x, 4, dim=1)
+
+
+def test_compact_indices():
+    flags = torch.tensor([[False, True, False, True, True],
+                          [True, False, False, False, False],
+                          [False, False, False, False, False]])
+    index, valid = B.compact_indices(flags)
+    assert index.shape == (3, 3)
+    assert valid.tolist() == [[True, True, True], [True, False, False], [False, False, False]]
+    assert index[0].tolist() == [1, 3, 4]
+    assert index[1, 0].item() == 0 and index[valid].tolist() == [1, 3, 4, 0]
+    assert bool((index[~valid] == 0).all())  # fillers stay in range
+    # rows with many flags: order kept, every flagged position listed once
+    big = torch.rand(4, 300) < 0.3
+    index, valid = B.compact_indices(big)
+    for row in range(4):
+        assert index[row][valid[row]].tolist() == big[row].nonzero().flatten().tolist()
+    empty_index, empty_valid = B.compact_indices(torch.zeros(2, 5, dtype=torch.bool))
+    assert empty_index.shape == (2, 0) and empty_valid.shape == (2, 0)

@@ -166,3 +166,18 @@ def blocks(x: torch.Tensor, block_size: int, dim: int = -2) -> torch.Tensor:
         raise ValueError(f"length {n} must be divisible by block size {block_size}")
     shape = list(x.shape[:dim]) + [n // block_size, block_size] + list(x.shape[dim + 1:])
     return x.reshape(shape)
+
+
+def compact_indices(flags: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Positions of the True entries of each row of ``flags`` (n, L), left-aligned.
+
+    Returns ``(index, valid)`` of shape ``(n, m)`` with m the largest count of a row: row b's
+    flagged positions in increasing order, then filler entries (``valid`` False) pointing at
+    position 0 so that gathers stay in range. Used for per-row global tokens (Longformer).
+    """
+    counts = flags.sum(dim=1)  # (n,)
+    m = int(counts.max()) if flags.numel() else 0
+    # stable sort of "not flagged": flagged positions first, each group in position order
+    order = torch.sort((~flags.bool()).to(torch.uint8), dim=1, stable=True).indices[:, :m]  # (n, m)
+    valid = torch.arange(m, device=flags.device)[None, :] < counts[:, None]  # (n, m)
+    return torch.where(valid, order, torch.zeros_like(order)), valid

@@ -1,0 +1,287 @@
+"""Longformer self-attention (sliding window + global tokens), the encoder attention of LED.
+
+Beltagy, Peters & Cohan, "Longformer: The Long-Document Transformer" (arXiv 2004.05150, section 3;
+LED in section 6); behaviour as HF ``LEDForConditionalGeneration`` (``spec/led.md`` section 4).
+
+Glossary (code name -> paper / spec notation):
+
+- ``attention_window`` (W): the FULL window of the layer, even; ``one_sided`` (w = W / 2): a local
+  query i attends to the keys j with ``|i - j| <= w`` (2w + 1 positions, clipped at the edges,
+  padding removed).
+- global tokens (G, the set of positions flagged by ``global_attention_mask``): every local query
+  also attends to every global key of its row, at any distance (a global key inside the window
+  is counted once); a global query attends to every real key of its row with its own projections
+  ``q_proj_global``, ``k_proj_global``, ``v_proj_global`` (the paper's Q_g, K_g, V_g).
+  ``out_proj`` is shared by local and global rows.
+- n batch, h heads, d = C / h head dim, T tokens, bs block size, t = T padded to a multiple of
+  bs, nb = t / bs blocks, r = ceil(w / bs) neighbouring blocks per side, Gm = the largest number
+  of global tokens of a row in the batch, Kn = Gm + (2r + 1) * bs keys per query block.
+
+Algorithm (memory linear in T, nothing T x T is ever built; spec section 9). Queries are cut into
+blocks of bs tokens; block j gathers the keys of blocks j - r .. j + r (``ops.blocks`` band
+arithmetic: the window of any query of the block lies inside them) plus the row's Gm global keys,
+with one ``index_select``. An additive mask per block keeps exactly the spec's key set: the band
+``|i - j| <= w`` (``relative_positions``), real non-global window keys, real global keys. The
+joint softmax over ``globals U window`` then runs in ``F.scaled_dot_product_attention`` (the
+fused CPU/GPU kernels, no score tensor). Global rows are one more SDPA of (n, h, Gm) queries
+against all T keys, written over the local result at the global positions. With bs = w the
+block's key set is 3w (HF's chunking computes 4w products per query and builds an L x L mask).
+
+Masks use ``finfo(dtype).min`` (not -inf), so that the rows of padding queries, which may see
+no valid key, stay finite; their outputs are unspecified (spec section 4) and dropped by callers.
+"""
+import contextlib
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from lsg_fairseq.ops.blocks import (
+    clamp_index,
+    compact_indices,
+    local_window_indices,
+    num_blocks,
+    relative_positions,
+)
+
+# Key sets are padded with masked keys up to a multiple of this, so that the additive mask's
+# last dimension is aligned for the fused SDPA kernels (masked keys add exactly 0 weight).
+_KEY_ALIGN = 8
+
+
+def check_attention_window(window: int, name: str = "attention_window") -> int:
+    """A Longformer window must be a positive even int (the full width W = 2w)."""
+    if isinstance(window, bool) or int(window) != window or window <= 0 or window % 2:
+        raise ValueError(f"{name} must be a positive even integer (the full window 2w), got {window!r}")
+    return int(window)
+
+
+def parse_attention_windows(value: Union[int, str, Sequence[int]], num_layers: int,
+                            name: str = "--attention-window") -> list:
+    """``1024`` / ``"1024"`` / ``"512,1024"`` / ``[512, 1024]`` -> one window per layer.
+
+    A single value applies to every layer; a list must have exactly ``num_layers`` entries.
+    """
+    if isinstance(value, str):
+        parts = [p for p in value.replace("[", "").replace("]", "").replace(" ", "").split(",") if p]
+        try:
+            windows = [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"{name} must be an int or a comma-separated list of ints, got {value!r}")
+    elif isinstance(value, int):
+        windows = [value]
+    else:
+        windows = list(value)
+    if len(windows) == 1:
+        windows = windows * num_layers
+    if len(windows) != num_layers:
+        raise ValueError(
+            f"{name} has {len(windows)} entries but the encoder has {num_layers} layers "
+            "(give one value for all layers or one per layer)"
+        )
+    return [check_attention_window(w, name) for w in windows]
+
+
+class LongformerSelfAttention(nn.Module):
+    """Drop-in encoder self-attention for fairseq (``MultiheadAttention``'s call signature).
+
+    ``forward(query=x, key=x, value=x, key_padding_mask=m, global_attention_mask=g)`` with x
+    (T, n, C), m (n, T) bool True = pad (or None), g (n, T) bool True = global (or None: no
+    global token; see also :meth:`global_tokens`). Returns ``(out (T, n, C), None)``.
+
+    ``block_size`` (default w) only trades speed for memory: results do not depend on it.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        attention_window: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        block_size: Optional[int] = None,
+    ):
+        super().__init__()
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        self.embed_dim = embed_dim
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+        self.attention_window = check_attention_window(attention_window)
+        self.one_sided = self.attention_window // 2  # w
+        if block_size is not None and block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size or self.one_sided
+        self.dropout = dropout
+        # set by ``global_tokens`` for calls (fairseq's encoder layer) that cannot pass it
+        self._global_attention_mask: Optional[Tensor] = None
+
+        # local projections keep BART's names, so BART weights load without renaming
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj_global = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj_global = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.q_proj_global = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # fairseq MultiheadAttention's initialisation; global projections start as the local
+        # ones do (the Longformer paper copies them from the local ones when converting BART)
+        for proj in (self.k_proj, self.v_proj, self.q_proj,
+                     self.k_proj_global, self.v_proj_global, self.q_proj_global):
+            nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        for proj in (self.k_proj, self.v_proj, self.q_proj, self.k_proj_global,
+                     self.v_proj_global, self.q_proj_global, self.out_proj):
+            if proj.bias is not None:
+                nn.init.constant_(proj.bias, 0.0)
+
+    def extra_repr(self) -> str:
+        return f"attention_window={self.attention_window} (w={self.one_sided}), block_size={self.block_size}"
+
+    @contextlib.contextmanager
+    def global_tokens(self, global_attention_mask: Optional[Tensor]):
+        """Supply ``global_attention_mask`` to calls made inside the block.
+
+        fairseq's ``TransformerEncoderLayerBase.forward`` calls ``self_attn`` with a fixed set of
+        arguments; the LED encoder layer wraps that call in this context instead of forking it.
+        """
+        previous = self._global_attention_mask
+        self._global_attention_mask = global_attention_mask
+        try:
+            yield
+        finally:
+            self._global_attention_mask = previous
+
+    # ------------------------------------------------------------------ main entry point
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor] = None,
+        value: Optional[Tensor] = None,
+        key_padding_mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        global_attention_mask: Optional[Tensor] = None,
+        **unused,
+    ) -> Tuple[Tensor, None]:
+        if attn_mask is not None:
+            raise NotImplementedError("Longformer self-attention does not take an attn_mask (encoder only)")
+        if global_attention_mask is None:
+            global_attention_mask = self._global_attention_mask
+        # self-attention only: key and value are the same tensor as query and are not read
+        T, n, C = query.shape
+        bs = min(self.block_size, T)
+        nb = num_blocks(T, bs)
+        t = nb * bs
+        r = min(num_blocks(self.one_sided, bs), nb - 1)  # neighbouring blocks per side
+
+        real = torch.ones(n, T, dtype=torch.bool, device=query.device)
+        if key_padding_mask is not None:
+            real = ~key_padding_mask.bool()  # (n, T)
+        glob = None
+        if global_attention_mask is not None:
+            glob = global_attention_mask.bool() & real  # a global flag on a pad is ignored
+            if not bool(glob.any()):
+                glob = None
+
+        x = query.transpose(0, 1)  # (n, T, C)
+        if t > T:
+            # internal padding to the block size only; padded keys are masked, outputs dropped
+            x = F.pad(x, (0, 0, 0, t - T))  # (n, t, C)
+            real = F.pad(real, (0, t - T), value=False)  # (n, t)
+            if glob is not None:
+                glob = F.pad(glob, (0, t - T), value=False)
+        q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
+        k = self.k_proj(x).view(n, t, self.num_heads, self.head_dim)
+        v = self.v_proj(x).view(n, t, self.num_heads, self.head_dim)
+
+        if glob is not None:
+            g_idx, g_valid = compact_indices(glob)  # (n, Gm) positions of the globals, per row
+        else:
+            g_idx = g_valid = None
+        out = self._local(q, k, v, real, glob, g_idx, g_valid, bs, r)  # (n, t, C)
+        if glob is not None:
+            out = self._global_rows(x, out, real, g_idx, g_valid)
+        out = out.transpose(0, 1)[:T]  # (T, n, C): drop the internal padding
+        return self.out_proj(out), None
+
+    # ------------------------------------------------------------------ local queries
+    def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int) -> Tensor:
+        """Every query against its window and the row's global keys (local projections)."""
+        n, t, h, d = q.shape
+        nb = t // bs
+        Gm = 0 if g_idx is None else g_idx.size(1)
+        neg = torch.finfo(q.dtype).min
+        device = q.device
+
+        # window keys: real tokens that are not global (globals come through their own slots)
+        window_ok = real if glob is None else real & ~glob  # (n, t)
+        # key sources per row: [global keys (Gm) | all tokens (t) | one zero slot]
+        src_k, src_v, src_ok = [k], [v], [window_ok]
+        if Gm:
+            gather = g_idx[:, :, None, None].expand(n, Gm, h, d)
+            src_k.insert(0, k.gather(1, gather))  # (n, Gm, h, d): LOCAL keys of the globals
+            src_v.insert(0, v.gather(1, gather))
+            src_ok.insert(0, g_valid)  # (n, Gm)
+        pad_slot = Gm + t
+        src_k.append(k.new_zeros(n, 1, h, d))
+        src_v.append(v.new_zeros(n, 1, h, d))
+        src_ok.append(window_ok.new_zeros(n, 1))
+        src_k = torch.cat(src_k, dim=1)  # (n, Gm + t + 1, h, d)
+        src_v = torch.cat(src_v, dim=1)
+        src_ok = torch.cat(src_ok, dim=1)  # (n, Gm + t + 1)
+
+        # per-block key index: [globals | blocks j-r .. j+r | alignment padding]
+        win, win_valid = local_window_indices(nb, bs, r, r, device=device)  # (nb, (2r+1)*bs)
+        parts = [torch.arange(Gm, device=device).expand(nb, Gm), clamp_index(win + Gm, win_valid, pad_slot)]
+        # band: |key - query| <= w inside the window; global slots are always in range
+        rel = relative_positions(bs, r, r, device=device)  # (bs, (2r+1)*bs)
+        band = [torch.ones(bs, Gm, dtype=torch.bool, device=device), rel.abs() <= self.one_sided]
+        extra = -(Gm + win.size(1)) % _KEY_ALIGN
+        if extra:
+            parts.append(torch.full((nb, extra), pad_slot, device=device))
+            band.append(torch.zeros(bs, extra, dtype=torch.bool, device=device))
+        index = torch.cat(parts, dim=1)  # (nb, Kn)
+        band = torch.cat(band, dim=1)  # (bs, Kn)
+        Kn = index.size(1)
+
+        flat = index.reshape(-1)  # (nb * Kn,)
+        keys = src_k.index_select(1, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
+        values = src_v.index_select(1, flat).view(n * nb, Kn, h, d).transpose(1,2)
+        key_ok = src_ok.index_select(1, flat).view(n * nb, 1, 1, Kn)  # (n*nb, 1, 1, Kn)
+        allowed = key_ok & band  # (n*nb, 1, bs, Kn), broadcast over heads
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=device).masked_fill_(~allowed, neg)
+
+        queries = q.view(n * nb, bs, h, d).transpose(1, 2)  # (n*nb, h, bs, d)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (n*nb, h, bs, d)
+        return out.transpose(1, 2).reshape(n, t, h * d)  # (n, t, C)
+
+    # ------------------------------------------------------------------ global queries
+    def _global_rows(self, x, out, real, g_idx, g_valid) -> Tensor:
+        """Global queries attend to every real token with the global projections."""
+        n, t, C = x.shape
+        h, d = self.num_heads, self.head_dim
+        Gm = g_idx.size(1)
+        x_glob = x.gather(1, g_idx[:, :, None].expand(n, Gm, C))  # (n, Gm, C)
+        qg = self.q_proj_global(x_glob).view(n, Gm, h, d).transpose(1, 2)  # (n, h, Gm, d)
+        kg = self.k_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
+        vg = self.v_proj_global(x).view(n, t, h, d).transpose(1, 2)
+        mask = torch.zeros(n, 1, 1, t, dtype=x.dtype, device=x.device)
+        mask.masked_fill_(~real[:, None, None, :], torch.finfo(x.dtype).min)  # (n, 1, 1, t)
+        og = F.scaled_dot_product_attention(
+            qg, kg, vg, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (n, h, Gm, d)
+        og = og.transpose(1, 2).reshape(n * Gm, C)  # (n*Gm, C)
+        # overwrite the (discarded) local result of every real global position
+        rows = (g_idx + torch.arange(n, device=x.device)[:, None] * t).reshape(-1)  # (n*Gm,)
+        keep = g_valid.reshape(-1)
+        out = out.reshape(n * t, C).index_copy(0, rows[keep], og[keep])  # (n*t, C)
+        return out.view(n, t, C)
