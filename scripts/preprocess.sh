@@ -21,6 +21,7 @@ sentencepiece-encoded: scripts/gpt2_encode.py or scripts/spm_encode.py).
                  without it a joined dictionary is built from the training data
                  (--joined-dictionary).
   --workers N    fairseq-preprocess workers (default: 1)
+Files already in DIR are kept; those fairseq-preprocess writes are replaced.
   -h, --help     this help
 
 The fairseq-preprocess of the active environment is used; set PYTHON=/path/to/python to run
