@@ -17,14 +17,13 @@ import logging
 import torch
 import torch.nn as nn
 
-from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerEncoder
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
+from lsg_fairseq.models.custom_encoder import LongInputBARTModel, wrap_encoder_layer
 from lsg_fairseq.modules.lsg_attention import (
     SPARSITY_TYPES,
     LSGSelfAttention,
@@ -115,12 +114,7 @@ class LSGBARTEncoder(TransformerEncoder):
     def build_encoder_layer(self, args):
         cfg = TransformerConfig.from_namespace(args)
         layer = LSGTransformerEncoderLayer(cfg, lsg_attention_kwargs(self.args), return_fc=self.return_fc)
-        # same wrapping as fairseq's TransformerEncoderBase.build_encoder_layer (no key changes)
-        checkpoint = cfg.checkpoint_activations
-        if checkpoint:
-            layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-        min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
-        return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+        return wrap_encoder_layer(layer, cfg)
 
     def forward_embedding(self, src_tokens, token_embedding=None):
         """Token + position embedding, then globals prepended, then LayerNorm and dropout.
@@ -196,8 +190,11 @@ class LSGBARTEncoder(TransformerEncoder):
 
 
 @register_model("lsg_bart")
-class LSGBARTModel(BARTModel):
-    """BART with an LSG encoder; see the module docstring."""
+class LSGBARTModel(LongInputBARTModel):
+    """BART with an LSG encoder; see the module docstring.
+
+    ``from_pretrained`` goes through ``lsg_fairseq.models.hub`` (``LongInputBARTModel``).
+    """
 
     @staticmethod
     def add_args(parser):
@@ -236,28 +233,6 @@ class LSGBARTModel(BARTModel):
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):
         return LSGBARTEncoder(args, src_dict, embed_tokens)
-
-    @classmethod
-    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
-                        bpe=None, **kwargs):
-        """Load through ``lsg_fairseq.models.hub`` (no 1,024-token truncation) when present.
-
-        The dictionary and tokenizer files are read from the model folder itself (what
-        ``lsg-fairseq-convert`` writes); ``bpe`` overrides the detected tokenizer.
-        """
-        try:
-            from lsg_fairseq.models import hub
-        except ImportError:
-            hub = None
-        if hub is None or not hasattr(hub, "from_pretrained"):
-            return super().from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
-                                           data_name_or_path=data_name_or_path,
-                                           bpe=bpe or "gpt2", **kwargs)
-        if data_name_or_path not in (".", None):
-            raise ValueError("lsg_bart hub models read dict.txt from the model folder itself")
-        if bpe is not None:
-            kwargs["bpe"] = bpe
-        return hub.from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file, **kwargs)
 
 
 def lsg_architecture_defaults(args):

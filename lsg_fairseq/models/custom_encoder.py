@@ -1,0 +1,50 @@
+"""Shared wiring for "BART with a custom encoder self-attention" (LSG-BART, LED).
+
+Both models follow fairseq's Linformer pattern: a ``BARTModel`` subclass overrides
+``build_encoder`` -> an encoder subclass overrides ``build_encoder_layer`` -> a layer subclass
+overrides ``build_self_attention``. The pieces every such model needs live here once:
+
+- :func:`wrap_encoder_layer`: fairseq's activation-checkpointing / FSDP wrapping of a layer;
+- :class:`LongInputBARTModel`: ``from_pretrained`` through ``lsg_fairseq.models.hub`` (no
+  1,024-token truncation of long sources).
+
+Nothing here is registered with fairseq.
+"""
+from fairseq.distributed import fsdp_wrap
+from fairseq.models.bart import BARTModel
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+
+
+def wrap_encoder_layer(layer, cfg):
+    """Same wrapping as fairseq's ``TransformerEncoderBase.build_encoder_layer`` (no key changes)."""
+    checkpoint = cfg.checkpoint_activations
+    if checkpoint:
+        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
+    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+class LongInputBARTModel(BARTModel):
+    """BART subclass whose hub loads long-input models without truncating them."""
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
+                        bpe=None, **kwargs):
+        """Load through ``lsg_fairseq.models.hub`` (no 1,024-token truncation) when present.
+
+        The dictionary and tokenizer files are read from the model folder itself (what
+        ``lsg-fairseq-convert`` writes); ``bpe`` overrides the detected tokenizer.
+        """
+        try:
+            from lsg_fairseq.models import hub
+        except ImportError:
+            hub = None
+        if hub is None or not hasattr(hub, "from_pretrained"):
+            return super().from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
+                                           data_name_or_path=data_name_or_path,
+                                           bpe=bpe or "gpt2", **kwargs)
+        if data_name_or_path not in (".", None):
+            raise ValueError(f"{cls.__name__} hub models read dict.txt from the model folder itself")
+        if bpe is not None:
+            kwargs["bpe"] = bpe
+        return hub.from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file, **kwargs)

@@ -1,0 +1,231 @@
+"""LED (Longformer-Encoder-Decoder): BART whose encoder self-attention is Longformer attention.
+
+``--arch led_base`` / ``led_large`` / ``led_tiny`` (``spec/led.md``; Beltagy et al. 2020, section 6).
+Only the encoder's self-attention changes: every layer uses
+:class:`~lsg_fairseq.modules.longformer_attention.LongformerSelfAttention` (sliding window of
+one-sided width w = W / 2, W = ``--attention-window`` per layer, plus global tokens with their own
+q/k/v projections). Embeddings, post-LN layers, decoder and head are BART's.
+
+Global tokens (spec section 6): ``--global-attention first`` (default; the LED summarization
+recipe) makes the first real token of every source row global, ``none`` makes none;
+``--global-token-ids`` also marks every occurrence of the listed ids. A caller can instead pass an
+explicit mask: ``model.encoder(src_tokens, src_lengths, global_attention_mask=g)`` (B x T bool,
+True = global), which overrides the configured mode.
+
+Positions are fairseq's learned, pad-aware positions (real tokens from row 2), so left and right
+padding give the same valid outputs; the converter maps HF's offset-free table onto rows 2...
+
+State dict = BART's plus ``encoder.layers.N.self_attn.{q,k,v}_proj_global.{weight,bias}``.
+"""
+import logging
+
+import torch
+
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.bart import BARTModel
+from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
+from fairseq.models.transformer import TransformerConfig, TransformerEncoder
+from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
+
+from lsg_fairseq.models.custom_encoder import LongInputBARTModel, wrap_encoder_layer
+from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
+
+logger = logging.getLogger(__name__)
+
+GLOBAL_ATTENTION_MODES = ("first", "none")
+
+
+def parse_global_token_ids(value) -> list:
+    """``"0,5"`` / ``[0, 5]`` / ``""`` -> list of ints (message names the flag)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        parts = [p for p in value.replace(" ", "").split(",") if p]
+        try:
+            return [int(p) for p in parts]
+        except ValueError:
+            raise ValueError(f"--global-token-ids must be a comma-separated list of ints, got {value!r}")
+    return [int(v) for v in value]
+
+
+def validate_led_args(args, dictionary_size=None) -> None:
+    """Refuse inconsistent LED hyper-parameters at build time (messages name the flags)."""
+    parse_attention_windows(args.attention_window, args.encoder_layers)
+    if args.global_attention not in GLOBAL_ATTENTION_MODES:
+        raise ValueError(
+            f"--global-attention must be one of {', '.join(GLOBAL_ATTENTION_MODES)}, got {args.global_attention!r}"
+        )
+    ids = parse_global_token_ids(args.global_token_ids)
+    if dictionary_size is not None:
+        bad = [i for i in ids if not 0 <= i < dictionary_size]
+        if bad:
+            raise ValueError(f"--global-token-ids {bad} outside the dictionary (size {dictionary_size})")
+
+
+class LEDEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer with Longformer self-attention (everything else unchanged)."""
+
+    def __init__(self, cfg, attention_window: int, return_fc: bool = False):
+        # read by build_self_attention, which the base __init__ calls
+        self.attention_window = attention_window
+        super().__init__(cfg, return_fc=return_fc)
+
+    def build_self_attention(self, embed_dim, cfg):
+        return LongformerSelfAttention(
+            embed_dim, cfg.encoder.attention_heads, self.attention_window, dropout=cfg.attention_dropout
+        )
+
+    def forward(self, x, encoder_padding_mask, attn_mask=None, global_attention_mask=None):
+        # fairseq's layer forward calls self_attn with fixed arguments: hand the global mask to
+        # the attention for the duration of this call instead of forking the layer
+        with self.self_attn.global_tokens(global_attention_mask):
+            return super().forward(x, encoder_padding_mask, attn_mask=attn_mask)
+
+
+class LEDEncoder(TransformerEncoder):
+    """BART encoder with Longformer layers and global-token selection (see module docstring)."""
+
+    def __init__(self, args, dictionary, embed_tokens, return_fc=False):
+        # consumed one per layer by build_encoder_layer, called from the base __init__
+        self._layer_windows = iter(parse_attention_windows(args.attention_window, args.encoder_layers))
+        super().__init__(args, dictionary, embed_tokens, return_fc=return_fc)
+        del self._layer_windows
+        self.global_attention = args.global_attention
+        self.register_buffer(
+            "global_token_ids", torch.tensor(parse_global_token_ids(args.global_token_ids), dtype=torch.long),
+            persistent=False,
+        )
+
+    def build_encoder_layer(self, args):
+        cfg = TransformerConfig.from_namespace(args)
+        layer = LEDEncoderLayer(cfg, next(self._layer_windows), return_fc=self.return_fc)
+        return wrap_encoder_layer(layer, cfg)
+
+    def default_global_attention_mask(self, src_tokens):
+        """(B, T) bool from ``--global-attention`` and ``--global-token-ids`` (None: no global)."""
+        pad = src_tokens.eq(self.padding_idx)  # (B, T)
+        glob = torch.zeros_like(pad)
+        if self.global_attention == "first":
+            # first REAL token, so left-padded rows make the same token global as right-padded ones
+            first = (~pad).to(torch.uint8).argmax(dim=1)  # (B,)
+            glob[torch.arange(src_tokens.size(0), device=pad.device), first] = True
+        if self.global_token_ids.numel():
+            glob |= torch.isin(src_tokens, self.global_token_ids.to(src_tokens.device))
+        glob &= ~pad
+        return glob if bool(glob.any()) else None
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
+                token_embeddings=None, global_attention_mask=None):
+        """fairseq's encoder forward, plus ``global_attention_mask`` (B x T bool, True = global)
+        overriding ``--global-attention``/``--global-token-ids`` for this call."""
+        return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings,
+                                       global_attention_mask)
+
+    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
+                           token_embeddings=None, global_attention_mask=None):
+        pad = src_tokens.eq(self.padding_idx)  # (B, T)
+        has_pads = bool(pad.any())
+        if global_attention_mask is None:
+            glob = self.default_global_attention_mask(src_tokens)
+        else:
+            if global_attention_mask.shape != src_tokens.shape:
+                raise ValueError(
+                    f"global_attention_mask has shape {tuple(global_attention_mask.shape)}, "
+                    f"src_tokens {tuple(src_tokens.shape)}"
+                )
+            glob = global_attention_mask.to(pad.device).bool() & ~pad
+
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        if has_pads:
+            x = x * (1 - pad.unsqueeze(-1).type_as(x))
+        x = x.transpose(0, 1)  # (T, B, C)
+
+        encoder_states = [x] if return_all_hiddens else []
+        for layer in self.layers:
+            lr = layer(x, encoder_padding_mask=pad if has_pads else None, global_attention_mask=glob)
+            x = lr[0] if isinstance(lr, tuple) and len(lr) == 2 else lr
+            if return_all_hiddens:
+                encoder_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+
+        src_lengths = (~pad).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {
+            "encoder_out": [x],  # (T, B, C)
+            "encoder_padding_mask": [pad],  # (B, T)
+            "encoder_embedding": [encoder_embedding],  # (B, T, C)
+            "encoder_states": encoder_states,  # List[(T, B, C)]
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths],
+        }
+
+
+@register_model("led")
+class LEDModel(LongInputBARTModel):
+    """BART with a Longformer encoder; see the module docstring.
+
+    ``from_pretrained`` goes through ``lsg_fairseq.models.hub`` (``LongInputBARTModel``).
+    """
+
+    @staticmethod
+    def add_args(parser):
+        BARTModel.add_args(parser)
+        parser.add_argument("--attention-window", type=str, metavar="W",
+                            help="full Longformer window W per encoder layer (even; a query sees W/2 "
+                            "tokens on each side): one int for all layers or a comma list, one per layer")
+        parser.add_argument("--global-attention", type=str, choices=GLOBAL_ATTENTION_MODES,
+                            help="encoder tokens with global attention: 'first' = the first real "
+                            "token of every source (LED summarization default), 'none' = no token")
+        parser.add_argument("--global-token-ids", type=str, metavar="IDS",
+                            help="comma-separated dictionary ids whose every occurrence in the "
+                            "source gets global attention (in addition to --global-attention)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        led_architecture_defaults(args)
+        validate_led_args(args, len(task.source_dictionary))
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return LEDEncoder(args, src_dict, embed_tokens)
+
+
+def led_architecture_defaults(args):
+    """Defaults of the LED flags (LED's released models: W = 1024, first token global)."""
+    args.attention_window = getattr(args, "attention_window", "1024")
+    args.global_attention = getattr(args, "global_attention", "first")
+    args.global_token_ids = getattr(args, "global_token_ids", "")
+
+
+@register_model_architecture("led", "led_base")
+def led_base_architecture(args):
+    """allenai/led-base-16384: bart_base with a 16K encoder position table."""
+    args.max_source_positions = getattr(args, "max_source_positions", 16384)
+    led_architecture_defaults(args)
+    bart_base_architecture(args)
+
+
+@register_model_architecture("led", "led_large")
+def led_large_architecture(args):
+    """allenai/led-large-16384: bart_large with a 16K encoder position table."""
+    args.max_source_positions = getattr(args, "max_source_positions", 16384)
+    led_architecture_defaults(args)
+    bart_large_architecture(args)
+
+
+@register_model_architecture("led", "led_tiny")
+def led_tiny_architecture(args):
+    """A few-minute CPU model for tests and demos (64-dim, 2+2 layers, window 32)."""
+    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
+    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 256)
+    args.encoder_layers = getattr(args, "encoder_layers", 2)
+    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
+    args.decoder_layers = getattr(args, "decoder_layers", 2)
+    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
+    args.max_source_positions = getattr(args, "max_source_positions", 2048)
+    args.max_target_positions = getattr(args, "max_target_positions", 256)
+    args.attention_window = getattr(args, "attention_window", "32")
+    led_architecture_defaults(args)
+    bart_large_architecture(args)
