@@ -1,7 +1,7 @@
 """``lsg-fairseq-convert``: HF folders / fairseq checkpoints -> fairseq model folders.
 
-    lsg-fairseq-convert SRC_DIR OUT_DIR [--to bart|lsg_bart|...] [--max-source-positions N]
-                        [--num-global-tokens G] [LSG flags]
+    lsg-fairseq-convert SRC_DIR OUT_DIR [--to bart|lsg_bart|led|...] [--max-source-positions N]
+                        [--num-global-tokens G] [LSG flags] [LED flags]
 
 Writes ``OUT_DIR/model.pt``, ``dict.txt``, offline tokenizer files and, only when fairseq
 indices differ from HF ids, ``token_map.json``. Only the options given on the command line are
@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("src", metavar="SRC_DIR", help="HF model folder, or a fairseq model.pt / its folder")
     p.add_argument("out", metavar="OUT_DIR", help="output folder (created)")
-    p.add_argument("--to", help="target model: bart or lsg_bart for BART sources (default: "
+    p.add_argument("--to", help="target model: bart, lsg_bart or led for BART sources (default: "
                    "lsg_bart for LSG sources or when LSG options are given, else the source's kind)")
     p.add_argument("--max-source-positions", type=int, metavar="N",
                    help="encoder max length; position tables are tiled (default: the source's, "
@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     lsg.add_argument("--global-positional-stride", type=int, metavar="N",
                      help="BART -> LSG: position stride of the global-token init (default 64)")
     lsg.add_argument("--seed", type=int, help="BART -> LSG: seed of the random parts of the init (default 123)")
+    led = p.add_argument_group("LED options (HF LED sources, or BART sources with --to led)")
+    led.add_argument("--attention-window", metavar="W",
+                     help="full Longformer window per encoder layer (even): one int or a comma "
+                     "list, one per layer (default: the LED source's, 1024 for BART -> LED)")
+    led.add_argument("--global-attention", choices=("first", "none"),
+                     help="encoder global tokens: the first real token of every source (default) or none")
+    led.add_argument("--global-token-ids", metavar="IDS",
+                     help="comma-separated token ids that also get global attention")
     return p
 
 

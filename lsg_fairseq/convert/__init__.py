@@ -16,12 +16,14 @@ HF id).
 
 Each family lives in its own module and registers itself with :func:`register_family`:
 ``detect(src) -> bool`` says whether it handles ``src``; ``convert(src, out, **options)`` does
-the work and returns the path of the written ``model.pt``.
+the work and returns the path of the written ``model.pt``; the optional ``accepts(src, to) ->
+bool`` claims sources of another kind when the user asks for this family's target (e.g. an HF
+BART folder with ``--to led``), and is consulted before detection.
 """
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 
 class ConversionError(ValueError):
@@ -33,6 +35,7 @@ class Family:
     name: str
     detect: Callable[[str], bool]
     convert: Callable[..., str]
+    accepts: Optional[Callable[[str, Optional[str]], bool]] = None
 
 
 _FAMILIES: Dict[str, Family] = {}
@@ -42,8 +45,9 @@ _FAMILIES: Dict[str, Family] = {}
 _FAMILY_MODULES: List[str] = ["bart", "locost", "led"]
 
 
-def register_family(name: str, detect: Callable[[str], bool], convert: Callable[..., str]) -> None:
-    _FAMILIES[name] = Family(name, detect, convert)
+def register_family(name: str, detect: Callable[[str], bool], convert: Callable[..., str],
+                    accepts: Optional[Callable[[str, Optional[str]], bool]] = None) -> None:
+    _FAMILIES[name] = Family(name, detect, convert, accepts)
 
 
 def _load_families() -> None:
@@ -53,10 +57,14 @@ def _load_families() -> None:
             importlib.import_module(f"{__name__}.{mod}")
 
 
-def detect_family(src: str) -> Family:
+def detect_family(src: str, to: Optional[str] = None) -> Family:
     if not os.path.exists(src):
         raise ConversionError(f"{src}: no such file or folder")
     _load_families()
+    if to is not None:
+        for family in _FAMILIES.values():
+            if family.accepts is not None and family.accepts(src, to):
+                return family
     for family in _FAMILIES.values():
         if family.detect(src):
             return family
@@ -70,4 +78,4 @@ def detect_family(src: str) -> Family:
 
 def convert(src: str, out: str, **options) -> str:
     """Convert ``src`` into a fairseq model folder ``out``; returns the path of ``model.pt``."""
-    return detect_family(src).convert(src, out, **options)
+    return detect_family(src, options.get("to")).convert(src, out, **options)
