@@ -14,7 +14,7 @@ from fairseq.data import Dictionary
 
 import lsg_fairseq  # noqa: F401  (registers the tasks)
 from lsg_fairseq.data import gsg
-from lsg_fairseq.data.documents import chunk_sentences, document_sentences, read_documents
+from lsg_fairseq.data.documents import chunk_sentences, document_sentences, get_sentence_splitter, read_documents
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
 from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationConfig, validate_gsg_config
 
@@ -91,6 +91,10 @@ def test_document_formats(tmp_path):
     assert list(read_documents(str(tmp_path / "d.jsonl"), "jsonl")) == [["Para one. Yes.", "Para two"]]
     assert document_sentences(["Para one. Yes.", "Para two"], 200) == ["Para one.", "Yes.", "Para two"]
     assert document_sentences(["a b c d e"], 2) == ["a b", "c d", "e"]
+    lower = ["the gene is expressed. in particular, it binds dna."]
+    assert len(document_sentences(lower, 200)) == 1  # the regex splitter wants a capital
+    assert document_sentences(lower, 200, get_sentence_splitter("pysbd")) == [
+        "the gene is expressed.", "in particular, it binds dna."]
 
 
 def test_chunking_respects_word_budget():
@@ -103,11 +107,16 @@ def test_chunking_respects_word_budget():
 
 def test_script_jsonl_and_errors(tmp_path):
     src = os.path.join(SHARED_DATA, "sumpubmed", "valid.jsonl")
-    status, err = run_script("--format", "jsonl", "--input", f"train={src}", "--max-documents", "3",
-                             "--output-dir", str(tmp_path))
-    assert status == 0, err
-    corpus = GSGCorpus(corpus_prefix(str(tmp_path), "train"))
-    assert len(corpus) == 3 and (corpus.doc_tokens > 500).all()
+    sentences = {}
+    for splitter in ("regex", "pysbd"):
+        status, err = run_script("--format", "jsonl", "--input", f"train={src}", "--max-documents", "3",
+                                 "--sentence-splitter", splitter, "--output-dir", str(tmp_path / splitter))
+        assert status == 0, err
+        corpus = GSGCorpus(corpus_prefix(str(tmp_path / splitter), "train"))
+        assert len(corpus) == 3 and (corpus.doc_tokens > 500).all()
+        sentences[splitter] = int(corpus.doc_offsets[-1])
+    # SumPubMed is lower-cased: pysbd finds ~2.7x more sentences (713 vs 262) than the regex splitter
+    assert sentences["pysbd"] > 2 * sentences["regex"]
     status, err = run_script("--format", "jsonl", "--input", f"train={tmp_path}/missing.jsonl", "--output-dir", str(tmp_path))
     assert status == 2 and "file not found" in err
     status, err = run_script("--format", "lines", "--input", f"train={src}", "--min-sentences", "0", "--output-dir", str(tmp_path))

@@ -15,12 +15,26 @@ Book-length documents are cut into pseudo-documents of consecutive sentences
 (:func:`chunk_sentences`), as LOCOST/PEGASUS-X train on windows of long texts.
 """
 import json
-from typing import Iterable, Iterator, List
+from typing import Callable, Iterable, Iterator, List
 
 from lsg_fairseq.data.fileio import DataError
 from lsg_fairseq.data.sentences import split_sentences
 
 DOCUMENT_FORMATS = ("lines", "blank", "file", "jsonl")
+SENTENCE_SPLITTERS = ("regex", "pysbd")
+
+
+def get_sentence_splitter(name: str) -> Callable[[str], List[str]]:
+    """``regex``: the shared fast splitter (needs an upper-case letter or digit after the stop);
+    ``pysbd``: rule-based, ~100x slower, but also splits lower-cased text such as SumPubMed's."""
+    if name == "regex":
+        return split_sentences
+    if name == "pysbd":
+        import pysbd
+
+        segmenter = pysbd.Segmenter(language="en", clean=False)
+        return lambda text: [s.strip() for s in segmenter.segment(text) if s.strip()]
+    raise DataError(f"unknown sentence splitter {name!r}; choose from {SENTENCE_SPLITTERS}")
 
 
 def _join_wrapped(lines: Iterable[str]) -> str:
@@ -73,13 +87,15 @@ def read_documents(path: str, fmt: str, field: str = "document") -> Iterator[Lis
         raise DataError(f"{path}: not UTF-8 text ({e.reason})") from None
 
 
-def document_sentences(paragraphs: Iterable[str], max_sentence_words: int) -> List[str]:
+def document_sentences(
+    paragraphs: Iterable[str], max_sentence_words: int, split: Callable[[str], List[str]] = split_sentences
+) -> List[str]:
     """Sentences of a document; a sentence longer than ``max_sentence_words`` words is cut into
     pieces of that many words (verse without punctuation would otherwise make one gap "sentence"
     of thousands of words, all masked or none)."""
     out: List[str] = []
     for paragraph in paragraphs:
-        for sentence in split_sentences(paragraph):
+        for sentence in split(paragraph):
             words = sentence.split()
             for start in range(0, len(words), max_sentence_words):
                 out.append(" ".join(words[start : start + max_sentence_words]))
