@@ -284,3 +284,28 @@ def test_init_is_s4d_lin():
     assert torch.allclose(k.A_imag, math.pi * torch.arange(4.0).expand(3, 4))
     assert torch.equal(k.B[..., 0], torch.ones(3, 4)) and torch.equal(k.B[..., 1], torch.zeros(3, 4))
     assert ((k.log_dt >= math.log(1e-3)) & (k.log_dt <= math.log(1e-1))).all()
+
+
+def test_channel_chunked_inference_equals_full():
+    layer = _perturbed_layer(H=8, N=8).eval()
+    u = torch.randn(2, 40, 8)
+    mask = torch.zeros(2, 40, dtype=torch.bool)
+    mask[1, 25:] = True
+    with torch.no_grad():
+        full = layer(u, mask)
+        layer.max_fft_elems = 4 * 2 * next_fast_len(80) * 3  # 3 channels per chunk: 3 + 3 + 2
+        chunked = layer(u, mask)
+    assert torch.allclose(full, chunked, atol=1e-6)
+    assert len(layer._cache) == 1  # only the unchunked call cached its kernel
+
+
+def test_ffn_position_chunking_equals_full():
+    from lsg_fairseq.modules.locost_blocks import T5LayerFF
+
+    ff = T5LayerFF(8, 12, dropout=0.0, eps=1e-6).eval()
+    x = torch.randn(2, 50, 8)
+    with torch.no_grad():
+        full = ff(x)
+        ff.max_positions_per_chunk = 14  # 7 positions per chunk for batch 2
+        chunked = ff(x)
+    assert torch.allclose(full, chunked, atol=1e-6)

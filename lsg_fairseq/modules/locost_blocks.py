@@ -22,9 +22,20 @@ class T5LayerFF(nn.Module):
         self.DenseReluDense = T5DenseGatedGelu(d_model, d_ff, dropout)
         self.layer_norm = T5LayerNorm(d_model, eps)
         self.dropout = nn.Dropout(dropout)
+        # Without autograd the FFN is applied to at most this many positions at a time: on a
+        # 600K-token input the (L, d_ff) intermediates would otherwise take several GB.
+        self.max_positions_per_chunk = 16384
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.dropout(self.DenseReluDense(self.layer_norm(x)))
+        B, L, _ = x.shape
+        step = max(1, self.max_positions_per_chunk // B)
+        if torch.is_grad_enabled() or L <= step:
+            return x + self.dropout(self.DenseReluDense(self.layer_norm(x)))
+        out = torch.empty_like(x)  # (B L C)
+        for s in range(0, L, step):
+            h = x[:, s : s + step]  # (B l C)
+            out[:, s : s + step] = h + self.dropout(self.DenseReluDense(self.layer_norm(h)))
+        return out
 
 
 class LOCOSTSSMLayer(nn.Module):

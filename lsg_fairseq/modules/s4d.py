@@ -169,19 +169,20 @@ class S4DKernel(nn.Module):
         for name in SSM_PARAMETER_NAMES:
             setattr(getattr(self, name), "_optim", dict(optim))
 
-    def discretize(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Returns (C' (2, H, M) complex64, dtA (H, M) complex64) from the float32 parameters."""
-        dt = torch.exp(self.log_dt.float())  # (H)
-        a = torch.complex(-torch.exp(self.inv_A_real.float()), self.A_imag.float())  # (H M)
+    def discretize(self, channels: slice = slice(None)) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Returns (C' (2, H, M) complex64, dtA (H, M) complex64) from the float32 parameters,
+        for the channels ``channels`` only (default all)."""
+        dt = torch.exp(self.log_dt[channels].float())  # (H)
+        a = torch.complex(-torch.exp(self.inv_A_real[channels].float()), self.A_imag[channels].float())  # (H M)
         dt_a = a * dt.unsqueeze(-1)  # (H M)
-        b = torch.view_as_complex(self.B.float().contiguous())  # (H M)
-        c = torch.view_as_complex(self.C.float().contiguous())  # (2 H M)
+        b = torch.view_as_complex(self.B[channels].float().contiguous())  # (H M)
+        c = torch.view_as_complex(self.C[:, channels].float().contiguous())  # (2 H M)
         c_prime = c * (b * (torch.exp(dt_a) - 1) / a)  # (2 H M): ZOH
         return c_prime, dt_a
 
-    def forward(self, length: int) -> torch.Tensor:
+    def forward(self, length: int, channels: slice = slice(None)) -> torch.Tensor:
         """Kernels for length L: (2, H, L) float32, [0] = causal Kf, [1] = anti-causal Kb."""
-        c_prime, dt_a = self.discretize()
+        c_prime, dt_a = self.discretize(channels)
         return vandermonde_blocked(c_prime, dt_a, length)
 
     def reference(self, length: int) -> torch.Tensor:
@@ -233,6 +234,10 @@ class S4D(nn.Module):
         self.q_proj = nn.Linear(d_model, d_model)  # gate
         self.output_linear = nn.Linear(d_model, d_model)
         self.kernel_cache_mb = kernel_cache_mb
+        # Inference without autograd on long inputs: channels are independent, so the kernel and the
+        # FFT convolution are done a few channels at a time, keeping temporaries below this many
+        # float32 elements (memory O(B*L*H) for the activations + O(chunk*L), not several (B,H,2L)).
+        self.max_fft_elems = 1 << 26
         self._cache: "OrderedDict[tuple, torch.Tensor]" = OrderedDict()
         self._cache_signature = None
 
@@ -289,9 +294,23 @@ class S4D(nn.Module):
         q = self.q_proj(u)  # (B L H): the gate is not masked (reference behaviour)
 
         fft_size = next_fast_len(2 * L)
-        k_hat = self.kernel_fft(L, fft_size)  # (H F/2+1)
         x = k.float().transpose(1, 2)  # (B H L): FFT in float32 whatever the activation dtype
-        y = torch.fft.irfft(torch.fft.rfft(x, n=fft_size) * k_hat, n=fft_size)[..., :L]  # (B H L)
-        y = y + self.D.float().unsqueeze(-1) * x  # (B H L)
-        y = y.transpose(1, 2).to(u.dtype) * q  # (B L H)
-        return self.output_linear(y)
+        B, H = x.shape[0], x.shape[1]
+        chunk = H if torch.is_grad_enabled() else max(1, self.max_fft_elems // (4 * B * fft_size))
+        if chunk >= H:
+            y = self._conv(x, self.kernel_fft(L, fft_size), slice(None), fft_size)  # (B H L)
+            y = y.transpose(1, 2).to(u.dtype)  # (B L H)
+        else:
+            y = u.new_empty(B, L, H)  # (B L H)
+            for h0 in range(0, H, chunk):
+                sl = slice(h0, h0 + chunk)
+                k = self.kernel(L, sl)  # (2 h L)
+                k_hat = torch.fft.rfft(circular_bidirectional_kernel(k, fft_size), n=fft_size)  # (h F/2+1)
+                y[:, :, sl] = self._conv(x[:, sl], k_hat, sl, fft_size).transpose(1, 2).to(u.dtype)
+        return self.output_linear(y * q)
+
+    def _conv(self, x: torch.Tensor, k_hat: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
+        """(B, h, L) float32 -> bidirectional convolution + D skip, (B, h, L) float32."""
+        L = x.shape[-1]
+        y = torch.fft.irfft(torch.fft.rfft(x, n=fft_size) * k_hat, n=fft_size)[..., :L]  # (B h L)
+        return y + self.D[channels].float().unsqueeze(-1) * x  # (B h L)
