@@ -182,3 +182,66 @@ def test_refusals(tmp_path):
     torch.save(sd, src / "pytorch_model.bin")
     with pytest.raises(ConversionError, match="v_proj"):
         convert(str(src), str(tmp_path / "out2"))
+
+
+# ---------------------------------------------------------------------------- with a T5-style tokenizer
+@pytest.fixture(scope="module")
+def spm_locost(tmp_path_factory):
+    """The fixture's weights cut to a 220-row vocabulary + a tiny T5-layout sentencepiece model
+    (pad 0, eos 1, unk 2, no bos; 120 pieces + 100 <extra_id_*>), converted."""
+    import io as _io
+
+    import sentencepiece as spm
+
+    root = tmp_path_factory.mktemp("spm_locost")
+    text_path = os.path.join(REPO_ROOT, "..", "shared", "data", "sumpubmed", "train.jsonl")
+    with open(text_path, encoding="utf-8") as f:
+        docs = [json.loads(next(f))["document"] for _ in range(20)]
+    model = _io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([s for d in docs for s in d.split(". ")]), model_writer=model, vocab_size=120, model_type="unigram",
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2,
+    )
+    src = root / "hf"
+    src.mkdir()
+    (src / "spiece.model").write_bytes(model.getvalue())
+    cfg = json.load(open(os.path.join(FIXTURE, "model", "config.json")))
+    (src / "config.json").write_text(json.dumps(dict(cfg, vocab_size=220)))
+    sd = torch.load(os.path.join(FIXTURE, "model", "pytorch_model.bin"), map_location="cpu")
+    for k in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+        sd[k] = sd[k][:220].clone()
+    torch.save(sd, src / "pytorch_model.bin")
+    out = root / "out"
+    convert(str(src), str(out))
+    sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    return {"out": out, "sp": sp, "docs": docs}
+
+
+def test_dictionary_symbols_follow_sentencepiece(spm_locost):
+    out, sp = spm_locost["out"], spm_locost["sp"]
+    assert (out / "spm.model").exists()
+    symbols = [line.rsplit(" ", 1)[0] for line in open(out / "dict.txt", encoding="utf-8")]
+    assert symbols[: 120 - 3] == [sp.id_to_piece(i) for i in range(3, 120)]
+    assert symbols[117:] == [f"<extra_id_{k}>" for k in range(99, -1, -1)]
+    tm = json.load(open(out / "token_map.json"))
+    assert len(tm) == 4 + 217 + 1 and tm[:4] == [0, 0, 1, 2]
+    assert tm[-1] == 219  # the task's <mask> reuses <extra_id_0>'s row
+
+
+def test_hub_encodes_like_t5_and_generates(spm_locost):
+    from lsg_fairseq.models.hub import from_pretrained
+
+    out, sp = spm_locost["out"], spm_locost["sp"]
+    hub = from_pretrained(str(out))
+    hub.eval()
+    tm = json.load(open(out / "token_map.json"))
+    text = " ".join(spm_locost["docs"][0].split()[:60])
+    ids = hub.encode(text)
+    assert [tm[i] for i in ids.tolist()] == sp.encode(text) + [1]  # HF T5 tokenizer ids + eos, no bos
+    hyps = hub.sample([text], beam=2, max_len_b=6)
+    assert isinstance(hyps[0], str)
+    # the hub left the model usable for a batch of 1 (no sticky beam size)
+    with torch.no_grad():
+        enc = hub.model.encoder(ids.unsqueeze(0), torch.tensor([len(ids)]))
+        logits, _ = hub.model.decoder(torch.tensor([[2, 5]]), encoder_out=enc)
+    assert logits.shape == (1, 2, len(tm))
