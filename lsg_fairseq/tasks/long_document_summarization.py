@@ -317,7 +317,8 @@ class LongDocumentSummarizationTask(TranslationTask):
 
     def reduce_metrics(self, logging_outputs, criterion):
         super().reduce_metrics(logging_outputs, criterion)
-        if not self.cfg.eval_rouge:
+        # Training logs carry no ROUGE statistics; validation logs always do (even n = 0).
+        if not self.cfg.eval_rouge or not any("_rouge_n" in log for log in logging_outputs):
             return
         # Plain Python floats only: numpy scalars in meters end up in checkpoints and break
         # torch>=2.6 weights_only loading (fairseq#5603).

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The main job end to end, on CPU: data -> sentencepiece -> binarize -> train lsg_bart_tiny ->
+# beam-search generation -> ROUGE. `make demo` runs it after setting up .venv.
+#
+#   bash scripts/demo.sh                                  # synthetic long-range set (default)
+#   DATA=../shared/data/sumpubmed bash scripts/demo.sh    # any dir with {train,valid,test}.jsonl
+#
+# Knobs (environment): OUT (work dir, default demo_out), MAX_UPDATE, MAX_SRC (max source
+# positions), VOCAB (sentencepiece size), BEAM, THREADS.
+#
+# The default data is generated, not downloaded: documents of 2K-8K words whose summary restates a
+# few key sentences placed anywhere in the document (lsg_fairseq/data/synthetic.py), so a model
+# that reads only the first 1K tokens cannot solve it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+OUT=${OUT:-demo_out}
+DATA=${DATA:-}
+MAX_SRC=${MAX_SRC:-4096}
+MAX_TGT=${MAX_TGT:-128}
+MAX_UPDATE=${MAX_UPDATE:-400}
+BEAM=${BEAM:-4}
+THREADS=${THREADS:-$(nproc)}
+export OMP_NUM_THREADS=$THREADS
+USER_DIR="$PWD/lsg_fairseq"
+start=$(date +%s)
+step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
+
+mkdir -p "$OUT"
+if [ -z "$DATA" ]; then
+    step "1/6 synthetic long-range data -> $OUT/jsonl"
+    python scripts/make_synthetic_data.py --output-dir "$OUT/jsonl" --train 600 --valid 10 --test 20 \
+        --min-tokens 2000 --max-tokens 3500
+    DATA="$OUT/jsonl"
+    VOCAB=${VOCAB:-800}  # key words stay single pieces: a summary is ~20 pieces
+    MAX_LEN_B=${MAX_LEN_B:-60}
+else
+    step "1/6 using $DATA"
+    for split in train valid test; do
+        [ -f "$DATA/$split.jsonl" ] || { echo "DATA=$DATA: missing $DATA/$split.jsonl" >&2; exit 2; }
+    done
+    VOCAB=${VOCAB:-4000}
+    MAX_LEN_B=${MAX_LEN_B:-$MAX_TGT}
+fi
+
+step "2/6 JSONL -> parallel text -> sentencepiece ($VOCAB pieces)"
+python scripts/jsonl_to_parallel.py --input-dir "$DATA" --output-dir "$OUT/raw"
+python scripts/spm_train.py --inputs "$OUT/raw/train.source" "$OUT/raw/train.target" \
+    --model-prefix "$OUT/spm/spm" --vocab-size "$VOCAB" --soft-vocab-limit
+for split in train valid test; do
+    python scripts/spm_encode.py --model "$OUT/spm/spm.model" \
+        --inputs "$OUT/raw/$split.source" "$OUT/raw/$split.target" \
+        --outputs "$OUT/bpe/$split.source" "$OUT/bpe/$split.target"
+done
+
+step "3/6 binarize"
+rm -rf "$OUT/bin"
+bash scripts/preprocess.sh --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" --testpref "$OUT/bpe/test" \
+    --destdir "$OUT/bin" --dict "$OUT/spm/dict.txt" --workers 2 >/dev/null
+cp "$OUT/spm/spm.model" "$OUT/bin/spm.model"
+
+step "4/6 train lsg_bart_tiny ($MAX_UPDATE updates, max source positions $MAX_SRC; ROUGE in validation)"
+rm -rf "$OUT/checkpoints"
+fairseq-train "$OUT/bin" --user-dir "$USER_DIR" \
+    --task long_document_summarization --arch lsg_bart_tiny \
+    --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --truncate-target \
+    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+    --optimizer adam --adam-betas "(0.9, 0.98)" --lr 3e-3 --lr-scheduler inverse_sqrt --warmup-updates 30 \
+    --clip-norm 1.0 --dropout 0.0 --attention-dropout 0.0 \
+    --max-tokens "${MAX_TOKENS:-4200}" --max-update "$MAX_UPDATE" --validate-interval-updates "$MAX_UPDATE" \
+    --save-interval-updates "$MAX_UPDATE" --no-epoch-checkpoints --keep-last-epochs 1 \
+    --eval-rouge --eval-rouge-bpe sentencepiece \
+    --eval-rouge-args "{\"beam\": 1, \"max_len_b\": $MAX_LEN_B}" \
+    --best-checkpoint-metric rougeL --maximize-best-checkpoint-metric \
+    --save-dir "$OUT/checkpoints" --tensorboard-logdir "$OUT/tensorboard" \
+    --cpu --num-workers 0 --log-format simple --log-interval 25 --seed 1 2>&1 \
+    | grep -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " \
+    | tee "$OUT/train.log"
+
+step "5/6 generate (beam $BEAM) on the test split"
+fairseq-generate "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summarization \
+    --path "$OUT/checkpoints/checkpoint_best.pt" --gen-subset test \
+    --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --truncate-target \
+    --beam "$BEAM" --lenpen 1.0 --max-len-b "$MAX_LEN_B" --no-repeat-ngram-size 0 \
+    --bpe sentencepiece --sentencepiece-model "$OUT/spm/spm.model" \
+    --batch-size 4 --cpu > "$OUT/generate.out" 2> "$OUT/generate.err"
+
+step "6/6 ROUGE"
+python scripts/generate_to_rouge.py --generate-output "$OUT/generate.out" --ref-file "$OUT/raw/test.target" \
+    --output-dir "$OUT/eval" > /dev/null
+python - "$OUT" <<'EOF'
+import json, sys
+out = sys.argv[1]
+scores = json.load(open(f"{out}/eval/rouge.json"))
+print("ROUGE (F1 x100) on", scores["n"], "test documents:",
+      " ".join(f"{k}={scores[k]:.2f}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum")))
+hyp = open(f"{out}/eval/hyp.txt").readline().strip()
+ref = open(f"{out}/eval/ref.txt").readline().strip()
+print("example reference:", ref)
+print("example summary:  ", hyp)
+EOF
+step "done: scores in $OUT/eval/rouge.json, model in $OUT/checkpoints, tensorboard logs in $OUT/tensorboard"
