@@ -75,7 +75,7 @@ fairseq-train "$OUT/bin" --user-dir "$USER_DIR" \
     --best-checkpoint-metric rougeL --maximize-best-checkpoint-metric \
     --save-dir "$OUT/checkpoints" --tensorboard-logdir "$OUT/tensorboard" \
     --cpu --num-workers 0 --log-format simple --log-interval 25 --seed 1 2>&1 \
-    | grep -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " \
+    | grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " \
     | tee "$OUT/train.log"
 
 step "5/6 generate (beam $BEAM) on the test split"
