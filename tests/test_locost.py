@@ -226,7 +226,7 @@ def test_checkpoint_activations_same_gradients(word_data):
 
 @pytest.mark.parametrize("flag,value,match", [
     ("--d-state", "7", "--d-state"), ("--d-model", "0", "--d-model"), ("--dropout", "1.5", "--dropout"),
-    ("--ssm-dt-min", "0.5", "--ssm-dt-min"), ("--relative-attention-num-buckets", "2", "buckets"),
+    ("--ssm-dt-min", "0.5", "--ssm-dt-min"), ("--ssm-kernel-tail-tol", "-1", "tail-tol"), ("--relative-attention-num-buckets", "2", "buckets"),
 ])
 def test_bad_flags_refused(word_data, flag, value, match):
     with pytest.raises(ValueError, match=match):

@@ -309,3 +309,36 @@ def test_ffn_position_chunking_equals_full():
         ff.max_positions_per_chunk = 14  # 7 positions per chunk for batch 2
         chunked = ff(x)
     assert torch.allclose(full, chunked, atol=1e-6)
+
+
+def test_decayed_tail_is_skipped_but_kernel_unchanged():
+    layer = _perturbed_layer(H=6, N=8)
+    k = layer.kernel
+    with torch.no_grad():
+        k.log_dt.fill_(math.log(0.1))
+        k.inv_A_real.fill_(math.log(0.5))
+    c_prime, dt_a = k.discretize()
+    L = 3000
+    n = k.decay_length(c_prime, dt_a, L)
+    assert 1 < n < L  # large dt: the modes have decayed well before 3000 steps
+    with torch.no_grad():
+        fast = k(L)
+        k.tail_tol = 0.0
+        assert k.decay_length(c_prime, dt_a, L) == L
+        exact = k(L)
+    assert torch.equal(fast[..., n:], torch.zeros_like(fast[..., n:]))
+    assert (fast - exact).abs().max() < 1e-7
+    # the bound is honest: the exact kernel's tail really is below M * tol
+    assert exact[..., n:].abs().max() < k.M * 1e-10 * 1.01
+
+
+def test_fixture_kernel_with_and_without_tail_skipping():
+    sd = torch.load(f"{FIXTURE}/model/pytorch_model.bin", map_location="cpu")
+    pre = "encoder.block.1.layer.0.ssm_layer."
+    ref = {}
+    for tol in (1e-10, 0.0):
+        layer = S4D(64, 32, kernel_tail_tol=tol)
+        layer.load_state_dict({k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)})
+        with torch.no_grad():
+            ref[tol] = layer.kernel(3000)
+    assert (ref[1e-10] - ref[0.0]).abs().max() < 1e-7

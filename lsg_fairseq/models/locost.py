@@ -60,6 +60,9 @@ LOCOST_ARGS = [
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
     ("--ssm-kernel-cache-mb", float, "per-layer memory budget (MiB) for caching SSM kernel FFTs per length in "
                                      "eval mode without autograd; 0 disables"),
+    ("--ssm-kernel-tail-tol", float, "SSM kernel entries after every mode's term has decayed below this are "
+                                     "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
+                                     "0 computes every entry like the reference"),
     ("--max-source-positions", int, "longest source the task feeds (the encoder itself has no limit)"),
     ("--max-target-positions", int, "longest target / generation length"),
 ]
@@ -88,6 +91,8 @@ def check_locost_args(args) -> None:
         raise ValueError(f"--layer-norm-eps must be positive (got {args.layer_norm_eps})")
     if args.relative_attention_num_buckets < 4:
         raise ValueError("--relative-attention-num-buckets must be >= 4 (half exact, half log-spaced)")
+    if args.ssm_kernel_tail_tol < 0:
+        raise ValueError(f"--ssm-kernel-tail-tol must be >= 0 (got {args.ssm_kernel_tail_tol})")
     if args.ssm_kernel_cache_mb < 0:
         raise ValueError(f"--ssm-kernel-cache-mb must be >= 0 (got {args.ssm_kernel_cache_mb})")
 
@@ -112,6 +117,7 @@ class LOCOSTEncoder(FairseqEncoder):
             block = LOCOSTEncoderBlock(
                 args.d_model, args.d_state, args.d_ff, args.dropout, args.layer_norm_eps,
                 dt_min=args.ssm_dt_min, dt_max=args.ssm_dt_max, kernel_cache_mb=args.ssm_kernel_cache_mb,
+                kernel_tail_tol=args.ssm_kernel_tail_tol,
             )
             if _bool(getattr(args, "checkpoint_activations", False)):
                 block = checkpoint_wrapper(block, offload_to_cpu=_bool(getattr(args, "offload_activations", False)))
@@ -328,7 +334,7 @@ def locost_base_architecture(args):
         args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
         decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
         relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=1e-3, ssm_dt_max=1e-1,
-        ssm_lr=0.0, ssm_kernel_cache_mb=64.0, max_source_positions=4096, max_target_positions=1024,
+        ssm_lr=0.0, ssm_kernel_cache_mb=64.0, ssm_kernel_tail_tol=1e-10, max_source_positions=4096, max_target_positions=1024,
         checkpoint_activations=False, offload_activations=False,
     )
 
