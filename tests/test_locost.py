@@ -233,6 +233,16 @@ def test_bad_flags_refused(word_data, flag, value, match):
         build(word_data, flag, value)
 
 
+def test_ssm_lr_with_an_optimizer_that_ignores_it_is_refused(word_data):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser, [str(word_data), "--task", "long_document_summarization", "--optimizer", "adam",
+                 "--lr", "0.001", "--ssm-lr", "0.01", "--cpu", *TINY])
+    task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+    with pytest.raises(ValueError, match="grouped_adam"):
+        task.build_model(convert_namespace_to_omegaconf(args).model)
+
+
 def test_train_then_generate_cli(word_data, tmp_path):
     """fairseq-train (grouped_adam, --ssm-lr, checkpoint activations) then fairseq-generate (beam 2)."""
     save = tmp_path / "ckpt"

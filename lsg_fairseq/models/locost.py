@@ -303,6 +303,14 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
     @staticmethod
     def _ssm_lr_scale(args) -> float:
         ssm_lr = float(getattr(args, "ssm_lr", 0.0) or 0.0)
+        optimizer = getattr(args, "optimizer", None)
+        honours_tags = optimizer in (None, "grouped_adam", "composite")
+        if ssm_lr > 0 and not honours_tags:
+            raise ValueError(f"--ssm-lr needs --optimizer grouped_adam (--optimizer {optimizer} puts every "
+                             "parameter in one group and would ignore it)")
+        if not honours_tags and float(getattr(args, "weight_decay", 0.0) or 0.0) > 0:
+            logger.warning(f"--optimizer {optimizer} applies --weight-decay to the SSM parameters too; "
+                           "--optimizer grouped_adam exempts them (as the LOCOST/S4 authors intended)")
         lr = getattr(args, "lr", None)
         base = float(lr[0] if isinstance(lr, (list, tuple)) else lr) if lr is not None else 0.0
         if ssm_lr <= 0:
