@@ -317,7 +317,7 @@ class S4D(nn.Module):
         k = self.k_proj(u)  # (B L H)
         if padding_mask is not None:
             # k_proj has a bias, so padding must be zeroed explicitly to keep it out of the conv
-            k = k.masked_fill(padding_mask.unsqueeze(-1), 0.0)
+            k = k.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # (B L H)
         q = self.q_proj(u)  # (B L H): the gate is not masked (reference behaviour)
 
         fft_size = next_fast_len(2 * L)
@@ -333,7 +333,7 @@ class S4D(nn.Module):
                 sl = slice(h0, h0 + chunk)
                 k = self.kernel(L, sl)  # (2 h L)
                 k_hat = torch.fft.rfft(circular_bidirectional_kernel(k, fft_size), n=fft_size)  # (h F/2+1)
-                y[:, :, sl] = self._conv(x[:, sl], k_hat, sl, fft_size).transpose(1, 2).to(u.dtype)
+                y[:, :, sl] = self._conv(x[:, sl], k_hat, sl, fft_size).transpose(1, 2).to(u.dtype)  # (B L h)
         return self.output_linear(y * q)
 
     def _conv(self, x: torch.Tensor, k_hat: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
