@@ -11,6 +11,7 @@ from lsg_fairseq.serialization import register_safe_globals
 register_safe_globals()
 
 from lsg_fairseq import models, tasks  # noqa: E402,F401  (registration side effects)
+from lsg_fairseq import bf16, checkpoint_io  # noqa: E402,F401  (patch fairseq: atomic checkpoints, clear load errors, bf16 off TPUs)
 
 __version__ = "0.1.0"
 

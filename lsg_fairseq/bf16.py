@@ -1,0 +1,47 @@
+"""Make ``--bf16`` / ``--memory-efficient-bf16`` usable off TPUs (fairseq#4696).
+
+fairseq 0.12's ``options.parse_args_and_arch`` sets ``args.tpu = True`` whenever bf16 is on (bf16
+was TPU-only when it was written). The trainer then takes the XLA path and dies calling
+``xm.xla_device()`` with no torch_xla installed, on GPUs and CPUs alike. Upstream's fix is to drop
+that line; we do the same from the plugin by wrapping ``parse_args_and_arch``: when bf16 is on and
+``--tpu`` was not given, ``tpu`` is set back to False. Everything else about bf16 is fairseq's own
+code (the model is cast with ``.to(torch.bfloat16)``, no loss scaling).
+
+What works where (see README "Mixed precision"): ``--memory-efficient-bf16`` trains on CPU (tested);
+``--bf16`` (fp32 master weights in ``FP16Optimizer``) needs CUDA because that optimizer calls
+``torch.cuda.current_device()``. fairseq-hydra-train builds its config without
+``parse_args_and_arch`` and is not covered: pass ``common.tpu=false`` there.
+"""
+import sys
+
+from fairseq import options
+
+_PATCHED_FLAG = "_lsg_fairseq_bf16"
+
+
+def _tpu_requested(input_args) -> bool:
+    argv = sys.argv[1:] if input_args is None else input_args
+    return any(a == "--tpu" for a in argv)
+
+
+def _make_parse(original):
+    def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False,
+                            modify_parser=None):
+        result = original(parser, input_args=input_args, parse_known=parse_known,
+                          suppress_defaults=suppress_defaults, modify_parser=modify_parser)
+        args = result[0] if isinstance(result, tuple) else result
+        if getattr(args, "bf16", False) and getattr(args, "tpu", False) and not _tpu_requested(input_args):
+            args.tpu = False
+        return result
+
+    setattr(parse_args_and_arch, _PATCHED_FLAG, original)
+    return parse_args_and_arch
+
+
+def install() -> None:
+    """Wrap ``fairseq.options.parse_args_and_arch`` (idempotent)."""
+    if not hasattr(options.parse_args_and_arch, _PATCHED_FLAG):
+        options.parse_args_and_arch = _make_parse(options.parse_args_and_arch)
+
+
+install()

@@ -1,0 +1,228 @@
+"""lsg_fairseq.checkpoint_io: atomic, durable checkpoint writes and checkpoint errors that name the file.
+
+The kill tests are deterministic: a child process saves through fairseq's own functions with
+``os.fsync`` replaced by "announce, then sleep", so the parent SIGKILLs it exactly between "all
+bytes written" and "renamed into place" (the window in which stock fairseq's copy of
+``checkpoint_last.pt`` is half-written).
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from fairseq import checkpoint_utils, options, tasks
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.file_io import PathManager
+
+import lsg_fairseq  # noqa: F401  (installs the patches)
+from lsg_fairseq.checkpoint_io import CheckpointError
+
+from conftest import REPO_ROOT
+
+VOCAB = 40
+
+KILL_CHILD = r"""
+import os, sys, time
+sys.path.insert(0, {repo!r})
+import lsg_fairseq, torch
+from fairseq import checkpoint_utils
+from fairseq.file_io import PathManager
+mode, src, dst, marker = sys.argv[1:5]
+def hang(fd):
+    open(marker, "w").close()
+    time.sleep(600)
+os.fsync = hang
+if mode == "save":
+    checkpoint_utils.torch_persistent_save({{"model": {{"w": torch.full((50000,), 2.0)}}}}, dst)
+else:
+    PathManager.copy(src, dst, overwrite=True)
+"""
+
+
+def _kill_during_write(tmp_path, mode, src, dst):
+    marker = tmp_path / "writing"
+    script = tmp_path / "child.py"
+    script.write_text(KILL_CHILD.format(repo=REPO_ROOT))
+    proc = subprocess.Popen([sys.executable, str(script), mode, str(src), str(dst), str(marker)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.time() < deadline, "child never reached fsync"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
+def _old_checkpoint(path):
+    torch.save({"model": {"w": torch.ones(3)}}, path)
+
+
+@pytest.mark.parametrize("mode", ["save", "copy"])
+def test_sigkill_during_write_keeps_previous_checkpoint(tmp_path, mode):
+    """Kill while writing checkpoint_last.pt: the previous file stays complete and loadable."""
+    last = tmp_path / "checkpoint_last.pt"
+    _old_checkpoint(last)
+    new = tmp_path / "checkpoint_1_6.pt"
+    torch.save({"model": {"w": torch.full((50000,), 2.0)}}, new)
+    _kill_during_write(tmp_path, mode, new, last)
+    state = torch.load(last)
+    assert torch.equal(state["model"]["w"], torch.ones(3))  # untouched, not half of the new one
+    # the only trace is a hidden temp file, which the next successful write removes
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".checkpoint_last.pt.")]
+    assert len(leftovers) == 1 and leftovers[0].endswith(".tmp")
+    checkpoint_utils.torch_persistent_save({"model": {"w": torch.zeros(2)}}, str(last))
+    assert torch.equal(torch.load(last)["model"]["w"], torch.zeros(2))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".checkpoint_last.pt.")]
+
+
+def test_copy_is_complete_and_keeps_mode(tmp_path):
+    src, dst = tmp_path / "a.pt", tmp_path / "b.pt"
+    torch.save({"model": {"w": torch.arange(10.0)}}, src)
+    assert PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == src.read_bytes()
+    assert oct(dst.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def test_failed_save_leaves_old_file_and_no_temp(tmp_path):
+    last = tmp_path / "checkpoint_last.pt"
+    _old_checkpoint(last)
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom half-way")
+
+    with pytest.raises(RuntimeError, match="boom half-way"):
+        checkpoint_utils.torch_persistent_save({"model": {"w": torch.ones(1000)}, "x": Unpicklable()}, str(last))
+    assert torch.equal(torch.load(last)["model"]["w"], torch.ones(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_last.pt"]
+
+
+# ----------------------------------------------------------------------------- load errors
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt_io_data")
+    with open(d / "dict.txt", "w") as f:
+        for i in range(4, VOCAB - 1):
+            f.write(f"{i} 1\n")
+    return str(d)
+
+
+LSG_TINY = ["--arch", "lsg_bart_tiny", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+            "--encoder-layers", "1", "--decoder-layers", "1", "--block-size", "8", "--sparse-block-size", "8",
+            "--max-target-positions", "32"]
+LOCOST_TINY = ["--arch", "locost_tiny", "--d-model", "16", "--d-state", "8", "--d-ff", "32", "--d-kv", "8",
+               "--encoder-layers", "1", "--decoder-layers", "1", "--max-target-positions", "32"]
+
+
+def build_trainer(data_dir, save_dir, *flags):
+    from fairseq.trainer import Trainer
+
+    argv = [data_dir, "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(),
+            "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "1e-3", "--cpu",
+            "--save-dir", str(save_dir), *flags]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    cfg = convert_namespace_to_omegaconf(args)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    return cfg, Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+
+
+def save(data_dir, tmp_path, name, *flags):
+    cfg, trainer = build_trainer(data_dir, tmp_path, *flags)
+    path = str(tmp_path / name)
+    trainer.consolidate_optimizer()  # what checkpoint_utils.save_checkpoint does first
+    trainer.save_checkpoint(path, {"train_iterator": {"epoch": 1}})
+    return path
+
+
+@pytest.fixture(scope="module")
+def saved(data_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("saved")
+    return {
+        "lsg64": save(data_dir, d, "lsg64.pt", *LSG_TINY, "--max-source-positions", "64"),
+        "locost": save(data_dir, d, "locost.pt", *LOCOST_TINY, "--max-source-positions", "64"),
+    }
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_corrupt_checkpoint_named_on_load(saved, tmp_path, damage):
+    data = open(saved["lsg64"], "rb").read()
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "garbage": b"\x80junk" * 50}[damage])
+    with pytest.raises(CheckpointError, match=r"bad\.pt: truncated or corrupt checkpoint"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(bad))
+
+
+def test_corrupt_checkpoint_named_on_restore(data_dir, saved, tmp_path):
+    data = open(saved["lsg64"], "rb").read()
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(data[: len(data) - 100])  # a copy cut short by a kill
+    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
+                                 "--restore-file", str(bad))
+    with pytest.raises(CheckpointError, match=r"bad\.pt: truncated or corrupt checkpoint"):
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+
+
+def test_other_load_errors_get_the_file_name(tmp_path):
+    from fractions import Fraction
+
+    path = tmp_path / "weird.pt"
+    # a complete archive whose content weights_only loading refuses (a global not allowlisted)
+    torch.save({"model": {}, "x": Fraction(1, 3)}, path)
+    with pytest.raises(Exception) as e:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert not isinstance(e.value, CheckpointError)  # not called corrupt: it is a complete file
+    assert "Fraction" in str(e.value)
+    assert any(str(path) in note for note in getattr(e.value, "__notes__", []))
+
+
+def test_missing_restore_file_refused_not_trained_from_scratch(data_dir, tmp_path):
+    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
+                                 "--restore-file", str(tmp_path / "typo.pt"))
+    with pytest.raises(FileNotFoundError, match=r"--restore-file .*typo\.pt: no such file.*from scratch"):
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+
+
+def test_other_arch_checkpoint_on_restore_named(data_dir, saved, tmp_path):
+    other = saved["locost"]
+    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
+                                 "--restore-file", other)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    msg = str(e.value)
+    assert "locost.pt: the checkpoint does not fit the model this run builds (--arch lsg_bart_tiny)" in msg
+    assert "It was saved by --arch locost_tiny: pass that --arch" in msg
+    assert "Missing key(s)" in msg  # fairseq's own detail is kept
+
+
+def test_max_source_positions_above_position_table_named(data_dir, saved, tmp_path):
+    short = saved["lsg64"]
+    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "256",
+                                 "--restore-file", short)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    msg = str(e.value)
+    assert "position table holds 64 positions but --max-source-positions 256 needs 258 rows" in msg
+    assert "lsg-fairseq-convert" in msg and "It was saved by" not in msg  # same arch: not blamed
+
+
+def test_matching_checkpoint_still_restores(data_dir, saved, tmp_path):
+    """The checks must not refuse what fairseq accepts: same arch and size restores fine."""
+    good = saved["lsg64"]
+    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
+                                 "--restore-file", good, "--reset-dataloader")
+    torch.nn.init.zeros_(trainer.model.encoder.global_embeddings.weight)
+    trainer.load_checkpoint(good)
+    saved = torch.load(good, weights_only=False)["model"]["encoder.global_embeddings.weight"]
+    assert torch.equal(trainer.model.encoder.global_embeddings.weight, saved) and saved.abs().sum() > 0
