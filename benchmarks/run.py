@@ -1,0 +1,707 @@
+"""Long-input benchmark suite: full-attention BART vs LSG-BART vs LED vs LOCOST, base size.
+
+For every (length, mode, arch) one fresh process (forked from this one, so imports are paid once)
+builds the model with random weights and measures, at batch 1:
+
+- ``enc``:   encoder forward, no grad (eval mode);
+- ``train``: forward + backward of the whole model, teacher-forced ``--target-len``-token target,
+             cross-entropy loss (train mode, the architecture's dropout);
+- ``gen``:   beam search, beam ``--beam``, exactly ``--new-tokens`` new tokens (min = max length),
+             fairseq's ``SequenceGenerator`` as ``fairseq-generate`` runs it; includes the encoder.
+
+Time: median of the timed repeats after ``--warmup`` untimed calls (repeats stop early once
+``--budget`` seconds are spent, at least one). Memory: peak RSS of the process (VmHWM, reset after
+the model is built) on CPU, ``torch.cuda.max_memory_allocated`` on GPU; reported absolute and
+above the resident weights ("activations"). Within each length and mode all archs run back to
+back, so ratios between archs see the same machine load.
+
+Architectures (``--arch``):
+
+- ``bart``: stock fairseq ``bart_base`` (6+6 layers, d 768); self-attention is
+  ``F.multi_head_attention_forward`` -> ``scaled_dot_product_attention`` (full attention).
+- ``lsg_<type>``: ``lsg_bart_base``, block 128, sparse block 128, factor 4, 1 global token, one
+  arch per sparsity type (``lsg_none`` = local + global only).
+- ``linear``: the lsg_norm encoder with the attention core removed (q/k/v/out projections, FFN,
+  norms, embeddings still run): the floor every encoder attention pays on top of.
+- ``led``: ``led_base``, window 1024, first token global.
+- ``locost``: ``locost_base`` (12+12 layers, d 768, N 512); the per-length kernel cache is off
+  (``--locost-kernel-cache-mb``), so every forward generates its SSM kernels, as the first call at
+  a new length does. Its ``enc`` records also split out SSM kernel generation and FFT convolution.
+
+Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target checks) and
+``<tag>_time.png`` / ``<tag>_memory.png`` (log-log). ``--append`` merges into an existing JSON
+(e.g. a separate run of the long LOCOST lengths).
+
+    python benchmarks/run.py                                   # the default suite (CPU: ~20 min)
+    python benchmarks/run.py --arch locost --modes enc --lengths 65536 262144 --warmup 0 --append
+    python benchmarks/run.py --smoke --out /tmp/bench          # tiny models, one length (CI)
+"""
+import argparse
+import datetime
+import gc
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+# Imported once here; every measurement is a fork of this process. No tensor op may run in the
+# parent before forking (an initialised OpenMP pool does not survive fork).
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import lsg_fairseq  # noqa: E402,F401  (registers lsg_bart, led, locost)
+from fairseq import options  # noqa: E402
+from fairseq.data import Dictionary  # noqa: E402
+from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+SPARSITY_TYPES = ("norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling", "none")
+ALL_ARCHS = ("bart",) + tuple(f"lsg_{t}" for t in SPARSITY_TYPES) + ("linear", "led", "locost")
+MODES = ("enc", "train", "gen")
+# What each arch is expected to do as the length grows (for the growth check).
+EXPECTED_GROWTH = {"bart": "-> 2 (attention L^2 dominates at long L)", "linear": "1",
+                   "led": "1", "locost": "1 (+ log L from the FFT)"}
+SMOKE_ARCHS = ("bart", "lsg_norm", "linear", "led", "locost")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--arch", nargs="+", default=None, choices=ALL_ARCHS, metavar="ARCH",
+                   help=f"architectures (default: all): {', '.join(ALL_ARCHS)}")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
+    p.add_argument("--secondary-modes", nargs="*", default=["enc"], choices=MODES,
+                   help="modes run by the LSG sparsity types other than --main-lsg (default: enc only, "
+                        "to keep the suite short)")
+    p.add_argument("--main-lsg", default="lsg_norm", help="the LSG arch that runs every mode")
+    p.add_argument("--max-full-length", type=int, default=16384,
+                   help="longest input for full-attention bart (quadratic time)")
+    p.add_argument("--target-len", type=int, default=256, help="teacher-forced target tokens (train)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per hypothesis (gen)")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
+    p.add_argument("--repeat", type=int, default=3, help="timed calls (median reported)")
+    p.add_argument("--budget", type=float, default=12.0,
+                   help="stop repeating once this many seconds were timed (at least one call)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before a measurement is killed")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each measurement")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--sparse-block-size", type=int, default=128)
+    p.add_argument("--sparsity-factor", type=int, default=4)
+    p.add_argument("--num-global-tokens", type=int, default=1)
+    p.add_argument("--attention-window", type=int, default=1024, help="LED full window W")
+    p.add_argument("--locost-kernel-cache-mb", type=float, default=0.0)
+    p.add_argument("--profile", action="store_true",
+                   help="also write a torch.profiler op table of one call per measurement")
+    p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
+    p.add_argument("--tag", default=None, help="output file stem (default: the device name)")
+    p.add_argument("--append", action="store_true", help="merge into an existing <tag>.json")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny models, one 256-token length, 1 timed call: checks the plumbing (CI)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.arch = args.arch or list(SMOKE_ARCHS)
+        args.lengths = [256]
+        args.target_len, args.new_tokens, args.beam = 16, 8, 2
+        args.warmup, args.repeat, args.budget, args.threads = 0, 1, 1.0, 1
+        args.block_size = args.sparse_block_size = 32
+        args.attention_window = 64
+        args.max_full_length = 256
+    args.arch = list(args.arch or ALL_ARCHS)
+    args.tag = args.tag or args.device
+    return args
+
+
+# ---------------------------------------------------------------------------------- models
+SMOKE_BART = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64",
+              "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
+              "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4",
+              "--decoder-attention-heads", "4"]
+
+
+def model_argv(arch: str, length: int, args) -> list:
+    """fairseq arch name + flags for one benchmark arch at one input length."""
+    positions = ["--max-source-positions", str(max(length, 1024))]
+    if arch == "bart":
+        return ["bart_base"] + positions + (SMOKE_BART if args.smoke else [])
+    if arch.startswith("lsg_") or arch == "linear":
+        stype = "norm" if arch == "linear" else arch[len("lsg_"):]
+        return ["lsg_bart_base"] + positions + (SMOKE_BART if args.smoke else []) + [
+            "--block-size", str(args.block_size), "--sparse-block-size", str(args.sparse_block_size),
+            "--sparsity-factor", str(args.sparsity_factor), "--sparsity-type", stype,
+            "--num-global-tokens", str(args.num_global_tokens)]
+    if arch == "led":
+        return ["led_base"] + ["--max-source-positions", str(max(length, 16384))] + (
+            SMOKE_BART if args.smoke else []) + ["--attention-window", str(args.attention_window)]
+    if arch == "locost":
+        return (["locost_tiny"] if args.smoke else ["locost_base"]) + [
+            "--max-source-positions", str(length),
+            "--ssm-kernel-cache-mb", str(args.locost_kernel_cache_mb)]
+    raise ValueError(arch)
+
+
+def make_dictionary(size: int) -> Dictionary:
+    d = Dictionary()  # <s>=0 <pad>=1 </s>=2 <unk>=3
+    for i in range(size - len(d)):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+class _Task:
+    """The two things ``build_model`` reads from a task: dictionaries and the <s> convention."""
+
+    def __init__(self, dictionary):
+        self.source_dictionary = self.target_dictionary = dictionary
+        self.cfg = argparse.Namespace(prepend_bos=True)
+
+
+class ProjectionsOnly(nn.Module):
+    """Stands in for an encoder self-attention: the four projections, no attention at all."""
+
+    def __init__(self, attn):
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, query, key=None, value=None, key_padding_mask=None, **unused):
+        a = self.attn
+        a.q_proj(query), a.k_proj(query)  # computed (and dropped) as any attention would
+        return a.out_proj(a.v_proj(query)), None
+
+
+def build_model(arch: str, length: int, args):
+    fairseq_arch, *flags = model_argv(arch, length, args)
+    vocab = 100 if args.smoke else (32128 if arch == "locost" else 50265)
+    dictionary = make_dictionary(vocab)
+    parser = options.get_training_parser()
+    ns = options.parse_args_and_arch(parser, ["/nonexistent", "--task", "translation", "--arch",
+                                              fairseq_arch, "--max-target-positions", "1024"] + flags)
+    model = ARCH_MODEL_REGISTRY[fairseq_arch].build_model(ns, _Task(dictionary))
+    if arch == "linear":
+        for layer in model.encoder.layers:
+            layer.self_attn = ProjectionsOnly(layer.self_attn)
+    return model, dictionary
+
+
+# ---------------------------------------------------------------------------------- memory
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise KeyError(field)
+
+
+def reset_peak(device) -> float:
+    """Start a new peak window; returns the current resident MiB (the baseline)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return torch.cuda.memory_allocated() / 2 ** 20
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        pass  # the peak then also covers model construction: an over-estimate, never an under-
+    return _status_kb("VmRSS") / 1024
+
+
+def read_peak(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() / 2 ** 20
+    return _status_kb("VmHWM") / 1024
+
+
+# ---------------------------------------------------------------------------------- one measurement
+def make_step(model, dictionary, mode, length, args, device):
+    g = torch.Generator().manual_seed(0)
+    n_special = dictionary.nspecial
+    src = torch.randint(n_special, len(dictionary), (1, length), generator=g)
+    if getattr(model, "prepend_bos", True):  # LOCOST: T5 sources have no <s>
+        src[0, 0] = dictionary.bos()
+    src[0, -1] = dictionary.eos()
+    src = src.to(device)
+    lengths = torch.tensor([length], device=device)
+    if mode == "enc":
+        model.eval()
+
+        def step():
+            with torch.no_grad():
+                return model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        return step
+    if mode == "train":
+        model.train()
+        tgt = torch.randint(n_special, len(dictionary), (1, args.target_len), generator=g).to(device)
+        tgt[0, -1] = dictionary.eos()
+        prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)  # fairseq's shifted target (eos first)
+
+        def step():
+            logits, _ = model(src, lengths, prev)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.view(-1))
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            return loss
+        return step
+    if mode == "gen":
+        model.eval()
+        generator = SequenceGenerator([model], dictionary, beam_size=args.beam, max_len_a=0,
+                                      max_len_b=args.new_tokens, min_len=args.new_tokens)
+        sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+        def step():
+            hyps = generator.generate([model], sample)
+            return hyps[0][0]["tokens"].numel() - 1  # new tokens of the best hypothesis (eos dropped)
+        return step
+    raise ValueError(mode)
+
+
+def ssm_breakdown(model, step, device) -> dict:
+    """One more encoder call with S4D kernel generation and FFT convolution timed separately."""
+    from lsg_fairseq.modules import s4d
+
+    totals = {"kernel": 0.0, "conv": 0.0}
+    patched = []
+
+    def wrap(owner, name, key):
+        original = getattr(owner, name)
+
+        def timed(*a, **kw):
+            sync(device)
+            t = time.perf_counter()
+            out = original(*a, **kw)
+            sync(device)
+            totals[key] += time.perf_counter() - t
+            return out
+
+        setattr(owner, name, timed)
+        patched.append((owner, name, original))
+
+    wrap(s4d.S4DKernel, "forward", "kernel")
+    if hasattr(s4d.S4D, "_conv"):
+        wrap(s4d.S4D, "_conv", "conv")
+        conv_what = "S4D._conv (FFT convolution + D skip)"
+    else:  # older layout: the convolution is inline; count every FFT (includes the kernel's rfft)
+        wrap(torch.fft, "rfft", "conv")
+        wrap(torch.fft, "irfft", "conv")
+        conv_what = "torch.fft.rfft + irfft calls"
+    try:
+        sync(device)
+        t = time.perf_counter()
+        step()
+        sync(device)
+        total = time.perf_counter() - t
+    finally:
+        for owner, name, original in patched:
+            setattr(owner, name, original)
+    return {"ssm_total_s": total, "ssm_kernel_s": totals["kernel"], "ssm_conv_s": totals["conv"],
+            "ssm_share": (totals["kernel"] + totals["conv"]) / total, "ssm_conv_is": conv_what}
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(arch, mode, length, args) -> dict:
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    torch.manual_seed(0)
+    model, dictionary = build_model(arch, length, args)
+    model.to(device=device, dtype=dtype)
+    params = sum(p.numel() for p in model.parameters())
+    step = make_step(model, dictionary, mode, length, args, device)
+    base = reset_peak(device)
+    for _ in range(args.warmup):
+        step()
+    times = []
+    while len(times) < max(1, args.repeat):
+        sync(device)
+        t = time.perf_counter()
+        out = step()
+        sync(device)
+        times.append(time.perf_counter() - t)
+        if sum(times) >= args.budget:
+            break
+    peak = read_peak(device)
+    rec = {"times_s": times, "median_s": statistics.median(times), "peak_mb": peak,
+           "base_mb": base, "activations_mb": peak - base, "params": params}
+    if mode == "gen":
+        rec["new_tokens"] = out
+        rec["new_tokens_per_s"] = out / rec["median_s"]
+    if arch == "locost" and mode == "enc":
+        rec.update(ssm_breakdown(model, step, device))
+    if args.profile:
+        rec["profile"] = profile_table(step, arch, mode, length, args)
+    return rec
+
+
+def profile_table(step, arch, mode, length, args) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, f"profile_{arch}_{mode}_{length}.txt")
+    with open(path, "w") as f:
+        f.write(table)
+    return path
+
+
+def _child(conn, arch, mode, length, args):
+    try:
+        rec = measure(arch, mode, length, args)
+        rec["status"] = "ok"
+    except Exception as e:  # noqa: BLE001  (reported in the results, the suite goes on)
+        rec = {"status": f"failed: {type(e).__name__}: {str(e)[:300]}"}
+        traceback.print_exc()
+    conn.send(rec)
+    conn.close()
+
+
+def run_one(arch, mode, length, args) -> dict:
+    base = {"arch": arch, "mode": mode, "length": length, "device": args.device}
+    if arch == "bart" and length > args.max_full_length:
+        return dict(base, status=f"skipped: full attention beyond --max-full-length {args.max_full_length}")
+    ctx = mp.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, arch, mode, length, args))
+    proc.start()
+    send.close()
+    rec = None
+    if recv.poll(args.timeout):
+        try:
+            rec = recv.recv()
+        except EOFError:
+            rec = None
+    if rec is None:
+        if proc.is_alive():
+            proc.kill()
+            rec = {"status": f"timeout after {args.timeout:.0f} s"}
+        else:
+            proc.join()
+            rec = {"status": f"died (exit code {proc.exitcode}; out of memory?)"}
+    proc.join()
+    return dict(base, **rec)
+
+
+def modes_of(arch, args):
+    if arch == "linear":
+        return {"enc"}
+    if arch.startswith("lsg_") and arch != args.main_lsg:
+        return set(args.secondary_modes)
+    return set(MODES)
+
+
+# ---------------------------------------------------------------------------------- reports
+def ok(records, arch, mode):
+    rs = [r for r in records if r["arch"] == arch and r["mode"] == mode and r["status"] == "ok"]
+    return sorted(rs, key=lambda r: r["length"])
+
+
+def find(records, arch, mode, length):
+    for r in records:
+        if (r["arch"], r["mode"], r["length"]) == (arch, mode, length) and r["status"] == "ok":
+            return r
+    return None
+
+
+def slope(points):
+    """Least-squares exponent b of y = a x^b over (x, y) points (None with < 2 usable points)."""
+    pts = [(math.log(x), math.log(y)) for x, y in points if y and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    sxx = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
+
+
+def growth_rows(records):
+    rows = []
+    archs = sorted({r["arch"] for r in records}, key=lambda a: ALL_ARCHS.index(a))
+    for mode in MODES:
+        for arch in archs:
+            rs = ok(records, arch, mode)
+            if len(rs) < 2:
+                continue
+            t = [(r["length"], r["median_s"]) for r in rs]
+            m = [(r["length"], r["activations_mb"]) for r in rs]
+            last = lambda pts: slope(pts[-2:])  # noqa: E731
+            rows.append({"arch": arch, "mode": mode, "lengths": [r["length"] for r in rs],
+                         "time_all": slope(t), "time_last": last(t),
+                         "mem_all": slope(m), "mem_last": last(m),
+                         "expected": EXPECTED_GROWTH.get(arch, "1")})
+    return rows
+
+
+def fmt(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def growth_markdown(rows):
+    out = ["| arch | mode | lengths | time exponent (all) | time exponent (last pair) | "
+           "memory exponent (all) | memory exponent (last pair) | expected |",
+           "|---|---|---|---:|---:|---:|---:|---|"]
+    for g in rows:
+        lens = ", ".join(f"{n // 1024}K" for n in g["lengths"])
+        out.append(f"| {g['arch']} | {g['mode']} | {lens} | {fmt(g['time_all'])} | {fmt(g['time_last'])} | "
+                   f"{fmt(g['mem_all'])} | {fmt(g['mem_last'])} | {g['expected']} |")
+    return "\n".join(out)
+
+
+def tables_markdown(records):
+    lengths = sorted({r["length"] for r in records})
+    archs = sorted({r["arch"] for r in records}, key=lambda a: ALL_ARCHS.index(a))
+    head = "| arch | " + " | ".join(f"{n:,}" for n in lengths) + " |"
+    rule = "|---|" + "---:|" * len(lengths)
+    titles = {"enc": "Encoder forward, no grad", "train": "Forward + backward, whole model",
+              "gen": "Generation (beam search, incl. encoder)"}
+    out = []
+    for mode in MODES:
+        if not any(r["mode"] == mode for r in records):
+            continue
+        out += [f"### {titles[mode]}", "", "Time, seconds (ratio to full-attention `bart` at the same length):",
+                "", head, rule]
+        for arch in archs:
+            cells, seen = [], False
+            for n in lengths:
+                r = next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, n)), None)
+                if r is None:
+                    cells.append("")
+                    continue
+                seen = True
+                if r["status"] != "ok":
+                    cells.append(r["status"].split(":")[0])
+                    continue
+                cell = f"{r['median_s']:.3g}"
+                full = find(records, "bart", mode, n)
+                if full and arch != "bart":
+                    cell += f" ({r['median_s'] / full['median_s']:.2f}x)"
+                if mode == "gen":
+                    cell += f", {r['new_tokens_per_s']:.1f} tok/s"
+                cells.append(cell)
+            if seen:
+                out.append(f"| {arch} | " + " | ".join(cells) + " |")
+        out += ["", "Peak memory, MiB: above the resident weights (absolute peak):", "", head, rule]
+        for arch in archs:
+            cells, seen = [], False
+            for n in lengths:
+                r = next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, n)), None)
+                if r is None:
+                    cells.append("")
+                    continue
+                seen = True
+                cells.append(f"{r['activations_mb']:,.0f} ({r['peak_mb']:,.0f})" if r["status"] == "ok"
+                             else r["status"].split(":")[0])
+            if seen:
+                out.append(f"| {arch} | " + " | ".join(cells) + " |")
+        out.append("")
+    ssm = [r for r in ok(records, "locost", "enc") if "ssm_share" in r]
+    if ssm:
+        out += ["### LOCOST encoder: SSM kernel generation + FFT convolution", "",
+                "| length | encoder s (this call) | kernel generation s | FFT convolution s | share |",
+                "|---:|---:|---:|---:|---:|"]
+        for r in ssm:
+            out.append(f"| {r['length']:,} | {r['ssm_total_s']:.3g} | {r['ssm_kernel_s']:.3g} | "
+                       f"{r['ssm_conv_s']:.3g} | {100 * r['ssm_share']:.1f}% |")
+        out.append(f"\n(convolution = {ssm[0]['ssm_conv_is']})\n")
+    return "\n".join(out)
+
+
+def target_checks(records, main_lsg="lsg_norm"):
+    """The speed/memory targets set by the LSG, LOCOST and LED issues, as (target, value, verdict)."""
+    checks = []
+
+    def verdict(ok_):
+        return "met" if ok_ else "MISSED"
+
+    for n, limit in ((16384, 0.30), (4096, 0.65)):
+        lsg, full = find(records, main_lsg, "enc", n), find(records, "bart", "enc", n)
+        if lsg and full:
+            ratio = lsg["median_s"] / full["median_s"]
+            lin = find(records, "linear", "enc", n)
+            extra = f"; linear layers alone {lin['median_s']:.2f} s" if lin else ""
+            checks.append((f"LSG encoder time at {n // 1024}K <= {limit}x full attention",
+                           f"{lsg['median_s']:.2f} s / {full['median_s']:.2f} s = {ratio:.2f}x{extra}",
+                           verdict(ratio <= limit)))
+    a, b = find(records, main_lsg, "enc", 4096), find(records, main_lsg, "enc", 16384)
+    if a and b:
+        g = b["activations_mb"] / a["activations_mb"]
+        checks.append(("LSG peak memory above weights, 4K -> 16K growth <= 4.5x",
+                       f"{a['activations_mb']:.0f} -> {b['activations_mb']:.0f} MiB = {g:.2f}x",
+                       verdict(g <= 4.5)))
+    r = find(records, "locost", "enc", 16384)
+    if r and "ssm_share" in r:
+        checks.append(("LOCOST 16K: SSM kernel generation + FFT convolution <= 15% of encoder forward",
+                       f"({r['ssm_kernel_s']:.2f} + {r['ssm_conv_s']:.2f}) s / {r['ssm_total_s']:.2f} s = "
+                       f"{100 * r['ssm_share']:.1f}%", verdict(r["ssm_share"] <= 0.15)))
+    r = find(records, "locost", "enc", 262144)
+    if r:
+        checks.append(("LOCOST 262,144 tokens encoder forward within 16 GB peak RSS",
+                       f"{r['peak_mb'] / 1024:.2f} GiB peak, {r['median_s']:.1f} s",
+                       verdict(r["peak_mb"] <= 16 * 1024)))
+    rs = ok(records, "locost", "enc")
+    if len(rs) >= 2:
+        e = slope([(x["length"], x["activations_mb"]) for x in rs])
+        checks.append(("LOCOST encoder memory growth ~linear",
+                       f"exponent {e:.2f} over " + ", ".join(f"{x['length'] // 1024}K" for x in rs),
+                       verdict(e <= 1.15)))
+    r = find(records, "led", "enc", 16384)
+    if r:
+        checks.append(("LED encoder forward at 16K <= 14 s", f"{r['median_s']:.2f} s",
+                       verdict(r["median_s"] <= 14.0)))
+    rs = ok(records, "led", "enc")
+    if len(rs) >= 2:
+        e = slope([(x["length"], x["activations_mb"]) for x in rs][-2:])
+        checks.append(("LED encoder memory linear in L (exponent, last pair)", f"{e:.2f}",
+                       verdict(e <= 1.15)))
+    return checks
+
+
+def checks_markdown(checks):
+    out = ["| target | measured | verdict |", "|---|---|---|"]
+    out += [f"| {t} | {v} | {ok_} |" for t, v, ok_ in checks]
+    return "\n".join(out)
+
+
+def plot(records, path_stem):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in MODES if any(r["mode"] == m and r["status"] == "ok" for r in records)]
+    archs = sorted({r["arch"] for r in records}, key=lambda a: ALL_ARCHS.index(a))
+    paths = []
+    for what, key, ylabel in (("time", "median_s", "seconds"), ("memory", "activations_mb",
+                                                                "peak MiB above weights")):
+        fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.4), squeeze=False)
+        for ax, mode in zip(axes[0], modes):
+            for arch in archs:
+                rs = ok(records, arch, mode)
+                if not rs:
+                    continue
+                style = "--" if arch.startswith("lsg_") and arch != "lsg_norm" else "-"
+                ax.plot([r["length"] for r in rs], [max(r[key], 1e-3) for r in rs], style,
+                        marker="o", label=arch)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title({"enc": "encoder forward (no grad)", "train": "forward + backward",
+                          "gen": "generation"}[mode])
+            ax.set_xlabel("input tokens")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = f"{path_stem}_{what}.png"
+        fig.savefig(path, dpi=80)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def load_average():
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda: no CUDA device visible to torch")
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, args.tag)
+    records, meta_runs = [], []
+    if args.append and os.path.exists(stem + ".json"):
+        with open(stem + ".json") as f:
+            old = json.load(f)
+        records, meta_runs = old["records"], old["runs"]
+    run_meta = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "argv": sys.argv[1:] if argv is None else argv, "load_average_start": load_average(),
+                "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
+                "cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
+                "dtype": args.dtype, "config": {k: v for k, v in vars(args).items() if k not in ("out",)}}
+    print(f"# {run_meta['started']} {run_meta['device']} ({run_meta['cpu']}), torch {torch.__version__}, "
+          f"{args.threads} threads, load average {run_meta['load_average_start']}", flush=True)
+    start = time.time()
+    for length in args.lengths:
+        for mode in args.modes:
+            for arch in args.arch:
+                if mode not in modes_of(arch, args):
+                    continue
+                rec = run_one(arch, mode, length, args)
+                records = [r for r in records if (r["arch"], r["mode"], r["length"]) != (arch, mode, length)]
+                records.append(rec)
+                if rec["status"] == "ok":
+                    msg = (f"{rec['median_s']:8.3f} s  peak {rec['peak_mb']:8.0f} MiB  "
+                           f"above weights {rec['activations_mb']:8.0f} MiB  ({len(rec['times_s'])} timed)")
+                else:
+                    msg = rec["status"]
+                print(f"{length:>7} {mode:<5} {arch:<16} {msg}", flush=True)
+    run_meta["seconds"] = round(time.time() - start, 1)
+    run_meta["load_average_end"] = load_average()
+    meta_runs.append(run_meta)
+
+    growth = growth_rows(records)
+    checks = target_checks(records, args.main_lsg)
+    result = {"runs": meta_runs, "records": records, "growth": growth,
+              "targets": [{"target": t, "measured": v, "verdict": ok_} for t, v, ok_ in checks]}
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    loads = "; ".join(f"{m['started']}: {m['load_average_start']} -> {m['load_average_end']}"
+                      for m in meta_runs)
+    md = [f"# Benchmark results ({run_meta['device']}, {run_meta['cpu']}, {args.threads} threads, "
+          f"torch {torch.__version__}, {args.dtype}, batch 1)", "",
+          f"Load average (1/5/15 min) at start -> end of each run: {loads}", "",
+          tables_markdown(records), "### Growth exponents (log-log slope)", "", growth_markdown(growth), ""]
+    if checks:
+        md += ["### Targets", "", checks_markdown(checks), ""]
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(md))
+    if not args.no_plots:
+        plot(records, stem)
+    print("\n## Growth check (time and memory vs length, log-log exponent)\n")
+    print(growth_markdown(growth))
+    if checks:
+        print("\n## Targets\n")
+        print(checks_markdown(checks))
+    print(f"\nwrote {stem}.json, {stem}.md" + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png")
+          + f" in {run_meta['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
