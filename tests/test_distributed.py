@@ -1,0 +1,156 @@
+"""fairseq's torch.distributed training path with the plugin, on CPU (fairseq_notes §5).
+
+Two processes (gloo, ``--distributed-no-spawn``, ``--ddp-backend legacy_ddp``, batch B each) must
+follow the same trajectory as one process with ``--update-freq 2`` (batch B): fairseq gives rank r
+the batches r, r+2, ... and the single process accumulates batches 2i, 2i+1 into update i, and
+both normalise the summed gradient by the summed sample size. Checked for ``lsg_bart`` and
+``locost``: logged losses per update and the final weights.
+
+Each rank is a real fairseq-train process running ``fairseq_cli.train.cli_main`` with the same
+argv a launcher would give; they are forked from one driver that has imported fairseq once, so
+that the six processes (2 archs x (2 ranks + 1 reference)) do not each pay the ~5 s import on a
+2-core CI box.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+
+import lsg_fairseq
+from conftest import REPO_ROOT
+
+DRIVER = r"""
+import json, os, sys, traceback
+sys.path.insert(0, {repo!r})
+import torch
+torch.set_num_threads(1)
+import fairseq_cli.train as train_cli
+import lsg_fairseq  # noqa: F401  (what --user-dir imports; a memo makes the CLI's import a no-op)
+
+pids = []
+for run in json.loads(sys.argv[1]):
+    pid = os.fork()
+    if pid == 0:
+        fd = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        sys.argv = ["fairseq-train"] + run["argv"]
+        code = 0
+        try:
+            train_cli.cli_main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    pids.append(pid)
+failed = 0
+for pid in pids:
+    _, status = os.waitpid(pid, 0)
+    failed += os.waitstatus_to_exitcode(status) != 0
+sys.exit(1 if failed else 0)
+"""
+
+UPDATES = 4
+ARCHS = {
+    "lsg_bart": ["--arch", "lsg_bart_tiny", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+                 "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "1",
+                 "--decoder-layers", "1", "--block-size", "16", "--sparse-block-size", "16", "--attention-dropout", "0"],
+    "locost": ["--arch", "locost_tiny", "--d-model", "16", "--d-state", "8", "--d-ff", "32", "--d-kv", "8",
+               "--encoder-layers", "1", "--decoder-layers", "1"],
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def common(data, arch, save_dir):
+    return [
+        str(data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization",
+        *ARCHS[arch], "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target",
+        "--dropout", "0", "--criterion", "cross_entropy",
+        "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "2", "--max-update", str(UPDATES),
+        "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir),
+        "--cpu", "--num-workers", "0", "--log-format", "json", "--log-interval", "1", "--seed", "1",
+    ]
+
+
+def losses(log_path):
+    out = {}
+    for line in open(log_path):
+        if "| train_inner |" in line:
+            rec = json.loads(line.split("| train_inner |", 1)[1])
+            out[int(rec["num_updates"])] = (float(rec["loss"]), int(rec["bsz"]))
+    return out
+
+
+def weights(path):
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def test_two_gloo_processes_equal_one_process_with_update_freq_2(word_data, tmp_path):
+    runs = []
+    for arch in ARCHS:
+        port = free_port()
+        runs.append({"argv": common(word_data, arch, tmp_path / arch / "single") + ["--update-freq", "2"],
+                     "log": str(tmp_path / f"{arch}.single.log")})
+        for rank in (0, 1):
+            runs.append({
+                "argv": common(word_data, arch, tmp_path / arch / "ddp") + [
+                    "--distributed-world-size", "2", "--distributed-rank", str(rank),
+                    "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
+                    "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"],
+                "log": str(tmp_path / f"{arch}.rank{rank}.log"),
+            })
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(repo=REPO_ROOT))
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run([sys.executable, str(driver), json.dumps(runs)], env=env, timeout=600,
+                          capture_output=True, text=True)
+    logs = {r["log"]: open(r["log"]).read() if os.path.exists(r["log"]) else "" for r in runs}
+    assert proc.returncode == 0, proc.stderr[-2000:] + "\n".join(t[-3000:] for t in logs.values())
+
+    report = {}
+    for arch in ARCHS:
+        rank0 = logs[str(tmp_path / f"{arch}.rank0.log")]
+        assert "distributed init (rank 0)" in rank0 and "distributed init (rank 1)" in logs[
+            str(tmp_path / f"{arch}.rank1.log")]
+        assert "training on 2 devices" in rank0
+        single, ddp = losses(tmp_path / f"{arch}.single.log"), losses(tmp_path / f"{arch}.rank0.log")
+        assert sorted(single) == sorted(ddp) == list(range(1, UPDATES + 1))
+        for n in single:
+            # bsz is the examples per update summed over ranks (2 x 2) or over the two micro-batches
+            assert single[n][1] == ddp[n][1] == 4
+            assert abs(single[n][0] - ddp[n][0]) <= 1e-3, (arch, n, single[n], ddp[n])  # logs keep 3 decimals
+        a, b = weights(tmp_path / arch / "single/checkpoint_last.pt"), weights(tmp_path / arch / "ddp/checkpoint_last.pt")
+        assert a.keys() == b.keys()
+        diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+        moved = max((a[k].float() - w.float()).abs().max().item()
+                    for k, w in weights_at_init(arch, word_data, tmp_path).items())
+        report[arch] = (diff, moved)
+        assert diff < 1e-5, (arch, diff)  # float summation order only
+        assert moved > 1e-3, (arch, moved)  # and training did change the weights
+    print("max |single - ddp| weight diff, max weight change:", report)
+
+
+def weights_at_init(arch, data, tmp_path):
+    """The seed-1 initial weights, built in-process the way fairseq-train builds them."""
+    from fairseq import options, tasks, utils
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    args = options.parse_args_and_arch(options.get_training_parser(),
+                                       common(data, arch, tmp_path / "init"))
+    cfg = convert_namespace_to_omegaconf(args)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    return task.build_model(cfg.model).state_dict()
