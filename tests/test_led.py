@@ -12,6 +12,15 @@ from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
 VOCAB = 60
 
 
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Tiny tensors: one intra-op thread is far faster on a shared, oversubscribed CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("led_data")

@@ -198,8 +198,8 @@ class LongformerSelfAttention(nn.Module):
             if glob is not None:
                 glob = F.pad(glob, (0, t - T), value=False)
         q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
-        k = self.k_proj(x).view(n, t, self.num_heads, self.head_dim)
-        v = self.v_proj(x).view(n, t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
+        v = self.v_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
 
         if glob is not None:
             g_idx, g_valid = compact_indices(glob)  # (n, Gm) positions of the globals, per row
@@ -227,7 +227,7 @@ class LongformerSelfAttention(nn.Module):
         if Gm:
             gather = g_idx[:, :, None, None].expand(n, Gm, h, d)
             src_k.insert(0, k.gather(1, gather))  # (n, Gm, h, d): LOCAL keys of the globals
-            src_v.insert(0, v.gather(1, gather))
+            src_v.insert(0, v.gather(1, gather))  # (n, Gm, h, d)
             src_ok.insert(0, g_valid)  # (n, Gm)
         pad_slot = Gm + t
         src_k.append(k.new_zeros(n, 1, h, d))
@@ -253,7 +253,7 @@ class LongformerSelfAttention(nn.Module):
 
         flat = index.reshape(-1)  # (nb * Kn,)
         keys = src_k.index_select(1, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
-        values = src_v.index_select(1, flat).view(n * nb, Kn, h, d).transpose(1,2)
+        values = src_v.index_select(1, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
         key_ok = src_ok.index_select(1, flat).view(n * nb, 1, 1, Kn)  # (n*nb, 1, 1, Kn)
         allowed = key_ok & band  # (n*nb, 1, bs, Kn), broadcast over heads
         mask = torch.zeros(allowed.shape, dtype=q.dtype, device=device).masked_fill_(~allowed, neg)
@@ -273,7 +273,7 @@ class LongformerSelfAttention(nn.Module):
         x_glob = x.gather(1, g_idx[:, :, None].expand(n, Gm, C))  # (n, Gm, C)
         qg = self.q_proj_global(x_glob).view(n, Gm, h, d).transpose(1, 2)  # (n, h, Gm, d)
         kg = self.k_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
-        vg = self.v_proj_global(x).view(n, t, h, d).transpose(1, 2)
+        vg = self.v_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
         mask = torch.zeros(n, 1, 1, t, dtype=x.dtype, device=x.device)
         mask.masked_fill_(~real[:, None, None, :], torch.finfo(x.dtype).min)  # (n, 1, 1, t)
         og = F.scaled_dot_product_attention(
@@ -282,6 +282,6 @@ class LongformerSelfAttention(nn.Module):
         og = og.transpose(1, 2).reshape(n * Gm, C)  # (n*Gm, C)
         # overwrite the (discarded) local result of every real global position
         rows = (g_idx + torch.arange(n, device=x.device)[:, None] * t).reshape(-1)  # (n*Gm,)
-        keep = g_valid.reshape(-1)
+        keep = g_valid.reshape(-1)  # (n*Gm,)
         out = out.reshape(n * t, C).index_copy(0, rows[keep], og[keep])  # (n*t, C)
-        return out.view(n, t, C)
+        return out.view(n, t, C)  # (n, t, C)
