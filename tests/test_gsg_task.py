@@ -186,6 +186,18 @@ def test_determinism_per_seed_and_epoch(corpus_dir):
     assert all(same(v1, v2, i) for i in range(len(v1)))
 
 
+def test_dataloader_workers_give_the_same_batches(corpus_dir):
+    """Examples depend on (seed, epoch, index) only, not on which worker process builds them."""
+    ds, _, _ = load(corpus_dir, ratio_max=0.4, score_noise=0.2, mask_probs=(0.5, 0.3, 0.1, 0.1))
+    ds.set_epoch(3)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=ds.collater, num_workers=2)
+    in_workers = [b["net_input"]["src_tokens"] for b in loader]
+    here = [ds.collater([ds[i] for i in range(j, min(j + 4, len(ds)))])["net_input"]["src_tokens"]
+            for j in range(0, len(ds), 4)]
+    assert len(in_workers) == len(here) == 3
+    assert all(torch.equal(a, b) for a, b in zip(in_workers, here))
+
+
 def test_truncation_keeps_eos_and_is_counted(corpus_dir):
     ds, d, _ = load(corpus_dir, max_source_positions=64, max_target_positions=16)
     items = [ds[i] for i in range(len(ds))]

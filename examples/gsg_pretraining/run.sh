@@ -15,9 +15,9 @@ ARCH=${ARCH:-lsg_bart_tiny}
 VOCAB=${VOCAB:-8000}
 CHUNK_WORDS=${CHUNK_WORDS:-3000}
 MAX_SRC=${MAX_SRC:-1024}
-MAX_TGT=${MAX_TGT:-256}
-GSG_UPDATES=${GSG_UPDATES:-150}
-FT_UPDATES=${FT_UPDATES:-100}
+MAX_TGT=${MAX_TGT:-128}
+GSG_UPDATES=${GSG_UPDATES:-60}
+FT_UPDATES=${FT_UPDATES:-40}
 MAX_TOKENS=${MAX_TOKENS:-8192}
 FT_DATA=${FT_DATA:-../shared/data/squality}
 GUTENBERG=${GUTENBERG:-../shared/data/gutenberg}
@@ -25,7 +25,7 @@ export OMP_NUM_THREADS=${THREADS:-$(nproc)}
 USER_DIR="$PWD/lsg_fairseq"
 start=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
-quiet() { grep -v -E "UserWarning|deprecat|warnings.warn|^\s*$|tensorboardX|^  " || true; }
+quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|tensorboardX|^  " || true; }
 
 # Held out as GSG validation (the data README's suggestion); every other book is training text.
 VALID_BOOK=chesterton-thursday.txt
@@ -62,13 +62,15 @@ COMMON=(--user-dir "$USER_DIR" --arch "$ARCH" --cpu --num-workers 0 --seed 1
         --criterion label_smoothed_cross_entropy --label-smoothing 0.1
         --optimizer adam --adam-betas "(0.9, 0.98)" --lr 3e-3 --lr-scheduler inverse_sqrt
         --clip-norm 1.0 --dropout 0.0 --attention-dropout 0.0 --required-batch-size-multiple 1
-        --no-epoch-checkpoints --log-format simple --log-interval 10)
+        --no-epoch-checkpoints --log-format simple --log-interval 5
+        # validate (and save) once, after the last update: validation with generation costs
+        # minutes on a shared CPU
+        --validate-interval 1000 --save-interval 1000)
 
 step "5/6 GSG pretraining: $ARCH, $GSG_UPDATES updates"
 rm -rf "$OUT/ck-gsg"
 fairseq-train "$OUT/gsg-bin" --task gap_sentence_generation "${COMMON[@]}" \
-    --warmup-updates 20 --max-update "$GSG_UPDATES" --validate-interval-updates "$GSG_UPDATES" \
-    --save-interval-updates "$GSG_UPDATES" --save-dir "$OUT/ck-gsg" 2>&1 | quiet | tee "$OUT/gsg.log"
+    --warmup-updates 10 --max-update "$GSG_UPDATES" --save-dir "$OUT/ck-gsg" 2>&1 | quiet | tee "$OUT/gsg.log"
 
 # The same fine-tuning twice: from random weights ("before pretraining") and from the GSG
 # checkpoint ("after"). ROUGE (rouge-score, stemmed) of greedy summaries of the valid split.
@@ -81,8 +83,7 @@ for init in scratch gsg; do
     fi
     rm -rf "$OUT/ck-ft-$init"
     fairseq-train "$OUT/ft-bin" --task long_document_summarization --truncate-target "${COMMON[@]}" \
-        "${restore[@]}" --warmup-updates 20 --max-update "$FT_UPDATES" \
-        --validate-interval-updates "$FT_UPDATES" --save-interval-updates "$FT_UPDATES" \
+        "${restore[@]}" --warmup-updates 10 --max-update "$FT_UPDATES" \
         --eval-rouge --eval-rouge-bpe sentencepiece \
         --eval-rouge-args "{\"beam\": 1, \"max_len_b\": $MAX_TGT, \"no_repeat_ngram_size\": 3}" \
         --save-dir "$OUT/ck-ft-$init" 2>&1 | quiet | tee "$OUT/ft-$init.log"
