@@ -43,14 +43,6 @@ def rouge_tokenize(text: str) -> List[str]:
     return _NON_ALPHANUM.sub(" ", text.lower()).split()
 
 
-def rouge1_f1(overlap: float, len_a: int, len_b: int) -> float:
-    """ROUGE-1 F1 from the clipped unigram overlap and the two lengths, as ``rouge-score`` does:
-    precision and recall divide by ``max(len, 1)``, F1 is 0 when both are 0."""
-    precision = overlap / max(len_a, 1)
-    recall = overlap / max(len_b, 1)
-    return 0.0 if precision + recall == 0 else 2 * precision * recall / (precision + recall)
-
-
 def num_gap_sentences(n: int, ratio: float) -> int:
     """``m = min(max(floor(n * ratio), 1), n)``: at least one gap sentence, never more than ``n``."""
     if n <= 0:
@@ -89,7 +81,9 @@ class _DocumentCounts:
 
 
 def _f1_vector(overlap: np.ndarray, len_a: np.ndarray, len_b: np.ndarray) -> np.ndarray:
-    """:func:`rouge1_f1` on arrays, operation for operation (so results are bit-identical)."""
+    """ROUGE-1 F1 from clipped unigram overlaps and the two lengths, in ``rouge-score``'s order of
+    operations (precision and recall divide by ``max(len, 1)``; F1 is 0 when both are 0), so the
+    floats are bit-identical to the package's."""
     precision = overlap / np.maximum(len_a, 1)
     recall = overlap / np.maximum(len_b, 1)
     denom = precision + recall
