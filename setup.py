@@ -35,6 +35,8 @@ setup(
             "lsg-fairseq-user-dir=lsg_fairseq.cli.user_dir:main",
             "lsg-fairseq-summarize=lsg_fairseq.cli.summarize:main",
             "lsg-fairseq-convert=lsg_fairseq.cli.convert:main",
+            "lsg-fairseq-generate=lsg_fairseq.cli.fairseq_wrappers:generate",
+            "lsg-fairseq-interactive=lsg_fairseq.cli.fairseq_wrappers:interactive",
         ]
     },
 )

@@ -70,9 +70,15 @@ def main(argv=None) -> None:
         parser.error(f"--checkpoint: {os.path.join(args.model_dir, args.checkpoint)} does not exist")
     names, docs = read_documents(args, parser)
 
+    from lsg_fairseq.checkpoint_io import CheckpointError
+    from lsg_fairseq.data.fileio import DataError
     from lsg_fairseq.models.hub import from_pretrained
 
-    hub = from_pretrained(args.model_dir, args.checkpoint)
+    try:
+        hub = from_pretrained(args.model_dir, args.checkpoint)
+    except (CheckpointError, DataError, FileNotFoundError) as e:  # messages name the file at fault
+        print(f"lsg-fairseq-summarize: error: {e}", file=sys.stderr)
+        sys.exit(2)
     hub.eval()
     hub.to(args.device)
     if args.fp16:

@@ -189,7 +189,30 @@ def load_sentencepiece(model_path: str, flag: str = "--model", check_specials: b
     return sp
 
 
+def check_sentencepiece_dictionary(sp, symbols, model_path: str, dict_path: str, min_coverage: float = 0.95) -> None:
+    """Refuse a sentencepiece model whose pieces are mostly missing from the dictionary.
+
+    fairseq's ``--bpe sentencepiece`` emits piece *strings* and the dictionary maps them to
+    indices, so a model from another training silently turns most text into ``<unk>`` (and ROUGE
+    or summaries into garbage) instead of failing. ``symbols`` is the dictionary's symbol list.
+    Control pieces (``<s>``, ...) are never emitted and are ignored; extra dictionary symbols
+    (``<mask>``, madeupwords) are fine.
+    """
+    known = set(symbols)
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i) and not sp.is_unknown(i)]
+    missing = [p for p in pieces if p not in known]
+    if pieces and len(missing) > (1.0 - min_coverage) * len(pieces):
+        shown = ", ".join(repr(p) for p in missing[:5])
+        raise DataError(
+            f"{model_path} does not match {dict_path}: {len(missing)} of its {len(pieces)} pieces are not "
+            f"in the dictionary (e.g. {shown}); they come from different sentencepiece trainings, and every "
+            "missing piece would become <unk>. Use the dict.txt that scripts/spm_train.py wrote beside "
+            "this model (or the model folder's own files)"
+        )
+
+
 __all__ = [
+    "check_sentencepiece_dictionary",
     "FAIRSEQ_SPECIALS",
     "require_local_file",
     "check_gpt2_files",

@@ -72,6 +72,20 @@ def detect_bpe(model_dir: str) -> dict:
     )
 
 
+def check_spm_matches_dict(spm_path: str, dict_path: str) -> None:
+    """Raise a DataError naming both files when the sentencepiece model does not fit dict.txt."""
+    import sentencepiece
+    from fairseq.data import Dictionary
+
+    from lsg_fairseq.data.offline_bpe import check_sentencepiece_dictionary
+
+    if not os.path.exists(dict_path):
+        return  # fairseq reports the missing dictionary itself
+    sp = sentencepiece.SentencePieceProcessor()
+    sp.Load(spm_path)
+    check_sentencepiece_dictionary(sp, Dictionary.load(dict_path).symbols, spm_path, dict_path)
+
+
 def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrides) -> LongInputHubInterface:
     """Load ``model_dir/checkpoint_file`` with the dictionary and tokenizer files beside it."""
     path = os.path.join(model_dir, checkpoint_file)
@@ -79,6 +93,9 @@ def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrid
         raise FileNotFoundError(f"{path}: no such checkpoint")
     kwargs = detect_bpe(model_dir)
     kwargs.update(overrides)
+    if kwargs.get("bpe") == "sentencepiece":
+        # before loading the checkpoint: a foreign spm model would silently give <unk> everywhere
+        check_spm_matches_dict(kwargs["sentencepiece_model"], os.path.join(model_dir, "dict.txt"))
     loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, ".", **kwargs)
     hub = LongInputHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
     reset_beam_size(hub.model)

@@ -31,6 +31,8 @@ from fairseq.tasks.translation import (
     load_langpair_dataset,
 )
 
+from lsg_fairseq.data.binarized import check_binarized_pair
+from lsg_fairseq.data.offline_bpe import check_sentencepiece_dictionary
 from lsg_fairseq.data.rouge import ROUGE_KEYS, rouge_example
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
 from lsg_fairseq.generation import beam_size_scope, fix_ngram_blocker, reset_beam_size
@@ -132,6 +134,8 @@ class LongDocumentSummarizationTask(TranslationTask):
             paths = paths[:1]
         data_path = paths[(epoch - 1) % len(paths)]
         src, tgt = self.cfg.source_lang, self.cfg.target_lang
+        # fairseq's own errors for these name no file ("cannot mmap an empty file", an assert)
+        check_binarized_pair(data_path, split, src, tgt)
         pair = load_langpair_dataset(
             data_path,
             split,
@@ -278,12 +282,17 @@ class LongDocumentSummarizationTask(TranslationTask):
                 gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, "vocab.bpe"),
             ))
         if kind == "sentencepiece":
-            return encoders.build_bpe(Namespace(
+            spm_path = path("eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, "spm.model")
+            bpe = encoders.build_bpe(Namespace(
                 bpe="sentencepiece",
-                sentencepiece_model=path("eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, "spm.model"),
+                sentencepiece_model=spm_path,
                 sentencepiece_enable_sampling=False,
                 sentencepiece_alpha=None,
             ))
+            # a model from another spm training would score <unk>-ridden text, not fail
+            check_sentencepiece_dictionary(bpe.sp, self.tgt_dict.symbols, f"--eval-rouge-sentencepiece-model {spm_path}",
+                                           f"the target dictionary of {data_dir}")
+            return bpe
         return None
 
     def decode_tokens(self, tokens, escape_unk=False) -> str:

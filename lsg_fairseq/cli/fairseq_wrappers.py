@@ -1,0 +1,84 @@
+"""``lsg-fairseq-generate`` / ``lsg-fairseq-interactive``: fairseq's commands with the plugin loaded.
+
+A checkpoint never imports the plugin that wrote it (fairseq_notes §1): ``fairseq-generate
+--path checkpoint_best.pt`` without ``--user-dir`` dies with ``UnpicklingError ... GLOBAL
+argparse.Namespace`` (torch >= 2.6) or, with weights_only loading turned off, with the confusing
+``IndexError: Replacement index 1 out of range`` from fairseq's model registry. And without
+``--task`` fairseq builds a ``translation`` task whatever the checkpoint was trained with.
+
+These wrappers run fairseq's own ``generate`` / ``interactive`` mains unchanged, after adding
+``--user-dir <this plugin>`` and ``--task long_document_summarization`` when they are not given,
+and they refuse a missing ``--path`` file up front with a message naming it. Every other flag is
+fairseq's (``lsg-fairseq-generate --help``).
+"""
+import os
+import sys
+
+DEFAULT_TASK = "long_document_summarization"
+
+
+def _has_flag(argv, flag) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def _flag_value(argv, flag):
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def plugin_argv(argv, prog: str):
+    """``argv`` with ``--user-dir`` and ``--task`` added when missing; checks ``--path`` files."""
+    from lsg_fairseq import user_dir
+
+    argv = list(argv)
+    if _has_flag(argv, "--user-dir"):
+        given = os.path.abspath(_flag_value(argv, "--user-dir") or "")
+        if given != user_dir():
+            # The same code under two module names registers everything twice (fairseq_notes §1).
+            print(f"{prog}: note: --user-dir {given} is not this installation's plugin ({user_dir()})",
+                  file=sys.stderr)
+    else:
+        argv += ["--user-dir", user_dir()]
+    if not _has_flag(argv, "--task") and "-h" not in argv and "--help" not in argv:
+        argv += ["--task", DEFAULT_TASK]
+    paths = _flag_value(argv, "--path")
+    if paths:
+        for path in paths.split(os.pathsep):
+            if not os.path.isfile(path):
+                print(f"{prog}: error: --path {path}: no such checkpoint file", file=sys.stderr)
+                sys.exit(2)
+    return argv
+
+
+def _run(fairseq_main_module: str, prog: str, argv=None) -> None:
+    argv = plugin_argv(sys.argv[1:] if argv is None else argv, prog)
+    import importlib
+
+    import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
+
+    module = importlib.import_module(fairseq_main_module)
+    # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.
+    sys.argv = [prog] + argv
+    module.cli_main()
+
+
+def generate(argv=None) -> None:
+    _run("fairseq_cli.generate", "lsg-fairseq-generate", argv)
+
+
+def interactive(argv=None) -> None:
+    _run("fairseq_cli.interactive", "lsg-fairseq-interactive", argv)
+
+
+if __name__ == "__main__":
+    # python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} ...
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command not in ("generate", "interactive"):
+        print("usage: python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} [fairseq flags]",
+              file=sys.stderr)
+        sys.exit(2)
+    {"generate": generate, "interactive": interactive}[command](sys.argv[2:])

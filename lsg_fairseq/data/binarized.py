@@ -1,0 +1,58 @@
+"""Checks on fairseq-binarized (mmap) split files before fairseq opens them.
+
+fairseq's own failures here name no file: an empty split dies with ``ValueError: cannot mmap an
+empty file`` and a source/target pair with different example counts with ``AssertionError: Source
+and target must contain the same number of examples``. Reading the 26-byte ``.idx`` header is
+enough to say which file is at fault, before anything is memory-mapped.
+"""
+import os
+import struct
+from typing import Optional
+
+# fairseq.data.indexed_dataset.MMapIndexedDataset.Index: magic, <Q version, <B dtype, <Q length
+_MAGIC = b"MMIDIDX\x00\x00"
+
+
+def mmap_example_count(idx_path: str) -> Optional[int]:
+    """Number of examples in a fairseq mmap ``.idx`` file; None if it is not one."""
+    with open(idx_path, "rb") as f:
+        header = f.read(len(_MAGIC) + 8 + 1 + 8)
+    if len(header) < len(_MAGIC) + 17 or not header.startswith(_MAGIC):
+        return None
+    (length,) = struct.unpack("<Q", header[len(_MAGIC) + 9 :])
+    return length
+
+
+def check_binarized_pair(data_path: str, split: str, src: str, tgt: Optional[str]) -> None:
+    """Refuse an empty split or a source/target pair of different lengths, naming the files.
+
+    Silently returns when the files are not fairseq mmap files of the usual names (fairseq then
+    reports what it finds itself, e.g. "Dataset not found").
+    """
+    for pair in (f"{src}-{tgt}", f"{tgt}-{src}") if tgt else (f"{src}-None",):
+        prefix = os.path.join(data_path, f"{split}.{pair}")
+        sides = [src] + ([tgt] if tgt else [])
+        counts = {}
+        for lang in sides:
+            idx = f"{prefix}.{lang}.idx"
+            if not os.path.exists(idx):
+                break
+            n = mmap_example_count(idx)
+            if n is None:
+                return
+            counts[lang] = n
+        if len(counts) != len(sides):
+            continue
+        for lang, n in counts.items():
+            if n == 0:
+                raise ValueError(
+                    f"{prefix}.{lang}.idx: split {split!r} is empty (0 examples); binarize a non-empty "
+                    f"file for it, or leave it out (e.g. --valid-subset / --disable-validation)"
+                )
+        if tgt and counts[src] != counts[tgt]:
+            raise ValueError(
+                f"{prefix}.{src} has {counts[src]} examples but {prefix}.{tgt} has {counts[tgt]}: the "
+                "two sides were binarized from files with different line counts (re-run "
+                "scripts/preprocess.sh, which checks the raw files first)"
+            )
+        return

@@ -1,0 +1,245 @@
+"""Bad-input matrix (issue 8): each bad input fails with a message naming the file, line or flag,
+and leaves no half-written output. Cases tested elsewhere are listed in README "Bad inputs"; this
+file holds the ones no other test covers.
+"""
+import json
+import os
+
+import pytest
+
+import lsg_fairseq
+from test_scripts import files_in, load_script
+from test_task import build as build_task
+
+
+def binarize(tmp_path, splits, name="bin"):
+    """{split: (source lines, target lines)} -> fairseq-binarized folder (joined dictionary)."""
+    raw = tmp_path / f"raw_{name}"
+    raw.mkdir()
+    args = []
+    for split, (src, tgt) in splits.items():
+        (raw / f"{split}.source").write_text("".join(line + "\n" for line in src))
+        (raw / f"{split}.target").write_text("".join(line + "\n" for line in tgt))
+        args += [f"--{'train' if split == 'train' else 'valid'}pref", str(raw / split)]
+    # fairseq-preprocess's own main, in-process (a subprocess would pay the fairseq import again)
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    preprocess.main(options.get_preprocessing_parser().parse_args(
+        ["-s", "source", "-t", "target", *args, "--destdir", str(tmp_path / name), "--joined-dictionary",
+         "--workers", "1"]))
+    return tmp_path / name
+
+
+# ----------------------------------------------------------------------------- binarized data
+def test_empty_target_line_refused_with_file_and_index(tmp_path):
+    data = binarize(tmp_path, {"train": (["a b c", "d e", "f g"], ["x y", "z", ""])})
+    task, _, _ = build_task(data)
+    with pytest.raises(ValueError, match=r"train\.source-target\.target: 1 empty target line\(s\) at example index 2"):
+        task.load_dataset("train")
+
+
+def test_mismatched_binarized_sides_named(tmp_path):
+    """Sides binarized separately from files of different lengths (preprocess.sh checks raw files)."""
+    data = binarize(tmp_path, {"train": (["a b c", "d e", "f g"], ["x y", "z", "w"])})
+    short = binarize(tmp_path, {"train": (["a b", "c"], ["x", "y"])}, name="short")
+    for ext in ("bin", "idx"):
+        os.replace(short / f"train.source-target.target.{ext}", data / f"train.source-target.target.{ext}")
+    task, _, _ = build_task(data)
+    with pytest.raises(ValueError) as e:
+        task.load_dataset("train")
+    assert f"{data}/train.source-target.source has 3 examples but {data}/train.source-target.target has 2" in str(e.value)
+
+
+def test_empty_binarized_split_named(tmp_path):
+    data = binarize(tmp_path, {"train": (["a b"], ["x"]), "valid": ([], [])})
+    task, _, _ = build_task(data)
+    with pytest.raises(ValueError, match=r"valid\.source-target\.source\.idx: split 'valid' is empty"):
+        task.load_dataset("valid")
+    task.load_dataset("train")  # the check does not refuse good splits
+    assert len(task.dataset("train")) == 1
+
+
+# ----------------------------------------------------------------------------- raw data scripts
+def test_non_utf8_jsonl_named_and_nothing_written(tmp_path, capsys):
+    in_dir, out_dir = tmp_path / "in", tmp_path / "out"
+    in_dir.mkdir()
+    (in_dir / "train.jsonl").write_bytes(json.dumps({"document": "d", "summary": "s"}).encode() + b"\n"
+                                         + b'{"document": "caf\xe9", "summary": "s"}\n')
+    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(in_dir), "--output-dir", str(out_dir),
+                                                   "--splits", "train"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{in_dir / 'train.jsonl'}: not UTF-8 text" in err
+    assert files_in(out_dir) == []
+
+
+def test_empty_jsonl_split_named_and_nothing_written(tmp_path, capsys):
+    in_dir, out_dir = tmp_path / "in", tmp_path / "out"
+    in_dir.mkdir()
+    (in_dir / "train.jsonl").write_text(json.dumps({"document": "d", "summary": "s"}) + "\n")
+    (in_dir / "valid.jsonl").write_text("")
+    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(in_dir), "--output-dir", str(out_dir),
+                                                   "--splits", "train", "valid"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{in_dir / 'valid.jsonl'}: no examples" in err
+    assert files_in(out_dir) == []  # train was fine, yet not written alone
+
+
+@pytest.fixture(scope="module")
+def two_spm_models(tmp_path_factory):
+    """Two sentencepiece models (and their dict.txt) trained on different text."""
+    root = tmp_path_factory.mktemp("spm")
+    train = load_script("spm_train.py")
+    out = {}
+    for name, words in (("a", "alpha beta gamma delta epsilon zeta eta theta"),
+                        ("b", "one two three four five six seven eight nine ten")):
+        text = root / f"{name}.txt"
+        text.write_text("".join(f"{words} {i} {words[::-1]}\n" for i in range(200)))
+        assert train.main(["--inputs", str(text), "--model-prefix", str(root / name / "spm"),
+                           "--vocab-size", "60", "--soft-vocab-limit"]) == 0
+        out[name] = root / name
+    return out
+
+
+def test_non_utf8_text_to_spm_encode_named_and_nothing_written(two_spm_models, tmp_path, capsys):
+    src = tmp_path / "train.source"
+    src.write_bytes(b"alpha beta\ncaf\xe9 gamma\n")
+    dst = tmp_path / "enc" / "train.source"
+    rc = load_script("spm_encode.py").main(["--model", str(two_spm_models["a"] / "spm.model"),
+                                            "--inputs", str(src), "--outputs", str(dst)])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{src}: not UTF-8 text" in err
+    assert files_in(tmp_path / "enc") == []
+
+
+# ----------------------------------------------------------------------------- sentencepiece vs dictionary
+def test_spm_model_not_matching_dictionary_refused_by_summarize(two_spm_models, tmp_path, capsys):
+    from lsg_fairseq.cli import summarize
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "model.pt").write_bytes(b"never read: the tokenizer files are checked first")
+    (model_dir / "dict.txt").write_text((two_spm_models["a"] / "dict.txt").read_text())
+    (model_dir / "spm.model").write_bytes((two_spm_models["b"] / "spm.model").read_bytes())
+    (tmp_path / "doc.txt").write_text("one two three\n")
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--output", str(tmp_path / "out.txt")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert f"{model_dir / 'spm.model'} does not match {model_dir / 'dict.txt'}" in err
+    assert "pieces are not in the dictionary" in err
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_spm_check_accepts_own_pair_and_refuses_foreign(two_spm_models):
+    from lsg_fairseq.data.fileio import DataError
+    from lsg_fairseq.models.hub import check_spm_matches_dict
+
+    a, b = two_spm_models["a"], two_spm_models["b"]
+    check_spm_matches_dict(str(a / "spm.model"), str(a / "dict.txt"))  # no error
+    with pytest.raises(DataError, match="does not match"):
+        check_spm_matches_dict(str(a / "spm.model"), str(b / "dict.txt"))
+
+
+def test_spm_model_not_matching_dictionary_refused_by_eval_rouge(two_spm_models, tmp_path):
+    data = tmp_path / "bin"
+    data.mkdir()
+    (data / "dict.txt").write_text((two_spm_models["a"] / "dict.txt").read_text())
+    with pytest.raises(Exception, match=r"--eval-rouge-sentencepiece-model .*spm\.model does not match the target dictionary"):
+        build_task(data, "--eval-rouge", "--eval-rouge-bpe", "sentencepiece",
+                   "--eval-rouge-sentencepiece-model", str(two_spm_models["b"] / "spm.model"))
+
+
+# ----------------------------------------------------------------------------- model flags
+def test_unknown_sparsity_type_message_names_flag_and_choices(tmp_path, capsys):
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(4, 40)))
+    with pytest.raises(SystemExit):
+        build_task(data, "--sparsity-type", "bogus", arch=["--arch", "lsg_bart_tiny"])
+    err = capsys.readouterr().err
+    assert "--sparsity-type" in err and "invalid choice: 'bogus'" in err and "norm" in err
+
+
+# ----------------------------------------------------------------------------- converter
+def test_convert_folder_that_is_not_a_model(tmp_path, capsys):
+    from lsg_fairseq.cli.convert import main as convert_main
+
+    src = tmp_path / "notes"
+    src.mkdir()
+    (src / "README.txt").write_text("not a model\n")
+    (src / "weights.bin").write_bytes(b"\x00" * 64)
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        convert_main([str(src), str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert f"{src}: not a model this converter knows" in err and "BART, LSG-BART, LOCOST or LED" in err
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- checkpoints and generation
+@pytest.fixture(scope="module")
+def tiny_checkpoint(word_data, tmp_path_factory):
+    """An lsg_bart checkpoint on the word-level data, saved by fairseq's Trainer (no training)."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    d = tmp_path_factory.mktemp("tiny_ckpt")
+    argv = [str(word_data), "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(),
+            "--arch", "lsg_bart_tiny", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+            "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "1",
+            "--decoder-layers", "1", "--block-size", "16", "--sparse-block-size", "16",
+            "--max-source-positions", "128", "--max-target-positions", "64",
+            "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "1e-3", "--cpu"]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.consolidate_optimizer()
+    path = str(d / "checkpoint_best.pt")
+    trainer.save_checkpoint(path, {"train_iterator": {"epoch": 1}})
+    return path
+
+
+def test_generate_wrapper_needs_no_user_dir_or_task(word_data, tiny_checkpoint, capsys, monkeypatch):
+    """`lsg-fairseq-generate` = fairseq-generate with the plugin's --user-dir and task filled in."""
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    argv = [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--beam", "1",
+            "--max-len-b", "4", "--max-source-positions", "128", "--max-target-positions", "64",
+            "--truncate-target", "--batch-size", "2", "--cpu"]
+    assert fairseq_wrappers.plugin_argv(argv, "x")[-4:] == ["--user-dir", lsg_fairseq.user_dir(),
+                                                          "--task", "long_document_summarization"]
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-generate"])
+    fairseq_wrappers.generate(argv)
+    out = capsys.readouterr().out
+    assert sum(1 for line in out.splitlines() if line.startswith("H-")) == 4  # every valid document
+
+
+def test_generate_wrapper_missing_checkpoint_named(word_data, tmp_path, capsys):
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.generate([str(word_data), "--path", str(tmp_path / "nope.pt")])
+    assert e.value.code == 2
+    assert f"--path {tmp_path / 'nope.pt'}: no such checkpoint file" in capsys.readouterr().err
+
+
+def test_summarize_corrupt_checkpoint_named(tiny_checkpoint, word_data, tmp_path, capsys):
+    from lsg_fairseq.cli import summarize
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    data = open(tiny_checkpoint, "rb").read()
+    (model_dir / "model.pt").write_bytes(data[: len(data) // 3])
+    (model_dir / "dict.txt").write_text(open(os.path.join(word_data, "dict.source.txt")).read())
+    (model_dir / "encoder.json").write_text("{}")
+    (model_dir / "vocab.bpe").write_text("#version: 0.2\n")
+    (tmp_path / "doc.txt").write_text("a document\n")
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--output", str(tmp_path / "out.txt")])
+    assert e.value.code == 2
+    assert f"{model_dir / 'model.pt'}: truncated or corrupt checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "out.txt").exists()
