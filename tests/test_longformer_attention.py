@@ -200,3 +200,22 @@ def test_half_precision_is_finite():
     out, _ = attn.to(torch.bfloat16)(x.bfloat16(), key_padding_mask=pad, global_attention_mask=glob)
     assert torch.isfinite(out).all()
     assert (out[:25].float() - ref[:25]).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_no_quadratic_allocation():
+    """Nothing T x T is ever allocated: every op's allocation stays far below T^2 floats."""
+    from torch.profiler import ProfilerActivity, profile
+
+    T = 8192
+    attn = make(16, C=8, h=2)
+    x = torch.randn(T, 1, 8)
+    glob = torch.zeros(1, T, dtype=torch.bool)
+    glob[0, [0, 100, 8000]] = True
+    pad = torch.zeros(1, T, dtype=torch.bool)
+    pad[0, -5:] = True
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out, _ = attn(x, x, x, key_padding_mask=pad, global_attention_mask=glob)
+    assert torch.isfinite(out).all()
+    largest = max(e.self_cpu_memory_usage for e in prof.key_averages())
+    # (summed over the calls of each op) a (T, T) fp32 mask alone would be T^2 * 4 bytes = 268 MB
+    assert 0 < largest < T * T * 4 / 32, largest
