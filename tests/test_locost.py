@@ -139,6 +139,15 @@ def test_generate_greedy_and_beam(tiny, beam):
         assert torch.isfinite(h[0]["score"])
     if beam > 1:  # beam results are sorted by score and the scores are proper log-probabilities
         assert hyps[0][0]["score"] >= hyps[0][1]["score"]
+        # beamable cross-attention (set by the generator) gives the same hypotheses as tiling
+        model.set_beam_size(1)
+        tiled = SequenceGenerator([model], task.target_dictionary, beam_size=beam, max_len_b=10)
+        model.set_beam_size(1)  # undo the generator's set_beam_size: encoder output tiled per beam
+        with torch.no_grad():
+            ref = tiled._generate(sample)
+        for h, r in zip(hyps, ref):
+            assert [x["tokens"].tolist() for x in h] == [x["tokens"].tolist() for x in r]
+            assert torch.allclose(torch.stack([x["score"] for x in h]), torch.stack([x["score"] for x in r]), atol=1e-5)
     # greedy equals the teacher-forced argmax path of the full (non-incremental) model
     if beam == 1:
         toks = hyps[0][0]["tokens"]
@@ -148,6 +157,44 @@ def test_generate_greedy_and_beam(tiny, beam):
         logits[..., task.tgt_dict.pad()] = -float("inf")
         n = len(toks) - 1 if len(toks) == 11 else len(toks)  # at max length eos is forced
         assert logits[0].argmax(-1).tolist()[:n] == toks.tolist()[:n]
+
+
+def test_beamable_cross_attention_equals_tiled(tiny):
+    """One cached key/value row per source (set_beam_size) == tiling the encoder output per beam,
+    including a reorder that swaps beams and drops a finished source, as SequenceGenerator does."""
+    task, model = tiny
+    sample = batch(task, "valid", 3)
+    src, lengths = sample["net_input"]["src_tokens"][:, :80].clone(), torch.tensor([80, 50, 65])
+    for i, n in enumerate(lengths.tolist()):
+        src[i, n:] = task.src_dict.pad()
+    beam = 2
+    torch.manual_seed(3)
+    prev = torch.randint(4, 40, (3 * beam, 6))
+    prev[:, 0] = task.tgt_dict.eos()
+    new_order = torch.tensor([1, 0, 5, 5])  # source 0: beams swapped; source 1 finished; source 2: beam 1 twice
+    outs = {}
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        for mode in ("beamable", "tiled"):
+            model.set_beam_size(beam if mode == "beamable" else 1)
+            e = model.encoder.reorder_encoder_out(enc, torch.arange(3).repeat_interleave(beam))
+            assert e["encoder_out"][0].shape[1] == (3 if mode == "beamable" else 6)
+            state, tokens, steps = {}, prev.clone(), []
+            for t in range(6):
+                if t == 3:
+                    model.decoder.reorder_incremental_state_scripting(state, new_order)
+                    e = model.encoder.reorder_encoder_out(e, new_order)
+                    tokens = tokens[new_order]
+                out, _ = model.decoder(tokens[:, : t + 1], encoder_out=e, incremental_state=state)
+                steps.append(out)
+            cross = model.decoder.block[0].layer[1].EncDecAttention
+            outs[mode] = (steps, state[cross._state_key]["prev_key"].shape[0])
+        model.set_beam_size(1)
+    assert outs["beamable"][1] == 2 and outs["tiled"][1] == 4  # cached rows: per source vs per hypothesis
+    for a, b in zip(outs["beamable"][0], outs["tiled"][0]):
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+    # the instance override is gone again: reorder_encoder_out tiles as usual
+    assert "reorder_encoder_out" not in model.encoder.__dict__
 
 
 def test_ssm_parameters_tagged_and_grouped(word_data):

@@ -164,6 +164,10 @@ class LOCOSTEncoder(FairseqEncoder):
     def max_positions(self):
         return self.max_source_positions
 
+    def _keep_encoder_out(self, encoder_out, new_order):
+        """Beam search with beamable cross-attention: the output stays one row per source."""
+        return encoder_out
+
 
 class LOCOSTDecoder(FairseqIncrementalDecoder):
     """T5 v1.1 decoder with fairseq incremental decoding; start symbol handling in the docstring above."""
@@ -328,6 +332,21 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
 
     def max_positions(self):
         return (self.encoder.max_positions(), self.decoder.max_positions())
+
+    def set_beam_size(self, beam: int) -> None:
+        """Called by fairseq's SequenceGenerator for beam > 1: keep the encoder output (and the
+        cross-attention keys / values each decoder layer caches from it) at one row per source
+        instead of tiling it beam times; on long inputs those caches dominate generation memory.
+
+        Unlike BART's, this is not sticky in a harmful way: cross-attention decides from tensor
+        shapes alone (query rows = beam x memory rows), so teacher-forced forwards are unaffected
+        and ``reorder_encoder_out`` returns to normal when the instance attribute is removed
+        (``lsg_fairseq.generation.reset_beam_size``) or ``set_beam_size(1)`` is called.
+        """
+        if beam > 1:
+            self.encoder.reorder_encoder_out = self.encoder._keep_encoder_out
+        else:
+            self.encoder.__dict__.pop("reorder_encoder_out", None)
 
 
 def _defaults(args, **values):

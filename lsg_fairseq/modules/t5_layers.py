@@ -144,29 +144,50 @@ class T5Attention(nn.Module):
         incremental_state: Optional[IncrementalState] = None,
         static_kv: bool = False,
     ) -> torch.Tensor:
-        """x: (B, T, C); memory: (B, S, C) for cross-attention (None: self-attention) -> (B, T, C)."""
+        """x: (B, T, C); memory: (B_m, S, C) for cross-attention (None: self-attention) -> (B, T, C).
+
+        Cross-attention is "beamable": ``memory`` (and ``bias``) may hold one row per source while
+        ``x`` holds ``beam`` rows per source (B = beam * B_m, beams of a source adjacent, as in
+        fairseq's SequenceGenerator); keys / values are then projected and cached once per source
+        instead of once per hypothesis. With ``incremental_state``, cross-attention caches its keys,
+        values and bias at the first step and ignores ``memory`` / ``bias`` afterwards.
+        """
         B, T, _ = x.shape
         q = self._shape(self.q(x))  # (B heads T d_kv)
         saved = None
         if incremental_state is not None:
             saved = incremental_state.get(self._state_key)
         if static_kv and saved is not None:
-            k, v = saved["prev_key"], saved["prev_value"]  # projected memory from step 0
+            k, v, bias = saved["prev_key"], saved["prev_value"], saved["bias"]  # from step 0
         else:
             src = x if memory is None else memory
-            k, v = self._shape(self.k(src)), self._shape(self.v(src))  # (B heads S d_kv)
+            k, v = self._shape(self.k(src)), self._shape(self.v(src))  # (B_m heads S d_kv)
             if saved is not None and not static_kv:
                 k = torch.cat([saved["prev_key"], k], dim=2)  # (B heads S_prev+T d_kv)
                 v = torch.cat([saved["prev_value"], v], dim=2)
         if incremental_state is not None:
-            incremental_state[self._state_key] = {"prev_key": k, "prev_value": v}
+            state = {"prev_key": k, "prev_value": v}
+            if static_kv:
+                # hypotheses per cached row (> 1 for beamable cross-attention), for reordering
+                state["bias"] = bias
+                state["beam"] = torch.tensor(B // k.shape[0])
+            incremental_state[self._state_key] = state
 
-        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B heads T S)
+        beam = B // k.shape[0]
+        if beam * k.shape[0] != B:
+            raise ValueError(f"attention: {B} query rows cannot be split over {k.shape[0]} memory rows")
+        if beam > 1:  # beamable cross-attention: queries grouped per source
+            q = q.view(k.shape[0], beam, self.num_heads, T, self.d_kv)  # (B_m beam heads T d_kv)
+            k, v = k.unsqueeze(1), v.unsqueeze(1)  # (B_m 1 heads S d_kv)
+            if bias is not None:
+                bias = bias.unsqueeze(1)  # (B_m 1 1 1 S)
+        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B [beam] heads T S)
         if bias is not None:
             scores = scores + bias
         attn = F.softmax(scores, dim=-1).type_as(q)
         attn = F.dropout(attn, p=self.dropout, training=self.training)
-        out = torch.matmul(attn, v)  # (B heads T d_kv)
+        out = torch.matmul(attn, v)  # (B [beam] heads T d_kv)
+        out = out.reshape(B, self.num_heads, T, self.d_kv)  # (B heads T d_kv)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.d_kv)  # (B T heads*d_kv)
         return self.o(out)
 
@@ -179,7 +200,14 @@ class T5Attention(nn.Module):
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: torch.Tensor):
         """Beam search: select batch rows ``new_order`` of the cached keys / values."""
         saved = incremental_state.get(self._state_key)
-        if saved is not None:
-            incremental_state[self._state_key] = {
-                name: t.index_select(0, new_order) for name, t in saved.items()
-            }
+        if saved is None:
+            return
+        beam = int(saved["beam"]) if "beam" in saved else 1
+        if beam > 1:
+            # one cached row per source: new_order indexes hypotheses (source * beam + k)
+            rows = new_order.view(-1, beam)[:, 0] // beam  # (B_m')
+        else:
+            rows = new_order
+        incremental_state[self._state_key] = {
+            name: (t if t is None or name == "beam" else t.index_select(0, rows)) for name, t in saved.items()
+        }
