@@ -7,10 +7,10 @@ that line; we do the same from the plugin by wrapping ``parse_args_and_arch``: w
 ``--tpu`` was not given, ``tpu`` is set back to False. Everything else about bf16 is fairseq's own
 code (the model is cast with ``.to(torch.bfloat16)``, no loss scaling).
 
-What works where (see README "Mixed precision"): ``--memory-efficient-bf16`` trains on CPU (tested);
-``--bf16`` (fp32 master weights in ``FP16Optimizer``) needs CUDA because that optimizer calls
-``torch.cuda.current_device()``. fairseq-hydra-train builds its config without
-``parse_args_and_arch`` and is not covered: pass ``common.tpu=false`` there.
+Verified on CPU (tests/test_bf16.py): ``--bf16`` (fp32 master weights, ``FP16Optimizer``) and
+``--memory-efficient-bf16`` (``MemoryEfficientFP16Optimizer``) both run fairseq's trainer with
+bf16 weights. Not verified: a GPU run (none was available). fairseq-hydra-train builds its config
+without ``parse_args_and_arch`` and is not covered: pass ``common.tpu=false`` there.
 """
 import sys
 
