@@ -291,23 +291,29 @@ def test_ssm_lr_with_an_optimizer_that_ignores_it_is_refused(word_data):
 
 
 def test_train_then_generate_cli(word_data, tmp_path):
-    """fairseq-train (grouped_adam, --ssm-lr, checkpoint activations) then fairseq-generate (beam 2)."""
+    """fairseq-train (grouped_adam, --ssm-lr, checkpoint activations) then fairseq-generate (beam 2),
+    both through fairseq's own command-line entry points, in one interpreter (saves an import)."""
     save = tmp_path / "ckpt"
     common = ["--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization", "--cpu"]
-    subprocess.run(
-        [os.path.join(BIN, "fairseq-train"), str(word_data), *common, *TINY,
-         "--criterion", "cross_entropy", "--optimizer", "grouped_adam", "--lr", "0.001", "--ssm-lr", "0.002",
-         "--weight-decay", "0.01", "--max-tokens", "2048", "--max-update", "2", "--disable-validation",
-         "--required-batch-size-multiple", "1", "--checkpoint-activations", "--save-dir", str(save),
-         "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0"],
-        check=True, capture_output=True, text=True,
+    train = ["fairseq-train", str(word_data), *common, *TINY,
+             "--criterion", "cross_entropy", "--optimizer", "grouped_adam", "--lr", "0.001", "--ssm-lr", "0.002",
+             "--weight-decay", "0.01", "--max-tokens", "2048", "--max-update", "2", "--disable-validation",
+             "--required-batch-size-multiple", "1", "--checkpoint-activations", "--save-dir", str(save),
+             "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0"]
+    generate = ["fairseq-generate", str(word_data), *common, "--path", str(save / "checkpoint_last.pt"),
+                "--gen-subset", "valid", "--beam", "2", "--max-len-b", "5", "--batch-size", "2",
+                "--max-source-positions", "512", "--num-workers", "0"]
+    script = (
+        "import sys\n"
+        "from fairseq_cli import train, generate\n"
+        f"sys.argv = {train!r}\ntrain.cli_main()\n"
+        f"sys.argv = {generate!r}\ngenerate.cli_main()\n"
     )
+    res = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
     assert (save / "checkpoint_last.pt").exists()
-    res = subprocess.run(
-        [os.path.join(BIN, "fairseq-generate"), str(word_data), *common, "--path", str(save / "checkpoint_last.pt"),
-         "--gen-subset", "valid", "--beam", "2", "--max-len-b", "5", "--batch-size", "2",
-         "--max-source-positions", "512", "--num-workers", "0"],
-        check=True, capture_output=True, text=True,
-    )
+    log = res.stdout + res.stderr
+    # the real trainer path honours the SSM tags: own group, lr x (0.002 / 0.001), no weight decay
+    assert "grouped_adam: group ssm: 10 tensors, lr x2.0, weight decay 0.0" in log
+    assert "grouped_adam: group default:" in log and "weight decay 0.01" in log
     hyps = [l for l in res.stdout.splitlines() if l.startswith("H-")]
     assert len(hyps) == 4
