@@ -245,3 +245,22 @@ def test_hub_encodes_like_t5_and_generates(spm_locost):
         enc = hub.model.encoder(ids.unsqueeze(0), torch.tensor([len(ids)]))
         logits, _ = hub.model.decoder(torch.tensor([[2, 5]]), encoder_out=enc)
     assert logits.shape == (1, 2, len(tm))
+
+
+def test_safetensors_with_tied_weights_stored_once(tmp_path, converted):
+    """Newer HF saves keep one copy of tied tensors (shared.weight only) in model.safetensors."""
+    from safetensors.torch import save_file
+
+    src = tmp_path / "st"
+    src.mkdir()
+    sd = torch.load(os.path.join(FIXTURE, "model", "pytorch_model.bin"), map_location="cpu")
+    for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+        del sd[k]
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(src / "model.safetensors"))
+    (src / "config.json").write_text(open(os.path.join(FIXTURE, "model", "config.json")).read())
+    path = convert(str(src), str(tmp_path / "out"), max_source_positions=16384)
+    ck = torch.load(path, map_location="cpu", weights_only=False)
+    ref = converted["model"].state_dict()
+    assert ck["model"].keys() == ref.keys()
+    assert all(torch.equal(ck["model"][k], ref[k]) for k in ref)
+    assert ck["cfg"]["model"].max_source_positions == 16384
