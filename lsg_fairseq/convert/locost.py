@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 SPM_NAMES = ("spiece.model", "spm.model", "sentencepiece.model")
 TIED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
-LOCOST_ARCHITECTURES = ("LOCOSTForConditionalGeneration", "LOCOSTModel", "LOCOSTEncoderModel")
 
 
 # ----------------------------------------------------------------------------- detection

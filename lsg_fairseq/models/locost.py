@@ -18,11 +18,9 @@ SSM parameters (``log_dt, inv_A_real, A_imag, B, C``) are tagged ``param_group="
 decay and ``lr_scale = --ssm-lr / --lr``; ``--optimizer grouped_adam`` honours the tags.
 """
 import logging
-import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from fairseq.models import (
     FairseqEncoder,
@@ -197,9 +195,8 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
         self.output_projection.weight = embed_tokens.weight  # tied, as T5 (tie_word_embeddings)
 
     def _first_self_attention(self):
-        block = self.block[0]
-        block = getattr(block, "_checkpoint_wrapped_module", block)
-        return block.layer[0].SelfAttention
+        # fairseq's checkpoint_wrapper patches forward in place, so the block keeps its submodules
+        return self.block[0].layer[0].SelfAttention
 
     def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
                 full_context_alignment=False, alignment_layer=None, alignment_heads=None,
