@@ -192,3 +192,4 @@ def test_archs_defaults():
     large = Namespace()
     led_large_architecture(large)
     assert (large.encoder_embed_dim, large.encoder_layers, large.max_target_positions) == (1024, 12, 1024)
+
