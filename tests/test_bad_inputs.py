@@ -243,3 +243,15 @@ def test_summarize_corrupt_checkpoint_named(tiny_checkpoint, word_data, tmp_path
     assert e.value.code == 2
     assert f"{model_dir / 'model.pt'}: truncated or corrupt checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_interactive_wrapper_needs_no_user_dir_or_task(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    (tmp_path / "docs.txt").write_text("the patients were treated\nresults show a decrease\n")
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-interactive"])
+    fairseq_wrappers.interactive([str(word_data), "--path", tiny_checkpoint, "--input", str(tmp_path / "docs.txt"),
+                                  "--beam", "1", "--max-len-b", "4", "--max-source-positions", "128",
+                                  "--max-target-positions", "64", "--cpu"])
+    out = capsys.readouterr().out
+    assert [line.split("\t")[0] for line in out.splitlines() if line.startswith("H-")] == ["H-0", "H-1"]
