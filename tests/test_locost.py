@@ -97,6 +97,37 @@ def test_incremental_equals_full_decoding(tiny, reorder):
     assert torch.allclose(inc, full, atol=1e-5), (inc - full).abs().max()
 
 
+def test_incremental_equals_full_beyond_max_distance(tiny):
+    """140 decoder steps: relative positions past the exact buckets and past max_distance 128."""
+    task, model = tiny
+    torch.manual_seed(5)
+    src = torch.randint(4, 40, (2, 30))
+    prev = torch.randint(4, 40, (2, 140))
+    prev[:, 0] = task.tgt_dict.eos()
+    with torch.no_grad():
+        enc = model.encoder(src, torch.tensor([30, 30]))
+        state = {}
+        inc = torch.cat([model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
+                         for t in range(prev.size(1))], 1)
+        full, _ = model.decoder(prev, encoder_out=enc)
+    assert torch.allclose(inc, full, atol=1e-5), (inc - full).abs().max()
+
+
+def test_bf16_model_close_to_fp32(word_data):
+    """Half-precision weights (e.g. --memory-efficient-bf16): SSM kernels / FFT stay float32."""
+    _, task, model = build(word_data)
+    model.eval()
+    sample = batch(task, "valid", 2)
+    net = sample["net_input"]
+    args = (net["src_tokens"][:, :100], torch.tensor([100, 100]), net["prev_output_tokens"][:, :10])
+    with torch.no_grad():
+        ref, _ = model(*args)
+        out, _ = model.to(torch.bfloat16)(*args)
+    assert out.dtype == torch.bfloat16
+    rel = (out.float() - ref).abs().max() / ref.abs().max()
+    assert rel < 0.05, rel
+
+
 def test_encoder_padding_invariance_and_contract(tiny):
     task, model = tiny
     sample = batch(task, "valid", 4)
