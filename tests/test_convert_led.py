@@ -202,6 +202,28 @@ def test_bart_to_led(tmp_path):
     assert (small[:, 0] - ref[:, 0]).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("prefix", ["led.", ""])
+def test_pytorch_bin_with_tied_copies(converted, tmp_path, prefix):
+    """Old .bin files store the tied embeddings 3 more times; an LEDModel file has no prefix."""
+    from safetensors.torch import load_file
+
+    src = str(tmp_path / "src")
+    shutil.copytree(HF, src)
+    sd = load_file(os.path.join(src, "model.safetensors"))
+    os.remove(os.path.join(src, "model.safetensors"))
+    shared = sd["led.shared.weight"]
+    sd.update({"led.encoder.embed_tokens.weight": shared, "led.decoder.embed_tokens.weight": shared})
+    if prefix:
+        sd["lm_head.weight"] = shared
+    else:
+        sd.pop("final_logits_bias")
+    torch.save({k.replace("led.", prefix, 1): v for k, v in sd.items()}, os.path.join(src, "pytorch_model.bin"))
+    convert(src, str(tmp_path / "out"))
+    a = torch.load(os.path.join(tmp_path, "out", "model.pt"), weights_only=True)["model"]
+    b = torch.load(os.path.join(converted, "model.pt"), weights_only=True)["model"]
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in b)
+
+
 def copy_hf(dst):
     shutil.copytree(HF, dst)
     return dst

@@ -234,7 +234,7 @@ class LongformerSelfAttention(nn.Module):
         src_v.append(v.new_zeros(n, 1, h, d))
         src_ok.append(window_ok.new_zeros(n, 1))
         src_k = torch.cat(src_k, dim=1)  # (n, Gm + t + 1, h, d)
-        src_v = torch.cat(src_v, dim=1)
+        src_v = torch.cat(src_v, dim=1)  # (n, Gm + t + 1, h, d)
         src_ok = torch.cat(src_ok, dim=1)  # (n, Gm + t + 1)
 
         # per-block key index: [globals | blocks j-r .. j+r | alignment padding]
