@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# LOCOST long-document summarization, small scale on CPU (see README.md for what it shows).
+#
+#   bash examples/locost/run_small.sh                 # fine-tune + ROUGE, then a whole book
+#   PART=rouge bash examples/locost/run_small.sh      # fine-tune + ROUGE only
+#   PART=book bash examples/locost/run_small.sh       # the book only (needs the PART=rouge model)
+#
+# Part A: locost_tiny trained from scratch with sentencepiece on QMSum meeting transcripts
+#   (sources truncated to MAX_SRC pieces for training), constant learning rate, dropout 0.1,
+#   greedy generation on the test meetings at their FULL length (no truncation: LOCOST has no
+#   position table), ROUGE next to lead-N baselines on the same meetings.
+# Part B: the same model summarizes a whole Gutenberg book in one encoder pass with
+#   lsg-fairseq-summarize; prints the input length in pieces, the wall time and peak memory.
+#
+# Knobs (environment): OUT, DATA, PART, N_TEST (test meetings), VOCAB, MAX_SRC, MAX_TGT,
+# MAX_UPDATE, LR, MAX_LEN_B, NO_REPEAT, BOOK, THREADS.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export PATH="$PWD/${VENV:-.venv}/bin:$PATH"
+OUT=${OUT:-${TMPDIR:-/tmp}/locost_small}
+DATA=${DATA:-../shared/data/qmsum}
+PART=${PART:-all}
+N_TEST=${N_TEST:-20}
+VOCAB=${VOCAB:-4000}
+MAX_SRC=${MAX_SRC:-8192}
+MAX_TGT=${MAX_TGT:-256}
+MAX_UPDATE=${MAX_UPDATE:-200}
+LR=${LR:-2e-3}
+MAX_LEN_B=${MAX_LEN_B:-256}
+NO_REPEAT=${NO_REPEAT:-3}
+BOOK=${BOOK:-../shared/data/gutenberg/melville-moby_dick.txt}
+export OMP_NUM_THREADS=${THREADS:-$(nproc)}
+USER_DIR=$(lsg-fairseq-user-dir)
+start=$(date +%s)
+step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
+quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|tensorboardX|See https|Please specify|Will assume|version_base|self.delegate|^  " || true; }
+echo "load before: $(uptime)"
+mkdir -p "$OUT"
+FULL=1000000  # source length limit at inference: larger than any input here (the model has no positions)
+
+part_a() {
+    step "A1 JSONL -> parallel text ($DATA: all train meetings, $N_TEST valid/test meetings)"
+    python scripts/jsonl_to_parallel.py --input-dir "$DATA" --output-dir "$OUT/raw" --splits train
+    python scripts/jsonl_to_parallel.py --input-dir "$DATA" --output-dir "$OUT/raw" --splits valid test \
+        --max-examples "$N_TEST"
+
+    step "A2 sentencepiece ($VOCAB pieces) + encode"
+    python scripts/spm_train.py --inputs "$OUT/raw/train.source" "$OUT/raw/train.target" \
+        --model-prefix "$OUT/spm/spm" --vocab-size "$VOCAB"
+    for split in train valid test; do
+        python scripts/spm_encode.py --model "$OUT/spm/spm.model" \
+            --inputs "$OUT/raw/$split.source" "$OUT/raw/$split.target" \
+            --outputs "$OUT/spm-enc/$split.source" "$OUT/spm-enc/$split.target"
+    done
+    awk '{ n += NF; if (NF > m) m = NF } END { printf "test source: %.0f pieces/meeting on average, max %d\n", n / NR, m }' \
+        "$OUT/spm-enc/test.source"
+
+    step "A3 binarize"
+    rm -rf "$OUT/bin"
+    bash scripts/preprocess.sh --trainpref "$OUT/spm-enc/train" --validpref "$OUT/spm-enc/valid" \
+        --testpref "$OUT/spm-enc/test" --destdir "$OUT/bin" --dict "$OUT/spm/dict.txt" > "$OUT/preprocess.log" 2>&1 \
+        || { tail -5 "$OUT/preprocess.log"; exit 1; }
+    cp "$OUT/spm/spm.model" "$OUT/bin/spm.model"
+
+    # The paper's fine-tuning recipe is a constant learning rate (5e-4 for the pretrained model),
+    # dropout 0.1, AdamW without weight decay; from random weights the tiny model needs more.
+    step "A4 train locost_tiny from scratch: $MAX_UPDATE updates, constant lr $LR, sources cut to $MAX_SRC"
+    rm -rf "$OUT/ck"
+    fairseq-train "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summarization \
+        --arch locost_tiny --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --truncate-target \
+        --criterion cross_entropy --optimizer grouped_adam --adam-betas "(0.9, 0.999)" --weight-decay 0.0 \
+        --lr "$LR" --lr-scheduler fixed --warmup-updates 10 --dropout 0.1 --clip-norm 1.0 \
+        --max-tokens $(( MAX_SRC + MAX_TGT + 16 )) --max-update "$MAX_UPDATE" \
+        --validate-interval-updates "$MAX_UPDATE" --save-interval-updates "$MAX_UPDATE" \
+        --no-epoch-checkpoints --keep-interval-updates 1 --save-dir "$OUT/ck" \
+        --cpu --num-workers 0 --seed 1 --log-format simple --log-interval 25 2>&1 | quiet | tee "$OUT/train.log"
+
+    # Generation reads whole meetings: --max-source-positions for the task (no truncation) and the
+    # same for the model through --model-overrides (its checkpoint says MAX_SRC).
+    step "A5 greedy generation on $N_TEST test meetings at full length (max $MAX_LEN_B pieces, no-repeat $NO_REPEAT)"
+    /usr/bin/time -v fairseq-generate "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summarization \
+        --path "$OUT/ck/checkpoint_last.pt" --gen-subset test \
+        --max-source-positions "$FULL" --model-overrides "{'max_source_positions': $FULL}" \
+        --max-target-positions "$MAX_TGT" --truncate-target \
+        --beam 1 --max-len-b "$MAX_LEN_B" --no-repeat-ngram-size "$NO_REPEAT" \
+        --bpe sentencepiece --sentencepiece-model "$OUT/spm/spm.model" \
+        --batch-size 4 --cpu > "$OUT/generate.out" 2> "$OUT/generate.err"
+    grep -E "Elapsed|Maximum resident" "$OUT/generate.err"
+
+    step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test meetings"
+    python scripts/generate_to_rouge.py --generate-output "$OUT/generate.out" \
+        --ref-file "$OUT/raw/test.target" --output-dir "$OUT/eval" > /dev/null
+    for n in 5 10; do
+        python - "$OUT/raw/test.source" "$n" > "$OUT/eval/lead$n.txt" <<'EOF'
+import sys
+from lsg_fairseq.data.sentences import split_sentences
+n = int(sys.argv[2])
+for line in open(sys.argv[1], encoding="utf-8"):
+    print(" ".join(split_sentences(line.strip())[:n]))
+EOF
+        python scripts/generate_to_rouge.py --hyp "$OUT/eval/lead$n.txt" --ref "$OUT/raw/test.target" \
+            --json "$OUT/eval/lead$n.json" > /dev/null
+    done
+    python - "$OUT/eval" <<'EOF'
+import json, sys
+d = sys.argv[1]
+def words(path):
+    lines = open(path, encoding="utf-8").read().splitlines()
+    return sum(len(l.split()) for l in lines) / len(lines)
+for name, scores, hyp in [("locost_tiny", "rouge.json", "hyp.txt"), ("lead-5", "lead5.json", "lead5.txt"),
+                          ("lead-10", "lead10.json", "lead10.txt")]:
+    s = json.load(open(f"{d}/{scores}"))
+    print(f"{name:12s} n={s['n']} " + " ".join(f"{k}={s[k]:.2f}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum"))
+          + f"  ({words(f'{d}/{hyp}'):.0f} words/summary)")
+print(f"{'reference':12s} ({words(f'{d}/ref.txt'):.0f} words/summary)")
+EOF
+    grep "valid on 'valid'" "$OUT/train.log" | tail -1 || true
+}
+
+part_b() {
+    [ -f "$OUT/ck/checkpoint_last.pt" ] || { echo "no $OUT/ck/checkpoint_last.pt: run PART=rouge first" >&2; exit 2; }
+    step "B1 model folder for lsg-fairseq-summarize (checkpoint + dict.txt + spm.model; length limit $FULL)"
+    mkdir -p "$OUT/model"
+    cp "$OUT/spm/dict.txt" "$OUT/spm/spm.model" "$OUT/model/"
+    # lsg-fairseq-summarize truncates to the checkpoint's max_source_positions and has no flag to
+    # raise it, so the folder's copy of the checkpoint records a larger limit (LOCOST has no
+    # position table: the limit is the only thing that changes).
+    python - "$OUT/ck/checkpoint_last.pt" "$OUT/model/model.pt" "$FULL" <<'EOF'
+import sys
+import torch
+import lsg_fairseq  # noqa: F401  (safe globals for the checkpoint)
+from fairseq import checkpoint_utils
+from omegaconf import open_dict
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+state = checkpoint_utils.load_checkpoint_to_cpu(src)
+state.pop("last_optimizer_state", None)
+with open_dict(state["cfg"]):
+    setattr(state["cfg"]["model"], "max_source_positions", n)
+    state["cfg"]["task"]["max_source_positions"] = n
+torch.save(state, dst)
+EOF
+    name=$(basename "$BOOK" .txt)
+    (tr -s '[:space:]' ' ' < "$BOOK"; echo) > "$OUT/book-$name.line"  # what the summarizer reads: one line
+    pieces=$(python scripts/spm_encode.py --model "$OUT/spm/spm.model" --inputs "$OUT/book-$name.line" \
+        --outputs - 2>/dev/null | wc -w)
+    step "B2 lsg-fairseq-summarize $BOOK: $(wc -w < "$BOOK") words = $pieces pieces, one encoder pass, greedy"
+    /usr/bin/time -v lsg-fairseq-summarize "$OUT/model" "$BOOK" --beam 1 --max-len-b "$MAX_LEN_B" \
+        --no-repeat-ngram-size "$NO_REPEAT" --output "$OUT/book-$name.summary.txt" 2> "$OUT/book-$name.err"
+    grep -E "Elapsed|Maximum resident|truncat" "$OUT/book-$name.err" || true
+    echo "summary ($(wc -w < "$OUT/book-$name.summary.txt") words): $(cut -c1-300 "$OUT/book-$name.summary.txt")..."
+}
+
+case "$PART" in
+    all) part_a; part_b ;;
+    rouge) part_a ;;
+    book) part_b ;;
+    *) echo "PART=$PART: expected all, rouge or book" >&2; exit 2 ;;
+esac
+step "done ($(( $(date +%s) - start )) s wall); load after: $(uptime)"
