@@ -97,20 +97,26 @@ def test_incremental_equals_full_decoding(tiny, reorder):
     assert torch.allclose(inc, full, atol=1e-5), (inc - full).abs().max()
 
 
-def test_incremental_equals_full_beyond_max_distance(tiny):
-    """140 decoder steps: relative positions past the exact buckets and past max_distance 128."""
-    task, model = tiny
-    torch.manual_seed(5)
-    src = torch.randint(4, 40, (2, 30))
-    prev = torch.randint(4, 40, (2, 140))
-    prev[:, 0] = task.tgt_dict.eos()
+def test_incremental_position_bias_beyond_max_distance(tiny):
+    """The bias row of a query at offset t (incremental step) equals row t of the full bias, for
+    offsets past the exact buckets and past max_distance 128 (full 140-step decoding is too slow
+    for this test file; test_incremental_equals_full_decoding covers the wiring)."""
+    _, model = tiny
+    rel = model.decoder.block[0].layer[0].SelfAttention
     with torch.no_grad():
-        enc = model.encoder(src, torch.tensor([30, 30]))
-        state = {}
-        inc = torch.cat([model.decoder(prev[:, : t + 1], encoder_out=enc, incremental_state=state)[0]
-                         for t in range(prev.size(1))], 1)
-        full, _ = model.decoder(prev, encoder_out=enc)
-    assert torch.allclose(inc, full, atol=1e-5), (inc - full).abs().max()
+        full = rel.compute_bias(300, 300)  # (1 heads 300 300)
+        for t in (0, 15, 16, 127, 128, 129, 299):
+            assert torch.equal(rel.compute_bias(1, t + 1, q_offset=t)[0, :, 0], full[0, :, t, : t + 1])
+        # past max_distance every earlier key shares the last bucket
+        assert torch.equal(full[0, :, 299, 0], full[0, :, 299, 299 - 140])
+    from lsg_fairseq.modules.t5_layers import relative_position_bucket
+
+    b = relative_position_bucket(-torch.arange(300), bidirectional=False)  # key t - d for query t
+    assert b[:16].tolist() == list(range(16))  # exact buckets
+    assert (b[128:] == 31).all() and (b.diff() >= 0).all()
+    # log-spaced: 16 + int(log(d / 16) / log(128 / 16) * 16), e.g. d = 100 -> 30, d = 20 -> 17
+    assert b[100].item() == 30 and b[20].item() == 17 and b[16].item() == 16
+    assert (relative_position_bucket(torch.arange(1, 50), bidirectional=False) == 0).all()  # future keys
 
 
 def test_bf16_model_close_to_fp32(word_data):
