@@ -108,6 +108,9 @@ def parse_args(argv=None):
     p.add_argument("--num-global-tokens", type=int, default=1)
     p.add_argument("--attention-window", type=int, default=1024, help="LED full window W")
     p.add_argument("--locost-kernel-cache-mb", type=float, default=0.0)
+    p.add_argument("--ssm-breakdown-max-length", type=int, default=65536,
+                   help="locost enc: split out kernel generation / FFT convolution (one extra encoder "
+                        "call) up to this length")
     p.add_argument("--profile", action="store_true",
                    help="also write a torch.profiler op table of one call per measurement")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
@@ -275,34 +278,44 @@ def make_step(model, dictionary, mode, length, args, device):
 
 
 def ssm_breakdown(model, step, device) -> dict:
-    """One more encoder call with S4D kernel generation and FFT convolution timed separately."""
+    """One more encoder call with S4D kernel generation and FFT convolution timed separately.
+
+    kernel = ``S4DKernel.forward`` + the rfft of the circular kernel; conv = ``S4D._conv`` (rfft of
+    the input, product, irfft, D skip). Nested calls are counted once, by the outermost timer.
+    """
     from lsg_fairseq.modules import s4d
 
     totals = {"kernel": 0.0, "conv": 0.0}
+    active = []
     patched = []
 
     def wrap(owner, name, key):
         original = getattr(owner, name)
 
         def timed(*a, **kw):
+            if active:  # inside another timed region: already counted there
+                return original(*a, **kw)
+            active.append(key)
             sync(device)
             t = time.perf_counter()
-            out = original(*a, **kw)
-            sync(device)
-            totals[key] += time.perf_counter() - t
-            return out
+            try:
+                return original(*a, **kw)
+            finally:
+                sync(device)
+                totals[key] += time.perf_counter() - t
+                active.pop()
 
         setattr(owner, name, timed)
         patched.append((owner, name, original))
 
     wrap(s4d.S4DKernel, "forward", "kernel")
+    wrap(torch.fft, "rfft", "kernel")  # outside _conv, the only rfft is the kernel's
     if hasattr(s4d.S4D, "_conv"):
         wrap(s4d.S4D, "_conv", "conv")
-        conv_what = "S4D._conv (FFT convolution + D skip)"
-    else:  # older layout: the convolution is inline; count every FFT (includes the kernel's rfft)
-        wrap(torch.fft, "rfft", "conv")
+        conv_what = "S4D._conv (rfft, product, irfft, D skip); kernel = S4DKernel.forward + kernel rfft"
+    else:  # older layout: the convolution is inline; count its irfft only
         wrap(torch.fft, "irfft", "conv")
-        conv_what = "torch.fft.rfft + irfft calls"
+        conv_what = "irfft only; kernel = S4DKernel.forward + every rfft"
     try:
         sync(device)
         t = time.perf_counter()
@@ -310,7 +323,7 @@ def ssm_breakdown(model, step, device) -> dict:
         sync(device)
         total = time.perf_counter() - t
     finally:
-        for owner, name, original in patched:
+        for owner, name, original in reversed(patched):
             setattr(owner, name, original)
     return {"ssm_total_s": total, "ssm_kernel_s": totals["kernel"], "ssm_conv_s": totals["conv"],
             "ssm_share": (totals["kernel"] + totals["conv"]) / total, "ssm_conv_is": conv_what}
@@ -348,7 +361,7 @@ def measure(arch, mode, length, args) -> dict:
     if mode == "gen":
         rec["new_tokens"] = out
         rec["new_tokens_per_s"] = out / rec["median_s"]
-    if arch == "locost" and mode == "enc":
+    if arch == "locost" and mode == "enc" and length <= args.ssm_breakdown_max_length:
         rec.update(ssm_breakdown(model, step, device))
     if args.profile:
         rec["profile"] = profile_table(step, arch, mode, length, args)
