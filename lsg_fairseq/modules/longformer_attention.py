@@ -222,41 +222,33 @@ class LongformerSelfAttention(nn.Module):
 
         # window keys: real tokens that are not global (globals come through their own slots)
         window_ok = real if glob is None else real & ~glob  # (n, t)
-        # key sources per row: [global keys (Gm) | all tokens (t) | one zero slot]
-        src_k, src_v, src_ok = [k], [v], [window_ok]
-        if Gm:
-            gather = g_idx[:, :, None, None].expand(n, Gm, h, d)
-            src_k.insert(0, k.gather(1, gather))  # (n, Gm, h, d): LOCAL keys of the globals
-            src_v.insert(0, v.gather(1, gather))  # (n, Gm, h, d)
-            src_ok.insert(0, g_valid)  # (n, Gm)
-        pad_slot = Gm + t
-        src_k.append(k.new_zeros(n, 1, h, d))
-        src_v.append(v.new_zeros(n, 1, h, d))
-        src_ok.append(window_ok.new_zeros(n, 1))
-        src_k = torch.cat(src_k, dim=1)  # (n, Gm + t + 1, h, d)
-        src_v = torch.cat(src_v, dim=1)  # (n, Gm + t + 1, h, d)
-        src_ok = torch.cat(src_ok, dim=1)  # (n, Gm + t + 1)
 
-        # per-block key index: [globals | blocks j-r .. j+r | alignment padding]
+        # per-block key positions: [row's globals | blocks j-r .. j+r | alignment padding];
+        # masked slots point at token 0 (any finite key: a masked key gets exactly 0 weight)
         win, win_valid = local_window_indices(nb, bs, r, r, device=device)  # (nb, (2r+1)*bs)
-        parts = [torch.arange(Gm, device=device).expand(nb, Gm), clamp_index(win + Gm, win_valid, pad_slot)]
-        # band: |key - query| <= w inside the window; global slots are always in range
+        win = clamp_index(win, win_valid, 0)
         rel = relative_positions(bs, r, r, device=device)  # (bs, (2r+1)*bs)
-        band = [torch.ones(bs, Gm, dtype=torch.bool, device=device), rel.abs() <= self.one_sided]
+        in_band = (rel.abs() <= self.one_sided)[None, None]  # (1, 1, bs, (2r+1)*bs)
+        win_ok = window_ok[:, win] & win_valid  # (n, nb, (2r+1)*bs)
+        parts = [win.expand(n, nb, win.size(1))]
+        allowed = [win_ok[:, :, None, :] & in_band]  # (n, nb, bs, (2r+1)*bs)
+        if Gm:
+            parts.insert(0, g_idx[:, None, :].expand(n, nb, Gm))  # same globals for every block
+            allowed.insert(0, g_valid[:, None, None, :].expand(n, nb, bs, Gm))
         extra = -(Gm + win.size(1)) % _KEY_ALIGN
         if extra:
-            parts.append(torch.full((nb, extra), pad_slot, device=device))
-            band.append(torch.zeros(bs, extra, dtype=torch.bool, device=device))
-        index = torch.cat(parts, dim=1)  # (nb, Kn)
-        band = torch.cat(band, dim=1)  # (bs, Kn)
-        Kn = index.size(1)
+            parts.append(win.new_zeros(n, nb, extra))
+            allowed.append(win_ok.new_zeros(n, nb, bs, extra))
+        index = torch.cat(parts, dim=2)  # (n, nb, Kn) token positions
+        Kn = index.size(2)
+        allowed = torch.cat(allowed, dim=3).view(n * nb, 1, bs, Kn)  # broadcast over heads
+        zero = torch.zeros((), dtype=q.dtype, device=device)
+        mask = torch.where(allowed, zero, zero + neg)  # (n*nb, 1, bs, Kn) additive, in q's dtype
 
-        flat = index.reshape(-1)  # (nb * Kn,)
-        keys = src_k.index_select(1, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
-        values = src_v.index_select(1, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
-        key_ok = src_ok.index_select(1, flat).view(n * nb, 1, 1, Kn)  # (n*nb, 1, 1, Kn)
-        allowed = key_ok & band  # (n*nb, 1, bs, Kn), broadcast over heads
-        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=device).masked_fill_(~allowed, neg)
+        # one gather over the flattened (row, token) axis: rows have different global positions
+        flat = (index + torch.arange(n, device=device)[:, None, None] * t).reshape(-1)  # (n*nb*Kn,)
+        keys = k.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
+        values = v.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
 
         queries = q.view(n * nb, bs, h, d).transpose(1, 2)  # (n*nb, h, bs, d)
         out = F.scaled_dot_product_attention(
@@ -283,5 +275,6 @@ class LongformerSelfAttention(nn.Module):
         # overwrite the (discarded) local result of every real global position
         rows = (g_idx + torch.arange(n, device=x.device)[:, None] * t).reshape(-1)  # (n*Gm,)
         keep = g_valid.reshape(-1)  # (n*Gm,)
+        # out of place: ``out`` may be a view of the SDPA output, which autograd still needs
         out = out.reshape(n * t, C).index_copy(0, rows[keep], og[keep])  # (n*t, C)
         return out.view(n, t, C)  # (n, t, C)
