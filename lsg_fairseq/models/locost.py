@@ -14,6 +14,9 @@ Token conventions (T5, not BART):
   ``<s>`` instead. For converted checkpoints that row holds the HF row 0 (T5's pad / decoder start).
   Pads are never masked as decoder keys: the decoder is causal and targets are right-padded.
 
+Generation: ``set_beam_size`` (called by fairseq's SequenceGenerator for beam > 1) keeps the encoder
+output and the cross-attention key/value caches at one row per source instead of one per hypothesis.
+
 SSM parameters (``log_dt, inv_A_real, A_imag, B, C``) are tagged ``param_group="ssm"`` with no weight
 decay and ``lr_scale = --ssm-lr / --lr``; ``--optimizer grouped_adam`` honours the tags.
 """
