@@ -130,6 +130,8 @@ def test_bf16_model_close_to_fp32(word_data):
         ref, _ = model(*args)
         out, _ = model.to(torch.bfloat16)(*args)
     assert out.dtype == torch.bfloat16
+    kernel = model.encoder.block[0].layer[0].ssm_layer.kernel
+    assert kernel.A_imag.dtype == torch.float32 and model.encoder.embed_tokens.weight.dtype == torch.bfloat16
     rel = (out.float() - ref).abs().max() / ref.abs().max()
     assert rel < 0.05, rel
 

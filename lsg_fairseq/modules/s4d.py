@@ -173,6 +173,20 @@ class S4DKernel(nn.Module):
         for name in SSM_PARAMETER_NAMES:
             setattr(getattr(self, name), "_optim", dict(optim))
 
+    def _apply(self, fn, *args, **kwargs):
+        # Keep the SSM parameters in float32 when the model is cast to half precision (fairseq
+        # --fp16 / --memory-efficient-fp16 call model.half()): A_imag reaches pi * (N/2 - 1) ~ 800,
+        # where float16 steps are 0.5 and bfloat16 steps 4, so the kernel phases would be noise.
+        # Device moves still apply; float64 casts are honoured.
+        def keep_float32(t):
+            if t.is_floating_point() and t.dtype == torch.float32:
+                probe = fn(t.new_zeros(()))  # what fn does to a float32 tensor, without rounding t
+                if probe.dtype in (torch.float16, torch.bfloat16):
+                    return t.to(device=probe.device)
+            return fn(t)
+
+        return super()._apply(keep_float32, *args, **kwargs)
+
     def discretize(self, channels: slice = slice(None)) -> Tuple[torch.Tensor, torch.Tensor]:
         """Returns (C' (2, H, M) complex64, dtA (H, M) complex64) from the float32 parameters,
         for the channels ``channels`` only (default all)."""
