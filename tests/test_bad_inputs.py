@@ -69,7 +69,7 @@ def test_non_utf8_jsonl_named_and_nothing_written(tmp_path, capsys):
     rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(in_dir), "--output-dir", str(out_dir),
                                                    "--splits", "train"])
     err = capsys.readouterr().err
-    assert rc == 2 and f"{in_dir / 'train.jsonl'}: not UTF-8 text" in err
+    assert rc == 2 and f"{in_dir / 'train.jsonl'}:2: not UTF-8 text (byte 17 of the line" in err
     assert files_in(out_dir) == []
 
 

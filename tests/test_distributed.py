@@ -13,6 +13,7 @@ that the six processes (2 archs x (2 ranks + 1 reference)) do not each pay the ~
 """
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -51,9 +52,14 @@ for run in json.loads(sys.argv[1]):
         os._exit(code)
     pids.append(pid)
 failed = 0
-for pid in pids:
-    _, status = os.waitpid(pid, 0)
-    failed += os.waitstatus_to_exitcode(status) != 0
+running = set(pids)
+while running:
+    pid, status = os.wait()
+    running.discard(pid)
+    if os.waitstatus_to_exitcode(status) != 0:
+        failed += 1
+        for other in running:  # its peers would wait for it in gloo forever
+            os.kill(other, 9)
 sys.exit(1 if failed else 0)
 """
 
@@ -115,10 +121,17 @@ def test_two_gloo_processes_equal_one_process_with_update_freq_2(word_data, tmp_
     driver.write_text(DRIVER.format(repo=REPO_ROOT))
     env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, str(driver), json.dumps(runs)], env=env, timeout=600,
-                          capture_output=True, text=True)
+    # own session: a hung rank (gloo waits forever for a dead peer) is killed with the driver
+    proc = subprocess.Popen([sys.executable, str(driver), json.dumps(runs)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, driver_err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     logs = {r["log"]: open(r["log"]).read() if os.path.exists(r["log"]) else "" for r in runs}
-    assert proc.returncode == 0, proc.stderr[-2000:] + "\n".join(t[-3000:] for t in logs.values())
+    assert proc.returncode == 0, driver_err[-2000:] + "\n".join(t[-3000:] for t in logs.values())
 
     report = {}
     for arch in ARCHS:

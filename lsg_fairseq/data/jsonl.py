@@ -37,19 +37,21 @@ def read_jsonl(
     would become an empty line that fairseq trains on as if it were data). Blank lines are errors
     too: they usually mean a truncated or hand-edited file.
     """
-    try:
-        yield from _read_checked(path, fields, max_examples)
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 text (byte {e.start} of a read block: {e.reason})") from None
+    yield from _read_checked(path, fields, max_examples)
 
 
 def _read_checked(path, fields, max_examples):
     count = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    # bytes, decoded line by line, so that a non-UTF-8 byte is reported with its line number
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
             if max_examples is not None and count >= max_examples:
                 return
             where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not UTF-8 text (byte {e.start} of the line: {e.reason})") from None
             if not line.strip():
                 raise DataError(f"{where}: blank line (expected one JSON object per line)")
             try:
