@@ -14,6 +14,8 @@ from fairseq.distributed import fsdp_wrap
 from fairseq.models.bart import BARTModel
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from lsg_fairseq.models import hub
+
 
 def wrap_encoder_layer(layer, cfg):
     """Same wrapping as fairseq's ``TransformerEncoderBase.build_encoder_layer`` (no key changes)."""
@@ -30,19 +32,11 @@ class LongInputBARTModel(BARTModel):
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
                         bpe=None, **kwargs):
-        """Load through ``lsg_fairseq.models.hub`` (no 1,024-token truncation) when present.
+        """Load through :func:`lsg_fairseq.models.hub.from_pretrained` (no 1,024-token truncation).
 
         The dictionary and tokenizer files are read from the model folder itself (what
         ``lsg-fairseq-convert`` writes); ``bpe`` overrides the detected tokenizer.
         """
-        try:
-            from lsg_fairseq.models import hub
-        except ImportError:
-            hub = None
-        if hub is None or not hasattr(hub, "from_pretrained"):
-            return super().from_pretrained(model_name_or_path, checkpoint_file=checkpoint_file,
-                                           data_name_or_path=data_name_or_path,
-                                           bpe=bpe or "gpt2", **kwargs)
         if data_name_or_path not in (".", None):
             raise ValueError(f"{cls.__name__} hub models read dict.txt from the model folder itself")
         if bpe is not None:
