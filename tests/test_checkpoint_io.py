@@ -226,3 +226,28 @@ def test_matching_checkpoint_still_restores(data_dir, saved, tmp_path):
     trainer.load_checkpoint(good)
     saved = torch.load(good, weights_only=False)["model"]["encoder.global_embeddings.weight"]
     assert torch.equal(trainer.model.encoder.global_embeddings.weight, saved) and saved.abs().sum() > 0
+
+
+def test_fairseq_save_checkpoint_writes_every_file_atomically(word_data, tmp_path, monkeypatch):
+    """fairseq's own save_checkpoint (first file, then copies to best/last) goes through the patches."""
+    save_dir = tmp_path / "ckpt"
+    cfg, trainer = build_trainer(str(word_data), save_dir, *LSG_TINY, "--max-source-positions", "64",
+                                 "--truncate-target", "--save-interval-updates", "1")
+    epoch_itr = trainer.get_train_iterator(epoch=1)
+    epoch_itr.next_epoch_itr(shuffle=False)  # as fairseq-train does before its first save
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, val_loss=1.0)
+    written = sorted(p.name for p in save_dir.iterdir())
+    assert written == ["checkpoint_1_0.pt", "checkpoint_best.pt", "checkpoint_last.pt"]
+    for name in written:  # each was fsynced as a hidden temp file, then renamed
+        assert any(s.startswith(f".{name}.") and s.endswith(".tmp") for s in synced), (name, synced)
+    assert synced.count(save_dir.name) == 3  # and the folder after each rename
+    a, b = (save_dir / "checkpoint_1_0.pt").read_bytes(), (save_dir / "checkpoint_last.pt").read_bytes()
+    assert a == b
