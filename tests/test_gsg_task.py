@@ -18,7 +18,7 @@ from lsg_fairseq.data.documents import chunk_sentences, document_sentences, get_
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
 from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationConfig, validate_gsg_config
 
-from conftest import REPO_ROOT, SHARED_DATA
+from conftest import REPO_ROOT, SHARED, SHARED_DATA
 
 GUTENBERG = os.path.join(SHARED_DATA, "gutenberg")
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "gsg_preprocess.py")
@@ -121,6 +121,68 @@ def test_script_jsonl_and_errors(tmp_path):
     assert status == 2 and "file not found" in err
     status, err = run_script("--format", "lines", "--input", f"train={src}", "--min-sentences", "0", "--output-dir", str(tmp_path))
     assert status == 2 and "--min-sentences must be >= 1" in err
+
+
+def _load_lead_script(name):
+    spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(REPO_ROOT, "scripts", name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _first_documents(out_dir):
+    """The stored corpus and the sentences of its first pseudo-document (Blake, 300 words)."""
+    corpus = GSGCorpus(corpus_prefix(str(out_dir), "train"))
+    book = next(read_documents(os.path.join(GUTENBERG, "blake-poems.txt"), "file"))
+    first = next(chunk_sentences(document_sentences(book, 200), 300))
+    return corpus, first
+
+
+def test_script_gpt2_tokenizer(tmp_path):
+    """GPT-2 BPE (a converted BART folder's files): every stored sentence decodes back to itself."""
+    from lsg_fairseq.data.offline_bpe import load_gpt2_encoder
+
+    hf = os.path.join(SHARED, "fixtures", "lsg", "bart_plain", "hf")
+    # The converter's identity dict.txt: GPT-2 id i is dictionary index i (fairseq_notes §3).
+    dict_txt = tmp_path / "dict.txt"
+    dict_txt.write_text("".join(f"{i} 1\n" for i in range(4, 499)))
+    status, err = run_script("--format", "file", "--chunk-words", "300", "--max-documents", "2",
+                             "--input", f"train={GUTENBERG}/blake-poems.txt", "--output-dir", str(tmp_path / "out"),
+                             "--gpt2-encoder-json", f"{hf}/vocab.json", "--gpt2-vocab-bpe", f"{hf}/merges.txt",
+                             "--dict", str(dict_txt))
+    assert status == 0, err
+    corpus, sentences = _first_documents(tmp_path / "out")
+    bpe = load_gpt2_encoder(f"{hf}/vocab.json", f"{hf}/merges.txt")
+    tokens, _ = corpus.document(0)
+    assert len(tokens) == len(sentences)
+    for toks, sentence in zip(tokens, sentences):
+        assert bpe.decode(toks.tolist()) == " " + sentence  # leading space: sentences join cleanly
+    status, err = run_script("--format", "file", "--input", f"train={GUTENBERG}/blake-poems.txt",
+                             "--output-dir", str(tmp_path / "out2"), "--gpt2-encoder-json", f"{hf}/vocab.json",
+                             "--gpt2-vocab-bpe", f"{hf}/merges.txt")
+    assert status == 2 and "--dict is required" in err
+
+
+def test_script_sentencepiece_tokenizer(tmp_path):
+    """Sentencepiece from scripts/spm_train.py: dict.txt copied, stored ids decode to the text."""
+    import sentencepiece as spm
+
+    status = _load_lead_script("spm_train.py").main(
+        ["--inputs", os.path.join(GUTENBERG, "blake-poems.txt"), "--model-prefix", str(tmp_path / "spm" / "spm"),
+         "--vocab-size", "300", "--soft-vocab-limit"])
+    assert status == 0
+    status, err = run_script("--format", "file", "--chunk-words", "300", "--max-documents", "2",
+                             "--input", f"train={GUTENBERG}/blake-poems.txt", "--output-dir", str(tmp_path / "out"),
+                             "--spm-model", str(tmp_path / "spm" / "spm.model"))
+    assert status == 0, err
+    assert (tmp_path / "out" / "dict.txt").read_text() == (tmp_path / "spm" / "dict.txt").read_text()
+    corpus, sentences = _first_documents(tmp_path / "out")
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm" / "spm.model"))
+    tokens, _ = corpus.document(0)
+    assert len(tokens) == len(sentences)
+    for toks, sentence in zip(tokens, sentences):
+        # dictionary index == piece id (spm_train.py's convention), nmt_nfkc normalisation aside
+        assert sp.decode(toks.tolist()) == sp.decode(sp.encode(sentence))
 
 
 def test_corpus_round_trip(corpus_dir):
