@@ -364,3 +364,17 @@ def test_plugin_tiny_archs_train_on_gsg(corpus_dir, tmp_path, arch):
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
     assert state["optimizer_history"][-1]["num_updates"] == 1
     assert state["cfg"]["model"].arch == arch
+
+
+def test_mask_symbol_must_be_in_dictionary(corpus_dir):
+    from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationTask
+
+    d = GapSentenceGenerationTask.load_dictionary(str(corpus_dir / "dict.txt"))
+    cfg = GapSentenceGenerationConfig(seed=1, data=str(corpus_dir), gsg_mask_symbol="<extra_id_0>")
+    with pytest.raises(ValueError, match="--gsg-mask-symbol '<extra_id_0>' is not in the dictionary"):
+        GapSentenceGenerationTask(cfg, d, d)
+    sentinel = d.add_symbol("<extra_id_0>")  # e.g. a T5 vocabulary
+    task = GapSentenceGenerationTask(cfg, d, d)
+    assert task.mask_index == sentinel != d.index("<mask>")
+    task.load_dataset("valid")
+    assert sentinel in task.datasets["valid"][0]["source"].tolist()
