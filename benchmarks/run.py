@@ -173,7 +173,7 @@ class _Task:
 
     def __init__(self, dictionary):
         self.source_dictionary = self.target_dictionary = dictionary
-        self.cfg = argparse.Namespace(prepend_bos=True)
+        self.cfg = argparse.Namespace(no_prepend_bos=False)
 
 
 class ProjectionsOnly(nn.Module):

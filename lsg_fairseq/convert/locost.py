@@ -249,7 +249,7 @@ def convert(src: str, out: str, to: Optional[str] = None, max_source_positions: 
 
     cfg, task, model = C.build_model(
         out, "locost_base", model_flags(config, src, max_source_positions, max_target_positions),
-        namespace_overrides={"prepend_bos": False},  # T5 conventions: no <s> (saved in cfg.task too)
+        namespace_overrides={"no_prepend_bos": True},  # T5 conventions: no <s> (saved in cfg.task too)
     )
     dictionary = task.source_dictionary
     if len(dictionary) < len(order):

@@ -31,7 +31,7 @@ class LongInputHubInterface(BARTHubInterface):
 
     @property
     def prepend_bos(self) -> bool:
-        return bool(getattr(self.task.cfg, "prepend_bos", True))
+        return not getattr(self.task.cfg, "no_prepend_bos", False)
 
     def encode(self, sentence: str, *addl_sentences, no_separator=True) -> torch.LongTensor:
         if addl_sentences:

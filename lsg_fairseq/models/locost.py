@@ -8,7 +8,7 @@ shared, no score scaling, output projection tied to the shared embedding with d_
 
 Token conventions (T5, not BART):
 
-* the source is ``x </s>`` without ``<s>``; the task must not prepend ``<s>`` (``prepend_bos`` below);
+* the source is ``x </s>`` without ``<s>``; the task must not prepend ``<s>`` (``prepend_bos`` below sets the task's ``no_prepend_bos``);
 * the decoder starts from a dedicated start embedding: fairseq feeds ``</s>`` at decoder position 0
   (teacher forcing and generation alike) and :class:`LOCOSTDecoder` embeds it with the row of
   ``<s>`` instead. For converted checkpoints that row holds the HF row 0 (T5's pad / decoder start).
@@ -292,9 +292,9 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         # fairseq builds the model before it loads datasets (train, generate, validate, hub), so
         # switching the task's <s> convention here covers every entry point.
         task_cfg = getattr(task, "cfg", None)
-        if task_cfg is not None and getattr(task_cfg, "prepend_bos", False):
-            logger.info("locost: T5 token conventions, turning off the task's prepend_bos")
-            task_cfg.prepend_bos = False
+        if task_cfg is not None and getattr(task_cfg, "no_prepend_bos", True) is False:
+            logger.info("locost: T5 token conventions, setting the task's no_prepend_bos (no <s>)")
+            task_cfg.no_prepend_bos = True
 
     def _init_ffn_weights(self, args):
         # T5's _init_weights for the gated FFN (factor 1): wi ~ N(0, d^-1/2), wo ~ N(0, d_ff^-1/2)

@@ -136,12 +136,12 @@ class GapSentenceGenerationTask(LongDocumentSummarizationTask):
             seed=self.cfg.seed,
             max_source_positions=self.cfg.max_source_positions,
             max_target_positions=self.cfg.max_target_positions,
-            prepend_bos=self.cfg.prepend_bos,
+            prepend_bos=self.prepend_bos,
             shuffle=split != "test",
             fixed_epoch=None if train else 1,
             pad_to_multiple=self.cfg.required_seq_len_multiple,
         )
-        bos = 1 if self.cfg.prepend_bos else 0
+        bos = 1 if self.prepend_bos else 0
         long_docs = int((corpus.doc_tokens + bos + 1 > self.cfg.max_source_positions).sum())
         logger.info(
             f"[{split}] {len(dataset)} GSG documents, {int(corpus.doc_tokens.sum())} tokens; {long_docs} "

@@ -55,9 +55,12 @@ class LongDocumentSummarizationConfig(TranslationConfig):
         default=False,
         metadata={"help": "pad the source on the left; keep False: block-sparse attention needs right padding"},
     )
-    prepend_bos: bool = field(
-        default=True,
-        metadata={"help": "prepend <s> to source and target and start generation with it (BART/HF convention)"},
+    # Named negatively on purpose: fairseq turns a bool field that defaults to True into a
+    # store_false flag, so a positive `--prepend-bos` would switch <s> *off*.
+    no_prepend_bos: bool = field(
+        default=False,
+        metadata={"help": "T5-style inputs: no <s> before source and target and no <s> generation prefix "
+                  "(default: <s> like BART/HF; LOCOST models set this themselves)"},
     )
     truncate_target: bool = field(
         default=False,
@@ -98,6 +101,11 @@ class LongDocumentSummarizationTask(TranslationTask):
         self.sequence_generator = None
         self.eval_rouge_gen_args = None
         self.truncation_counts = {}
+
+    @property
+    def prepend_bos(self) -> bool:
+        """BART/HF convention: ``<s>`` starts source and target, and generation is prefixed by it."""
+        return not self.cfg.no_prepend_bos
 
     # ---------------------------------------------------------------- dictionaries
     @classmethod
@@ -156,14 +164,14 @@ class LongDocumentSummarizationTask(TranslationTask):
         if pair.tgt is not None:
             self._refuse_empty(pair.tgt.sizes, f"{where}.{tgt}", "target")
 
-        bos = 1 if self.cfg.prepend_bos else 0
+        bos = 1 if self.prepend_bos else 0
         src_ds = TruncateKeepEosDataset(pair.src, self.cfg.max_source_positions - bos, self.src_dict.eos())
         counts = {"source": src_ds.num_truncated}
         tgt_ds = pair.tgt
         if tgt_ds is not None and self.cfg.truncate_target:
             tgt_ds = TruncateKeepEosDataset(tgt_ds, self.cfg.max_target_positions - bos, self.tgt_dict.eos())
             counts["target"] = tgt_ds.num_truncated
-        if self.cfg.prepend_bos:
+        if self.prepend_bos:
             src_ds = PrependTokenDataset(src_ds, self.src_dict.bos())
             if tgt_ds is not None:
                 tgt_ds = PrependTokenDataset(tgt_ds, self.tgt_dict.bos())
@@ -235,7 +243,7 @@ class LongDocumentSummarizationTask(TranslationTask):
     # ---------------------------------------------------------------- generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         extra = dict(extra_gen_cls_kwargs or {})
-        if self.cfg.prepend_bos:
+        if self.prepend_bos:
             extra.setdefault("symbols_to_strip_from_output", {self.tgt_dict.bos()})
         generator = super().build_generator(
             models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra, **kwargs
@@ -249,7 +257,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         return generator
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
-        if prefix_tokens is None and self.cfg.prepend_bos:
+        if prefix_tokens is None and self.prepend_bos:
             # like BART's hub: decoder input starts "</s> <s>", the HF decoder_start + forced bos
             src = sample["net_input"]["src_tokens"]
             prefix_tokens = src.new_full((src.size(0), 1), self.tgt_dict.bos())
