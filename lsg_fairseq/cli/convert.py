@@ -12,17 +12,10 @@ import logging
 import sys
 
 
-def _bool(value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {value!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lsg-fairseq-convert",
+        argument_default=argparse.SUPPRESS,
         description="Convert an HF model folder (BART, LSG-BART, LOCOST, LED) or an lsg-fairseq "
         "checkpoint into a fairseq model folder (model.pt + dict.txt + tokenizer files).",
     )
@@ -36,39 +29,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-target-positions", type=int, metavar="N",
                    help="decoder max length; its position table is tiled or cut (default: the "
                    "source's decoder length; BART -> LSG: the new encoder length, as the reference)")
-    lsg = p.add_argument_group("LSG options (default: the source's settings, else the reference's)")
-    lsg.add_argument("--num-global-tokens", type=int, metavar="G", help="global tokens (1..512)")
-    lsg.add_argument("--block-size", type=int, metavar="N", help="local block size")
-    lsg.add_argument("--sparse-block-size", type=int, metavar="N",
-                     help="sparse keys on each side of the local window (0: none)")
-    lsg.add_argument("--sparsity-factor", type=int, metavar="N", help="sparse sequence = length / N")
-    lsg.add_argument("--sparsity-type", metavar="TYPE",
-                     help="none, norm, pooling, stride, block_stride, lsh or bos_pooling")
-    lsg.add_argument("--mask-first-token", type=_bool, metavar="BOOL",
-                     help="hide the first token from attention (true/false)")
-    lsg.add_argument("--pass-global-tokens-to-decoder", type=_bool, metavar="BOOL",
-                     help="decoder cross-attends to the global tokens (true/false)")
-    lsg.add_argument("--pool-with-global", type=_bool, metavar="BOOL",
-                     help="global 0 replaces token 0 when globals are not passed (true/false)")
-    lsg.add_argument("--lsh-num-pre-rounds", type=int, metavar="N", help="lsh merging rounds")
-    lsg.add_argument("--global-positional-stride", type=int, metavar="N",
-                     help="BART -> LSG: position stride of the global-token init (default 64)")
-    lsg.add_argument("--seed", type=int, help="BART -> LSG: seed of the random parts of the init (default 123)")
-    led = p.add_argument_group("LED options (HF LED sources, or BART sources with --to led)")
-    led.add_argument("--attention-window", metavar="W",
-                     help="full Longformer window per encoder layer (even): one int or a comma "
-                     "list, one per layer (default: the LED source's, 1024 for BART -> LED)")
-    led.add_argument("--global-attention", choices=("first", "none"),
-                     help="encoder global tokens: the first real token of every source (default) or none")
-    led.add_argument("--global-token-ids", metavar="IDS",
-                     help="comma-separated token ids that also get global attention")
+    # Model flags come from the models themselves (one home per hyper-parameter). The parser's
+    # SUPPRESS default leaves out what was not given, so each family applies its own defaults
+    # (the source's settings, else the reference's).
+    from lsg_fairseq.models.led import LEDModel
+    from lsg_fairseq.models.lsg_bart import LSGBARTModel
+
+    LSGBARTModel.add_lsg_args(p.add_argument_group("LSG options (default: the source's settings, else the reference's)"))
+    conversion = p.add_argument_group("BART -> LSG initialisation (spec lsg.md section 6)")
+    conversion.add_argument("--global-positional-stride", type=int, metavar="N",
+                            help="position stride of the global-token init (default 64)")
+    conversion.add_argument("--seed", type=int, help="seed of the random parts of the init (default 123)")
+    LEDModel.add_led_args(p.add_argument_group(
+        "LED options (HF LED sources, or BART sources with --to led; default: the source's, "
+        "window 1024 for BART -> LED)"))
     return p
 
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    options = {k: v for k, v in vars(args).items() if k not in ("src", "out") and v is not None}
+    options = {k: v for k, v in vars(args).items() if k not in ("src", "out")}
     from lsg_fairseq.convert import ConversionError, convert
 
     try:

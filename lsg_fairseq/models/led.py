@@ -171,6 +171,11 @@ class LEDModel(LongInputBARTModel):
     @staticmethod
     def add_args(parser):
         BARTModel.add_args(parser)
+        LEDModel.add_led_args(parser)
+
+    @staticmethod
+    def add_led_args(parser):
+        """The Longformer flags: their one home, shared by fairseq-train and lsg-fairseq-convert."""
         parser.add_argument("--attention-window", type=str, metavar="W",
                             help="full Longformer window W per encoder layer (even; a query sees W/2 "
                             "tokens on each side): one int for all layers or a comma list, one per layer")

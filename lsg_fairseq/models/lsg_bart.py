@@ -199,6 +199,13 @@ class LSGBARTModel(LongInputBARTModel):
     @staticmethod
     def add_args(parser):
         BARTModel.add_args(parser)
+        LSGBARTModel.add_lsg_args(parser)
+        parser.add_argument("--train-global-only", type=_bool, nargs="?", const=True, metavar="BOOL",
+                            help="global tuning: freeze every parameter except the global token embeddings")
+
+    @staticmethod
+    def add_lsg_args(parser):
+        """The LSG attention flags: their one home, shared by fairseq-train and lsg-fairseq-convert."""
         parser.add_argument("--block-size", type=int, metavar="N",
                             help="LSG local block size: each block of N queries attends to 3N local keys")
         parser.add_argument("--sparse-block-size", type=int, metavar="N",
@@ -217,8 +224,6 @@ class LSGBARTModel(LongInputBARTModel):
                             help="without --pass-global-tokens-to-decoder: global 0's output replaces the first token's (default true)")
         parser.add_argument("--lsh-num-pre-rounds", type=int, metavar="N",
                             help="lsh sparsity only: merging rounds before the final hashing round")
-        parser.add_argument("--train-global-only", type=_bool, nargs="?", const=True, metavar="BOOL",
-                            help="global tuning: freeze every parameter except the global token embeddings")
 
     @classmethod
     def build_model(cls, args, task):
