@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import torch
@@ -18,6 +19,29 @@ import lsg_fairseq
 from conftest import BIN
 
 SAVE_EVERY, KILL_AFTER, MAX_UPDATE = 3, 5, 6
+
+# The first run is fairseq-train's own cli_main with the same argv, plus one hook: before the
+# update after KILL_AFTER it announces itself and waits, so that the SIGKILL lands at a known
+# point (mid-epoch, two updates after the last checkpoint) however fast or slow the machine is.
+STALLING_TRAIN = r"""
+import sys, time
+import fairseq_cli.train as train_cli
+from fairseq.trainer import Trainer
+
+marker, kill_after = sys.argv[1], int(sys.argv[2])
+original = Trainer.train_step
+
+def train_step(self, *args, **kwargs):
+    if self.get_num_updates() >= kill_after:
+        sys.stdout.flush()
+        open(marker, "w").close()
+        time.sleep(600)
+    return original(self, *args, **kwargs)
+
+Trainer.train_step = train_step
+sys.argv = ["fairseq-train"] + sys.argv[3:]
+train_cli.cli_main()
+"""
 
 
 def train_cmd(data, save_dir):
@@ -65,11 +89,13 @@ def adam_step(state) -> int:
 def test_sigkill_mid_epoch_then_same_command_resumes(word_data, tmp_path):
     save_dir = tmp_path / "ckpt"
     cmd = train_cmd(word_data, save_dir)
-    log_path = tmp_path / "killed.log"
+    log_path, marker, script = tmp_path / "killed.log", tmp_path / "stalled", tmp_path / "stalling_train.py"
+    script.write_text(STALLING_TRAIN)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=tmp_path)
+        proc = subprocess.Popen([sys.executable, str(script), str(marker), str(KILL_AFTER), *cmd[1:]],
+                                stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=tmp_path)
         deadline = time.time() + 240
-        while f'"num_updates": "{KILL_AFTER}"' not in log_path.read_text():
+        while not marker.exists():
             assert proc.poll() is None, log_path.read_text()[-3000:]
             assert time.time() < deadline, "training too slow to reach the kill point"
             time.sleep(0.1)
@@ -77,7 +103,7 @@ def test_sigkill_mid_epoch_then_same_command_resumes(word_data, tmp_path):
         proc.wait()
     killed_log = log_path.read_text()
     killed = updates(killed_log)
-    assert max(killed) >= KILL_AFTER and "done training" not in killed_log
+    assert max(killed) == KILL_AFTER and "done training" not in killed_log
 
     # What the kill left: the checkpoint of update 3, mid-epoch (12 examples, batch 1), complete.
     last = load(save_dir / "checkpoint_last.pt")
