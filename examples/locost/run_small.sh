@@ -22,9 +22,9 @@ DATA=${DATA:-../shared/data/qmsum}
 PART=${PART:-all}
 N_TEST=${N_TEST:-20}
 VOCAB=${VOCAB:-4000}
-MAX_SRC=${MAX_SRC:-8192}
+MAX_SRC=${MAX_SRC:-4096}
 MAX_TGT=${MAX_TGT:-256}
-MAX_UPDATE=${MAX_UPDATE:-200}
+MAX_UPDATE=${MAX_UPDATE:-60}
 LR=${LR:-2e-3}
 MAX_LEN_B=${MAX_LEN_B:-256}
 NO_REPEAT=${NO_REPEAT:-3}
@@ -90,14 +90,10 @@ part_a() {
     step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test meetings"
     python scripts/generate_to_rouge.py --generate-output "$OUT/generate.out" \
         --ref-file "$OUT/raw/test.target" --output-dir "$OUT/eval" > /dev/null
-    for n in 5 10; do
-        python - "$OUT/raw/test.source" "$n" > "$OUT/eval/lead$n.txt" <<'EOF'
-import sys
-from lsg_fairseq.data.sentences import split_sentences
-n = int(sys.argv[2])
-for line in open(sys.argv[1], encoding="utf-8"):
-    print(" ".join(split_sentences(line.strip())[:n]))
-EOF
+    # lead-K baselines: the first K words of each document (K around the mean summary length). Words,
+    # not sentences: SumPubMed is lowercased, so sentence splitting finds almost no boundaries.
+    for n in 50 110; do
+        awk -v n="$n" '{ s = $1; for (i = 2; i <= n && i <= NF; i++) s = s " " $i; print s }' "$OUT/raw/test.source" > "$OUT/eval/lead$n.txt"
         python scripts/generate_to_rouge.py --hyp "$OUT/eval/lead$n.txt" --ref "$OUT/raw/test.target" \
             --json "$OUT/eval/lead$n.json" > /dev/null
     done
@@ -107,12 +103,12 @@ d = sys.argv[1]
 def words(path):
     lines = open(path, encoding="utf-8").read().splitlines()
     return sum(len(l.split()) for l in lines) / len(lines)
-for name, scores, hyp in [("locost_tiny", "rouge.json", "hyp.txt"), ("lead-5", "lead5.json", "lead5.txt"),
-                          ("lead-10", "lead10.json", "lead10.txt")]:
+for name, scores, hyp in [("locost_tiny", "rouge.json", "hyp.txt"), ("lead-50 words", "lead50.json", "lead50.txt"),
+                          ("lead-110 words", "lead110.json", "lead110.txt")]:
     s = json.load(open(f"{d}/{scores}"))
-    print(f"{name:12s} n={s['n']} " + " ".join(f"{k}={s[k]:.2f}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum"))
+    print(f"{name:16s} n={s['n']} " + " ".join(f"{k}={s[k]:.2f}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum"))
           + f"  ({words(f'{d}/{hyp}'):.0f} words/summary)")
-print(f"{'reference':12s} ({words(f'{d}/ref.txt'):.0f} words/summary)")
+print(f"{'reference':16s} ({words(f'{d}/ref.txt'):.0f} words/summary)")
 EOF
     grep "valid on 'valid'" "$OUT/train.log" | tail -1 || true
 }
@@ -124,19 +120,18 @@ part_b() {
     cp "$OUT/spm/dict.txt" "$OUT/spm/spm.model" "$OUT/model/"
     # lsg-fairseq-summarize truncates to the checkpoint's max_source_positions and has no flag to
     # raise it, so the folder's copy of the checkpoint records a larger limit (LOCOST has no
-    # position table: the limit is the only thing that changes).
+    # position table: the limit is the only thing that changes). The hub also batches with the
+    # training --max-tokens (here MAX_SRC + MAX_TGT + 16) and refuses a longer input, so that goes too.
     python - "$OUT/ck/checkpoint_last.pt" "$OUT/model/model.pt" "$FULL" <<'EOF'
 import sys
 import torch
-import lsg_fairseq  # noqa: F401  (safe globals for the checkpoint)
-from fairseq import checkpoint_utils
-from omegaconf import open_dict
+import lsg_fairseq  # noqa: F401  (allowlists what fairseq checkpoints hold, for torch.load)
 src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-state = checkpoint_utils.load_checkpoint_to_cpu(src)
+state = torch.load(src, map_location="cpu")  # the raw file: cfg is plain containers + a Namespace
 state.pop("last_optimizer_state", None)
-with open_dict(state["cfg"]):
-    setattr(state["cfg"]["model"], "max_source_positions", n)
-    state["cfg"]["task"]["max_source_positions"] = n
+setattr(state["cfg"]["model"], "max_source_positions", n)
+state["cfg"]["task"]["max_source_positions"] = n
+state["cfg"]["dataset"]["max_tokens"] = None  # the hub batches with the training --max-tokens otherwise
 torch.save(state, dst)
 EOF
     name=$(basename "$BOOK" .txt)
