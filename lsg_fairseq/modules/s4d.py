@@ -29,6 +29,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 # Parameters of the kernel that are "SSM parameters": no weight decay, optionally their own lr.
 SSM_PARAMETER_NAMES = ("log_dt", "inv_A_real", "A_imag", "B", "C")
@@ -141,8 +142,10 @@ class S4DKernel(nn.Module):
         dt_max: float = 1e-1,
         lr: Optional[float] = None,
         tail_tol: float = 1e-10,
+        recompute: bool = True,
     ):
         super().__init__()
+        self.recompute = recompute
         if tail_tol < 0:
             raise ValueError(f"tail_tol must be >= 0 (got {tail_tol})")
         self.tail_tol = tail_tol
@@ -208,7 +211,13 @@ class S4DKernel(nn.Module):
         """
         c_prime, dt_a = self.discretize(channels)
         n = self.decay_length(c_prime, dt_a, length)
-        k = vandermonde_blocked(c_prime, dt_a, n)  # (2 H n)
+        if self.recompute and torch.is_grad_enabled() and (c_prime.requires_grad or dt_a.requires_grad):
+            # The blocked product's temporaries (H*M*(A + 2S) floats, ~0.6 GiB per base layer at
+            # any L) would all be kept for backward; they depend only on the parameters, so they
+            # are recomputed in backward instead and only C', dtA and the kernel are kept.
+            k = checkpoint(vandermonde_blocked, c_prime, dt_a, n, use_reentrant=False)  # (2 H n)
+        else:
+            k = vandermonde_blocked(c_prime, dt_a, n)  # (2 H n)
         return F.pad(k, (0, length - n)) if n < length else k  # (2 H L)
 
     def decay_length(self, c_prime: torch.Tensor, dt_a: torch.Tensor, length: int) -> int:
@@ -266,10 +275,12 @@ class S4D(nn.Module):
         lr: Optional[float] = None,
         kernel_cache_mb: float = 64.0,
         kernel_tail_tol: float = 1e-10,
+        kernel_recompute: bool = True,
     ):
         super().__init__()
         self.H = d_model
-        self.kernel = S4DKernel(d_model, d_state, dt_min=dt_min, dt_max=dt_max, lr=lr, tail_tol=kernel_tail_tol)
+        self.kernel = S4DKernel(d_model, d_state, dt_min=dt_min, dt_max=dt_max, lr=lr, tail_tol=kernel_tail_tol,
+                                recompute=kernel_recompute)
         self.D = nn.Parameter(torch.randn(d_model))  # (H): skip term
         self.k_proj = nn.Linear(d_model, d_model)  # SSM input ("V" in the paper)
         self.q_proj = nn.Linear(d_model, d_model)  # gate
