@@ -90,8 +90,8 @@ part_a() {
     step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test meetings"
     python scripts/generate_to_rouge.py --generate-output "$OUT/generate.out" \
         --ref-file "$OUT/raw/test.target" --output-dir "$OUT/eval" > /dev/null
-    # lead-K baselines: the first K words of each document (K around the mean summary length). Words,
-    # not sentences: SumPubMed is lowercased, so sentence splitting finds almost no boundaries.
+    # lead-K baselines: the first K words of each transcript (K around the mean summary length); words,
+    # not sentences, as in the LSG example (transcripts are tokenized turns, not prose sentences).
     for n in 50 110; do
         awk -v n="$n" '{ s = $1; for (i = 2; i <= n && i <= NF; i++) s = s " " $i; print s }' "$OUT/raw/test.source" > "$OUT/eval/lead$n.txt"
         python scripts/generate_to_rouge.py --hyp "$OUT/eval/lead$n.txt" --ref "$OUT/raw/test.target" \
