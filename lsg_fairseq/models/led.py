@@ -27,7 +27,7 @@ from fairseq.models.bart.model import bart_base_architecture, bart_large_archite
 from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-from lsg_fairseq.models.custom_encoder import LongInputBARTModel, wrap_encoder_layer
+from lsg_fairseq.models.custom_encoder import LongInputBARTModel, tiny_bart_architecture, wrap_encoder_layer
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
 
 logger = logging.getLogger(__name__)
@@ -222,15 +222,7 @@ def led_large_architecture(args):
 
 @register_model_architecture("led", "led_tiny")
 def led_tiny_architecture(args):
-    """A few-minute CPU model for tests and demos (64-dim, 2+2 layers, window 32)."""
-    args.encoder_embed_dim = getattr(args, "encoder_embed_dim", 64)
-    args.encoder_ffn_embed_dim = getattr(args, "encoder_ffn_embed_dim", 256)
-    args.encoder_layers = getattr(args, "encoder_layers", 2)
-    args.encoder_attention_heads = getattr(args, "encoder_attention_heads", 4)
-    args.decoder_layers = getattr(args, "decoder_layers", 2)
-    args.decoder_attention_heads = getattr(args, "decoder_attention_heads", 4)
-    args.max_source_positions = getattr(args, "max_source_positions", 2048)
-    args.max_target_positions = getattr(args, "max_target_positions", 256)
+    """A few-minute CPU model for tests and demos (``tiny_bart_architecture``, window 32)."""
     args.attention_window = getattr(args, "attention_window", "32")
     led_architecture_defaults(args)
-    bart_large_architecture(args)
+    tiny_bart_architecture(args)
