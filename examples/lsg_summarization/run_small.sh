@@ -46,12 +46,14 @@ part_a() {
     step "A1 JSONL -> parallel text ($N_TRAIN/$N_VALID/$N_TEST documents of $DATA)"
     python scripts/jsonl_to_parallel.py --input-dir "$DATA" --output-dir "$OUT/raw-$N_TRAIN" --splits train
     python scripts/jsonl_to_parallel.py --input-dir "$DATA" --output-dir "$OUT/raw" --splits valid test \
-        --max-examples "$N_TEST"
+        --max-examples $(( N_VALID > N_TEST ? N_VALID : N_TEST ))
     head -n "$N_TRAIN" "$OUT/raw-$N_TRAIN/train.source" > "$OUT/raw/train.source"
     head -n "$N_TRAIN" "$OUT/raw-$N_TRAIN/train.target" > "$OUT/raw/train.target"
-    for side in source target; do  # valid: the first N_VALID of the N_TEST written
+    for side in source target; do  # the first N_VALID / N_TEST documents
         head -n "$N_VALID" "$OUT/raw/valid.$side" > "$OUT/raw/valid.$side.tmp"
         mv "$OUT/raw/valid.$side.tmp" "$OUT/raw/valid.$side"
+        head -n "$N_TEST" "$OUT/raw/test.$side" > "$OUT/raw/test.$side.tmp"
+        mv "$OUT/raw/test.$side.tmp" "$OUT/raw/test.$side"
     done
 
     step "A2 sentencepiece ($VOCAB pieces) + encode"
