@@ -117,6 +117,8 @@ def parse_args(argv=None):
     p.add_argument("--tag", default=None, help="output file stem (default: the device name)")
     p.add_argument("--append", action="store_true", help="merge into an existing <tag>.json")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--report-only", action="store_true",
+                   help="measure nothing: redraw <tag>.md and the plots from <tag>.json")
     p.add_argument("--smoke", action="store_true",
                    help="tiny models, one 256-token length, 1 timed call: checks the plumbing (CI)")
     args = p.parse_args(argv)
@@ -659,10 +661,14 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, args.tag)
     records, meta_runs = [], []
-    if args.append and os.path.exists(stem + ".json"):
+    if (args.append or args.report_only) and os.path.exists(stem + ".json"):
         with open(stem + ".json") as f:
             old = json.load(f)
         records, meta_runs = old["records"], old["runs"]
+    if args.report_only:
+        write_outputs(records, meta_runs, args, stem, plots=not args.no_plots)
+        print(f"wrote {stem}.md" + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png"))
+        return
     run_meta = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "argv": sys.argv[1:] if argv is None else argv, "load_average_start": load_average(),
                 "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
@@ -685,28 +691,11 @@ def main(argv=None):
                 else:
                     msg = rec["status"]
                 print(f"{length:>7} {mode:<5} {arch:<16} {msg}", flush=True)
+                write_outputs(records, meta_runs + [run_meta], args, stem, plots=False)
     run_meta["seconds"] = round(time.time() - start, 1)
     run_meta["load_average_end"] = load_average()
     meta_runs.append(run_meta)
-
-    growth = growth_rows(records)
-    checks = target_checks(records, args.main_lsg)
-    result = {"runs": meta_runs, "records": records, "growth": growth,
-              "targets": [{"target": t, "measured": v, "verdict": ok_} for t, v, ok_ in checks]}
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    loads = "; ".join(f"{m['started']}: {m['load_average_start']} -> {m['load_average_end']}"
-                      for m in meta_runs)
-    md = [f"# Benchmark results ({run_meta['device']}, {run_meta['cpu']}, {args.threads} threads, "
-          f"torch {torch.__version__}, {args.dtype}, batch 1)", "",
-          f"Load average (1/5/15 min) at start -> end of each run: {loads}", "",
-          tables_markdown(records), "### Growth exponents (log-log slope)", "", growth_markdown(growth), ""]
-    if checks:
-        md += ["### Targets", "", checks_markdown(checks), ""]
-    with open(stem + ".md", "w") as f:
-        f.write("\n".join(md))
-    if not args.no_plots:
-        plot(records, stem)
+    growth, checks = write_outputs(records, meta_runs, args, stem, plots=not args.no_plots)
     print("\n## Growth check (time and memory vs length, log-log exponent)\n")
     print(growth_markdown(growth))
     if checks:
@@ -714,6 +703,31 @@ def main(argv=None):
         print(checks_markdown(checks))
     print(f"\nwrote {stem}.json, {stem}.md" + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png")
           + f" in {run_meta['seconds']:.0f} s")
+
+
+def write_outputs(records, meta_runs, args, stem, plots=True):
+    """<stem>.json and <stem>.md (and the plots); called after every measurement, so that an
+    interrupted run keeps what it measured (``--report-only`` redraws from the JSON)."""
+    growth = growth_rows(records)
+    checks = target_checks(records, args.main_lsg)
+    result = {"runs": meta_runs, "records": records, "growth": growth,
+              "targets": [{"target": t, "measured": v, "verdict": ok_} for t, v, ok_ in checks]}
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    last = meta_runs[-1]
+    loads = "; ".join(f"{m['started']}: {m['load_average_start']} -> {m.get('load_average_end')}"
+                      for m in meta_runs)
+    md = [f"# Benchmark results ({last['device']}, {last['cpu']}, {last['threads']} threads, "
+          f"torch {last['torch']}, {last['dtype']}, batch 1)", "",
+          f"Load average (1/5/15 min) at start -> end of each run: {loads}", "",
+          tables_markdown(records), "### Growth exponents (log-log slope)", "", growth_markdown(growth), ""]
+    if checks:
+        md += ["### Targets", "", checks_markdown(checks), ""]
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(md))
+    if plots:
+        plot(records, stem)
+    return growth, checks
 
 
 if __name__ == "__main__":
