@@ -141,3 +141,33 @@ def test_summarize_command_reads_past_1024_tokens(pipeline, tmp_path):
     assert tokens[0].item() == hub.task.source_dictionary.bos() and tokens[-1].item() == hub.task.source_dictionary.eos()
     first, second = hub.sample(docs[:1], beam=2, max_len_b=5), hub.sample(docs[:1], beam=1, max_len_b=5)
     assert len(first) == len(second) == 1  # beam 2 then beam 1 used to crash (fairseq#3893)
+
+
+def test_hub_ignores_training_batch_limits_and_takes_max_source_positions(pipeline, tmp_path):
+    """The checkpoint's --max-tokens must not cap inference batches; --max-source-positions can shrink."""
+    work = pipeline["work"]
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    shutil.copy(work / "ckpt/checkpoint_best.pt", model_dir / "model.pt")
+    shutil.copy(work / "spm/dict.txt", model_dir / "dict.txt")
+    shutil.copy(work / "spm/spm.model", model_dir / "spm.model")
+    from lsg_fairseq.models.hub import from_pretrained
+
+    import torch
+
+    state = torch.load(model_dir / "model.pt", weights_only=False)
+    state["cfg"]["dataset"]["max_tokens"] = 100  # as if trained with --max-tokens 100
+    torch.save(state, model_dir / "model.pt")
+    doc = (work / "raw/test.source").read_text().splitlines()[0]
+    hub = from_pretrained(str(model_dir))
+    assert len(hub.encode(doc)) == MAX_SRC > 100
+    assert len(hub.sample([doc], beam=1, max_len_b=3)) == 1  # used to fail: lengths exceed max_tokens
+
+    (tmp_path / "doc.txt").write_text(doc + "\n")
+    run([os.path.join(BIN, "lsg-fairseq-summarize"), model_dir, "--input-lines", tmp_path / "doc.txt",
+         "--output", tmp_path / "s.txt", "--beam", "1", "--max-len-b", "3", "--max-source-positions", "512"], tmp_path)
+    assert len((tmp_path / "s.txt").read_text().splitlines()) == 1
+    hub.set_max_source_positions(512)
+    assert len(hub.encode(doc)) == 512
+    with pytest.raises(ValueError, match="position table holds 2048"):
+        hub.set_max_source_positions(4096)  # BART-family: needs lsg-fairseq-convert first

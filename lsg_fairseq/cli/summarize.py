@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len-b", type=int, default=256, help="maximum summary length in tokens (default: 256)")
     p.add_argument("--min-len", type=int, default=1, help="minimum summary length in tokens (default: 1)")
     p.add_argument("--no-repeat-ngram-size", type=int, default=3, help="ban repeated n-grams of this size (0 = off; default: 3)")
+    p.add_argument("--max-source-positions", type=int, default=None,
+                   help="read up to N source tokens (default: the checkpoint's); above a position table "
+                   "(BART/LSG/LED) the load is refused, LOCOST has no table and reads any length")
     p.add_argument("--batch-size", type=int, default=1, help="documents per generation batch (default: 1)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--fp16", action="store_true", help="run the model in half precision (GPU only)")
@@ -74,8 +77,14 @@ def main(argv=None) -> None:
     from lsg_fairseq.data.fileio import DataError
     from lsg_fairseq.models.hub import from_pretrained
 
+    if args.max_source_positions is not None and args.max_source_positions < 2:
+        parser.error(f"--max-source-positions must be >= 2 (got {args.max_source_positions})")
     try:
         hub = from_pretrained(args.model_dir, args.checkpoint)
+        if args.max_source_positions is not None:
+            hub.set_max_source_positions(args.max_source_positions)
+    except ValueError as e:
+        parser.error(str(e))
     except (CheckpointError, DataError, FileNotFoundError) as e:  # messages name the file at fault
         print(f"lsg-fairseq-summarize: error: {e}", file=sys.stderr)
         sys.exit(2)

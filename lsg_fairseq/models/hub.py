@@ -11,9 +11,10 @@ import os
 from typing import List
 
 import torch
-from fairseq import hub_utils
+from fairseq import hub_utils, utils
 from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.models.bart.hub_interface import BARTHubInterface
+from omegaconf import open_dict
 
 from lsg_fairseq.generation import reset_beam_size
 
@@ -32,6 +33,22 @@ class LongInputHubInterface(BARTHubInterface):
     @property
     def prepend_bos(self) -> bool:
         return not getattr(self.task.cfg, "no_prepend_bos", False)
+
+    def set_max_source_positions(self, n: int) -> None:
+        """Read up to ``n`` source tokens. Below the model's limit this only truncates earlier;
+        above it only encoders without a position table (LOCOST) can follow."""
+        model_max = self.model.max_positions()[0]
+        if n > model_max:
+            if getattr(self.model.encoder, "embed_positions", None) is not None:
+                raise ValueError(
+                    f"--max-source-positions {n}: this model's position table holds {model_max} tokens; "
+                    f"extend it first with `lsg-fairseq-convert MODEL_DIR/model.pt OUT --max-source-positions {n}`"
+                )
+            self.model.encoder.max_source_positions = n
+        with open_dict(self.task.cfg):
+            self.task.cfg.max_source_positions = n
+        # GeneratorHubInterface resolved its batching limits once, at construction
+        self.max_positions = utils.resolve_max_positions(self.task.max_positions(), self.model.max_positions())
 
     def encode(self, sentence: str, *addl_sentences, no_separator=True) -> torch.LongTensor:
         if addl_sentences:
@@ -98,5 +115,11 @@ def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrid
         check_spm_matches_dict(kwargs["sentencepiece_model"], os.path.join(model_dir, "dict.txt"))
     loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, ".", **kwargs)
     hub = LongInputHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
+    # The checkpoint carries the training run's --max-tokens / --batch-size; the hub batches with
+    # them, so any document longer than a training batch would fail an assertion. Callers choose
+    # their own batches (lsg-fairseq-summarize --batch-size), so lift both limits.
+    with open_dict(hub.cfg):
+        hub.cfg.dataset.max_tokens = overrides.get("max_tokens")
+        hub.cfg.dataset.batch_size = overrides.get("batch_size")
     reset_beam_size(hub.model)
     return hub
