@@ -118,28 +118,15 @@ part_b() {
     step "B1 model folder for lsg-fairseq-summarize (checkpoint + dict.txt + spm.model; length limit $FULL)"
     mkdir -p "$OUT/model"
     cp "$OUT/spm/dict.txt" "$OUT/spm/spm.model" "$OUT/model/"
-    # lsg-fairseq-summarize truncates to the checkpoint's max_source_positions and has no flag to
-    # raise it, so the folder's copy of the checkpoint records a larger limit (LOCOST has no
-    # position table: the limit is the only thing that changes). The hub also batches with the
-    # training --max-tokens (here MAX_SRC + MAX_TGT + 16) and refuses a longer input, so that goes too.
-    python - "$OUT/ck/checkpoint_last.pt" "$OUT/model/model.pt" "$FULL" <<'EOF'
-import sys
-import torch
-import lsg_fairseq  # noqa: F401  (allowlists what fairseq checkpoints hold, for torch.load)
-src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-state = torch.load(src, map_location="cpu")  # the raw file: cfg is plain containers + a Namespace
-state.pop("last_optimizer_state", None)
-setattr(state["cfg"]["model"], "max_source_positions", n)
-state["cfg"]["task"]["max_source_positions"] = n
-state["cfg"]["dataset"]["max_tokens"] = None  # the hub batches with the training --max-tokens otherwise
-torch.save(state, dst)
-EOF
+    # LOCOST has no position table: --max-source-positions lets the summarizer read past the
+    # training length (the hub batches without the training --max-tokens).
+    cp "$OUT/ck/checkpoint_last.pt" "$OUT/model/model.pt"
     name=$(basename "$BOOK" .txt)
     (tr -s '[:space:]' ' ' < "$BOOK"; echo) > "$OUT/book-$name.line"  # what the summarizer reads: one line
     pieces=$(python scripts/spm_encode.py --model "$OUT/spm/spm.model" --inputs "$OUT/book-$name.line" \
         --outputs - 2>/dev/null | wc -w)
     step "B2 lsg-fairseq-summarize $BOOK: $(wc -w < "$BOOK") words = $pieces pieces, one encoder pass, greedy"
-    /usr/bin/time -v lsg-fairseq-summarize "$OUT/model" "$BOOK" --beam 1 --max-len-b "$MAX_LEN_B" \
+    /usr/bin/time -v lsg-fairseq-summarize "$OUT/model" "$BOOK" --max-source-positions "$FULL" --beam 1 --max-len-b "$MAX_LEN_B" \
         --no-repeat-ngram-size "$NO_REPEAT" --output "$OUT/book-$name.summary.txt" 2> "$OUT/book-$name.err"
     grep -E "Elapsed|Maximum resident|truncat" "$OUT/book-$name.err" || true
     echo "summary ($(wc -w < "$OUT/book-$name.summary.txt") words): $(cut -c1-300 "$OUT/book-$name.summary.txt")..."
