@@ -52,3 +52,45 @@ def word_data(tmp_path_factory):
         check=True, capture_output=True,
     )
     return binarized
+
+
+# ---------------------------------------------------------------- tiny models on a toy vocabulary
+TOY_VOCAB = 60  # <s> <pad> </s> <unk>, ids 4..58, then the task's <mask>
+
+
+def write_toy_dict(folder) -> str:
+    """An identity dict.txt (ids 4..TOY_VOCAB-2) in ``folder``: enough for the task to build models."""
+    with open(os.path.join(folder, "dict.txt"), "w") as f:
+        for i in range(4, TOY_VOCAB - 1):
+            f.write(f"{i} 1\n")
+    return str(folder)
+
+
+def build_task_and_model(argv, seed=0):
+    """fairseq's own path (parse_args_and_arch -> omegaconf -> task -> model), seeded weights."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    import lsg_fairseq  # noqa: F401  (registers the plugin's archs and task)
+
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), list(argv)))
+    task = tasks.setup_task(cfg.task)
+    import torch
+
+    torch.manual_seed(seed)
+    return task, task.build_model(cfg.model)
+
+
+def toy_batch(n=2, L=45, lengths=(45, 30), seed=1):
+    """Right-padded ``<s> ... </s>`` sources and decoder inputs starting with ``</s>``."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, TOY_VOCAB - 1, (n, L), generator=g)
+    src[:, 0] = 0  # <s>
+    for i, length in enumerate(lengths):
+        src[i, length - 1] = 2  # </s>
+        src[i, length:] = 1  # right padding
+    prev = torch.randint(4, TOY_VOCAB - 1, (n, 7), generator=g)
+    prev[:, 0] = 2
+    return src, torch.tensor(lengths), prev

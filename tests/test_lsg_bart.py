@@ -3,21 +3,15 @@ import pytest
 import torch
 
 import lsg_fairseq  # noqa: F401  (registers lsg_bart)
-from fairseq import options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from conftest import TOY_VOCAB as VOCAB, build_task_and_model, toy_batch, write_toy_dict
 
 from lsg_fairseq.models.lsg_bart import LSGBARTModel
 
-VOCAB = 60
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lsg_bart_data")
-    with open(d / "dict.txt", "w") as f:
-        for i in range(4, VOCAB - 1):
-            f.write(f"{i} 1\n")
-    return str(d)
+    return write_toy_dict(tmp_path_factory.mktemp("lsg_bart_data"))
 
 
 def build(data_dir, *flags, seed=0):
@@ -25,24 +19,11 @@ def build(data_dir, *flags, seed=0):
             "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--block-size", "8",
             "--sparse-block-size", "8", "--max-source-positions", "512",
             "--max-target-positions", "64"] + list(flags)
-    args = options.parse_args_and_arch(options.get_training_parser(), argv)
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    torch.manual_seed(seed)
-    model = task.build_model(cfg.model)
+    task, model = build_task_and_model(argv, seed)
     return model.eval(), task
 
 
-def batch(n=2, L=45, lengths=(45, 30), seed=1):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, VOCAB - 1, (n, L), generator=g)
-    src[:, 0] = 0  # <s>
-    for i, length in enumerate(lengths):
-        src[i, length - 1] = 2  # </s>
-        src[i, length:] = 1  # right padding
-    prev = torch.randint(4, VOCAB - 1, (n, 7), generator=g)
-    prev[:, 0] = 2
-    return src, torch.tensor(lengths), prev
+batch = toy_batch
 
 
 def test_encoder_output_layout(data_dir):

@@ -7,12 +7,10 @@ gradient equality for their archs on their own fixtures.)
 """
 import pytest
 import torch
-from fairseq import options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from conftest import TOY_VOCAB as VOCAB, build_task_and_model, write_toy_dict
 
 import lsg_fairseq  # noqa: F401
 
-VOCAB = 60
 L = 1024  # source tokens: long enough that activations dwarf the tiny weights
 
 ARCHS = {
@@ -38,18 +36,13 @@ def single_thread():
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("mem_data")
-    (d / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(4, VOCAB - 1)))
-    return str(d)
+    return write_toy_dict(tmp_path_factory.mktemp("mem_data"))
 
 
 def build(data_dir, arch, *extra):
     argv = [data_dir, "--task", "long_document_summarization", *ARCHS[arch], "--max-target-positions", "64",
             *extra]
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
-    task = tasks.setup_task(cfg.task)
-    torch.manual_seed(0)
-    return task.build_model(cfg.model).train()
+    return build_task_and_model(argv)[1].train()
 
 
 def forward_backward(model):
