@@ -37,7 +37,7 @@ def test_benchmark_smoke_writes_every_record_and_output(tmp_path):
     records = result["records"]
     expected = {("bart", m) for m in ("enc", "train", "gen")} | {("lsg_norm", m) for m in ("enc", "train", "gen")} \
         | {("led", m) for m in ("enc", "train", "gen")} | {("locost", m) for m in ("enc", "train", "gen")} \
-        | {("linear", "enc")}
+        | {("linear", "enc"), ("locost_cold", "enc")}
     assert {(r["arch"], r["mode"]) for r in records} == expected
     for r in records:
         assert r["status"] == "ok", r
@@ -46,8 +46,14 @@ def test_benchmark_smoke_writes_every_record_and_output(tmp_path):
         assert r["peak_mb"] > 0 and r["activations_mb"] >= 0 and r["params"] > 0
     gen = [r for r in records if r["mode"] == "gen"]
     assert all(r["new_tokens"] == 8 and r["new_tokens_per_s"] > 0 for r in gen)  # min = max length
-    locost = next(r for r in records if (r["arch"], r["mode"]) == ("locost", "enc"))
-    assert 0 < locost["ssm_kernel_s"] + locost["ssm_conv_s"] < locost["ssm_total_s"]
+    for arch in ("locost", "locost_cold"):
+        locost = next(r for r in records if (r["arch"], r["mode"]) == (arch, "enc"))
+        assert 0 < locost["ssm_conv_s"] and 0 < locost["ssm_proj_s"]
+        assert 0 <= locost["ssm_kernel_s"] and locost["ssm_kernel_s"] + locost["ssm_conv_s"] < locost["ssm_total_s"]
+    cold = next(r for r in records if (r["arch"], r["mode"]) == ("locost_cold", "enc"))
+    assert cold["ssm_kernel_s"] > 0  # the cold arch really generates kernels in the timed call
+    warm = next(r for r in records if (r["arch"], r["mode"]) == ("locost", "enc"))
+    assert warm["ssm_kernel_s"] == 0.0  # ... and the default one found them in its cache
     run = result["runs"][-1]
     assert run["threads"] == 1 and len(run["load_average_start"]) == 3
     md = (tmp_path / "smoke.md").read_text()

@@ -202,13 +202,13 @@ def test_kernel_cache_hits_and_invalidation():
     u = torch.randn(2, 30, 8)
     with torch.no_grad():
         y1 = layer(u)
-        kh = layer.kernel_fft(30, next_fast_len(60))
-        assert layer.kernel_fft(30, next_fast_len(60)) is kh  # cached object reused
+        kh = layer.kernel_fft(next_fast_len(60))
+        assert layer.kernel_fft(next_fast_len(60)) is kh  # cached object reused
         assert torch.equal(layer(u), y1)
         # in-place parameter update (optimizer step, load_state_dict) invalidates
         layer.kernel.log_dt.add_(0.1)
         y2 = layer(u)
-        assert layer.kernel_fft(30, next_fast_len(60)) is not kh
+        assert layer.kernel_fft(next_fast_len(60)) is not kh
     fresh = _perturbed_layer(H=8, N=8)
     with torch.no_grad():
         fresh.kernel.log_dt.add_(0.1)
@@ -223,31 +223,109 @@ def test_kernel_cache_hits_and_invalidation():
 def test_no_cache_in_training_or_with_grad():
     layer = _perturbed_layer(H=4, N=8)
     layer.train()
-    a = layer.kernel_fft(10, 20)
-    assert layer.kernel_fft(10, 20) is not a and len(layer._cache) == 0
+    a = layer.kernel_fft(20)
+    assert layer.kernel_fft(20) is not a and len(layer._cache) == 0
     layer.eval()
     with torch.enable_grad():
-        layer.kernel_fft(10, 20)
+        layer.kernel_fft(20)
     assert len(layer._cache) == 0
     with torch.no_grad():
-        layer.kernel_fft(10, 20)
+        layer.kernel_fft(20)
     assert len(layer._cache) == 1
     layer.train()
     assert len(layer._cache) == 0
     zero = S4D(4, 8, kernel_cache_mb=0).eval()
     with torch.no_grad():
-        zero.kernel_fft(10, 20)
+        zero.kernel_fft(20)
     assert len(zero._cache) == 0
 
 
 def test_cache_budget_evicts_oldest():
     layer = _perturbed_layer(H=4, N=8, kernel_cache_mb=4 * 51 * 8 * 2.5 / 2 ** 20).eval()
     with torch.no_grad():
-        for L in (50, 50, 50):  # entries of 4 * 51 complex64 each: two fit in the budget
-            layer.kernel_fft(L, 100)
-        layer.kernel_fft(49, 100)
-        layer.kernel_fft(48, 100)
-    assert list(layer._cache) == [(49, 100), (48, 100)]
+        for f in (100, 100, 100):  # entries of 4 * 51 complex64 each: two fit in the budget
+            layer.kernel_fft(f)
+        layer.kernel_fft(98)
+        layer.kernel_fft(96)
+        assert list(layer._cache) == [98, 96]
+        layer.kernel_fft(300)  # 4 * 151 entries: over the whole budget, computed but not kept
+    assert list(layer._cache) == [98, 96]
+
+
+def test_one_cached_kernel_serves_every_length_with_its_fft_size():
+    """Lengths 33..40 all use FFT size 80: one kernel (laid out for length 40) is generated and
+    reused, and each output equals the uncached layer's (kernel of exactly length L, size 2L)."""
+    lengths = [L for L in range(30, 41) if next_fast_len(2 * L) == 80]
+    assert len(lengths) >= 4
+    cached = _perturbed_layer(H=6, N=8).eval()
+    plain = _perturbed_layer(H=6, N=8, kernel_cache_mb=0).eval()
+    calls = []
+    orig = cached.kernel.forward
+    cached.kernel.forward = lambda length, channels=slice(None): calls.append(length) or orig(length, channels)
+    with torch.no_grad():
+        for L in lengths:
+            u = torch.randn(2, L, 6)
+            ref = plain(u)
+            # the slow reference: dense bidirectional convolution with the exact length-L kernels
+            k = plain.kernel.reference(L)  # (2 H L)
+            x = plain.k_proj(u).transpose(1, 2)  # (B H L)
+            t = torch.arange(L)
+            lag = t.view(-1, 1) - t.view(1, -1)  # (L L): t - s
+            kmat = torch.where(lag >= 0, k[0][:, lag.clamp(min=0)], k[1][:, (-lag).clamp(min=0)])  # (H L L)
+            kmat = kmat + torch.where(lag == 0, k[1][:, :1, None], torch.zeros(())).expand_as(kmat)
+            y = torch.einsum("hts,bhs->bht", kmat, x) + plain.D.view(-1, 1) * x
+            dense = plain.output_linear(y.transpose(1, 2) * plain.q_proj(u))
+            assert torch.allclose(ref, dense, atol=1e-4)
+            assert torch.allclose(cached(u), ref, atol=1e-5)
+    assert calls == [40] and list(cached._cache) == [80]
+
+
+# ---------------------------------------------------------------------------- decay groups
+def test_channel_groups_cover_every_channel_once_within_ratio():
+    from lsg_fairseq.modules.s4d import channel_groups
+
+    torch.manual_seed(0)
+    lengths = torch.randint(1, 5000, (300,))
+    groups = channel_groups(lengths)
+    seen = torch.cat([idx for idx, _ in groups])
+    assert sorted(seen.tolist()) == list(range(300))
+    for idx, n in groups:
+        assert n == int(lengths[idx].max())
+        assert (lengths[idx] >= 0.8 * n).all()  # nobody computes more than 1/0.8 of its own length
+    assert 1 < len(groups) < 60
+
+
+def test_per_channel_decay_lengths_are_honest_and_kernel_unchanged():
+    """Channels with large dt decay early; each is cut at its own length, and the kernel still equals
+    the exact complex128 formula to float32 precision at every entry."""
+    torch.manual_seed(0)
+    k = S4DKernel(48, 16)  # S4D-Lin init, dt log-uniform in [1e-3, 1e-1]
+    L = 20_000
+    c_prime, dt_a = k.discretize()
+    n = k.decay_lengths(c_prime, dt_a, L)
+    assert n.min() < L / 5 and n.max() == L  # a wide spread: fast channels really are cut short
+    with torch.no_grad():
+        fast = k(L)
+    exact = vandermonde_naive(c_prime.to(torch.complex128), dt_a.to(torch.complex128), L)
+    assert (fast.double() - exact).abs().max() < 2e-6
+    zeros = 0
+    for h in range(48):
+        if n[h] < L:
+            assert exact[:, h, int(n[h]):].abs().max() < k.M * 1e-10 * 1.01  # the cut-off tail was tiny
+        cut = int(n[h] / 0.8) + 1  # its group computes at most 1/0.8 of its own length
+        assert torch.equal(fast[:, h, cut:], torch.zeros_like(fast[:, h, cut:]))
+        zeros += (fast[:, h] == 0).sum().item()
+    assert zeros > 0.3 * fast.numel()  # work really skipped
+    # gradients through the grouped kernel equal those of the uncut one
+    grads = []
+    for tol in (1e-10, 0.0):
+        k.zero_grad()
+        k.tail_tol = tol
+        out = k(3000)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        grads.append([p.grad.clone() for p in k.parameters()])
+    for a, b in zip(*grads):  # float32 sums in other groupings: equal to ~1e-6 of the gradient's size
+        assert (a - b).abs().max() < 1e-5 * a.abs().max() and (a - b).norm() < 1e-5 * a.norm()
 
 
 # ---------------------------------------------------------------------------- training bits
@@ -353,7 +431,11 @@ def test_fixture_kernel_with_and_without_tail_skipping():
         layer.load_state_dict({k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)})
         with torch.no_grad():
             ref[tol] = layer.kernel(3000)
-    assert (ref[1e-10] - ref[0.0]).abs().max() < 1e-7
+            if tol > 0:
+                lengths = layer.kernel.decay_lengths(*layer.kernel.discretize(), 3000)
+    assert lengths.min() < 1000  # the trained checkpoint's channels are cut at their own lengths
+    # float32 rounding of an O(1) kernel (each group's block size differs, so sums round differently)
+    assert (ref[1e-10] - ref[0.0]).abs().max() < 3e-7
 
 
 def test_long_kernel_accuracy_beats_float32_phase():

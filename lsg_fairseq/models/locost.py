@@ -65,8 +65,10 @@ LOCOST_ARGS = [
     ("--ssm-lr", float, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
                         "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
-    ("--ssm-kernel-cache-mb", float, "per-layer memory budget (MiB) for caching SSM kernel FFTs per length in "
-                                     "eval mode without autograd; 0 disables"),
+    ("--ssm-kernel-cache-mb", float, "per-layer memory budget (MiB) for caching SSM kernel FFTs per FFT size in "
+                                     "eval mode without autograd (one entry serves all lengths with the same "
+                                     "FFT size; an entry is d_model * (FFT size / 2 + 1) * 8 bytes, 101 MiB for "
+                                     "locost_base at 16K tokens); 0 disables"),
     ("--ssm-kernel-tail-tol", float, "SSM kernel entries after every mode's term has decayed below this are "
                                      "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
                                      "0 computes every entry like the reference"),
@@ -364,7 +366,7 @@ def locost_base_architecture(args):
         args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
         decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
         relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=1e-3, ssm_dt_max=1e-1,
-        ssm_lr=0.0, ssm_kernel_cache_mb=64.0, ssm_kernel_tail_tol=1e-10, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
+        ssm_lr=0.0, ssm_kernel_cache_mb=128.0, ssm_kernel_tail_tol=1e-10, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
         checkpoint_activations=False, offload_activations=False,
     )
 
