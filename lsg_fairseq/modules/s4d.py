@@ -21,6 +21,17 @@ The layer computes ``y[t] = sum_{s<=t} Kf[t-s] k[s] + sum_{s>=t} Kb[s-t] k[s]`` 
 ``Kf[0] + Kb[0]``) with one FFT convolution, adds ``D * k`` and multiplies by the linear gate ``q``.
 This is the reference's exact ("ref") path with FFT size 2L. The reference's fast CUDA path
 displaces the anti-causal kernel when L is not a power of two; that is a bug and is not reproduced.
+
+Where the time goes and what is done about it (numbers: ``benchmarks/README.md``):
+
+- kernel generation is a blocked Vandermonde product (:func:`vandermonde_blocked`): real batched
+  matmuls, H*M*(A + S) exponentials instead of H*M*L;
+- each channel's kernel is computed only until every mode has decayed below ``tail_tol``
+  (:meth:`S4DKernel.decay_lengths`, channels grouped by :func:`channel_groups`);
+- in eval mode the kernel spectrum is cached per FFT size (:meth:`S4D.kernel_fft`): one entry
+  serves every input length with that FFT size, so a test set pays kernel generation once per size;
+- ``D`` is folded into the kernel's lag 0 and the inference path tiles its transposes
+  (:meth:`S4D._mix_inference`).
 """
 import math
 from collections import OrderedDict
