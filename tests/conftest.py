@@ -18,6 +18,18 @@ def fairseq_cli(name: str) -> str:
     return os.path.join(BIN, name)
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny tensors: one intra-op thread is far faster on a shared, oversubscribed CPU
+    (modules opt in with ``pytestmark = pytest.mark.usefixtures("single_thread")``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def read_jsonl(path, limit=None):
     out = []
     with open(path, encoding="utf-8") as f:

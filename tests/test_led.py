@@ -10,13 +10,7 @@ from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    """Tiny tensors: one intra-op thread is far faster on a shared, oversubscribed CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
 
 
 @pytest.fixture(scope="module")
