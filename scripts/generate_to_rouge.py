@@ -8,6 +8,11 @@ Mode 1, from fairseq-generate stdout (or --results-path's generate-test.txt):
   from D- lines, else H-; references from T- lines or, with --ref-file, line <id> of that file)
   and eval/rouge.json, and prints the JSON.
 
+  With --source-file and --lead-words 50 110, the same examples are also scored for lead-N
+  baselines (the first N words of each source: leadN.txt, leadN.json; words, not sentences, so
+  lowercased or transcribed text works too), and --table prints model / baselines / reference
+  length as a table instead of the JSON.
+
 Mode 2, two existing files (same line count):
     python scripts/generate_to_rouge.py --hyp eval/hyp.txt --ref raw/test.target [--json out.json]
 
@@ -39,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ref-file", metavar="FILE", help="raw references, line i = example id i (default: the T- lines)"
     )
     g.add_argument("--output-dir", metavar="DIR", help="where hyp.txt, ref.txt and rouge.json are written")
+    g.add_argument("--source-file", metavar="FILE", help="raw sources, line i = example id i (for --lead-words)")
+    g.add_argument("--lead-words", metavar="N", type=int, nargs="+", default=[],
+                   help="also score lead-N baselines: the first N words of each example's source")
+    g.add_argument("--name", default="model", help="label of the model's row in --table")
+    g.add_argument("--table", action="store_true",
+                   help="print a table (model, lead baselines, words per summary) instead of the JSON")
     g = p.add_argument_group("mode 2: score two files")
     g.add_argument("--hyp", metavar="FILE", help="hypotheses, one per line")
     g.add_argument("--ref", metavar="FILE", help="references, one per line (same count as --hyp)")
@@ -81,16 +92,50 @@ def score_generate_output(args) -> dict:
             f"warning: only {len(ids)} of the {len(refs)} references in {args.ref_file} have a hypothesis",
             file=sys.stderr,
         )
+    report["words_per_summary"] = _mean_words(hyps)
+    report["reference_words_per_summary"] = _mean_words(refs_by_id)
+    leads = {}
+    if args.lead_words:
+        sources = _read_lines(args.source_file, "--source-file")
+        missing = [i for i in ids if i >= len(sources)]
+        if missing:
+            raise DataError(f"--source-file {args.source_file} has {len(sources)} lines; example id "
+                            f"{missing[0]} has none")
+        for n in args.lead_words:
+            if n < 1:
+                raise DataError(f"--lead-words must be >= 1 (got {n})")
+            lead = [" ".join(sources[i].split()[:n]) for i in ids]
+            leads[n] = (lead, dict(rouge_corpus(lead, refs_by_id), words_per_summary=_mean_words(lead)))
+        report["lead_baselines"] = {f"lead-{n} words": r for n, (_, r) in leads.items()}
     out = args.output_dir
-    with atomic_outputs(
-        [os.path.join(out, "hyp.txt"), os.path.join(out, "ref.txt"), os.path.join(out, "rouge.json")]
-    ) as (fh, fr, fj):
+    paths = [os.path.join(out, f) for f in ("hyp.txt", "ref.txt", "rouge.json")]
+    for n in leads:
+        paths += [os.path.join(out, f"lead{n}.txt"), os.path.join(out, f"lead{n}.json")]
+    with atomic_outputs(paths) as files:
+        fh, fr, fj = files[:3]
         for h, r in zip(hyps, refs_by_id):
             # One example per line, whatever the text holds.
             fh.write(" ".join(h.split()) + "\n")
             fr.write(" ".join(r.split()) + "\n")
         fj.write(json.dumps(report, indent=2) + "\n")
+        for k, (lead, scores) in enumerate(leads.values()):
+            files[3 + 2 * k].write("".join(line + "\n" for line in lead))
+            files[4 + 2 * k].write(json.dumps(scores, indent=2) + "\n")
     return report
+
+
+def _mean_words(texts) -> float:
+    return sum(len(t.split()) for t in texts) / max(1, len(texts))
+
+
+def table(report, name: str) -> str:
+    """Model row, lead-N rows and the reference length, one line each."""
+    rows = [(name, report)] + list(report.get("lead_baselines", {}).items())
+    keys = ("rouge1", "rouge2", "rougeL", "rougeLsum")
+    out = [f"{row:16s} n={r['n']} " + " ".join(f"{k}={r[k]:.2f}" for k in keys)
+           + f"  ({r['words_per_summary']:.0f} words/summary)" for row, r in rows]
+    out.append(f"{'reference':16s} ({report['reference_words_per_summary']:.0f} words/summary)")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -103,8 +148,12 @@ def main(argv=None) -> int:
         if mode1:
             if not args.output_dir:
                 raise DataError("--generate-output needs --output-dir")
+            if args.lead_words and not args.source_file:
+                raise DataError("--lead-words needs --source-file")
             report = score_generate_output(args)
         else:
+            if args.lead_words or args.table:
+                raise DataError("--lead-words and --table go with --generate-output")
             if not (args.hyp and args.ref):
                 raise DataError("--hyp and --ref go together")
             report = score_files(args)
@@ -113,7 +162,7 @@ def main(argv=None) -> int:
                 f.write(json.dumps(report, indent=2) + "\n")
     except DataError as e:
         return die(str(e), PROG)
-    print(json.dumps(report, indent=2))
+    print(table(report, args.name) if args.table else json.dumps(report, indent=2))
     return 0
 
 

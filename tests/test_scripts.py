@@ -512,6 +512,33 @@ def test_generate_to_rouge_from_fairseq_output(tmp_path):
     assert report["rougeLsum"] == pytest.approx((100 + 200 / 3 + 0) / 3)
 
 
+def test_generate_to_rouge_lead_baselines_and_table(tmp_path, capsys):
+    """Lead-N rows use the same example ids as the model's, are scored against the same references,
+    and a source file too short for an id is refused by name."""
+    main = load_script("generate_to_rouge.py").main
+    (tmp_path / "gen.out").write_text(GENERATE_OUTPUT)
+    # id 0's source starts with its reference, id 1's with half of it, id 2's with nothing of it
+    (tmp_path / "src").write_text("a b c d\nthe dog ran far\nzzz yyy xxx\n")
+    argv = ["--generate-output", str(tmp_path / "gen.out"), "--output-dir", str(tmp_path / "eval"),
+            "--source-file", str(tmp_path / "src"), "--lead-words", "2", "3"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert read_lines(tmp_path / "eval" / "lead2.txt") == ["a b", "the dog", "zzz yyy"]
+    lead2 = json.loads((tmp_path / "eval" / "lead2.json").read_text())
+    assert report["lead_baselines"]["lead-2 words"] == lead2
+    # pair 0 exact; "the dog" vs "the cat ran": P 1/2, R 1/3 -> F1 40; pair 2 zero
+    assert lead2["rouge1"] == pytest.approx((100 + 40 + 0) / 3)
+    assert lead2["words_per_summary"] == 2 and report["reference_words_per_summary"] == pytest.approx(8 / 3)
+    assert main(argv + ["--table", "--name", "tiny"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert [r.split()[0] for r in rows] == ["tiny", "lead-2", "lead-3", "reference"]
+    (tmp_path / "short").write_text("a b\n")
+    assert main(argv[:4] + ["--source-file", str(tmp_path / "short"), "--lead-words", "2"]) != 0
+    assert "has 1 lines; example id 1" in capsys.readouterr().err
+    assert main(argv[:4] + ["--lead-words", "2"]) != 0
+    assert "--lead-words needs --source-file" in capsys.readouterr().err
+
+
 def test_generate_output_parser_falls_back_to_h_and_uses_ref_file(tmp_path):
     from lsg_fairseq.data.generate_output import hypotheses_and_references, parse_generate_output
 

@@ -88,28 +88,10 @@ part_a() {
     grep -E "Elapsed|Maximum resident" "$OUT/generate.err"
 
     step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test meetings"
+    # lead-K baselines: the first K words of each transcript (K around the mean summary length)
     python scripts/generate_to_rouge.py --generate-output "$OUT/generate.out" \
-        --ref-file "$OUT/raw/test.target" --output-dir "$OUT/eval" > /dev/null
-    # lead-K baselines: the first K words of each transcript (K around the mean summary length); words,
-    # not sentences, as in the LSG example (transcripts are tokenized turns, not prose sentences).
-    for n in 50 110; do
-        awk -v n="$n" '{ s = $1; for (i = 2; i <= n && i <= NF; i++) s = s " " $i; print s }' "$OUT/raw/test.source" > "$OUT/eval/lead$n.txt"
-        python scripts/generate_to_rouge.py --hyp "$OUT/eval/lead$n.txt" --ref "$OUT/raw/test.target" \
-            --json "$OUT/eval/lead$n.json" > /dev/null
-    done
-    python - "$OUT/eval" <<'EOF'
-import json, sys
-d = sys.argv[1]
-def words(path):
-    lines = open(path, encoding="utf-8").read().splitlines()
-    return sum(len(l.split()) for l in lines) / len(lines)
-for name, scores, hyp in [("locost_tiny", "rouge.json", "hyp.txt"), ("lead-50 words", "lead50.json", "lead50.txt"),
-                          ("lead-110 words", "lead110.json", "lead110.txt")]:
-    s = json.load(open(f"{d}/{scores}"))
-    print(f"{name:16s} n={s['n']} " + " ".join(f"{k}={s[k]:.2f}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum"))
-          + f"  ({words(f'{d}/{hyp}'):.0f} words/summary)")
-print(f"{'reference':16s} ({words(f'{d}/ref.txt'):.0f} words/summary)")
-EOF
+        --ref-file "$OUT/raw/test.target" --output-dir "$OUT/eval" \
+        --source-file "$OUT/raw/test.source" --lead-words 50 110 --name locost_tiny --table
     grep "valid on 'valid'" "$OUT/train.log" | tail -1 || true
 }
 

@@ -100,28 +100,10 @@ part_a() {
         --batch-size 5 --cpu > "$OUT/generate-a.out" 2> "$OUT/generate-a.err"
 
     step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test documents"
+    # lead-K baselines: the first K words of each document (K around the mean summary length)
     python scripts/generate_to_rouge.py --generate-output "$OUT/generate-a.out" \
-        --ref-file "$OUT/raw/test.target" --output-dir "$OUT/eval-a" > /dev/null
-    # lead-K baselines: the first K words of each document (K around the mean summary length). Words,
-    # not sentences: SumPubMed is lowercased, so sentence splitting finds almost no boundaries.
-    for n in 100 256; do
-        awk -v n="$n" '{ s = $1; for (i = 2; i <= n && i <= NF; i++) s = s " " $i; print s }' "$OUT/raw/test.source" > "$OUT/eval-a/lead$n.txt"
-        python scripts/generate_to_rouge.py --hyp "$OUT/eval-a/lead$n.txt" --ref "$OUT/raw/test.target" \
-            --json "$OUT/eval-a/lead$n.json" > /dev/null
-    done
-    python - "$OUT/eval-a" <<'EOF'
-import json, sys
-d = sys.argv[1]
-def words(path):
-    lines = open(path, encoding="utf-8").read().splitlines()
-    return sum(len(l.split()) for l in lines) / len(lines)
-for name, scores, hyp in [("lsg_bart_tiny", "rouge.json", "hyp.txt"), ("lead-100 words", "lead100.json", "lead100.txt"),
-                          ("lead-256 words", "lead256.json", "lead256.txt")]:
-    s = json.load(open(f"{d}/{scores}"))
-    print(f"{name:16s} n={s['n']} " + " ".join(f"{k}={s[k]:.2f}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum"))
-          + f"  ({words(f'{d}/{hyp}'):.0f} words/summary)")
-print(f"{'reference':16s} ({words(f'{d}/ref.txt'):.0f} words/summary)")
-EOF
+        --ref-file "$OUT/raw/test.target" --output-dir "$OUT/eval-a" \
+        --source-file "$OUT/raw/test.source" --lead-words 100 256 --name lsg_bart_tiny --table
     grep "valid on 'valid'" "$OUT/train-a.log" | tail -1 || true
 }
 
