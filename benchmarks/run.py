@@ -30,6 +30,8 @@ Architectures (``--arch``):
 - ``locost_cold``: the same with the cache off (``enc`` only): every forward generates its kernels,
   as the first call at a new FFT size does (and as every training step does). Both ``enc`` records
   split out SSM kernel generation and the rest of the SSM token mixer (FFTs, transposes, gate).
+- ``locost_ckpt``: ``locost`` with ``--checkpoint-activations`` (``train`` only): how LOCOST trains
+  on inputs whose activations do not fit otherwise.
 
 Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target checks) and
 ``<tag>_time.png`` / ``<tag>_memory.png`` (log-log). ``--append`` merges into an existing JSON
@@ -72,12 +74,14 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 SPARSITY_TYPES = ("norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling", "none")
-ALL_ARCHS = ("bart",) + tuple(f"lsg_{t}" for t in SPARSITY_TYPES) + ("linear", "led", "locost", "locost_cold")
+ALL_ARCHS = ("bart",) + tuple(f"lsg_{t}" for t in SPARSITY_TYPES) + ("linear", "led", "locost", "locost_cold",
+                                                                       "locost_ckpt")
 MODES = ("enc", "train", "gen")
 # What each arch is expected to do as the length grows (for the growth check).
 EXPECTED_GROWTH = {"bart": "-> 2 (attention L^2 dominates at long L)", "linear": "1",
-                   "led": "1", "locost": "1 (+ log L from the FFT)", "locost_cold": "1 (+ log L from the FFT)"}
-SMOKE_ARCHS = ("bart", "lsg_norm", "linear", "led", "locost", "locost_cold")
+                   "led": "1", "locost": "1 (+ log L from the FFT)", "locost_cold": "1 (+ log L from the FFT)",
+                   "locost_ckpt": "1 (+ log L from the FFT)"}
+SMOKE_ARCHS = ("bart", "lsg_norm", "linear", "led", "locost", "locost_cold", "locost_ckpt")
 
 
 def parse_args(argv=None):
@@ -160,11 +164,12 @@ def model_argv(arch: str, length: int, args) -> list:
     if arch == "led":
         return ["led_base"] + ["--max-source-positions", str(max(length, 16384))] + (
             SMOKE_BART if args.smoke else []) + ["--attention-window", str(args.attention_window)]
-    if arch in ("locost", "locost_cold"):
+    if arch in ("locost", "locost_cold", "locost_ckpt"):
         cache = 0.0 if arch == "locost_cold" else args.locost_kernel_cache_mb
         return (["locost_tiny"] if args.smoke else ["locost_base"]) + [
             "--max-source-positions", str(length)] + (
-            [] if cache is None else ["--ssm-kernel-cache-mb", str(cache)])
+            [] if cache is None else ["--ssm-kernel-cache-mb", str(cache)]) + (
+            ["--checkpoint-activations"] if arch == "locost_ckpt" else [])
     raise ValueError(arch)
 
 
@@ -434,6 +439,8 @@ def run_one(arch, mode, length, args) -> dict:
 def modes_of(arch, args):
     if arch in ("linear", "locost_cold"):
         return {"enc"}
+    if arch == "locost_ckpt":
+        return {"train"}
     if arch.startswith("lsg_") and arch != args.main_lsg:
         return set(args.secondary_modes)
     return set(MODES)

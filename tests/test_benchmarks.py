@@ -37,7 +37,7 @@ def test_benchmark_smoke_writes_every_record_and_output(tmp_path):
     records = result["records"]
     expected = {("bart", m) for m in ("enc", "train", "gen")} | {("lsg_norm", m) for m in ("enc", "train", "gen")} \
         | {("led", m) for m in ("enc", "train", "gen")} | {("locost", m) for m in ("enc", "train", "gen")} \
-        | {("linear", "enc"), ("locost_cold", "enc")}
+        | {("linear", "enc"), ("locost_cold", "enc"), ("locost_ckpt", "train")}
     assert {(r["arch"], r["mode"]) for r in records} == expected
     for r in records:
         assert r["status"] == "ok", r
