@@ -81,6 +81,11 @@ MODES = ("enc", "train", "gen")
 EXPECTED_GROWTH = {"bart": "-> 2 (attention L^2 dominates at long L)", "linear": "1",
                    "led": "1", "locost": "1 (+ log L from the FFT)", "locost_cold": "1 (+ log L from the FFT)",
                    "locost_ckpt": "1 (+ log L from the FFT)"}
+# One colour per arch in the plots: the main five distinct, the other LSG types (dashed) in muted tones.
+ARCH_COLORS = {"bart": "black", "lsg_norm": "tab:blue", "linear": "tab:gray", "led": "tab:green",
+               "locost": "tab:red", "locost_cold": "tab:orange", "locost_ckpt": "tab:purple",
+               "lsg_pooling": "tab:cyan", "lsg_stride": "tab:olive", "lsg_block_stride": "tab:pink",
+               "lsg_lsh": "tab:brown", "lsg_bos_pooling": "steelblue", "lsg_none": "lightskyblue"}
 SMOKE_ARCHS = ("bart", "lsg_norm", "linear", "led", "locost", "locost_cold", "locost_ckpt")
 
 
@@ -638,8 +643,9 @@ def plot(records, path_stem):
                 if not rs:
                     continue
                 style = "--" if arch.startswith("lsg_") and arch != "lsg_norm" else "-"
+                color = ARCH_COLORS.get(arch)  # the same in every panel and plot
                 ax.plot([r["length"] for r in rs], [max(r[key], 1e-3) for r in rs], style,
-                        marker="o", label=arch)
+                        marker="o", label=arch, color=color)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title({"enc": "encoder forward (no grad)", "train": "forward + backward",
@@ -647,7 +653,8 @@ def plot(records, path_stem):
             ax.set_xlabel("input tokens")
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)
-        axes[0][0].legend(fontsize=7)
+        for ax in axes[0]:
+            ax.legend(fontsize=7)
         fig.tight_layout()
         path = f"{path_stem}_{what}.png"
         fig.savefig(path, dpi=80)
