@@ -31,7 +31,9 @@ Where the time goes and what is done about it (numbers: ``benchmarks/README.md``
 - in eval mode the kernel spectrum is cached per FFT size (:meth:`S4D.kernel_fft`): one entry
   serves every input length with that FFT size, so a test set pays kernel generation once per size;
 - ``D`` is folded into the kernel's lag 0 and the inference path tiles its transposes
-  (:meth:`S4D._mix_inference`).
+  (:meth:`S4D._mix_inference`);
+- in training, :class:`FFTConv` keeps only the input and the circular kernel for backward and the
+  kernel's blocked-product temporaries are recomputed (``recompute``).
 """
 import math
 from collections import OrderedDict
