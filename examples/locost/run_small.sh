@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LOCOST long-document summarization, small scale on CPU (see README.md for what it shows).
 #
-#   bash examples/locost/run_small.sh                 # fine-tune + ROUGE, then a whole book (~17 min on 2 busy cores)
+#   bash examples/locost/run_small.sh                 # fine-tune + ROUGE, then a whole book (2 min on 2 quiet cores, 17 busy)
 #   PART=rouge bash examples/locost/run_small.sh      # fine-tune + ROUGE only
 #   PART=book bash examples/locost/run_small.sh       # the book only (needs the PART=rouge model)
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # LSG-BART long-document summarization, small scale on CPU (see README.md for what it shows).
 #
-#   bash examples/lsg_summarization/run_small.sh                 # both parts, ~25 min on 2 busy cores
+#   bash examples/lsg_summarization/run_small.sh                 # both parts, ~25 min on 2 busy cores (part A: 85 s quiet)
 #   PART=rouge bash examples/lsg_summarization/run_small.sh      # part A only
 #   PART=convert bash examples/lsg_summarization/run_small.sh    # part B only
 #
