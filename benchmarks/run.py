@@ -508,6 +508,35 @@ def growth_markdown(rows):
     return "\n".join(out)
 
 
+def _time_cell(records, r) -> str:
+    """Median seconds, the ratio to full attention at the same length and mode, tokens/s for gen."""
+    cell = f"{r['median_s']:.3g}"
+    full = find(records, "bart", r["mode"], r["length"])
+    if full and r["arch"] != "bart":
+        cell += f" ({r['median_s'] / full['median_s']:.2f}x)"
+    if r["mode"] == "gen":
+        cell += f", {r['new_tokens_per_s']:.1f} tok/s"
+    return cell
+
+
+def _arch_rows(records, archs, lengths, mode, cell):
+    """One table row per arch measured in ``mode``: ``cell(record)`` for ok records, the status word
+    otherwise, blank where nothing was measured."""
+    rows = []
+    for arch in archs:
+        cells, seen = [], False
+        for n in lengths:
+            r = next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, n)), None)
+            if r is None:
+                cells.append("")
+                continue
+            seen = True
+            cells.append(cell(r) if r["status"] == "ok" else r["status"].split(":")[0])
+        if seen:
+            rows.append(f"| {arch} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def tables_markdown(records):
     lengths = sorted({r["length"] for r in records})
     archs = sorted({r["arch"] for r in records}, key=lambda a: ALL_ARCHS.index(a))
@@ -521,39 +550,10 @@ def tables_markdown(records):
             continue
         out += [f"### {titles[mode]}", "", "Time, seconds (ratio to full-attention `bart` at the same length):",
                 "", head, rule]
-        for arch in archs:
-            cells, seen = [], False
-            for n in lengths:
-                r = next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, n)), None)
-                if r is None:
-                    cells.append("")
-                    continue
-                seen = True
-                if r["status"] != "ok":
-                    cells.append(r["status"].split(":")[0])
-                    continue
-                cell = f"{r['median_s']:.3g}"
-                full = find(records, "bart", mode, n)
-                if full and arch != "bart":
-                    cell += f" ({r['median_s'] / full['median_s']:.2f}x)"
-                if mode == "gen":
-                    cell += f", {r['new_tokens_per_s']:.1f} tok/s"
-                cells.append(cell)
-            if seen:
-                out.append(f"| {arch} | " + " | ".join(cells) + " |")
+        out += _arch_rows(records, archs, lengths, mode, lambda r: _time_cell(records, r))
         out += ["", "Peak memory, MiB: above the resident weights (absolute peak):", "", head, rule]
-        for arch in archs:
-            cells, seen = [], False
-            for n in lengths:
-                r = next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, n)), None)
-                if r is None:
-                    cells.append("")
-                    continue
-                seen = True
-                cells.append(f"{r['activations_mb']:,.0f} ({r['peak_mb']:,.0f})" if r["status"] == "ok"
-                             else r["status"].split(":")[0])
-            if seen:
-                out.append(f"| {arch} | " + " | ".join(cells) + " |")
+        out += _arch_rows(records, archs, lengths, mode,
+                          lambda r: f"{r['activations_mb']:,.0f} ({r['peak_mb']:,.0f})")
         out.append("")
     ssm = [r for a in ("locost", "locost_cold") for r in ok(records, a, "enc") if "ssm_share" in r]
     if ssm:

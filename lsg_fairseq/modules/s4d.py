@@ -280,10 +280,6 @@ class S4DKernel(nn.Module):
             n = torch.ceil(need.amax(-1).clamp(max=float(length))).long() + 1  # (H)
         return torch.minimum(n.clamp(min=1), full)
 
-    def decay_length(self, c_prime: torch.Tensor, dt_a: torch.Tensor, length: int) -> int:
-        """The longest of :meth:`decay_lengths`: entries at l >= this are zero for every channel."""
-        return int(self.decay_lengths(c_prime, dt_a, length).max())
-
     def reference(self, length: int) -> torch.Tensor:
         """The same kernels, one complex exp per entry (slow; for tests)."""
         c_prime, dt_a = self.discretize()
