@@ -44,21 +44,11 @@ else
     MAX_LEN_B=${MAX_LEN_B:-$MAX_TGT}
 fi
 
-step "2/6 JSONL -> parallel text -> sentencepiece ($VOCAB pieces)"
+step "2/6 JSONL -> parallel text"
 python scripts/jsonl_to_parallel.py --input-dir "$DATA" --output-dir "$OUT/raw"
-python scripts/spm_train.py --inputs "$OUT/raw/train.source" "$OUT/raw/train.target" \
-    --model-prefix "$OUT/spm/spm" --vocab-size "$VOCAB" --soft-vocab-limit
-for split in train valid test; do
-    python scripts/spm_encode.py --model "$OUT/spm/spm.model" \
-        --inputs "$OUT/raw/$split.source" "$OUT/raw/$split.target" \
-        --outputs "$OUT/bpe/$split.source" "$OUT/bpe/$split.target"
-done
-
-step "3/6 binarize"
-rm -rf "$OUT/bin"
-bash scripts/preprocess.sh --trainpref "$OUT/bpe/train" --validpref "$OUT/bpe/valid" --testpref "$OUT/bpe/test" \
-    --destdir "$OUT/bin" --dict "$OUT/spm/dict.txt" --workers 2 >/dev/null
-cp "$OUT/spm/spm.model" "$OUT/bin/spm.model"
+step "3/6 sentencepiece ($VOCAB pieces) + encode + binarize"
+bash scripts/spm_binarize.sh --raw-dir "$OUT/raw" --out-dir "$OUT" --vocab-size "$VOCAB" --workers 2 \
+    -- --soft-vocab-limit
 
 step "4/6 train lsg_bart_tiny ($MAX_UPDATE updates, max source positions $MAX_SRC; ROUGE in validation)"
 rm -rf "$OUT/checkpoints"

@@ -281,6 +281,30 @@ def test_preprocess_writes_binarized_splits(pipeline):
     assert not [n for n in files_in(pipeline["bin"].parent) if n.startswith(".bin.tmp")]
 
 
+def test_spm_binarize_equals_the_three_steps_run_by_hand(pipeline, tmp_path):
+    """spm_binarize.sh (the data steps of demo.sh and the examples) gives the same sentencepiece
+    encoding as spm_train.py + spm_encode.py run separately, binaries for all three splits and the
+    sentencepiece model next to them."""
+    out = tmp_path / "out"
+    run_script("spm_binarize.sh", "--raw-dir", pipeline["raw"], "--out-dir", out, "--vocab-size", 600,
+               "--", "--character-coverage", 1.0, "--threads", 1)
+    for split in ("train", "valid"):
+        for side in ("source", "target"):
+            assert (out / "spm-enc" / f"{split}.{side}").read_text() == (pipeline["enc"] / f"{split}.{side}").read_text()
+    names = files_in(out / "bin")
+    for split in ("train", "valid", "test"):
+        for side in ("source", "target"):
+            assert f"{split}.source-target.{side}.bin" in names
+    assert (out / "bin" / "spm.model").read_bytes() == (out / "spm" / "spm.model").read_bytes()
+    (pipeline["raw"].parent / "partial").mkdir()
+    for side in ("source", "target"):
+        (pipeline["raw"].parent / "partial" / f"train.{side}").write_text("a\n")
+    proc = run_script("spm_binarize.sh", "--raw-dir", pipeline["raw"].parent / "partial", "--out-dir", out,
+                      "--vocab-size", 600, check=False)
+    assert proc.returncode == 2 and "missing" in proc.stderr and "valid.source" in proc.stderr
+    assert "usage: spm_binarize.sh" in run_script("spm_binarize.sh", "--help").stdout
+
+
 def test_preprocess_mismatched_line_counts(tmp_path):
     (tmp_path / "train.source").write_text("a\nb\nc\n")
     (tmp_path / "train.target").write_text("a\nb")  # last line without newline still counts

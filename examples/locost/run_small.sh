@@ -44,23 +44,10 @@ part_a() {
     python scripts/jsonl_to_parallel.py --input-dir "$DATA" --output-dir "$OUT/raw" --splits valid test \
         --max-examples "$N_TEST"
 
-    step "A2 sentencepiece ($VOCAB pieces) + encode"
-    python scripts/spm_train.py --inputs "$OUT/raw/train.source" "$OUT/raw/train.target" \
-        --model-prefix "$OUT/spm/spm" --vocab-size "$VOCAB"
-    for split in train valid test; do
-        python scripts/spm_encode.py --model "$OUT/spm/spm.model" \
-            --inputs "$OUT/raw/$split.source" "$OUT/raw/$split.target" \
-            --outputs "$OUT/spm-enc/$split.source" "$OUT/spm-enc/$split.target"
-    done
+    step "A2-A3 sentencepiece ($VOCAB pieces) + encode + binarize"
+    bash scripts/spm_binarize.sh --raw-dir "$OUT/raw" --out-dir "$OUT" --vocab-size "$VOCAB"
     awk '{ n += NF; if (NF > m) m = NF } END { printf "test source: %.0f pieces/meeting on average, max %d\n", n / NR, m }' \
         "$OUT/spm-enc/test.source"
-
-    step "A3 binarize"
-    rm -rf "$OUT/bin"
-    bash scripts/preprocess.sh --trainpref "$OUT/spm-enc/train" --validpref "$OUT/spm-enc/valid" \
-        --testpref "$OUT/spm-enc/test" --destdir "$OUT/bin" --dict "$OUT/spm/dict.txt" > "$OUT/preprocess.log" 2>&1 \
-        || { tail -5 "$OUT/preprocess.log"; exit 1; }
-    cp "$OUT/spm/spm.model" "$OUT/bin/spm.model"
 
     # The paper's fine-tuning recipe is a constant learning rate (5e-4 for the pretrained model),
     # dropout 0.1, AdamW without weight decay; from random weights the tiny model needs more.

@@ -56,23 +56,10 @@ part_a() {
         mv "$OUT/raw/test.$side.tmp" "$OUT/raw/test.$side"
     done
 
-    step "A2 sentencepiece ($VOCAB pieces) + encode"
-    python scripts/spm_train.py --inputs "$OUT/raw/train.source" "$OUT/raw/train.target" \
-        --model-prefix "$OUT/spm/spm" --vocab-size "$VOCAB"
-    for split in train valid test; do
-        python scripts/spm_encode.py --model "$OUT/spm/spm.model" \
-            --inputs "$OUT/raw/$split.source" "$OUT/raw/$split.target" \
-            --outputs "$OUT/spm-enc/$split.source" "$OUT/spm-enc/$split.target"
-    done
+    step "A2-A3 sentencepiece ($VOCAB pieces) + encode + binarize"
+    bash scripts/spm_binarize.sh --raw-dir "$OUT/raw" --out-dir "$OUT" --vocab-size "$VOCAB"
     awk '{ n += NF } END { printf "train source: %.0f pieces/document on average\n", n / NR }' \
         "$OUT/spm-enc/train.source"
-
-    step "A3 binarize"
-    rm -rf "$OUT/bin"
-    bash scripts/preprocess.sh --trainpref "$OUT/spm-enc/train" --validpref "$OUT/spm-enc/valid" \
-        --testpref "$OUT/spm-enc/test" --destdir "$OUT/bin" --dict "$OUT/spm/dict.txt" > "$OUT/preprocess.log" 2>&1 \
-        || { tail -5 "$OUT/preprocess.log"; exit 1; }
-    cp "$OUT/spm/spm.model" "$OUT/bin/spm.model"
 
     # The paper's fine-tuning schedule (linear decay, 10 % warmup, dropout 0.1) with a from-scratch
     # learning rate: 8e-5 is for a pretrained BART; a random tiny model barely moves at 8e-5.

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# RAW/{train,valid,test}.{source,target} -> sentencepiece model, encoded text, fairseq binaries:
+# the data steps every summarization pipeline here runs (scripts/demo.sh, examples/*/run_small.sh).
+set -euo pipefail
+
+prog=$(basename "$0")
+here=$(cd "$(dirname "$0")" && pwd)
+
+usage() {
+  cat <<EOF
+usage: $prog --raw-dir RAW --out-dir OUT --vocab-size N [--workers N] [-- EXTRA spm_train.py ARGS]
+
+  1. scripts/spm_train.py on RAW/train.source + RAW/train.target -> OUT/spm/spm.model, OUT/spm/dict.txt
+  2. scripts/spm_encode.py for train, valid, test          -> OUT/spm-enc/{split}.{source,target}
+  3. scripts/preprocess.sh with that dict.txt             -> OUT/bin (replaced), log OUT/preprocess.log
+  4. OUT/spm/spm.model copied into OUT/bin (what --sentencepiece-model and the hub read)
+
+Every RAW file is checked first. EXTRA args go to spm_train.py (e.g. --soft-vocab-limit).
+Python: \$PYTHON if set, else python.
+  -h, --help     this help
+EOF
+}
+
+die() { echo "$prog: error: $*" >&2; exit 2; }
+
+raw="" out="" vocab="" workers=1
+spm_args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --raw-dir|--out-dir|--vocab-size|--workers)
+      [[ $# -ge 2 ]] || die "$1 needs a value"
+      case "$1" in
+        --raw-dir) raw=$2 ;; --out-dir) out=$2 ;; --vocab-size) vocab=$2 ;; --workers) workers=$2 ;;
+      esac
+      shift 2 ;;
+    --) shift; spm_args=("$@"); break ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+[[ -n "$raw" ]] || die "--raw-dir is required"
+[[ -n "$out" ]] || die "--out-dir is required"
+[[ -n "$vocab" ]] || die "--vocab-size is required"
+for split in train valid test; do
+  for side in source target; do
+    [[ -f "$raw/$split.$side" ]] || die "--raw-dir $raw: missing $raw/$split.$side"
+  done
+done
+
+py=${PYTHON:-python}
+"$py" "$here/spm_train.py" --inputs "$raw/train.source" "$raw/train.target" \
+  --model-prefix "$out/spm/spm" --vocab-size "$vocab" ${spm_args[@]+"${spm_args[@]}"}
+for split in train valid test; do
+  "$py" "$here/spm_encode.py" --model "$out/spm/spm.model" \
+    --inputs "$raw/$split.source" "$raw/$split.target" \
+    --outputs "$out/spm-enc/$split.source" "$out/spm-enc/$split.target"
+done
+rm -rf "$out/bin"
+bash "$here/preprocess.sh" --trainpref "$out/spm-enc/train" --validpref "$out/spm-enc/valid" \
+  --testpref "$out/spm-enc/test" --destdir "$out/bin" --dict "$out/spm/dict.txt" --workers "$workers" \
+  > "$out/preprocess.log" 2>&1 || { tail -5 "$out/preprocess.log" >&2; exit 1; }
+cp "$out/spm/spm.model" "$out/bin/spm.model"
