@@ -116,13 +116,19 @@ def test_generate_and_rouge_report(pipeline):
     assert len((work / "eval/hyp.txt").read_text().splitlines()) == 3
 
 
-def test_summarize_command_reads_past_1024_tokens(pipeline, tmp_path):
-    work = pipeline["work"]
+def model_folder(work, tmp_path):
+    """What lsg-fairseq-summarize and the hub read: model.pt, dict.txt, spm.model in one folder."""
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     shutil.copy(work / "ckpt/checkpoint_best.pt", model_dir / "model.pt")
     shutil.copy(work / "spm/dict.txt", model_dir / "dict.txt")
     shutil.copy(work / "spm/spm.model", model_dir / "spm.model")
+    return model_dir
+
+
+def test_summarize_command_reads_past_1024_tokens(pipeline, tmp_path):
+    work = pipeline["work"]
+    model_dir = model_folder(work, tmp_path)
     docs = (work / "raw/test.source").read_text().splitlines()[:2]
     (tmp_path / "docs.txt").write_text("\n".join(docs) + "\n")
     out = run([os.path.join(BIN, "lsg-fairseq-summarize"), model_dir, "--input-lines", tmp_path / "docs.txt",
@@ -146,11 +152,7 @@ def test_summarize_command_reads_past_1024_tokens(pipeline, tmp_path):
 def test_hub_ignores_training_batch_limits_and_takes_max_source_positions(pipeline, tmp_path):
     """The checkpoint's --max-tokens must not cap inference batches; --max-source-positions can shrink."""
     work = pipeline["work"]
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    shutil.copy(work / "ckpt/checkpoint_best.pt", model_dir / "model.pt")
-    shutil.copy(work / "spm/dict.txt", model_dir / "dict.txt")
-    shutil.copy(work / "spm/spm.model", model_dir / "spm.model")
+    model_dir = model_folder(work, tmp_path)
     from lsg_fairseq.models.hub import from_pretrained
 
     import torch
