@@ -260,3 +260,33 @@ def test_hub_loading(converted):
     src = torch.tensor([0] + list(range(4, 300)) + [2])  # longer than 2 blocks: LSG path
     hyps = hub.generate([src], beam=2, max_len_b=5)
     assert len(hyps) == 1 and hyps[0][0]["tokens"].numel() >= 1
+
+
+def test_fairseq_bart_checkpoint_to_lsg_equals_hf_route(converted, tmp_path):
+    # a BART trained here (fairseq checkpoint) converts to LSG exactly as its HF folder would:
+    # same global-token init, same tiled tables, same settings -> identical weights and logits
+    via_fairseq = str(tmp_path / "via_fairseq")
+    convert(converted["bart_plain"], via_fairseq, to="lsg_bart", **LSG_AS_FIXTURES)
+    a = torch.load(os.path.join(via_fairseq, "model.pt"), weights_only=True)
+    b = torch.load(os.path.join(converted["plain_to_lsg"], "model.pt"), weights_only=True)
+    assert a["cfg"]["model"].arch == "lsg_bart_base"
+    assert sorted(a["model"]) == sorted(b["model"])
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    m, _ = load(via_fairseq)
+    assert m.encoder.num_global_tokens == 4 and m.encoder.max_positions() == 1024
+
+
+def test_fairseq_bart_checkpoint_longer_positions(converted, tmp_path):
+    longer = str(tmp_path / "longer")
+    cli_main([converted["bart_plain"], longer, "--to", "bart", "--max-source-positions", "2048"])
+    base, _ = load(converted["bart_plain"])
+    m, _ = load(longer)
+    assert type(m).__name__ == "BARTModel" and m.encoder.max_positions() == 2048
+    old, new = base.encoder.embed_positions.weight, m.encoder.embed_positions.weight
+    assert new.shape == (2050, 64) and torch.equal(new[2 + 1500], old[2 + 1500 % 512])
+    _, logits0, _ = run(base, "short")
+    _, logits1, _ = run(m, "short")
+    assert np.abs(logits0 - logits1).max() < 1e-6  # short inputs: only the table grew
+    with pytest.raises(ConversionError, match="LSG options need --to lsg_bart"):
+        convert(converted["bart_plain"], str(tmp_path / "x"), to="bart", block_size=32)

@@ -10,7 +10,9 @@ Sources (detected automatically):
   with the folder's LSG settings (``--to bart`` is refused: it would drop the global tokens);
 - a fairseq ``lsg_bart`` checkpoint (``model.pt`` or a folder holding one) -> ``lsg_bart`` with a
   longer ``--max-source-positions`` and/or more ``--num-global-tokens`` (warm start, e.g.
-  4,096 -> 16,384), or other LSG settings.
+  4,096 -> 16,384), or other LSG settings;
+- a fairseq ``bart`` checkpoint (e.g. trained here at 1,024 tokens) -> ``--to bart`` with tiled
+  position tables, or ``--to lsg_bart`` initialised as from an HF BART folder.
 
 Deliberate fix of the reference (spec section 9): position extension always gives exactly
 M + 2 rows (the reference's repeat count falls short when k*P < M < k*(P+2)).
@@ -243,7 +245,8 @@ def convert(src: str, out: str, to: Optional[str] = None, max_source_positions: 
     C.prepare_out_dir(src, out)
     ckpt = _is_fairseq_checkpoint(src) if not os.path.exists(os.path.join(src, "config.json")) else None
     if ckpt is not None:
-        return _convert_fairseq(ckpt, out, to, max_source_positions, max_target_positions, options)
+        return _convert_fairseq(ckpt, out, to, max_source_positions, max_target_positions,
+                                global_positional_stride, seed, options)
     return _convert_hf(src, out, to, max_source_positions, max_target_positions,
                        global_positional_stride, seed, options)
 
@@ -327,7 +330,11 @@ def _convert_hf(src, out, to, max_source_positions, max_target_positions, stride
     return C.save_checkpoint(cfg, model, os.path.join(out, "model.pt"))
 
 
-def _convert_fairseq(path, out, to, max_source_positions, max_target_positions, options):
+def _convert_fairseq(path, out, to, max_source_positions, max_target_positions, stride, seed, options):
+    """A fairseq ``lsg_bart`` checkpoint -> ``lsg_bart`` (longer, more globals, other LSG
+    settings), or a fairseq ``bart`` checkpoint (one trained here) -> ``bart`` with longer position
+    tables (``--to bart``) or -> ``lsg_bart``, initialised exactly as an HF BART -> LSG conversion
+    (spec section 6: global tokens from ordered positions + <s>/<mask> embeddings, tiled tables)."""
     from fairseq import checkpoint_utils
     from omegaconf import open_dict
 
@@ -338,21 +345,36 @@ def _convert_fairseq(path, out, to, max_source_positions, max_target_positions, 
     if cfg is None or cfg.get("model") is None:
         raise ConversionError(f"{path}: checkpoint has no cfg.model; cannot rebuild the model")
     arch = str(getattr(cfg.model, "arch", ""))
-    if not arch.startswith("lsg_bart"):
+    source_is_lsg = arch.startswith("lsg_bart")
+    if not source_is_lsg and not arch.startswith("bart"):
         raise ConversionError(
-            f"{path}: arch {arch!r}; only lsg_bart checkpoints can be re-converted (convert the HF "
-            "BART folder instead)"
+            f"{path}: arch {arch!r}; only bart and lsg_bart checkpoints can be re-converted (convert "
+            "the HF folder instead)"
         )
-    if to not in (None, "lsg_bart"):
-        raise ConversionError(f"{path}: an lsg_bart checkpoint converts to lsg_bart only")
+    lsg_requested = any(options.get(k) is not None for k in LSG_OPTION_NAMES)
+    if to is None:
+        to = "lsg_bart" if source_is_lsg or lsg_requested or max_source_positions else "bart"
+    if to not in ("bart", "lsg_bart") or (source_is_lsg and to != "lsg_bart"):
+        raise ConversionError(f"{path}: a {arch} checkpoint converts to "
+                              + ("lsg_bart only" if source_is_lsg else "bart or lsg_bart"))
+    if to == "bart" and lsg_requested:
+        raise ConversionError(f"{path}: LSG options need --to lsg_bart")
     src_dir = os.path.dirname(os.path.abspath(path))
     if not os.path.exists(os.path.join(src_dir, "dict.txt")):
         raise ConversionError(f"{src_dir}/dict.txt: missing (needed beside the checkpoint)")
     sd = dict(state["model"])
     model_args = cfg.model
     M = int(max_source_positions or model_args.max_source_positions)
-    T = int(max_target_positions or model_args.max_target_positions)
+    # BART -> LSG tiles the decoder table to M too, as the reference (and _convert_hf) does
+    new_lsg = to == "lsg_bart" and not source_is_lsg
+    T = int(max_target_positions or (M if new_lsg else model_args.max_target_positions))
     with open_dict(cfg):
+        if new_lsg:
+            # same sizes, LSG encoder: bart_large -> lsg_bart_large (a fairseq bart arch name is
+            # bart_<size>); every LSG option not given takes the architecture's default
+            # (fairseq builds legacy models by `_name`, which holds the arch name)
+            model_args.arch = "lsg_" + arch if ("lsg_" + arch) in _LSG_ARCHS else "lsg_bart_large"
+            model_args._name = model_args.arch
         model_args.max_source_positions = M
         model_args.max_target_positions = T
         for k, v in options.items():
@@ -360,15 +382,32 @@ def _convert_fairseq(path, out, to, max_source_positions, max_target_positions, 
                 setattr(model_args, k, v)
         cfg.task.max_source_positions = M
         cfg.task.max_target_positions = T
+        if new_lsg:
+            from lsg_fairseq.models.lsg_bart import lsg_architecture_defaults
+
+            lsg_architecture_defaults(model_args)
+    if new_lsg:
+        from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationTask
+
+        # the dictionary as the task builds it: <mask> appended, as on every model row count
+        d = LongDocumentSummarizationTask.load_dictionary(os.path.join(src_dir, "dict.txt"))
+        mask_id = d.index("<mask>")
+        sd["encoder.global_embeddings.weight"] = init_global_embeddings(
+            sd["encoder.embed_positions.weight"], sd["encoder.embed_tokens.weight"], d.bos(), mask_id,
+            stride, seed)
     sd["encoder.embed_positions.weight"] = extend_positions(sd["encoder.embed_positions.weight"], M)
     sd["decoder.embed_positions.weight"] = extend_positions(sd["decoder.embed_positions.weight"], T)
 
-    for name in ("dict.txt", "encoder.json", "vocab.bpe", "token_map.json", "sentencepiece.bpe.model"):
+    for name in ("dict.txt", "encoder.json", "vocab.bpe", "token_map.json", "sentencepiece.bpe.model",
+                 "spm.model"):
         if os.path.exists(os.path.join(src_dir, name)):
             shutil.copyfile(os.path.join(src_dir, name), os.path.join(out, name))
     cfg, _, model = C.build_model_from_cfg(cfg, out)
     C.load_strict(model, sd)
     return C.save_checkpoint(cfg, model, os.path.join(out, "model.pt"))
+
+
+_LSG_ARCHS = ("lsg_bart_tiny", "lsg_bart_base", "lsg_bart_large")
 
 
 register_family("bart", detect, convert)
