@@ -79,3 +79,13 @@ def detect_family(src: str, to: Optional[str] = None) -> Family:
 def convert(src: str, out: str, **options) -> str:
     """Convert ``src`` into a fairseq model folder ``out``; returns the path of ``model.pt``."""
     return detect_family(src, options.get("to")).convert(src, out, **options)
+
+
+def export(src: str, out: str, force: bool = False) -> str:
+    """The inverse of :func:`convert`: fairseq checkpoint or model folder -> HF folder ``out``.
+
+    See :mod:`lsg_fairseq.convert.hf_export` (``lsg-fairseq-export``); returns ``out``.
+    """
+    from lsg_fairseq.convert.hf_export import export as export_to_hf
+
+    return export_to_hf(src, out, force=force)
