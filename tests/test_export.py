@@ -331,3 +331,72 @@ def test_output_folder_rules(round_trips, tmp_path, capsys):
     torch.save(state, lonely / "checkpoint_best.pt")
     code, err = run_cli([lonely, tmp_path / "hf3"], capsys)
     assert code == 2 and "no dictionary" in err and not (tmp_path / "hf3").exists()
+
+
+# ----------------------------------------------------------------------------- a model trained here
+@pytest.fixture(scope="module")
+def trained_lsg(tmp_path_factory):
+    """scripts/demo.sh in miniature: JSONL -> sentencepiece -> binarize -> fairseq-train lsg_bart_tiny."""
+    import sys
+
+    from conftest import SHARED_DATA
+    from test_end_to_end import SCRIPTS, run
+
+    work = tmp_path_factory.mktemp("demo")
+    (work / "jsonl").mkdir()
+    for split, n in (("train", 6), ("valid", 2), ("test", 2)):
+        with open(os.path.join(SHARED_DATA, "sumpubmed", f"{split}.jsonl")) as f:
+            (work / "jsonl" / f"{split}.jsonl").write_text("".join(line for _, line in zip(range(n), f)))
+    run([sys.executable, f"{SCRIPTS}/jsonl_to_parallel.py", "--input-dir", work / "jsonl", "--output-dir", work / "raw"], work)
+    run(["bash", f"{SCRIPTS}/spm_binarize.sh", "--raw-dir", work / "raw", "--out-dir", work, "--vocab-size", "400",
+         "--", "--soft-vocab-limit"], work)
+    run(["fairseq-train", work / "bin", "--user-dir", os.path.join(os.path.dirname(SCRIPTS), "lsg_fairseq"),
+         "--task", "long_document_summarization", "--arch", "lsg_bart_tiny",
+         "--max-source-positions", "1024", "--max-target-positions", "128", "--truncate-target",
+         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "1e-3",
+         "--max-tokens", "4200", "--required-batch-size-multiple", "1", "--max-update", "2",
+         "--save-dir", work / "ckpt", "--no-epoch-checkpoints", "--cpu", "--num-workers", "0", "--seed", "1"], work)
+    return work
+
+
+def test_trained_lsg_bart_exports(trained_lsg, tmp_path):
+    """checkpoint_best.pt of a training run exports as it is (dictionary and spm.model found through
+    the checkpoint's data folder), without optimizer state, and converts back to the same outputs."""
+    import subprocess
+    import sys
+
+    import sentencepiece as spm
+
+    ckpt = trained_lsg / "ckpt" / "checkpoint_best.pt"
+    state = torch.load(ckpt, weights_only=False)
+    assert state["last_optimizer_state"] and state["optimizer_history"][-1]["num_updates"] == 2
+    out = tmp_path / "hf"
+    proc = subprocess.run([sys.executable, "-m", "lsg_fairseq.cli.export", str(ckpt), str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "spm.model" in proc.stderr  # says why there is no vocab.json/merges.txt
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors", "spm.model"]
+    cfg = read_json(out / "config.json")
+    assert cfg["architectures"] == ["LSGBartForConditionalGeneration"] and cfg["max_position_embeddings"] == 1024
+    assert (cfg["block_size"], cfg["sparse_block_size"], cfg["sparsity_factor"], cfg["num_global_tokens"]) == (32, 32, 2, 1)
+    hf_sd = load_hf_state_dict(str(out))
+    model, task = load_fairseq(str(ckpt))
+    assert sum(v.numel() for k, v in hf_sd.items() if k != "final_logits_bias" and "embed_positions" not in k) == sum(
+        v.numel() for k, v in model.state_dict().items()
+        if "version" not in k and "embed_positions" not in k and k not in ("decoder.embed_tokens.weight", "decoder.output_projection.weight"))
+
+    # sentencepiece ids are the HF ids: they equal fairseq's indices for the same pieces
+    sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
+    text = (trained_lsg / "raw" / "test.source").read_text().splitlines()[0]
+    ids = sp.encode(text)[:300]
+    pieces = sp.encode(text, out_type=str)[:300]
+    d = task.source_dictionary
+    assert ids == d.encode_line(" ".join(pieces), append_eos=False, add_if_not_exist=False).tolist()
+    assert (sp.bos_id(), sp.pad_id(), sp.eos_id(), sp.unk_id()) == (d.bos(), d.pad(), d.eos(), d.unk())
+
+    convert(str(out), str(tmp_path / "back"))
+    back, _ = load_fairseq(str(tmp_path / "back" / "model.pt"))
+    src = torch.tensor([[d.bos()] + ids + [d.eos()]])
+    prev = torch.tensor([[d.eos(), d.bos()] + ids[:6]])
+    with torch.no_grad():
+        assert torch.equal(model(src, torch.tensor([src.size(1)]), prev)[0], back(src, torch.tensor([src.size(1)]), prev)[0])
