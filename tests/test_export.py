@@ -75,18 +75,22 @@ def perturb(model, seed=0):
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
 
 
-def toy_checkpoint(folder, argv, seed=0, fine_tuned=True):
+def toy_checkpoint(folder, argv, seed=0, fine_tuned=True, data=None):
     """A fairseq model of ``argv`` with perturbed weights saved as ``folder/checkpoint_best.pt``
-    beside its dict.txt; ``fine_tuned`` adds optimizer state as fairseq-train writes it."""
+    beside its dict.txt (or with ``data`` as its data folder); ``fine_tuned`` adds optimizer state
+    as fairseq-train writes it."""
     os.makedirs(folder, exist_ok=True)
-    write_toy_dict(folder)
-    task, model = build_task_and_model([str(folder), "--task", "long_document_summarization"] + argv, seed=seed)
+    if data is None:
+        data = write_toy_dict(folder)
+    head = [str(data), "--task", "long_document_summarization"]
+    task, model = build_task_and_model(head + argv, seed=seed)
     perturb(model, seed)
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(
-        options.get_training_parser(), [str(folder), "--task", "long_document_summarization"] + argv))
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), head + argv))
+    if getattr(task.cfg, "no_prepend_bos", False):  # set by the model (LOCOST's T5 conventions)
+        cfg.task.no_prepend_bos = True
     path = save_checkpoint(cfg, model, os.path.join(folder, "checkpoint_best.pt"))
     if fine_tuned:
         state = torch.load(path, weights_only=False)
@@ -400,3 +404,23 @@ def test_trained_lsg_bart_exports(trained_lsg, tmp_path):
     prev = torch.tensor([[d.eos(), d.bos()] + ids[:6]])
     with torch.no_grad():
         assert torch.equal(model(src, torch.tensor([src.size(1)]), prev)[0], back(src, torch.tensor([src.size(1)]), prev)[0])
+
+
+def test_locost_trained_here_exports(trained_lsg, tmp_path):
+    """A LOCOST trained from scratch (no token_map.json) keeps HF id == fairseq index and its own
+    pad/eos/start ids; its sentencepiece model and the task's <mask> go into spiece.model +
+    added_tokens.json; the weights have the reference's keys (locost_tiny has the fixture's shape)."""
+    path, model = toy_checkpoint(tmp_path / "run", ["--arch", "locost_tiny"], data=trained_lsg / "bin")
+    hf = tmp_path / "hf"
+    export(path, str(hf))
+    assert sorted(os.listdir(hf)) == ["added_tokens.json", "config.json", "generation_config.json",
+                                      "pytorch_model.bin", "spiece.model"]
+    n = len(model.encoder.embed_tokens.weight)
+    cfg = read_json(hf / "config.json")
+    assert (cfg["decoder_start_token_id"], cfg["pad_token_id"], cfg["eos_token_id"], cfg["vocab_size"]) == (0, 1, 2, n)
+    assert read_json(hf / "added_tokens.json") == {"<mask>": n - 1}
+    sd = torch.load(hf / "pytorch_model.bin", weights_only=True)
+    assert sorted(sd) == sorted(read_json(os.path.join(FIXTURES, "locost", "meta.json"))["checkpoint_keys"])
+    assert torch.equal(sd["shared.weight"], model.encoder.embed_tokens.weight)
+    ours = model.state_dict()
+    assert all(torch.equal(sd[k], ours[k]) for k in sd if k.startswith(("encoder.block", "decoder.block")))
