@@ -14,6 +14,9 @@ and writes ``OUT_DIR/model.pt`` (loadable by
 ``OUT_DIR/token_map.json`` only when fairseq indices differ from HF ids (a list: fairseq index ->
 HF id).
 
+The way back, ``lsg-fairseq-export CKPT_OR_MODEL_DIR HF_DIR [--force]`` /
+``lsg_fairseq.convert.export(src, out)``, lives in ``hf_export*.py`` and reuses the families' tables.
+
 Each family lives in its own module and registers itself with :func:`register_family`:
 ``detect(src) -> bool`` says whether it handles ``src``; ``convert(src, out, **options)`` does
 the work and returns the path of the written ``model.pt``; the optional ``accepts(src, to) ->
