@@ -27,7 +27,8 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest"],
+        # transformers: the export tests load exported folders with HF's own classes (offline)
+        "test": ["pytest", "transformers==4.47.1"],
         "plots": ["matplotlib"],
     },
     entry_points={
@@ -35,6 +36,7 @@ setup(
             "lsg-fairseq-user-dir=lsg_fairseq.cli.user_dir:main",
             "lsg-fairseq-summarize=lsg_fairseq.cli.summarize:main",
             "lsg-fairseq-convert=lsg_fairseq.cli.convert:main",
+            "lsg-fairseq-export=lsg_fairseq.cli.export:main",
             "lsg-fairseq-generate=lsg_fairseq.cli.fairseq_wrappers:generate",
             "lsg-fairseq-interactive=lsg_fairseq.cli.fairseq_wrappers:interactive",
         ]

@@ -14,6 +14,9 @@ and writes ``OUT_DIR/model.pt`` (loadable by
 ``OUT_DIR/token_map.json`` only when fairseq indices differ from HF ids (a list: fairseq index ->
 HF id).
 
+The way back, ``lsg-fairseq-export CKPT_OR_MODEL_DIR HF_DIR [--force]`` /
+``lsg_fairseq.convert.export(src, out)``, lives in ``hf_export*.py`` and reuses the families' tables.
+
 Each family lives in its own module and registers itself with :func:`register_family`:
 ``detect(src) -> bool`` says whether it handles ``src``; ``convert(src, out, **options)`` does
 the work and returns the path of the written ``model.pt``; the optional ``accepts(src, to) ->
@@ -79,3 +82,13 @@ def detect_family(src: str, to: Optional[str] = None) -> Family:
 def convert(src: str, out: str, **options) -> str:
     """Convert ``src`` into a fairseq model folder ``out``; returns the path of ``model.pt``."""
     return detect_family(src, options.get("to")).convert(src, out, **options)
+
+
+def export(src: str, out: str, force: bool = False) -> str:
+    """The inverse of :func:`convert`: fairseq checkpoint or model folder -> HF folder ``out``.
+
+    See :mod:`lsg_fairseq.convert.hf_export` (``lsg-fairseq-export``); returns ``out``.
+    """
+    from lsg_fairseq.convert.hf_export import export as export_to_hf
+
+    return export_to_hf(src, out, force=force)

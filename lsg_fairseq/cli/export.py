@@ -1,0 +1,42 @@
+"""``lsg-fairseq-export``: a fairseq checkpoint or model folder -> an HF model folder.
+
+    lsg-fairseq-export CKPT_OR_MODEL_DIR HF_DIR [--force]
+
+The inverse of ``lsg-fairseq-convert`` (``lsg_fairseq.convert.hf_export``): bart_* ->
+BartForConditionalGeneration, led_* -> LEDForConditionalGeneration, lsg_bart_* -> the LSG-BART
+format of the LSG authors, locost_* -> the reference LOCOST format. Refusals exit with status 2
+and leave HF_DIR untouched.
+"""
+import argparse
+import logging
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lsg-fairseq-export",
+        description="Export an lsg-fairseq model (model.pt from lsg-fairseq-convert, or a training run's "
+        "checkpoint_best.pt) to a HuggingFace folder. Optimizer state is dropped.",
+    )
+    p.add_argument("src", metavar="CKPT_OR_MODEL_DIR",
+                   help="fairseq checkpoint, or a folder holding model.pt (else checkpoint_best.pt)")
+    p.add_argument("out", metavar="HF_DIR", help="output folder (created; must be empty unless --force)")
+    p.add_argument("--force", action="store_true", help="replace HF_DIR if it exists and is not empty")
+    return p
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    from lsg_fairseq.convert import ConversionError, export
+
+    try:
+        path = export(args.src, args.out, force=args.force)
+    except ConversionError as e:
+        print(f"lsg-fairseq-export: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
