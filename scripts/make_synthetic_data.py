@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
 from lsg_fairseq.data.fileio import atomic_outputs, die, progress  # noqa: E402
-from lsg_fairseq.data.synthetic import SyntheticConfig, make_split  # noqa: E402
+from lsg_fairseq.data.synthetic import LENGTH_DISTRIBUTIONS, SyntheticConfig, make_split  # noqa: E402
 
 PROG = "make_synthetic_data.py"
 
@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_keys,
         help=f"most key sentences per document (default: {d.max_keys})",
     )
+    p.add_argument(
+        "--length-distribution",
+        choices=LENGTH_DISTRIBUTIONS,
+        default=d.length_distribution,
+        help="document lengths between --min-tokens and --max-tokens: uniform, or log-uniform (as many "
+        "documents per length octave: many short ones for a retrieval curriculum) (default: uniform)",
+    )
     p.add_argument("--seed", type=int, default=1, help="random seed (default: 1)")
     return p
 
@@ -68,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     cfg = SyntheticConfig(
-        min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys
+        min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys,
+        length_distribution=args.length_distribution,
     )
     try:
         cfg.validate()

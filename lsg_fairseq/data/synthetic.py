@@ -18,6 +18,7 @@ Determinism: split ``s`` with seed ``n`` uses ``random.Random(f"lsg-synthetic/{n
 (string seeds are hashed with SHA-512, independent of PYTHONHASHSEED), so the same arguments
 give byte-identical files on any machine.
 """
+import math
 import random
 import re
 from dataclasses import dataclass
@@ -83,6 +84,9 @@ _TEMPLATES = (
 _GAP_FILLERS = {2: "It rained.", 3: "Nothing happened."}
 
 
+LENGTH_DISTRIBUTIONS = ("uniform", "log-uniform")
+
+
 @dataclass
 class SyntheticConfig:
     min_tokens: int = 2000  # document length in whitespace tokens, inclusive bounds
@@ -91,6 +95,10 @@ class SyntheticConfig:
     max_keys: int = 3
     min_paragraph: int = 3  # sentences per paragraph (one paragraph per line, as in shared/data)
     max_paragraph: int = 8
+    # "uniform" in [min_tokens, max_tokens], or "log-uniform": as many documents per length octave,
+    # so a training set holds many short documents (where a small model first learns to retrieve,
+    # cheaply: examples/long_context) next to long ones (where it learns the far positions)
+    length_distribution: str = "uniform"
 
     def validate(self) -> None:
         if self.min_tokens < 2 * KEY_TOKENS * self.max_keys:
@@ -100,6 +108,10 @@ class SyntheticConfig:
         if not 1 <= self.min_keys <= self.max_keys <= len(ANIMALS):
             raise ValueError(
                 f"need 1 <= min_keys <= max_keys <= {len(ANIMALS)}, got {self.min_keys}, {self.max_keys}"
+            )
+        if self.length_distribution not in LENGTH_DISTRIBUTIONS:
+            raise ValueError(
+                f"length_distribution={self.length_distribution!r}: choose from {', '.join(LENGTH_DISTRIBUTIONS)}"
             )
         if not 1 <= self.min_paragraph <= self.max_paragraph:
             raise ValueError(
@@ -128,6 +140,34 @@ def find_key_sentences(document: str) -> List[Tuple[int, Dict[str, str]]]:
     return out
 
 
+FIELDS = ("colour", "animal", "city", "weekday")
+CHOICES = {"colour": COLOURS, "animal": ANIMALS, "city": CITIES, "weekday": WEEKDAYS}
+# a generated key sentence, whatever words fill its slots (a wrong word is a miss, not a non-match)
+_LOOSE_KEY_RE = re.compile(r"The (\S+) (\S+) visited (\S+) on ([^\s.]+)")
+
+
+def parse_key_sentences(text: str) -> List[Dict[str, str]]:
+    """The key sentences of a generated summary, in order, as ``{field: word}``."""
+    return [dict(zip(FIELDS, m.groups())) for m in _LOOSE_KEY_RE.finditer(text)]
+
+
+def key_hits(reference_keys: List[Dict[str, str]], hypothesis: str) -> List[Dict[str, bool]]:
+    """Exact recall of each reference key's facts: the i-th key sentence of ``hypothesis`` is
+    compared slot by slot with the i-th reference key (the summary restates keys in document
+    order); a key the hypothesis does not restate scores no hit."""
+    generated = parse_key_sentences(hypothesis)
+    out = []
+    for i, ref in enumerate(reference_keys):
+        gen = generated[i] if i < len(generated) else {}
+        out.append({f: gen.get(f) == ref[f] for f in FIELDS})
+    return out
+
+
+def chance_recall() -> float:
+    """Mean over the four slots of 1 / (number of choices): a uniform guess's expected recall."""
+    return sum(1.0 / len(CHOICES[f]) for f in FIELDS) / len(FIELDS)
+
+
 def _filler_sentence(rng: random.Random) -> str:
     template = rng.choice(_TEMPLATES)
     text = template.format(
@@ -139,7 +179,10 @@ def _filler_sentence(rng: random.Random) -> str:
 
 
 def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str) -> Dict:
-    target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
+    if cfg.length_distribution == "log-uniform":
+        target_len = int(math.exp(rng.uniform(math.log(cfg.min_tokens + 1), math.log(cfg.max_tokens + 1))))
+    else:
+        target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
     n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
     animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
     facts = [

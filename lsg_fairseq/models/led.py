@@ -170,7 +170,7 @@ class LEDModel(LongInputBARTModel):
 
     @staticmethod
     def add_args(parser):
-        BARTModel.add_args(parser)
+        LongInputBARTModel.add_args(parser)
         LEDModel.add_led_args(parser)
 
     @staticmethod

@@ -198,7 +198,7 @@ class LSGBARTModel(LongInputBARTModel):
 
     @staticmethod
     def add_args(parser):
-        BARTModel.add_args(parser)
+        LongInputBARTModel.add_args(parser)
         LSGBARTModel.add_lsg_args(parser)
         parser.add_argument("--train-global-only", type=_bool, nargs="?", const=True, metavar="BOOL",
                             help="global tuning: freeze every parameter except the global token embeddings")

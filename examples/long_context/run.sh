@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Does a model trained with the plugin read past token 1,024? One command, seeded, CPU:
+#
+#   bash examples/long_context/run.sh            # ~30 min on 2 cores; results -> $OUT, table + plot -> here
+#   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (what CI runs)
+#
+# 1. Data (lsg_fairseq/data/synthetic.py): SHORT documents (100-800 words, so every key lies before
+#    token 1,024) and LONG ones (3,200-3,550 words = 3.6K-4K pieces) whose 2-3 key sentences sit at
+#    uniformly random places; the summary restates the keys in document order. One sentencepiece
+#    model (800 pieces) for both.
+# 2. Every architecture, same budget: U_SHORT updates on SHORT (a curriculum: a small model first
+#    learns to retrieve where the haystack is short), then U_LONG updates on LONG; bart_1024 sees
+#    LONG truncated to 1,024 tokens. Wall time and peak RSS per stage from /usr/bin/time.
+# 3. Test (N_TEST LONG documents): exact recall of each key fact vs the key's position
+#    (scripts/key_recall.py, bins of 512 tokens), ROUGE, and where the decoder's cross-attention
+#    looks (attention_probe.py).
+# 4. The LSG paper's extrapolation claim at small scale: bart_1024 after SHORT only, evaluated on
+#    LONG (a) truncated, (b) with its position table tiled to 4,096, (c) converted to LSG (no
+#    training), (d) (c) + U_EXTRA updates of --train-global-only, (e) (c) + U_EXTRA full updates.
+# 5. report.py writes results.md, results.json and recall_vs_position.png next to this script.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+HERE=examples/long_context
+VENV=${VENV:-.venv}
+export PATH="$PWD/$VENV/bin:$PATH"
+OUT=${OUT:-work_dirs/long_context}
+SMOKE=${SMOKE:-}
+if [ -n "$SMOKE" ]; then
+    N_SHORT=${N_SHORT:-40} N_LONG=${N_LONG:-8} N_TEST=${N_TEST:-4} U_SHORT=${U_SHORT:-3} U_LONG=${U_LONG:-2}
+    U_EXTRA=${U_EXTRA:-2} REPORT_DIR=${REPORT_DIR:-$OUT/report}
+fi
+N_SHORT=${N_SHORT:-4000}   # short training documents
+N_LONG=${N_LONG:-1500}     # long training documents
+N_TEST=${N_TEST:-200}      # long test documents
+U_SHORT=${U_SHORT:-1000}   # updates on short documents
+U_LONG=${U_LONG:-1000}     # then updates on long documents
+U_EXTRA=${U_EXTRA:-300}    # extrapolation rows (d) and (e)
+ARCHS=${ARCHS:-"bart_1024 full_4096 lsg_norm lsg_none led locost"}
+REPORT_DIR=${REPORT_DIR:-$HERE}
+THREADS=${THREADS:-$(nproc)}
+export OMP_NUM_THREADS=$THREADS
+USER_DIR="$PWD/lsg_fairseq"
+start=$(date +%s)
+step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
+quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " || true; }
+
+# ------------------------------------------------------------------------------------------ data
+mkdir -p "$OUT"
+step "data: $N_SHORT short + $N_LONG long training documents, $N_TEST long test documents"
+python scripts/make_synthetic_data.py --output-dir "$OUT/long/jsonl" --train "$N_LONG" --valid 10 \
+    --test "$N_TEST" --min-tokens 3200 --max-tokens 3550 --seed 1 > /dev/null
+python scripts/make_synthetic_data.py --output-dir "$OUT/short/jsonl" --train "$N_SHORT" --valid 10 \
+    --test 10 --min-tokens 100 --max-tokens 800 --seed 2 > /dev/null
+python scripts/jsonl_to_parallel.py --input-dir "$OUT/long/jsonl" --output-dir "$OUT/long/raw" > /dev/null
+python scripts/jsonl_to_parallel.py --input-dir "$OUT/short/jsonl" --output-dir "$OUT/short/raw" > /dev/null
+bash scripts/spm_binarize.sh --raw-dir "$OUT/long/raw" --out-dir "$OUT/long" --vocab-size 800 --workers 2 \
+    -- --soft-vocab-limit > "$OUT/long/spm_binarize.log" 2>&1
+mkdir -p "$OUT/short/spm-enc"
+for split in train valid test; do
+    python scripts/spm_encode.py --model "$OUT/long/spm/spm.model" \
+        --inputs "$OUT/short/raw/$split.source" "$OUT/short/raw/$split.target" \
+        --outputs "$OUT/short/spm-enc/$split.source" "$OUT/short/spm-enc/$split.target" 2> /dev/null
+done
+bash scripts/preprocess.sh --trainpref "$OUT/short/spm-enc/train" --validpref "$OUT/short/spm-enc/valid" \
+    --testpref "$OUT/short/spm-enc/test" --destdir "$OUT/short/bin" --dict "$OUT/long/spm/dict.txt" \
+    > "$OUT/short/preprocess.log" 2>&1
+cp "$OUT/long/spm/spm.model" "$OUT/short/bin/"
+SPM="$OUT/long/spm/spm.model"
+
+# ------------------------------------------------------------------------------------ the models
+arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fan_in init
+    case $1 in
+        bart_1024) echo "--arch bart_tiny --max-source-positions 1024" ;;
+        full_4096) echo "--arch bart_tiny --max-source-positions 4096" ;;
+        lsg_norm) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm" ;;
+        lsg_none) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type none" ;;
+        led) echo "--arch led_tiny --max-source-positions 4096" ;;
+        locost) echo "--arch locost_tiny --max-source-positions 4096" ;;
+        *) echo "unknown arch row $1" >&2; exit 2 ;;
+    esac
+}
+
+train() {  # train NAME DATA UPDATES [fairseq flags...]: checkpoint in $OUT/runs/NAME, time+RSS in NAME.time
+    local name=$1 data=$2 updates=$3; shift 3
+    local dir="$OUT/runs/$name"
+    rm -rf "$dir"; mkdir -p "$dir"
+    /usr/bin/time -f "%e %M" -o "$dir/time" fairseq-train "$data" --user-dir "$USER_DIR" \
+        --task long_document_summarization --max-target-positions 128 --truncate-target \
+        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+        --optimizer adam --adam-betas "(0.9, 0.98)" --lr 3e-3 --lr-scheduler inverse_sqrt \
+        --warmup-updates "$(( updates < 100 ? 1 : 100 ))" --clip-norm 1.0 --dropout 0.0 \
+        --max-tokens 4200 --max-update "$updates" --disable-validation --no-epoch-checkpoints \
+        --save-dir "$dir" --cpu --num-workers 0 --log-format simple --log-interval 100 --seed 1 \
+        "$@" 2>&1 | quiet > "$dir/train.log"
+    { grep -E "\| train \|" "$dir/train.log" | tail -1 | grep -oE "(nll_loss|num_updates) [0-9.]+" \
+        | paste -sd' ' | sed "s/^/   $name: /" >&2; } || true
+}
+
+evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the long test split, score
+    local name=$1 ckpt=$2 max_src=$3 bos=${4:-}
+    local dir="$OUT/eval/$name"
+    mkdir -p "$dir"
+    fairseq-generate "$OUT/long/bin" --user-dir "$USER_DIR" --task long_document_summarization \
+        --path "$ckpt" --gen-subset test --max-source-positions "$max_src" --max-target-positions 128 \
+        --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece --sentencepiece-model "$SPM" \
+        --batch-size 8 --cpu > "$dir/generate.out" 2> "$dir/generate.err"
+    python scripts/key_recall.py --jsonl "$OUT/long/jsonl/test.jsonl" --generate-output "$dir/generate.out" \
+        --spm-model "$SPM" $bos --name "$name" --json "$dir/recall.json" | sed 's/^/   /' >&2
+    python scripts/generate_to_rouge.py --generate-output "$dir/generate.out" \
+        --ref-file "$OUT/long/raw/test.target" --output-dir "$dir" > /dev/null
+    python "$HERE/attention_probe.py" "$ckpt" "$OUT/long/bin" --split test -n 16 > "$dir/probe.json" 2> /dev/null \
+        || echo '{}' > "$dir/probe.json"
+}
+
+for row in $ARCHS; do
+    flags=$(arch_flags "$row")
+    bos=""; [ "$row" = locost ] && bos="--no-bos"
+    max_src=$(echo "$flags" | grep -oE "max-source-positions [0-9]+" | cut -d' ' -f2)
+    step "$row: $U_SHORT updates on short documents, then $U_LONG on long ones"
+    # shellcheck disable=SC2086
+    train "$row.short" "$OUT/short/bin" "$U_SHORT" $flags
+    # shellcheck disable=SC2086
+    train "$row" "$OUT/long/bin" "$U_LONG" $flags --finetune-from-model "$OUT/runs/$row.short/checkpoint_last.pt"
+    evaluate "$row" "$OUT/runs/$row/checkpoint_last.pt" "$max_src" $bos
+done
+
+# --------------------------------------------------------------------------- extrapolation (a-e)
+if [[ " $ARCHS " == *" bart_1024 "* ]]; then
+    step "extrapolation: bart_1024 after short documents only, on 4K documents"
+    base="$OUT/runs/bart_1024.short"
+    cp "$OUT/long/spm/dict.txt" "$base/dict.txt"
+    LSG="--block-size 32 --sparse-block-size 32 --sparsity-factor 2 --sparsity-type norm --num-global-tokens 1"
+    evaluate x_a_truncated "$base/checkpoint_last.pt" 1024
+    rm -rf "$OUT/runs/x_b" "$OUT/runs/x_c"
+    lsg-fairseq-convert "$base/checkpoint_last.pt" "$OUT/runs/x_b" --to bart --max-source-positions 4096 > /dev/null
+    evaluate x_b_tiled_full "$OUT/runs/x_b/model.pt" 4096
+    # shellcheck disable=SC2086
+    lsg-fairseq-convert "$base/checkpoint_last.pt" "$OUT/runs/x_c" --to lsg_bart --max-source-positions 4096 \
+        --max-target-positions 128 $LSG > /dev/null
+    evaluate x_c_lsg "$OUT/runs/x_c/model.pt" 4096
+    # shellcheck disable=SC2086
+    train x_d "$OUT/long/bin" "$U_EXTRA" --arch lsg_bart_tiny --max-source-positions 4096 $LSG \
+        --train-global-only --finetune-from-model "$OUT/runs/x_c/model.pt"
+    evaluate x_d_lsg_global_tuned "$OUT/runs/x_d/checkpoint_last.pt" 4096
+    # shellcheck disable=SC2086
+    train x_e "$OUT/long/bin" "$U_EXTRA" --arch lsg_bart_tiny --max-source-positions 4096 $LSG \
+        --finetune-from-model "$OUT/runs/x_c/model.pt"
+    evaluate x_e_lsg_fine_tuned "$OUT/runs/x_e/checkpoint_last.pt" 4096
+fi
+
+step "report -> $REPORT_DIR"
+python "$HERE/report.py" --out "$OUT" --report-dir "$REPORT_DIR" --archs $ARCHS \
+    --command "bash $HERE/run.sh" --settings "N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA THREADS=$THREADS" \
+    --wall "$(( $(date +%s) - start ))"
+step "done"

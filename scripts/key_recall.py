@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""Recall of the synthetic set's key facts by position: did the model read that part of the document?
+
+Each test document of scripts/make_synthetic_data.py hides 2-3 key sentences ("The red fox
+visited Paris on Monday.") at random places, and stores them under "keys" with their offsets. For
+every key, each of its four facts (colour, animal, city, weekday) counts as recalled when the
+generated summary's key sentence of the same rank has the same word there. Recall is reported
+overall, per bin of source positions, and for the keys at or beyond --beyond (the part a model
+truncated to that many tokens never sees). A uniform guess recalls 8.8%.
+
+Positions are model tokens (sentencepiece pieces, counting the <s> the task prepends) with
+--spm-model, else whitespace words.
+
+Example:
+    fairseq-generate ... > gen.out
+    python scripts/key_recall.py --jsonl data/test.jsonl --generate-output gen.out \\
+        --spm-model bin/spm.model --name lsg_norm --json eval/recall.json
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
+
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, die, require_file  # noqa: E402
+from lsg_fairseq.data.generate_output import parse_generate_output  # noqa: E402
+from lsg_fairseq.data.jsonl import read_jsonl  # noqa: E402
+from lsg_fairseq.data.synthetic import FIELDS, chance_recall, key_hits  # noqa: E402
+
+PROG = "key_recall.py"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jsonl", required=True, help="the synthetic split with its 'keys' (e.g. test.jsonl)")
+    p.add_argument("--generate-output", required=True,
+                   help="fairseq-generate stdout on that split (ids = line numbers of --jsonl)")
+    p.add_argument("--spm-model", help="sentencepiece model: positions in pieces (+1 for <s>) instead of words")
+    p.add_argument("--no-bos", action="store_true", help="with --spm-model: no <s> before the source (LOCOST)")
+    p.add_argument("--bin-size", type=int, default=512, help="width of the position bins (default: 512)")
+    p.add_argument("--beyond", type=int, default=1024,
+                   help="also report recall of the keys at positions >= this (default: 1024)")
+    p.add_argument("--name", default="model", help="label stored in the report")
+    p.add_argument("--json", help="write the report here (atomically)")
+    return p
+
+
+def key_positions(document: str, keys, sp, bos: bool):
+    """Source position of each key: its word offset, or its piece index in the model's input."""
+    if sp is None:
+        return [k["token_offset"] for k in keys]
+    words = document.split()
+    # sentencepiece splits on whitespace first, so a prefix's pieces are the document's first pieces
+    return [len(sp.encode(" ".join(words[: k["token_offset"]]))) + int(bos) for k in keys]
+
+
+def report(examples, hypotheses, positions, bin_size: int, beyond: int, name: str) -> dict:
+    bins = {}
+    fields = {f: [0, 0] for f in FIELDS}
+    far = [0, 0]
+    total = [0, 0]
+    for ex, hyp, pos in zip(examples, hypotheses, positions):
+        for hits, p in zip(key_hits(ex["keys"], hyp or ""), pos):
+            n_hit = sum(hits.values())
+            for acc in (bins.setdefault(p // bin_size, [0, 0]), total) + ((far,) if p >= beyond else ()):
+                acc[0] += n_hit
+                acc[1] += len(FIELDS)
+            for f in FIELDS:
+                fields[f][0] += hits[f]
+                fields[f][1] += 1
+    rate = lambda a: a[0] / a[1] if a[1] else None  # noqa: E731
+    return {
+        "name": name,
+        "documents": len(examples),
+        "keys": total[1] // len(FIELDS),
+        "recall": rate(total),
+        "recall_beyond": rate(far),
+        "keys_beyond": far[1] // len(FIELDS),
+        "beyond": beyond,
+        "chance": chance_recall(),
+        "fields": {f: rate(v) for f, v in fields.items()},
+        "bin_size": bin_size,
+        "bins": [{"start": b * bin_size, "end": (b + 1) * bin_size, "facts": bins[b][1], "recall": rate(bins[b])}
+                 for b in sorted(bins)],
+    }
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.bin_size < 1:
+        return die(f"--bin-size must be >= 1, got {args.bin_size}", PROG)
+    try:
+        require_file(args.jsonl, "--jsonl")
+        require_file(args.generate_output, "--generate-output")
+        examples = []
+        for _, ex in read_jsonl(args.jsonl, fields=("document", "summary")):
+            if not isinstance(ex.get("keys"), list):
+                raise DataError(f"{args.jsonl}: example {len(examples)} has no 'keys' list "
+                                "(not a scripts/make_synthetic_data.py file)")
+            examples.append(ex)
+        with open(args.generate_output, encoding="utf-8") as f:
+            generated = parse_generate_output(f, args.generate_output)
+        extra = sorted(i for i in generated if i >= len(examples))
+        if extra:
+            raise DataError(f"{args.generate_output}: example id {extra[0]} but --jsonl has {len(examples)} "
+                            "examples (another split?)")
+        hyps = [generated[i].best_hypothesis if i in generated else None for i in range(len(examples))]
+        sp = None
+        if args.spm_model:
+            import sentencepiece
+
+            sp = sentencepiece.SentencePieceProcessor(model_file=require_file(args.spm_model, "--spm-model"))
+    except DataError as e:
+        return die(str(e), PROG)
+    positions = [key_positions(ex["document"], ex["keys"], sp, not args.no_bos) for ex in examples]
+    rep = report(examples, hyps, positions, args.bin_size, args.beyond, args.name)
+    if args.json:
+        with atomic_outputs([args.json]) as (f,):
+            json.dump(rep, f, indent=1)
+    far = rep["recall_beyond"]
+    print(f"{args.name}: key recall {100 * rep['recall']:.1f}% over {rep['keys']} keys; at positions >= "
+          f"{args.beyond}: {'n/a' if far is None else f'{100 * far:.1f}%'} ({rep['keys_beyond']} keys); "
+          f"chance {100 * rep['chance']:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
