@@ -16,11 +16,19 @@ from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.models.bart.hub_interface import BARTHubInterface
 from omegaconf import open_dict
 
+from lsg_fairseq.data.fileio import DataError
+from lsg_fairseq.data.offline_bpe import (
+    GPT2_FILES,
+    SENTENCEPIECE_NAMES,
+    TOKENIZER_RECORD,
+    read_tokenizer_record,
+    tokenizer_files,
+)
+from lsg_fairseq.errors import MissingFileError
 from lsg_fairseq.generation import reset_beam_size
 
 logger = logging.getLogger(__name__)
 
-SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
 class LongInputHubInterface(BARTHubInterface):
@@ -75,15 +83,28 @@ class LongInputHubInterface(BARTHubInterface):
 
 
 def detect_bpe(model_dir: str) -> dict:
-    """hub kwargs for the tokenizer files found in ``model_dir`` (GPT-2 BPE or sentencepiece)."""
-    enc, merges = os.path.join(model_dir, "encoder.json"), os.path.join(model_dir, "vocab.bpe")
-    if os.path.exists(enc) and os.path.exists(merges):
+    """hub kwargs for the tokenizer of ``model_dir`` (GPT-2 BPE or sentencepiece).
+
+    ``tokenizer.txt`` (written by the converter) names the kind, and the files beside it must agree
+    (a stale ``spm.model`` next to a new ``encoder.json`` is refused). Without the record, the files
+    decide, and a folder holding both kinds is refused: nothing says which one the model uses.
+    """
+    kind = read_tokenizer_record(model_dir)  # None: no record; checks the files against it
+    found = tokenizer_files(model_dir)
+    if kind is None:
+        if found["gpt2"] and found["sentencepiece"]:
+            raise DataError(
+                f"{model_dir}: holds both GPT-2 BPE files ({', '.join(found['gpt2'])}) and "
+                f"{found['sentencepiece'][0]}, and no {TOKENIZER_RECORD} saying which one the model uses; "
+                f"delete the stale ones, or write {TOKENIZER_RECORD} containing gpt2 or sentencepiece"
+            )
+        kind = "gpt2" if len(found["gpt2"]) == len(GPT2_FILES) else "sentencepiece" if found["sentencepiece"] else None
+    if kind == "gpt2":
+        enc, merges = (os.path.join(model_dir, n) for n in GPT2_FILES)
         return {"bpe": "gpt2", "gpt2_encoder_json": enc, "gpt2_vocab_bpe": merges}
-    for name in SENTENCEPIECE_NAMES:
-        path = os.path.join(model_dir, name)
-        if os.path.exists(path):
-            return {"bpe": "sentencepiece", "sentencepiece_model": path}
-    raise FileNotFoundError(
+    if kind == "sentencepiece":
+        return {"bpe": "sentencepiece", "sentencepiece_model": os.path.join(model_dir, found["sentencepiece"][0])}
+    raise MissingFileError(
         f"{model_dir}: no tokenizer files (expected encoder.json + vocab.bpe for GPT-2 BPE, or one of "
         f"{', '.join(SENTENCEPIECE_NAMES)} for sentencepiece)"
     )
@@ -107,7 +128,7 @@ def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrid
     """Load ``model_dir/checkpoint_file`` with the dictionary and tokenizer files beside it."""
     path = os.path.join(model_dir, checkpoint_file)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such checkpoint")
+        raise MissingFileError(f"{path}: no such checkpoint")
     kwargs = detect_bpe(model_dir)
     kwargs.update(overrides)
     if kwargs.get("bpe") == "sentencepiece":
