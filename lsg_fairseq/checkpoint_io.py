@@ -26,7 +26,6 @@ import contextlib
 import glob
 import logging
 import os
-import pickle
 import shutil
 import tempfile
 import zipfile
@@ -169,7 +168,7 @@ def _make_checked_load(original):
                     "writing it with a fairseq that lacks lsg_fairseq's atomic saves, restart from the "
                     "previous checkpoint_*.pt with --restore-file"
                 ) from e
-            if local and isinstance(e, (KeyError, TypeError, AttributeError, pickle.UnpicklingError)):
+            if local and isinstance(e, (KeyError, TypeError, AttributeError)):
                 # a torch.save archive of something else (an HF pytorch_model.bin, a tensor, ...)
                 detail = type(e).__name__ + (f": {str(e).splitlines()[0][:200]}" if str(e) else "")
                 raise CheckpointError(
