@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             ins = [
                 sys.stdin if p == "-" else stack.enter_context(open(p, encoding="utf-8")) for p in args.inputs
             ]
-            outs = stack.enter_context(atomic_outputs(args.outputs))
+            outs = stack.enter_context(atomic_outputs(args.outputs, inputs=list(args.inputs)))
             items = enumerate(zip(*ins), start=1)
             if args.workers > 1:
                 pool = stack.enter_context(

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
             n_lines = n_pieces = n_unk = 0
             total = count_lines(src) if src != "-" else None
             fin = sys.stdin if src == "-" else open(src, encoding="utf-8")
-            with fin, atomic_outputs([dst]) as (fout,):
+            with fin, atomic_outputs([dst], inputs=list(args.inputs) + [args.model]) as (fout,):
                 batch = []
 
                 def flush():

@@ -56,13 +56,15 @@ def count_lines(path: str) -> int:
 
 
 @contextlib.contextmanager
-def atomic_outputs(paths: Sequence[str]) -> Iterator[List[TextIO]]:
+def atomic_outputs(paths: Sequence[str], inputs: Sequence[str] = ()) -> Iterator[List[TextIO]]:
     """Open ``paths`` for writing (UTF-8, ``\\n`` line ends) as temp files in the same folders.
 
     On a clean exit every temp file is renamed onto its final path; on an exception all of them
     are deleted, so either every output appears complete or none is touched. ``"-"`` means
-    stdout (written directly: a pipe cannot be made atomic).
+    stdout (written directly: a pipe cannot be made atomic). An output that is one of ``inputs``
+    is refused before anything is opened (:func:`refuse_clobber`).
     """
+    refuse_clobber(paths, inputs)
     handles: List[TextIO] = []
     temps: Dict[str, str] = {}
     try:
