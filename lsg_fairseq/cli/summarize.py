@@ -55,7 +55,7 @@ def _decode(data: bytes, name: str, errors: str) -> str:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise DataError(f"{name}: not UTF-8 text (byte offset {e.start}, line {line}: {e.reason}); convert "
-                        "it to UTF-8, or pass --errors replace") from None
+                        "it to UTF-8, or pass --errors replace") from None  # same words as read_text
     return text[1:] if text.startswith("\ufeff") else text  # a BOM is not content
 
 
@@ -63,12 +63,13 @@ def read_documents(args):
     """``(names, documents)`` from FILES, ``--input-lines`` or stdin; raises DataError naming the file."""
     from lsg_fairseq.data.fileio import DataError, read_text
 
+    fix = "convert it to UTF-8, or pass --errors replace"
     if args.files:
-        docs = [" ".join(read_text(path, errors=args.errors).split()) for path in args.files]
+        docs = [" ".join(read_text(path, errors=args.errors, fix=fix).split()) for path in args.files]
         names = list(args.files)
     else:
         if args.input_lines:
-            text = read_text(args.input_lines, "--input-lines", errors=args.errors)
+            text = read_text(args.input_lines, "--input-lines", errors=args.errors, fix=fix)
         else:
             text = _decode(sys.stdin.buffer.read(), "<stdin>", args.errors)
         lines = text.split("\n")  # not splitlines(): a form feed inside a document is no new document

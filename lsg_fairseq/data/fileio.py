@@ -225,7 +225,7 @@ def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), fla
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def read_text(path: str, what: str = "", errors: str = "strict") -> str:
+def read_text(path: str, what: str = "", errors: str = "strict", fix: str = "convert it to UTF-8 text") -> str:
     """The whole of a text file, decoded as UTF-8; a non-UTF-8 byte is reported with its offset.
 
     ``errors="replace"`` turns undecodable bytes into U+FFFD instead (``--errors replace``).
@@ -241,8 +241,7 @@ def read_text(path: str, what: str = "", errors: str = "strict") -> str:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise DataError(
-            f"{prefix}{path}: not UTF-8 text (byte offset {e.start}, line {line}: {e.reason}); convert "
-            "it to UTF-8 text, or pass --errors replace"
+            f"{prefix}{path}: not UTF-8 text (byte offset {e.start}, line {line}: {e.reason}); {fix}"
         ) from None
     return text[1:] if text.startswith("\ufeff") else text  # a UTF-8 BOM is not content
 

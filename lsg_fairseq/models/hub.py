@@ -16,15 +16,17 @@ from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.models.bart.hub_interface import BARTHubInterface
 from omegaconf import open_dict
 
+from lsg_fairseq.checkpoint_io import CheckpointError
 from lsg_fairseq.data.fileio import DataError
 from lsg_fairseq.data.offline_bpe import (
     GPT2_FILES,
     SENTENCEPIECE_NAMES,
     TOKENIZER_RECORD,
+    check_gpt2_files,
     read_tokenizer_record,
     tokenizer_files,
 )
-from lsg_fairseq.errors import MissingFileError
+from lsg_fairseq.errors import MissingFileError, one_line
 from lsg_fairseq.generation import reset_beam_size
 
 logger = logging.getLogger(__name__)
@@ -113,15 +115,28 @@ def detect_bpe(model_dir: str) -> dict:
 def check_spm_matches_dict(spm_path: str, dict_path: str) -> None:
     """Raise a DataError naming both files when the sentencepiece model does not fit dict.txt."""
     import sentencepiece
-    from fairseq.data import Dictionary
 
     from lsg_fairseq.data.offline_bpe import check_sentencepiece_dictionary
 
     if not os.path.exists(dict_path):
         return  # fairseq reports the missing dictionary itself
     sp = sentencepiece.SentencePieceProcessor()
-    sp.Load(spm_path)
-    check_sentencepiece_dictionary(sp, Dictionary.load(dict_path).symbols, spm_path, dict_path)
+    try:
+        sp.Load(spm_path)
+    except Exception as e:  # noqa: BLE001  (OSError / RuntimeError, depending on the version)
+        raise DataError(f"{spm_path}: not a readable sentencepiece model ({one_line(e)[:200]})") from None
+    check_sentencepiece_dictionary(sp, load_dictionary(dict_path).symbols, spm_path, dict_path)
+
+
+def load_dictionary(dict_path: str):
+    """fairseq's ``Dictionary.load``, with a DataError naming the file for a damaged one."""
+    from fairseq.data import Dictionary
+
+    try:
+        return Dictionary.load(dict_path)
+    except Exception as e:  # noqa: BLE001  (ValueError, a bare Exception for bad encodings, ...)
+        raise DataError(f"{dict_path}: not a fairseq dictionary ({one_line(e)[:200]}); expected lines "
+                        "'<token> <count>'") from None
 
 
 def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrides) -> LongInputHubInterface:
@@ -131,10 +146,24 @@ def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrid
         raise MissingFileError(f"{path}: no such checkpoint")
     kwargs = detect_bpe(model_dir)
     kwargs.update(overrides)
+    dict_path = os.path.join(model_dir, "dict.txt")
+    if os.path.exists(dict_path):
+        load_dictionary(dict_path)  # fairseq's own error for a damaged one names no file
     if kwargs.get("bpe") == "sentencepiece":
         # before loading the checkpoint: a foreign spm model would silently give <unk> everywhere
-        check_spm_matches_dict(kwargs["sentencepiece_model"], os.path.join(model_dir, "dict.txt"))
-    loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, ".", **kwargs)
+        check_spm_matches_dict(kwargs["sentencepiece_model"], dict_path)
+    elif kwargs.get("bpe") == "gpt2":
+        check_gpt2_files(kwargs["gpt2_encoder_json"], kwargs["gpt2_vocab_bpe"], "MODEL_DIR", "MODEL_DIR")
+    try:
+        loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, ".", **kwargs)
+    except RuntimeError as e:
+        if "Error(s) in loading state_dict" not in str(e):
+            raise
+        # e.g. a dict.txt of another model: the embedding rows do not match the weights
+        raise CheckpointError(
+            f"{path} does not fit the files beside it ({dict_path}: {one_line(e)[:300]}); use the dict.txt "
+            "written with this checkpoint"
+        ) from None
     hub = LongInputHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
     # The checkpoint carries the training run's --max-tokens / --batch-size; the hub batches with
     # them, so any document longer than a training batch would fail an assertion. Callers choose

@@ -345,7 +345,9 @@ class LongDocumentSummarizationTask(TranslationTask):
         # forwards are unaffected; inference_step turns it on for the duration of a call.
         for m in models:
             reset_beam_size(m)
-        generator._lsg_beam = getattr(args, "beam", 1)
+        # the generator's own beam: SequenceGenerator caps it at the vocabulary size - 1, and a larger
+        # set_beam_size would fold cross-attention keys by a beam that never exists
+        generator._lsg_beam = getattr(generator, "beam_size", getattr(args, "beam", 1))
         return generator
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
