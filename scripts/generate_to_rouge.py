@@ -28,6 +28,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
+from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
+
 from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, read_text, require_file  # noqa: E402
 from lsg_fairseq.data.generate_output import hypotheses_and_references, parse_generate_output  # noqa: E402
 from lsg_fairseq.data.rouge import rouge_corpus  # noqa: E402
@@ -46,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--output-dir", metavar="DIR", help="where hyp.txt, ref.txt and rouge.json are written")
     g.add_argument("--source-file", metavar="FILE", help="raw sources, line i = example id i (for --lead-words)")
-    g.add_argument("--lead-words", metavar="N", type=int, nargs="+", default=[],
+    g.add_argument("--lead-words", metavar="N", type=POSITIVE_INT, nargs="+", default=[],
                    help="also score lead-N baselines: the first N words of each example's source")
     g.add_argument("--name", default="model", help="label of the model's row in --table")
     g.add_argument("--table", action="store_true",

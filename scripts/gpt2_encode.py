@@ -26,6 +26,8 @@ from multiprocessing import Pool
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
+from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
+
 from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress  # noqa: E402
 from lsg_fairseq.data.offline_bpe import gpt2_encode_line, load_gpt2_encoder, require_local_file  # noqa: E402
 
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep empty lines (as empty output lines) instead of dropping the example",
     )
     p.add_argument(
-        "--workers", type=int, default=1, help="encoder processes (default: 1); output order is kept"
+        "--workers", type=POSITIVE_INT, default=1, help="encoder processes (default: 1); output order is kept"
     )
     return p
 

@@ -17,6 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
+from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
+
 from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress  # noqa: E402
 from lsg_fairseq.data.offline_bpe import load_sentencepiece, require_local_file  # noqa: E402
 
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="piece",
         help="pieces (for fairseq-preprocess) or ids (== fairseq dictionary indices)",
     )
-    p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="encoder threads")
+    p.add_argument("--threads", type=POSITIVE_INT, default=min(4, os.cpu_count() or 1), help="encoder threads")
     p.add_argument(
         "--allow-foreign-model",
         action="store_true",

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, finite_float, int_range
+from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
 from lsg_fairseq.errors import OneLineArgumentParser
 
 PROG = "lsg-fairseq-summarize"
@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default); replace = read them as U+FFFD")
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name inside MODEL_DIR (default: model.pt)")
     p.add_argument("--beam", type=POSITIVE_INT, default=4, help="beam size >= 1 (default: 4; 1 = greedy)")
-    p.add_argument("--lenpen", type=finite_float, default=1.0, help="length penalty (default: 1.0)")
+    # fairseq divides scores by length ** lenpen: beyond ~100 that overflows a float
+    p.add_argument("--lenpen", type=float_range(-10, 10), default=1.0, help="length penalty in [-10, 10] (default: 1.0)")
     p.add_argument("--max-len-b", type=POSITIVE_INT, default=256, help="maximum summary length in tokens, >= 1 (default: 256)")
     p.add_argument("--min-len", type=NON_NEGATIVE_INT, default=1, help="minimum summary length in tokens (default: 1)")
     p.add_argument("--no-repeat-ngram-size", type=NON_NEGATIVE_INT, default=3,

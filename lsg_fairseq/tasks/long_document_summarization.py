@@ -68,7 +68,7 @@ def _boolean(v):
 # Every generation setting fairseq's build_generator reads, with its range (flag names without "--").
 EVAL_ROUGE_ARG_CHECKS = {
     "beam": _number(1, integer=True),
-    "lenpen": _number(),
+    "lenpen": _number(-10, 10),  # fairseq divides by length ** lenpen: beyond ~100 a float overflows
     "unkpen": _number(),
     "max_len_a": _number(0),
     "max_len_b": _number(1, integer=True),
@@ -199,6 +199,10 @@ class LongDocumentSummarizationTask(TranslationTask):
         if not paths or not os.path.isdir(paths[0]):
             raise MissingFileError(f"--data: data directory {cfg.data!r} does not exist")
         parse_eval_rouge_args(cfg.eval_rouge_args)  # refuse a bad option dictionary before any work
+        for flag, value in (("--max-source-positions", cfg.max_source_positions),
+                            ("--max-target-positions", cfg.max_target_positions)):
+            if value is not None and value < 2:
+                raise ConfigError(f"{flag} must be >= 2 (room for <s>/</s> and one token), got {value}")
         return super().setup_task(cfg, **kwargs)
 
     # ---------------------------------------------------------------- datasets
