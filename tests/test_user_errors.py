@@ -337,6 +337,21 @@ def test_max_tokens_below_one_document_refused_with_flag_named(word_data):
     assert "raise --max-tokens to at least" in msg
 
 
+@pytest.mark.parametrize("flags,expected", [
+    (["--max-target-positions", "8"], "examples have a target longer than 8 tokens"),
+    (["--truncate-target", "--max-tokens", "40"], "--max-tokens 40 is smaller than one example"),
+])
+def test_fairseq_train_refuses_instead_of_skipping(word_data, tmp_path, capsys, monkeypatch, flags, expected):
+    """The README pipeline's failure: fairseq skipped every training example, then "The dataset is empty"."""
+    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
+                               *TRAIN, "--block-size", "16", "--sparse-block-size", "16", "--save-dir",
+                               str(tmp_path / "ck"), *flags], capsys, monkeypatch)
+    assert code == 2
+    line = one_error_line(err, "fairseq-train")
+    assert f"{word_data}/train: 12 of 12" in line and expected in line
+    assert "dataset is empty" not in err
+
+
 # ----------------------------------------------------------------------------- option dictionaries
 @pytest.mark.parametrize("value,expected", [
     ('{"beam_size": 0, "max_len": 5}', "--eval-rouge-args: unknown key(s) 'beam_size', 'max_len'; known: beam,"),
