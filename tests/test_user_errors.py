@@ -450,3 +450,21 @@ def test_atomic_folder_failure_leaves_out_untouched(tmp_path):
         open(os.path.join(tmp, "b.txt"), "w").write("new")
     assert folder_state(out) == {"b.txt": b"new"}  # replaced as a whole: no a.txt
     assert json.dumps(sorted(os.listdir(tmp_path))) == '["out"]'
+
+
+@needs_fixtures
+def test_unwritable_output_location_is_one_line(tmp_path, capsys):
+    """An output under a regular file (as root, permissions cannot make a folder unwritable)."""
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder\n")
+    code, line = run_convert([BART_HF, blocker / "out"], capsys)
+    assert code == 2 and str(blocker) in line and "OUT_DIR left unchanged" in line
+    model_dir = tmp_path / "model"
+    convert_main([BART_HF, str(model_dir)])
+    capsys.readouterr()
+    (tmp_path / "doc.txt").write_text("a short document\n")
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--beam", "1", "--max-len-b", "3", "--quiet",
+                        "--output", str(blocker / "summaries.txt")])
+    assert e.value.code == 2
+    assert f"--output {blocker}" in one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")

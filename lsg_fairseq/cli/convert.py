@@ -64,6 +64,8 @@ def main(argv=None) -> None:
         path = convert(args.src, args.out, **options)
     except UserError as e:  # ConversionError, DataError, CheckpointError: the message names the file
         sys.exit(report(e, "lsg-fairseq-convert"))
+    except OSError as e:  # an unwritable parent folder, a full disk: OUT is left as it was
+        sys.exit(report(f"{e.filename or args.out}: {e.strerror or e} (OUT_DIR left unchanged)", "lsg-fairseq-convert"))
     print(path)
 
 

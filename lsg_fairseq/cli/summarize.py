@@ -123,12 +123,11 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     check_arguments(args, parser)
 
-    from lsg_fairseq.data.fileio import atomic_outputs
     from lsg_fairseq.errors import UserError, report
     from lsg_fairseq.models.hub import from_pretrained
 
     try:
-        names, docs = read_documents(args)
+        _, docs = read_documents(args)
         hub = from_pretrained(args.model_dir, args.checkpoint)
         if args.max_source_positions is not None:
             hub.set_max_source_positions(args.max_source_positions)
@@ -141,6 +140,15 @@ def main(argv=None) -> None:
     if args.fp16:
         hub.half()
     start = time.time()
+    try:
+        write_summaries(hub, docs, args, start)
+    except OSError as e:  # an unwritable --output folder, a full disk: nothing half-written is left
+        sys.exit(report(f"--output {e.filename or args.output}: {e.strerror or e}", PROG))
+
+
+def write_summaries(hub, docs, args, start) -> None:
+    from lsg_fairseq.data.fileio import atomic_outputs
+
     # all or nothing: --output appears only once every summary is written
     with atomic_outputs([args.output or "-"]) as (out,):
         for i in range(0, len(docs), args.batch_size):

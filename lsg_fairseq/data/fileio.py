@@ -174,6 +174,15 @@ def _fsync_tree(folder: str) -> None:
                     os.close(fd)
 
 
+def _fsync_dir(folder: str) -> None:
+    with contextlib.suppress(OSError):  # not every OS / file system lets a folder be opened
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), flag: str = "--force") -> Iterator[str]:
     """Write a whole output folder all-or-nothing: yields a temp folder beside ``out`` to fill.
@@ -216,6 +225,7 @@ def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), fla
         else:
             os.replace(tmp, out)  # rename(2) replaces an empty folder atomically
             leftover = None
+        _fsync_dir(parent)  # the rename itself survives a power cut
     finally:
         _PENDING_FOLDERS.pop(tmp, None)
         if leftover is not None:
