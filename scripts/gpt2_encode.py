@@ -28,7 +28,7 @@ import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data withou
 
 from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
 
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress  # noqa: E402
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress  # noqa: E402
 from lsg_fairseq.data.offline_bpe import gpt2_encode_line, load_gpt2_encoder, require_local_file  # noqa: E402
 
 PROG = "gpt2_encode.py"
@@ -99,6 +99,7 @@ def main(argv=None) -> int:
         for path in args.inputs:
             if path != "-":
                 require_local_file(path, "--inputs")
+                check_utf8(path, "--inputs")  # names the byte offset; decoding later cannot
         files = [p for p in args.inputs if p != "-"]
         counts = {p: count_lines(p) for p in files}
         if len(set(counts.values())) > 1:

@@ -19,7 +19,7 @@ import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data withou
 
 from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
 
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress  # noqa: E402
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress  # noqa: E402
 from lsg_fairseq.data.offline_bpe import load_sentencepiece, require_local_file  # noqa: E402
 
 PROG = "spm_encode.py"
@@ -62,6 +62,7 @@ def main(argv=None) -> int:
         for path in args.inputs:
             if path != "-":
                 require_local_file(path, "--inputs")
+                check_utf8(path, "--inputs")  # names the byte offset; decoding later cannot
         unk = sp.unk_id()
         known = {sp.id_to_piece(i) for i in range(sp.get_piece_size()) if i != unk}
         for src, dst in zip(args.inputs, args.outputs):

@@ -314,3 +314,49 @@ def test_fuzz_generate_damaged_checkpoint_and_flags(word_data, tiny_checkpoint, 
         line = assert_refused_or_ok(code, err, "lsg-fairseq-generate", culprits, argv)
         if line is None:
             assert sum(1 for x in out.splitlines() if x.startswith("H-")) == 4  # every valid document
+
+
+# ----------------------------------------------------------------------------- encoders and synthetic data
+from test_bad_inputs import two_spm_models  # noqa: E402,F401  (a module-scoped fixture)
+
+
+def test_fuzz_spm_and_gpt2_encode_random_text(model_dir, two_spm_models, tmp_path, capsys):  # noqa: F811
+    rng = random.Random(SEED + 9)
+    spm_encode, gpt2_encode = load_script("spm_encode.py"), load_script("gpt2_encode.py")
+    for i in range(16):
+        src, dst = tmp_path / f"in{i}.txt", tmp_path / "enc" / f"out{i}.txt"
+        src.write_bytes(random_bytes(rng))
+        if i % 2:
+            prog, fn = "spm_encode.py", spm_encode.main
+            argv = ["--model", str(two_spm_models["a"] / "spm.model"), "--inputs", str(src), "--outputs", str(dst)]
+        else:
+            prog, fn = "gpt2_encode.py", gpt2_encode.main
+            argv = ["--encoder-json", os.path.join(model_dir, "encoder.json"), "--vocab-bpe",
+                    os.path.join(model_dir, "vocab.bpe"), "--keep-empty", "--inputs", str(src), "--outputs", str(dst)]
+        if rng.random() < 0.25:  # an output that is the input
+            argv[-1] = str(src)
+        before = src.read_bytes()
+        code, _, err = outcome(fn, argv, capsys)
+        line = assert_refused_or_ok(code, err, prog, [str(src)], argv)
+        assert src.read_bytes() == before  # an input is never written
+        if line is None:
+            text = before.decode("utf-8")
+            assert dst.read_text(encoding="utf-8").count("\n") == len(text.split("\n")) - (text.endswith("\n") or text == "")
+        else:
+            assert not dst.exists()
+
+
+def test_fuzz_make_synthetic_data_flags(tmp_path, capsys):
+    script = load_script("make_synthetic_data.py")
+    rng = random.Random(SEED + 10)
+    flags_all = ["--train", "--valid", "--test", "--min-tokens", "--max-tokens", "--min-keys", "--max-keys", "--seed"]
+    for i in range(20):
+        out = tmp_path / f"syn{i}"
+        argv = ["--output-dir", str(out), "--train", "2", "--valid", "1", "--test", "0"]
+        flags = rng.sample(flags_all, rng.randrange(1, 3))
+        for flag in flags:
+            argv += [flag, rng.choice(["-1", "0", "1", "3", "40", "x", "1.5", ""])]
+        code, _, err = outcome(script.main, argv, capsys)
+        line = assert_refused_or_ok(code, err, "make_synthetic_data.py", flags + ["--min-tokens/--max-tokens"], argv)
+        if line is not None:
+            assert not out.exists() or os.listdir(out) == []

@@ -72,7 +72,9 @@ def read_documents(args):
         if args.input_lines:
             text = read_text(args.input_lines, "--input-lines", errors=args.errors, fix=fix)
         else:
-            text = _decode(sys.stdin.buffer.read(), "<stdin>", args.errors)
+            stdin = getattr(sys.stdin, "buffer", None)  # a replaced sys.stdin (tests, notebooks) may be text
+            data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+            text = _decode(data, "<stdin>", args.errors)
         lines = text.split("\n")  # not splitlines(): a form feed inside a document is no new document
         if lines and lines[-1] == "":
             lines.pop()

@@ -235,6 +235,32 @@ def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), fla
         shutil.rmtree(stale, ignore_errors=True)
 
 
+def check_utf8(path: str, what: str = "") -> None:
+    """Raise a :class:`DataError` naming ``path``, the byte offset and the line of the first byte
+    that is not UTF-8 (streamed: any file size)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = lines = 0
+    prefix = f"{what}: " if what else ""
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as e:
+                # e.start counts from the decoder's pending bytes (at most 3) plus this chunk
+                at = offset + e.start - len(e.object) + len(chunk)
+                line = lines + chunk.count(b"\n", 0, max(at - offset, 0)) + 1
+                raise DataError(f"{prefix}{path}: not UTF-8 text (byte offset {at}, line {line}: {e.reason}); "
+                                "convert it to UTF-8 text") from None
+            offset += len(chunk)
+            lines += chunk.count(b"\n")
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            raise DataError(f"{prefix}{path}: not UTF-8 text (truncated character at the end: {e.reason})") from None
+
+
 def read_text(path: str, what: str = "", errors: str = "strict", fix: str = "convert it to UTF-8 text") -> str:
     """The whole of a text file, decoded as UTF-8; a non-UTF-8 byte is reported with its offset.
 
