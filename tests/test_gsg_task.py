@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -381,3 +382,16 @@ def test_mask_symbol_must_be_in_dictionary(corpus_dir):
     assert task.mask_index == sentinel != d.index("<mask>")
     task.load_dataset("valid")
     assert sentinel in task.datasets["valid"][0]["source"].tolist()
+
+
+@pytest.mark.parametrize("part", ["tokens", "sentences"])
+def test_damaged_corpus_file_named(corpus_dir, tmp_path, part):
+    from lsg_fairseq.data.fileio import DataError
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(corpus_dir, damaged)
+    prefix = corpus_prefix(str(damaged), "train")
+    data = open(f"{prefix}.{part}.npy", "rb").read()
+    open(f"{prefix}.{part}.npy", "wb").write(data[: len(data) // 2])  # an interrupted copy
+    with pytest.raises(DataError, match=rf"{part}\.npy: not a readable \.npy array|sentence sizes do not add up"):
+        GSGCorpus(prefix)
