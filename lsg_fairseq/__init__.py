@@ -12,6 +12,9 @@ register_safe_globals()
 
 from lsg_fairseq import models, tasks  # noqa: E402,F401  (registration side effects)
 from lsg_fairseq import bf16, checkpoint_io  # noqa: E402,F401  (patch fairseq: atomic checkpoints, clear load errors, bf16 off TPUs)
+from lsg_fairseq.errors import install_fairseq_hook  # noqa: E402
+
+install_fairseq_hook()  # fairseq-train / fairseq-interactive: our refusals as one line, exit 2
 
 __version__ = "0.1.0"
 

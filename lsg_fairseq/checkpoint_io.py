@@ -34,6 +34,8 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
+from lsg_fairseq.errors import MissingFileError, UserError
+
 logger = logging.getLogger(__name__)
 
 _PATCHED_FLAG = "_lsg_fairseq_atomic"
@@ -41,7 +43,7 @@ _PATCHED_FLAG = "_lsg_fairseq_atomic"
 _LOADED_INFO = {}
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint file that cannot be used; the message names the file and the fix."""
 
 
@@ -166,6 +168,13 @@ def _make_checked_load(original):
                     "writing it with a fairseq that lacks lsg_fairseq's atomic saves, restart from the "
                     "previous checkpoint_*.pt with --restore-file"
                 ) from e
+            if local and isinstance(e, (KeyError, TypeError, AttributeError)):
+                # a torch.save archive of something else (an HF pytorch_model.bin, a tensor, ...)
+                detail = type(e).__name__ + (f": {str(e).splitlines()[0][:200]}" if str(e) else "")
+                raise CheckpointError(
+                    f"{path}: a torch file but not a fairseq checkpoint ({detail}); convert HF weights "
+                    "with lsg-fairseq-convert, or point at a checkpoint_*.pt written by fairseq-train"
+                ) from e
             e.add_note(f"(while loading the checkpoint {path})")
             raise
         if isinstance(path, str):
@@ -222,7 +231,7 @@ def _make_checked_restore(original):
             # fairseq would log "No existing checkpoint found" and silently train from scratch.
             # Only rank 0 reads the file (the others get it by broadcast), so only it checks.
             if trainer.data_parallel_rank == 0 and not PathManager.isfile(path):
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"--restore-file {cfg.restore_file}: no such file ({path}); fairseq would silently "
                     "train from scratch. Give an existing checkpoint, or leave --restore-file out to "
                     "resume from --save-dir/checkpoint_last.pt"

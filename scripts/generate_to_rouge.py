@@ -20,6 +20,7 @@ The JSON holds rouge1, rouge2, rougeL, rougeLsum (means over examples, x100) and
 """
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -27,7 +28,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, require_file  # noqa: E402
+from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
+
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, read_text, require_file  # noqa: E402
 from lsg_fairseq.data.generate_output import hypotheses_and_references, parse_generate_output  # noqa: E402
 from lsg_fairseq.data.rouge import rouge_corpus  # noqa: E402
 
@@ -45,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--output-dir", metavar="DIR", help="where hyp.txt, ref.txt and rouge.json are written")
     g.add_argument("--source-file", metavar="FILE", help="raw sources, line i = example id i (for --lead-words)")
-    g.add_argument("--lead-words", metavar="N", type=int, nargs="+", default=[],
+    g.add_argument("--lead-words", metavar="N", type=POSITIVE_INT, nargs="+", default=[],
                    help="also score lead-N baselines: the first N words of each example's source")
     g.add_argument("--name", default="model", help="label of the model's row in --table")
     g.add_argument("--table", action="store_true",
@@ -59,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _read_lines(path: str, flag: str):
     require_file(path, flag)
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+    lines = read_text(path, flag).split("\n")  # names the byte offset of a non-UTF-8 byte
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def score_files(args) -> dict:
@@ -80,8 +83,7 @@ def score_generate_output(args) -> dict:
         examples = parse_generate_output(sys.stdin, "<stdin>")
     else:
         require_file(path, "--generate-output")
-        with open(path, encoding="utf-8") as f:
-            examples = parse_generate_output(f, path)
+        examples = parse_generate_output(io.StringIO(read_text(path, "--generate-output")), path)
     refs = _read_lines(args.ref_file, "--ref-file") if args.ref_file else None
     ids, hyps, refs_by_id = hypotheses_and_references(examples, refs, path)
     report = rouge_corpus(hyps, refs_by_id)
@@ -162,6 +164,8 @@ def main(argv=None) -> int:
                 f.write(json.dumps(report, indent=2) + "\n")
     except DataError as e:
         return die(str(e), PROG)
+    except UnicodeDecodeError as e:  # stdin
+        return die(f"--generate-output <stdin>: not UTF-8 text ({e.reason})", PROG)
     print(table(report, args.name) if args.table else json.dumps(report, indent=2))
     return 0
 

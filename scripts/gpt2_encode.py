@@ -26,7 +26,9 @@ from multiprocessing import Pool
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress  # noqa: E402
+from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
+
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress  # noqa: E402
 from lsg_fairseq.data.offline_bpe import gpt2_encode_line, load_gpt2_encoder, require_local_file  # noqa: E402
 
 PROG = "gpt2_encode.py"
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep empty lines (as empty output lines) instead of dropping the example",
     )
     p.add_argument(
-        "--workers", type=int, default=1, help="encoder processes (default: 1); output order is kept"
+        "--workers", type=POSITIVE_INT, default=1, help="encoder processes (default: 1); output order is kept"
     )
     return p
 
@@ -97,6 +99,7 @@ def main(argv=None) -> int:
         for path in args.inputs:
             if path != "-":
                 require_local_file(path, "--inputs")
+                check_utf8(path, "--inputs")  # names the byte offset; decoding later cannot
         files = [p for p in args.inputs if p != "-"]
         counts = {p: count_lines(p) for p in files}
         if len(set(counts.values())) > 1:
@@ -109,7 +112,7 @@ def main(argv=None) -> int:
             ins = [
                 sys.stdin if p == "-" else stack.enter_context(open(p, encoding="utf-8")) for p in args.inputs
             ]
-            outs = stack.enter_context(atomic_outputs(args.outputs))
+            outs = stack.enter_context(atomic_outputs(args.outputs, inputs=list(args.inputs)))
             items = enumerate(zip(*ins), start=1)
             if args.workers > 1:
                 pool = stack.enter_context(

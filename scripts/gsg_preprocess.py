@@ -31,6 +31,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without registering models)
 
+from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT  # noqa: E402
+
 from lsg_fairseq.data.documents import (  # noqa: E402
     DOCUMENT_FORMATS,
     SENTENCE_SPLITTERS,
@@ -51,11 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=DOCUMENT_FORMATS, required=True, help="how documents are delimited (see above)")
     p.add_argument("--document-field", default="document", help="JSON field holding the text for --format jsonl (default: document)")
     p.add_argument("--output-dir", required=True, help="where <split>.gsg.*.npy and dict.txt are written")
-    p.add_argument("--chunk-words", type=int, default=0,
+    p.add_argument("--chunk-words", type=NON_NEGATIVE_INT, default=0,
                    help="cut documents into runs of consecutive sentences of at most this many words (0: keep whole; ~4000 for books)")
-    p.add_argument("--min-sentences", type=int, default=2,
+    p.add_argument("--min-sentences", type=POSITIVE_INT, default=2,
                    help="drop (pseudo-)documents with fewer sentences: one sentence leaves nothing to condition on (default: 2)")
-    p.add_argument("--max-sentence-words", type=int, default=200,
+    p.add_argument("--max-sentence-words", type=POSITIVE_INT, default=200,
                    help="cut longer 'sentences' (verse, lists without punctuation) into pieces of this many words (default: 200)")
     p.add_argument("--sentence-splitter", choices=SENTENCE_SPLITTERS, default="regex",
                    help="regex: fast, the one ROUGE-Lsum uses; pysbd: slower, also splits lower-cased text (SumPubMed) (default: regex)")
@@ -64,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpt2-vocab-bpe", default=None, help="GPT-2 vocab.bpe (tokenizer: gpt2)")
     p.add_argument("--dict", default=None,
                    help="fairseq dict.txt mapping tokens to ids (default: dict.txt beside --spm-model; built from the first split for whitespace)")
-    p.add_argument("--nwords", type=int, default=8000, help="whitespace tokenizer without --dict: keep this many most frequent words (default: 8000)")
-    p.add_argument("--max-documents", type=int, default=None, metavar="N", help="keep only the first N (pseudo-)documents of each split")
+    p.add_argument("--nwords", type=POSITIVE_INT, default=8000, help="whitespace tokenizer without --dict: keep this many most frequent words (default: 8000)")
+    p.add_argument("--max-documents", type=POSITIVE_INT, default=None, metavar="N", help="keep only the first N (pseudo-)documents of each split")
     return p
 
 

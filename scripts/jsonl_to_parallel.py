@@ -17,6 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
+from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
+
 from lsg_fairseq.data.fileio import (
     DataError,
     atomic_outputs,
@@ -52,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-examples",
-        type=int,
+        type=POSITIVE_INT,
         default=None,
         metavar="N",
         help="keep only the first N examples of each split",

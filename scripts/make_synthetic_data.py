@@ -20,8 +20,10 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
+from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT  # noqa: E402
+
 from lsg_fairseq.data.fileio import atomic_outputs, die, progress  # noqa: E402
-from lsg_fairseq.data.synthetic import LENGTH_DISTRIBUTIONS, SyntheticConfig, make_split  # noqa: E402
+from lsg_fairseq.data.synthetic import SyntheticConfig, make_split  # noqa: E402
 
 PROG = "make_synthetic_data.py"
 
@@ -34,49 +36,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--output-dir", required=True, help="where train.jsonl, valid.jsonl and test.jsonl are written"
     )
-    p.add_argument("--train", type=int, default=300, help="training documents (default: 300)")
-    p.add_argument("--valid", type=int, default=20, help="validation documents (default: 20)")
-    p.add_argument("--test", type=int, default=20, help="test documents (default: 20)")
+    p.add_argument("--train", type=NON_NEGATIVE_INT, default=300, help="training documents (default: 300)")
+    p.add_argument("--valid", type=NON_NEGATIVE_INT, default=20, help="validation documents (default: 20)")
+    p.add_argument("--test", type=NON_NEGATIVE_INT, default=20, help="test documents (default: 20)")
     p.add_argument(
         "--min-tokens",
-        type=int,
+        type=POSITIVE_INT,
         default=d.min_tokens,
         help=f"shortest document, whitespace tokens (default: {d.min_tokens})",
     )
     p.add_argument(
         "--max-tokens",
-        type=int,
+        type=POSITIVE_INT,
         default=d.max_tokens,
         help=f"longest document, whitespace tokens (default: {d.max_tokens})",
     )
     p.add_argument(
         "--min-keys",
-        type=int,
+        type=POSITIVE_INT,
         default=d.min_keys,
         help=f"fewest key sentences per document (default: {d.min_keys})",
     )
     p.add_argument(
         "--max-keys",
-        type=int,
+        type=POSITIVE_INT,
         default=d.max_keys,
         help=f"most key sentences per document (default: {d.max_keys})",
     )
-    p.add_argument(
-        "--length-distribution",
-        choices=LENGTH_DISTRIBUTIONS,
-        default=d.length_distribution,
-        help="document lengths between --min-tokens and --max-tokens: uniform, or log-uniform (as many "
-        "documents per length octave: many short ones for a retrieval curriculum) (default: uniform)",
-    )
-    p.add_argument("--seed", type=int, default=1, help="random seed (default: 1)")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1, help="random seed (default: 1)")
     return p
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     cfg = SyntheticConfig(
-        min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys,
-        length_distribution=args.length_distribution,
+        min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys
     )
     try:
         cfg.validate()

@@ -28,6 +28,8 @@ import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq modules wit
 
 import torch  # noqa: E402
 
+from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range  # noqa: E402
+from lsg_fairseq.errors import report  # noqa: E402
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention  # noqa: E402
 from lsg_fairseq.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention  # noqa: E402
 from lsg_fairseq.ops.blocks import local_window_indices, num_blocks  # noqa: E402
@@ -125,25 +127,28 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--model", choices=["lsg", "led"], default="lsg")
-    p.add_argument("--length", type=int, default=512, help="input tokens (without LSG global tokens)")
-    p.add_argument("--query", type=int, default=None,
+    p.add_argument("--length", type=POSITIVE_INT, default=512, help="input tokens (without LSG global tokens)")
+    p.add_argument("--query", type=NON_NEGATIVE_INT, default=None,
                    help="token position of the highlighted query (default: middle of the input)")
     p.add_argument("--head", default="0", help="head index, or 'all' for the union over heads")
-    p.add_argument("--block-size", type=int, default=32)
-    p.add_argument("--sparse-block-size", type=int, default=32)
-    p.add_argument("--sparsity-factor", type=int, default=4)
+    p.add_argument("--block-size", type=POSITIVE_INT, default=32)
+    p.add_argument("--sparse-block-size", type=NON_NEGATIVE_INT, default=32)
+    p.add_argument("--sparsity-factor", type=POSITIVE_INT, default=4)
     p.add_argument("--sparsity-type", default="norm", choices=SPARSITY_TYPES)
-    p.add_argument("--num-global-tokens", type=int, default=1)
-    p.add_argument("--attention-window", type=int, default=64, help="LED: full window W (w = W/2 per side)")
+    p.add_argument("--num-global-tokens", type=int_range(1, 512), default=1)
+    p.add_argument("--attention-window", type=POSITIVE_INT, default=64, help="LED: full window W (w = W/2 per side)")
     p.add_argument("--global-positions", default="0", help="LED: comma-separated global token positions")
-    p.add_argument("--heads", type=int, default=4, help="heads of the tiny module drawn")
-    p.add_argument("--dim", type=int, default=32, help="width of the tiny module drawn")
+    p.add_argument("--heads", type=POSITIVE_INT, default=4, help="heads of the tiny module drawn")
+    p.add_argument("--dim", type=POSITIVE_INT, default=32, help="width of the tiny module drawn")
     p.add_argument("--no-matrix", action="store_true",
                    help="draw only the chosen query's row (the matrix costs one backward per query)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
     p.add_argument("--out", required=True, help="PNG path")
     args = p.parse_args(argv)
-    args.global_positions = [int(v) for v in args.global_positions.split(",") if v.strip()]
+    try:
+        args.global_positions = [int(v) for v in args.global_positions.split(",") if v.strip()]
+    except ValueError:
+        p.error(f"--global-positions must be comma-separated token positions, got {args.global_positions!r}")
     if args.head != "all":
         if not args.head.isdigit() or int(args.head) >= args.heads:
             p.error(f"--head must be 'all' or an index < --heads ({args.heads}), got {args.head!r}")
@@ -177,7 +182,7 @@ def main(argv=None):
     try:
         attn = build_attention(args)
     except ValueError as e:
-        sys.exit(f"plot_attention_pattern.py: {e}")
+        sys.exit(report(e, "plot_attention_pattern.py"))
     G = args.num_global_tokens if args.model == "lsg" else 0
     offset = G  # the query's index in the attention input (LSG puts the globals first)
     torch.set_num_threads(1)  # hundreds of tiny backward passes: threads only add overhead

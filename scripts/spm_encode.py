@@ -17,7 +17,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, progress  # noqa: E402
+from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
+
+from lsg_fairseq.data.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress  # noqa: E402
 from lsg_fairseq.data.offline_bpe import load_sentencepiece, require_local_file  # noqa: E402
 
 PROG = "spm_encode.py"
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="piece",
         help="pieces (for fairseq-preprocess) or ids (== fairseq dictionary indices)",
     )
-    p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="encoder threads")
+    p.add_argument("--threads", type=POSITIVE_INT, default=min(4, os.cpu_count() or 1), help="encoder threads")
     p.add_argument(
         "--allow-foreign-model",
         action="store_true",
@@ -60,13 +62,14 @@ def main(argv=None) -> int:
         for path in args.inputs:
             if path != "-":
                 require_local_file(path, "--inputs")
+                check_utf8(path, "--inputs")  # names the byte offset; decoding later cannot
         unk = sp.unk_id()
         known = {sp.id_to_piece(i) for i in range(sp.get_piece_size()) if i != unk}
         for src, dst in zip(args.inputs, args.outputs):
             n_lines = n_pieces = n_unk = 0
             total = count_lines(src) if src != "-" else None
             fin = sys.stdin if src == "-" else open(src, encoding="utf-8")
-            with fin, atomic_outputs([dst]) as (fout,):
+            with fin, atomic_outputs([dst], inputs=list(args.inputs) + [args.model]) as (fout,):
                 batch = []
 
                 def flush():

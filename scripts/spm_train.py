@@ -24,6 +24,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
 
+from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range  # noqa: E402
+
 from lsg_fairseq.data.fileio import DataError, atomic_outputs, die, progress  # noqa: E402
 from lsg_fairseq.data.offline_bpe import (  # noqa: E402
     fairseq_dict_lines,
@@ -49,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--vocab-size",
-        type=int,
+        type=int_range(5),
         default=8000,
         help="number of pieces, the 4 specials included (default: 8000)",
     )
@@ -66,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--character-coverage",
-        type=float,
+        type=float_range(0, 1, lo_open=True),
         # sentencepiece's own advice: 1.0 for languages with small character sets (English);
         # 0.9995 for CJK. Below 1.0, rare letters (the 'q' of a city name) become <unk>.
         default=1.0,
@@ -84,13 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--input-sentence-size",
-        type=int,
+        type=POSITIVE_INT,
         default=2_000_000,
         help="sample at most this many sentences for training (default: 2000000)",
     )
     p.add_argument(
         "--max-sentence-length",
-        type=int,
+        type=POSITIVE_INT,
         default=16384,
         help="longest training sentence in bytes; longer ones are cut at word boundaries (default: 16384)",
     )
@@ -104,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="nmt_nfkc",
         help="sentencepiece normalization_rule_name (default: nmt_nfkc; 'identity' keeps text byte-exact)",
     )
-    p.add_argument("--seed", type=int, default=1, help="seed of sentencepiece's sampling (default: 1)")
-    p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1), help="training threads")
+    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1, help="seed of sentencepiece's sampling (default: 1)")
+    p.add_argument("--threads", type=POSITIVE_INT, default=min(4, os.cpu_count() or 1), help="training threads")
     p.add_argument("--verbose", action="store_true", help="show sentencepiece's own training log")
     return p
 

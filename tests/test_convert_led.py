@@ -287,7 +287,7 @@ def test_cli(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli_main([HF, str(tmp_path / "bad"), "--attention-window", "5"])
     assert e.value.code == 2
-    assert "--attention-window must be a positive even integer" in capsys.readouterr().err
+    assert "argument --attention-window: must be a positive even integer" in capsys.readouterr().err
 
 
 def test_hub_loading(tmp_path):

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -42,7 +43,10 @@ def run_script(*args):
     """(exit status, stderr) of scripts/gsg_preprocess.py."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        status = GSG_PREPROCESS.main(list(args))
+        try:
+            status = GSG_PREPROCESS.main(list(args))
+        except SystemExit as e:  # argparse refusing a flag value
+            status = e.code
     return status, err.getvalue()
 
 
@@ -120,7 +124,7 @@ def test_script_jsonl_and_errors(tmp_path):
     status, err = run_script("--format", "jsonl", "--input", f"train={tmp_path}/missing.jsonl", "--output-dir", str(tmp_path))
     assert status == 2 and "file not found" in err
     status, err = run_script("--format", "lines", "--input", f"train={src}", "--min-sentences", "0", "--output-dir", str(tmp_path))
-    assert status == 2 and "--min-sentences must be >= 1" in err
+    assert status == 2 and "argument --min-sentences: must be an integer >= 1, got '0'" in err
 
 
 def _load_lead_script(name):
@@ -378,3 +382,16 @@ def test_mask_symbol_must_be_in_dictionary(corpus_dir):
     assert task.mask_index == sentinel != d.index("<mask>")
     task.load_dataset("valid")
     assert sentinel in task.datasets["valid"][0]["source"].tolist()
+
+
+@pytest.mark.parametrize("part", ["tokens", "sentences"])
+def test_damaged_corpus_file_named(corpus_dir, tmp_path, part):
+    from lsg_fairseq.data.fileio import DataError
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(corpus_dir, damaged)
+    prefix = corpus_prefix(str(damaged), "train")
+    data = open(f"{prefix}.{part}.npy", "rb").read()
+    open(f"{prefix}.{part}.npy", "wb").write(data[: len(data) // 2])  # an interrupted copy
+    with pytest.raises(DataError, match=rf"{part}\.npy: not a readable \.npy array|sentence sizes do not add up"):
+        GSGCorpus(prefix)

@@ -138,16 +138,27 @@ def test_beam_search_generation(data_dir):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--attention-window", "7"], "--attention-window must be a positive even integer"),
-    (["--attention-window", "0"], "--attention-window"),
     (["--attention-window", "8,8,8"], "--attention-window has 3 entries but the encoder has 2"),
-    (["--attention-window", "8,x"], "--attention-window"),
-    (["--global-token-ids", "3,a"], "--global-token-ids"),
     (["--global-token-ids", "3,600"], "--global-token-ids"),
 ])
 def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):
-    with pytest.raises(ValueError, match=message):
+    """What depends on other settings (layers, dictionary size) is refused when the model is built."""
+    from lsg_fairseq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
         build(data_dir, *flags)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--attention-window", "7"], "argument --attention-window: must be a positive even integer"),
+    (["--attention-window", "0"], "argument --attention-window: must be a positive even integer"),
+    (["--attention-window", "8,x"], "argument --attention-window: must be an int or a comma-separated list"),
+    (["--global-token-ids", "3,a"], "argument --global-token-ids: must be comma-separated dictionary ids >= 0"),
+])
+def test_invalid_values_refused_when_parsed(data_dir, flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        build(data_dir, *flags)
+    assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_unknown_global_mode_refused(data_dir):

@@ -311,12 +311,26 @@ def test_checkpoint_activations_same_gradients(word_data):
 
 
 @pytest.mark.parametrize("flag,value,match", [
-    ("--d-state", "7", "--d-state"), ("--d-model", "0", "--d-model"), ("--dropout", "1.5", "--dropout"),
-    ("--ssm-dt-min", "0.5", "--ssm-dt-min"), ("--ssm-kernel-tail-tol", "-1", "tail-tol"), ("--relative-attention-num-buckets", "2", "buckets"),
+    ("--d-state", "7", "--d-state must be even"), ("--ssm-dt-min", "0.5", "--ssm-dt-min <= --ssm-dt-max"),
 ])
 def test_bad_flags_refused(word_data, flag, value, match):
-    with pytest.raises(ValueError, match=match):
+    """Refused at build: what a single value's range cannot say (parity, an order between flags)."""
+    from lsg_fairseq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
         build(word_data, flag, value)
+
+
+@pytest.mark.parametrize("flag,value,match", [
+    ("--d-model", "0", "argument --d-model: must be an integer >= 1"),
+    ("--dropout", "1.5", "argument --dropout: must be a number in [0, 0.999]"),
+    ("--ssm-kernel-tail-tol", "-1", "argument --ssm-kernel-tail-tol: must be a number >= 0"),
+    ("--relative-attention-num-buckets", "2", "argument --relative-attention-num-buckets: must be an integer >= 4"),
+])
+def test_out_of_range_flags_refused_when_parsed(word_data, flag, value, match, capsys):
+    with pytest.raises(SystemExit) as e:
+        build(word_data, flag, value)
+    assert e.value.code == 2 and match in capsys.readouterr().err
 
 
 def test_ssm_lr_with_an_optimizer_that_ignores_it_is_refused(word_data):

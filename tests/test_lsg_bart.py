@@ -151,16 +151,30 @@ def test_mask_first_token_hides_it_everywhere(data_dir):
 
 @pytest.mark.parametrize("flags,message", [
     (["--sparsity-factor", "3"], "--sparsity-factor"),
-    (["--num-global-tokens", "0"], "--num-global-tokens"),
-    (["--num-global-tokens", "600"], "--num-global-tokens"),
-    (["--block-size", "0"], "--block-size"),
     (["--sparse-block-size", "2", "--sparsity-factor", "2"], "--sparse-block-size"),
     (["--mask-first-token", "--pass-global-tokens-to-decoder", "false", "--pool-with-global", "false"],
      "--pool-with-global"),
 ])
 def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):
-    with pytest.raises(ValueError, match=message):
+    """Combinations only the model build can judge (single values are refused when parsed)."""
+    from lsg_fairseq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
         build(data_dir, *flags)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--num-global-tokens", "0"], "argument --num-global-tokens: must be an integer in [1, 512], got '0'"),
+    (["--num-global-tokens", "600"], "argument --num-global-tokens: must be an integer in [1, 512], got '600'"),
+    (["--block-size", "0"], "argument --block-size: must be an integer >= 1, got '0'"),
+    (["--block-size", "-3"], "argument --block-size: must be an integer >= 1, got '-3'"),
+    (["--sparse-block-size", "x"], "argument --sparse-block-size: must be an integer >= 0, got 'x'"),
+])
+def test_out_of_range_values_refused_when_parsed(data_dir, flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        build(data_dir, *flags)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_unknown_sparsity_type_refused(data_dir):

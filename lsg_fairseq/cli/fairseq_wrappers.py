@@ -8,8 +8,10 @@ argparse.Namespace`` (torch >= 2.6) or, with weights_only loading turned off, wi
 
 These wrappers run fairseq's own ``generate`` / ``interactive`` mains unchanged, after adding
 ``--user-dir <this plugin>`` and ``--task long_document_summarization`` when they are not given,
-and they refuse a missing ``--path`` file up front with a message naming it. Every other flag is
-fairseq's (``lsg-fairseq-generate --help``).
+and they refuse a missing ``--path`` file up front with a message naming it. The plugin's refusals
+(a corrupt checkpoint, an over-long target, ...) are printed as one line with exit status 2:
+``fairseq-generate`` itself calls its ``main`` where no plugin can catch them (lsg_fairseq.errors).
+Every other flag is fairseq's (``lsg-fairseq-generate --help``).
 """
 import os
 import sys
@@ -60,10 +62,15 @@ def _run(fairseq_main_module: str, prog: str, argv=None) -> None:
 
     import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
 
+    from lsg_fairseq.errors import UserError, report
+
     module = importlib.import_module(fairseq_main_module)
     # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.
     sys.argv = [prog] + argv
-    module.cli_main()
+    try:
+        module.cli_main()
+    except UserError as e:
+        sys.exit(report(e, prog))
 
 
 def generate(argv=None) -> None:

@@ -6,108 +6,165 @@
 
 MODEL_DIR holds the checkpoint (``--checkpoint``, default ``model.pt``), ``dict.txt`` and the
 tokenizer files (``encoder.json`` + ``vocab.bpe`` for GPT-2 BPE, or ``spm.model``). Inputs longer
-than the model's ``max_source_positions`` are truncated with a warning, never refused.
+than the model's ``max_source_positions`` are truncated with a warning, never refused. Inputs must
+be UTF-8 (``--errors replace`` turns bad bytes into U+FFFD); ``--output`` is written only when every
+summary is done, and never over an input or a file of MODEL_DIR.
 """
 import argparse
 import os
 import sys
 import time
 
+from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
+from lsg_fairseq.errors import OneLineArgumentParser
+
+PROG = "lsg-fairseq-summarize"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="lsg-fairseq-summarize", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", help="folder with the checkpoint, dict.txt and tokenizer files")
     p.add_argument("files", nargs="*", help="text files, one document each (default: stdin, one document per line)")
     p.add_argument("--input-lines", help="a text file with one document per line (instead of FILES/stdin)")
     p.add_argument("--output", help="write summaries here, one per line (default: stdout)")
+    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
+                   help="non-UTF-8 bytes in the inputs: strict = refuse, naming the file and byte offset "
+                   "(default); replace = read them as U+FFFD")
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name inside MODEL_DIR (default: model.pt)")
-    p.add_argument("--beam", type=int, default=4, help="beam size (default: 4; 1 = greedy)")
-    p.add_argument("--lenpen", type=float, default=1.0, help="length penalty (default: 1.0)")
-    p.add_argument("--max-len-b", type=int, default=256, help="maximum summary length in tokens (default: 256)")
-    p.add_argument("--min-len", type=int, default=1, help="minimum summary length in tokens (default: 1)")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=3, help="ban repeated n-grams of this size (0 = off; default: 3)")
-    p.add_argument("--max-source-positions", type=int, default=None,
-                   help="read up to N source tokens (default: the checkpoint's); above a position table "
+    p.add_argument("--beam", type=POSITIVE_INT, default=4, help="beam size >= 1 (default: 4; 1 = greedy)")
+    # fairseq divides scores by length ** lenpen: beyond ~100 that overflows a float
+    p.add_argument("--lenpen", type=float_range(-10, 10), default=1.0, help="length penalty in [-10, 10] (default: 1.0)")
+    p.add_argument("--max-len-b", type=POSITIVE_INT, default=256, help="maximum summary length in tokens, >= 1 (default: 256)")
+    p.add_argument("--min-len", type=NON_NEGATIVE_INT, default=1, help="minimum summary length in tokens (default: 1)")
+    p.add_argument("--no-repeat-ngram-size", type=NON_NEGATIVE_INT, default=3,
+                   help="ban repeated n-grams of this size (0 = off; default: 3)")
+    p.add_argument("--max-source-positions", type=int_range(2), default=None,
+                   help="read up to N >= 2 source tokens (default: the checkpoint's); above a position table "
                    "(BART/LSG/LED) the load is refused, LOCOST has no table and reads any length")
-    p.add_argument("--batch-size", type=int, default=1, help="documents per generation batch (default: 1)")
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=1, help="documents per generation batch (default: 1)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--fp16", action="store_true", help="run the model in half precision (GPU only)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
 
-def read_documents(args, parser):
-    if args.input_lines and args.files:
-        parser.error("give either FILES or --input-lines, not both")
+def _decode(data: bytes, name: str, errors: str) -> str:
+    from lsg_fairseq.data.fileio import DataError
+
+    try:
+        text = data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{name}: not UTF-8 text (byte offset {e.start}, line {line}: {e.reason}); convert "
+                        "it to UTF-8, or pass --errors replace") from None  # same words as read_text
+    return text[1:] if text.startswith("\ufeff") else text  # a BOM is not content
+
+
+def read_documents(args):
+    """``(names, documents)`` from FILES, ``--input-lines`` or stdin; raises DataError naming the file."""
+    from lsg_fairseq.data.fileio import DataError, read_text
+
+    fix = "convert it to UTF-8, or pass --errors replace"
     if args.files:
-        docs = []
-        for path in args.files:
-            if not os.path.isfile(path):
-                parser.error(f"{path}: no such file")
-            with open(path, encoding="utf-8") as f:
-                docs.append(" ".join(f.read().split()))
+        docs = [" ".join(read_text(path, errors=args.errors, fix=fix).split()) for path in args.files]
         names = list(args.files)
     else:
         if args.input_lines:
-            if not os.path.isfile(args.input_lines):
-                parser.error(f"--input-lines: {args.input_lines}: no such file")
-            stream = open(args.input_lines, encoding="utf-8")
+            text = read_text(args.input_lines, "--input-lines", errors=args.errors, fix=fix)
         else:
-            stream = sys.stdin
-        docs = [line.strip() for line in stream]
+            stdin = getattr(sys.stdin, "buffer", None)  # a replaced sys.stdin (tests, notebooks) may be text
+            data = stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+            text = _decode(data, "<stdin>", args.errors)
+        lines = text.split("\n")  # not splitlines(): a form feed inside a document is no new document
+        if lines and lines[-1] == "":
+            lines.pop()
+        docs = [line.strip() for line in lines]
         names = [f"{args.input_lines or '<stdin>'}:{i + 1}" for i in range(len(docs))]
+    if not docs:
+        raise DataError(f"{args.input_lines or '<stdin>'}: no documents (one document per line expected)")
     for name, doc in zip(names, docs):
         if not doc:
-            parser.error(f"{name}: empty document")
+            raise DataError(f"{name}: empty document")
     return names, docs
+
+
+def check_arguments(args, parser) -> None:
+    """Everything that needs no model: paths, clobbering, cross-flag ranges, the device."""
+    from lsg_fairseq.data.fileio import refuse_clobber
+
+    if args.input_lines and args.files:
+        parser.error("give either FILES or --input-lines, not both")
+    if not os.path.isdir(args.model_dir):
+        parser.error(f"MODEL_DIR {args.model_dir}: no such folder")
+    if not os.path.isfile(os.path.join(args.model_dir, args.checkpoint)):
+        parser.error(f"--checkpoint: {os.path.join(args.model_dir, args.checkpoint)} does not exist")
+    for path in args.files + ([args.input_lines] if args.input_lines else []):
+        if not os.path.isfile(path):
+            parser.error(f"{'--input-lines: ' if path == args.input_lines else ''}{path}: no such file")
+    if args.min_len > args.max_len_b:
+        parser.error(f"--min-len {args.min_len} is above --max-len-b {args.max_len_b}")
+    model_files = [os.path.join(args.model_dir, n) for n in os.listdir(args.model_dir)]
+    try:
+        refuse_clobber([args.output], args.files + [args.input_lines] + model_files + [args.model_dir], "--output")
+    except ValueError as e:
+        parser.error(str(e))
+    import torch
+
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        parser.error(f"--device {args.device}: not a torch device (e.g. cpu, cuda, cuda:1)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: no CUDA device available; use --device cpu")
+    if args.fp16 and device.type != "cuda":
+        parser.error("--fp16 needs a GPU (--device cuda)")
 
 
 def main(argv=None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not os.path.isdir(args.model_dir):
-        parser.error(f"MODEL_DIR {args.model_dir}: no such folder")
-    if not os.path.isfile(os.path.join(args.model_dir, args.checkpoint)):
-        parser.error(f"--checkpoint: {os.path.join(args.model_dir, args.checkpoint)} does not exist")
-    names, docs = read_documents(args, parser)
+    check_arguments(args, parser)
 
-    from lsg_fairseq.checkpoint_io import CheckpointError
-    from lsg_fairseq.data.fileio import DataError
+    from lsg_fairseq.errors import UserError, report
     from lsg_fairseq.models.hub import from_pretrained
 
-    if args.max_source_positions is not None and args.max_source_positions < 2:
-        parser.error(f"--max-source-positions must be >= 2 (got {args.max_source_positions})")
     try:
+        _, docs = read_documents(args)
         hub = from_pretrained(args.model_dir, args.checkpoint)
         if args.max_source_positions is not None:
             hub.set_max_source_positions(args.max_source_positions)
-    except ValueError as e:
+    except UserError as e:  # DataError, CheckpointError, MissingFileError: the message names the file
+        sys.exit(report(e, PROG))
+    except ValueError as e:  # fairseq's own (e.g. a malformed dict.txt), or a too long --max-source-positions
         parser.error(str(e))
-    except (CheckpointError, DataError, FileNotFoundError) as e:  # messages name the file at fault
-        print(f"lsg-fairseq-summarize: error: {e}", file=sys.stderr)
-        sys.exit(2)
     hub.eval()
     hub.to(args.device)
     if args.fp16:
         hub.half()
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     start = time.time()
-    for i in range(0, len(docs), args.batch_size):
-        chunk = docs[i : i + args.batch_size]
-        summaries = hub.sample(
-            chunk, beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len_b,
-            min_len=args.min_len, no_repeat_ngram_size=args.no_repeat_ngram_size,
-        )
-        for summary in summaries:
-            out.write(summary.replace("\n", " ") + "\n")
-        out.flush()
-        if not args.quiet:
-            done = min(i + args.batch_size, len(docs))
-            print(f"[{done}/{len(docs)}] {time.time() - start:.1f}s", file=sys.stderr)
-    if args.output:
-        out.close()
+    try:
+        write_summaries(hub, docs, args, start)
+    except OSError as e:  # an unwritable --output folder, a full disk: nothing half-written is left
+        sys.exit(report(f"--output {e.filename or args.output}: {e.strerror or e}", PROG))
+
+
+def write_summaries(hub, docs, args, start) -> None:
+    from lsg_fairseq.data.fileio import atomic_outputs
+
+    # all or nothing: --output appears only once every summary is written
+    with atomic_outputs([args.output or "-"]) as (out,):
+        for i in range(0, len(docs), args.batch_size):
+            chunk = docs[i : i + args.batch_size]
+            summaries = hub.sample(
+                chunk, beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len_b,
+                min_len=args.min_len, no_repeat_ngram_size=args.no_repeat_ngram_size,
+            )
+            for summary in summaries:
+                out.write(summary.replace("\n", " ") + "\n")
+            out.flush()
+            if not args.quiet:
+                done = min(i + args.batch_size, len(docs))
+                print(f"[{done}/{len(docs)}] {time.time() - start:.1f}s", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,12 @@ and writes ``OUT_DIR/model.pt`` (loadable by
 ``fairseq.checkpoint_utils.load_model_ensemble_and_task([OUT_DIR/model.pt])`` after
 ``import lsg_fairseq``), ``OUT_DIR/dict.txt``, tokenizer files for offline use and
 ``OUT_DIR/token_map.json`` only when fairseq indices differ from HF ids (a list: fairseq index ->
-HF id).
+HF id). ``OUT_DIR/tokenizer.txt`` names the tokenizer (gpt2, sentencepiece or none), which the hub
+checks against the files beside it.
+
+``OUT_DIR`` is written all-or-nothing (:func:`lsg_fairseq.data.fileio.atomic_folder`): families
+write into a temp folder beside it, renamed into place only when complete. An existing non-empty
+``OUT_DIR`` is refused unless ``force=True`` (``--force``), which replaces it as a whole.
 
 The way back, ``lsg-fairseq-export CKPT_OR_MODEL_DIR HF_DIR [--force]`` /
 ``lsg_fairseq.convert.export(src, out)``, lives in ``hf_export*.py`` and reuses the families' tables.
@@ -28,8 +33,10 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
+from lsg_fairseq.errors import UserError
 
-class ConversionError(ValueError):
+
+class ConversionError(UserError, ValueError):
     """A source the converter refuses, with a message naming the file or field at fault."""
 
 
@@ -79,9 +86,26 @@ def detect_family(src: str, to: Optional[str] = None) -> Family:
     )
 
 
-def convert(src: str, out: str, **options) -> str:
-    """Convert ``src`` into a fairseq model folder ``out``; returns the path of ``model.pt``."""
-    return detect_family(src, options.get("to")).convert(src, out, **options)
+def convert(src: str, out: str, force: bool = False, **options) -> str:
+    """Convert ``src`` into a fairseq model folder ``out``; returns the path of ``model.pt``.
+
+    ``out`` appears complete or not at all; a non-empty ``out`` needs ``force`` (replaced whole).
+    """
+    from lsg_fairseq.data.fileio import DataError, atomic_folder, check_output_folder, final_location
+    from lsg_fairseq.data.offline_bpe import write_tokenizer_record
+
+    try:
+        check_output_folder(out, force, [src])  # before the (slow) family detection
+    except DataError as e:
+        raise ConversionError(str(e)) from None
+    family = detect_family(src, options.get("to"))
+    with atomic_folder(out, force=force, inputs=[src]) as tmp:
+        path = family.convert(src, tmp, **options)
+        try:
+            write_tokenizer_record(tmp)
+        except DataError as e:
+            raise ConversionError(str(e)) from None
+        return final_location(path)
 
 
 def export(src: str, out: str, force: bool = False) -> str:

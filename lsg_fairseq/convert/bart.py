@@ -215,7 +215,7 @@ def _mask_id(src: str, vocab: Optional[dict], vocab_size: int) -> int:
     special = os.path.join(src, "special_tokens_map.json")
     token = "<mask>"
     if os.path.exists(special):
-        entry = C.read_json(special).get("mask_token")
+        entry = C.read_json(special, dict).get("mask_token")
         if isinstance(entry, dict):
             token = entry.get("content", token)
         elif isinstance(entry, str):
@@ -398,8 +398,9 @@ def _convert_fairseq(path, out, to, max_source_positions, max_target_positions, 
     sd["encoder.embed_positions.weight"] = extend_positions(sd["encoder.embed_positions.weight"], M)
     sd["decoder.embed_positions.weight"] = extend_positions(sd["decoder.embed_positions.weight"], T)
 
-    for name in ("dict.txt", "encoder.json", "vocab.bpe", "token_map.json", "sentencepiece.bpe.model",
-                 "spm.model"):
+    # the tokenizer files that belong to this checkpoint (tokenizer.txt, when present, says which)
+    for name in ("dict.txt", "encoder.json", "vocab.bpe", "token_map.json", "spm.model", "sentencepiece.bpe.model",
+                 "sentencepiece.model"):
         if os.path.exists(os.path.join(src_dir, name)):
             shutil.copyfile(os.path.join(src_dir, name), os.path.join(out, name))
     cfg, _, model = C.build_model_from_cfg(cfg, out)

@@ -28,18 +28,63 @@ DEFAULT_TASK = "long_document_summarization"
 
 
 # ----------------------------------------------------------------------------- reading sources
-def read_json(path: str) -> dict:
+def read_json(path: str, kind=None):
+    """A JSON file; ``kind`` (e.g. ``dict``) is the type its top level must have."""
     if not os.path.exists(path):
         raise ConversionError(f"{path}: missing (expected an HF model folder)")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            value = json.load(f)
     except json.JSONDecodeError as e:
-        raise ConversionError(f"{path}: not valid JSON ({e})") from e
+        raise ConversionError(f"{path}: not valid JSON ({e}); re-download it") from None
+    except UnicodeDecodeError as e:
+        raise ConversionError(f"{path}: not UTF-8 text (byte offset {e.start}); re-download it") from None
+    except OSError as e:
+        raise ConversionError(f"{path}: cannot read ({e.strerror})") from None
+    if kind is not None and not isinstance(value, kind):
+        raise ConversionError(f"{path}: expected a JSON {'object' if kind is dict else kind.__name__}, "
+                              f"got {type(value).__name__}")
+    return value
 
 
 def read_hf_config(src: str) -> dict:
-    return read_json(os.path.join(src, "config.json"))
+    return read_json(os.path.join(src, "config.json"), dict)
+
+
+def _weights_error(path: str, error: Exception) -> ConversionError:
+    """A weights file that does not load: say what it looks like (truncated, an HTML page, ...)."""
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    with open(path, "rb") as f:
+        head = f.read(512).lstrip().lower()
+    if head.startswith((b"<!doctype", b"<html", b"<?xml", b"<")):
+        what = "an HTML/XML page, not weights (a failed download saved as the file?)"
+    elif head.startswith(b"version https://git-lfs"):
+        what = "a Git LFS pointer, not the weights (run `git lfs pull`)"
+    elif size == 0:
+        what = "empty"
+    else:
+        first = (str(error).splitlines() or [""])[0][:200]
+        what = f"truncated or not in the expected format ({type(error).__name__}: {first})"
+    return ConversionError(f"{path}: cannot load weights: {what}, {size} bytes; re-download it")
+
+
+def _load_safetensors(path: str) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except Exception as e:  # noqa: BLE001  (safetensors raises its own SafetensorError, OSError, ...)
+        raise _weights_error(path, e) from None
+
+
+def _load_torch_bin(path: str) -> Dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (UnpicklingError, RuntimeError, EOFError, ...)
+        raise _weights_error(path, e) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConversionError(f"{path}: not a state dict of tensors (got {type(state).__name__})")
+    return state
 
 
 def load_hf_state_dict(src: str) -> Dict[str, torch.Tensor]:
@@ -48,20 +93,20 @@ def load_hf_state_dict(src: str) -> Dict[str, torch.Tensor]:
     index = os.path.join(src, "model.safetensors.index.json")
     binary = os.path.join(src, "pytorch_model.bin")
     if os.path.exists(single) or os.path.exists(index):
-        from safetensors.torch import load_file
-
         if os.path.exists(single):
-            return load_file(single)
-        files = sorted(set(read_json(index)["weight_map"].values()))
+            return _load_safetensors(single)
+        weight_map = read_json(index, dict).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ConversionError(f"{index}: no \"weight_map\" object of tensor name -> file name")
         state = {}
-        for name in files:
+        for name in sorted(set(weight_map.values())):
             path = os.path.join(src, name)
-            if not os.path.exists(path):
+            if not os.path.isfile(path):
                 raise ConversionError(f"{path}: listed in model.safetensors.index.json but missing")
-            state.update(load_file(path))
+            state.update(_load_safetensors(path))
         return state
     if os.path.exists(binary):
-        return torch.load(binary, map_location="cpu", weights_only=True)
+        return _load_torch_bin(binary)
     raise ConversionError(
         f"{src}: no weights found (expected model.safetensors, model.safetensors.index.json "
         "or pytorch_model.bin)"
@@ -70,7 +115,7 @@ def load_hf_state_dict(src: str) -> Dict[str, torch.Tensor]:
 
 def read_hf_vocab(src: str) -> Optional[Dict[str, int]]:
     path = os.path.join(src, "vocab.json")
-    return read_json(path) if os.path.exists(path) else None
+    return read_json(path, dict) if os.path.exists(path) else None
 
 
 # ----------------------------------------------------------------------------- writing outputs
@@ -89,6 +134,8 @@ def write_identity_dict(out_dir: str, vocab_size: int) -> str:
 
 def check_bart_vocab(vocab: Dict[str, int], vocab_size: int, src: str) -> None:
     """HF byte-level BPE ids must be 0..V-1 with BART's specials, so no token map is needed."""
+    if not all(isinstance(i, int) for i in vocab.values()):
+        raise ConversionError(f"{src}/vocab.json: expected an object of token -> integer id")
     ids = sorted(vocab.values())
     if ids != list(range(len(ids))):
         raise ConversionError(f"{src}/vocab.json: ids are not 0..{len(ids) - 1} without gaps")
@@ -112,8 +159,11 @@ def write_gpt2_bpe_files(src: str, out_dir: str) -> List[str]:
         logger.warning("%s: no vocab.json/merges.txt; writing no BPE files", src)
         return []
     shutil.copyfile(vocab, os.path.join(out_dir, "encoder.json"))
-    with open(merges, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(merges, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ConversionError(f"{merges}: not UTF-8 text (byte offset {e.start}); re-download it") from None
     if not text.startswith("#version"):
         text = "#version: 0.2\n" + text
     if not text.endswith("\n"):
@@ -207,8 +257,15 @@ def save_checkpoint(cfg, model, path: str) -> str:
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf
 
+    from lsg_fairseq.data.fileio import final_location
+
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    # the data folder is the output folder: record where it will be, not the temp folder
+    task = container.get("task") or {}
+    if isinstance(task.get("data"), str) and task["data"]:
+        task["data"] = final_location(task["data"])
     state = {
-        "cfg": OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
+        "cfg": container,
         "args": None,
         "model": model.state_dict(),
         "optimizer_history": [

@@ -138,12 +138,17 @@ def hf_symbols(src: str, vocab_size: int) -> Tuple[Dict[int, str], int]:
     except ImportError as e:
         raise ConversionError("the sentencepiece package is needed to read " + spm_path) from e
     sp = spm.SentencePieceProcessor()
-    sp.Load(spm_path)
+    try:
+        sp.Load(spm_path)
+    except Exception as e:  # noqa: BLE001  (OSError / RuntimeError, depending on the version)
+        raise ConversionError(f"{spm_path}: not a readable sentencepiece model ({e}); re-download it") from None
     n = sp.GetPieceSize()
     symbols = {i: sp.IdToPiece(i) for i in range(min(n, vocab_size))}
     added_path = os.path.join(src, "added_tokens.json")
-    added = C.read_json(added_path) if os.path.exists(added_path) else None
+    added = C.read_json(added_path, dict) if os.path.exists(added_path) else None
     if added:
+        if not all(isinstance(i, int) for i in added.values()):
+            raise ConversionError(f"{added_path}: expected an object of token -> integer id")
         for tok, i in added.items():
             if i < vocab_size:
                 symbols[int(i)] = tok

@@ -9,6 +9,8 @@ import os
 import struct
 from typing import Optional
 
+from lsg_fairseq.data.fileio import DataError
+
 # fairseq.data.indexed_dataset.MMapIndexedDataset.Index: magic, <Q version, <B dtype, <Q length
 _MAGIC = b"MMIDIDX\x00\x00"
 
@@ -45,12 +47,12 @@ def check_binarized_pair(data_path: str, split: str, src: str, tgt: Optional[str
             continue
         for lang, n in counts.items():
             if n == 0:
-                raise ValueError(
+                raise DataError(
                     f"{prefix}.{lang}.idx: split {split!r} is empty (0 examples); binarize a non-empty "
                     f"file for it, or leave it out (e.g. --valid-subset / --disable-validation)"
                 )
         if tgt and counts[src] != counts[tgt]:
-            raise ValueError(
+            raise DataError(
                 f"{prefix}.{src} has {counts[src]} examples but {prefix}.{tgt} has {counts[tgt]}: the "
                 "two sides were binarized from files with different line counts (re-run "
                 "scripts/preprocess.sh, which checks the raw files first)"

@@ -59,7 +59,7 @@ def read_documents(path: str, fmt: str, field: str = "document") -> Iterator[Lis
     if fmt not in DOCUMENT_FORMATS:
         raise DataError(f"unknown document format {fmt!r}; choose from {DOCUMENT_FORMATS}")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not text
             if fmt == "lines":
                 for line in f:
                     if line.strip():

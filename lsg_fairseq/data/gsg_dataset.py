@@ -24,6 +24,8 @@ from fairseq.data import FairseqDataset
 from fairseq.data.language_pair_dataset import collate
 
 from lsg_fairseq.data import gsg
+from lsg_fairseq.data.fileio import DataError
+from lsg_fairseq.errors import MissingFileError
 
 logger = logging.getLogger(__name__)
 
@@ -95,18 +97,25 @@ class GSGCorpus:
     def __init__(self, prefix: str):
         if not corpus_exists(prefix):
             missing = [f"{prefix}.{p}.npy" for p in CORPUS_PARTS if not os.path.exists(f"{prefix}.{p}.npy")]
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"GSG corpus {prefix!r} is incomplete, missing {missing}; build it with "
                 "scripts/gsg_preprocess.py"
             )
-        load = lambda part: np.load(f"{prefix}.{part}.npy", mmap_mode="r")  # noqa: E731
+        def load(part):
+            path = f"{prefix}.{part}.npy"
+            try:
+                return np.load(path, mmap_mode="r")
+            except (ValueError, OSError, EOFError) as e:  # truncated or not an .npy file
+                raise DataError(f"{path}: not a readable .npy array ({e}); re-run scripts/gsg_preprocess.py") from None
+
         self.tokens, self.words = load("tokens"), load("words")
         sentences = np.asarray(load("sentences"))  # (n_sentences, 2): tokens, words
         self.doc_offsets = np.asarray(load("documents"))
         self.tok_offsets = np.concatenate([[0], np.cumsum(sentences[:, 0])])
         self.word_offsets = np.concatenate([[0], np.cumsum(sentences[:, 1])])
         if self.tok_offsets[-1] != len(self.tokens) or self.word_offsets[-1] != len(self.words):
-            raise ValueError(f"GSG corpus {prefix!r}: sentence sizes do not add up to the token/word arrays")
+            raise DataError(f"GSG corpus {prefix!r}: sentence sizes do not add up to the token/word arrays "
+                            "(files from different runs?); re-run scripts/gsg_preprocess.py")
         # Tokens per document, for batching before any example is built.
         self.doc_tokens = (self.tok_offsets[self.doc_offsets[1:]] - self.tok_offsets[self.doc_offsets[:-1]])
 

@@ -33,8 +33,9 @@ def read_jsonl(
     """Yield ``(line_number, object)`` for each example, validating ``fields``.
 
     Raises :class:`DataError` naming ``path:line`` for a line that is not JSON, not an object, or
-    whose field is missing, not a string, or empty/whitespace-only (an empty document or summary
-    would become an empty line that fairseq trains on as if it were data). Blank lines are errors
+    whose field is missing, not a string, empty/whitespace-only (an empty document or summary
+    would become an empty line that fairseq trains on as if it were data) or holds a NUL. A UTF-8
+    byte-order mark before the first line is skipped. Blank lines are errors
     too: they usually mean a truncated or hand-edited file.
     """
     yield from _read_checked(path, fields, max_examples)
@@ -52,6 +53,8 @@ def _read_checked(path, fields, max_examples):
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"{where}: not UTF-8 text (byte {e.start} of the line: {e.reason})") from None
+            if lineno == 1 and line.startswith("\ufeff"):
+                line = line[1:]  # a UTF-8 byte-order mark (Windows editors) is not content
             if not line.strip():
                 raise DataError(f"{where}: blank line (expected one JSON object per line)")
             try:
@@ -65,8 +68,12 @@ def _read_checked(path, fields, max_examples):
                     raise DataError(f"{where}: missing field {field!r} (has: {', '.join(sorted(obj))})")
                 value = obj[field]
                 if not isinstance(value, str):
-                    raise DataError(f"{where}: field {field!r} must be a string, got {type(value).__name__}")
+                    got = "null" if value is None else type(value).__name__
+                    raise DataError(f"{where}: field {field!r} must be a string, got {got}")
                 if not value.strip():
                     raise DataError(f"{where}: field {field!r} is empty")
+                if "\x00" in value:
+                    # fairseq-preprocess and sentencepiece treat NUL as a string end or a token
+                    raise DataError(f"{where}: field {field!r} contains a NUL character (\\u0000); remove it")
             count += 1
             yield lineno, obj

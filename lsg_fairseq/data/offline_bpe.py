@@ -17,6 +17,7 @@ cannot appear twice in the dictionary. The fairseq task appends ``<mask>`` after
 """
 
 import json
+import os
 import re
 from typing import Dict, Iterable, Iterator, List
 
@@ -224,3 +225,73 @@ __all__ = [
     "sentences_for_training",
     "load_sentencepiece",
 ]
+
+
+# ----------------------------------------------------------------------------- model folders
+# A model folder (converter output) names its tokenizer in one file, so that stale tokenizer files
+# of another model left beside it can never be picked up instead.
+TOKENIZER_RECORD = "tokenizer.txt"
+GPT2_FILES = ("encoder.json", "vocab.bpe")
+SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
+TOKENIZER_KINDS = ("gpt2", "sentencepiece", "none")
+
+
+def tokenizer_files(model_dir: str) -> Dict[str, List[str]]:
+    """The tokenizer files present in ``model_dir``, by kind."""
+    found = {
+        "gpt2": [n for n in GPT2_FILES if os.path.isfile(os.path.join(model_dir, n))],
+        "sentencepiece": [n for n in SENTENCEPIECE_NAMES if os.path.isfile(os.path.join(model_dir, n))],
+    }
+    return found
+
+
+def write_tokenizer_record(model_dir: str) -> str:
+    """Write ``tokenizer.txt`` naming the kind of the tokenizer files in ``model_dir``.
+
+    Raises a :class:`DataError` if files of both kinds are present (nothing can tell which one the
+    model was trained with). Returns the kind (``none`` when there are no tokenizer files).
+    """
+    found = tokenizer_files(model_dir)
+    complete_gpt2 = len(found["gpt2"]) == len(GPT2_FILES)
+    if found["gpt2"] and found["sentencepiece"]:
+        raise DataError(f"{model_dir}: holds both GPT-2 BPE files and a sentencepiece model")
+    kind = "gpt2" if complete_gpt2 else "sentencepiece" if found["sentencepiece"] else "none"
+    with open(os.path.join(model_dir, TOKENIZER_RECORD), "w", encoding="utf-8") as f:
+        f.write(kind + "\n")
+    return kind
+
+
+def read_tokenizer_record(model_dir: str):
+    """The kind named by ``model_dir/tokenizer.txt`` (``None`` if the folder has no record).
+
+    Raises a :class:`DataError` naming the file when the record is unreadable or names an unknown
+    kind, or when the folder's tokenizer files contradict it (missing files of the named kind, or
+    files of the other kind: a stale tokenizer of another model).
+    """
+    path = os.path.join(model_dir, TOKENIZER_RECORD)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            kind = f.read(64).decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: unreadable tokenizer record ({e})") from None
+    if kind not in TOKENIZER_KINDS:
+        raise DataError(f"{path}: names tokenizer {kind[:20]!r}; expected one of {', '.join(TOKENIZER_KINDS)}")
+    found = tokenizer_files(model_dir)
+    fix = "(delete the stale files, or re-run lsg-fairseq-convert with --force into a clean folder)"
+    if kind == "gpt2":
+        missing = [n for n in GPT2_FILES if n not in found["gpt2"]]
+        if missing:
+            raise DataError(f"{path} says gpt2 but {', '.join(missing)} is missing in {model_dir}")
+        if found["sentencepiece"]:
+            raise DataError(f"{path} says gpt2 but {model_dir} also holds {found['sentencepiece'][0]} {fix}")
+    elif kind == "sentencepiece":
+        if not found["sentencepiece"]:
+            raise DataError(f"{path} says sentencepiece but {model_dir} holds none of {', '.join(SENTENCEPIECE_NAMES)}")
+        if found["gpt2"]:
+            raise DataError(f"{path} says sentencepiece but {model_dir} also holds {found['gpt2'][0]} {fix}")
+    elif found["gpt2"] or found["sentencepiece"]:
+        stale = (found["gpt2"] + found["sentencepiece"])[0]
+        raise DataError(f"{path} says none but {model_dir} holds {stale} {fix}")
+    return kind

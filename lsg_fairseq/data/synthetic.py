@@ -18,7 +18,6 @@ Determinism: split ``s`` with seed ``n`` uses ``random.Random(f"lsg-synthetic/{n
 (string seeds are hashed with SHA-512, independent of PYTHONHASHSEED), so the same arguments
 give byte-identical files on any machine.
 """
-import math
 import random
 import re
 from dataclasses import dataclass
@@ -84,9 +83,6 @@ _TEMPLATES = (
 _GAP_FILLERS = {2: "It rained.", 3: "Nothing happened."}
 
 
-LENGTH_DISTRIBUTIONS = ("uniform", "log-uniform")
-
-
 @dataclass
 class SyntheticConfig:
     min_tokens: int = 2000  # document length in whitespace tokens, inclusive bounds
@@ -95,10 +91,6 @@ class SyntheticConfig:
     max_keys: int = 3
     min_paragraph: int = 3  # sentences per paragraph (one paragraph per line, as in shared/data)
     max_paragraph: int = 8
-    # "uniform" in [min_tokens, max_tokens], or "log-uniform": as many documents per length octave,
-    # so a training set holds many short documents (where a small model first learns to retrieve,
-    # cheaply: examples/long_context) next to long ones (where it learns the far positions)
-    length_distribution: str = "uniform"
 
     def validate(self) -> None:
         if self.min_tokens < 2 * KEY_TOKENS * self.max_keys:
@@ -108,10 +100,6 @@ class SyntheticConfig:
         if not 1 <= self.min_keys <= self.max_keys <= len(ANIMALS):
             raise ValueError(
                 f"need 1 <= min_keys <= max_keys <= {len(ANIMALS)}, got {self.min_keys}, {self.max_keys}"
-            )
-        if self.length_distribution not in LENGTH_DISTRIBUTIONS:
-            raise ValueError(
-                f"length_distribution={self.length_distribution!r}: choose from {', '.join(LENGTH_DISTRIBUTIONS)}"
             )
         if not 1 <= self.min_paragraph <= self.max_paragraph:
             raise ValueError(
@@ -179,10 +167,7 @@ def _filler_sentence(rng: random.Random) -> str:
 
 
 def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str) -> Dict:
-    if cfg.length_distribution == "log-uniform":
-        target_len = int(math.exp(rng.uniform(math.log(cfg.min_tokens + 1), math.log(cfg.max_tokens + 1))))
-    else:
-        target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
+    target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
     n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
     animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
     facts = [

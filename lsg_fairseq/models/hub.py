@@ -16,11 +16,21 @@ from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.models.bart.hub_interface import BARTHubInterface
 from omegaconf import open_dict
 
+from lsg_fairseq.checkpoint_io import CheckpointError
+from lsg_fairseq.data.fileio import DataError
+from lsg_fairseq.data.offline_bpe import (
+    GPT2_FILES,
+    SENTENCEPIECE_NAMES,
+    TOKENIZER_RECORD,
+    check_gpt2_files,
+    read_tokenizer_record,
+    tokenizer_files,
+)
+from lsg_fairseq.errors import MissingFileError, one_line
 from lsg_fairseq.generation import reset_beam_size
 
 logger = logging.getLogger(__name__)
 
-SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
 class LongInputHubInterface(BARTHubInterface):
@@ -75,15 +85,28 @@ class LongInputHubInterface(BARTHubInterface):
 
 
 def detect_bpe(model_dir: str) -> dict:
-    """hub kwargs for the tokenizer files found in ``model_dir`` (GPT-2 BPE or sentencepiece)."""
-    enc, merges = os.path.join(model_dir, "encoder.json"), os.path.join(model_dir, "vocab.bpe")
-    if os.path.exists(enc) and os.path.exists(merges):
+    """hub kwargs for the tokenizer of ``model_dir`` (GPT-2 BPE or sentencepiece).
+
+    ``tokenizer.txt`` (written by the converter) names the kind, and the files beside it must agree
+    (a stale ``spm.model`` next to a new ``encoder.json`` is refused). Without the record, the files
+    decide, and a folder holding both kinds is refused: nothing says which one the model uses.
+    """
+    kind = read_tokenizer_record(model_dir)  # None: no record; checks the files against it
+    found = tokenizer_files(model_dir)
+    if kind is None:
+        if found["gpt2"] and found["sentencepiece"]:
+            raise DataError(
+                f"{model_dir}: holds both GPT-2 BPE files ({', '.join(found['gpt2'])}) and "
+                f"{found['sentencepiece'][0]}, and no {TOKENIZER_RECORD} saying which one the model uses; "
+                f"delete the stale ones, or write {TOKENIZER_RECORD} containing gpt2 or sentencepiece"
+            )
+        kind = "gpt2" if len(found["gpt2"]) == len(GPT2_FILES) else "sentencepiece" if found["sentencepiece"] else None
+    if kind == "gpt2":
+        enc, merges = (os.path.join(model_dir, n) for n in GPT2_FILES)
         return {"bpe": "gpt2", "gpt2_encoder_json": enc, "gpt2_vocab_bpe": merges}
-    for name in SENTENCEPIECE_NAMES:
-        path = os.path.join(model_dir, name)
-        if os.path.exists(path):
-            return {"bpe": "sentencepiece", "sentencepiece_model": path}
-    raise FileNotFoundError(
+    if kind == "sentencepiece":
+        return {"bpe": "sentencepiece", "sentencepiece_model": os.path.join(model_dir, found["sentencepiece"][0])}
+    raise MissingFileError(
         f"{model_dir}: no tokenizer files (expected encoder.json + vocab.bpe for GPT-2 BPE, or one of "
         f"{', '.join(SENTENCEPIECE_NAMES)} for sentencepiece)"
     )
@@ -92,28 +115,55 @@ def detect_bpe(model_dir: str) -> dict:
 def check_spm_matches_dict(spm_path: str, dict_path: str) -> None:
     """Raise a DataError naming both files when the sentencepiece model does not fit dict.txt."""
     import sentencepiece
-    from fairseq.data import Dictionary
 
     from lsg_fairseq.data.offline_bpe import check_sentencepiece_dictionary
 
     if not os.path.exists(dict_path):
         return  # fairseq reports the missing dictionary itself
     sp = sentencepiece.SentencePieceProcessor()
-    sp.Load(spm_path)
-    check_sentencepiece_dictionary(sp, Dictionary.load(dict_path).symbols, spm_path, dict_path)
+    try:
+        sp.Load(spm_path)
+    except Exception as e:  # noqa: BLE001  (OSError / RuntimeError, depending on the version)
+        raise DataError(f"{spm_path}: not a readable sentencepiece model ({one_line(e)[:200]})") from None
+    check_sentencepiece_dictionary(sp, load_dictionary(dict_path).symbols, spm_path, dict_path)
+
+
+def load_dictionary(dict_path: str):
+    """fairseq's ``Dictionary.load``, with a DataError naming the file for a damaged one."""
+    from fairseq.data import Dictionary
+
+    try:
+        return Dictionary.load(dict_path)
+    except Exception as e:  # noqa: BLE001  (ValueError, a bare Exception for bad encodings, ...)
+        raise DataError(f"{dict_path}: not a fairseq dictionary ({one_line(e)[:200]}); expected lines "
+                        "'<token> <count>'") from None
 
 
 def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrides) -> LongInputHubInterface:
     """Load ``model_dir/checkpoint_file`` with the dictionary and tokenizer files beside it."""
     path = os.path.join(model_dir, checkpoint_file)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such checkpoint")
+        raise MissingFileError(f"{path}: no such checkpoint")
     kwargs = detect_bpe(model_dir)
     kwargs.update(overrides)
+    dict_path = os.path.join(model_dir, "dict.txt")
+    if os.path.exists(dict_path):
+        load_dictionary(dict_path)  # fairseq's own error for a damaged one names no file
     if kwargs.get("bpe") == "sentencepiece":
         # before loading the checkpoint: a foreign spm model would silently give <unk> everywhere
-        check_spm_matches_dict(kwargs["sentencepiece_model"], os.path.join(model_dir, "dict.txt"))
-    loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, ".", **kwargs)
+        check_spm_matches_dict(kwargs["sentencepiece_model"], dict_path)
+    elif kwargs.get("bpe") == "gpt2":
+        check_gpt2_files(kwargs["gpt2_encoder_json"], kwargs["gpt2_vocab_bpe"], "MODEL_DIR", "MODEL_DIR")
+    try:
+        loaded = hub_utils.from_pretrained(model_dir, checkpoint_file, ".", **kwargs)
+    except RuntimeError as e:
+        if "Error(s) in loading state_dict" not in str(e):
+            raise
+        # e.g. a dict.txt of another model: the embedding rows do not match the weights
+        raise CheckpointError(
+            f"{path} does not fit the files beside it ({dict_path}: {one_line(e)[:300]}); use the dict.txt "
+            "written with this checkpoint"
+        ) from None
     hub = LongInputHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
     # The checkpoint carries the training run's --max-tokens / --batch-size; the hub batches with
     # them, so any document longer than a training batch would fail an assertion. Callers choose

@@ -17,6 +17,7 @@ padding give the same valid outputs; the converter maps HF's offset-free table o
 
 State dict = BART's plus ``encoder.layers.N.self_attn.{q,k,v}_proj_global.{weight,bias}``.
 """
+import argparse
 import logging
 
 import torch
@@ -27,6 +28,7 @@ from fairseq.models.bart.model import bart_base_architecture, bart_large_archite
 from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
+from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.models.custom_encoder import LongInputBARTModel, tiny_bart_architecture, wrap_encoder_layer
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
 
@@ -44,22 +46,47 @@ def parse_global_token_ids(value) -> list:
         try:
             return [int(p) for p in parts]
         except ValueError:
-            raise ValueError(f"--global-token-ids must be a comma-separated list of ints, got {value!r}")
+            raise ConfigError(f"--global-token-ids must be a comma-separated list of ints, got {value!r}")
     return [int(v) for v in value]
+
+
+def attention_window_arg(text: str) -> str:
+    """argparse type of ``--attention-window``: one positive even int, or a comma list of them
+    (the per-layer count is checked against ``--encoder-layers`` when the model is built)."""
+    count = len([p for p in str(text).replace("[", "").replace("]", "").split(",") if p.strip()])
+    try:
+        parse_attention_windows(text, max(count, 1))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("--attention-window ", "")) from None
+    return text
+
+
+def global_token_ids_arg(text: str) -> str:
+    """argparse type of ``--global-token-ids``: comma-separated non-negative ints (or empty)."""
+    try:
+        ids = parse_global_token_ids(text)
+    except ValueError:
+        ids = [-1]
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"must be comma-separated dictionary ids >= 0, got {text!r}")
+    return text
 
 
 def validate_led_args(args, dictionary_size=None) -> None:
     """Refuse inconsistent LED hyper-parameters at build time (messages name the flags)."""
-    parse_attention_windows(args.attention_window, args.encoder_layers)
+    try:
+        parse_attention_windows(args.attention_window, args.encoder_layers)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if args.global_attention not in GLOBAL_ATTENTION_MODES:
-        raise ValueError(
+        raise ConfigError(
             f"--global-attention must be one of {', '.join(GLOBAL_ATTENTION_MODES)}, got {args.global_attention!r}"
         )
     ids = parse_global_token_ids(args.global_token_ids)
     if dictionary_size is not None:
         bad = [i for i in ids if not 0 <= i < dictionary_size]
         if bad:
-            raise ValueError(f"--global-token-ids {bad} outside the dictionary (size {dictionary_size})")
+            raise ConfigError(f"--global-token-ids {bad} outside the dictionary (size {dictionary_size})")
 
 
 class LEDEncoderLayer(TransformerEncoderLayerBase):
@@ -176,13 +203,13 @@ class LEDModel(LongInputBARTModel):
     @staticmethod
     def add_led_args(parser):
         """The Longformer flags: their one home, shared by fairseq-train and lsg-fairseq-convert."""
-        parser.add_argument("--attention-window", type=str, metavar="W",
+        parser.add_argument("--attention-window", type=attention_window_arg, metavar="W",
                             help="full Longformer window W per encoder layer (even; a query sees W/2 "
                             "tokens on each side): one int for all layers or a comma list, one per layer")
         parser.add_argument("--global-attention", type=str, choices=GLOBAL_ATTENTION_MODES,
                             help="encoder tokens with global attention: 'first' = the first real "
                             "token of every source (LED summarization default), 'none' = no token")
-        parser.add_argument("--global-token-ids", type=str, metavar="IDS",
+        parser.add_argument("--global-token-ids", type=global_token_ids_arg, metavar="IDS",
                             help="comma-separated dictionary ids whose every occurrence in the "
                             "source gets global attention (in addition to --global-attention)")
 

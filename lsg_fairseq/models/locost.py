@@ -35,6 +35,8 @@ from fairseq.models import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 import lsg_fairseq.optim.grouped_adam  # noqa: F401  (registers --optimizer grouped_adam)
+from lsg_fairseq.argtypes import POSITIVE_INT, finite_float, float_range, int_range
+from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_fairseq.modules.s4d import SSM_PARAMETER_NAMES
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
@@ -49,34 +51,34 @@ def _bool(value) -> bool:
 
 # Every model hyper-parameter: (flag, type, help). Defaults live in the arch functions only.
 LOCOST_ARGS = [
-    ("--d-model", int, "model width d (= H, the number of SSM channels)"),
-    ("--d-state", int, "real SSM state size N per channel (stored as N/2 complex modes; released: 512)"),
-    ("--d-ff", int, "inner size of the gated-GeLU feed-forward blocks"),
-    ("--d-kv", int, "size of one decoder attention head (heads x d_kv may differ from d_model)"),
-    ("--encoder-layers", int, "number of LOCOST (SSM) encoder layers"),
-    ("--decoder-layers", int, "number of T5 decoder layers"),
-    ("--decoder-attention-heads", int, "number of decoder attention heads"),
-    ("--layer-norm-eps", float, "RMSNorm epsilon"),
-    ("--relative-attention-num-buckets", int, "T5 relative position buckets (decoder self-attention)"),
-    ("--relative-attention-max-distance", int, "distance beyond which relative positions share the last bucket"),
-    ("--dropout", float, "dropout on embeddings, residual branches, FFN inner activations and attention weights"),
-    ("--ssm-dt-min", float, "lower bound of the log-uniform init of the SSM step size dt"),
-    ("--ssm-dt-max", float, "upper bound of the log-uniform init of the SSM step size dt"),
-    ("--ssm-lr", float, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
+    ("--d-model", POSITIVE_INT, "model width d (= H, the number of SSM channels)"),
+    ("--d-state", int_range(2), "real SSM state size N per channel (stored as N/2 complex modes; released: 512)"),
+    ("--d-ff", POSITIVE_INT, "inner size of the gated-GeLU feed-forward blocks"),
+    ("--d-kv", POSITIVE_INT, "size of one decoder attention head (heads x d_kv may differ from d_model)"),
+    ("--encoder-layers", POSITIVE_INT, "number of LOCOST (SSM) encoder layers"),
+    ("--decoder-layers", POSITIVE_INT, "number of T5 decoder layers"),
+    ("--decoder-attention-heads", POSITIVE_INT, "number of decoder attention heads"),
+    ("--layer-norm-eps", float_range(0, lo_open=True), "RMSNorm epsilon"),
+    ("--relative-attention-num-buckets", int_range(4), "T5 relative position buckets (decoder self-attention)"),
+    ("--relative-attention-max-distance", POSITIVE_INT, "distance beyond which relative positions share the last bucket"),
+    ("--dropout", float_range(0, 0.999), "dropout on embeddings, residual branches, FFN inner activations and attention weights"),
+    ("--ssm-dt-min", float_range(0, lo_open=True), "lower bound of the log-uniform init of the SSM step size dt"),
+    ("--ssm-dt-max", float_range(0, lo_open=True), "upper bound of the log-uniform init of the SSM step size dt"),
+    ("--ssm-lr", finite_float, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
                         "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
-    ("--ssm-kernel-cache-mb", float, "per-layer memory budget (MiB) for caching SSM kernel FFTs per FFT size in "
+    ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching SSM kernel FFTs per FFT size in "
                                      "eval mode without autograd (one entry serves all lengths with the same "
                                      "FFT size; an entry is d_model * (FFT size / 2 + 1) * 8 bytes, 101 MiB for "
                                      "locost_base at 16K tokens); 0 disables"),
-    ("--ssm-kernel-tail-tol", float, "SSM kernel entries after every mode's term has decayed below this are "
+    ("--ssm-kernel-tail-tol", float_range(0), "SSM kernel entries after every mode's term has decayed below this are "
                                      "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
                                      "0 computes every entry like the reference"),
     ("--ssm-kernel-recompute", _bool, "training: recompute the SSM kernel in backward instead of keeping its "
                                       "temporaries (true: ~0.07 GiB instead of ~0.6 GiB saved per base layer, "
                                       "at the cost of a second kernel generation per step)"),
-    ("--max-source-positions", int, "longest source the task feeds (the encoder itself has no limit)"),
-    ("--max-target-positions", int, "longest target / generation length"),
+    ("--max-source-positions", POSITIVE_INT, "longest source the task feeds (the encoder itself has no limit)"),
+    ("--max-target-positions", POSITIVE_INT, "longest target / generation length"),
 ]
 
 _POSITIVE = ("d_model", "d_state", "d_ff", "d_kv", "encoder_layers", "decoder_layers",
@@ -91,22 +93,22 @@ def check_locost_args(args) -> None:
 
     for name in _POSITIVE:
         if int(getattr(args, name)) <= 0:
-            raise ValueError(f"{flag(name)} must be positive (got {getattr(args, name)})")
+            raise ConfigError(f"{flag(name)} must be positive (got {getattr(args, name)})")
     if args.d_state % 2:
-        raise ValueError(f"--d-state must be even (got {args.d_state}): the real state is stored as "
+        raise ConfigError(f"--d-state must be even (got {args.d_state}): the real state is stored as "
                          "d_state/2 complex-conjugate modes")
     if not 0.0 <= args.dropout < 1.0:
-        raise ValueError(f"--dropout must be in [0, 1) (got {args.dropout})")
+        raise ConfigError(f"--dropout must be in [0, 1) (got {args.dropout})")
     if not 0.0 < args.ssm_dt_min <= args.ssm_dt_max:
-        raise ValueError(f"need 0 < --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
+        raise ConfigError(f"need 0 < --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
     if args.layer_norm_eps <= 0:
-        raise ValueError(f"--layer-norm-eps must be positive (got {args.layer_norm_eps})")
+        raise ConfigError(f"--layer-norm-eps must be positive (got {args.layer_norm_eps})")
     if args.relative_attention_num_buckets < 4:
-        raise ValueError("--relative-attention-num-buckets must be >= 4 (half exact, half log-spaced)")
+        raise ConfigError("--relative-attention-num-buckets must be >= 4 (half exact, half log-spaced)")
     if args.ssm_kernel_tail_tol < 0:
-        raise ValueError(f"--ssm-kernel-tail-tol must be >= 0 (got {args.ssm_kernel_tail_tol})")
+        raise ConfigError(f"--ssm-kernel-tail-tol must be >= 0 (got {args.ssm_kernel_tail_tol})")
     if args.ssm_kernel_cache_mb < 0:
-        raise ValueError(f"--ssm-kernel-cache-mb must be >= 0 (got {args.ssm_kernel_cache_mb})")
+        raise ConfigError(f"--ssm-kernel-cache-mb must be >= 0 (got {args.ssm_kernel_cache_mb})")
 
 
 class LOCOSTEncoder(FairseqEncoder):
@@ -265,7 +267,8 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
     @staticmethod
     def add_args(parser):
         for flag, typ, help_text in LOCOST_ARGS:
-            parser.add_argument(flag, type=typ, metavar={int: "N", _bool: "BOOL"}.get(typ, "F"), help=help_text)
+            metavar = "BOOL" if typ is _bool else "N" if str(getattr(typ, "__name__", "")).startswith("int") else "F"
+            parser.add_argument(flag, type=typ, metavar=metavar, help=help_text)
         parser.add_argument("--checkpoint-activations", action="store_true",
                             help="recompute each encoder / decoder block in the backward pass (saves memory)")
         parser.add_argument("--offload-activations", action="store_true",
@@ -277,7 +280,7 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         check_locost_args(args)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
         if src_dict != tgt_dict:
-            raise ValueError(
+            raise ConfigError(
                 "locost shares one embedding between encoder, decoder and output (T5's `shared`): source "
                 "and target dictionaries must be identical (preprocess with --joined-dictionary or use "
                 "the converter's dict.txt for both sides)"
@@ -315,7 +318,7 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         optimizer = getattr(args, "optimizer", None)
         honours_tags = optimizer in (None, "grouped_adam", "composite")
         if ssm_lr > 0 and not honours_tags:
-            raise ValueError(f"--ssm-lr needs --optimizer grouped_adam (--optimizer {optimizer} puts every "
+            raise ConfigError(f"--ssm-lr needs --optimizer grouped_adam (--optimizer {optimizer} puts every "
                              "parameter in one group and would ignore it)")
         if not honours_tags and float(getattr(args, "weight_decay", 0.0) or 0.0) > 0:
             logger.warning(f"--optimizer {optimizer} applies --weight-decay to the SSM parameters too; "
@@ -325,7 +328,7 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         if ssm_lr <= 0:
             return 1.0
         if base <= 0:
-            raise ValueError(f"--ssm-lr {ssm_lr} needs a positive --lr to scale against")
+            raise ConfigError(f"--ssm-lr {ssm_lr} needs a positive --lr to scale against")
         return ssm_lr / base
 
     def tag_ssm_parameters(self, lr_scale: float = 1.0) -> None:

@@ -23,6 +23,8 @@ from fairseq.models.bart.model import bart_base_architecture, bart_large_archite
 from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
+from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range
+from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.models.custom_encoder import LongInputBARTModel, tiny_bart_architecture, wrap_encoder_layer
 from lsg_fairseq.modules.lsg_attention import (
     SPARSITY_TYPES,
@@ -69,13 +71,20 @@ def lsg_attention_kwargs(args) -> dict:
 
 
 def validate_lsg_args(args) -> None:
-    """Refuse inconsistent LSG hyper-parameters at build time (messages name the flags)."""
-    check_lsg_config(
-        args.block_size, args.sparse_block_size, args.sparsity_factor, args.sparsity_type,
-        args.num_global_tokens, args.lsh_num_pre_rounds, names=LSG_FLAGS,
-    )
+    """Refuse inconsistent LSG hyper-parameters at build time (messages name the flags).
+
+    Single values are range-checked when the flags are parsed (``lsg_fairseq.argtypes``); this
+    checks what only the combination decides (``--sparsity-factor`` must divide ``--block-size``).
+    """
+    try:
+        check_lsg_config(
+            args.block_size, args.sparse_block_size, args.sparsity_factor, args.sparsity_type,
+            args.num_global_tokens, args.lsh_num_pre_rounds, names=LSG_FLAGS,
+        )
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if args.mask_first_token and not args.pass_global_tokens_to_decoder and not args.pool_with_global:
-        raise ValueError(
+        raise ConfigError(
             "--mask-first-token hides the first token, so its output must come from global token 0: "
             "use --pool-with-global true (the reference forces it) or --pass-global-tokens-to-decoder"
         )
@@ -206,15 +215,15 @@ class LSGBARTModel(LongInputBARTModel):
     @staticmethod
     def add_lsg_args(parser):
         """The LSG attention flags: their one home, shared by fairseq-train and lsg-fairseq-convert."""
-        parser.add_argument("--block-size", type=int, metavar="N",
+        parser.add_argument("--block-size", type=POSITIVE_INT, metavar="N",
                             help="LSG local block size: each block of N queries attends to 3N local keys")
-        parser.add_argument("--sparse-block-size", type=int, metavar="N",
+        parser.add_argument("--sparse-block-size", type=NON_NEGATIVE_INT, metavar="N",
                             help="number of sparse keys taken on EACH side of the local window (0: no sparse attention)")
-        parser.add_argument("--sparsity-factor", type=int, metavar="N",
+        parser.add_argument("--sparsity-factor", type=POSITIVE_INT, metavar="N",
                             help="the sparse sequence has length/N entries; must divide --block-size")
         parser.add_argument("--sparsity-type", type=str, choices=SPARSITY_TYPES,
                             help="how the sparse sequence is built (none disables sparse attention)")
-        parser.add_argument("--num-global-tokens", type=int, metavar="G",
+        parser.add_argument("--num-global-tokens", type=int_range(1, MAX_GLOBAL_TOKENS), metavar="G",
                             help="number of learned global tokens prepended to the encoder input (1..512)")
         parser.add_argument("--mask-first-token", type=_bool, nargs="?", const=True, metavar="BOOL",
                             help="hide the first source token (<s>, redundant with global 0) from self- and cross-attention")
@@ -222,7 +231,7 @@ class LSGBARTModel(LongInputBARTModel):
                             help="decoder cross-attends to the global tokens too (default true)")
         parser.add_argument("--pool-with-global", type=_bool, nargs="?", const=True, metavar="BOOL",
                             help="without --pass-global-tokens-to-decoder: global 0's output replaces the first token's (default true)")
-        parser.add_argument("--lsh-num-pre-rounds", type=int, metavar="N",
+        parser.add_argument("--lsh-num-pre-rounds", type=NON_NEGATIVE_INT, metavar="N",
                             help="lsh sparsity only: merging rounds before the final hashing round")
 
     @classmethod

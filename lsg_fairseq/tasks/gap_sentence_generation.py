@@ -21,6 +21,7 @@ from omegaconf import II
 
 from lsg_fairseq.data import gsg
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
+from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.tasks.long_document_summarization import (
     LongDocumentSummarizationConfig,
     LongDocumentSummarizationTask,
@@ -80,22 +81,22 @@ class GapSentenceGenerationConfig(LongDocumentSummarizationConfig):
 def validate_gsg_config(cfg) -> None:
     """Every GSG flag checked once, with a message naming the flag."""
     if not 0.0 < cfg.gsg_ratio <= 1.0:
-        raise ValueError(f"--gsg-ratio must be in (0, 1], got {cfg.gsg_ratio}")
+        raise ConfigError(f"--gsg-ratio must be in (0, 1], got {cfg.gsg_ratio}")
     if cfg.gsg_ratio_max is not None and not cfg.gsg_ratio <= cfg.gsg_ratio_max <= 1.0:
-        raise ValueError(
+        raise ConfigError(
             f"--gsg-ratio-max must be in [--gsg-ratio, 1] = [{cfg.gsg_ratio}, 1], got {cfg.gsg_ratio_max}"
         )
     if cfg.gsg_score_noise < 0:
-        raise ValueError(f"--gsg-score-noise must be >= 0, got {cfg.gsg_score_noise}")
+        raise ConfigError(f"--gsg-score-noise must be >= 0, got {cfg.gsg_score_noise}")
     if cfg.gsg_score_noise > 0 and str(cfg.gsg_selection) != "ind_orig":
-        raise ValueError(
+        raise ConfigError(
             f"--gsg-score-noise applies to --gsg-selection ind_orig only, not {cfg.gsg_selection}"
         )
     probs = (cfg.gsg_mask_prob, cfg.gsg_remove_prob, cfg.gsg_keep_prob, cfg.gsg_random_prob)
     try:
         gsg.validate_mask_probs(probs)
     except ValueError as e:
-        raise ValueError(f"--gsg-mask-prob/--gsg-remove-prob/--gsg-keep-prob/--gsg-random-prob: {e}") from None
+        raise ConfigError(f"--gsg-mask-prob/--gsg-remove-prob/--gsg-keep-prob/--gsg-random-prob: {e}") from None
 
 
 @register_task("gap_sentence_generation", dataclass=GapSentenceGenerationConfig)
@@ -107,12 +108,12 @@ class GapSentenceGenerationTask(LongDocumentSummarizationTask):
         validate_gsg_config(cfg)
         # Targets are copied from source tokens, so both sides must share one vocabulary.
         if src_dict.symbols != tgt_dict.symbols:
-            raise ValueError(
+            raise ConfigError(
                 "gap_sentence_generation needs one dictionary for source and target "
                 f"({len(src_dict)} vs {len(tgt_dict)} symbols): give the data dir a single dict.txt"
             )
         if cfg.gsg_mask_symbol not in src_dict.indices:
-            raise ValueError(
+            raise ConfigError(
                 f"--gsg-mask-symbol {cfg.gsg_mask_symbol!r} is not in the dictionary; use a symbol of "
                 "dict.txt or the default <mask> (added by the task)"
             )

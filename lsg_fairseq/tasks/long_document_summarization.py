@@ -7,8 +7,10 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   converted HF checkpoints see the ids they were trained on; generation starts like BART's hub
   (``</s> <s>`` then tokens) and ``<s>`` is stripped from the output;
 * over-long sources are **truncated** (eos kept) to ``--max-source-positions``, never skipped, and
-  the number of truncated examples per split is logged; targets likewise with ``--truncate-target``;
-  an empty source (or target) line is refused with its index;
+  the number of truncated examples per split is logged; targets likewise with ``--truncate-target``,
+  else an over-long target is refused up front in every split (fairseq would skip training examples
+  silently); so is an example larger than ``--max-tokens``; an empty source (or target) line is
+  refused with its index;
 * ``--eval-rouge``: ROUGE-1/2/L/Lsum F1 (rouge-score, stemmed) of generated summaries, logged as
   ``rouge1 rouge2 rougeL rougeLsum`` so that ``--best-checkpoint-metric rougeL
   --maximize-best-checkpoint-metric`` works; the model is left exactly as before generation
@@ -16,6 +18,7 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
 """
 import json
 import logging
+import math
 import os
 from argparse import Namespace
 from dataclasses import dataclass, field
@@ -32,15 +35,77 @@ from fairseq.tasks.translation import (
 )
 
 from lsg_fairseq.data.binarized import check_binarized_pair
+from lsg_fairseq.data.fileio import DataError
 from lsg_fairseq.data.offline_bpe import check_sentencepiece_dictionary
 from lsg_fairseq.data.rouge import ROUGE_KEYS, rouge_example
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
+from lsg_fairseq.errors import ConfigError, MissingFileError
 from lsg_fairseq.generation import beam_size_scope, fix_ngram_blocker, reset_beam_size
 
 logger = logging.getLogger(__name__)
 
 EVAL_ROUGE_BPE_CHOICES = ChoiceEnum(["gpt2", "sentencepiece", "none"])
 DEFAULT_EVAL_ROUGE_ARGS = '{"beam": 4, "lenpen": 1.0, "max_len_b": 256, "min_len": 0, "no_repeat_ngram_size": 3}'
+
+
+def _number(lo=None, hi=None, integer=False, lo_open=False):
+    """A JSON value check: int (or finite number) in the range; returns an error text or None."""
+    def check(v):
+        ok = isinstance(v, int) if integer else isinstance(v, (int, float)) and math.isfinite(v)
+        kind = "an integer" if integer else "a number"
+        if isinstance(v, bool) or not ok:
+            return f"must be {kind}"
+        if lo is not None and (v <= lo if lo_open else v < lo) or hi is not None and v > hi:
+            return f"must be {kind} {'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
+        return None
+    return check
+
+
+def _boolean(v):
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+# Every generation setting fairseq's build_generator reads, with its range (flag names without "--").
+EVAL_ROUGE_ARG_CHECKS = {
+    "beam": _number(1, integer=True),
+    "lenpen": _number(-10, 10),  # fairseq divides by length ** lenpen: beyond ~100 a float overflows
+    "unkpen": _number(),
+    "max_len_a": _number(0),
+    "max_len_b": _number(1, integer=True),
+    "min_len": _number(0, integer=True),
+    "no_repeat_ngram_size": _number(0, integer=True),
+    "temperature": _number(0, lo_open=True),
+    "sampling": _boolean,
+    "sampling_topk": _number(-1, integer=True),
+    "sampling_topp": _number(-1, 1),
+    "match_source_len": _boolean,
+    "unnormalized": _boolean,
+    "diverse_beam_groups": _number(-1, integer=True),
+    "diverse_beam_strength": _number(),
+    "diversity_rate": _number(-1),
+}
+
+
+def parse_eval_rouge_args(text: str) -> dict:
+    """``--eval-rouge-args`` JSON -> dict; unknown keys and bad values are refused, flag named."""
+    flag = "--eval-rouge-args"
+    try:
+        args = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{flag}: not valid JSON ({getattr(e, 'msg', e)}); e.g. {DEFAULT_EVAL_ROUGE_ARGS}") from None
+    if not isinstance(args, dict):
+        raise ConfigError(f"{flag}: expected a JSON object, got {type(args).__name__}; e.g. {DEFAULT_EVAL_ROUGE_ARGS}")
+    unknown = sorted(set(args) - set(EVAL_ROUGE_ARG_CHECKS))
+    if unknown:
+        raise ConfigError(f"{flag}: unknown key(s) {', '.join(map(repr, unknown))}; known: "
+                          f"{', '.join(EVAL_ROUGE_ARG_CHECKS)}")
+    for key, value in args.items():
+        problem = EVAL_ROUGE_ARG_CHECKS[key](value)
+        if problem:
+            raise ConfigError(f"{flag}: {key} {problem}, got {json.dumps(value)}")
+    if args.get("max_len_a", 0) == 0 and args.get("min_len", 0) > args.get("max_len_b", 200):
+        raise ConfigError(f"{flag}: min_len {args['min_len']} is above max_len_b {args.get('max_len_b', 200)}")
+    return args
 
 
 @dataclass
@@ -120,7 +185,7 @@ class LongDocumentSummarizationTask(TranslationTask):
             if os.path.exists(joint):
                 filename = joint
             else:
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"no dictionary: neither {filename} nor {joint} exists (run scripts/preprocess.sh "
                     "or point --data at a converted model folder)"
                 )
@@ -132,7 +197,12 @@ class LongDocumentSummarizationTask(TranslationTask):
     def setup_task(cls, cfg, **kwargs):
         paths = utils.split_paths(cfg.data) if cfg.data else []
         if not paths or not os.path.isdir(paths[0]):
-            raise FileNotFoundError(f"--data: data directory {cfg.data!r} does not exist")
+            raise MissingFileError(f"--data: data directory {cfg.data!r} does not exist")
+        parse_eval_rouge_args(cfg.eval_rouge_args)  # refuse a bad option dictionary before any work
+        for flag, value in (("--max-source-positions", cfg.max_source_positions),
+                            ("--max-target-positions", cfg.max_target_positions)):
+            if value is not None and value < 2:
+                raise ConfigError(f"{flag} must be >= 2 (room for <s>/</s> and one token), got {value}")
         return super().setup_task(cfg, **kwargs)
 
     # ---------------------------------------------------------------- datasets
@@ -201,12 +271,14 @@ class LongDocumentSummarizationTask(TranslationTask):
         bad = empty_indices(sizes)
         if bad:
             shown = ", ".join(str(i) for i in bad[:10]) + (" ..." if len(bad) > 10 else "")
-            raise ValueError(
+            raise DataError(
                 f"{path}: {len(bad)} empty {side} line(s) at example index {shown} (0-based line numbers "
                 "of the text given to fairseq-preprocess); remove or fill them"
             )
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
+        # remembered for filter_indices_by_size's messages (fairseq folds it into max_positions)
+        self._batch_max_tokens = args[0] if args else kwargs.get("max_tokens")
         # fairseq's batch_by_size drops the last (n mod multiple) examples when
         # --required-batch-size-multiple > 1 (the default is 8): test documents vanish from
         # generation and the same training documents are skipped every epoch. Long-document
@@ -223,18 +295,42 @@ class LongDocumentSummarizationTask(TranslationTask):
         return super().get_batch_iterator(dataset, *args, **kwargs)
 
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
-        # fairseq's own message for valid/test suggests skipping examples; for summarization the
-        # right fix is truncating the target (sources are always truncated, so never too long here).
-        if not ignore_invalid_inputs and max_positions is not None and getattr(dataset, "tgt_sizes", None) is not None:
-            max_tgt = max_positions[1] if isinstance(max_positions, tuple) else max_positions
-            too_long = [int(i) for i in indices if dataset.tgt_sizes[i] > max_tgt]
-            if too_long:
-                raise ValueError(
-                    f"{len(too_long)} target(s) longer than --max-target-positions {max_tgt} (first: example "
-                    f"#{too_long[0]}, {int(dataset.tgt_sizes[too_long[0]])} tokens): pass --truncate-target "
-                    "(for generation, score against the raw references, e.g. generate_to_rouge.py --ref-file)"
-                )
+        # fairseq skips examples above max_positions silently in training (and in valid/test with
+        # --skip-invalid-size-inputs-valid-test), then dies with a bare "The dataset is empty" when
+        # that was all of them. Nothing is skipped here: sources are always truncated, targets with
+        # --truncate-target; anything still too long is refused with the flag to change.
+        if max_positions is not None:
+            self._refuse_over_long(indices, dataset, max_positions)
         return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
+
+    def _refuse_over_long(self, indices, dataset, max_positions):
+        limits = max_positions if isinstance(max_positions, tuple) else (max_positions, max_positions)
+        split = next((k for k, v in self.datasets.items() if v is dataset), None)
+        where = f"{utils.split_paths(self.cfg.data)[0]}/{split}" if split else "the dataset"
+        max_tokens = getattr(self, "_batch_max_tokens", None)
+        for side, sizes, limit, task_max in (
+            ("source", getattr(dataset, "src_sizes", None), limits[0], self.cfg.max_source_positions),
+            ("target", getattr(dataset, "tgt_sizes", None), limits[1], self.cfg.max_target_positions),
+        ):
+            if sizes is None or limit is None:
+                continue
+            too_long = [int(i) for i in indices if sizes[i] > limit]
+            if not too_long:
+                continue
+            longest = int(max(sizes[i] for i in too_long))
+            head = (f"{where}: {len(too_long)} of {len(indices)} examples have a {side} longer than {limit} "
+                    f"tokens (first: example #{too_long[0]}, {int(sizes[too_long[0]])} tokens; longest {longest})")
+            if max_tokens is not None and limit == max_tokens and limit < task_max:
+                raise ConfigError(f"{head}: --max-tokens {max_tokens} is smaller than one example; raise "
+                                  f"--max-tokens to at least {longest}, or lower --max-{side}-positions")
+            if side == "target" and limit >= task_max:
+                raise ConfigError(
+                    f"{head}: pass --truncate-target (truncates and counts them) or raise "
+                    f"--max-target-positions {task_max} (for generation, score against the raw references, "
+                    "e.g. generate_to_rouge.py --ref-file)"
+                )
+            raise ConfigError(f"{head}: the model accepts at most {limit} {side} tokens; lower "
+                              f"--max-{side}-positions to {limit}")
 
     def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
         # The hub/interactive paths hand us tokens that already carry <s> where the caller wants it.
@@ -253,7 +349,9 @@ class LongDocumentSummarizationTask(TranslationTask):
         # forwards are unaffected; inference_step turns it on for the duration of a call.
         for m in models:
             reset_beam_size(m)
-        generator._lsg_beam = getattr(args, "beam", 1)
+        # the generator's own beam: SequenceGenerator caps it at the vocabulary size - 1, and a larger
+        # set_beam_size would fold cross-attention keys by a beam that never exists
+        generator._lsg_beam = getattr(generator, "beam_size", getattr(args, "beam", 1))
         return generator
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
@@ -269,7 +367,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         model = super(TranslationTask, self).build_model(cfg, from_checkpoint)
         if self.cfg.eval_rouge:
             self.bpe = self._build_eval_bpe()
-            self.eval_rouge_gen_args = json.loads(self.cfg.eval_rouge_args)
+            self.eval_rouge_gen_args = parse_eval_rouge_args(self.cfg.eval_rouge_args)
             self.sequence_generator = self.build_generator([model], Namespace(**self.eval_rouge_gen_args))
         return model
 
@@ -280,7 +378,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         def path(flag, value, default_name):
             p = value or os.path.join(data_dir, default_name)
             if not os.path.exists(p):
-                raise FileNotFoundError(f"--{flag}: {p} does not exist (needed to detokenize for --eval-rouge)")
+                raise MissingFileError(f"--{flag}: {p} does not exist (needed to detokenize for --eval-rouge)")
             return p
 
         if kind == "gpt2":

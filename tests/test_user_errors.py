@@ -1,0 +1,469 @@
+"""Issue 14: every user mistake gets one line (``prog: error: ...``, exit 2), never a traceback; nothing
+is skipped silently; outputs are all-or-nothing and never clobber an input. One test per class of the
+issue's table (README "Bad inputs"); the random-input properties are in test_fuzz_cli.py.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import lsg_fairseq
+from conftest import fairseq_cli
+from lsg_fairseq.cli import summarize
+from lsg_fairseq.cli.convert import main as convert_main
+from lsg_fairseq.errors import ConfigError
+from test_task import build as build_task
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BART_HF = os.path.join(REPO, "..", "shared", "fixtures", "lsg", "bart_plain", "hf")
+LOCOST_HF = os.path.join(REPO, "..", "shared", "fixtures", "locost", "model")
+
+needs_fixtures = pytest.mark.skipif(not os.path.isdir(BART_HF), reason="shared/fixtures not found")
+
+
+def one_error_line(err: str, prog: str) -> str:
+    """The single ``prog: error:`` line of ``err``; fails on a traceback or several error lines."""
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith(f"{prog}: error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def copy_folder(src, dst):
+    shutil.copytree(src, dst)
+    for root, dirs, files in os.walk(dst):  # the fixtures are read-only
+        for name in dirs + files:
+            os.chmod(os.path.join(root, name), 0o755 if name in dirs else 0o644)
+    return str(dst)
+
+
+def folder_state(folder):
+    return {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))}
+
+
+def run_convert(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        convert_main([str(a) for a in argv])
+    return e.value.code, one_error_line(capsys.readouterr().err, "lsg-fairseq-convert")
+
+
+# ----------------------------------------------------------------------------- weights files read defensively
+@needs_fixtures
+@pytest.mark.parametrize("damage,expected", [
+    ("truncate", "cannot load weights: truncated or not in the expected format"),
+    ("html", "cannot load weights: an HTML/XML page, not weights"),
+    ("empty", "cannot load weights: empty"),
+    ("lfs", "cannot load weights: a Git LFS pointer"),
+])
+def test_damaged_safetensors_named_and_nothing_written(tmp_path, capsys, damage, expected):
+    src = copy_folder(BART_HF, tmp_path / "hf")
+    weights = os.path.join(src, "model.safetensors")
+    data = open(weights, "rb").read()
+    damaged = {
+        "truncate": data[: len(data) // 2],
+        "html": b"<!DOCTYPE html>\n<html><body>502 Bad Gateway</body></html>\n",
+        "empty": b"",
+        "lfs": b"version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1073808\n",
+    }[damage]
+    open(weights, "wb").write(damaged)
+    code, line = run_convert([src, tmp_path / "out"], capsys)
+    assert code == 2
+    assert f"{weights}: {expected}" in line and "re-download it" in line
+    assert not (tmp_path / "out").exists() and os.listdir(tmp_path) == ["hf"]  # no temp folder left
+
+
+@needs_fixtures
+def test_html_page_saved_as_pytorch_model_bin(tmp_path, capsys):
+    src = copy_folder(LOCOST_HF, tmp_path / "hf")
+    weights = os.path.join(src, "pytorch_model.bin")
+    open(weights, "wb").write(b"<html><head><title>404 Not Found</title></head></html>")
+    code, line = run_convert([src, tmp_path / "out"], capsys)
+    assert code == 2 and f"{weights}: cannot load weights: an HTML/XML page" in line
+
+
+@needs_fixtures
+def test_non_object_config_json_named(tmp_path, capsys):
+    src = copy_folder(BART_HF, tmp_path / "hf")
+    open(os.path.join(src, "config.json"), "w").write("[1, 2]")
+    code, line = run_convert([src, tmp_path / "out"], capsys)
+    assert code == 2 and "not a model this converter knows" in line
+
+
+# ----------------------------------------------------------------------------- converter output folder
+@needs_fixtures
+def test_convert_refuses_non_empty_out_and_force_replaces_it_whole(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.pt").write_bytes(b"another model")
+    (out / "spm.model").write_bytes(b"another model's sentencepiece")
+    code, line = run_convert([BART_HF, out], capsys)
+    assert code == 2
+    assert f"{out}: output folder exists and is not empty (model.pt, spm.model); pass --force" in line
+    assert folder_state(out) == {"model.pt": b"another model", "spm.model": b"another model's sentencepiece"}
+
+    convert_main([BART_HF, str(out), "--force"])
+    names = sorted(os.listdir(out))
+    assert names == ["dict.txt", "encoder.json", "model.pt", "tokenizer.txt", "vocab.bpe"]  # no stale spm.model
+    assert (out / "tokenizer.txt").read_text() == "gpt2\n"
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no temp folder left beside it
+    from lsg_fairseq.models.hub import from_pretrained
+
+    assert from_pretrained(str(out)).bpe is not None  # the replaced folder is a working model
+
+
+@needs_fixtures
+def test_convert_into_an_empty_out_and_refuses_a_folder_holding_the_source(tmp_path, capsys):
+    out = tmp_path / "empty"
+    out.mkdir()
+    convert_main([BART_HF, str(out)])  # an empty OUT is fine without --force
+    assert (out / "model.pt").is_file()
+    # converting OUT/model.pt into OUT itself would delete the input: refused even with --force
+    code, line = run_convert([out / "model.pt", out, "--force", "--max-source-positions", "2048"], capsys)
+    assert code == 2 and f"{out}: the output folder would overwrite the input {out / 'model.pt'}" in line
+
+
+# ----------------------------------------------------------------------------- tokenizer record
+def fake_model_folder(folder, files):
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"never read: the tokenizer files are checked first")
+    (folder / "dict.txt").write_text("".join(f"{i} 1\n" for i in range(4, 40)))
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize("files,expected", [
+    ({"tokenizer.txt": "gpt2\n", "encoder.json": "{}", "vocab.bpe": "#version: 0.2\n", "spm.model": "stale"},
+     "tokenizer.txt says gpt2 but {d} also holds spm.model"),
+    ({"tokenizer.txt": "sentencepiece\n", "encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"},
+     "tokenizer.txt says sentencepiece but {d} holds none of"),
+    ({"tokenizer.txt": "gpt2\n", "encoder.json": "{}"}, "tokenizer.txt says gpt2 but vocab.bpe is missing in {d}"),
+    ({"tokenizer.txt": "wordpiece\n"}, "tokenizer.txt: names tokenizer 'wordpiece'"),
+    ({"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n", "spm.model": "stale"},
+     "{d}: holds both GPT-2 BPE files (encoder.json, vocab.bpe) and spm.model, and no tokenizer.txt"),
+])
+def test_summarize_refuses_tokenizer_files_contradicting_the_record(tmp_path, capsys, files, expected):
+    model_dir = fake_model_folder(tmp_path / "model", files)
+    (tmp_path / "doc.txt").write_text("a document\n")
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--output", str(tmp_path / "out.txt")])
+    assert e.value.code == 2
+    line = one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
+    assert expected.format(d=model_dir) in line
+    assert not (tmp_path / "out.txt").exists()
+
+
+# ----------------------------------------------------------------------------- summarize inputs and outputs
+def test_summarize_non_utf8_file_names_byte_offset(tmp_path, capsys):
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    pdf = tmp_path / "paper.pdf"
+    pdf.write_bytes(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n1 0 obj\n")
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(model_dir), str(pdf)])
+    assert e.value.code == 2
+    line = one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
+    assert f"{pdf}: not UTF-8 text (byte offset 10, line 2" in line and "--errors replace" in line
+
+
+def test_summarize_errors_replace_reads_bad_bytes(tmp_path):
+    (tmp_path / "doc.txt").write_bytes(b"caf\xe9 au lait\n")
+    (tmp_path / "lines.txt").write_bytes(b"\xef\xbb\xbfone doc\ntwo\x0cdoc \xff\n")
+    args = summarize.build_parser().parse_args(["m", str(tmp_path / "doc.txt"), "--errors", "replace"])
+    assert summarize.read_documents(args)[1] == ["caf\ufffd au lait"]
+    args = summarize.build_parser().parse_args(["m", "--input-lines", str(tmp_path / "lines.txt"), "--errors", "replace"])
+    # BOM dropped; a form feed is no document boundary (only \n is)
+    assert summarize.read_documents(args)[1] == ["one doc", "two\x0cdoc \ufffd"]
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--beam", "0"], "argument --beam: must be an integer >= 1, got '0'"),
+    (["--max-len-b", "-1"], "argument --max-len-b: must be an integer >= 1, got '-1'"),
+    (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got '0'"),
+    (["--lenpen", "nan"], "argument --lenpen: must be a number in [-10, 10], got 'nan'"),
+    (["--lenpen", "1e3"], "argument --lenpen: must be a number in [-10, 10], got '1e3'"),
+    (["--max-source-positions", "1"], "argument --max-source-positions: must be an integer >= 2, got '1'"),
+    (["--min-len", "9", "--max-len-b", "5"], "--min-len 9 is above --max-len-b 5"),
+    (["--fp16"], "--fp16 needs a GPU (--device cuda)"),
+    (["--device", "tpu9"], "--device tpu9: not a torch device"),
+])
+def test_summarize_flag_ranges(tmp_path, capsys, flags, expected):
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    (tmp_path / "doc.txt").write_text("a document\n")
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(model_dir), str(tmp_path / "doc.txt"), *flags])
+    assert e.value.code == 2
+    assert expected in one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
+
+
+@pytest.mark.parametrize("which", ["input-lines", "file", "checkpoint"])
+def test_summarize_never_writes_over_an_input(tmp_path, capsys, which):
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    docs = tmp_path / "docs.txt"
+    docs.write_text("first document\nsecond document\n")
+    argv = {
+        "input-lines": [str(model_dir), "--input-lines", str(docs), "--output", str(docs)],
+        "file": [str(model_dir), str(docs), "--output", str(docs)],
+        "checkpoint": [str(model_dir), str(docs), "--output", str(model_dir / "model.pt")],
+    }[which]
+    before = docs.read_bytes(), (model_dir / "model.pt").read_bytes()
+    with pytest.raises(SystemExit) as e:
+        summarize.main(argv)
+    assert e.value.code == 2
+    line = one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
+    assert "the --output would overwrite the input" in line
+    assert (docs.read_bytes(), (model_dir / "model.pt").read_bytes()) == before
+
+
+# ----------------------------------------------------------------------------- fairseq-train flags and resumes
+TRAIN = ["--task", "long_document_summarization", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+         "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "2",
+         "--decoder-layers", "1", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+         "--max-source-positions", "128", "--max-target-positions", "64", "--criterion", "cross_entropy",
+         "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "4096", "--max-update", "1", "--cpu",
+         "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0", "--log-format", "none"]
+
+
+def fairseq_train(argv, capsys, monkeypatch):
+    """fairseq-train's own cli_main, in-process; returns (exit code, stderr)."""
+    from fairseq_cli import train
+
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", *argv])
+    with pytest.raises(SystemExit) as e:
+        train.cli_main()
+    return e.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch,flags,expected", [
+    ("lsg_bart_tiny", ["--block-size", "0"], "argument --block-size: must be an integer >= 1, got '0'"),
+    ("lsg_bart_tiny", ["--block-size", "-8"], "argument --block-size: must be an integer >= 1, got '-8'"),
+    ("led_tiny", ["--attention-window", "33"], "argument --attention-window: must be a positive even integer"),
+    ("led_tiny", ["--attention-window", "0"], "argument --attention-window: must be a positive even integer"),
+    ("locost_tiny", ["--d-state", "0"], "argument --d-state: must be an integer >= 2, got '0'"),
+])
+def test_train_flag_out_of_range_refused_when_parsed(word_data, tmp_path, capsys, monkeypatch, arch, flags, expected):
+    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", arch, *TRAIN,
+                               "--save-dir", str(tmp_path / "ck"), *flags], capsys, monkeypatch)
+    assert code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1] == f"fairseq-train: error: {expected}" or expected in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("arch,flags,expected", [
+    ("lsg_bart_tiny", ["--block-size", "16", "--sparsity-factor", "3"], "--sparsity-factor (3) must divide --block-size (16)"),
+    ("led_tiny", ["--attention-window", "16,16,16"], "--attention-window has 3 entries but the encoder has 2 layers"),
+])
+def test_train_cross_flag_errors_are_one_line(word_data, tmp_path, capsys, monkeypatch, arch, flags, expected):
+    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", arch, *TRAIN,
+                               "--save-dir", str(tmp_path / "ck"), *flags], capsys, monkeypatch)
+    assert code == 2
+    assert expected in one_error_line(err, "fairseq-train")
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 half a zip"])
+def test_train_resume_from_damaged_checkpoint_last_is_one_line(word_data, tmp_path, capsys, monkeypatch, content):
+    save_dir = tmp_path / "ck"
+    save_dir.mkdir()
+    (save_dir / "checkpoint_last.pt").write_bytes(content)
+    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
+                               *TRAIN, "--block-size", "16", "--sparse-block-size", "16", "--save-dir",
+                               str(save_dir)], capsys, monkeypatch)
+    assert code == 2
+    assert f"{save_dir / 'checkpoint_last.pt'}: truncated or corrupt checkpoint" in one_error_line(err, "fairseq-train")
+
+
+def test_train_resume_from_foreign_torch_file_is_one_line(word_data, tmp_path, capsys, monkeypatch):
+    save_dir = tmp_path / "ck"
+    save_dir.mkdir()
+    torch.save({"encoder.weight": torch.zeros(2)}, save_dir / "checkpoint_last.pt")  # e.g. an HF .bin
+    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
+                               *TRAIN, "--block-size", "16", "--sparse-block-size", "16", "--save-dir",
+                               str(save_dir)], capsys, monkeypatch)
+    assert code == 2
+    line = one_error_line(err, "fairseq-train")
+    assert f"{save_dir / 'checkpoint_last.pt'}: a torch file but not a fairseq checkpoint" in line
+
+
+def test_real_fairseq_train_process_prints_one_line(word_data, tmp_path):
+    """The console script itself (the hook is installed by --user-dir's import, not by the tests)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [fairseq_cli("fairseq-train"), str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch",
+         "lsg_bart_tiny", *TRAIN, "--save-dir", str(tmp_path / "ck"), "--block-size", "16", "--sparsity-factor", "3"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "--sparsity-factor (3) must divide --block-size (16)" in one_error_line(proc.stderr, "fairseq-train")
+
+
+# ----------------------------------------------------------------------------- nothing skipped silently
+def test_over_long_training_targets_refused_with_flags_named(word_data):
+    task, _, _ = build_task(word_data, "--max-target-positions", "8")
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    # fairseq's trainer always passes ignore_invalid_inputs=True for training (it would skip them)
+    with pytest.raises(ConfigError) as e:
+        task.get_batch_iterator(ds, max_tokens=100000, max_positions=task.max_positions(), ignore_invalid_inputs=True)
+    msg = str(e.value)
+    assert f"{word_data}/train: 12 of 12 examples have a target longer than 8 tokens" in msg
+    assert "pass --truncate-target" in msg and "--max-target-positions 8" in msg
+
+
+def test_truncate_target_counts_instead(word_data):
+    task, _, _ = build_task(word_data, "--max-target-positions", "8", "--truncate-target")
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    batches = task.get_batch_iterator(ds, max_tokens=100000, max_positions=task.max_positions(),
+                                      ignore_invalid_inputs=True).next_epoch_itr(shuffle=False)
+    assert sum(len(b["id"]) for b in batches) == 12  # nothing skipped
+    assert task.truncation_counts["train"]["target"] == 12
+
+
+def test_max_tokens_below_one_document_refused_with_flag_named(word_data):
+    from fairseq import utils
+
+    task, _, _ = build_task(word_data)
+    task.load_dataset("train")
+    ds = task.dataset("train")
+    # what fairseq's trainer passes: the task's limits folded with --max-tokens
+    limits = utils.resolve_max_positions(task.max_positions(), (1024, 1024), 40)
+    with pytest.raises(ConfigError) as e:
+        task.get_batch_iterator(ds, max_tokens=40, max_positions=limits, ignore_invalid_inputs=True)
+    msg = str(e.value)
+    assert f"{word_data}/train:" in msg and "--max-tokens 40 is smaller than one example" in msg
+    assert "raise --max-tokens to at least" in msg
+
+
+@pytest.mark.parametrize("flags,expected", [
+    (["--max-target-positions", "8"], "examples have a target longer than 8 tokens"),
+    (["--truncate-target", "--max-tokens", "40"], "--max-tokens 40 is smaller than one example"),
+])
+def test_fairseq_train_refuses_instead_of_skipping(word_data, tmp_path, capsys, monkeypatch, flags, expected):
+    """The README pipeline's failure: fairseq skipped every training example, then "The dataset is empty"."""
+    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
+                               *TRAIN, "--block-size", "16", "--sparse-block-size", "16", "--save-dir",
+                               str(tmp_path / "ck"), *flags], capsys, monkeypatch)
+    assert code == 2
+    line = one_error_line(err, "fairseq-train")
+    assert f"{word_data}/train: 12 of 12" in line and expected in line
+    assert "dataset is empty" not in err
+
+
+# ----------------------------------------------------------------------------- option dictionaries
+@pytest.mark.parametrize("value,expected", [
+    ('{"beam_size": 0, "max_len": 5}', "--eval-rouge-args: unknown key(s) 'beam_size', 'max_len'; known: beam,"),
+    ('{"beam": 0}', "--eval-rouge-args: beam must be an integer >= 1, got 0"),
+    ('{"beam": 2.5}', "--eval-rouge-args: beam must be an integer, got 2.5"),
+    ('{"lenpen": "1"}', '--eval-rouge-args: lenpen must be a number, got "1"'),
+    ('{"sampling": 1}', "--eval-rouge-args: sampling must be true or false, got 1"),
+    ('{"min_len": 9, "max_len_b": 5}', "--eval-rouge-args: min_len 9 is above max_len_b 5"),
+    ("{beam: 4}", "--eval-rouge-args: not valid JSON (Expecting property name enclosed in double quotes)"),
+    ("[4]", "--eval-rouge-args: expected a JSON object, got list"),
+])
+def test_eval_rouge_args_validated(word_data, value, expected):
+    with pytest.raises(ConfigError) as e:
+        build_task(word_data, "--eval-rouge-args", value)
+    assert expected in str(e.value)
+
+
+def test_eval_rouge_args_good_values_accepted(word_data):
+    task, _, _ = build_task(word_data, "--eval-rouge-args", '{"beam": 2, "max_len_a": 0.5, "sampling": false}')
+    assert task.cfg.eval_rouge_args  # built without error
+
+
+# ----------------------------------------------------------------------------- all-or-nothing converter
+KILL_POINTS = {
+    # a family has written model.pt into the temp folder
+    "after_checkpoint": "lsg_fairseq.convert.common.save_checkpoint",
+    # everything written, not yet moved into place
+    "before_swap": "lsg_fairseq.data.fileio._fsync_tree",
+    # swapped in, the old folder not yet deleted
+    "after_swap": "shutil.rmtree",
+}
+
+
+def _converted_in_child(point, src, out, extra):
+    """Fork; the child converts with --force and SIGKILLs itself at ``point``; returns its status."""
+    pid = os.fork()
+    if pid == 0:  # child: never returns
+        try:
+            import importlib
+
+            module_name, attr = KILL_POINTS[point].rsplit(".", 1)
+            module = importlib.import_module(module_name)
+            original = getattr(module, attr)
+
+            def killer(*args, **kwargs):
+                result = original(*args, **kwargs) if point != "after_swap" else None
+                os.kill(os.getpid(), signal.SIGKILL)
+                return result
+
+            setattr(module, attr, killer)
+            from lsg_fairseq.convert import convert
+
+            convert(src, out, force=True, **extra)
+        finally:
+            os._exit(0)  # not reached when the kill point was
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@needs_fixtures
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_converter_killed_leaves_old_or_complete_new(tmp_path, point):
+    from lsg_fairseq.convert import convert
+
+    out = str(tmp_path / "out")
+    convert(BART_HF, out)  # the previous OUT
+    before = folder_state(out)
+    status = _converted_in_child(point, BART_HF, out, {"max_source_positions": 2048})
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    after = folder_state(out)
+    if point == "after_swap":  # the new folder is in place, complete
+        assert after.keys() == before.keys() and after["model.pt"] != before["model.pt"]
+        from lsg_fairseq.models.hub import from_pretrained
+
+        assert from_pretrained(out).model.max_positions()[0] == 2048
+    else:
+        assert after == before  # untouched, byte for byte
+    leftovers = [n for n in os.listdir(tmp_path) if n != "out"]
+    assert all(n.startswith(".out.") and n.endswith(".tmp") for n in leftovers)
+    convert(BART_HF, out, force=True)  # the next run cleans up what the killed one left
+    assert os.listdir(tmp_path) == ["out"]
+
+
+def test_atomic_folder_failure_leaves_out_untouched(tmp_path):
+    from lsg_fairseq.data.fileio import atomic_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "a.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_folder(str(out), force=True) as tmp:
+            open(os.path.join(tmp, "b.txt"), "w").write("new")
+            raise RuntimeError("disk full")
+    assert folder_state(out) == {"a.txt": b"old"} and os.listdir(tmp_path) == ["out"]
+    with atomic_folder(str(out), force=True) as tmp:
+        open(os.path.join(tmp, "b.txt"), "w").write("new")
+    assert folder_state(out) == {"b.txt": b"new"}  # replaced as a whole: no a.txt
+    assert os.listdir(tmp_path) == ["out"]
+
+
+@needs_fixtures
+def test_unwritable_output_location_is_one_line(tmp_path, capsys):
+    """An output under a regular file (as root, permissions cannot make a folder unwritable)."""
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a folder\n")
+    code, line = run_convert([BART_HF, blocker / "out"], capsys)
+    assert code == 2 and str(blocker) in line and "OUT_DIR left unchanged" in line
+    model_dir = tmp_path / "model"
+    convert_main([BART_HF, str(model_dir)])
+    capsys.readouterr()
+    (tmp_path / "doc.txt").write_text("a short document\n")
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--beam", "1", "--max-len-b", "3", "--quiet",
+                        "--output", str(blocker / "summaries.txt")])
+    assert e.value.code == 2
+    assert f"--output {blocker}" in one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
