@@ -12,7 +12,7 @@ layer's cross-attention (mean over heads) is read, and the script reports
 * ``grad_to_encoder``: the norm of d loss / d encoder output summed over the batch, i.e. how much
   training signal reaches the encoder at all.
 
-    python examples/long_context/attention_probe.py CHECKPOINT DATA_BIN SPLIT.jsonl [--split valid] [-n 8]
+    python examples/long_context/attention_probe.py CHECKPOINT DATA_BIN [--split valid] [-n 8]
 """
 import argparse
 import json
@@ -26,7 +26,6 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint")
     p.add_argument("data_bin")
-    p.add_argument("jsonl", help="the split's JSONL (to know where the key sentences are)")
     p.add_argument("--split", default="valid")
     p.add_argument("-n", type=int, default=8, help="documents to probe (default 8)")
     args = p.parse_args(argv)
@@ -58,14 +57,15 @@ def main(argv=None):
         for j in (src == visited).nonzero().flatten().tolist():
             in_key[max(0, j - 3): j + 4] = True
         enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
-        enc_out = enc["encoder_out"][0]
-        enc_out.requires_grad_(True)
+        enc_out = enc["encoder_out"][0].detach().requires_grad_(True)  # a leaf: its .grad is kept
         enc["encoder_out"] = [enc_out]
         logits, extra = model.decoder(net["prev_output_tokens"], encoder_out=enc)
         lprobs = torch.log_softmax(logits.float(), dim=-1)
         loss = -lprobs.gather(-1, sample["target"].unsqueeze(-1)).sum()
         loss.backward()
         grad_norm += enc_out.grad.norm().item()
+        if not extra.get("attn") or extra["attn"][0] is None:
+            continue  # a decoder that does not return its cross-attention (LOCOST's T5 decoder)
         attn = extra["attn"][0][0].detach()  # (T, S'); S' may hold G global tokens first
         G = attn.size(-1) - src.numel()
         attn = attn[:, G:] if G >= 0 else attn
@@ -76,8 +76,8 @@ def main(argv=None):
             mass += a[in_key[: a.numel()]].sum().item()
             ent += -(a.clamp_min(1e-12) * a.clamp_min(1e-12).log()).sum().item()
             n_pos += 1
-        src_len = src.numel()
-    out = {"mass_on_keys": mass / max(n_pos, 1), "entropy": ent / max(n_pos, 1),
+    src_len = src.numel()
+    out = {"mass_on_keys": mass / n_pos if n_pos else None, "entropy": ent / n_pos if n_pos else None,
            "uniform_entropy": math.log(src_len), "grad_to_encoder": grad_norm / max(args.n, 1),
            "fact_positions": n_pos}
     print(json.dumps(out))
