@@ -1,0 +1,131 @@
+"""examples/long_context: key-recall scoring, the tiny archs' init, and the whole experiment (smoke)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lsg_fairseq.data.synthetic import (
+    FIELDS,
+    SyntheticConfig,
+    chance_recall,
+    key_hits,
+    make_split,
+    parse_key_sentences,
+    summary_from_facts,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "scripts")
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location("script_" + name[:-3], os.path.join(SCRIPTS, name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_key_hits_slot_by_slot_in_rank_order():
+    refs = [dict(colour="red", animal="fox", city="Paris", weekday="Monday"),
+            dict(colour="blue", animal="owl", city="Lima", weekday="Friday")]
+    hyp = "The red fox visited Oslo on Monday. The blue owl visited Lima on Friday."
+    assert key_hits(refs, hyp) == [dict(colour=True, animal=True, city=False, weekday=True),
+                                   dict(colour=True, animal=True, city=True, weekday=True)]
+    # ranks matter: the same sentences swapped are misses; a missing sentence scores nothing
+    swapped = "The blue owl visited Lima on Friday. The red fox visited Paris on Monday."
+    assert sum(sum(h.values()) for h in key_hits(refs, swapped)) == 0
+    assert key_hits(refs, "The red fox visited Paris on Monday.")[1] == dict.fromkeys(FIELDS, False)
+    # any word in a slot parses (a wrong word is a miss, not an unparsed sentence)
+    assert parse_key_sentences("The zzz fox visited Paris on Mondayy.") == [
+        dict(colour="zzz", animal="fox", city="Paris", weekday="Mondayy")]
+    assert 0.08 < chance_recall() < 0.09
+
+
+def test_the_reference_summary_recalls_everything():
+    for ex in make_split("test", 20, seed=3, cfg=SyntheticConfig(min_tokens=200, max_tokens=400)):
+        facts = [{f: k[f] for f in FIELDS} for k in ex["keys"]]
+        assert ex["summary"] == summary_from_facts(facts)
+        assert all(all(h.values()) for h in key_hits(ex["keys"], ex["summary"]))
+
+
+def test_key_recall_script_bins_and_positions(tmp_path):
+    examples = list(make_split("test", 6, seed=4, cfg=SyntheticConfig(min_tokens=300, max_tokens=2500)))
+    jsonl = tmp_path / "test.jsonl"
+    jsonl.write_text("".join(json.dumps(ex) + "\n" for ex in examples))
+    # example 0 right, example 1 absent, the others get the first key's sentence only
+    lines = [f"D-0\t-0.1\t{examples[0]['summary']}"]
+    for i, ex in enumerate(examples[2:], start=2):
+        k = ex["keys"][0]
+        lines.append(f"D-{i}\t-0.1\tThe {k['colour']} {k['animal']} visited {k['city']} on {k['weekday']}.")
+    gen = tmp_path / "gen.out"
+    gen.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "recall.json"
+    mod = load_script("key_recall.py")
+    assert mod.main(["--jsonl", str(jsonl), "--generate-output", str(gen), "--bin-size", "500",
+                     "--beyond", "1000", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    keys = [(k["token_offset"], i, r) for i, ex in enumerate(examples) for r, k in enumerate(ex["keys"])]
+    hit = [(off, i == 0 or (i >= 2 and r == 0)) for off, i, r in keys]
+    assert rep["keys"] == len(keys)
+    assert rep["recall"] == pytest.approx(sum(h for _, h in hit) / len(hit))
+    far = [h for off, h in hit if off >= 1000]
+    assert rep["keys_beyond"] == len(far)
+    assert rep["recall_beyond"] == pytest.approx(sum(far) / len(far))
+    for b in rep["bins"]:
+        inside = [h for off, h in hit if b["start"] <= off < b["end"]]
+        assert b["facts"] == 4 * len(inside) and b["recall"] == pytest.approx(sum(inside) / len(inside))
+
+
+def test_key_recall_refuses_a_file_without_keys(tmp_path, capsys):
+    jsonl = tmp_path / "x.jsonl"
+    jsonl.write_text(json.dumps({"document": "a b", "summary": "c"}) + "\n")
+    gen = tmp_path / "gen.out"
+    gen.write_text("D-0\t-1\tThe red fox visited Paris on Monday.\n")
+    assert load_script("key_recall.py").main(["--jsonl", str(jsonl), "--generate-output", str(gen)]) == 2
+    assert "no 'keys' list" in capsys.readouterr().err
+
+
+def _build(folder, arch, *extra):
+    from conftest import build_task_and_model, write_toy_dict
+
+    argv = [write_toy_dict(folder), "--task", "long_document_summarization", "--arch", arch, *extra]
+    return build_task_and_model(argv)[1]
+
+
+@pytest.mark.parametrize("arch", ["bart_tiny", "lsg_bart_tiny", "led_tiny"])
+def test_tiny_archs_start_from_fan_in_weights(tmp_path, arch):
+    # BART's N(0, 0.02) at d = 64 stalls learning to use the encoder (examples/long_context/README.md)
+    model = _build(tmp_path, arch)
+    q = model.decoder.layers[0].encoder_attn.q_proj.weight
+    emb = model.encoder.embed_tokens.weight
+    assert abs(q.std().item() - 64 ** -0.5) < 0.01, q.std()
+    assert abs(emb[4:].std().item() - 64 ** -0.5) < 0.01
+    fc2 = model.encoder.layers[0].fc2.weight  # fan_in 256
+    assert abs(fc2.std().item() - 256 ** -0.5) < 0.005
+    bert = _build(tmp_path, arch, "--weight-init", "bert")
+    assert abs(bert.decoder.layers[0].encoder_attn.q_proj.weight.std().item() - 0.02) < 0.002
+
+
+def test_long_context_experiment_smoke(tmp_path):
+    """The whole experiment with a few updates of everything, so that the script cannot rot."""
+    env = dict(os.environ, SMOKE="1", OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
+               VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    r = subprocess.run(["bash", os.path.join(REPO, "examples", "long_context", "run.sh")], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "report" / "results.json").read_text())
+    names = [row["name"] for row in res["rows"]]
+    assert names == ["bart_1024", "full_4096", "lsg_norm", "lsg_none", "led", "locost"]
+    assert [x["name"] for x in res["extrapolation"]] == [
+        "x_a_truncated", "x_b_tiled_full", "x_c_lsg", "x_d_lsg_global_tuned", "x_e_lsg_fine_tuned"]
+    for row in res["rows"] + res["extrapolation"]:
+        assert row["recall"] is not None and 0 <= row["recall"] <= 1
+        assert row["rouge1"] is not None
+    for row in res["rows"]:
+        assert row["train_wall_s"] > 0 and row["peak_rss_gib"] > 0
+    assert (tmp_path / "report" / "recall_vs_position.png").stat().st_size > 10_000
+    assert "| LSG-BART (norm) at 4,096 |" in (tmp_path / "report" / "results.md").read_text()
