@@ -153,8 +153,8 @@ def main(argv=None):
     ]
     if x_rows:
         md += ["", "## Extrapolation (LSG paper sections 4-5, small scale)", "",
-               "BART trained at 1,024 tokens on short documents only (keys within 1,024), then evaluated on the",
-               "same 4K-token test documents:", "", table(x_rows, cost=False)]
+               "BART trained at 1,024 tokens on short then mid-length documents only (keys within 1,024), then",
+               "evaluated on the same 4K-token test documents:", "", table(x_rows, cost=False)]
     with open(os.path.join(args.report_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(args.report_dir, "results.json"), "w", encoding="utf-8") as f:

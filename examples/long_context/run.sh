@@ -4,18 +4,18 @@
 #   bash examples/long_context/run.sh            # ~30 min on 2 cores; results -> $OUT, table + plot -> here
 #   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (what CI runs)
 #
-# 1. Data (lsg_fairseq/data/synthetic.py): SHORT documents (100-800 words, so every key lies before
-#    token 1,024) and LONG ones (3,200-3,550 words = 3.6K-4K pieces) whose 2-3 key sentences sit at
-#    uniformly random places; the summary restates the keys in document order. One sentencepiece
-#    model (800 pieces) for both.
+# 1. Data (lsg_fairseq/data/synthetic.py): SHORT documents (100-400 words), MID ones (600-880 words,
+#    so every key lies before token 1,024) and LONG ones (3,200-3,550 words = 3.6K-4K pieces); each
+#    hides KEYS key sentences ("The red fox visited Paris on Monday.") at uniformly random places,
+#    and its summary restates them. One sentencepiece model (800 pieces) for all.
 # 2. Every architecture, same budget: U_SHORT updates on SHORT (a curriculum: a small model first
 #    learns to retrieve where the haystack is short), then U_LONG updates on LONG; bart_1024 sees
 #    LONG truncated to 1,024 tokens. Wall time and peak RSS per stage from /usr/bin/time.
 # 3. Test (N_TEST LONG documents): exact recall of each key fact vs the key's position
 #    (scripts/key_recall.py, bins of 512 tokens), ROUGE, and where the decoder's cross-attention
 #    looks (attention_probe.py).
-# 4. The LSG paper's extrapolation claim at small scale: bart_1024 after SHORT only, evaluated on
-#    LONG (a) truncated, (b) with its position table tiled to 4,096, (c) converted to LSG (no
+# 4. The LSG paper's extrapolation claim at small scale: bart_1024 after SHORT, then U_LONG updates
+#    on MID (a model trained at 1,024 tokens on keys within 1,024), evaluated on LONG (a) truncated, (b) with its position table tiled to 4,096, (c) converted to LSG (no
 #    training), (d) (c) + U_EXTRA updates of --train-global-only, (e) (c) + U_EXTRA full updates.
 # 5. report.py writes results.md, results.json and recall_vs_position.png next to this script.
 set -euo pipefail
@@ -26,16 +26,19 @@ export PATH="$PWD/$VENV/bin:$PATH"
 OUT=${OUT:-work_dirs/long_context}
 SMOKE=${SMOKE:-}
 if [ -n "$SMOKE" ]; then
-    N_SHORT=${N_SHORT:-40} N_LONG=${N_LONG:-8} N_TEST=${N_TEST:-4} U_SHORT=${U_SHORT:-3} U_LONG=${U_LONG:-2}
+    N_SHORT=${N_SHORT:-40} N_MID=${N_MID:-8} N_LONG=${N_LONG:-8} N_TEST=${N_TEST:-4} U_SHORT=${U_SHORT:-3} U_LONG=${U_LONG:-2}
     U_EXTRA=${U_EXTRA:-2} REPORT_DIR=${REPORT_DIR:-$OUT/report}
 fi
 N_SHORT=${N_SHORT:-4000}   # short training documents
+N_MID=${N_MID:-1500}       # mid-length training documents (the extrapolation's base model)
 N_LONG=${N_LONG:-1500}     # long training documents
-N_TEST=${N_TEST:-200}      # long test documents
+N_TEST=${N_TEST:-120}      # long test documents
+KEYS=${KEYS:-1}            # key sentences per document (more: the summary lists them in document order)
 U_SHORT=${U_SHORT:-1000}   # updates on short documents
-U_LONG=${U_LONG:-1000}     # then updates on long documents
+U_LONG=${U_LONG:-1000}     # then updates on long (or mid) documents
 U_EXTRA=${U_EXTRA:-300}    # extrapolation rows (d) and (e)
 ARCHS=${ARCHS:-"bart_1024 full_4096 lsg_norm lsg_none led locost"}
+EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
 REPORT_DIR=${REPORT_DIR:-$HERE}
 THREADS=${THREADS:-$(nproc)}
 export OMP_NUM_THREADS=$THREADS
@@ -46,25 +49,30 @@ quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|S
 
 # ------------------------------------------------------------------------------------------ data
 mkdir -p "$OUT"
-step "data: $N_SHORT short + $N_LONG long training documents, $N_TEST long test documents"
+step "data: $N_SHORT short + $N_MID mid + $N_LONG long training documents, $N_TEST long test documents"
 python scripts/make_synthetic_data.py --output-dir "$OUT/long/jsonl" --train "$N_LONG" --valid 10 \
-    --test "$N_TEST" --min-tokens 3200 --max-tokens 3550 --seed 1 > /dev/null
+    --test "$N_TEST" --min-tokens 3200 --max-tokens 3550 --seed 1 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
 python scripts/make_synthetic_data.py --output-dir "$OUT/short/jsonl" --train "$N_SHORT" --valid 10 \
-    --test 10 --min-tokens 100 --max-tokens 800 --seed 2 > /dev/null
-python scripts/jsonl_to_parallel.py --input-dir "$OUT/long/jsonl" --output-dir "$OUT/long/raw" > /dev/null
-python scripts/jsonl_to_parallel.py --input-dir "$OUT/short/jsonl" --output-dir "$OUT/short/raw" > /dev/null
+    --test 10 --min-tokens 100 --max-tokens 400 --seed 2 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
+python scripts/make_synthetic_data.py --output-dir "$OUT/mid/jsonl" --train "$N_MID" --valid 10 \
+    --test 10 --min-tokens 600 --max-tokens 880 --seed 3 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
+for set in long short mid; do
+    python scripts/jsonl_to_parallel.py --input-dir "$OUT/$set/jsonl" --output-dir "$OUT/$set/raw" > /dev/null 2>&1
+done
 bash scripts/spm_binarize.sh --raw-dir "$OUT/long/raw" --out-dir "$OUT/long" --vocab-size 800 --workers 2 \
     -- --soft-vocab-limit > "$OUT/long/spm_binarize.log" 2>&1
-mkdir -p "$OUT/short/spm-enc"
-for split in train valid test; do
-    python scripts/spm_encode.py --model "$OUT/long/spm/spm.model" \
-        --inputs "$OUT/short/raw/$split.source" "$OUT/short/raw/$split.target" \
-        --outputs "$OUT/short/spm-enc/$split.source" "$OUT/short/spm-enc/$split.target" 2> /dev/null
+for set in short mid; do  # encoded with the long set's sentencepiece model and dictionary
+    mkdir -p "$OUT/$set/spm-enc"
+    for split in train valid test; do
+        python scripts/spm_encode.py --model "$OUT/long/spm/spm.model" \
+            --inputs "$OUT/$set/raw/$split.source" "$OUT/$set/raw/$split.target" \
+            --outputs "$OUT/$set/spm-enc/$split.source" "$OUT/$set/spm-enc/$split.target" 2> /dev/null
+    done
+    bash scripts/preprocess.sh --trainpref "$OUT/$set/spm-enc/train" --validpref "$OUT/$set/spm-enc/valid" \
+        --testpref "$OUT/$set/spm-enc/test" --destdir "$OUT/$set/bin" --dict "$OUT/long/spm/dict.txt" \
+        > "$OUT/$set/preprocess.log" 2>&1
+    cp "$OUT/long/spm/spm.model" "$OUT/$set/bin/"
 done
-bash scripts/preprocess.sh --trainpref "$OUT/short/spm-enc/train" --validpref "$OUT/short/spm-enc/valid" \
-    --testpref "$OUT/short/spm-enc/test" --destdir "$OUT/short/bin" --dict "$OUT/long/spm/dict.txt" \
-    > "$OUT/short/preprocess.log" 2>&1
-cp "$OUT/long/spm/spm.model" "$OUT/short/bin/"
 SPM="$OUT/long/spm/spm.model"
 
 # ------------------------------------------------------------------------------------ the models
@@ -87,10 +95,11 @@ train() {  # train NAME DATA UPDATES [fairseq flags...]: checkpoint in $OUT/runs
     /usr/bin/time -f "%e %M" -o "$dir/time" fairseq-train "$data" --user-dir "$USER_DIR" \
         --task long_document_summarization --max-target-positions 128 --truncate-target \
         --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-        --optimizer adam --adam-betas "(0.9, 0.98)" --lr 3e-3 --lr-scheduler inverse_sqrt \
+        --optimizer adam --adam-betas "(0.9, 0.98)" --lr 3e-3 --lr-scheduler fixed \
         --warmup-updates "$(( updates < 100 ? 1 : 100 ))" --clip-norm 1.0 --dropout 0.0 \
         --max-tokens 4200 --max-update "$updates" --disable-validation --no-epoch-checkpoints \
-        --save-dir "$dir" --cpu --num-workers 0 --log-format simple --log-interval 100 --seed 1 \
+        --save-dir "$dir" --tensorboard-logdir "$OUT/tensorboard/$name" \
+        --cpu --num-workers 0 --log-format simple --log-interval 100 --seed 1 \
         "$@" 2>&1 | quiet > "$dir/train.log"
     { grep -E "\| train \|" "$dir/train.log" | tail -1 | grep -oE "(nll_loss|num_updates) [0-9.]+" \
         | paste -sd' ' | sed "s/^/   $name: /" >&2; } || true
@@ -125,9 +134,11 @@ for row in $ARCHS; do
 done
 
 # --------------------------------------------------------------------------- extrapolation (a-e)
-if [[ " $ARCHS " == *" bart_1024 "* ]]; then
-    step "extrapolation: bart_1024 after short documents only, on 4K documents"
-    base="$OUT/runs/bart_1024.short"
+if [ "$EXTRAPOLATION" = 1 ] && [[ " $ARCHS " == *" bart_1024 "* ]]; then
+    step "extrapolation: bart_1024 after short, then mid documents (all keys within 1,024), on 4K documents"
+    train x_base "$OUT/mid/bin" "$U_LONG" $(arch_flags bart_1024) \
+        --finetune-from-model "$OUT/runs/bart_1024.short/checkpoint_last.pt"
+    base="$OUT/runs/x_base"
     cp "$OUT/long/spm/dict.txt" "$base/dict.txt"
     LSG="--block-size 32 --sparse-block-size 32 --sparsity-factor 2 --sparsity-type norm --num-global-tokens 1"
     evaluate x_a_truncated "$base/checkpoint_last.pt" 1024
@@ -150,6 +161,6 @@ fi
 
 step "report -> $REPORT_DIR"
 python "$HERE/report.py" --out "$OUT" --report-dir "$REPORT_DIR" --archs $ARCHS \
-    --command "bash $HERE/run.sh" --settings "N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA THREADS=$THREADS" \
+    --command "bash $HERE/run.sh" --settings "KEYS=$KEYS N_SHORT=$N_SHORT N_MID=$N_MID N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA THREADS=$THREADS" \
     --wall "$(( $(date +%s) - start ))"
 step "done"
