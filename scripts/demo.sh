@@ -34,7 +34,7 @@ if [ -z "$DATA" ]; then
     step "long-range synthetic set: LSG-BART at 4,096 vs BART truncated to 1,024 (log: $OUT/run.log)"
     ARCHS="bart_1024 lsg_norm" EXTRAPOLATION=0 OUT="$OUT" REPORT_DIR="$OUT/report" \
         N_SHORT=${N_SHORT:-3000} N_LONG=${N_LONG:-1000} N_TEST=${N_TEST:-40} \
-        U_SHORT=${U_SHORT:-1200} U_LONG=${U_LONG:-1200} bash examples/long_context/run.sh > "$OUT/run.log"
+        bash examples/long_context/run.sh > "$OUT/run.log"
     python examples/long_context/summary.py "$OUT"
     step "done: tables in $OUT/report/results.md, plot $OUT/report/recall_vs_position.png, tensorboard logs in $OUT/tensorboard"
     exit 0

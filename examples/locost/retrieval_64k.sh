@@ -35,6 +35,7 @@ bash scripts/preprocess.sh --trainpref "$W/enc/train" --validpref "$W/enc/valid"
     --destdir "$W/bin" --dict "$OUT/long/spm/dict.txt" > /dev/null 2>&1
 /usr/bin/time -f "%e %M" -o "$W/time" fairseq-generate "$W/bin" --user-dir "$PWD/lsg_fairseq" \
     --task long_document_summarization --path "$CKPT" --gen-subset test --max-source-positions "$MAX_SRC" \
+    --model-overrides "{'max_source_positions': $MAX_SRC}" \
     --max-target-positions 128 --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece \
     --sentencepiece-model "$OUT/long/spm/spm.model" --batch-size 1 --cpu > "$W/generate.out" 2> "$W/generate.err"
 python scripts/key_recall.py --jsonl "$W/jsonl/test.jsonl" --generate-output "$W/generate.out" \

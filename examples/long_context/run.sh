@@ -4,13 +4,13 @@
 #   bash examples/long_context/run.sh            # ~30 min on 2 cores; results -> $OUT, table + plot -> here
 #   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (what CI runs)
 #
-# 1. Data (lsg_fairseq/data/synthetic.py): SHORT documents (100-400 words), MID ones (600-880 words,
+# 1. Data (lsg_fairseq/data/synthetic.py): SHORT documents (50-150 words), MID ones (600-880 words,
 #    so every key lies before token 1,024) and LONG ones (3,200-3,550 words = 3.6K-4K pieces); each
 #    hides KEYS key sentences ("The red fox visited Paris on Monday.") at uniformly random places,
 #    and its summary restates them. One sentencepiece model (800 pieces) for all.
-# 2. Every architecture, same budget: U_SHORT updates on SHORT (a curriculum: a small model first
-#    learns to retrieve where the haystack is short), then U_LONG updates on LONG; bart_1024 sees
-#    LONG truncated to 1,024 tokens. Wall time and peak RSS per stage from /usr/bin/time.
+# 2. Every architecture, same budget: U_SHORT updates on SHORT at lr 3e-3 (a curriculum: a small
+#    model first learns to retrieve where the haystack is short), then U_LONG updates on LONG at
+#    lr 1e-3; bart_1024 sees LONG truncated to 1,024 tokens. Wall time and peak RSS per stage from /usr/bin/time.
 # 3. Test (N_TEST LONG documents): exact recall of each key fact vs the key's position
 #    (scripts/key_recall.py, bins of 512 tokens), ROUGE, and where the decoder's cross-attention
 #    looks (attention_probe.py).
@@ -29,13 +29,13 @@ if [ -n "$SMOKE" ]; then
     N_SHORT=${N_SHORT:-40} N_MID=${N_MID:-8} N_LONG=${N_LONG:-8} N_TEST=${N_TEST:-4} U_SHORT=${U_SHORT:-3} U_LONG=${U_LONG:-2}
     U_EXTRA=${U_EXTRA:-2} REPORT_DIR=${REPORT_DIR:-$OUT/report}
 fi
-N_SHORT=${N_SHORT:-4000}   # short training documents
+N_SHORT=${N_SHORT:-8000}   # short training documents
 N_MID=${N_MID:-1500}       # mid-length training documents (the extrapolation's base model)
 N_LONG=${N_LONG:-1500}     # long training documents
 N_TEST=${N_TEST:-120}      # long test documents
 KEYS=${KEYS:-1}            # key sentences per document (more: the summary lists them in document order)
-U_SHORT=${U_SHORT:-1000}   # updates on short documents
-U_LONG=${U_LONG:-1000}     # then updates on long (or mid) documents
+U_SHORT=${U_SHORT:-500}    # updates on short documents, lr 3e-3
+U_LONG=${U_LONG:-800}      # then updates on long (or mid) documents, lr 1e-3
 U_EXTRA=${U_EXTRA:-300}    # extrapolation rows (d) and (e)
 ARCHS=${ARCHS:-"bart_1024 full_4096 lsg_norm lsg_none led locost"}
 EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
@@ -53,7 +53,7 @@ step "data: $N_SHORT short + $N_MID mid + $N_LONG long training documents, $N_TE
 python scripts/make_synthetic_data.py --output-dir "$OUT/long/jsonl" --train "$N_LONG" --valid 10 \
     --test "$N_TEST" --min-tokens 3200 --max-tokens 3550 --seed 1 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
 python scripts/make_synthetic_data.py --output-dir "$OUT/short/jsonl" --train "$N_SHORT" --valid 10 \
-    --test 10 --min-tokens 100 --max-tokens 400 --seed 2 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
+    --test 10 --min-tokens 50 --max-tokens 150 --seed 2 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
 python scripts/make_synthetic_data.py --output-dir "$OUT/mid/jsonl" --train "$N_MID" --valid 10 \
     --test 10 --min-tokens 600 --max-tokens 880 --seed 3 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
 for set in long short mid; do
@@ -88,14 +88,14 @@ arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fa
     esac
 }
 
-train() {  # train NAME DATA UPDATES [fairseq flags...]: checkpoint in $OUT/runs/NAME, time+RSS in NAME.time
+train() {  # train NAME DATA UPDATES --lr LR [fairseq flags...]: checkpoint in $OUT/runs/NAME, time+RSS in NAME/time
     local name=$1 data=$2 updates=$3; shift 3
     local dir="$OUT/runs/$name"
     rm -rf "$dir"; mkdir -p "$dir"
     /usr/bin/time -f "%e %M" -o "$dir/time" fairseq-train "$data" --user-dir "$USER_DIR" \
         --task long_document_summarization --max-target-positions 128 --truncate-target \
         --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-        --optimizer adam --adam-betas "(0.9, 0.98)" --lr 3e-3 --lr-scheduler fixed \
+        --optimizer adam --adam-betas "(0.9, 0.98)" --lr-scheduler fixed \
         --warmup-updates "$(( updates < 100 ? 1 : 100 ))" --clip-norm 1.0 --dropout 0.0 \
         --max-tokens 4200 --max-update "$updates" --disable-validation --no-epoch-checkpoints \
         --save-dir "$dir" --tensorboard-logdir "$OUT/tensorboard/$name" \
@@ -127,16 +127,16 @@ for row in $ARCHS; do
     max_src=$(echo "$flags" | grep -oE "max-source-positions [0-9]+" | cut -d' ' -f2)
     step "$row: $U_SHORT updates on short documents, then $U_LONG on long ones"
     # shellcheck disable=SC2086
-    train "$row.short" "$OUT/short/bin" "$U_SHORT" $flags
+    train "$row.short" "$OUT/short/bin" "$U_SHORT" --lr 3e-3 $flags
     # shellcheck disable=SC2086
-    train "$row" "$OUT/long/bin" "$U_LONG" $flags --finetune-from-model "$OUT/runs/$row.short/checkpoint_last.pt"
+    train "$row" "$OUT/long/bin" "$U_LONG" --lr 1e-3 $flags --finetune-from-model "$OUT/runs/$row.short/checkpoint_last.pt"
     evaluate "$row" "$OUT/runs/$row/checkpoint_last.pt" "$max_src" $bos
 done
 
 # --------------------------------------------------------------------------- extrapolation (a-e)
 if [ "$EXTRAPOLATION" = 1 ] && [[ " $ARCHS " == *" bart_1024 "* ]]; then
     step "extrapolation: bart_1024 after short, then mid documents (all keys within 1,024), on 4K documents"
-    train x_base "$OUT/mid/bin" "$U_LONG" $(arch_flags bart_1024) \
+    train x_base "$OUT/mid/bin" "$U_LONG" --lr 1e-3 $(arch_flags bart_1024) \
         --finetune-from-model "$OUT/runs/bart_1024.short/checkpoint_last.pt"
     base="$OUT/runs/x_base"
     cp "$OUT/long/spm/dict.txt" "$base/dict.txt"
@@ -150,11 +150,11 @@ if [ "$EXTRAPOLATION" = 1 ] && [[ " $ARCHS " == *" bart_1024 "* ]]; then
         --max-target-positions 128 $LSG > /dev/null
     evaluate x_c_lsg "$OUT/runs/x_c/model.pt" 4096
     # shellcheck disable=SC2086
-    train x_d "$OUT/long/bin" "$U_EXTRA" --arch lsg_bart_tiny --max-source-positions 4096 $LSG \
+    train x_d "$OUT/long/bin" "$U_EXTRA" --lr 1e-3 --arch lsg_bart_tiny --max-source-positions 4096 $LSG \
         --train-global-only --finetune-from-model "$OUT/runs/x_c/model.pt"
     evaluate x_d_lsg_global_tuned "$OUT/runs/x_d/checkpoint_last.pt" 4096
     # shellcheck disable=SC2086
-    train x_e "$OUT/long/bin" "$U_EXTRA" --arch lsg_bart_tiny --max-source-positions 4096 $LSG \
+    train x_e "$OUT/long/bin" "$U_EXTRA" --lr 1e-3 --arch lsg_bart_tiny --max-source-positions 4096 $LSG \
         --finetune-from-model "$OUT/runs/x_c/model.pt"
     evaluate x_e_lsg_fine_tuned "$OUT/runs/x_e/checkpoint_last.pt" 4096
 fi
