@@ -13,7 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 HERE=examples/long_context
 VENV=${VENV:-.venv}
-export PATH="$PWD/$VENV/bin:$PATH"
+case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac  # absolute or relative to the repo
+export PATH="$VENV/bin:$PATH"
 OUT=${OUT:-work_dirs/long_context}
 U=${U:-600}
 REPORT_DIR=${REPORT_DIR:-$HERE}

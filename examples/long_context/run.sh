@@ -22,7 +22,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 HERE=examples/long_context
 VENV=${VENV:-.venv}
-export PATH="$PWD/$VENV/bin:$PATH"
+case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac  # absolute or relative to the repo
+export PATH="$VENV/bin:$PATH"
 OUT=${OUT:-work_dirs/long_context}
 SMOKE=${SMOKE:-}
 if [ -n "$SMOKE" ]; then
