@@ -384,30 +384,34 @@ KILL_POINTS = {
 }
 
 
+_CHILD = """
+import importlib, json, os, signal, sys
+point, target, src, out, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+module_name, attr = target.rsplit(".", 1)
+module = importlib.import_module(module_name)
+original = getattr(module, attr)
+
+def killer(*args, **kwargs):
+    result = original(*args, **kwargs) if point != "after_swap" else None
+    os.kill(os.getpid(), signal.SIGKILL)
+    return result
+
+setattr(module, attr, killer)
+from lsg_fairseq.convert import convert
+convert(src, out, force=True, **extra)
+"""
+
+
 def _converted_in_child(point, src, out, extra):
-    """Fork; the child converts with --force and SIGKILLs itself at ``point``; returns its status."""
-    pid = os.fork()
-    if pid == 0:  # child: never returns
-        try:
-            import importlib
+    """A fresh Python converts with --force and SIGKILLs itself at ``point``; returns its exit code.
 
-            module_name, attr = KILL_POINTS[point].rsplit(".", 1)
-            module = importlib.import_module(module_name)
-            original = getattr(module, attr)
+    A new process, not os.fork(): a fork of this (torch-threaded) process can deadlock in the
+    child on a lock another thread held, which hung the suite."""
+    import json
 
-            def killer(*args, **kwargs):
-                result = original(*args, **kwargs) if point != "after_swap" else None
-                os.kill(os.getpid(), signal.SIGKILL)
-                return result
-
-            setattr(module, attr, killer)
-            from lsg_fairseq.convert import convert
-
-            convert(src, out, force=True, **extra)
-        finally:
-            os._exit(0)  # not reached when the kill point was
-    _, status = os.waitpid(pid, 0)
-    return status
+    r = subprocess.run([sys.executable, "-c", _CHILD, point, KILL_POINTS[point], src, out, json.dumps(extra)],
+                       capture_output=True, text=True, timeout=300)
+    return r.returncode
 
 
 @needs_fixtures
@@ -418,8 +422,8 @@ def test_converter_killed_leaves_old_or_complete_new(tmp_path, point):
     out = str(tmp_path / "out")
     convert(BART_HF, out)  # the previous OUT
     before = folder_state(out)
-    status = _converted_in_child(point, BART_HF, out, {"max_source_positions": 2048})
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    code = _converted_in_child(point, BART_HF, out, {"max_source_positions": 2048})
+    assert code == -signal.SIGKILL
     after = folder_state(out)
     if point == "after_swap":  # the new folder is in place, complete
         assert after.keys() == before.keys() and after["model.pt"] != before["model.pt"]
