@@ -11,11 +11,8 @@
 # encoder output.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-HERE=examples/long_context
-VENV=${VENV:-.venv}
-case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac  # absolute or relative to the repo
-export PATH="$VENV/bin:$PATH"
-OUT=${OUT:-work_dirs/long_context}
+# shellcheck source=examples/long_context/common.sh
+source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, quiet, train: run.sh's recipe
 U=${U:-600}
 REPORT_DIR=${REPORT_DIR:-$HERE}
 export OMP_NUM_THREADS=${THREADS:-$(nproc)}
@@ -32,17 +29,11 @@ ROWS=(
 : > "$OUT/control.tsv"
 for row in "${ROWS[@]}"; do
   IFS='|' read -r name data flags label <<< "$row"
-  dir="$OUT/control/$name"
-  rm -rf "$dir"; mkdir -p "$dir"
   echo "== [$(( $(date +%s) - start ))s] $name: $label" >&2
+  dir="$OUT/runs/control.$name"
   # shellcheck disable=SC2086
-  fairseq-train "$OUT/$data/bin" --user-dir "$PWD/lsg_fairseq" --task long_document_summarization $flags \
-      --max-source-positions 4096 --max-target-positions 128 --truncate-target \
-      --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --optimizer adam --adam-betas "(0.9, 0.98)" \
-      --lr 3e-3 --lr-scheduler fixed --warmup-updates 100 --clip-norm 1.0 --dropout 0.0 \
-      --max-tokens 4200 --max-update "$U" --disable-validation --no-epoch-checkpoints --save-dir "$dir" \
-      --cpu --num-workers 0 --log-format simple --log-interval 100 --seed 1 > "$dir/train.log" 2>&1
-  curve=$(grep -oE "nll_loss=[0-9.]+" "$dir/train.log" | cut -d= -f2 | paste -sd' ')
+  train "control.$name" "$OUT/$data/bin" "$U" --lr 3e-3 $flags --max-source-positions 4096
+  curve=$({ grep -oE "nll_loss=[0-9.]+" "$dir/train.log" || true; } | cut -d= -f2 | paste -sd' ')
   probe=$(python "$HERE/attention_probe.py" "$dir/checkpoint_last.pt" "$OUT/$data/bin" --split test -n 8 2> /dev/null | tail -1)
   printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$data" "$label" "$curve" "$probe" >> "$OUT/control.tsv"
 done

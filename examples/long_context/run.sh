@@ -20,11 +20,8 @@
 # 5. report.py writes results.md, results.json and recall_vs_position.png next to this script.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-HERE=examples/long_context
-VENV=${VENV:-.venv}
-case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac  # absolute or relative to the repo
-export PATH="$VENV/bin:$PATH"
-OUT=${OUT:-work_dirs/long_context}
+# shellcheck source=examples/long_context/common.sh
+source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, quiet, train: shared with control.sh
 SMOKE=${SMOKE:-}
 if [ -n "$SMOKE" ]; then
     N_SHORT=${N_SHORT:-40} N_MID=${N_MID:-8} N_LONG=${N_LONG:-8} N_TEST=${N_TEST:-4} U_SHORT=${U_SHORT:-3} U_LONG=${U_LONG:-2}
@@ -43,10 +40,8 @@ EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
 REPORT_DIR=${REPORT_DIR:-$HERE}
 THREADS=${THREADS:-$(nproc)}
 export OMP_NUM_THREADS=$THREADS
-USER_DIR="$PWD/lsg_fairseq"
 start=$(date +%s)
 step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
-quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " || true; }
 
 # ------------------------------------------------------------------------------------------ data
 mkdir -p "$OUT"
@@ -87,23 +82,6 @@ arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fa
         locost) echo "--arch locost_tiny --max-source-positions 4096" ;;
         *) echo "unknown arch row $1" >&2; exit 2 ;;
     esac
-}
-
-train() {  # train NAME DATA UPDATES --lr LR [fairseq flags...]: checkpoint in $OUT/runs/NAME, time+RSS in NAME/time
-    local name=$1 data=$2 updates=$3; shift 3
-    local dir="$OUT/runs/$name"
-    rm -rf "$dir"; mkdir -p "$dir"
-    /usr/bin/time -f "%e %M" -o "$dir/time" fairseq-train "$data" --user-dir "$USER_DIR" \
-        --task long_document_summarization --max-target-positions 128 --truncate-target \
-        --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-        --optimizer adam --adam-betas "(0.9, 0.98)" --lr-scheduler fixed \
-        --warmup-updates "$(( updates < 100 ? 1 : 100 ))" --clip-norm 1.0 --dropout 0.0 \
-        --max-tokens 4200 --max-update "$updates" --disable-validation --no-epoch-checkpoints \
-        --save-dir "$dir" --tensorboard-logdir "$OUT/tensorboard/$name" \
-        --cpu --num-workers 0 --log-format simple --log-interval 100 --seed 1 \
-        "$@" 2>&1 | quiet > "$dir/train.log"
-    { grep -E "\| train \|" "$dir/train.log" | tail -1 | grep -oE "(nll_loss|num_updates) [0-9.]+" \
-        | paste -sd' ' | sed "s/^/   $name: /" >&2; } || true
 }
 
 evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the long test split, score
