@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from lsg_fairseq.modules.lsg_attention import LSGSelfAttention, check_lsg_config
+from lsg_fairseq.ops import window_attention
 
 NEG = torch.finfo(torch.float32).min
 TYPES = ["none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh"]
@@ -180,10 +181,19 @@ def run_both(attn, T, n, lengths=None, seed=1, gen_seed=None):
 
 
 # ----------------------------------------------------------------------------- tests
+@pytest.fixture(params=["windows", "gathered"])
+def key_path(request, monkeypatch):
+    """Run a test on both LSG key paths: strided windows (CPU fast path) and gathered keys
+    (GPU / attention dropout), by switching what ``window_attention.supported`` answers."""
+    if request.param == "gathered":
+        monkeypatch.setattr(window_attention, "supported", lambda *a: False)
+    return request.param
+
+
 @pytest.mark.parametrize("stype", TYPES)
 @pytest.mark.parametrize("G", [1, 4])
 @pytest.mark.parametrize("L,lengths", [(29, None), (32, None), (29, [29, 17]), (24, [11, 24])])
-def test_matches_dense_reference(stype, G, L, lengths):
+def test_matches_dense_reference(stype, G, L, lengths, key_path):
     attn = make(stype, G=G, bs=4, sbs=4, sf=2)
     n = 2
     fast, slow, mask = run_both(attn, G + L, n, lengths, gen_seed=7 if stype == "lsh" else None)
@@ -194,7 +204,7 @@ def test_matches_dense_reference(stype, G, L, lengths):
 @pytest.mark.parametrize("bs,sbs,sf", [(4, 2, 2), (4, 3, 4), (6, 3, 2), (6, 2, 3), (8, 6, 4),
                                        (2, 2, 1), (4, 1, 4), (6, 5, 3)])
 @pytest.mark.parametrize("stype", ["pooling", "stride", "block_stride", "bos_pooling"])
-def test_odd_and_unaligned_windows(bs, sbs, sf, stype):
+def test_odd_and_unaligned_windows(bs, sbs, sf, stype, key_path):
     # includes odd steps, step == 1 and 4*sbs <= 3*step: where the reference's arithmetic breaks
     attn = make(stype, G=2, bs=bs, sbs=sbs, sf=sf, h=4)
     L = 7 * bs + 1
@@ -204,7 +214,7 @@ def test_odd_and_unaligned_windows(bs, sbs, sf, stype):
 
 
 @pytest.mark.parametrize("bs,sbs,sf", [(8, 4, 2), (8, 8, 4), (4, 8, 1), (8, 4, 4), (8, 10, 2), (8, 9, 4)])
-def test_norm_chunking(bs, sbs, sf):
+def test_norm_chunking(bs, sbs, sf, key_path):
     attn = make("norm", G=1, bs=bs, sbs=sbs, sf=sf)
     L = 6 * bs - 3
     fast, slow, mask = run_both(attn, 1 + L, 2, [L, L - 9])
@@ -290,6 +300,35 @@ def test_batch_invariance_and_no_mask():
         nomask = attn(x[:, :1], x[:, :1], x[:, :1], key_padding_mask=None)[0]
     assert torch.allclose(batched[:20, 1], alone[:, 0], atol=1e-5)
     assert torch.allclose(batched[:, 0], nomask[:, 0], atol=1e-5)
+
+
+@pytest.mark.parametrize("stype", TYPES)
+def test_window_path_gradients_equal_gathered_path(stype, monkeypatch):
+    # training without attention dropout takes the window path; its custom backward must give
+    # the gradients autograd gives through the gathered path (float64, padding, 2 rows)
+    attn = make(stype, G=2, bs=4, sbs=4, sf=2).double().train()
+    attn.generator = torch.Generator().manual_seed(3) if stype == "lsh" else None
+    x = torch.randn(2 + 27, 2, 16, dtype=torch.float64)
+    mask = torch.zeros(2, 29, dtype=torch.bool)
+    mask[1, 21:] = True
+    assert _SUPPORTED(x, attn.dropout)  # CPU, no dropout: the window path runs
+    grads = {}
+    for path in ("windows", "gathered"):
+        monkeypatch.setattr(window_attention, "supported", _SUPPORTED if path == "windows" else lambda *a: False)
+        if stype == "lsh":
+            attn.generator = torch.Generator().manual_seed(3)
+        xi = x.clone().requires_grad_(True)
+        out = attn(xi, xi, xi, key_padding_mask=mask)[0]
+        keep = ~mask.t()
+        loss = (out[keep] * torch.linspace(-1, 1, out[keep].numel(), dtype=out.dtype).view_as(out[keep])).sum()
+        attn.zero_grad()
+        loss.backward()
+        grads[path] = [xi.grad] + [p.grad.clone() for p in attn.parameters()]
+    for a, b in zip(grads["windows"], grads["gathered"]):
+        assert torch.allclose(a, b, atol=1e-10), (a - b).abs().max()
+
+
+_SUPPORTED = window_attention.supported
 
 
 def test_gradients_and_dropout():

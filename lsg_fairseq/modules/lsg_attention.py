@@ -42,6 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
     clamp_index,
     local_window_indices,
@@ -248,8 +249,60 @@ class LSGSelfAttention(nn.Module):
     def _lsg(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:
         """q, k, v (n, S, h, d) with S = G + t, t a multiple of bs; key_mask (n, S) or None.
 
-        Returns the attention output (n, S, C) before out_proj.
+        Returns the attention output (n, S, C) before out_proj. On CPU without attention dropout
+        the key sets are strided views (``_lsg_windows``); elsewhere they are gathered
+        (``_lsg_gathered``). Both compute the same softmax over the same keys.
         """
+        if wa.supported(q, self.dropout if self.training else 0.0):
+            return self._lsg_windows(q, k, v, key_mask)
+        return self._lsg_gathered(q, k, v, key_mask)
+
+    def _lsg_windows(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:
+        """The LSG key set of every block as four strided windows (``ops.window_attention``).
+
+        Sources, token-major: 0 = the G global keys; 1 = the tokens with one masked block of
+        padding on each side, so block j's local window is padded blocks j .. j+2 (start 0,
+        stride bs, 3*bs keys); 2 = the sparse sequence with P = sbs + step masked entries on
+        each side, so block j's "before" run [(j-1)*step - sbs, (j-1)*step) starts at j*step and
+        its "after" run [(j+2)*step, (j+2)*step + sbs) at j*step + 3*step + sbs. Global queries
+        see sources 0 and 1 (every real key). Nothing per block is copied, in forward or
+        backward.
+        """
+        n, S, h, d = q.shape
+        G, bs = self.num_global_tokens, self.block_size
+        t = S - G
+        nb = t // bs
+        neg = torch.finfo(q.dtype).min
+        if key_mask is None and self.sparsity_type == "lsh":
+            key_mask = q.new_zeros(n, S)  # lsh can leave buckets empty: its mask is always needed
+        tok_mask = None if key_mask is None else key_mask[:, G:]  # (n, t)
+
+        # clones, not views: what backward keeps must not hold the whole k/v projections alive
+        glob = (k[:, :G].clone(), v[:, :G].clone(),
+                None if key_mask is None else key_mask[:, None, :G].clone())  # (n, G, h, d)
+        pad = (0, 0, 0, 0, bs, bs)
+        local_mask = F.pad(q.new_zeros(n, t) if tok_mask is None else tok_mask, (bs, bs), value=neg)
+        local = (F.pad(k[:, G:], pad), F.pad(v[:, G:], pad), local_mask[:, None, :])  # (n, t + 2bs, h, d)
+        sources = [glob, local]
+        block_windows = [wa.Window(0, 0, 0, G), wa.Window(1, 0, bs, 3 * bs)]
+        if self.has_sparse:
+            sk, sv, sm = self._sparse_tokens(
+                q[:, G:G + 1].transpose(1, 2), k[:, G:].transpose(1, 2), v[:, G:].transpose(1, 2),
+                tok_mask)  # (n, h, ns, d), mask (n, 1|h, ns) or None
+            ns, sbs = sk.size(2), self.sparse_block_size
+            step = bs // self.sparsity_factor
+            P = sbs + step
+            pad = (0, 0, 0, 0, P, P)
+            sm = F.pad(q.new_zeros(n, 1, ns) if sm is None else sm, (P, P), value=neg)  # (n, 1|h, ns + 2P)
+            sources.append((F.pad(sk.transpose(1, 2), pad), F.pad(sv.transpose(1, 2), pad), sm))
+            block_windows += [wa.Window(2, 0, step, sbs), wa.Window(2, 3 * step + sbs, step, sbs)]
+        groups = [wa.QueryGroup(0, 1, G, [wa.Window(0, 0, 0, G), wa.Window(1, bs, 0, t)]),
+                  wa.QueryGroup(G, nb, bs, block_windows)]
+        out = wa.window_attention(q, sources, groups, scale=d ** -0.5)  # (n, S, h, d)
+        return out.view(n, S, h * d)
+
+    def _lsg_gathered(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:
+        """The key set of every block gathered with one ``index_select`` (any device, dropout)."""
         n, S, h, d = q.shape
         G, bs = self.num_global_tokens, self.block_size
         t = S - G
