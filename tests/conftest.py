@@ -106,3 +106,15 @@ def toy_batch(n=2, L=45, lengths=(45, 30), seed=1):
     prev = torch.randint(4, TOY_VOCAB - 1, (n, 7), generator=g)
     prev[:, 0] = 2
     return src, torch.tensor(lengths), prev
+
+
+@pytest.fixture(params=["windows", "gathered"])
+def key_path(request, monkeypatch):
+    """Run a test on both key paths of the LSG and Longformer attentions: strided windows (the
+    CPU fast path, ``ops.window_attention``) and gathered keys (GPU, attention dropout), by
+    switching what ``window_attention.supported`` answers."""
+    from lsg_fairseq.ops import window_attention
+
+    if request.param == "gathered":
+        monkeypatch.setattr(window_attention, "supported", lambda *a: False)
+    return request.param

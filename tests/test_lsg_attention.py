@@ -181,15 +181,6 @@ def run_both(attn, T, n, lengths=None, seed=1, gen_seed=None):
 
 
 # ----------------------------------------------------------------------------- tests
-@pytest.fixture(params=["windows", "gathered"])
-def key_path(request, monkeypatch):
-    """Run a test on both LSG key paths: strided windows (CPU fast path) and gathered keys
-    (GPU / attention dropout), by switching what ``window_attention.supported`` answers."""
-    if request.param == "gathered":
-        monkeypatch.setattr(window_attention, "supported", lambda *a: False)
-    return request.param
-
-
 @pytest.mark.parametrize("stype", TYPES)
 @pytest.mark.parametrize("G", [1, 4])
 @pytest.mark.parametrize("L,lengths", [(29, None), (32, None), (29, [29, 17]), (24, [11, 24])])

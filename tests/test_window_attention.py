@@ -28,6 +28,9 @@ def naive(q, sources, groups, scale):
                 K, V, Mk = torch.cat(ks), torch.cat(vs), torch.cat(ms, dim=1)  # (Kn, h, d), (h, Kn)
                 rows = slice(g.start + b * g.size, g.start + (b + 1) * g.size)
                 s = torch.einsum("mhd,khd->hmk", q[r, rows], K) * scale + Mk[:, None, :]
+                allowed = torch.cat([torch.ones(g.size, w.length, dtype=torch.bool) if w.allowed is None
+                                     else w.allowed for w in g.windows], dim=1)  # (M, Kn)
+                s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
                 out[r, rows] = torch.einsum("hmk,khd->mhd", torch.softmax(s, -1), V)
     return out
 
@@ -56,6 +59,12 @@ CASES = {
     # LED-like: a band of 5 blocks of 3, no masks at all
     "band": dict(S=4 * 3, sizes=[8 * 3], masked=[0],
                  groups=[QueryGroup(0, 4, 3, [Window(0, 0, 3, 15)])]),
+    # LED's exact band: triangular edges (per-pair ``allowed``), a key-masked middle
+    "edges": dict(S=4 * 3, sizes=[4 * 3 + 8, 2], masked=[1, 0],
+                  groups=[QueryGroup(0, 4, 3, [Window(0, 0, 3, 3, torch.ones(3, 3, dtype=torch.bool).triu()),
+                                               Window(0, 3, 3, 2),
+                                               Window(0, 5, 3, 3, torch.ones(3, 3, dtype=torch.bool).tril(-1)),
+                                               Window(1, 0, 0, 2)])]),
 }
 
 

@@ -39,6 +39,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
     clamp_index,
     compact_indices,
@@ -50,6 +51,9 @@ from lsg_fairseq.ops.blocks import (
 # Key sets are padded with masked keys up to a multiple of this, so that the additive mask's
 # last dimension is aligned for the fused SDPA kernels (masked keys add exactly 0 weight).
 _KEY_ALIGN = 8
+# Queries per block of the window path (``_local_windows``): the band's edges waste bq keys per
+# query, and the fused kernel is as fast with 64 queries per block as with 128.
+_QUERY_BLOCK = 64
 
 
 def check_attention_window(window: int, name: str = "attention_window") -> int:
@@ -191,6 +195,12 @@ class LongformerSelfAttention(nn.Module):
                 glob = None
 
         x = query.transpose(0, 1)  # (n, T, C)
+        if wa.supported(x, self.dropout if self.training else 0.0):
+            g_idx, g_valid = compact_indices(glob) if glob is not None else (None, None)
+            out = self._local_windows(x, real, glob, g_idx, g_valid)  # (n, T, C)
+            if glob is not None:
+                out = self._global_rows(x, out, real, g_idx, g_valid)
+            return self.out_proj(out.transpose(0, 1)), None
         if t > T:
             # internal padding to the block size only; padded keys are masked, outputs dropped
             x = F.pad(x, (0, 0, 0, t - T))  # (n, t, C)
@@ -212,6 +222,47 @@ class LongformerSelfAttention(nn.Module):
         return self.out_proj(out), None
 
     # ------------------------------------------------------------------ local queries
+    def _local_windows(self, x, real, glob, g_idx, g_valid) -> Tensor:
+        """Every query against its exact band and the row's globals, as strided windows.
+
+        Queries in blocks of bq (any bq <= 2w; results do not depend on it); keys padded with
+        w masked slots on the left and w + 1 on the right, so that for query block j (queries
+        j*bq + a, a < bq) the band ``|i - k| <= w`` is three windows of the padded keys:
+
+        - left edge, start j*bq, bq keys: key j*bq - w + b is in the band iff a <= b;
+        - middle, start j*bq + bq, 2w + 1 - bq keys: in the band for every query of the block;
+        - right edge, start j*bq + 2w + 1, bq keys: key j*bq + w + 1 + b iff b < a;
+
+        plus the row's Gm global keys (local projections). 2w + 1 + bq keys per query are
+        scored for the 2w + 1 of the band (bq = 64, w = 512: 6% more; blocks of w: 50% more).
+        """
+        n, T, C = x.shape
+        h, d, w = self.num_heads, self.head_dim, self.one_sided
+        bq = min(_QUERY_BLOCK, 2 * w)
+        nbq = num_blocks(T, bq)
+        if nbq * bq > T:  # queries padded to whole blocks; their outputs are dropped
+            x = F.pad(x, (0, 0, 0, nbq * bq - T))
+        q = self.q_proj(x).view(n, nbq * bq, h, d)  # (n, Tq, h, d)
+        pad = (0, 0, 0, 0, w, w + 1 + nbq * bq - T)
+        keys = F.pad(self.k_proj(x[:, :T]).view(n, T, h, d), pad)  # (n, w + Tq + w + 1, h, d)
+        values = F.pad(self.v_proj(x[:, :T]).view(n, T, h, d), pad)
+        window_ok = real if glob is None else real & ~glob  # globals come through their own window
+        neg = torch.finfo(q.dtype).min
+        key_mask = F.pad(torch.zeros(n, T, dtype=q.dtype, device=x.device).masked_fill_(~window_ok, neg),
+                         (w, w + 1 + nbq * bq - T), value=neg)  # (n, w + Tq + w + 1)
+        sources = [(keys, values, key_mask[:, None, :])]
+        edge = torch.ones(bq, bq, dtype=torch.bool, device=x.device)
+        windows = [wa.Window(0, 0, bq, bq, edge.triu()), wa.Window(0, bq, bq, 2 * w + 1 - bq),
+                   wa.Window(0, 2 * w + 1, bq, bq, edge.tril(-1))]
+        if g_idx is not None:
+            Gm = g_idx.size(1)
+            at = (g_idx + w)[:, :, None, None].expand(n, Gm, h, d)  # globals' rows in the padded keys
+            glob_mask = torch.zeros(n, 1, Gm, dtype=q.dtype, device=x.device).masked_fill_(~g_valid[:, None, :], neg)
+            sources.append((keys.gather(1, at), values.gather(1, at), glob_mask))
+            windows.append(wa.Window(1, 0, 0, Gm))
+        out = wa.window_attention(q, sources, [wa.QueryGroup(0, nbq, bq, windows)], scale=d ** -0.5)
+        return out[:, :T].reshape(n, T, C)
+
     def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int) -> Tensor:
         """Every query against its window and the row's global keys (local projections)."""
         n, t, h, d = q.shape
@@ -258,20 +309,42 @@ class LongformerSelfAttention(nn.Module):
 
     # ------------------------------------------------------------------ global queries
     def _global_rows(self, x, out, real, g_idx, g_valid) -> Tensor:
-        """Global queries attend to every real token with the global projections."""
+        """Global queries attend to every real token with the global projections.
+
+        With few global rows (Gm * h <= C) the global key and value projections are never
+        applied to the t tokens: per head, Qg_i . Kg_j = (Wk_h^T Qg_i) . x_j + Qg_i . bk_h and
+        sum_j p_j Vg_j = (sum_j p_j x_j) Wv_h^T + (sum_j p_j) bv_h, so the work on the t tokens
+        is two products with Gm * h columns instead of two with C.
+        """
         n, t, C = x.shape
         h, d = self.num_heads, self.head_dim
         Gm = g_idx.size(1)
         x_glob = x.gather(1, g_idx[:, :, None].expand(n, Gm, C))  # (n, Gm, C)
-        qg = self.q_proj_global(x_glob).view(n, Gm, h, d).transpose(1, 2)  # (n, h, Gm, d)
-        kg = self.k_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
-        vg = self.v_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
-        mask = torch.zeros(n, 1, 1, t, dtype=x.dtype, device=x.device)
-        mask.masked_fill_(~real[:, None, None, :], torch.finfo(x.dtype).min)  # (n, 1, 1, t)
-        og = F.scaled_dot_product_attention(
-            qg, kg, vg, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (n, h, Gm, d)
-        og = og.transpose(1, 2).reshape(n * Gm, C)  # (n*Gm, C)
+        qg = self.q_proj_global(x_glob).view(n, Gm, h, d) * d ** -0.5  # (n, Gm, h, d)
+        dropout = self.dropout if self.training else 0.0
+        neg = torch.finfo(x.dtype).min
+        if Gm * h <= C:
+            wk = self.k_proj_global.weight.view(h, d, C)
+            wv = self.v_proj_global.weight.view(h, d, C)
+            qk = torch.einsum("nghd,hdc->nghc", qg, wk).reshape(n, Gm * h, C)  # (n, Gm*h, C)
+            scores = torch.bmm(qk, x.transpose(1, 2)).view(n, Gm, h, t)  # (n, Gm, h, t)
+            if self.k_proj_global.bias is not None:
+                scores = scores + torch.einsum("nghd,hd->ngh", qg, self.k_proj_global.bias.view(h, d))[..., None]
+            p = torch.softmax(scores.masked_fill(~real[:, None, None, :], neg), dim=-1)
+            p = F.dropout(p, dropout, self.training)
+            pooled = torch.bmm(p.view(n, Gm * h, t), x).view(n, Gm, h, C)  # (n, Gm, h, C)
+            og = torch.einsum("nghc,hdc->nghd", pooled, wv)  # (n, Gm, h, d)
+            if self.v_proj_global.bias is not None:
+                og = og + p.sum(-1)[..., None] * self.v_proj_global.bias.view(h, d)
+        else:
+            kg = self.k_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
+            vg = self.v_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
+            mask = torch.zeros(n, 1, 1, t, dtype=x.dtype, device=x.device)
+            mask.masked_fill_(~real[:, None, None, :], neg)  # (n, 1, 1, t)
+            og = F.scaled_dot_product_attention(
+                qg.transpose(1, 2), kg, vg, attn_mask=mask, dropout_p=dropout, scale=1.0
+            ).transpose(1, 2)  # (n, Gm, h, d)
+        og = og.reshape(n * Gm, C)  # (n*Gm, C)
         # overwrite the (discarded) local result of every real global position
         rows = (g_idx + torch.arange(n, device=x.device)[:, None] * t).reshape(-1)  # (n*Gm,)
         keep = g_valid.reshape(-1)  # (n*Gm,)

@@ -41,12 +41,18 @@ _flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_bac
 
 
 class Window(NamedTuple):
-    """One run of keys per query block: source index ``start + b * stride + [0, length)``."""
+    """One run of keys per query block: source index ``start + b * stride + [0, length)``.
+
+    ``allowed`` (size, length) bool, optional: which (query in block, key in window) pairs may
+    attend, the same for every block (e.g. the edges of a sliding-window band); combined with
+    the source's key mask.
+    """
 
     source: int  # which (keys, values, mask) source of the call
     start: int
     stride: int
     length: int
+    allowed: Optional[Tensor] = None
 
 
 class QueryGroup(NamedTuple):
@@ -71,13 +77,21 @@ def _kv_view(src: Tensor, w: Window, blocks: int) -> Tensor:
                           src.storage_offset() + w.start * h * d)
 
 
-def _mask_view(mask: Optional[Tensor], w: Window, g: QueryGroup) -> Optional[Tensor]:
-    """(hm, N) additive source mask -> (blocks, hm, size, length), broadcast over queries."""
+def _mask_view(mask: Optional[Tensor], w: Window, g: QueryGroup, dtype) -> Optional[Tensor]:
+    """(hm, N) additive source mask -> (blocks, hm, size, length), broadcast over queries.
+
+    With ``w.allowed`` the pairs it forbids are masked too (a new tensor of that shape)."""
     if mask is None:
-        return None
+        if w.allowed is None:
+            return None
+        mask = torch.zeros(1, w.start + (g.blocks - 1) * w.stride + w.length, dtype=dtype,
+                           device=w.allowed.device)
     hm, N = mask.shape
-    return mask.as_strided((g.blocks, hm, g.size, w.length), (w.stride, N, 0, 1),
+    view = mask.as_strided((g.blocks, hm, g.size, w.length), (w.stride, N, 0, 1),
                            mask.storage_offset() + w.start)
+    if w.allowed is None:
+        return view
+    return view.masked_fill(~w.allowed, torch.finfo(mask.dtype).min)
 
 
 def _fold_into(dst: Tensor, grad: Tensor, w: Window) -> None:
@@ -108,7 +122,7 @@ def _row_forward(q: Tensor, srcs, groups: Sequence[QueryGroup], out: Tensor, sca
         for w in g.windows:
             k, v, m = srcs[w.source]
             o, lse = _flash(qv, _kv_view(k, w, g.blocks), _kv_view(v, w, g.blocks),
-                            attn_mask=_mask_view(m, w, g), scale=scale)  # (B, h, M, d), (B, h, M)
+                            attn_mask=_mask_view(m, w, g, q.dtype), scale=scale)  # (B, h, M, d), (B, h, M)
             outs.append(o)
             ls.append(lse)
         ls = torch.stack(ls)  # (windows, B, h, M), fp32 for every dtype
@@ -170,7 +184,7 @@ class WindowAttention(torch.autograd.Function):
                     dq, dk, dv = _flash_backward(
                         (weights[i][..., None] * dov).to(q.dtype), qv, _kv_view(k, w, g.blocks),
                         _kv_view(v, w, g.blocks), ov, lses[i], 0.0, False,
-                        attn_mask=_mask_view(None if m is None else m[r], w, g), scale=scale)
+                        attn_mask=_mask_view(None if m is None else m[r], w, g, q.dtype), scale=scale)
                     gq.add_(dq)
                     _fold_into(grad_kv[2 * w.source][r], dk, w)
                     _fold_into(grad_kv[2 * w.source + 1][r], dv, w)
