@@ -61,3 +61,14 @@ def finite_float(text):
 
 POSITIVE_INT = int_range(1)
 NON_NEGATIVE_INT = int_range(0)
+
+
+def bool_flag(value) -> bool:
+    """true/false, yes/no, on/off, 1/0 (any case) or a bool; anything else is an argparse error."""
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(value).lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {value!r}")

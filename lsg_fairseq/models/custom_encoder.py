@@ -9,29 +9,113 @@ overrides ``build_self_attention``. The pieces every such model needs live here 
   1,024-token truncation of long sources) and ``--weight-init`` (how a model trained from
   scratch starts);
 - the ``bart_tiny`` architecture: plain BART (full attention) of the tiny shape, the baseline
-  the long-input models are compared with (``examples/long_context``).
+  the long-input models are compared with (``examples/long_context``);
+- :class:`LongInputEncoderLayer`: fairseq's encoder layer whose attention takes extra keyword
+  arguments (LED's global mask) and whose training step keeps less for backward
+  (``--lean-activations``).
 """
 import math
 
+import torch
 import torch.nn as nn
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_large_architecture
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
+from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch.utils.checkpoint import checkpoint
 
+from lsg_fairseq.argtypes import bool_flag
 from lsg_fairseq.models import hub
+from lsg_fairseq.modules.cross_attention import LongSourceCrossAttention
+from lsg_fairseq.modules.lean_ffn import bool_dropout, ffn_recompute_activation
 
 WEIGHT_INITS = ("bert", "fan_in")
 
 
 def wrap_encoder_layer(layer, cfg):
-    """Same wrapping as fairseq's ``TransformerEncoderBase.build_encoder_layer`` (no key changes)."""
+    """Same wrapping as fairseq's ``TransformerEncoderBase.build_encoder_layer`` (no key changes);
+    its decoder wraps layers the same way."""
     checkpoint = cfg.checkpoint_activations
     if checkpoint:
         layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
     min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+def add_lean_activations_arg(parser) -> None:
+    parser.add_argument("--lean-activations", type=bool_flag, default=True, metavar="BOOL",
+                        help="training: encoder layers keep less for backward (self-attention recomputed "
+                        "from its input, the FFN activation recomputed, dropout masks kept as bool); "
+                        "same gradients, a few %% more time (default: true)")
+
+
+def lean_activations(args) -> bool:
+    """``--lean-activations`` of a namespace (true for checkpoints saved before the flag)."""
+    value = getattr(args, "lean_activations", None)
+    return True if value is None else bool_flag(value)
+
+
+class LongInputEncoderLayer(TransformerEncoderLayerBase):
+    """fairseq's encoder layer (same modules and state dict) with two changes to ``forward``.
+
+    - Keyword arguments after ``attn_mask`` go to the self-attention (LED: the global mask), so
+      subclasses need no side channel around fairseq's fixed call.
+    - With ``lean`` (``--lean-activations``), a training step keeps for backward what it cannot
+      cheaply recompute: the self-attention sub-block (projections and attention) is recomputed
+      from its input (``torch.utils.checkpoint``, RNG state restored), the FFN keeps fc1's input
+      and output only (``ffn_recompute_activation``) and dropout keeps bool masks. At 16K tokens
+      and base size that is ~0.9 GiB less per layer (benchmarks/README.md); outputs and gradients
+      are those of fairseq's forward (tests/test_lean_layer.py).
+    """
+
+    def __init__(self, cfg, return_fc: bool = False, lean: bool = True):
+        self.lean = lean
+        super().__init__(cfg, return_fc=return_fc)
+
+    def _attend(self, x, encoder_padding_mask, attn_mask, attention_kwargs):
+        return self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,
+                              need_weights=False, attn_mask=attn_mask, **attention_kwargs)[0]
+
+    def _dropout(self, x, lean: bool):
+        if lean and self.dropout_module.p > 0:
+            return bool_dropout(x, self.dropout_module.p)
+        return self.dropout_module(x)
+
+    def forward(self, x, encoder_padding_mask, attn_mask=None, **attention_kwargs):
+        lean = self.lean and self.training and torch.is_grad_enabled() and not torch.is_autocast_enabled()
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        # an attention drawing from its own generator (seeded LSH) would draw differently when
+        # recomputed: only attentions on the global RNG (restored by checkpoint) are recomputed
+        if lean and getattr(self.self_attn, "generator", None) is None:
+            x = checkpoint(self._attend, x, encoder_padding_mask, attn_mask, attention_kwargs,
+                           use_reentrant=False)
+        else:
+            x = self._attend(x, encoder_padding_mask, attn_mask, attention_kwargs)
+        x = self._dropout(x, lean)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        if lean and self.activation_dropout_module.p == 0 and not self.quant_noise:
+            x = ffn_recompute_activation(x, self.fc1, self.fc2, self.activation_fn)
+        else:
+            x = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))
+        fc_result = x
+        x = self._dropout(x, lean)
+        x = self.residual_connection(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        if self.return_fc and not torch.jit.is_scripting():
+            return x, fc_result
+        return x
 
 
 def tiny_bart_architecture(args):
@@ -77,9 +161,38 @@ def add_weight_init_arg(parser) -> None:
                         "small widths and stalls learning to use the encoder). Loaded weights replace either.")
 
 
+class LongSourceDecoderLayer(TransformerDecoderLayerBase):
+    """fairseq's decoder layer whose cross-attention keeps no probability tensor (see
+    :mod:`lsg_fairseq.modules.cross_attention`)."""
+
+    def build_encoder_attention(self, embed_dim, cfg):
+        return LongSourceCrossAttention(
+            embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
+            dropout=cfg.attention_dropout, encoder_decoder_attention=True, q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+
+class LongSourceDecoder(TransformerDecoderBase):
+    """BART's decoder (fairseq's) built from :class:`LongSourceDecoderLayer`."""
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return wrap_encoder_layer(LongSourceDecoderLayer(cfg, no_encoder_attn), cfg)
+
+
 class LongInputBARTModel(BARTModel):
-    """BART subclass whose hub loads long-input models without truncating them, and whose
-    from-scratch weights follow ``--weight-init``."""
+    """BART subclass whose hub loads long-input models without truncating them, whose
+    from-scratch weights follow ``--weight-init``, and whose decoder cross-attends to long sources
+    without materialising the attention probabilities (``long_source_decoder``)."""
+
+    long_source_decoder = True
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        if not cls.long_source_decoder:
+            return super().build_decoder(args, tgt_dict, embed_tokens)
+        cfg = TransformerConfig.from_namespace(args)
+        return LongSourceDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
     @staticmethod
     def add_args(parser):
@@ -116,6 +229,8 @@ class PlainBARTModel(LongInputBARTModel):
     """fairseq's BART, unchanged, with ``--weight-init`` and the long-input hub: the full-attention
     baseline (``--arch bart_tiny``). ``lsg-fairseq-convert`` turns its checkpoints into
     ``lsg_bart`` ones like an HF BART folder."""
+
+    long_source_decoder = False  # fairseq's own decoder, as in every other respect
 
 
 @register_model_architecture("plain_bart", "bart_tiny")

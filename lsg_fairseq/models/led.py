@@ -26,10 +26,16 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerEncoder
-from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
 from lsg_fairseq.errors import ConfigError
-from lsg_fairseq.models.custom_encoder import LongInputBARTModel, tiny_bart_architecture, wrap_encoder_layer
+from lsg_fairseq.models.custom_encoder import (
+    LongInputBARTModel,
+    LongInputEncoderLayer,
+    add_lean_activations_arg,
+    lean_activations,
+    tiny_bart_architecture,
+    wrap_encoder_layer,
+)
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
 
 logger = logging.getLogger(__name__)
@@ -89,24 +95,19 @@ def validate_led_args(args, dictionary_size=None) -> None:
             raise ConfigError(f"--global-token-ids {bad} outside the dictionary (size {dictionary_size})")
 
 
-class LEDEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer with Longformer self-attention (everything else unchanged)."""
+class LEDEncoderLayer(LongInputEncoderLayer):
+    """fairseq's encoder layer with Longformer self-attention (everything else unchanged);
+    ``forward(..., global_attention_mask=g)`` hands g to the attention."""
 
-    def __init__(self, cfg, attention_window: int, return_fc: bool = False):
+    def __init__(self, cfg, attention_window: int, return_fc: bool = False, lean: bool = True):
         # read by build_self_attention, which the base __init__ calls
         self.attention_window = attention_window
-        super().__init__(cfg, return_fc=return_fc)
+        super().__init__(cfg, return_fc=return_fc, lean=lean)
 
     def build_self_attention(self, embed_dim, cfg):
         return LongformerSelfAttention(
             embed_dim, cfg.encoder.attention_heads, self.attention_window, dropout=cfg.attention_dropout
         )
-
-    def forward(self, x, encoder_padding_mask, attn_mask=None, global_attention_mask=None):
-        # fairseq's layer forward calls self_attn with fixed arguments: hand the global mask to
-        # the attention for the duration of this call instead of forking the layer
-        with self.self_attn.global_tokens(global_attention_mask):
-            return super().forward(x, encoder_padding_mask, attn_mask=attn_mask)
 
 
 class LEDEncoder(TransformerEncoder):
@@ -125,7 +126,8 @@ class LEDEncoder(TransformerEncoder):
 
     def build_encoder_layer(self, args):
         cfg = TransformerConfig.from_namespace(args)
-        layer = LEDEncoderLayer(cfg, next(self._layer_windows), return_fc=self.return_fc)
+        layer = LEDEncoderLayer(cfg, next(self._layer_windows), return_fc=self.return_fc,
+                                lean=lean_activations(args))
         return wrap_encoder_layer(layer, cfg)
 
     def default_global_attention_mask(self, src_tokens):
@@ -199,6 +201,7 @@ class LEDModel(LongInputBARTModel):
     def add_args(parser):
         LongInputBARTModel.add_args(parser)
         LEDModel.add_led_args(parser)
+        add_lean_activations_arg(parser)
 
     @staticmethod
     def add_led_args(parser):

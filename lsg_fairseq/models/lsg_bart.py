@@ -21,11 +21,17 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerEncoder
-from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range
+from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, bool_flag, int_range
 from lsg_fairseq.errors import ConfigError
-from lsg_fairseq.models.custom_encoder import LongInputBARTModel, tiny_bart_architecture, wrap_encoder_layer
+from lsg_fairseq.models.custom_encoder import (
+    LongInputBARTModel,
+    LongInputEncoderLayer,
+    add_lean_activations_arg,
+    lean_activations,
+    tiny_bart_architecture,
+    wrap_encoder_layer,
+)
 from lsg_fairseq.modules.lsg_attention import (
     SPARSITY_TYPES,
     LSGSelfAttention,
@@ -48,14 +54,7 @@ LSG_FLAGS = {
 }
 
 
-def _bool(value) -> bool:
-    if isinstance(value, bool):
-        return value
-    if str(value).lower() in ("1", "true", "yes", "on"):
-        return True
-    if str(value).lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {value!r}")
+_bool = bool_flag
 
 
 def lsg_attention_kwargs(args) -> dict:
@@ -90,13 +89,13 @@ def validate_lsg_args(args) -> None:
         )
 
 
-class LSGTransformerEncoderLayer(TransformerEncoderLayerBase):
+class LSGTransformerEncoderLayer(LongInputEncoderLayer):
     """fairseq's encoder layer with LSG self-attention (everything else unchanged)."""
 
-    def __init__(self, cfg, lsg_kwargs: dict, return_fc: bool = False):
+    def __init__(self, cfg, lsg_kwargs: dict, return_fc: bool = False, lean: bool = True):
         # read by build_self_attention, which the base __init__ calls
         self.lsg_kwargs = dict(lsg_kwargs)
-        super().__init__(cfg, return_fc=return_fc)
+        super().__init__(cfg, return_fc=return_fc, lean=lean)
 
     def build_self_attention(self, embed_dim, cfg):
         return LSGSelfAttention(
@@ -122,7 +121,8 @@ class LSGBARTEncoder(TransformerEncoder):
 
     def build_encoder_layer(self, args):
         cfg = TransformerConfig.from_namespace(args)
-        layer = LSGTransformerEncoderLayer(cfg, lsg_attention_kwargs(self.args), return_fc=self.return_fc)
+        layer = LSGTransformerEncoderLayer(cfg, lsg_attention_kwargs(self.args), return_fc=self.return_fc,
+                                           lean=lean_activations(args))
         return wrap_encoder_layer(layer, cfg)
 
     def forward_embedding(self, src_tokens, token_embedding=None):
@@ -209,6 +209,7 @@ class LSGBARTModel(LongInputBARTModel):
     def add_args(parser):
         LongInputBARTModel.add_args(parser)
         LSGBARTModel.add_lsg_args(parser)
+        add_lean_activations_arg(parser)
         parser.add_argument("--train-global-only", type=_bool, nargs="?", const=True, metavar="BOOL",
                             help="global tuning: freeze every parameter except the global token embeddings")
 

@@ -1,0 +1,52 @@
+"""Training-memory helpers for long encoder layers: what backward keeps, not what is computed.
+
+At 16K tokens a base-size encoder layer's position-wise FFN keeps two (t, 4C) tensors for
+backward (fc1's output for the activation's gradient, the activation's output for fc2's weight
+gradient: 2 x 192 MiB), and CPU dropout keeps a float mask (``F.dropout`` on CPU multiplies by a
+float noise tensor, 4 bytes per element). These helpers keep less and give the same gradients:
+
+- :func:`ffn_recompute_activation`: ``fc2(act(fc1(x)))`` keeping x and fc1's output only; the
+  activation is recomputed in backward (an elementwise op, ~1% of the FFN's time);
+- :func:`bool_dropout`: inverted dropout keeping a bool mask (1 byte per element).
+"""
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class _FFNRecomputeActivation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, activation):
+        h = F.linear(x, w1, b1)  # (..., F)
+        y = F.linear(activation(h), w2, b2)  # (..., C)
+        ctx.activation = activation
+        ctx.has_bias = (b1 is not None, b2 is not None)
+        ctx.save_for_backward(x, h, w1, w2)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, h, w1, w2 = ctx.saved_tensors
+        with torch.enable_grad():
+            h_ = h.detach().requires_grad_(True)
+            a = ctx.activation(h_)  # recomputed: the one tensor not kept
+        gy = grad_y.reshape(-1, grad_y.size(-1))  # (N, C)
+        grad_w2 = gy.t() @ a.detach().reshape(-1, a.size(-1))
+        grad_b2 = gy.sum(0) if ctx.has_bias[1] else None
+        (grad_h,) = torch.autograd.grad(a, h_, grad_y @ w2)
+        del a
+        gh = grad_h.reshape(-1, grad_h.size(-1))  # (N, F)
+        grad_w1 = gh.t() @ x.reshape(-1, x.size(-1))
+        grad_b1 = gh.sum(0) if ctx.has_bias[0] else None
+        return grad_h @ w1, grad_w1, grad_b1, grad_w2, grad_b2, None
+
+
+def ffn_recompute_activation(x: Tensor, fc1: torch.nn.Linear, fc2: torch.nn.Linear, activation) -> Tensor:
+    """``fc2(activation(fc1(x)))`` whose backward recomputes the activation (see module doc)."""
+    return _FFNRecomputeActivation.apply(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, activation)
+
+
+def bool_dropout(x: Tensor, p: float) -> Tensor:
+    """Inverted dropout (training) whose backward keeps a bool mask; ``where`` saves only it."""
+    keep = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
+    return torch.where(keep, x, x.new_zeros(())) * (1.0 / (1.0 - p))

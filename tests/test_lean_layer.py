@@ -1,0 +1,160 @@
+"""--lean-activations: the encoder layers of LSG-BART and LED keep less for backward and give the
+same outputs and gradients as fairseq's own layer forward."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from conftest import build_task_and_model, toy_batch, write_toy_dict
+
+from lsg_fairseq.modules.lean_ffn import bool_dropout, ffn_recompute_activation
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("activation", [F.gelu, torch.relu, torch.tanh])
+def test_ffn_recompute_activation_matches_autograd(bias, activation):
+    torch.manual_seed(0)
+    fc1, fc2 = nn.Linear(6, 10, bias=bias).double(), nn.Linear(10, 6, bias=bias).double()
+    x = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
+    params = [x] + list(fc1.parameters()) + list(fc2.parameters())
+    fast = ffn_recompute_activation(x, fc1, fc2, activation)
+    slow = fc2(activation(fc1(x)))
+    assert torch.allclose(fast, slow, atol=1e-12)
+    go = torch.randn_like(slow)
+    for a, b in zip(torch.autograd.grad(fast, params, go), torch.autograd.grad(slow, params, go)):
+        assert torch.allclose(a, b, atol=1e-12)
+    assert torch.autograd.gradcheck(
+        lambda x, w1, w2: ffn_recompute_activation(x, _Lin(w1), _Lin(w2), activation), (x, fc1.weight, fc2.weight))
+
+
+class _Lin:
+    """A stand-in Linear for gradcheck: weight as an input, no bias."""
+
+    def __init__(self, w):
+        self.weight, self.bias = w, None
+
+
+def test_ffn_keeps_only_input_and_hidden():
+    fc1, fc2 = nn.Linear(8, 32), nn.Linear(32, 8)
+    x = torch.randn(50, 8, requires_grad=True)
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+        ffn_recompute_activation(x, fc1, fc2, F.gelu)
+    # x, fc1's output and the two weights: no activation output (another 50 x 32)
+    assert sum(sizes) == 50 * 8 + 50 * 32 + 2 * 8 * 32
+
+
+def test_bool_dropout_is_inverted_dropout_with_a_bool_mask():
+    torch.manual_seed(0)
+    x = torch.ones(200, 500, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.dtype) or t, lambda t: t):
+        y = bool_dropout(x, 0.25)
+    assert saved == [torch.bool]
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.75) < 0.01
+    assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.75))
+    y.sum().backward()
+    assert torch.equal(x.grad, kept.float() / 0.75)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_toy_dict(tmp_path_factory.mktemp("lean_data"))
+
+
+ARCH_FLAGS = {
+    "lsg_bart_tiny": ["--block-size", "8", "--sparse-block-size", "8", "--sparsity-factor", "2"],
+    "led_tiny": ["--attention-window", "8"],
+}
+
+
+def build(data_dir, arch, *flags):
+    argv = [data_dir, "--task", "long_document_summarization", "--arch", arch,
+            "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--max-source-positions", "512",
+            "--max-target-positions", "64"] + ARCH_FLAGS[arch] + list(flags)
+    return build_task_and_model(argv)[1]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_FLAGS))
+def test_lean_training_step_equals_fairseq_forward(arch, data_dir):
+    # dropout off (lean dropout draws its bool mask differently): lean and fairseq's forward must
+    # give the same outputs and gradients, and lean must keep less for backward
+    models = {lean: build(data_dir, arch, "--dropout", "0", "--lean-activations", lean).double().train()
+              for lean in ("true", "false")}
+    assert all(layer.lean for layer in models["true"].encoder.layers)
+    assert not any(layer.lean for layer in models["false"].encoder.layers)
+    src, lengths, prev = toy_batch(L=60, lengths=(60, 41))
+    outs, grads, saved = {}, {}, {}
+    for lean, m in models.items():
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            out, _ = m(src, lengths, prev)
+        saved[lean] = sum(sizes)
+        out.square().mean().backward()
+        outs[lean] = out
+        grads[lean] = {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+    assert torch.allclose(outs["true"], outs["false"], atol=1e-10)
+    assert grads["true"].keys() == grads["false"].keys()
+    for name, g in grads["true"].items():
+        assert torch.allclose(g, grads["false"][name], atol=1e-9), name
+    assert saved["true"] < 0.8 * saved["false"], saved
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_FLAGS))
+def test_lean_training_with_dropout_runs_and_eval_is_unchanged(arch, data_dir):
+    lean = build(data_dir, arch, "--dropout", "0.3")
+    plain = build(data_dir, arch, "--dropout", "0.3", "--lean-activations", "false")
+    src, lengths, prev = toy_batch(L=60, lengths=(60, 41))
+    out, _ = lean.train()(src, lengths, prev)
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in lean.parameters() if p.grad is not None)
+    with torch.no_grad():
+        assert torch.equal(lean.eval()(src, lengths, prev)[0], plain.eval()(src, lengths, prev)[0])
+
+
+def test_lean_flag_values(data_dir):
+    assert not any(layer.lean for layer in build(data_dir, "led_tiny", "--lean-activations", "off").encoder.layers)
+    with pytest.raises(SystemExit):
+        build(data_dir, "lsg_bart_tiny", "--lean-activations", "maybe")
+
+
+def test_long_source_cross_attention_equals_fairseq_path():
+    from fairseq.modules.multihead_attention import MultiheadAttention
+
+    from lsg_fairseq.modules.cross_attention import LongSourceCrossAttention
+
+    torch.manual_seed(0)
+    fused = LongSourceCrossAttention(16, 4, kdim=16, vdim=16, encoder_decoder_attention=True).double().train()
+    plain = MultiheadAttention(16, 4, kdim=16, vdim=16, encoder_decoder_attention=True).double().train()
+    plain.load_state_dict(fused.state_dict())
+    q = torch.randn(5, 2, 16, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(40, 2, 16, dtype=torch.float64, requires_grad=True)
+    pad = torch.zeros(2, 40, dtype=torch.bool)
+    pad[1, 25:] = True
+    outs, grads, saved = [], [], []
+    for m in (fused, plain):
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            out, w = m(q, kv, kv, key_padding_mask=pad, static_kv=True, need_weights=False)
+        assert w is None
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), [q, kv] + list(m.parameters())))
+        saved.append(max(sizes))
+    assert torch.allclose(outs[0], outs[1], atol=1e-12)
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-10)
+    assert saved[0] < saved[1]  # fairseq keeps the (n*h, tgt, src) probabilities; the fused path does not
+    # asking for weights keeps fairseq's path and its weights
+    out, w = fused(q, kv, kv, key_padding_mask=pad, static_kv=True, need_weights=True)
+    assert w is not None and torch.allclose(out, outs[1], atol=1e-12)
+
+
+def test_long_input_models_use_the_long_source_decoder(data_dir):
+    from lsg_fairseq.modules.cross_attention import LongSourceCrossAttention
+
+    for arch in ARCH_FLAGS:
+        model = build(data_dir, arch)
+        assert all(isinstance(layer.encoder_attn, LongSourceCrossAttention) for layer in model.decoder.layers)
