@@ -137,3 +137,20 @@ def test_bfloat16_close_to_float32():
     low = window_attention(q.bfloat16(), [(k.bfloat16(), v.bfloat16(), m.bfloat16()) for k, v, m in srcs],
                            groups)
     assert low.dtype == torch.bfloat16 and torch.allclose(low.float(), ref, atol=3e-2)
+
+
+def test_backward_in_chunks_of_blocks():
+    # a window much longer than its source's share per block is differentiated in chunks of
+    # blocks (bounded transient memory); gradients stay those of the naive reference
+    h, d, M = 2, 4, 2
+    srcs = make_sources(1, h, d, [2 * 8 + 16], [1])
+    q = torch.randn(1, 8 * M, h, d, dtype=torch.float64, requires_grad=True)
+    k, v, m = srcs[0]
+    k.requires_grad_(), v.requires_grad_()
+    groups = [QueryGroup(0, 8, M, [Window(0, 0, 2, 18)])]  # 8 blocks x 18 keys of a 32-key source
+    scale = d ** -0.5
+    go = torch.randn(1, 8 * M, h, d, dtype=torch.float64)
+    fast = torch.autograd.grad(window_attention(q, srcs, groups, scale), [q, k, v], go)
+    slow = torch.autograd.grad(naive(q, srcs, groups, scale), [q, k, v], go)
+    for a, b in zip(fast, slow):
+        assert torch.allclose(a, b, atol=1e-10)

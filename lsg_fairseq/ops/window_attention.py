@@ -181,13 +181,20 @@ class WindowAttention(torch.autograd.Function):
                 gq = grad_q[r, sl].view(g.blocks, g.size, *q.shape[2:]).transpose(1, 2)
                 for i, w in enumerate(g.windows):
                     k, v, m = kv[2 * w.source][r], kv[2 * w.source + 1][r], masks[w.source]
-                    dq, dk, dv = _flash_backward(
-                        (weights[i][..., None] * dov).to(q.dtype), qv, _kv_view(k, w, g.blocks),
-                        _kv_view(v, w, g.blocks), ov, lses[i], 0.0, False,
-                        attn_mask=_mask_view(None if m is None else m[r], w, g, q.dtype), scale=scale)
-                    gq.add_(dq)
-                    _fold_into(grad_kv[2 * w.source][r], dk, w)
-                    _fold_into(grad_kv[2 * w.source + 1][r], dv, w)
+                    # the kernel returns one key/value gradient per block and window row: in
+                    # chunks of blocks, so that this transient stays within the source's size
+                    step = max(1, min(g.blocks, k.size(0) // max(1, w.length)))
+                    for b0 in range(0, g.blocks, step):
+                        b1 = min(g.blocks, b0 + step)
+                        wc, gc = w._replace(start=w.start + b0 * w.stride), g._replace(blocks=b1 - b0)
+                        dq, dk, dv = _flash_backward(
+                            (weights[i, b0:b1, ..., None] * dov[b0:b1]).to(q.dtype), qv[b0:b1],
+                            _kv_view(k, wc, b1 - b0), _kv_view(v, wc, b1 - b0), ov[b0:b1], lses[i, b0:b1],
+                            0.0, False, attn_mask=_mask_view(None if m is None else m[r], wc, gc, q.dtype),
+                            scale=scale)
+                        gq[b0:b1].add_(dq)
+                        _fold_into(grad_kv[2 * w.source][r], dk, wc)
+                        _fold_into(grad_kv[2 * w.source + 1][r], dv, wc)
         grads = []
         for s in range(ctx.n_src):
             grads += [grad_kv[2 * s], grad_kv[2 * s + 1], None]
