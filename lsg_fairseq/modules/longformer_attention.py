@@ -323,7 +323,9 @@ class LongformerSelfAttention(nn.Module):
         qg = self.q_proj_global(x_glob).view(n, Gm, h, d) * d ** -0.5  # (n, Gm, h, d)
         dropout = self.dropout if self.training else 0.0
         neg = torch.finfo(x.dtype).min
-        if Gm * h <= C:
+        # (a quantized projection, lsg_fairseq.quantize, exposes no weight tensor: it projects)
+        if Gm * h <= C and all(isinstance(getattr(p, "weight", None), Tensor)
+                               for p in (self.k_proj_global, self.v_proj_global)):
             wk = self.k_proj_global.weight.view(h, d, C)
             wv = self.v_proj_global.weight.view(h, d, C)
             qk = torch.einsum("nghd,hdc->nghc", qg, wk).reshape(n, Gm * h, C)  # (n, Gm*h, C)
