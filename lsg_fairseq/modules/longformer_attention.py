@@ -30,7 +30,6 @@ block's key set is 3w (HF's chunking computes 4w products per query and builds a
 Masks use ``finfo(dtype).min`` (not -inf), so that the rows of padding queries, which may see
 no valid key, stay finite; their outputs are unspecified (spec section 4) and dropped by callers.
 """
-import contextlib
 import math
 from typing import Optional, Sequence, Tuple, Union
 
@@ -94,7 +93,7 @@ class LongformerSelfAttention(nn.Module):
 
     ``forward(query=x, key=x, value=x, key_padding_mask=m, global_attention_mask=g)`` with x
     (T, n, C), m (n, T) bool True = pad (or None), g (n, T) bool True = global (or None: no
-    global token; see also :meth:`global_tokens`). Returns ``(out (T, n, C), None)``.
+    global token). Returns ``(out (T, n, C), None)``.
 
     ``block_size`` (default w) only trades speed for memory: results do not depend on it.
     """
@@ -120,8 +119,6 @@ class LongformerSelfAttention(nn.Module):
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size or self.one_sided
         self.dropout = dropout
-        # set by ``global_tokens`` for calls (fairseq's encoder layer) that cannot pass it
-        self._global_attention_mask: Optional[Tensor] = None
 
         # local projections keep BART's names, so BART weights load without renaming
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -148,20 +145,6 @@ class LongformerSelfAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"attention_window={self.attention_window} (w={self.one_sided}), block_size={self.block_size}"
 
-    @contextlib.contextmanager
-    def global_tokens(self, global_attention_mask: Optional[Tensor]):
-        """Supply ``global_attention_mask`` to calls made inside the block.
-
-        fairseq's ``TransformerEncoderLayerBase.forward`` calls ``self_attn`` with a fixed set of
-        arguments; the LED encoder layer wraps that call in this context instead of forking it.
-        """
-        previous = self._global_attention_mask
-        self._global_attention_mask = global_attention_mask
-        try:
-            yield
-        finally:
-            self._global_attention_mask = previous
-
     # ------------------------------------------------------------------ main entry point
     def forward(
         self,
@@ -176,8 +159,6 @@ class LongformerSelfAttention(nn.Module):
     ) -> Tuple[Tensor, None]:
         if attn_mask is not None:
             raise NotImplementedError("Longformer self-attention does not take an attn_mask (encoder only)")
-        if global_attention_mask is None:
-            global_attention_mask = self._global_attention_mask
         # self-attention only: key and value are the same tensor as query and are not read
         T, n, C = query.shape
         bs = min(self.block_size, T)
