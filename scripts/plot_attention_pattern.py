@@ -47,7 +47,9 @@ def build_attention(args):
             sparse_block_size=args.sparse_block_size, sparsity_factor=args.sparsity_factor,
             sparsity_type=args.sparsity_type,
         ).eval()
-    return LongformerSelfAttention(args.dim, args.heads, args.attention_window).eval()
+    attn = LongformerSelfAttention(args.dim, args.heads, args.attention_window).eval()
+    attn.fold_global = False  # project every token with the global k/v: ``attended`` hooks those outputs
+    return attn
 
 
 def attended(attn, x, queries, head, glob=None) -> torch.Tensor:

@@ -37,7 +37,8 @@ def test_benchmark_smoke_writes_every_record_and_output(tmp_path):
     records = result["records"]
     expected = {("bart", m) for m in ("enc", "train", "gen")} | {("lsg_norm", m) for m in ("enc", "train", "gen")} \
         | {("led", m) for m in ("enc", "train", "gen")} | {("locost", m) for m in ("enc", "train", "gen")} \
-        | {("linear", "enc"), ("locost_cold", "enc"), ("locost_ckpt", "train")}
+        | {("linear", "enc"), ("linear", "train"), ("locost_cold", "enc"), ("locost_ckpt", "train"),
+           ("lsg_norm_int8", "enc"), ("led_int8", "enc")}
     assert {(r["arch"], r["mode"]) for r in records} == expected
     for r in records:
         assert r["status"] == "ok", r
@@ -59,6 +60,34 @@ def test_benchmark_smoke_writes_every_record_and_output(tmp_path):
     md = (tmp_path / "smoke.md").read_text()
     assert "| lsg_norm |" in md and "Encoder forward" in md and "Growth exponents" in md
     assert is_png(tmp_path / "smoke_time.png") and is_png(tmp_path / "smoke_memory.png")
+
+
+def _rec(arch, mode, length, s, mib, status="ok"):
+    return {"arch": arch, "mode": mode, "length": length, "median_s": s, "activations_mb": mib,
+            "peak_mb": mib + 800, "status": status}
+
+
+def test_ratio_cells_and_issue_13_targets():
+    run = load("benchmarks/run.py", "bench_run")
+    records = [_rec("bart", "enc", 4096, 4.0, 240), _rec("linear", "enc", 4096, 2.0, 200),
+               _rec("lsg_norm", "enc", 4096, 2.4, 300), _rec("led", "enc", 4096, 2.7, 280),
+               _rec("bart", "train", 16384, 150.0, 8000), _rec("lsg_norm", "train", 16384, 70.0, 4000),
+               _rec("led", "train", 16384, 80.0, 5000),
+               _rec("locost", "train", 16384, 0.0, 0.0, status="died (exit code -9; out of memory?)")]
+    assert run._time_cell(records, records[2]) == "2.4 (0.60x bart, 1.20x lin)"
+    assert run._time_cell(records, records[1]) == "2 (0.50x bart)"
+    assert run._time_cell(records, records[0]) == "4 (2.00x lin)"
+    checks = {t: (v, ok) for t, v, ok in run.target_checks(records)}
+    assert checks["`lsg_norm` encoder forward at 4K <= 1.25x `linear`"] == ("2.40 s / 2.00 s = 1.20x", "met")
+    assert checks["`led` encoder forward at 4K <= 1.25x `linear`"][1] == "MISSED"  # 1.35x
+    assert checks["`lsg_norm` fwd+bwd at 16K, peak above the weights <= 0.6x `bart`"][1] == "met"  # 0.50x
+    assert checks["`led` fwd+bwd at 16K, peak above the weights <= 0.6x `bart`"][1] == "MISSED"  # 0.62x
+    died = checks["`locost` fwd+bwd at 16K without activation checkpointing completes within 16 GB"]
+    assert died == ("died (exit code -9; out of memory?)", "MISSED")
+    assert not any("16K" in t and "led" in t and "enc" in t for t in checks)  # nothing measured there
+    md = run.tables_markdown(records)
+    assert "| lsg_norm | 2.4 (0.60x bart, 1.20x lin) |  |" in md  # columns 4,096 and 16,384
+    assert "| led |  | 5,000 (0.62x bart) [5,800] |" in md  # memory: ratio, then the absolute peak
 
 
 def test_growth_exponent_fit():

@@ -96,7 +96,12 @@ class LongformerSelfAttention(nn.Module):
     global token). Returns ``(out (T, n, C), None)``.
 
     ``block_size`` (default w) only trades speed for memory: results do not depend on it.
+    ``fold_global`` (class default True) lets few global rows skip the global key/value
+    projections of every token (``_global_rows``); False applies them (same results, e.g. to
+    trace per-token projections in scripts/plot_attention_pattern.py).
     """
+
+    fold_global = True
 
     def __init__(
         self,
@@ -305,7 +310,7 @@ class LongformerSelfAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         neg = torch.finfo(x.dtype).min
         # (a quantized projection, lsg_fairseq.quantize, exposes no weight tensor: it projects)
-        if Gm * h <= C and all(isinstance(getattr(p, "weight", None), Tensor)
+        if self.fold_global and Gm * h <= C and all(isinstance(getattr(p, "weight", None), Tensor)
                                for p in (self.k_proj_global, self.v_proj_global)):
             wk = self.k_proj_global.weight.view(h, d, C)
             wv = self.v_proj_global.weight.view(h, d, C)
