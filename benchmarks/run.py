@@ -20,9 +20,10 @@ Architectures (``--arch``):
 - ``bart``: stock fairseq ``bart_base`` (6+6 layers, d 768); self-attention is
   ``F.multi_head_attention_forward`` -> ``scaled_dot_product_attention`` (full attention).
 - ``lsg_<type>``: ``lsg_bart_base``, block 128, sparse block 128, factor 4, 1 global token, one
-  arch per sparsity type (``lsg_none`` = local + global only).
+  arch per sparsity type (``lsg_none`` = local + global only). ``--main-lsg`` (lsg_norm) runs every
+  mode; the others run ``--secondary-modes`` (enc) and ``train`` at ``--train-every-arch-at`` (16K).
 - ``linear``: the lsg_norm encoder with the attention core removed (q/k/v/out projections, FFN,
-  norms, embeddings still run): the floor every encoder attention pays on top of.
+  norms, embeddings still run): the floor every encoder attention pays on top of. Runs every mode.
 - ``led``: ``led_base``, window 1024, first token global.
 - ``locost``: ``locost_base`` (12+12 layers, d 768, N 512) as inference runs it: the SSM kernel
   spectra are cached per FFT size (``--ssm-kernel-cache-mb``, default 128 MiB per layer, which
@@ -32,13 +33,21 @@ Architectures (``--arch``):
   split out SSM kernel generation and the rest of the SSM token mixer (FFTs, transposes, gate).
 - ``locost_ckpt``: ``locost`` with ``--checkpoint-activations`` (``train`` only): how LOCOST trains
   on inputs whose activations do not fit otherwise.
+- ``lsg_norm_int8``, ``led_int8``: ``lsg_norm`` / ``led`` after ``lsg_fairseq.quantize.quantize_int8``
+  (dynamic int8 linear layers; ``enc`` only, CPU fp32). In the default arch list only where
+  ``lsg_fairseq.quantize`` exists.
+
+Every time cell shows the ratio to ``bart`` and to ``linear`` at the same length and mode, every
+memory cell the same ratios of the peak above the weights, then the absolute peak. The report
+checks issue 13's targets (and the earlier issues' that still apply) from the records.
 
 Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target checks) and
-``<tag>_time.png`` / ``<tag>_memory.png`` (log-log). ``--append`` merges into an existing JSON
-(e.g. a separate run of the long LOCOST lengths).
+``<tag>_time.png`` / ``<tag>_memory.png`` (log-log), drawn by ``benchmarks/report.py``.
+``--append`` merges into an existing JSON (e.g. a separate run of the long LOCOST lengths).
 
-    python benchmarks/run.py                                   # the default suite (CPU: ~20 min)
+    python benchmarks/run.py                                   # the default suite (CPU: ~70 min)
     python benchmarks/run.py --arch locost --modes enc --lengths 65536 262144 --warmup 0 --append
+    python benchmarks/run.py --append --arch lsg_norm_int8 led_int8 --modes enc   # int8 rows only
     python benchmarks/run.py --smoke --out /tmp/bench          # tiny models, one length (CI)
 """
 import argparse
@@ -46,7 +55,6 @@ import datetime
 import gc
 import json
 import logging
-import math
 import multiprocessing as mp
 import os
 import platform
@@ -55,9 +63,11 @@ import sys
 import time
 import traceback
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+for _path in (REPO, HERE):  # lsg_fairseq, and report.py next to this file
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 # Imported once here; every measurement is a fork of this process. No tensor op may run in the
 # parent before forking (an initialised OpenMP pool does not survive fork).
@@ -66,29 +76,29 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import lsg_fairseq  # noqa: E402,F401  (registers lsg_bart, led, locost)
+import report  # noqa: E402  (benchmarks/report.py: tables, targets, plots)
 from fairseq import options  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
+from report import ALL_ARCHS, INT8_ARCHS, MODES, slope  # noqa: E402,F401  (slope: tests use run.slope)
+
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
-SPARSITY_TYPES = ("norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling", "none")
-INT8_ARCHS = ("lsg_norm_int8", "led_int8")  # lsg-fairseq-summarize --quantize int8 (lsg_fairseq.quantize)
-ALL_ARCHS = ("bart",) + tuple(f"lsg_{t}" for t in SPARSITY_TYPES) + INT8_ARCHS + ("linear", "led", "locost", "locost_cold",
-                                                                       "locost_ckpt")
-MODES = ("enc", "train", "gen")
-# What each arch is expected to do as the length grows (for the growth check).
-EXPECTED_GROWTH = {"bart": "-> 2 (attention L^2 dominates at long L)", "linear": "1",
-                   "led": "1", "locost": "1 (+ log L from the FFT)", "locost_cold": "1 (+ log L from the FFT)",
-                   "locost_ckpt": "1 (+ log L from the FFT)"}
-# One colour per arch in the plots: the main five distinct, the other LSG types (dashed) in muted tones.
-ARCH_COLORS = {"bart": "black", "lsg_norm": "tab:blue", "linear": "tab:gray", "led": "tab:green",
-               "locost": "tab:red", "locost_cold": "tab:orange", "locost_ckpt": "tab:purple",
-               "lsg_pooling": "tab:cyan", "lsg_stride": "tab:olive", "lsg_block_stride": "tab:pink",
-               "lsg_lsh": "tab:brown", "lsg_bos_pooling": "steelblue", "lsg_none": "lightskyblue",
-               "lsg_norm_int8": "navy", "led_int8": "darkgreen"}
-SMOKE_ARCHS = ("bart", "lsg_norm", "linear", "led", "locost", "locost_cold", "locost_ckpt") + INT8_ARCHS
+SMOKE_ARCHS = ("bart", "lsg_norm", "lsg_pooling", "linear", "led", "locost", "locost_cold", "locost_ckpt")
+
+
+def quantize_available() -> bool:
+    """Whether ``lsg_fairseq.quantize`` (``quantize_int8``, which the int8 archs need) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("lsg_fairseq.quantize") is not None
+
+
+def default_archs():
+    """Every arch; the int8 ones only where ``lsg_fairseq.quantize`` exists."""
+    return [a for a in ALL_ARCHS if a not in INT8_ARCHS or quantize_available()]
 
 
 def parse_args(argv=None):
@@ -97,12 +107,16 @@ def parse_args(argv=None):
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--arch", nargs="+", default=None, choices=ALL_ARCHS, metavar="ARCH",
-                   help=f"architectures (default: all): {', '.join(ALL_ARCHS)}")
+                   help=f"architectures (default: all, the int8 ones only where lsg_fairseq.quantize "
+                        f"exists): {', '.join(ALL_ARCHS)}")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    p.add_argument("--secondary-modes", nargs="*", default=["enc", "train"], choices=MODES,
-                   help="modes run by the LSG sparsity types other than --main-lsg (default: enc and train; "
-                        "generation only for --main-lsg, to keep the suite short)")
+    p.add_argument("--secondary-modes", nargs="*", default=["enc"], choices=MODES,
+                   help="modes run by the LSG sparsity types other than --main-lsg (default: enc only, "
+                        "to keep the suite short)")
+    p.add_argument("--train-every-arch-at", type=int, nargs="*", default=[16384], metavar="LENGTH",
+                   help="lengths at which the secondary LSG types run train too, so that every arch has a "
+                        "train row there (default: 16384; none: give the flag no value)")
     p.add_argument("--main-lsg", default="lsg_norm", help="the LSG arch that runs every mode")
     p.add_argument("--max-full-length", type=int, default=16384,
                    help="longest input for full-attention bart (quadratic time)")
@@ -138,14 +152,15 @@ def parse_args(argv=None):
                    help="tiny models, one 256-token length, 1 timed call: checks the plumbing (CI)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.arch = args.arch or list(SMOKE_ARCHS)
+        args.arch = args.arch or [a for a in default_archs() if a in SMOKE_ARCHS + INT8_ARCHS]
         args.lengths = [256]
         args.target_len, args.new_tokens, args.beam = 16, 8, 2
         args.warmup, args.repeat, args.budget, args.threads = 0, 1, 1.0, 1
         args.block_size = args.sparse_block_size = 32
         args.attention_window = 64
         args.max_full_length = 256
-    args.arch = list(args.arch or ALL_ARCHS)
+        args.train_every_arch_at = [256]
+    args.arch = list(args.arch or default_archs())
     args.tag = args.tag or args.device
     return args
 
@@ -159,11 +174,11 @@ SMOKE_BART = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed
 
 def model_argv(arch: str, length: int, args) -> list:
     """fairseq arch name + flags for one benchmark arch at one input length."""
-    if arch in INT8_ARCHS:  # the same model, quantized after it is built
-        return model_argv(arch[:-len("_int8")], length, args)
     positions = ["--max-source-positions", str(max(length, 1024))]
     if arch == "bart":
         return ["bart_base"] + positions + (SMOKE_BART if args.smoke else [])
+    if arch in INT8_ARCHS:
+        return model_argv(arch[:-len("_int8")], length, args)
     if arch.startswith("lsg_") or arch == "linear":
         stype = "norm" if arch == "linear" else arch[len("lsg_"):]
         return ["lsg_bart_base"] + positions + (SMOKE_BART if args.smoke else []) + [
@@ -222,9 +237,12 @@ def build_model(arch: str, length: int, args):
         for layer in model.encoder.layers:
             layer.self_attn = ProjectionsOnly(layer.self_attn)
     if arch in INT8_ARCHS:
+        if args.device != "cpu" or args.dtype != "fp32":
+            raise ValueError(f"{arch}: int8 runs on the CPU in fp32 only (--device cpu --dtype fp32)")
+        # imported here: run.py must import (and run every other arch) where the module is absent
         from lsg_fairseq.quantize import quantize_int8
 
-        model = quantize_int8(model.eval())
+        model = quantize_int8(model)  # CPU, fp32: nn.Linear -> dynamic int8 (inference only)
     return model, dictionary
 
 
@@ -449,258 +467,15 @@ def run_one(arch, mode, length, args) -> dict:
     return dict(base, **rec)
 
 
-def modes_of(arch, args):
+def modes_of(arch, length, args):
+    """The modes ``arch`` runs at ``length`` (``linear`` runs all three: it is a reference in every table)."""
     if arch in ("locost_cold",) + INT8_ARCHS:
         return {"enc"}
-    if arch == "linear":
-        return {"enc", "train"}
     if arch == "locost_ckpt":
         return {"train"}
     if arch.startswith("lsg_") and arch != args.main_lsg:
-        return set(args.secondary_modes)
+        return set(args.secondary_modes) | ({"train"} if length in (args.train_every_arch_at or ()) else set())
     return set(MODES)
-
-
-# ---------------------------------------------------------------------------------- reports
-def ok(records, arch, mode):
-    rs = [r for r in records if r["arch"] == arch and r["mode"] == mode and r["status"] == "ok"]
-    return sorted(rs, key=lambda r: r["length"])
-
-
-def find(records, arch, mode, length):
-    for r in records:
-        if (r["arch"], r["mode"], r["length"]) == (arch, mode, length) and r["status"] == "ok":
-            return r
-    return None
-
-
-def slope(points):
-    """Least-squares exponent b of y = a x^b over (x, y) points (None with < 2 usable points)."""
-    pts = [(math.log(x), math.log(y)) for x, y in points if y and y > 0]
-    if len(pts) < 2:
-        return None
-    mx = sum(p[0] for p in pts) / len(pts)
-    my = sum(p[1] for p in pts) / len(pts)
-    sxx = sum((p[0] - mx) ** 2 for p in pts)
-    return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
-
-
-def growth_rows(records):
-    rows = []
-    archs = sorted({r["arch"] for r in records}, key=lambda a: ALL_ARCHS.index(a))
-    for mode in MODES:
-        for arch in archs:
-            rs = ok(records, arch, mode)
-            if len(rs) < 2:
-                continue
-            t = [(r["length"], r["median_s"]) for r in rs]
-            m = [(r["length"], r["activations_mb"]) for r in rs]
-            last = lambda pts: slope(pts[-2:])  # noqa: E731
-            rows.append({"arch": arch, "mode": mode, "lengths": [r["length"] for r in rs],
-                         "time_all": slope(t), "time_last": last(t),
-                         "mem_all": slope(m), "mem_last": last(m),
-                         "expected": EXPECTED_GROWTH.get(arch, "1")})
-    return rows
-
-
-def fmt(x, spec=".2f"):
-    return "-" if x is None else format(x, spec)
-
-
-def growth_markdown(rows):
-    out = ["| arch | mode | lengths | time exponent (all) | time exponent (last pair) | "
-           "memory exponent (all) | memory exponent (last pair) | expected |",
-           "|---|---|---|---:|---:|---:|---:|---|"]
-    for g in rows:
-        lens = ", ".join(f"{n // 1024}K" for n in g["lengths"])
-        out.append(f"| {g['arch']} | {g['mode']} | {lens} | {fmt(g['time_all'])} | {fmt(g['time_last'])} | "
-                   f"{fmt(g['mem_all'])} | {fmt(g['mem_last'])} | {g['expected']} |")
-    return "\n".join(out)
-
-
-def _ratios(records, r, key) -> str:
-    """`` (0.74x bart, 1.49x lin)``: ``r[key]`` over full attention's and over the linear floor's
-    at the same length and mode (each only where measured; none for the reference itself)."""
-    parts = []
-    for ref, short in (("bart", "bart"), ("linear", "lin")):
-        other = find(records, ref, r["mode"], r["length"])
-        if other and r["arch"] != ref and other[key] > 0:
-            parts.append(f"{r[key] / other[key]:.2f}x {short}")
-    return f" ({', '.join(parts)})" if parts else ""
-
-
-def _time_cell(records, r) -> str:
-    """Median seconds, the ratios to full attention and to the linear floor, tokens/s for gen."""
-    cell = f"{r['median_s']:.3g}" + _ratios(records, r, "median_s")
-    if r["mode"] == "gen":
-        cell += f", {r['new_tokens_per_s']:.1f} tok/s"
-    return cell
-
-
-def _arch_rows(records, archs, lengths, mode, cell):
-    """One table row per arch measured in ``mode``: ``cell(record)`` for ok records, the status word
-    otherwise, blank where nothing was measured."""
-    rows = []
-    for arch in archs:
-        cells, seen = [], False
-        for n in lengths:
-            r = next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, n)), None)
-            if r is None:
-                cells.append("")
-                continue
-            seen = True
-            cells.append(cell(r) if r["status"] == "ok" else r["status"].split(":")[0])
-        if seen:
-            rows.append(f"| {arch} | " + " | ".join(cells) + " |")
-    return rows
-
-
-def tables_markdown(records):
-    lengths = sorted({r["length"] for r in records})
-    archs = sorted({r["arch"] for r in records}, key=lambda a: ALL_ARCHS.index(a))
-    head = "| arch | " + " | ".join(f"{n:,}" for n in lengths) + " |"
-    rule = "|---|" + "---:|" * len(lengths)
-    titles = {"enc": "Encoder forward, no grad", "train": "Forward + backward, whole model",
-              "gen": "Generation (beam search, incl. encoder)"}
-    out = []
-    for mode in MODES:
-        if not any(r["mode"] == mode for r in records):
-            continue
-        out += [f"### {titles[mode]}", "", "Time, seconds (ratio to full-attention `bart` and to the `linear` "
-                "floor at the same length):", "", head, rule]
-        out += _arch_rows(records, archs, lengths, mode, lambda r: _time_cell(records, r))
-        out += ["", "Peak memory, MiB: above the resident weights (ratios to `bart` and `linear`; absolute "
-                "peak):", "", head, rule]
-        out += _arch_rows(records, archs, lengths, mode,
-                          lambda r: f"{r['activations_mb']:,.0f}{_ratios(records, r, 'activations_mb')} "
-                                    f"[{r['peak_mb']:,.0f}]")
-        out.append("")
-    ssm = [r for a in ("locost", "locost_cold") for r in ok(records, a, "enc") if "ssm_share" in r]
-    if ssm:
-        out += ["### LOCOST encoder: SSM kernel generation + FFT convolution", "",
-                "| arch | length | encoder s (this call) | kernel generation s | FFT convolution etc. s | share |",
-                "|---|---:|---:|---:|---:|---:|"]
-        for r in ssm:
-            out.append(f"| {r['arch']} | {r['length']:,} | {r['ssm_total_s']:.3g} | {r['ssm_kernel_s']:.3g} | "
-                       f"{r['ssm_conv_s']:.3g} | {100 * r['ssm_share']:.1f}% |")
-        out.append(f"\n(FFT convolution etc. = {ssm[-1]['ssm_conv_is']})\n")
-    return "\n".join(out)
-
-
-# Issue 13's targets: attention at the linear floor, training memory under full attention's, LOCOST
-# under its reference's memory without losing speed (its ratio to linear before: 20.4 s / 8.93 s).
-LINEAR_FLOOR_MAX = 1.25
-TRAIN_MEMORY_MAX = 0.60
-LOCOST_PEAK_MAX_MIB = 2.0e9 / 2 ** 20  # 2.0 GB (1,907 MiB): the reference encoder's ~1.9 GB
-LOCOST_LINEAR_RATIO_MAX = 20.4 / 8.93
-LOCOST_TRAIN_PEAK_MAX_MIB = 16e9 / 2 ** 20  # 16 GB
-
-
-def target_checks(records, main_lsg="lsg_norm"):
-    """The speed/memory targets of the issues, as (target, value, verdict); issue 13's first."""
-    checks = []
-
-    def verdict(ok_):
-        return "met" if ok_ else "MISSED"
-
-    for arch in (main_lsg, "led"):
-        for n in (4096, 16384):
-            r, lin = find(records, arch, "enc", n), find(records, "linear", "enc", n)
-            if r and lin:
-                ratio = r["median_s"] / lin["median_s"]
-                checks.append((f"`{arch}` encoder forward at {n // 1024}K <= {LINEAR_FLOOR_MAX}x `linear`",
-                               f"{r['median_s']:.2f} s / {lin['median_s']:.2f} s = {ratio:.2f}x",
-                               verdict(ratio <= LINEAR_FLOOR_MAX)))
-    for arch in (main_lsg, "led"):
-        r, full = find(records, arch, "train", 16384), find(records, "bart", "train", 16384)
-        if r and full:
-            ratio = r["activations_mb"] / full["activations_mb"]
-            checks.append((f"`{arch}` fwd+bwd at 16K, peak above the weights <= {TRAIN_MEMORY_MAX}x `bart`",
-                           f"{r['activations_mb']:,.0f} / {full['activations_mb']:,.0f} MiB = {ratio:.2f}x",
-                           verdict(ratio <= TRAIN_MEMORY_MAX)))
-    r, lin = find(records, "locost", "enc", 16384), find(records, "linear", "enc", 16384)
-    if r:
-        checks.append(("`locost` encoder peak RSS at 16K <= 2.0 GB (1,907 MiB)", f"{r['peak_mb']:,.0f} MiB",
-                       verdict(r["peak_mb"] <= LOCOST_PEAK_MAX_MIB)))
-        if lin:
-            ratio = r["median_s"] / lin["median_s"]
-            checks.append((f"`locost` encoder time at 16K <= {LOCOST_LINEAR_RATIO_MAX:.2f}x `linear` (its ratio before)",
-                           f"{r['median_s']:.2f} s / {lin['median_s']:.2f} s = {ratio:.2f}x",
-                           verdict(ratio <= LOCOST_LINEAR_RATIO_MAX)))
-    r = next((x for x in records if (x["arch"], x["mode"], x["length"]) == ("locost", "train", 16384)), None)
-    if r:
-        done = r["status"] == "ok"
-        checks.append(("`locost` fwd+bwd at 16K without activation checkpointing completes within 16 GB",
-                       f"{r['peak_mb']:,.0f} MiB peak, {r['median_s']:.0f} s" if done else r["status"],
-                       verdict(done and r["peak_mb"] <= LOCOST_TRAIN_PEAK_MAX_MIB)))
-    for arch, what in (("locost", "kernels cached per FFT size, as inference runs"),
-                       ("locost_cold", "cache off: kernels generated in the call")):
-        r = find(records, arch, "enc", 16384)
-        if r and "ssm_share" in r:
-            checks.append((f"LOCOST 16K ({what}): SSM kernel generation + FFT convolution <= 15% of encoder forward",
-                           f"({r['ssm_kernel_s']:.2f} + {r['ssm_conv_s']:.2f}) s / {r['ssm_total_s']:.2f} s = "
-                           f"{100 * r['ssm_share']:.1f}%", verdict(r["ssm_share"] <= 0.15)))
-    r = find(records, "locost", "enc", 262144)
-    if r:
-        checks.append(("LOCOST 262,144 tokens encoder forward within 16 GB peak RSS",
-                       f"{r['peak_mb'] / 1024:.2f} GiB peak, {r['median_s']:.1f} s",
-                       verdict(r["peak_mb"] <= 16 * 1024)))
-    rs = ok(records, "locost", "enc")
-    if len(rs) >= 2:
-        e = slope([(x["length"], x["activations_mb"]) for x in rs])
-        checks.append(("LOCOST encoder memory growth ~linear",
-                       f"exponent {e:.2f} over " + ", ".join(f"{x['length'] // 1024}K" for x in rs),
-                       verdict(e <= 1.15)))
-    rs = ok(records, "led", "enc")
-    if len(rs) >= 2:
-        e = slope([(x["length"], x["activations_mb"]) for x in rs][-2:])
-        checks.append(("LED encoder memory linear in L (exponent, last pair)", f"{e:.2f}",
-                       verdict(e <= 1.15)))
-    return checks
-
-
-def checks_markdown(checks):
-    out = ["| target | measured | verdict |", "|---|---|---|"]
-    out += [f"| {t} | {v} | {ok_} |" for t, v, ok_ in checks]
-    return "\n".join(out)
-
-
-def plot(records, path_stem):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    modes = [m for m in MODES if any(r["mode"] == m and r["status"] == "ok" for r in records)]
-    archs = sorted({r["arch"] for r in records}, key=lambda a: ALL_ARCHS.index(a))
-    paths = []
-    for what, key, ylabel in (("time", "median_s", "seconds"), ("memory", "activations_mb",
-                                                                "peak MiB above weights")):
-        fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.4), squeeze=False)
-        for ax, mode in zip(axes[0], modes):
-            for arch in archs:
-                rs = ok(records, arch, mode)
-                if not rs:
-                    continue
-                style = "--" if arch.startswith("lsg_") and arch != "lsg_norm" else "-"
-                color = ARCH_COLORS.get(arch)  # the same in every panel and plot
-                ax.plot([r["length"] for r in rs], [max(r[key], 1e-3) for r in rs], style,
-                        marker="o", label=arch, color=color)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            ax.set_title({"enc": "encoder forward (no grad)", "train": "forward + backward",
-                          "gen": "generation"}[mode])
-            ax.set_xlabel("input tokens")
-            ax.set_ylabel(ylabel)
-            ax.grid(True, which="both", alpha=0.3)
-        for ax in axes[0]:
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = f"{path_stem}_{what}.png"
-        fig.savefig(path, dpi=80)
-        plt.close(fig)
-        paths.append(path)
-    return paths
 
 
 def load_average():
@@ -747,7 +522,7 @@ def main(argv=None):
     for length in args.lengths:
         for mode in args.modes:
             for arch in args.arch:
-                if mode not in modes_of(arch, args):
+                if mode not in modes_of(arch, length, args):
                     continue
                 rec = run_one(arch, mode, length, args)
                 records = [r for r in records if (r["arch"], r["mode"], r["length"]) != (arch, mode, length)]
@@ -764,10 +539,10 @@ def main(argv=None):
     meta_runs.append(run_meta)
     growth, checks = write_outputs(records, meta_runs, args, stem, plots=not args.no_plots)
     print("\n## Growth check (time and memory vs length, log-log exponent)\n")
-    print(growth_markdown(growth))
+    print(report.growth_markdown(growth))
     if checks:
         print("\n## Targets\n")
-        print(checks_markdown(checks))
+        print(report.checks_markdown(checks))
     print(f"\nwrote {stem}.json, {stem}.md" + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png")
           + f" in {run_meta['seconds']:.0f} s")
 
@@ -775,25 +550,15 @@ def main(argv=None):
 def write_outputs(records, meta_runs, args, stem, plots=True):
     """<stem>.json and <stem>.md (and the plots); called after every measurement, so that an
     interrupted run keeps what it measured (``--report-only`` redraws from the JSON)."""
-    growth = growth_rows(records)
-    checks = target_checks(records, args.main_lsg)
-    result = {"runs": meta_runs, "records": records, "growth": growth,
-              "targets": [{"target": t, "measured": v, "verdict": ok_} for t, v, ok_ in checks]}
+    growth = report.growth_rows(records)
+    checks = report.target_checks(records, args.main_lsg)
+    result = {"runs": meta_runs, "records": records, "growth": growth, "targets": checks}
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
-    last = meta_runs[-1]
-    loads = "; ".join(f"{m['started']}: {m['load_average_start']} -> {m.get('load_average_end')}"
-                      for m in meta_runs)
-    md = [f"# Benchmark results ({last['device']}, {last['cpu']}, {last['threads']} threads, "
-          f"torch {last['torch']}, {last['dtype']}, batch 1)", "",
-          f"Load average (1/5/15 min) at start -> end of each run: {loads}", "",
-          tables_markdown(records), "### Growth exponents (log-log slope)", "", growth_markdown(growth), ""]
-    if checks:
-        md += ["### Targets", "", checks_markdown(checks), ""]
     with open(stem + ".md", "w") as f:
-        f.write("\n".join(md))
+        f.write(report.report_markdown(records, meta_runs, growth, checks))
     if plots:
-        plot(records, stem)
+        report.plot(records, stem)
     return growth, checks
 
 
