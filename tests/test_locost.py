@@ -370,3 +370,65 @@ def test_train_then_generate_cli(word_data, tmp_path):
     assert "grouped_adam: group default:" in log and "weight decay 0.01" in log
     hyps = [l for l in res.stdout.splitlines() if l.startswith("H-")]
     assert len(hyps) == 4
+
+
+# ---------------------------------------------------------------------------- fused gated FFN (training memory)
+def _plain_ffn(ff, h, mask=None, p=0.0):
+    """The obviously-correct expression, with an explicit dropout mask."""
+    from lsg_fairseq.modules.t5_layers import gelu_new
+
+    x = gelu_new(ff.wi_0(h)) * ff.wi_1(h)
+    if mask is not None:
+        x = x * mask / (1 - p)
+    return ff.wo(x)
+
+
+def test_gated_gelu_ffn_gradcheck_float64():
+    from lsg_fairseq.modules.t5_layers import GatedGeluFFN
+
+    torch.manual_seed(0)
+    h = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    w0, w1 = (torch.randn(6, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    wo = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: GatedGeluFFN.apply(*a, 0.0), (h, w0, w1, wo))
+
+    # with dropout: the mask is drawn in forward; replaying the RNG draws the same mask
+    def fn(*a):
+        torch.manual_seed(3)
+        return GatedGeluFFN.apply(*a, 0.4)
+    assert torch.autograd.gradcheck(fn, (h, w0, w1, wo))
+
+
+def test_gated_gelu_ffn_equals_plain_module_with_grads():
+    from lsg_fairseq.modules.t5_layers import T5DenseGatedGelu
+
+    torch.manual_seed(0)
+    for p in (0.0, 0.3):
+        ff = T5DenseGatedGelu(8, 12, dropout=p).train()
+        h = torch.randn(2, 7, 8, requires_grad=True)
+        torch.manual_seed(1)
+        out = ff(h)  # fused path (autograd on)
+        torch.manual_seed(1)
+        mask = torch.empty(2, 7, 12, dtype=torch.bool).bernoulli_(1 - p) if p > 0 else None
+        ref = _plain_ffn(ff, h, mask, p)
+        assert torch.allclose(out, ref, atol=1e-6)
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, [h] + list(ff.parameters()), g)
+        grads_ref = torch.autograd.grad(ref, [h] + list(ff.parameters()), g)
+        for a, b in zip(grads, grads_ref):
+            assert torch.allclose(a, b, atol=1e-5)
+    with torch.no_grad():  # eval / no grad: the plain expression
+        ff.eval()
+        assert torch.allclose(ff(h), _plain_ffn(ff, h), atol=1e-6)
+
+
+def test_gated_gelu_ffn_keeps_only_input_and_mask():
+    from lsg_fairseq.modules.t5_layers import T5DenseGatedGelu
+
+    ff = T5DenseGatedGelu(8, 32, dropout=0.1).train()
+    h = torch.randn(1, 50, 8, requires_grad=True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        ff(h)
+    big = [t for t in saved if t.dtype.is_floating_point and t.numel() >= 50 * 32]
+    assert big == [], [t.shape for t in big]  # no (.., d_ff) float tensor kept

@@ -228,24 +228,46 @@ def test_fft_size_rounding_does_not_change_result():
 
 
 # ---------------------------------------------------------------------------- cache
+def _dense_reference(layer, u, mask=None):
+    """The slow reference: dense bidirectional convolution with the exact length-L kernels."""
+    L = u.shape[1]
+    k = layer.kernel.reference(L)  # (2 H L)
+    x = layer.k_proj(u)
+    if mask is not None:
+        x = x.masked_fill(mask.unsqueeze(-1), 0.0)
+    x = x.transpose(1, 2)  # (B H L)
+    t = torch.arange(L)
+    lag = t.view(-1, 1) - t.view(1, -1)  # (L L): t - s
+    kmat = torch.where(lag >= 0, k[0][:, lag.clamp(min=0)], k[1][:, (-lag).clamp(min=0)])  # (H L L)
+    kmat = kmat + torch.where(lag == 0, k[1][:, :1, None], torch.zeros(())).expand_as(kmat)
+    y = torch.einsum("hts,bhs->bht", kmat, x) + layer.D.view(-1, 1) * x
+    return layer.output_linear(y.transpose(1, 2) * layer.q_proj(u))
+
+
 def test_kernel_cache_hits_and_invalidation():
     layer = _perturbed_layer(H=8, N=8).eval()
     u = torch.randn(2, 30, 8)
     with torch.no_grad():
         y1 = layer(u)
-        kh = layer.kernel_fft(next_fast_len(60))
-        assert layer.kernel_fft(next_fast_len(60)) is kh  # cached object reused
-        assert torch.equal(layer(u), y1)
+        cache = layer._cache
+        assert cache is not None and cache[0] == 30
+        assert torch.equal(layer(u), y1) and layer._cache is cache  # cached kernels reused
         # in-place parameter update (optimizer step, load_state_dict) invalidates
         layer.kernel.log_dt.add_(0.1)
         y2 = layer(u)
-        assert layer.kernel_fft(next_fast_len(60)) is not kh
+        assert layer._cache is not cache
+        # D is not part of the cached kernels: changing it needs no invalidation and is honoured
+        layer.D.add_(1.0)
+        y3 = layer(u)
+        layer.D.sub_(1.0)
     fresh = _perturbed_layer(H=8, N=8)
     with torch.no_grad():
         fresh.kernel.log_dt.add_(0.1)
         fresh.eval()
         assert torch.allclose(y2, fresh(u), atol=1e-6)
         assert (y2 - y1).abs().max() > 1e-4
+        fresh.D.add_(1.0)
+        assert torch.allclose(y3, fresh(u), atol=1e-6)
         # load_state_dict into the same module also invalidates
         layer.load_state_dict(_perturbed_layer(H=8, N=8, seed=5).state_dict())
         assert torch.allclose(layer(u), _perturbed_layer(H=8, N=8, seed=5).eval()(u), atol=1e-6)
@@ -253,62 +275,60 @@ def test_kernel_cache_hits_and_invalidation():
 
 def test_no_cache_in_training_or_with_grad():
     layer = _perturbed_layer(H=4, N=8)
+    u = torch.randn(1, 20, 4)
     layer.train()
-    a = layer.kernel_fft(20)
-    assert layer.kernel_fft(20) is not a and len(layer._cache) == 0
-    layer.eval()
-    with torch.enable_grad():
-        layer.kernel_fft(20)
-    assert len(layer._cache) == 0
     with torch.no_grad():
-        layer.kernel_fft(20)
-    assert len(layer._cache) == 1
+        layer(u)
+    assert layer._cache is None
+    layer.eval()
+    layer(u)  # autograd on
+    assert layer._cache is None
+    with torch.no_grad():
+        layer(u)
+    assert layer._cache is not None and layer.cached_kernel_bytes() > 0
     layer.train()
-    assert len(layer._cache) == 0
+    assert layer._cache is None and layer.cached_kernel_bytes() == 0
     zero = S4D(4, 8, kernel_cache_mb=0).eval()
     with torch.no_grad():
-        zero.kernel_fft(20)
-    assert len(zero._cache) == 0
+        zero(u)
+    assert zero._cache is None
 
 
-def test_cache_budget_evicts_oldest():
-    layer = _perturbed_layer(H=4, N=8, kernel_cache_mb=4 * 51 * 8 * 2.5 / 2 ** 20).eval()
+def test_cache_budget_is_a_bound():
+    """Kernels over the budget are generated per call and not kept; under it they are kept, truncated
+    at each channel group's decay length (so a cache made for a long input is small)."""
+    layer = _perturbed_layer(H=4, N=8).eval()
     with torch.no_grad():
-        for f in (100, 100, 100):  # entries of 4 * 51 complex64 each: two fit in the budget
-            layer.kernel_fft(f)
-        layer.kernel_fft(98)
-        layer.kernel_fft(96)
-        assert list(layer._cache) == [98, 96]
-        layer.kernel_fft(300)  # 4 * 151 entries: over the whole budget, computed but not kept
-    assert list(layer._cache) == [98, 96]
+        layer(torch.randn(1, 50, 4))
+    need = layer.cached_kernel_bytes()
+    assert 0 < need <= 2 * 4 * 50 * 4
+    tight = _perturbed_layer(H=4, N=8, kernel_cache_mb=(need - 1) / 2 ** 20).eval()
+    u = torch.randn(1, 50, 4)
+    with torch.no_grad():
+        out = tight(u)
+        assert tight._cache is None
+        assert torch.allclose(out, layer(u), atol=1e-6)
 
 
-def test_one_cached_kernel_serves_every_length_with_its_fft_size():
-    """Lengths 33..40 all use FFT size 80: one kernel (laid out for length 40) is generated and
-    reused, and each output equals the uncached layer's (kernel of exactly length L, size 2L)."""
-    lengths = [L for L in range(30, 41) if next_fast_len(2 * L) == 80]
-    assert len(lengths) >= 4
+def test_one_cached_kernel_serves_every_shorter_length():
+    """The kernels cached for the longest input serve every shorter one (sliced): generated once,
+    and each output equals the uncached layer's and the dense reference's."""
     cached = _perturbed_layer(H=6, N=8).eval()
     plain = _perturbed_layer(H=6, N=8, kernel_cache_mb=0).eval()
     calls = []
     orig = cached.kernel.forward
     cached.kernel.forward = lambda length, channels=slice(None): calls.append(length) or orig(length, channels)
     with torch.no_grad():
-        for L in lengths:
+        for L in (40, 33, 17, 40, 5, 1):
             u = torch.randn(2, L, 6)
             ref = plain(u)
-            # the slow reference: dense bidirectional convolution with the exact length-L kernels
-            k = plain.kernel.reference(L)  # (2 H L)
-            x = plain.k_proj(u).transpose(1, 2)  # (B H L)
-            t = torch.arange(L)
-            lag = t.view(-1, 1) - t.view(1, -1)  # (L L): t - s
-            kmat = torch.where(lag >= 0, k[0][:, lag.clamp(min=0)], k[1][:, (-lag).clamp(min=0)])  # (H L L)
-            kmat = kmat + torch.where(lag == 0, k[1][:, :1, None], torch.zeros(())).expand_as(kmat)
-            y = torch.einsum("hts,bhs->bht", kmat, x) + plain.D.view(-1, 1) * x
-            dense = plain.output_linear(y.transpose(1, 2) * plain.q_proj(u))
-            assert torch.allclose(ref, dense, atol=1e-4)
+            assert torch.allclose(ref, _dense_reference(plain, u), atol=1e-4)
             assert torch.allclose(cached(u), ref, atol=1e-5)
-    assert calls == [40] and list(cached._cache) == [80]
+    n_generated = len(calls)
+    assert cached._cache[0] == 40
+    with torch.no_grad():
+        cached(torch.randn(1, 60, 6))  # longer: generated again and the cache replaced
+    assert len(calls) > n_generated and cached._cache[0] == 60
 
 
 # ---------------------------------------------------------------------------- decay groups
@@ -414,10 +434,14 @@ def test_channel_chunked_inference_equals_full():
     mask[1, 25:] = True
     with torch.no_grad():
         full = layer(u, mask)
-        layer.max_fft_elems = 4 * 2 * next_fast_len(80) * 3  # 3 channels per chunk: 3 + 3 + 2
+        layer.max_fft_elems = 4 * 2 * next_fast_len(80) * 3  # at most 3 channels per chunk
         chunked = layer(u, mask)
-    assert torch.allclose(full, chunked, atol=1e-6)
-    assert len(layer._cache) == 1  # only the unchunked call cached its kernel
+        layer.clear_kernel_cache()
+        layer.kernel_cache_mb = 0
+        cold = layer(u, mask)  # kernels generated chunk by chunk
+        assert torch.allclose(full, _dense_reference(layer, u, mask) * (~mask).unsqueeze(-1) + full * mask.unsqueeze(-1),
+                              atol=1e-4)
+    assert torch.allclose(full, chunked, atol=1e-6) and torch.allclose(full, cold, atol=1e-6)
 
 
 def test_ffn_position_chunking_equals_full():

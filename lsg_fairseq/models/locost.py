@@ -67,10 +67,11 @@ LOCOST_ARGS = [
     ("--ssm-lr", finite_float, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
                         "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
-    ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching SSM kernel FFTs per FFT size in "
-                                     "eval mode without autograd (one entry serves all lengths with the same "
-                                     "FFT size; an entry is d_model * (FFT size / 2 + 1) * 8 bytes, 101 MiB for "
-                                     "locost_base at 16K tokens); 0 disables"),
+    ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching the SSM kernels in eval "
+                                     "mode without autograd (time domain, each channel cut at its decay "
+                                     "length; one entry serves every input up to the length it was made for: "
+                                     "~41 MiB per locost_base layer at 16K tokens, ~60 MiB at any length past "
+                                     "~46K for the default init); 0 disables"),
     ("--ssm-kernel-tail-tol", float_range(0), "SSM kernel entries after every mode's term has decayed below this are "
                                      "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
                                      "0 computes every entry like the reference"),

@@ -28,15 +28,20 @@ Where the time goes and what is done about it (numbers: ``benchmarks/README.md``
   matmuls, H*M*(A + S) exponentials instead of H*M*L;
 - each channel's kernel is computed only until every mode has decayed below ``tail_tol``
   (:meth:`S4DKernel.decay_lengths`, channels grouped by :func:`channel_groups`);
-- in eval mode the kernel spectrum is cached per FFT size (:meth:`S4D.kernel_fft`): one entry
-  serves every input length with that FFT size, so a test set pays kernel generation once per size;
-- ``D`` is folded into the kernel's lag 0 and the inference path tiles its transposes
-  (:meth:`S4D._mix_inference`);
+- inference (no autograd) works a chunk of channels at a time (:meth:`S4D._forward_inference`):
+  channels are taken in decay-length groups, a group of kernel length n uses FFT size
+  ``next_fast_len(L + n - 1)`` instead of 2L, and the k/q projections are made per chunk, so no
+  (B, L, H) intermediate besides the input and output exists;
+- in eval mode the *time-domain* kernels are cached (:meth:`S4D.kernel_groups`), each group cut at
+  its decay length, in one flat buffer per layer (at most ``kernel_cache_mb``); their FFT is
+  redone per call (cheap next to generating them). One entry serves every input up to the length
+  it was made for, and past the longest decay length (~46K tokens for the S4D-Lin init) its size no
+  longer grows with L: ~41 MiB per locost_base layer at 16K instead of the 101 MiB spectrum;
+- ``D`` is folded into the kernel's lag 0;
 - in training, :class:`FFTConv` keeps only the input and the circular kernel for backward and the
   kernel's blocked-product temporaries are recomputed (``recompute``).
 """
 import math
-from collections import OrderedDict
 from typing import Optional, Tuple
 
 import torch
@@ -286,19 +291,32 @@ class S4DKernel(nn.Module):
         return vandermonde_naive(c_prime, dt_a, length)
 
 
-def circular_bidirectional_kernel(k: torch.Tensor, fft_size: int) -> torch.Tensor:
+def circular_bidirectional_kernel(k: torch.Tensor, fft_size: int, skip: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Lays (2, H, L) kernels out as one circular kernel of length ``fft_size`` >= 2L - 1.
 
     Entry d holds lag d: ``Kf[0] + Kb[0]`` at 0, ``Kf[d]`` at d, ``Kb[d]`` at ``fft_size - d``, zeros
     between. For ``fft_size == 2L`` this is the reference's ``[Kf0+Kb0, Kf1..KfL-1, 0, KbL-1..Kb1]``.
+    ``skip`` (H,), if given, is added at lag 0 (the ``D k`` term is a convolution with ``D`` at lag 0).
     """
     _, H, L = k.shape
     if fft_size < 2 * L - 1:
         raise ValueError(f"fft_size {fft_size} < 2L-1 = {2 * L - 1} would wrap around")
     kf, kb = k[0], k[1]  # (H L) each
-    lag0 = (kf[:, :1] + kb[:, :1])  # (H 1)
-    zeros = k.new_zeros(H, fft_size - 2 * L + 1)  # (H F-2L+1)
-    return torch.cat([lag0, kf[:, 1:], zeros, kb[:, 1:].flip(-1)], dim=-1)  # (H F)
+    if torch.is_grad_enabled() and k.requires_grad:
+        lag0 = (kf[:, :1] + kb[:, :1])  # (H 1)
+        if skip is not None:
+            lag0 = lag0 + skip.unsqueeze(-1)
+        zeros = k.new_zeros(H, fft_size - 2 * L + 1)  # (H F-2L+1)
+        return torch.cat([lag0, kf[:, 1:], zeros, kb[:, 1:].flip(-1)], dim=-1)  # (H F)
+    # no autograd: written in place into one buffer (inference does this once per chunk and call)
+    out = k.new_empty(H, fft_size)  # (H F)
+    out[:, :L] = kf
+    out[:, L:fft_size - L + 1].zero_()
+    out[:, fft_size - L + 1:] = kb[:, 1:].flip(-1)
+    out[:, 0] += kb[:, 0]
+    if skip is not None:
+        out[:, 0] += skip
+    return out
 
 
 class S4D(nn.Module):
@@ -307,10 +325,11 @@ class S4D(nn.Module):
     ``k = k_proj(u)`` (the SSM input, zeroed at padding), ``q = q_proj(u)`` (a purely linear gate).
     No activation, dropout or normalisation inside (spec section 1).
 
-    Kernel cache: in eval mode without autograd, the FFT of the circular kernel depends only on the
-    parameters and the FFT size, so it is kept per FFT size (LRU, at most ``kernel_cache_mb`` MiB per
-    layer; see :meth:`kernel_fft`) and invalidated when a parameter is modified in place, moved or
-    replaced, or on ``train()``/``eval()``.
+    Kernel cache: in eval mode without autograd, the kernels (time domain, truncated per channel
+    group at the decay length) depend only on the SSM parameters, so the last set made is kept if it
+    fits in ``kernel_cache_mb`` MiB (see :meth:`kernel_groups`); it serves every shorter input and is
+    invalidated when a kernel parameter is modified in place, moved or replaced, or on
+    ``train()``/``eval()``. ``D`` is applied per call, so it is not part of the cache.
     """
 
     def __init__(
@@ -336,17 +355,18 @@ class S4D(nn.Module):
         # Inference without autograd on long inputs: channels are independent, so the kernel and the
         # FFT convolution are done a few channels at a time, keeping temporaries below this many
         # float32 elements (memory O(B*L*H) for the activations + O(chunk*L), not several (B,H,2L)).
-        self.max_fft_elems = 1 << 26
-        self._cache: "OrderedDict[int, torch.Tensor]" = OrderedDict()  # FFT size -> kernel FFT
+        self.max_fft_elems = 1 << 24
+        # (length L', [(channel idx, n, kernels (2, g, n))]): the time-domain kernels made for L'
+        self._cache = None
         self._cache_signature = None
 
-    # ---------------------------------------------------------------- kernel FFT (+ cache)
+    # ---------------------------------------------------------------- kernels (+ cache)
     def _signature(self):
-        ps = [getattr(self.kernel, n) for n in SSM_PARAMETER_NAMES] + [self.D]  # D is folded into k_hat
+        ps = [getattr(self.kernel, n) for n in SSM_PARAMETER_NAMES]
         return tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in ps)
 
     def clear_kernel_cache(self):
-        self._cache.clear()
+        self._cache = None
         self._cache_signature = None
 
     def train(self, mode: bool = True):
@@ -361,94 +381,122 @@ class S4D(nn.Module):
     def _cache_enabled(self) -> bool:
         return self.kernel_cache_mb > 0 and not self.training and not torch.is_grad_enabled()
 
-    def _fits_cache(self, fft_size: int) -> bool:
-        return self.H * (fft_size // 2 + 1) * 8 <= self.kernel_cache_mb * 2 ** 20  # complex64 entries
+    def cached_kernel_bytes(self) -> int:
+        """Bytes held by the kernel cache (0 when empty)."""
+        if self._cache is None:
+            return 0
+        return sum(k.numel() * k.element_size() for _, _, k in self._cache[1])
 
-    def kernel_fft(self, fft_size: int) -> torch.Tensor:
-        """rfft of the circular bidirectional kernel for FFT size F: (H, F // 2 + 1) complex64.
+    def kernel_groups(self, length: int):
+        """The kernels for inputs of length L, by channel group: a list of ``(idx, n, k)`` with ``idx``
+        (g,) channel indices, ``n`` <= L the group's kernel length (its longest decay length, see
+        :meth:`S4DKernel.decay_lengths`) and ``k`` (2, g, n') float32, n' >= n, the causal and
+        anti-causal kernels of those channels (only ``k[..., :n]`` is used; beyond ``n`` they are 0).
 
-        It serves every input length L with ``next_fast_len(2L) == F``: the kernel is laid out with
-        length ``F // 2 >= L`` and the entries at lags >= L only ever meet the zero padding of the
-        input. So the cache is keyed by F alone, and inputs of nearby lengths (a length-sorted
-        test set) reuse one kernel instead of generating their own.
+        In eval mode without autograd the kernels are cached (up to ``kernel_cache_mb`` MiB); a cached set made
+        for length L' >= L serves L by slicing. Without the cache, ``k`` is None and the convolution
+        generates each channel chunk's kernel itself (bounded temporaries).
         """
         use_cache = self._cache_enabled()
         if use_cache:
             sig = self._signature()
             if sig != self._cache_signature:
-                self._cache.clear()
+                self._cache = None
                 self._cache_signature = sig
-            hit = self._cache.get(fft_size)
-            if hit is not None:
-                self._cache.move_to_end(fft_size)
-                return hit
-        k = self.kernel((fft_size + 1) // 2)  # (2 H F/2): the longest kernel F can hold
-        k_hat = self._spectrum(k, slice(None), fft_size)  # (H F/2+1)
-        if use_cache and self._fits_cache(fft_size):
-            budget = self.kernel_cache_mb * 2 ** 20
-            self._cache[fft_size] = k_hat
-            while sum(t.numel() * t.element_size() for t in self._cache.values()) > budget:
-                self._cache.popitem(last=False)
-        return k_hat
+            if self._cache is not None and self._cache[0] >= length:
+                return [(idx, min(n, length), k) for idx, n, k in self._cache[1]]
+        c_prime, dt_a = self.kernel.discretize()
+        lengths = self.kernel.decay_lengths(c_prime, dt_a, length)  # (H) ints <= L
+        groups = channel_groups(lengths)  # [(idx, n)]
+        size = sum(2 * len(idx) * n * 4 for idx, n in groups)  # float32 kernels, truncated per group
+        if not use_cache or size > self.kernel_cache_mb * 2 ** 20:
+            return [(idx, n, None) for idx, n in groups]  # generated chunk by chunk by the caller
+        # One flat buffer per layer, the groups' kernels views into it: a single allocation that the
+        # allocator maps on its own, instead of many mid-sized blocks that pin the heap's free space.
+        flat = torch.empty(size // 4, dtype=torch.float32, device=dt_a.device)
+        entries, off = [], 0
+        for idx, n in groups:
+            k = self.kernel(n, idx)  # (2 g n)
+            entries.append((idx, n, flat[off:off + k.numel()].view_as(k).copy_(k)))
+            off += k.numel()
+            del k
+        self._cache = (length, entries)
+        return entries
 
     # ---------------------------------------------------------------- layer
     def forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """u: (B, L, H); padding_mask: (B, L) bool, True at padding (or None) -> (B, L, H)."""
         L = u.shape[1]
+        if not torch.is_grad_enabled():
+            return self._forward_inference(u, padding_mask)
         k = self.k_proj(u)  # (B L H)
         if padding_mask is not None:
             # k_proj has a bias, so padding must be zeroed explicitly to keep it out of the conv
             k = k.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # (B L H)
         q = self.q_proj(u)  # (B L H): the gate is not masked (reference behaviour)
-
         fft_size = next_fast_len(2 * L)
-        if not torch.is_grad_enabled():
-            return self.output_linear(self._mix_inference(k, q, fft_size).to(u.dtype))
         # training: FFT in float32 whatever the activation dtype; only k and the kernel are kept
         kc = self._circular(self.kernel(L), slice(None), fft_size)  # (H F)
         y = FFTConv.apply(k.float(), kc, fft_size).to(u.dtype)  # (B L H)
         return self.output_linear(y * q)
 
     @torch.no_grad()
-    def _mix_inference(self, k: torch.Tensor, q: torch.Tensor, fft_size: int) -> torch.Tensor:
-        """``(K * k + D k) q`` without autograd: (B, L, H) float32, a few channels at a time.
+    def _forward_inference(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """``output_linear(((K * k) + D k) q)`` without autograd, a chunk of channels at a time.
 
-        Channels are independent, so the FFTs run on chunks of channels that keep the temporaries
-        below ``max_fft_elems`` floats (memory O(B L H) + O(chunk L), not several (B, H, 2L)), and
-        the (B, L, H) <-> (B, H, L) transposes are done in cache-sized tiles with the gate fused into
-        the way back: a plain transposed copy of a (16K, 768) activation is 2-3x slower.
+        Channels are taken in decay-length groups (:meth:`kernel_groups`); a group whose kernels have
+        length n <= L needs FFT size ``next_fast_len(L + n - 1)`` only (no lag of the kernel wraps
+        onto an output position), not 2L. Per chunk of channels ``idx``: ``k`` and ``q`` are that
+        chunk's columns of the projections (never the whole (B, L, H) tensors), the chunk's kernel
+        is laid out circularly and FFT'd (from the cache, or generated), the input is FFT-convolved
+        and the gated result is written to the chunk's columns of a channel-permuted ``y``; the output
+        projection takes its columns in the same order. Temporaries stay below ``max_fft_elems``
+        floats per (B, chunk, F) buffer; the (B, L, c) <-> (B, c, L) transposes go in cache-sized tiles.
         """
-        B, L, H = k.shape
-        chunk = max(1, self.max_fft_elems // (4 * B * fft_size))
-        # A kernel that the cache can hold is made (or found) whole even when the convolution is
-        # chunked; otherwise (long inputs) each channel chunk generates just its own kernel.
-        whole = chunk >= H or (self._cache_enabled() and self._fits_cache(fft_size))
-        k_hat = self.kernel_fft(fft_size) if whole else None  # (H F/2+1)
-        y = torch.empty(B, L, H, dtype=torch.float32, device=k.device)  # (B L H)
-        for h0 in range(0, H, chunk):
-            h1 = min(H, h0 + chunk)
-            if k_hat is not None:
-                kh = k_hat[h0:h1]  # (h F/2+1)
-            else:
-                kh = self._spectrum(self.kernel(L, slice(h0, h1)), slice(h0, h1), fft_size)  # (h F/2+1)
-            xp = torch.empty(B, h1 - h0, fft_size, dtype=torch.float32, device=k.device)  # (B h F)
-            xp[..., L:].zero_()
-            for l0 in range(0, L, 256):  # tiles of 256 positions: (B 256 h) -> (B h 256)
-                l1 = min(L, l0 + 256)
-                xp[..., l0:l1] = k[:, l0:l1, h0:h1].transpose(1, 2)
-            yc = torch.fft.irfft(torch.fft.rfft(xp).mul_(kh), n=fft_size)  # (B h F)
-            for c0 in range(h0, h1, 8):  # tiles of 8 channels: (B h L) -> (B L h), times the gate
-                c1 = min(h1, c0 + 8)
-                torch.mul(yc[:, c0 - h0:c1 - h0, :L].transpose(1, 2), q[:, :, c0:c1], out=y[:, :, c0:c1])
-        return y  # (B L H)
+        B, L, H = u.shape
+        x = u
+        pad = None if padding_mask is None else padding_mask.unsqueeze(-1)  # (B L 1)
+        groups = self.kernel_groups(L)
+        perm = torch.cat([idx for idx, _, _ in groups]).to(u.device)  # (H): y[..., j] is channel perm[j]
+        wk, bk = self.k_proj.weight[perm], self.k_proj.bias[perm]  # rows in y's order: chunks are slices
+        wq, bq = self.q_proj.weight[perm], self.q_proj.bias[perm]
+        d = self.D[perm].float()
+        y = torch.empty(B, L, H, dtype=torch.float32, device=u.device)  # (B L H), channel-permuted
+        j = 0  # first column of y of the current chunk
+        for idx, n, kern in groups:
+            n = min(n, L)
+            fft_size = next_fast_len(L + n - 1)
+            chunk = max(1, self.max_fft_elems // (4 * B * fft_size))
+            for c0 in range(0, len(idx), chunk):
+                c = min(chunk, len(idx) - c0)
+                cols = slice(j, j + c)
+                kk = self.kernel(n, idx[c0:c0 + c]) if kern is None else kern[:, c0:c0 + c, :n]  # (2 c n)
+                kh = torch.fft.rfft(circular_bidirectional_kernel(kk, fft_size, d[cols]))  # (c F/2+1)
+                kx = F.linear(x, wk[cols], bk[cols]).float()  # (B L c)
+                if pad is not None:
+                    kx.masked_fill_(pad, 0.0)  # k_proj has a bias: padding is zeroed to keep it out of the conv
+                xp = torch.empty(B, c, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
+                xp[..., L:].zero_()
+                for l0 in range(0, L, 256):  # tiles of 256 positions: (B 256 c) -> (B c 256)
+                    l1 = min(L, l0 + 256)
+                    xp[..., l0:l1] = kx[:, l0:l1].transpose(1, 2)
+                del kx
+                yc = torch.fft.irfft(torch.fft.rfft(xp).mul_(kh), n=fft_size)  # (B c F)
+                del xp, kh
+                q = F.linear(x, wq[cols], bq[cols]).float()  # (B L c): the gate
+                for t0 in range(0, c, 8):  # tiles of 8 channels: (B c L) -> (B L c), times the gate
+                    t1 = min(c, t0 + 8)
+                    torch.mul(yc[:, t0:t1, :L].transpose(1, 2), q[:, :, t0:t1], out=y[:, :, j + t0:j + t1])
+                del yc, q
+                j += c
+        w = self.output_linear.weight[:, perm]  # (H H): input columns in y's order
+        return F.linear(y.to(w.dtype), w, self.output_linear.bias).to(u.dtype)  # (B L H)
 
 
     def _circular(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """The circular bidirectional kernel (h, F) of kernels (2, h, L) with the D skip folded into
         lag 0 (``D k`` is a convolution with ``D`` at lag 0, so the FFT does it for free)."""
-        circ = circular_bidirectional_kernel(k, fft_size)  # (h F)
-        lag0 = F.pad(self.D[channels].float().unsqueeze(-1), (0, fft_size - 1))  # (h F): D at lag 0
-        return circ + lag0  # (h F)
+        return circular_bidirectional_kernel(k, fft_size, self.D[channels].float())  # (h F)
 
     def _spectrum(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """rfft of :meth:`_circular`: (h, F // 2 + 1) complex64."""
