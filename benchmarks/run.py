@@ -323,9 +323,9 @@ def make_step(model, dictionary, mode, length, args, device):
 def ssm_breakdown(model, step, device) -> dict:
     """One more encoder call with the S4D token mixer's own work timed separately.
 
-    kernel = SSM kernel generation (``S4DKernel.forward``) and its spectrum (``S4D._spectrum``);
-    conv = the rest of ``S4D.forward`` except its three linear layers (k/q/output projections):
-    padding mask, transposes, the input FFT, the product, the inverse FFT, the gate. So
+    kernel = SSM kernel generation (``S4DKernel.forward``); conv = the rest of ``S4D.forward``
+    except its three linear layers (k/q/output projections, ``S4D._project`` in inference): padding
+    mask, kernel layout and FFT, transposes, the input FFT, the product, the inverse FFT, the gate. So
     ``kernel + conv`` is everything the SSM adds over a token mixer made of linear layers.
     """
     from lsg_fairseq.modules import s4d
@@ -354,7 +354,7 @@ def ssm_breakdown(model, step, device) -> dict:
 
     wrap(s4d.S4D, "forward", "layer")
     wrap(s4d.S4DKernel, "forward", "kernel")
-    wrap(s4d.S4D, "_spectrum", "kernel")
+    wrap(s4d.S4D, "_project", "proj")  # the inference path's per-chunk projections
     for m in model.modules():
         if isinstance(m, s4d.S4D):
             for lin in (m.k_proj, m.q_proj, m.output_linear):
@@ -375,7 +375,7 @@ def ssm_breakdown(model, step, device) -> dict:
     return {"ssm_total_s": total, "ssm_kernel_s": totals["kernel"], "ssm_conv_s": conv,
             "ssm_proj_s": totals["proj"], "ssm_share": (totals["kernel"] + conv) / total,
             "ssm_conv_is": "S4D.forward minus its k/q/output projections and the kernel (mask, transposes, "
-                           "FFTs, product, gate); kernel = S4DKernel.forward + S4D._spectrum"}
+                           "FFTs, product, gate); kernel = S4DKernel.forward"}
 
 
 def sync(device):

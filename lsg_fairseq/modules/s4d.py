@@ -458,8 +458,8 @@ class S4D(nn.Module):
         pad = None if padding_mask is None else padding_mask.unsqueeze(-1)  # (B L 1)
         groups = self.kernel_groups(L)
         perm = torch.cat([idx for idx, _, _ in groups]).to(u.device)  # (H): y[..., j] is channel perm[j]
-        wk, bk = self.k_proj.weight[perm], self.k_proj.bias[perm]  # rows in y's order: chunks are slices
-        wq, bq = self.q_proj.weight[perm], self.q_proj.bias[perm]
+        k_cols = self._columns(self.k_proj, x, perm)  # chunk -> (B L c) columns of k_proj(x), y's order
+        q_cols = self._columns(self.q_proj, x, perm)
         d = self.D[perm].float()
         y = torch.empty(B, L, H, dtype=torch.float32, device=u.device)  # (B L H), channel-permuted
         j = 0  # first column of y of the current chunk
@@ -472,7 +472,7 @@ class S4D(nn.Module):
                 cols = slice(j, j + c)
                 kk = self.kernel(n, idx[c0:c0 + c]) if kern is None else kern[:, c0:c0 + c, :n]  # (2 c n)
                 kh = torch.fft.rfft(circular_bidirectional_kernel(kk, fft_size, d[cols]))  # (c F/2+1)
-                kx = F.linear(x, wk[cols], bk[cols]).float()  # (B L c)
+                kx = k_cols(cols).float()  # (B L c)
                 if pad is not None:
                     kx.masked_fill_(pad, 0.0)  # k_proj has a bias: padding is zeroed to keep it out of the conv
                 xp = torch.empty(B, c, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
@@ -483,24 +483,38 @@ class S4D(nn.Module):
                 del kx
                 yc = torch.fft.irfft(torch.fft.rfft(xp).mul_(kh), n=fft_size)  # (B c F)
                 del xp, kh
-                q = F.linear(x, wq[cols], bq[cols]).float()  # (B L c): the gate
+                q = q_cols(cols).float()  # (B L c): the gate
                 for t0 in range(0, c, 8):  # tiles of 8 channels: (B c L) -> (B L c), times the gate
                     t1 = min(c, t0 + 8)
                     torch.mul(yc[:, t0:t1, :L].transpose(1, 2), q[:, :, t0:t1], out=y[:, :, j + t0:j + t1])
                 del yc, q
                 j += c
-        w = self.output_linear.weight[:, perm]  # (H H): input columns in y's order
-        return F.linear(y.to(w.dtype), w, self.output_linear.bias).to(u.dtype)  # (B L H)
+        out = self.output_linear
+        if isinstance(out, nn.Linear):
+            w = out.weight[:, perm]  # (H H): input columns in y's order
+            return self._project(y.to(w.dtype), w, out.bias).to(u.dtype)  # (B L H)
+        return out(y[..., torch.argsort(perm)]).to(u.dtype)  # (B L H): e.g. int8, channels back in order
 
+    def _columns(self, lin: nn.Module, x: torch.Tensor, perm: torch.Tensor):
+        """A function of a column slice ``cols`` returning those columns of ``lin(x)`` (B, L, c), in the
+        channel order ``perm``. A plain ``nn.Linear`` projects each chunk from its weight rows, so the
+        whole (B, L, H) output never exists; any other module (an int8 ``DynamicQuantizedLinear`` has
+        no weight tensor) is called once on the whole input and sliced."""
+        if isinstance(lin, nn.Linear):
+            w, b = lin.weight[perm], lin.bias[perm]  # rows in y's order: chunks are slices
+            return lambda cols: self._project(x, w[cols], b[cols])
+        full = lin(x)[..., perm]  # (B L H)
+        return lambda cols: full[..., cols]
+
+    def _project(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """``F.linear``: every projection of the inference path goes through here (the benchmark's
+        SSM breakdown times it apart from the convolution)."""
+        return F.linear(x, weight, bias)
 
     def _circular(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """The circular bidirectional kernel (h, F) of kernels (2, h, L) with the D skip folded into
         lag 0 (``D k`` is a convolution with ``D`` at lag 0, so the FFT does it for free)."""
         return circular_bidirectional_kernel(k, fft_size, self.D[channels].float())  # (h F)
-
-    def _spectrum(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
-        """rfft of :meth:`_circular`: (h, F // 2 + 1) complex64."""
-        return torch.fft.rfft(self._circular(k, channels, fft_size))  # (h F/2+1)
 
 
 class FFTConv(torch.autograd.Function):
