@@ -6,94 +6,13 @@ import torch
 
 from lsg_fairseq.modules.lsg_attention import LSGSelfAttention, check_lsg_config
 from lsg_fairseq.ops import window_attention
+from test_sparse import ref_sparse  # the sparse sequences written as loops from the spec
 
 NEG = torch.finfo(torch.float32).min
 TYPES = ["none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh"]
 
 
 # ----------------------------------------------------------------------------- slow reference
-def ref_sparse(stype, q0, k, v, valid, bs, sbs, sf, projs=None):
-    """Sparse sequence, written as loops straight from spec/lsg.md section 4 Step A.
-
-    q0 (h, d), k/v (h, t, d), valid (t,) bool; projs: lsh random projections, one per round,
-    (h, 1, d, buckets/2), shared by the batch. Returns keys, values (h, ns, d), ok (h, ns) bool.
-    """
-    h, t, d = k.shape
-    if sf == 1:
-        return k, v, valid[None].expand(h, t)
-    ns = t // sf
-    sk, sv = torch.zeros(h, ns, d), torch.zeros(h, ns, d)
-    ok = torch.zeros(h, ns, dtype=torch.bool)
-    if stype == "norm":
-        c = min(bs, sbs)
-        keep = c // sf
-        for hh in range(h):
-            for ci in range(t // c):
-                tok = list(range(ci * c, (ci + 1) * c))
-                norms = [float(k[hh, i].norm()) if valid[i] else 0.0 for i in tok]
-                chosen = [tok[i] for i in sorted(range(c), key=lambda i: norms[i])[-keep:]]
-                for r, i in enumerate(chosen):
-                    sk[hh, ci * keep + r], sv[hh, ci * keep + r] = k[hh, i], v[hh, i]
-                    ok[hh, ci * keep + r] = valid[i]
-    elif stype == "pooling":
-        for p in range(ns):
-            members = [i for i in range(p * sf, (p + 1) * sf) if valid[i]]
-            if members:
-                sk[:, p] = k[:, members].sum(1) / (len(members) + 1e-6)
-                sv[:, p] = v[:, members].sum(1) / (len(members) + 1e-6)
-                ok[:, p] = True
-    elif stype == "stride":
-        for hh in range(h):
-            for p in range(ns):
-                i = p * sf + hh % sf
-                sk[hh, p], sv[hh, p], ok[hh, p] = k[hh, i], v[hh, i], valid[i]
-    elif stype == "block_stride":
-        step = bs // sf
-        for hh in range(h):
-            for b in range(t // bs):
-                for r in range(step):
-                    i = b * bs + (r + hh * step) % bs
-                    p = b * step + r
-                    sk[hh, p], sv[hh, p], ok[hh, p] = k[hh, i], v[hh, i], valid[i]
-    elif stype == "bos_pooling" or (stype == "lsh" and sf == sbs):
-        for hh in range(h):
-            for p in range(ns):
-                g = list(range(p * sf, (p + 1) * sf))
-                s = torch.stack([k[hh, i] @ q0[hh] / math.sqrt(d) + (0 if valid[i] else NEG)
-                                 for i in g])
-                w = torch.softmax(s, 0)
-                sk[hh, p] = sum(w[r] * k[hh, i] for r, i in enumerate(g))
-                sv[hh, p] = sum(w[r] * v[hh, i] for r, i in enumerate(g))
-                ok[hh, p] = any(bool(valid[i]) for i in g)  # fully padded groups masked (fix)
-    elif stype == "lsh":
-        c = min(bs, sbs)
-        kc = (k * valid[None, :, None]).view(h, t // c, c, d)
-        vc = (v * valid[None, :, None]).view(h, t // c, c, d)
-        wc = valid.float().view(1, t // c, c, 1).expand(h, -1, -1, -1)
-        for size, proj in projs:
-            codes = (torch.nn.functional.normalize(kc, dim=-1) * wc.clamp(0, 1)) @ proj
-            if size // 2 == 0:  # a single bucket
-                bucket = torch.zeros(codes.shape[:-1], dtype=torch.long)
-            else:
-                bucket = torch.cat([codes, -codes], -1).argmax(-1)  # (h, t/c, c_in)
-            nk, nv, nw = (torch.zeros(h, t // c, size, d), torch.zeros(h, t // c, size, d),
-                          torch.zeros(h, t // c, size, 1))
-            for hh in range(h):
-                for ci in range(t // c):
-                    for i in range(kc.size(2)):
-                        b = bucket[hh, ci, i]
-                        nk[hh, ci, b] += kc[hh, ci, i]
-                        nv[hh, ci, b] += vc[hh, ci, i]
-                        nw[hh, ci, b] += wc[hh, ci, i]
-            kc, vc, wc = nk, nv, nw
-        sk = (kc / (wc + 1e-8)).reshape(h, ns, d)
-        sv = (vc / (wc + 1e-8)).reshape(h, ns, d)
-        ok = wc.reshape(h, ns) > 0
-    else:
-        raise AssertionError(stype)
-    return sk, sv, ok
-
-
 def dense_reference(attn, x, key_padding_mask=None, gen=None):
     """Dense softmax attention over [tokens + sparse entries] with the LSG pattern as a mask."""
     T, n, C = x.shape
@@ -270,14 +189,14 @@ def test_lsg_path_on_two_blocks_equals_full_attention(stype):
     mask = torch.zeros(2, 19, dtype=torch.bool)
     mask[0, 14:] = True
     with torch.no_grad():
-        q, k, v = (p(x.transpose(0, 1)).view(2, 19, 2, 8)  # (n, S, h, d)
-                   for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+        xb = x.transpose(0, 1)  # (n, S, C)
+        q, k, v = (p(xb).view(2, 19, 2, 8) for p in (attn.q_proj, attn.k_proj, attn.v_proj))  # (n, S, h, d)
         key_mask = torch.zeros(2, 19).masked_fill(mask, NEG)
-        o = attn._lsg(q, k, v, key_mask)  # (n, S, C)
-        out = attn.out_proj(o).transpose(0, 1)
         ref = full_attention(attn, x, mask)
-    keep = ~mask.t()
-    assert torch.allclose(out[keep], ref[keep], atol=1e-5)
+        keep = ~mask.t()
+        for o in (attn._lsg_windows(xb, q, key_mask), attn._lsg_gathered(q, k, v, key_mask)):  # (n, S, C)
+            out = attn.out_proj(o).transpose(0, 1)
+            assert torch.allclose(out[keep], ref[keep], atol=1e-5)
 
 
 def test_batch_invariance_and_no_mask():

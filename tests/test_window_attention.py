@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from lsg_fairseq.ops.window_attention import QueryGroup, Window, window_attention
+from lsg_fairseq.ops import window_attention as wa
+from lsg_fairseq.ops.window_attention import QueryGroup, Window, split_unmasked, window_attention
 
 NEG64 = torch.finfo(torch.float64).min
 
@@ -154,3 +155,84 @@ def test_backward_in_chunks_of_blocks():
     slow = torch.autograd.grad(naive(q, srcs, groups, scale), [q, k, v], go)
     for a, b in zip(fast, slow):
         assert torch.allclose(a, b, atol=1e-10)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("gather_elems", [1, 1 << 21])  # one block per kernel call; whole groups
+def test_inference_forward_matches_naive(case, n, gather_elems, monkeypatch):
+    # without autograd the windows of a chunk of blocks are copied into one key set per call
+    monkeypatch.setattr(wa, "_GATHER_ELEMS", gather_elems)
+    c = CASES[case]
+    h, d = 3, 4
+    srcs = make_sources(n, h, d, c["sizes"], c["masked"])
+    q = torch.randn(n, c["S"], h, d, dtype=torch.float64)
+    with torch.no_grad():
+        fast = window_attention(q, srcs, c["groups"], 0.5)
+    assert torch.allclose(fast, naive(q, srcs, c["groups"], 0.5), atol=1e-12)
+
+
+def test_inference_parts():
+    # which windows share a kernel call: unmasked ones together (but a window more than 4x the
+    # rest of its call together runs alone, on its view), then masked ones
+    srcs = [(None, None, None), (None, None, torch.zeros(1, 9))]
+    tri = torch.ones(2, 2, dtype=torch.bool).triu()
+    g = QueryGroup(0, 1, 2, [Window(0, 0, 0, 1), Window(0, 0, 1, 6), Window(1, 0, 1, 2), Window(0, 0, 1, 3)])
+    assert [[w.length for w in c] for c in wa._parts(g, srcs)] == [[1, 6, 3], [2]]
+    g = QueryGroup(0, 1, 2, [Window(0, 0, 0, 1), Window(0, 0, 1, 13), Window(0, 0, 1, 2, tri),
+                             Window(1, 0, 1, 2, masked=False)])
+    assert [[w.length for w in c] for c in wa._parts(g, srcs)] == [[13], [1, 2], [2]]
+
+
+def test_split_unmasked_keeps_outputs_trims_padding_and_drops_clean_masks():
+    # source 0: a padding block on each side (masked in every row), one key masked in row 1 only;
+    # most blocks must end up with no mask, the edge blocks with their padding cut off
+    h, d, bs, nb = 2, 4, 4, 12
+    srcs = make_sources(2, h, d, [(nb + 2) * bs, 3], [1, 1])
+    k, v, m = srcs[0]
+    m.zero_()
+    m[:, :, :bs] = NEG64
+    m[:, :, -bs:] = NEG64
+    m[1, 0, 30] = NEG64  # in row 1 only: must stay masked, never be cut
+    srcs[1][2].zero_()  # the globals' mask is all zero: never applied
+    groups = [QueryGroup(0, nb, bs, [Window(1, 0, 0, 3), Window(0, 0, bs, 3 * bs)])]
+    split = split_unmasked(groups, [mm for _, _, mm in srcs])
+    assert sum(g.blocks for g in split) == nb and [g.start for g in split] == sorted(g.start for g in split)
+    some = (m != 0).flatten(0, 1).any(0)
+    every = (m != 0).flatten(0, 1).all(0)
+    for g in split:
+        assert not g.windows[0].masked  # the all-zero global mask is dropped everywhere
+        for w in g.windows[1:]:
+            for b in range(g.blocks):
+                lo = w.start + b * w.stride
+                keys = slice(lo, lo + w.length)
+                assert w.masked == bool(some[keys].any())  # a mask only where a key needs it
+                assert not every[keys].any()  # the padding is cut off, never attended
+                assert w.length == 3 * bs - bs * ((g.start // bs + b) in (0, nb - 1))
+    assert sum(not w.masked for g in split for w in g.windows[1:]) >= 2
+    q = torch.randn(2, nb * bs, h, d, dtype=torch.float64)
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            a = window_attention(q.requires_grad_(grad), srcs, groups)
+            b = window_attention(q, srcs, split)
+        assert torch.allclose(a, b, atol=1e-13)
+    assert torch.allclose(b, naive(q.detach(), srcs, groups, d ** -0.5), atol=1e-12)
+
+
+def test_split_unmasked_cuts_allowed_with_the_window_and_keeps_all_masked_runs():
+    # a band whose left end is padding: ``allowed`` is cut with it; a group whose only window is
+    # padding everywhere keeps it (masked) rather than attending to nothing
+    h, d = 2, 4
+    srcs = make_sources(1, h, d, [16], [1])
+    srcs[0][2].zero_()
+    srcs[0][2][..., :3] = NEG64
+    tri = torch.ones(4, 5, dtype=torch.bool).triu()
+    groups = [QueryGroup(0, 3, 4, [Window(0, 1, 4, 5, tri)]), QueryGroup(12, 1, 2, [Window(0, 0, 0, 3)])]
+    split = split_unmasked(groups, [srcs[0][2]])
+    first = split[0].windows[0]
+    assert (first.start, first.length) == (3, 3) and torch.equal(first.allowed, tri[:, 2:]) and not first.masked
+    assert split[-1].windows == [Window(0, 0, 0, 3)]  # kept as it was
+    q = torch.randn(1, 14, h, d, dtype=torch.float64)
+    with torch.no_grad():
+        a, b = window_attention(q, srcs, groups), window_attention(q, srcs, split)
+    assert torch.allclose(a[:, :12], b[:, :12], atol=1e-13) and torch.allclose(a[:, :12], naive(q, srcs, groups, d ** -0.5)[:, :12], atol=1e-12)

@@ -246,7 +246,10 @@ class LongformerSelfAttention(nn.Module):
             glob_mask = torch.zeros(n, 1, Gm, dtype=q.dtype, device=x.device).masked_fill_(~g_valid[:, None, :], neg)
             sources.append((keys.gather(1, at), values.gather(1, at), glob_mask))
             windows.append(wa.Window(1, 0, 0, Gm))
-        out = wa.window_attention(q, sources, [wa.QueryGroup(0, nbq, bq, windows)], scale=d ** -0.5)
+        # the padding is trimmed off the edge blocks' bands; only bands that cover a global (or a
+        # row's padding) keep a mask in the kernel
+        groups = wa.split_unmasked([wa.QueryGroup(0, nbq, bq, windows)], [m for _, _, m in sources])
+        out = wa.window_attention(q, sources, groups, scale=d ** -0.5)
         return out[:, :T].reshape(n, T, C)
 
     def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int) -> Tensor:

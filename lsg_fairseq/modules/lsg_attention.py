@@ -23,9 +23,18 @@ is accepted); padded keys are masked and padded outputs dropped.
 
 Numerics follow the reference: scores ``Q.K^T / sqrt(d)``, additive masks of exactly
 ``finfo(dtype).min`` (never -inf: a query always sees the global keys, so no row is fully
-masked), dropout on the probabilities. Attention itself runs in
-``F.scaled_dot_product_attention`` on per-block key sets gathered with one ``index_select``:
-memory is O(t * Kn), linear in t; nothing of size t x t is ever built.
+masked), dropout on the probabilities. Memory is O(t * Kn), linear in t; nothing of size t x t is
+ever built. Two key paths compute the same softmax over the same keys:
+
+- CPU without attention dropout (``_lsg_windows``): the keys are projected into one buffer
+  [globals | pad block | tokens | pad block], so every block's local window and sparse runs are
+  strided views (``ops.window_attention``: fused flash kernel, no per-block copy kept for
+  backward; without autograd each chunk of blocks' keys is copied into a small reused buffer
+  and attended in one call);
+- elsewhere (GPU, attention dropout; ``_lsg_gathered``): per-block key sets gathered with one
+  ``index_select`` and ``F.scaled_dot_product_attention``.
+
+The sparse sequences (Step A) are the pure functions of ``ops.sparse``.
 
 Deliberate deviations from the reference (spec section 9):
 - sparse windows follow the Step-B formula for every valid (bs, sbs, sf) (the reference's
@@ -42,6 +51,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from lsg_fairseq.ops import sparse
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
     clamp_index,
@@ -162,9 +172,6 @@ class LSGSelfAttention(nn.Module):
         self.generator = generator
         self.has_sparse = self.sparsity_type != "none" and sparse_block_size > 0
         self._cache = {}  # per-length block index tables (_block_keys); not state
-        c = min(block_size, sparse_block_size)
-        # norm: do sparse windows cut through the chunks of c/sf selected tokens?
-        self._norm_order_matters = sparse_block_size % max(c // sparsity_factor, 1) != 0
 
         # BART names, so BART / HF LSG-BART weights load without renaming.
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -220,22 +227,26 @@ class LSGSelfAttention(nn.Module):
             )  # (n, G + t)
 
         # token-major layout (n, S, h, d) throughout: the projections' own layout, so the
-        # per-block gathers and the attention outputs need no permute copies
+        # per-block key sets and the attention outputs need no permute copies
         S = x.size(1)
-        q = self.q_proj(x).view(n, S, self.num_heads, self.head_dim)  # (n, S, h, d)
-        k = self.k_proj(x).view(n, S, self.num_heads, self.head_dim)
-        v = self.v_proj(x).view(n, S, self.num_heads, self.head_dim)
+        h, d = self.num_heads, self.head_dim
+        q = self.q_proj(x).view(n, S, h, d)  # (n, S, h, d)
         key_mask = None
         if pad_mask is not None:
             key_mask = torch.zeros(pad_mask.shape, dtype=q.dtype, device=q.device)
             key_mask.masked_fill_(pad_mask.bool(), torch.finfo(q.dtype).min)  # (n, S) additive
 
-        if L <= 2 * bs:
-            mask = None if key_mask is None else key_mask[:, None, None, :]
-            out = self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
-            out = out.transpose(1, 2).reshape(n, S, C)  # (n, S, C)
+        if L > 2 * bs and wa.supported(q, self.dropout if self.training else 0.0):
+            out = self._lsg_windows(x, q, key_mask)  # (n, S, C)
         else:
-            out = self._lsg(q, k, v, key_mask)  # (n, S, C)
+            k = self.k_proj(x).view(n, S, h, d)
+            v = self.v_proj(x).view(n, S, h, d)
+            if L <= 2 * bs:
+                mask = None if key_mask is None else key_mask[:, None, None, :]
+                out = self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+                out = out.transpose(1, 2).reshape(n, S, C)  # (n, S, C)
+            else:
+                out = self._lsg_gathered(q, k, v, key_mask)  # (n, S, C)
         out = self.out_proj(out[:, :T])  # (n, T, C): adaptive padding dropped
         return out.transpose(0, 1), None  # (T, n, C)
 
@@ -245,70 +256,99 @@ class LSGSelfAttention(nn.Module):
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
         )
 
-    # ------------------------------------------------------------------ LSG path
-    def _lsg(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:
-        """q, k, v (n, S, h, d) with S = G + t, t a multiple of bs; key_mask (n, S) or None.
+    def _sparse(self, q: Tensor, k: Tensor, v: Tensor, tok_mask: Optional[Tensor]):
+        """The sparse sequence of the tokens (``ops.sparse``): q (n, S, h, d) (bos_pooling/lsh pool
+        with the first token's query), k, v (n, t, h, d), tok_mask (n, t) additive or None.
+        Returns keys, values (n, ns, h, d) and their mask (n, 1|h, ns) or None."""
+        if self.sparsity_type == "lsh" and tok_mask is None:
+            tok_mask = k.new_zeros(k.shape[:2])  # lsh can leave buckets empty: its mask is always needed
+        G = self.num_global_tokens
+        return sparse.sparse_sequence(
+            self.sparsity_type, q[:, G], k, v, tok_mask, block_size=self.block_size,
+            sparse_block_size=self.sparse_block_size, sparsity_factor=self.sparsity_factor,
+            lsh_num_pre_rounds=self.lsh_num_pre_rounds, generator=self.generator)
 
-        Returns the attention output (n, S, C) before out_proj. On CPU without attention dropout
-        the key sets are strided views (``_lsg_windows``); elsewhere they are gathered
-        (``_lsg_gathered``). Both compute the same softmax over the same keys.
-        """
-        if wa.supported(q, self.dropout if self.training else 0.0):
-            return self._lsg_windows(q, k, v, key_mask)
-        return self._lsg_gathered(q, k, v, key_mask)
+    # ------------------------------------------------------------------ LSG path, CPU
+    def _padded_projection(self, proj: nn.Module, x: Tensor) -> Tensor:
+        """``proj(x)`` laid out as [G globals | bs zeros | t tokens | bs zeros]: (n, G + t + 2bs, C).
 
-    def _lsg_windows(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:
-        """The LSG key set of every block as four strided windows (``ops.window_attention``).
+        The zero blocks are the local windows' padding, so block j's window is one strided view.
+        Without autograd a plain Linear writes its rows straight into the buffer (``addmm(out=)``):
+        no padded copy of the (t, C) projection is made."""
+        n, S, C = x.shape
+        G, bs = self.num_global_tokens, self.block_size
+        t = S - G
+        if torch.is_grad_enabled() or not isinstance(proj, nn.Linear):
+            y = proj(x)  # (n, S, C)
+            zeros = y.new_zeros(n, bs, C)
+            return torch.cat([y[:, :G], zeros, y[:, G:], zeros], dim=1)
+        buf = x.new_empty(n, G + t + 2 * bs, C)
+        buf[:, G:G + bs].zero_()
+        buf[:, G + bs + t:].zero_()
+        w, b = proj.weight.t(), proj.bias
+        for r in range(n):
+            for rows, dst in ((slice(0, G), slice(0, G)), (slice(G, S), slice(G + bs, G + bs + t))):
+                if b is None:
+                    torch.mm(x[r, rows], w, out=buf[r, dst])
+                else:
+                    torch.addmm(b, x[r, rows], w, out=buf[r, dst])
+        return buf
 
-        Sources, token-major: 0 = the G global keys; 1 = the tokens with one masked block of
-        padding on each side, so block j's local window is padded blocks j .. j+2 (start 0,
-        stride bs, 3*bs keys); 2 = the sparse sequence with P = sbs + step masked entries on
-        each side, so block j's "before" run [(j-1)*step - sbs, (j-1)*step) starts at j*step and
-        its "after" run [(j+2)*step, (j+2)*step + sbs) at j*step + 3*step + sbs. Global queries
-        see sources 0 and 1 (every real key). Nothing per block is copied, in forward or
-        backward.
+    def _lsg_windows(self, x: Tensor, q: Tensor, key_mask: Optional[Tensor]) -> Tensor:
+        """The LSG key set of every block as strided windows (``ops.window_attention``).
+
+        x (n, S, C) the layer input and q (n, S, h, d) its queries, S = G + t, t a multiple of bs;
+        key_mask (n, S) additive or None. Returns the attention output (n, S, C) before out_proj.
+
+        Sources, token-major: 0 = the keys in the layout of :meth:`_padded_projection`, so block
+        j's local window (tokens (j-1)*bs .. (j+2)*bs) starts at G + j*bs; 1 = the sparse sequence
+        with P = sbs + step masked entries on each side, so block j's "before" run
+        [(j-1)*step - sbs, (j-1)*step) starts at j*step and its "after" run [(j+2)*step,
+        (j+2)*step + sbs) at j*step + 3*step + sbs. Global queries see every real key. Nothing per
+        block is copied, in forward or backward.
         """
         n, S, h, d = q.shape
         G, bs = self.num_global_tokens, self.block_size
         t = S - G
         nb = t // bs
         neg = torch.finfo(q.dtype).min
-        if key_mask is None and self.sparsity_type == "lsh":
-            key_mask = q.new_zeros(n, S)  # lsh can leave buckets empty: its mask is always needed
+        k = self._padded_projection(self.k_proj, x).view(n, G + t + 2 * bs, h, d)
+        v = self._padded_projection(self.v_proj, x).view(n, G + t + 2 * bs, h, d)
         tok_mask = None if key_mask is None else key_mask[:, G:]  # (n, t)
-
-        # clones, not views: what backward keeps must not hold the whole k/v projections alive
-        glob = (k[:, :G].clone(), v[:, :G].clone(),
-                None if key_mask is None else key_mask[:, None, :G].clone())  # (n, G, h, d)
-        pad = (0, 0, 0, 0, bs, bs)
-        local_mask = F.pad(q.new_zeros(n, t) if tok_mask is None else tok_mask, (bs, bs), value=neg)
-        local = (F.pad(k[:, G:], pad), F.pad(v[:, G:], pad), local_mask[:, None, :])  # (n, t + 2bs, h, d)
-        sources = [glob, local]
-        block_windows = [wa.Window(0, 0, 0, G), wa.Window(1, 0, bs, 3 * bs)]
+        glob_mask = q.new_zeros(n, G) if key_mask is None else key_mask[:, :G]
+        blank = q.new_full((n, bs), neg)
+        mask = torch.cat([glob_mask, blank, q.new_zeros(n, t) if tok_mask is None else tok_mask, blank], 1)
+        sources = [(k, v, mask[:, None, :])]  # (n, G + t + 2bs, h, d), mask (n, 1, G + t + 2bs)
+        block_windows = [wa.Window(0, 0, 0, G), wa.Window(0, G, bs, 3 * bs)]
         if self.has_sparse:
-            sk, sv, sm = self._sparse_tokens(
-                q[:, G:G + 1].transpose(1, 2), k[:, G:].transpose(1, 2), v[:, G:].transpose(1, 2),
-                tok_mask)  # (n, h, ns, d), mask (n, 1|h, ns) or None
-            ns, sbs = sk.size(2), self.sparse_block_size
+            tokens = slice(G + bs, G + bs + t)
+            sk, sv, sm = self._sparse(q, k[:, tokens], v[:, tokens], tok_mask)  # (n, ns, h, d), (n, 1|h, ns)
+            ns, sbs = sk.size(1), self.sparse_block_size
             step = bs // self.sparsity_factor
             P = sbs + step
             pad = (0, 0, 0, 0, P, P)
             sm = F.pad(q.new_zeros(n, 1, ns) if sm is None else sm, (P, P), value=neg)  # (n, 1|h, ns + 2P)
-            sources.append((F.pad(sk.transpose(1, 2), pad), F.pad(sv.transpose(1, 2), pad), sm))
-            block_windows += [wa.Window(2, 0, step, sbs), wa.Window(2, 3 * step + sbs, step, sbs)]
-        groups = [wa.QueryGroup(0, 1, G, [wa.Window(0, 0, 0, G), wa.Window(1, bs, 0, t)]),
+            sources.append((F.pad(sk, pad), F.pad(sv, pad), sm))
+            block_windows += [wa.Window(1, 0, step, sbs), wa.Window(1, 3 * step + sbs, step, sbs)]
+        groups = [wa.QueryGroup(0, 1, G, [wa.Window(0, 0, 0, G), wa.Window(0, G + bs, 0, t)]),
                   wa.QueryGroup(G, nb, bs, block_windows)]
+        # the padding blocks are trimmed off the edge blocks' windows and no window of an unpadded
+        # input keeps a mask: the kernel then adds none to the scores
+        groups = wa.split_unmasked(groups, [m for _, _, m in sources])
         out = wa.window_attention(q, sources, groups, scale=d ** -0.5)  # (n, S, h, d)
         return out.view(n, S, h * d)
 
+    # ------------------------------------------------------------------ LSG path, gathered keys
     def _lsg_gathered(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:
-        """The key set of every block gathered with one ``index_select`` (any device, dropout)."""
+        """The key set of every block gathered with one ``index_select`` (any device, dropout).
+
+        q, k, v (n, S, h, d) with S = G + t, t a multiple of bs; key_mask (n, S) or None. Returns the
+        attention output (n, S, C) before out_proj: the same softmax over the same keys as
+        :meth:`_lsg_windows`."""
         n, S, h, d = q.shape
         G, bs = self.num_global_tokens, self.block_size
         t = S - G
         nb = t // bs
-        if key_mask is None and self.sparsity_type == "lsh":
-            key_mask = q.new_zeros(n, S)  # lsh can leave buckets empty: its mask is always needed
 
         # global queries: full attention over every key
         glob_mask = None if key_mask is None else key_mask[:, None, None, :]
@@ -320,14 +360,13 @@ class LSGSelfAttention(nn.Module):
         ns = 0
         if self.has_sparse:
             tok_mask = None if key_mask is None else key_mask[:, G:]  # (n, t)
-            sk, sv, sm = self._sparse_tokens(
-                q[:, G:G + 1].transpose(1, 2), k[:, G:].transpose(1, 2), v[:, G:].transpose(1, 2),
-                tok_mask)  # (n, h, ns, d), mask (n, 1|h, ns) or None
-            ns = sk.size(2)
-            src_k = torch.cat([k, sk.transpose(1, 2)], dim=1)  # (n, S + ns, h, d)
-            src_v = torch.cat([v, sv.transpose(1, 2)], dim=1)
-            if key_mask is not None:
-                src_m = torch.cat([key_mask[:, None, :].expand(n, sm.size(1), S), sm], dim=2)
+            sk, sv, sm = self._sparse(q, k[:, G:], v[:, G:], tok_mask)  # (n, ns, h, d), (n, 1|h, ns)
+            ns = sk.size(1)
+            src_k = torch.cat([k, sk], dim=1)  # (n, S + ns, h, d)
+            src_v = torch.cat([v, sv], dim=1)
+            if sm is not None:
+                km = q.new_zeros(n, S) if key_mask is None else key_mask
+                src_m = torch.cat([km[:, None, :].expand(n, sm.size(1), S), sm], dim=2)
         elif key_mask is not None:
             src_m = key_mask[:, None, :]  # (n, 1, S)
 
@@ -386,137 +425,3 @@ class LSGSelfAttention(nn.Module):
             self._cache.clear()
         self._cache[cache_key] = (index.reshape(-1), mask)
         return self._cache[cache_key]
-
-    # ------------------------------------------------------------------ sparse keys (Step A)
-    def _sparse_tokens(self, q0: Tensor, k: Tensor, v: Tensor, mask: Tensor):
-        """Build the sparse sequence from the token keys/values.
-
-        q0 (n, h, 1, d): query of the first non-global token (bos_pooling); k, v (n, h, t, d);
-        mask (n, t) additive, or None when nothing is padded. Returns sparse keys, values
-        (n, h, ns, d) and their mask (n, 1|h, ns) (None when ``mask`` is None).
-        """
-        if self.sparsity_factor == 1:
-            return k, v, None if mask is None else mask[:, None, :]
-        return getattr(self, "_sparse_" + self.sparsity_type)(q0, k, v, mask)
-
-    def _sparse_norm(self, q0, k, v, mask):
-        # per chunk of c tokens keep the c/sf keys of largest norm, independently per head
-        n, h, t, d = k.shape
-        c = min(self.block_size, self.sparse_block_size)
-        keep = c // self.sparsity_factor
-        with torch.no_grad():
-            norms = k.detach().norm(dim=-1)  # (n, h, t)
-            if mask is not None:
-                norms = norms.masked_fill(mask[:, None, :] != 0, 0.0)  # padding never wins
-            norms = norms.view(n, h, t // c, c)
-            idx = norms.topk(keep, dim=-1, largest=True, sorted=self._norm_order_matters).indices
-            if self._norm_order_matters:
-                # windows cut through chunks: keep the reference's order (ascending norm, as
-                # its argsort-then-take-last gives); otherwise only the set matters
-                idx = idx.flip(-1)
-            idx = idx + torch.arange(0, t, c, device=k.device)[:, None]  # (n, h, t/c, keep)
-            idx = idx.reshape(n, h, -1)  # (n, h, ns)
-        full = idx[..., None].expand(n, h, idx.size(2), d)
-        sm = None if mask is None else mask[:, None, :].expand(n, h, t).gather(2, idx)  # (n, h, ns)
-        return k.gather(2, full), v.gather(2, full), sm
-
-    def _sparse_pooling(self, q0, k, v, mask):
-        # mean of each group of sf tokens over its valid tokens; empty groups masked
-        n, h, t, d = k.shape
-        sf = self.sparsity_factor
-        if mask is None:  # every group full: sum / (sf + 1e-6) as the reference computes it
-            sk = k.view(n, h, t // sf, sf, d).sum(dim=-2) / (sf + 1e-6)
-            sv = v.view(n, h, t // sf, sf, d).sum(dim=-2) / (sf + 1e-6)
-            return sk, sv, None
-        valid = (mask == 0).to(k.dtype).view(n, 1, t // sf, sf, 1)
-        count = valid.sum(dim=-2)  # (n, 1, ns, 1)
-        sk = (k.view(n, h, t // sf, sf, d) * valid).sum(dim=-2) / (count + 1e-6)  # (n, h, ns, d)
-        sv = (v.view(n, h, t // sf, sf, d) * valid).sum(dim=-2) / (count + 1e-6)
-        sm = (count[..., 0] == 0).to(k.dtype) * torch.finfo(k.dtype).min  # (n, 1, ns)
-        return sk, sv, sm
-
-    def _gather_per_head(self, k, v, mask, idx):
-        """Gather token positions idx (h, ns), a different set per head."""
-        n, h, t, d = k.shape
-        full = idx[None, :, :, None].expand(n, h, idx.size(1), d)
-        sm = None
-        if mask is not None:
-            sm = mask[:, None, :].expand(n, h, t).gather(2, idx[None].expand(n, h, idx.size(1)))
-        return k.gather(2, full), v.gather(2, full), sm
-
-    def _sparse_stride(self, q0, k, v, mask):
-        # head hh takes tokens p*sf + (hh mod sf)
-        n, h, t, d = k.shape
-        sf = self.sparsity_factor
-        heads = torch.arange(h, device=k.device)[:, None] % sf  # (h, 1)
-        idx = torch.arange(0, t, sf, device=k.device)[None, :] + heads  # (h, ns)
-        return self._gather_per_head(k, v, mask, idx)
-
-    def _sparse_block_stride(self, q0, k, v, mask):
-        # inside every block, head hh takes the run b*bs + ((r + hh*step) mod bs), r < step
-        n, h, t, d = k.shape
-        bs = self.block_size
-        step = bs // self.sparsity_factor
-        r = torch.arange(step, device=k.device)[None, None, :]  # (1, 1, step)
-        heads = torch.arange(h, device=k.device)[:, None, None] * step  # (h, 1, 1)
-        starts = torch.arange(0, t, bs, device=k.device)[None, :, None]  # (1, nb, 1)
-        idx = ((r + heads) % bs + starts).reshape(h, -1)  # (h, nb*step)
-        return self._gather_per_head(k, v, mask, idx)
-
-    def _sparse_bos_pooling(self, q0, k, v, mask):
-        # attention-pool each group of sf tokens with the first token's query (per head)
-        n, h, t, d = k.shape
-        sf = self.sparsity_factor
-        kg = k.view(n, h, t // sf, sf, d)
-        vg = v.view(n, h, t // sf, sf, d)
-        scores = torch.einsum("nhgsd,nhd->nhgs", kg, q0[:, :, 0]) / math.sqrt(d)
-        if mask is not None:
-            mg = mask.view(n, 1, t // sf, sf)
-            scores = scores + mg
-        w = torch.softmax(scores, dim=-1)  # (n, h, ns, sf)
-        sk = torch.einsum("nhgs,nhgsd->nhgd", w, kg)  # (n, h, ns, d)
-        sv = torch.einsum("nhgs,nhgsd->nhgd", w, vg)
-        if mask is None:
-            return sk, sv, None
-        # Fix of the reference (spec section 7): a group made only of padding is masked. The
-        # reference averages the mask, which overflows to -inf in fp32 and unmasks the group.
-        empty = (mg != 0).all(dim=-1)  # (n, 1, ns)
-        sm = empty.to(k.dtype) * torch.finfo(k.dtype).min
-        return sk, sv, sm
-
-    def _sparse_lsh(self, q0, k, v, mask):
-        if self.sparsity_factor == self.sparse_block_size:
-            return self._sparse_bos_pooling(q0, k, v, mask)
-        n, h, t, d = k.shape
-        c = min(self.block_size, self.sparse_block_size)
-        valid = (mask == 0).to(k.dtype).view(n, 1, t // c, c, 1)
-        kc = k.view(n, h, t // c, c, d) * valid  # (n, h, t/c, c, d)
-        vc = v.view(n, h, t // c, c, d) * valid
-        weight = valid.expand(n, h, t // c, c, 1)  # tokens merged into each bucket
-        for _ in range(self.lsh_num_pre_rounds):
-            kc, vc, weight = self._lsh_round(kc, vc, weight, c)
-        kc, vc, weight = self._lsh_round(kc, vc, weight, c // self.sparsity_factor)
-        sk = (kc / (weight + 1e-8)).reshape(n, h, -1, d)  # bucket centroids (n, h, ns, d)
-        sv = (vc / (weight + 1e-8)).reshape(n, h, -1, d)
-        sm = (weight.reshape(n, h, -1) == 0).to(k.dtype) * torch.finfo(k.dtype).min
-        return sk, sv, sm
-
-    def _lsh_round(self, k, v, weight, buckets: int):
-        """Hash each key direction into ``buckets`` bins per chunk (random projections,
-        argmax over [xR, -xR]) and sum keys, values and weights per bin."""
-        n, h, nc, c, d = k.shape
-        with torch.no_grad():
-            n_hashes = buckets // 2
-            proj = torch.randn(1, h, 1, d, n_hashes, generator=self.generator,
-                               device=k.device if self.generator is None else self.generator.device,
-                               dtype=k.dtype).to(k.device)
-            codes = (F.normalize(k, dim=-1) * weight.clamp(0, 1)) @ proj  # (n, h, nc, c, hashes)
-            if n_hashes == 0:  # one bucket: everything merges (the reference would crash)
-                bucket = torch.zeros(n, h, nc, c, 1, dtype=torch.long, device=k.device)
-            else:
-                bucket = torch.cat([codes, -codes], dim=-1).argmax(dim=-1, keepdim=True)  # (.., c, 1)
-        zeros = k.new_zeros(n, h, nc, buckets, d)
-        k = zeros.scatter_add(3, bucket.expand(n, h, nc, c, d), k)
-        v = zeros.scatter_add(3, bucket.expand(n, h, nc, c, d), v)
-        weight = weight.new_zeros(n, h, nc, buckets, 1).scatter_add(3, bucket, weight)
-        return k, v, weight
