@@ -38,6 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from lsg_fairseq.modules.padded_projection import padded_projection
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
     clamp_index,
@@ -229,9 +230,9 @@ class LongformerSelfAttention(nn.Module):
         if nbq * bq > T:  # queries padded to whole blocks; their outputs are dropped
             x = F.pad(x, (0, 0, 0, nbq * bq - T))
         q = self.q_proj(x).view(n, nbq * bq, h, d)  # (n, Tq, h, d)
-        pad = (0, 0, 0, 0, w, w + 1 + nbq * bq - T)
-        keys = F.pad(self.k_proj(x[:, :T]).view(n, T, h, d), pad)  # (n, w + Tq + w + 1, h, d)
-        values = F.pad(self.v_proj(x[:, :T]).view(n, T, h, d), pad)
+        layout = [(slice(0, T), w)], w + nbq * bq + w + 1  # [w zeros | T tokens | zeros]
+        keys = padded_projection(self.k_proj, x, *layout).view(n, -1, h, d)  # (n, w + Tq + w + 1, h, d)
+        values = padded_projection(self.v_proj, x, *layout).view(n, -1, h, d)
         window_ok = real if glob is None else real & ~glob  # globals come through their own window
         neg = torch.finfo(q.dtype).min
         key_mask = F.pad(torch.zeros(n, T, dtype=q.dtype, device=x.device).masked_fill_(~window_ok, neg),

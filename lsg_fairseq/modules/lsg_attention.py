@@ -51,6 +51,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from lsg_fairseq.modules.padded_projection import padded_projection
 from lsg_fairseq.ops import sparse
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
@@ -269,39 +270,15 @@ class LSGSelfAttention(nn.Module):
             lsh_num_pre_rounds=self.lsh_num_pre_rounds, generator=self.generator)
 
     # ------------------------------------------------------------------ LSG path, CPU
-    def _padded_projection(self, proj: nn.Module, x: Tensor) -> Tensor:
-        """``proj(x)`` laid out as [G globals | bs zeros | t tokens | bs zeros]: (n, G + t + 2bs, C).
-
-        The zero blocks are the local windows' padding, so block j's window is one strided view.
-        Without autograd a plain Linear writes its rows straight into the buffer (``addmm(out=)``):
-        no padded copy of the (t, C) projection is made."""
-        n, S, C = x.shape
-        G, bs = self.num_global_tokens, self.block_size
-        t = S - G
-        if torch.is_grad_enabled() or not isinstance(proj, nn.Linear):
-            y = proj(x)  # (n, S, C)
-            zeros = y.new_zeros(n, bs, C)
-            return torch.cat([y[:, :G], zeros, y[:, G:], zeros], dim=1)
-        buf = x.new_empty(n, G + t + 2 * bs, C)
-        buf[:, G:G + bs].zero_()
-        buf[:, G + bs + t:].zero_()
-        w, b = proj.weight.t(), proj.bias
-        for r in range(n):
-            for rows, dst in ((slice(0, G), slice(0, G)), (slice(G, S), slice(G + bs, G + bs + t))):
-                if b is None:
-                    torch.mm(x[r, rows], w, out=buf[r, dst])
-                else:
-                    torch.addmm(b, x[r, rows], w, out=buf[r, dst])
-        return buf
-
     def _lsg_windows(self, x: Tensor, q: Tensor, key_mask: Optional[Tensor]) -> Tensor:
         """The LSG key set of every block as strided windows (``ops.window_attention``).
 
         x (n, S, C) the layer input and q (n, S, h, d) its queries, S = G + t, t a multiple of bs;
         key_mask (n, S) additive or None. Returns the attention output (n, S, C) before out_proj.
 
-        Sources, token-major: 0 = the keys in the layout of :meth:`_padded_projection`, so block
-        j's local window (tokens (j-1)*bs .. (j+2)*bs) starts at G + j*bs; 1 = the sparse sequence
+        Sources, token-major: 0 = the keys laid out [G globals | bs zeros | t tokens | bs zeros]
+        (``padded_projection``: no padded copy), so block j's local window (tokens (j-1)*bs ..
+        (j+2)*bs) starts at G + j*bs; 1 = the sparse sequence
         with P = sbs + step masked entries on each side, so block j's "before" run
         [(j-1)*step - sbs, (j-1)*step) starts at j*step and its "after" run [(j+2)*step,
         (j+2)*step + sbs) at j*step + 3*step + sbs. Global queries see every real key. Nothing per
@@ -312,8 +289,9 @@ class LSGSelfAttention(nn.Module):
         t = S - G
         nb = t // bs
         neg = torch.finfo(q.dtype).min
-        k = self._padded_projection(self.k_proj, x).view(n, G + t + 2 * bs, h, d)
-        v = self._padded_projection(self.v_proj, x).view(n, G + t + 2 * bs, h, d)
+        layout = [(slice(0, G), 0), (slice(G, S), G + bs)], G + t + 2 * bs  # [globals | 0 | tokens | 0]
+        k = padded_projection(self.k_proj, x, *layout).view(n, G + t + 2 * bs, h, d)
+        v = padded_projection(self.v_proj, x, *layout).view(n, G + t + 2 * bs, h, d)
         tok_mask = None if key_mask is None else key_mask[:, G:]  # (n, t)
         glob_mask = q.new_zeros(n, G) if key_mask is None else key_mask[:, :G]
         blank = q.new_full((n, bs), neg)
