@@ -294,20 +294,35 @@ def test_no_cache_in_training_or_with_grad():
     assert zero._cache is None
 
 
-def test_cache_budget_is_a_bound():
-    """Kernels over the budget are generated per call and not kept; under it they are kept, truncated
-    at each channel group's decay length (so a cache made for a long input is small)."""
-    layer = _perturbed_layer(H=4, N=8).eval()
+def test_cache_budget_is_a_bound_filled_shortest_first():
+    """The cache never holds more than its budget: it keeps the shortest kernels first (a group is
+    split where the budget runs out) and the others are generated per call; the output is the same
+    whatever the budget, and a budget below one channel's kernel keeps nothing."""
+    H, L = 8, 50
+    layer = _perturbed_layer(H=H, N=8).eval()
+    u = torch.randn(1, L, H)
     with torch.no_grad():
-        layer(torch.randn(1, 50, 4))
+        full = layer(u)
     need = layer.cached_kernel_bytes()
-    assert 0 < need <= 2 * 4 * 50 * 4
-    tight = _perturbed_layer(H=4, N=8, kernel_cache_mb=(need - 1) / 2 ** 20).eval()
-    u = torch.randn(1, 50, 4)
+    assert 0 < need <= 2 * H * L * 4
+    assert torch.allclose(full, _dense_reference(layer, u), atol=1e-4)
+    lengths = sorted(n for _, n, _ in layer._cache[1] for _ in range(1))
+    for budget in (need - 1, need // 2, need // 4):
+        tight = _perturbed_layer(H=H, N=8, kernel_cache_mb=budget / 2 ** 20).eval()
+        with torch.no_grad():
+            out = tight(u)
+        assert torch.allclose(out, full, atol=1e-6)
+        assert 0 < tight.cached_kernel_bytes() <= budget
+        entries = tight._cache[1]
+        assert sorted(int(i) for idx, _, _ in entries for i in idx) == list(range(H))  # every channel once
+        kept = [n for _, n, k in entries if k is not None]
+        left = [n for _, n, k in entries if k is None]
+        assert left and max(kept) <= min(left)  # the shortest kernels are the ones kept
+    smallest = 2 * min(lengths) * 4
+    none = _perturbed_layer(H=H, N=8, kernel_cache_mb=(smallest - 1) / 2 ** 20).eval()
     with torch.no_grad():
-        out = tight(u)
-        assert tight._cache is None
-        assert torch.allclose(out, layer(u), atol=1e-6)
+        assert torch.allclose(none(u), full, atol=1e-6)
+    assert none._cache is None and none.cached_kernel_bytes() == 0
 
 
 def test_one_cached_kernel_serves_every_shorter_length():

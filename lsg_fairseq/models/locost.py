@@ -38,7 +38,7 @@ import lsg_fairseq.optim.grouped_adam  # noqa: F401  (registers --optimizer grou
 from lsg_fairseq.argtypes import POSITIVE_INT, finite_float, float_range, int_range
 from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
-from lsg_fairseq.modules.s4d import SSM_PARAMETER_NAMES
+from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, SSM_PARAMETER_NAMES
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
 
 logger = logging.getLogger(__name__)
@@ -69,9 +69,9 @@ LOCOST_ARGS = [
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
     ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching the SSM kernels in eval "
                                      "mode without autograd (time domain, each channel cut at its decay "
-                                     "length; one entry serves every input up to the length it was made for: "
-                                     "~41 MiB per locost_base layer at 16K tokens, ~60 MiB at any length past "
-                                     "~46K for the default init); 0 disables"),
+                                     "length, shortest kernels first; the rest are generated in every call). "
+                                     "All of a locost_base layer's kernels take ~17 MiB at 4K tokens, ~38 MiB "
+                                     "at 16K, ~50 MiB at 64K for the default init; 0 disables"),
     ("--ssm-kernel-tail-tol", float_range(0), "SSM kernel entries after every mode's term has decayed below this are "
                                      "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
                                      "0 computes every entry like the reference"),
@@ -370,7 +370,7 @@ def locost_base_architecture(args):
         args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
         decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
         relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=1e-3, ssm_dt_max=1e-1,
-        ssm_lr=0.0, ssm_kernel_cache_mb=128.0, ssm_kernel_tail_tol=1e-10, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
+        ssm_lr=0.0, ssm_kernel_cache_mb=KERNEL_CACHE_MB, ssm_kernel_tail_tol=1e-10, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
         checkpoint_activations=False, offload_activations=False,
     )
 

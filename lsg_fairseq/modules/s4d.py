@@ -30,13 +30,14 @@ Where the time goes and what is done about it (numbers: ``benchmarks/README.md``
   (:meth:`S4DKernel.decay_lengths`, channels grouped by :func:`channel_groups`);
 - inference (no autograd) works a chunk of channels at a time (:meth:`S4D._forward_inference`):
   channels are taken in decay-length groups, a group of kernel length n uses FFT size
-  ``next_fast_len(L + n - 1)`` instead of 2L, and the k/q projections are made per chunk, so no
-  (B, L, H) intermediate besides the input and output exists;
+  ``next_fast_len(L + n - 1)`` instead of 2L, and the k/q projections are made for a few groups
+  at a time (wide enough GEMMs), so no (B, L, H) intermediate besides the input and output exists;
 - in eval mode the *time-domain* kernels are cached (:meth:`S4D.kernel_groups`), each group cut at
-  its decay length, in one flat buffer per layer (at most ``kernel_cache_mb``); their FFT is
-  redone per call (cheap next to generating them). One entry serves every input up to the length
-  it was made for, and past the longest decay length (~46K tokens for the S4D-Lin init) its size no
-  longer grows with L: ~41 MiB per locost_base layer at 16K instead of the 101 MiB spectrum;
+  its decay length, in one flat buffer per layer, the shortest first up to ``kernel_cache_mb``
+  (the rest generated per call); their FFT is redone per call (cheap next to generating them).
+  One entry serves every input up to the length it was made for, and past the longest decay
+  length (~46K tokens for the S4D-Lin init) its size no longer grows with L: ~38 MiB per
+  locost_base layer for all kernels at 16K instead of the 101 MiB spectrum;
 - ``D`` is folded into the kernel's lag 0;
 - in training, :class:`FFTConv` keeps only the input and the circular kernel for backward and the
   kernel's blocked-product temporaries are recomputed (``recompute``).
@@ -51,6 +52,12 @@ from torch.utils.checkpoint import checkpoint
 
 # Parameters of the kernel that are "SSM parameters": no weight decay, optionally their own lr.
 SSM_PARAMETER_NAMES = ("log_dt", "inv_A_real", "A_imag", "B", "C")
+
+# Per-layer budget (MiB) of the eval-mode kernel cache (``--ssm-kernel-cache-mb``). A locost_base
+# layer's kernels take ~17 MiB at 4K tokens, ~38 MiB at 16K and ~50 MiB at 64K; 30 keeps all of
+# them up to ~8K tokens and ~80% at 16K, where the encoder then runs at 2.10x the linear floor
+# instead of 2.04x with everything cached (2.30x at 16 MiB), with 133 MiB less resident.
+KERNEL_CACHE_MB = 30.0
 
 
 def next_fast_len(n: int) -> int:
@@ -326,8 +333,8 @@ class S4D(nn.Module):
     No activation, dropout or normalisation inside (spec section 1).
 
     Kernel cache: in eval mode without autograd, the kernels (time domain, truncated per channel
-    group at the decay length) depend only on the SSM parameters, so the last set made is kept if it
-    fits in ``kernel_cache_mb`` MiB (see :meth:`kernel_groups`); it serves every shorter input and is
+    group at the decay length) depend only on the SSM parameters, so the last set made is kept, as
+    much of it as fits in ``kernel_cache_mb`` MiB (see :meth:`kernel_groups`); it serves every shorter input and is
     invalidated when a kernel parameter is modified in place, moved or replaced, or on
     ``train()``/``eval()``. ``D`` is applied per call, so it is not part of the cache.
     """
@@ -339,7 +346,7 @@ class S4D(nn.Module):
         dt_min: float = 1e-3,
         dt_max: float = 1e-1,
         lr: Optional[float] = None,
-        kernel_cache_mb: float = 128.0,
+        kernel_cache_mb: float = KERNEL_CACHE_MB,
         kernel_tail_tol: float = 1e-10,
         kernel_recompute: bool = True,
     ):
@@ -385,7 +392,7 @@ class S4D(nn.Module):
         """Bytes held by the kernel cache (0 when empty)."""
         if self._cache is None:
             return 0
-        return sum(k.numel() * k.element_size() for _, _, k in self._cache[1])
+        return sum(k.numel() * k.element_size() for _, _, k in self._cache[1] if k is not None)
 
     def kernel_groups(self, length: int):
         """The kernels for inputs of length L, by channel group: a list of ``(idx, n, k)`` with ``idx``
@@ -393,9 +400,10 @@ class S4D(nn.Module):
         :meth:`S4DKernel.decay_lengths`) and ``k`` (2, g, n') float32, n' >= n, the causal and
         anti-causal kernels of those channels (only ``k[..., :n]`` is used; beyond ``n`` they are 0).
 
-        In eval mode without autograd the kernels are cached (up to ``kernel_cache_mb`` MiB); a cached set made
-        for length L' >= L serves L by slicing. Without the cache, ``k`` is None and the convolution
-        generates each channel chunk's kernel itself (bounded temporaries).
+        In eval mode without autograd the kernels are cached, as many groups as fit in
+        ``kernel_cache_mb`` MiB (shortest first); a cached set made for length L' >= L serves L by
+        slicing. A group not cached has ``k`` None: the convolution generates each channel chunk's
+        kernel itself (bounded temporaries).
         """
         use_cache = self._cache_enabled()
         if use_cache:
@@ -408,18 +416,33 @@ class S4D(nn.Module):
         c_prime, dt_a = self.kernel.discretize()
         lengths = self.kernel.decay_lengths(c_prime, dt_a, length)  # (H) ints <= L
         groups = channel_groups(lengths)  # [(idx, n)]
-        size = sum(2 * len(idx) * n * 4 for idx, n in groups)  # float32 kernels, truncated per group
-        if not use_cache or size > self.kernel_cache_mb * 2 ** 20:
-            return [(idx, n, None) for idx, n in groups]  # generated chunk by chunk by the caller
+        # The budget is filled with the shortest kernels first (a kernel's generation costs time in
+        # proportion to its length plus a fixed part, so per MiB kept the short ones save the most),
+        # splitting the group where it runs out; the rest is generated chunk by chunk by the caller.
+        budget = self.kernel_cache_mb * 2 ** 20 if use_cache else 0
+        cached = {}  # group index -> how many of its channels are cached
+        used = 0
+        for i in sorted(range(len(groups)), key=lambda i: groups[i][1]):
+            idx, n = groups[i]
+            cached[i] = min(len(idx), int((budget - used) // (2 * n * 4)))  # float32 kernels (2 g n)
+            used += cached[i] * 2 * n * 4
+            if cached[i] < len(idx):
+                break
+        if used == 0:
+            return [(idx, n, None) for idx, n in groups]
         # One flat buffer per layer, the groups' kernels views into it: a single allocation that the
         # allocator maps on its own, instead of many mid-sized blocks that pin the heap's free space.
-        flat = torch.empty(size // 4, dtype=torch.float32, device=dt_a.device)
+        flat = torch.empty(used // 4, dtype=torch.float32, device=dt_a.device)
         entries, off = [], 0
-        for idx, n in groups:
-            k = self.kernel(n, idx)  # (2 g n)
-            entries.append((idx, n, flat[off:off + k.numel()].view_as(k).copy_(k)))
-            off += k.numel()
-            del k
+        for i, (idx, n) in enumerate(groups):
+            m = cached.get(i, 0)
+            if m:
+                k = self.kernel(n, idx[:m])  # (2 m n)
+                entries.append((idx[:m], n, flat[off:off + k.numel()].view_as(k).copy_(k)))
+                off += k.numel()
+                del k
+            if m < len(idx):
+                entries.append((idx[m:], n, None))
         self._cache = (length, entries)
         return entries
 
@@ -446,54 +469,81 @@ class S4D(nn.Module):
 
         Channels are taken in decay-length groups (:meth:`kernel_groups`); a group whose kernels have
         length n <= L needs FFT size ``next_fast_len(L + n - 1)`` only (no lag of the kernel wraps
-        onto an output position), not 2L. Per chunk of channels ``idx``: ``k`` and ``q`` are that
-        chunk's columns of the projections (never the whole (B, L, H) tensors), the chunk's kernel
-        is laid out circularly and FFT'd (from the cache, or generated), the input is FFT-convolved
-        and the gated result is written to the chunk's columns of a channel-permuted ``y``; the output
-        projection takes its columns in the same order. Temporaries stay below ``max_fft_elems``
-        floats per (B, chunk, F) buffer; the (B, L, c) <-> (B, c, L) transposes go in cache-sized tiles.
+        onto an output position), not 2L. ``k`` and ``q`` are projected for a few consecutive groups
+        at a time (at least ``min_projection_channels`` columns, so the GEMMs stay wide; never the
+        whole (B, L, H) tensors); within them, per chunk of channels, the kernel is laid out
+        circularly and FFT'd (from the cache, or generated), the input is FFT-convolved and the gated
+        result is written to the chunk's columns of a channel-permuted ``y``; the output projection
+        takes its columns in the same order. Temporaries stay below ``max_fft_elems`` floats per
+        (B, chunk, F) buffer; the (B, L, c) <-> (B, c, L) transposes go in cache-sized tiles.
         """
         B, L, H = u.shape
         x = u
         pad = None if padding_mask is None else padding_mask.unsqueeze(-1)  # (B L 1)
         groups = self.kernel_groups(L)
         perm = torch.cat([idx for idx, _, _ in groups]).to(u.device)  # (H): y[..., j] is channel perm[j]
-        k_cols = self._columns(self.k_proj, x, perm)  # chunk -> (B L c) columns of k_proj(x), y's order
+        k_cols = self._columns(self.k_proj, x, perm)  # columns -> (B L c) of k_proj(x), in y's order
         q_cols = self._columns(self.q_proj, x, perm)
         d = self.D[perm].float()
         y = torch.empty(B, L, H, dtype=torch.float32, device=u.device)  # (B L H), channel-permuted
-        j = 0  # first column of y of the current chunk
-        for idx, n, kern in groups:
-            n = min(n, L)
-            fft_size = next_fast_len(L + n - 1)
-            chunk = max(1, self.max_fft_elems // (4 * B * fft_size))
-            for c0 in range(0, len(idx), chunk):
-                c = min(chunk, len(idx) - c0)
-                cols = slice(j, j + c)
-                kk = self.kernel(n, idx[c0:c0 + c]) if kern is None else kern[:, c0:c0 + c, :n]  # (2 c n)
-                kh = torch.fft.rfft(circular_bidirectional_kernel(kk, fft_size, d[cols]))  # (c F/2+1)
-                kx = k_cols(cols).float()  # (B L c)
-                if pad is not None:
-                    kx.masked_fill_(pad, 0.0)  # k_proj has a bias: padding is zeroed to keep it out of the conv
-                xp = torch.empty(B, c, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
-                xp[..., L:].zero_()
-                for l0 in range(0, L, 256):  # tiles of 256 positions: (B 256 c) -> (B c 256)
-                    l1 = min(L, l0 + 256)
-                    xp[..., l0:l1] = kx[:, l0:l1].transpose(1, 2)
-                del kx
-                yc = torch.fft.irfft(torch.fft.rfft(xp).mul_(kh), n=fft_size)  # (B c F)
-                del xp, kh
-                q = q_cols(cols).float()  # (B L c): the gate
-                for t0 in range(0, c, 8):  # tiles of 8 channels: (B c L) -> (B L c), times the gate
-                    t1 = min(c, t0 + 8)
-                    torch.mul(yc[:, t0:t1, :L].transpose(1, 2), q[:, :, t0:t1], out=y[:, :, j + t0:j + t1])
-                del yc, q
-                j += c
+        j = 0  # first column of y of the current batch of groups
+        for batch in self._projection_batches(groups, B, L):
+            width = sum(len(idx) for idx, _, _ in batch)
+            kx = k_cols(slice(j, j + width)).float()  # (B L w)
+            if pad is not None:
+                kx.masked_fill_(pad, 0.0)  # k_proj has a bias: padding is zeroed to keep it out of the conv
+            q = q_cols(slice(j, j + width)).float()  # (B L w): the gate
+            o = 0  # first column of the batch of the current chunk
+            for idx, n, kern in batch:
+                n = min(n, L)
+                fft_size = next_fast_len(L + n - 1)
+                chunk = max(1, self.max_fft_elems // (4 * B * fft_size))
+                for c0 in range(0, len(idx), chunk):
+                    c = min(chunk, len(idx) - c0)
+                    kk = self.kernel(n, idx[c0:c0 + c]) if kern is None else kern[:, c0:c0 + c, :n]  # (2 c n)
+                    kh = torch.fft.rfft(circular_bidirectional_kernel(kk, fft_size, d[j + o:j + o + c]))  # (c F/2+1)
+                    xp = torch.empty(B, c, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
+                    xp[..., L:].zero_()
+                    for l0 in range(0, L, 256):  # tiles of 256 positions: (B 256 c) -> (B c 256)
+                        l1 = min(L, l0 + 256)
+                        xp[..., l0:l1] = kx[:, l0:l1, o:o + c].transpose(1, 2)
+                    yc = torch.fft.irfft(torch.fft.rfft(xp).mul_(kh), n=fft_size)  # (B c F)
+                    del xp, kh
+                    for t0 in range(0, c, 8):  # tiles of 8 channels: (B c L) -> (B L c), times the gate
+                        t1 = min(c, t0 + 8)
+                        torch.mul(yc[:, t0:t1, :L].transpose(1, 2), q[:, :, o + t0:o + t1],
+                                  out=y[:, :, j + o + t0:j + o + t1])
+                    del yc
+                    o += c
+            del kx, q
+            j += width
         out = self.output_linear
         if isinstance(out, nn.Linear):
             w = out.weight[:, perm]  # (H H): input columns in y's order
             return self._project(y.to(w.dtype), w, out.bias).to(u.dtype)  # (B L H)
         return out(y[..., torch.argsort(perm)]).to(u.dtype)  # (B L H): e.g. int8, channels back in order
+
+    # Inference projects k and q for at least this many channels at a time: a GEMM of a few dozen
+    # output columns (one decay-length group) runs at half the speed of a wide one.
+    min_projection_channels = 256
+
+    def _projection_batches(self, groups, B: int, L: int):
+        """Consecutive channel groups of :meth:`kernel_groups` taken together for the k/q
+        projections: at least ``min_projection_channels`` channels per batch (the last may have
+        fewer), and no more than ``max_fft_elems`` floats of projected (B, L, c) columns each."""
+        cap = max(self.min_projection_channels, self.max_fft_elems // max(1, B * L))
+        batch, width = [], 0
+        for g in groups:
+            if batch and width + len(g[0]) > cap:
+                yield batch
+                batch, width = [], 0
+            batch.append(g)
+            width += len(g[0])
+            if width >= self.min_projection_channels:
+                yield batch
+                batch, width = [], 0
+        if batch:
+            yield batch
 
     def _columns(self, lin: nn.Module, x: torch.Tensor, perm: torch.Tensor):
         """A function of a column slice ``cols`` returning those columns of ``lin(x)`` (B, L, c), in the
