@@ -43,6 +43,7 @@ Where the time goes and what is done about it (numbers: ``benchmarks/README.md``
   kernel's blocked-product temporaries are recomputed (``recompute``).
 """
 import math
+import mmap
 from typing import Optional, Tuple
 
 import torch
@@ -105,7 +106,7 @@ def _exp_outer(x: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
 
 
 def vandermonde_blocked(
-    c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, max_chunk_elems: int = 1 << 23
+    c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, max_chunk_elems: int = 1 << 21
 ) -> torch.Tensor:
     """Fast kernel: the same sum as :func:`vandermonde_naive`, as real batched matrix products.
 
@@ -298,6 +299,19 @@ class S4DKernel(nn.Module):
         return vandermonde_naive(c_prime, dt_a, length)
 
 
+def _resident_buffer(numel: int, device: torch.device) -> torch.Tensor:
+    """(numel,) float32 for data kept across calls (the kernel cache): on CPU in an anonymous memory
+    mapping of its own, unmapped when the last view of it is freed.
+
+    From the malloc heap (any block under glibc's 32 MiB mmap threshold, e.g. a 30 MiB cache), a
+    block that outlives the call pins the heap between the call's temporaries, which then can never
+    be returned: at 16K tokens 12 such caches left the locost_base encoder ~190 MiB above its live
+    tensors."""
+    if device.type != "cpu" or numel == 0:
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    return torch.frombuffer(mmap.mmap(-1, numel * 4), dtype=torch.float32)
+
+
 def circular_bidirectional_kernel(k: torch.Tensor, fft_size: int, skip: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Lays (2, H, L) kernels out as one circular kernel of length ``fft_size`` >= 2L - 1.
 
@@ -362,7 +376,8 @@ class S4D(nn.Module):
         # Inference without autograd on long inputs: channels are independent, so the kernel and the
         # FFT convolution are done a few channels at a time, keeping temporaries below this many
         # float32 elements (memory O(B*L*H) for the activations + O(chunk*L), not several (B,H,2L)).
-        self.max_fft_elems = 1 << 24
+        # 8M: (B, chunk, F) buffers of 8 MiB (64 channels at 16K tokens); 16M was no faster, ~36 MiB more.
+        self.max_fft_elems = 1 << 23
         # (length L', [(channel idx, n, kernels (2, g, n))]): the time-domain kernels made for L'
         self._cache = None
         self._cache_signature = None
@@ -430,9 +445,7 @@ class S4D(nn.Module):
                 break
         if used == 0:
             return [(idx, n, None) for idx, n in groups]
-        # One flat buffer per layer, the groups' kernels views into it: a single allocation that the
-        # allocator maps on its own, instead of many mid-sized blocks that pin the heap's free space.
-        flat = torch.empty(used // 4, dtype=torch.float32, device=dt_a.device)
+        flat = _resident_buffer(used // 4, dt_a.device)  # the groups' kernels are views into it
         entries, off = [], 0
         for i, (idx, n) in enumerate(groups):
             m = cached.get(i, 0)
@@ -473,9 +486,10 @@ class S4D(nn.Module):
         at a time (at least ``min_projection_channels`` columns, so the GEMMs stay wide; never the
         whole (B, L, H) tensors); within them, per chunk of channels, the kernel is laid out
         circularly and FFT'd (from the cache, or generated), the input is FFT-convolved and the gated
-        result is written to the chunk's columns of a channel-permuted ``y``; the output projection
-        takes its columns in the same order. Temporaries stay below ``max_fft_elems`` floats per
-        (B, chunk, F) buffer; the (B, L, c) <-> (B, c, L) transposes go in cache-sized tiles.
+        result is written to the chunk's columns of the batch's part of a channel-permuted ``y``; the
+        output projection adds each batch's part in (``out += y_b W_b^T``, so ``y`` is never whole).
+        Temporaries stay below ``max_fft_elems`` floats per (B, chunk, F) buffer, one set per group
+        reused by its chunks; the (B, L, c) <-> (B, c, L) transposes go in cache-sized tiles.
         """
         B, L, H = u.shape
         x = u
@@ -485,7 +499,11 @@ class S4D(nn.Module):
         k_cols = self._columns(self.k_proj, x, perm)  # columns -> (B L c) of k_proj(x), in y's order
         q_cols = self._columns(self.q_proj, x, perm)
         d = self.D[perm].float()
-        y = torch.empty(B, L, H, dtype=torch.float32, device=u.device)  # (B L H), channel-permuted
+        lin = self.output_linear
+        # a plain Linear takes y a batch of columns at a time (out += y_b W_b^T): y never exists whole
+        w_out = lin.weight[:, perm] if isinstance(lin, nn.Linear) else None  # (H H): input columns in y's order
+        y = None if w_out is not None else torch.empty(B, L, H, dtype=torch.float32, device=u.device)
+        out = None
         j = 0  # first column of y of the current batch of groups
         for batch in self._projection_batches(groups, B, L):
             width = sum(len(idx) for idx, _, _ in batch)
@@ -493,35 +511,43 @@ class S4D(nn.Module):
             if pad is not None:
                 kx.masked_fill_(pad, 0.0)  # k_proj has a bias: padding is zeroed to keep it out of the conv
             q = q_cols(slice(j, j + width)).float()  # (B L w): the gate
+            yb = y[:, :, j:j + width] if y is not None else torch.empty(B, L, width, dtype=torch.float32,
+                                                                         device=u.device)  # (B L w)
             o = 0  # first column of the batch of the current chunk
             for idx, n, kern in batch:
                 n = min(n, L)
                 fft_size = next_fast_len(L + n - 1)
-                chunk = max(1, self.max_fft_elems // (4 * B * fft_size))
+                chunk = min(len(idx), max(1, self.max_fft_elems // (4 * B * fft_size)))
+                # one set of FFT buffers per group, reused by its chunks
+                xp = torch.empty(B, chunk, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
+                spec = torch.empty(B, chunk, fft_size // 2 + 1, dtype=torch.complex64, device=u.device)
+                yc = torch.empty(B, chunk, fft_size, dtype=torch.float32, device=u.device)
                 for c0 in range(0, len(idx), chunk):
                     c = min(chunk, len(idx) - c0)
                     kk = self.kernel(n, idx[c0:c0 + c]) if kern is None else kern[:, c0:c0 + c, :n]  # (2 c n)
                     kh = torch.fft.rfft(circular_bidirectional_kernel(kk, fft_size, d[j + o:j + o + c]))  # (c F/2+1)
-                    xp = torch.empty(B, c, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
-                    xp[..., L:].zero_()
+                    del kk
+                    xc, sc, ycc = xp[:, :c], spec[:, :c], yc[:, :c]
+                    xc[..., L:].zero_()
                     for l0 in range(0, L, 256):  # tiles of 256 positions: (B 256 c) -> (B c 256)
                         l1 = min(L, l0 + 256)
-                        xp[..., l0:l1] = kx[:, l0:l1, o:o + c].transpose(1, 2)
-                    yc = torch.fft.irfft(torch.fft.rfft(xp).mul_(kh), n=fft_size)  # (B c F)
-                    del xp, kh
+                        xc[..., l0:l1] = kx[:, l0:l1, o:o + c].transpose(1, 2)
+                    torch.fft.rfft(xc, out=sc)
+                    torch.fft.irfft(sc.mul_(kh), n=fft_size, out=ycc)  # (B c F)
+                    del kh
                     for t0 in range(0, c, 8):  # tiles of 8 channels: (B c L) -> (B L c), times the gate
                         t1 = min(c, t0 + 8)
-                        torch.mul(yc[:, t0:t1, :L].transpose(1, 2), q[:, :, o + t0:o + t1],
-                                  out=y[:, :, j + o + t0:j + o + t1])
-                    del yc
+                        torch.mul(ycc[:, t0:t1, :L].transpose(1, 2), q[:, :, o + t0:o + t1], out=yb[:, :, o + t0:o + t1])
                     o += c
+                del xp, spec, yc
             del kx, q
+            if w_out is not None:
+                wb = w_out[:, j:j + width]  # (H w)
+                out = self._project(yb.to(wb.dtype), wb, lin.bias, out)  # (B L H)
             j += width
-        out = self.output_linear
-        if isinstance(out, nn.Linear):
-            w = out.weight[:, perm]  # (H H): input columns in y's order
-            return self._project(y.to(w.dtype), w, out.bias).to(u.dtype)  # (B L H)
-        return out(y[..., torch.argsort(perm)]).to(u.dtype)  # (B L H): e.g. int8, channels back in order
+        if w_out is not None:
+            return out.to(u.dtype)
+        return lin(y[..., torch.argsort(perm)]).to(u.dtype)  # (B L H): e.g. int8, channels back in order
 
     # Inference projects k and q for at least this many channels at a time: a GEMM of a few dozen
     # output columns (one decay-length group) runs at half the speed of a wide one.
@@ -556,10 +582,15 @@ class S4D(nn.Module):
         full = lin(x)[..., perm]  # (B L H)
         return lambda cols: full[..., cols]
 
-    def _project(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """``F.linear``: every projection of the inference path goes through here (the benchmark's
-        SSM breakdown times it apart from the convolution)."""
-        return F.linear(x, weight, bias)
+    def _project(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``F.linear(x, weight, bias)``, or with ``out`` ``out += x weight^T`` in place: every
+        projection of the inference path goes through here (the benchmark's SSM breakdown times it
+        apart from the convolution)."""
+        if out is None:
+            return F.linear(x, weight, bias)
+        out.view(-1, out.size(-1)).addmm_(x.reshape(-1, x.size(-1)), weight.t())
+        return out
 
     def _circular(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """The circular bidirectional kernel (h, F) of kernels (2, h, L) with the D skip folded into
