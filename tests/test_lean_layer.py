@@ -158,3 +158,56 @@ def test_long_input_models_use_the_long_source_decoder(data_dir):
     for arch in ARCH_FLAGS:
         model = build(data_dir, arch)
         assert all(isinstance(layer.encoder_attn, LongSourceCrossAttention) for layer in model.decoder.layers)
+
+
+def _saved_bytes(fn):
+    sizes = {}
+
+    def pack(t):
+        sizes[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), t.dtype)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sizes
+
+
+def test_t5_training_cross_attention_recomputes_its_probabilities(monkeypatch):
+    # LOCOST's decoder cross-attention in training: same outputs and gradients as the plain path
+    # (the same dropout mask: RNG state restored in backward), without the (heads, T, S)
+    # probabilities kept for backward
+    from lsg_fairseq.modules import t5_layers
+
+    attn = t5_layers.T5Attention(16, 4, 2, dropout=0.3).train()
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    memory = torch.randn(2, 40, 16, requires_grad=True)
+    bias = torch.zeros(2, 1, 1, 40).masked_fill(torch.rand(2, 1, 1, 40) < 0.2, torch.finfo(torch.float32).min)
+    go = torch.randn(2, 5, 16)
+    leaves = [x, memory] + list(attn.parameters())
+    results = {}
+    for name in ("checkpointed", "plain"):
+        if name == "plain":
+            monkeypatch.setattr(t5_layers, "checkpoint", lambda fn, *a, **kw: fn(*a))
+        torch.manual_seed(7)
+        out, saved = _saved_bytes(lambda: attn(x, memory=memory, bias=bias, static_kv=True))
+        results[name] = (out, torch.autograd.grad(out, leaves, go), sum(b for b, _ in saved.values()))
+    (a, ga, sa), (b, gb, sb) = results["checkpointed"], results["plain"]
+    assert torch.equal(a, b) and all(torch.equal(u, v) for u, v in zip(ga, gb))
+    probs = 2 * 2 * 5 * 40 * 4  # one (B, heads, T, S) float tensor
+    assert sa <= sb - 2 * probs
+
+
+def test_lean_dropout_keeps_a_bool_mask_and_is_dropout_elsewhere():
+    from lsg_fairseq.modules.lean_ffn import LeanDropout
+
+    drop = LeanDropout(0.25)
+    x = torch.randn(64, 32, requires_grad=True)
+    y, saved = _saved_bytes(lambda: drop(x))
+    assert {dt for _, dt in saved.values()} == {torch.bool}  # no float mask kept
+    kept = y != 0
+    assert torch.allclose(y[kept], x[kept] / 0.75) and 0.6 < kept.float().mean() < 0.9
+    drop.eval()
+    assert torch.equal(drop(x), x)
+    drop.train()
+    with torch.no_grad():
+        assert 0.6 < (drop(x) != 0).float().mean() < 0.9

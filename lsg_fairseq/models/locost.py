@@ -37,6 +37,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 import lsg_fairseq.optim.grouped_adam  # noqa: F401  (registers --optimizer grouped_adam)
 from lsg_fairseq.argtypes import POSITIVE_INT, finite_float, float_range, int_range
 from lsg_fairseq.errors import ConfigError
+from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, SSM_PARAMETER_NAMES
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
@@ -119,7 +120,7 @@ class LOCOSTEncoder(FairseqEncoder):
         super().__init__(dictionary)
         self.padding_idx = dictionary.pad()
         self.embed_tokens = embed_tokens
-        self.dropout = nn.Dropout(args.dropout)
+        self.dropout = LeanDropout(args.dropout)
         self.max_source_positions = args.max_source_positions
         blocks = []
         for _ in range(args.encoder_layers):
@@ -187,7 +188,7 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
         self.start_index = dictionary.bos()
         self.eos_index = dictionary.eos()
         self.d_model = args.d_model
-        self.dropout = nn.Dropout(args.dropout)
+        self.dropout = LeanDropout(args.dropout)
         self.max_target_positions = args.max_target_positions
         blocks = []
         for i in range(args.decoder_layers):

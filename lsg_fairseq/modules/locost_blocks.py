@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.s4d import S4D
 from lsg_fairseq.modules.t5_layers import IncrementalState, T5Attention, T5DenseGatedGelu, T5LayerNorm
 
@@ -21,7 +22,7 @@ class T5LayerFF(nn.Module):
         super().__init__()
         self.DenseReluDense = T5DenseGatedGelu(d_model, d_ff, dropout)
         self.layer_norm = T5LayerNorm(d_model, eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = LeanDropout(dropout)
         # Without autograd the FFN is applied to at most this many positions at a time: on a
         # 16K-token input the (L, d_ff) intermediates would otherwise take ~0.5 GB (several GB at 600K);
         # 2048 rows keep the matmuls efficient.
@@ -46,7 +47,7 @@ class LOCOSTSSMLayer(nn.Module):
         super().__init__()
         self.layer_prenorm = T5LayerNorm(d_model, eps)
         self.ssm_layer = S4D(d_model, d_state, **ssm_kwargs)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = LeanDropout(dropout)
 
     def forward(self, x: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         return x + self.dropout(self.ssm_layer(self.layer_prenorm(x), padding_mask))
@@ -73,7 +74,7 @@ class T5LayerSelfAttention(nn.Module):
         super().__init__()
         self.SelfAttention = attention
         self.layer_norm = T5LayerNorm(d_model, eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = LeanDropout(dropout)
 
     def forward(self, x, bias, incremental_state):
         h = self.SelfAttention(self.layer_norm(x), bias=bias, incremental_state=incremental_state)
@@ -85,7 +86,7 @@ class T5LayerCrossAttention(nn.Module):
         super().__init__()
         self.EncDecAttention = attention
         self.layer_norm = T5LayerNorm(d_model, eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = LeanDropout(dropout)
 
     def forward(self, x, memory, bias, incremental_state):
         h = self.EncDecAttention(self.layer_norm(x), memory=memory, bias=bias,

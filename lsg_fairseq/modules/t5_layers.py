@@ -18,6 +18,7 @@ from typing import Dict, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 IncrementalState = Dict[str, Dict[str, Optional[torch.Tensor]]]
 
@@ -236,17 +237,27 @@ class T5Attention(nn.Module):
             Bm = k.shape[0]
             q = q.view(Bm, beam, self.num_heads, T, self.d_kv).transpose(1, 2)  # (B_m heads beam T d_kv)
             q = q.reshape(Bm, self.num_heads, beam * T, self.d_kv)  # (B_m heads beam*T d_kv)
-        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B_m heads beam*T S)
-        if bias is not None:
-            scores = scores + bias  # bias: (B_m or 1, heads or 1, T or 1, S)
-        attn = F.softmax(scores, dim=-1).type_as(q)
-        attn = F.dropout(attn, p=self.dropout, training=self.training)
-        out = torch.matmul(attn, v)  # (B_m heads beam*T d_kv)
+        if memory is not None and self.training and torch.is_grad_enabled():
+            # training cross-attention: the (heads, T, S) probabilities would be kept for backward
+            # three times (softmax, dropout, matmul: ~7 GiB for locost_base at 16K source tokens);
+            # they are recomputed in backward instead, with the same dropout mask (RNG restored)
+            out = checkpoint(self._attend, q, k, v, bias, use_reentrant=False)
+        else:
+            out = self._attend(q, k, v, bias)  # (B_m heads beam*T d_kv)
         if beam > 1:
             out = out.view(k.shape[0], self.num_heads, beam, T, self.d_kv).transpose(1, 2)  # (B_m beam heads T d_kv)
         out = out.reshape(B, self.num_heads, T, self.d_kv)  # (B heads T d_kv)
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.d_kv)  # (B T heads*d_kv)
         return self.o(out)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """softmax(q k^T + bias) v, dropout on the probabilities, no score scaling (T5)."""
+        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B_m heads beam*T S)
+        if bias is not None:
+            scores = scores + bias  # bias: (B_m or 1, heads or 1, T or 1, S)
+        attn = F.softmax(scores, dim=-1).type_as(q)
+        attn = F.dropout(attn, p=self.dropout, training=self.training)
+        return torch.matmul(attn, v)  # (B_m heads beam*T d_kv)
 
     def cached_length(self, incremental_state: Optional[IncrementalState]) -> int:
         """Number of key positions already cached (0 without state)."""
