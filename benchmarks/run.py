@@ -25,11 +25,11 @@ Architectures (``--arch``):
 - ``linear``: the lsg_norm encoder with the attention core removed (q/k/v/out projections, FFN,
   norms, embeddings still run): the floor every encoder attention pays on top of. Runs every mode.
 - ``led``: ``led_base``, window 1024, first token global.
-- ``locost``: ``locost_base`` (12+12 layers, d 768, N 512) as inference runs it: the SSM kernel
-  spectra are cached per FFT size (``--ssm-kernel-cache-mb``, default 128 MiB per layer, which
-  holds up to 16K tokens), so after the warm-up call the kernels are not generated again.
+- ``locost``: ``locost_base`` (12+12 layers, d 768, N 512) as inference runs it: after the warm-up
+  call the SSM kernels are cached up to ``--ssm-kernel-cache-mb`` per layer (default 30 MiB: all
+  of them up to ~8K tokens, ~80% at 16K); the rest are generated in every call.
 - ``locost_cold``: the same with the cache off (``enc`` only): every forward generates its kernels,
-  as the first call at a new FFT size does (and as every training step does). Both ``enc`` records
+  as the first call at a new length does (and as every training step does). Both ``enc`` records
   split out SSM kernel generation and the rest of the SSM token mixer (FFTs, transposes, gate).
 - ``locost_ckpt``: ``locost`` with ``--checkpoint-activations`` (``train`` only): how LOCOST trains
   on inputs whose activations do not fit otherwise.
