@@ -112,8 +112,7 @@ def build(arch: str, length: int, size: str):
     dictionary = Dictionary()
     for i in range((100 if size == "tiny" else 50265) - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
-    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary,
-                              cfg=argparse.Namespace(no_prepend_bos=False))
+    task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
     ns = options.parse_args_and_arch(options.get_training_parser(), [
         "/nonexistent", "--task", "translation", "--arch", fairseq_arch, "--max-target-positions", "1024",
         "--max-source-positions", str(max(length, 1024 if arch != "led" else 16384))] + flags

@@ -205,11 +205,10 @@ def make_dictionary(size: int) -> Dictionary:
 
 
 class _Task:
-    """The two things ``build_model`` reads from a task: dictionaries and the <s> convention."""
+    """What ``build_model`` reads from a task: the dictionaries."""
 
     def __init__(self, dictionary):
         self.source_dictionary = self.target_dictionary = dictionary
-        self.cfg = argparse.Namespace(no_prepend_bos=False)
 
 
 class ProjectionsOnly(nn.Module):
@@ -324,11 +323,11 @@ def ssm_breakdown(model, step, device) -> dict:
     """One more encoder call with the S4D token mixer's own work timed separately.
 
     kernel = SSM kernel generation (``S4DKernel.forward``); conv = the rest of ``S4D.forward``
-    except its three linear layers (k/q/output projections, ``S4D._project`` in inference): padding
+    except its three linear layers (k/q/output projections, ``s4d_inference.project`` in inference): padding
     mask, kernel layout and FFT, transposes, the input FFT, the product, the inverse FFT, the gate. So
     ``kernel + conv`` is everything the SSM adds over a token mixer made of linear layers.
     """
-    from lsg_fairseq.modules import s4d
+    from lsg_fairseq.modules import s4d, s4d_inference
 
     totals = {"layer": 0.0, "kernel": 0.0, "proj": 0.0}
     active = set()
@@ -354,7 +353,7 @@ def ssm_breakdown(model, step, device) -> dict:
 
     wrap(s4d.S4D, "forward", "layer")
     wrap(s4d.S4DKernel, "forward", "kernel")
-    wrap(s4d.S4D, "_project", "proj")  # the inference path's per-chunk projections
+    wrap(s4d_inference, "project", "proj")  # the inference path's projections
     for m in model.modules():
         if isinstance(m, s4d.S4D):
             for lin in (m.k_proj, m.q_proj, m.output_linear):

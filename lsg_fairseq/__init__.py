@@ -10,7 +10,12 @@ from lsg_fairseq.serialization import register_safe_globals
 
 register_safe_globals()
 
-from lsg_fairseq import models, tasks  # noqa: E402,F401  (registration side effects)
+from lsg_fairseq._autoimport import import_all  # noqa: E402
+
+# The registrations: every module of models/, tasks/ and optim/ registers itself with fairseq when
+# imported (fairseq's --user-dir import does the same for models/ and tasks/).
+for _sub in ("models", "tasks", "optim"):
+    import_all(f"{__name__}.{_sub}", os.path.join(os.path.dirname(__file__), _sub))
 from lsg_fairseq import bf16, checkpoint_io  # noqa: E402,F401  (patch fairseq: atomic checkpoints, clear load errors, bf16 off TPUs)
 from lsg_fairseq.errors import install_fairseq_hook  # noqa: E402
 

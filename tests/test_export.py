@@ -89,8 +89,6 @@ def toy_checkpoint(folder, argv, seed=0, fine_tuned=True, data=None):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), head + argv))
-    if getattr(task.cfg, "no_prepend_bos", False):  # set by the model (LOCOST's T5 conventions)
-        cfg.task.no_prepend_bos = True
     path = save_checkpoint(cfg, model, os.path.join(folder, "checkpoint_best.pt"))
     if fine_tuned:
         state = torch.load(path, weights_only=False)

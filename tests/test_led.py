@@ -5,7 +5,8 @@ import torch
 import lsg_fairseq  # noqa: F401  (registers led)
 from conftest import TOY_VOCAB as VOCAB, build_task_and_model, toy_batch, write_toy_dict
 
-from lsg_fairseq.models.led import LEDEncoderLayer, LEDModel
+from lsg_fairseq.models.custom_encoder import LongInputEncoderLayer
+from lsg_fairseq.models.led import LEDModel
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
 
 
@@ -38,7 +39,7 @@ def test_layout_windows_and_state_dict(data_dir):
     model, task = build(data_dir, "--attention-window", "4,12")
     assert isinstance(model, LEDModel)
     layers = model.encoder.layers
-    assert all(isinstance(layer, LEDEncoderLayer) for layer in layers)
+    assert all(isinstance(layer, LongInputEncoderLayer) for layer in layers)
     assert all(isinstance(layer.self_attn, LongformerSelfAttention) for layer in layers)
     assert [layer.self_attn.attention_window for layer in layers] == [4, 12]
     assert [layer.self_attn.one_sided for layer in layers] == [2, 6]

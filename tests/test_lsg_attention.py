@@ -194,7 +194,8 @@ def test_lsg_path_on_two_blocks_equals_full_attention(stype):
         key_mask = torch.zeros(2, 19).masked_fill(mask, NEG)
         ref = full_attention(attn, x, mask)
         keep = ~mask.t()
-        for o in (attn._lsg_windows(xb, q, key_mask), attn._lsg_gathered(q, k, v, key_mask)):  # (n, S, C)
+        # _lsg_windows writes its output over q without autograd: give it a copy
+        for o in (attn._lsg_windows(xb, q.clone(), key_mask), attn._lsg_gathered(q, k, v, key_mask)):  # (n, S, C)
             out = attn.out_proj(o).transpose(0, 1)
             assert torch.allclose(out[keep], ref[keep], atol=1e-5)
 

@@ -236,3 +236,21 @@ def test_split_unmasked_cuts_allowed_with_the_window_and_keeps_all_masked_runs()
     with torch.no_grad():
         a, b = window_attention(q, srcs, groups), window_attention(q, srcs, split)
     assert torch.allclose(a[:, :12], b[:, :12], atol=1e-13) and torch.allclose(a[:, :12], naive(q, srcs, groups, d ** -0.5)[:, :12], atol=1e-12)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_inplace_inference_writes_over_q_with_the_same_result(case, monkeypatch):
+    # one block per kernel call: every chunk's query rows are read before its outputs are written
+    monkeypatch.setattr(wa, "_GATHER_ELEMS", 1)
+    c = CASES[case]
+    srcs = make_sources(2, 3, 4, c["sizes"], c["masked"])
+    q = torch.randn(2, c["S"], 3, 4, dtype=torch.float64)
+    with torch.no_grad():
+        expect = window_attention(q, srcs, c["groups"])
+        got = window_attention(q.clone(), srcs, c["groups"], inplace=True)
+        q2 = q.clone()
+        shared = window_attention(q2, srcs, c["groups"], inplace=True)
+    assert torch.equal(got, expect) and shared.data_ptr() == q2.data_ptr()
+    q.requires_grad_(True)  # with autograd the flag is ignored: q is kept for backward
+    out = window_attention(q, srcs, c["groups"], inplace=True)
+    assert out.data_ptr() != q.data_ptr() and torch.allclose(out, expect, atol=1e-12)

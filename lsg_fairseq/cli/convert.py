@@ -30,24 +30,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace a non-empty OUT_DIR as a whole (only once the new one is complete)")
     p.add_argument("--to", help="target model: bart, lsg_bart or led for BART sources (default: "
                    "lsg_bart for LSG sources or when LSG options are given, else the source's kind)")
+    # Model flags come from the models themselves (one home per hyper-parameter). The parser's
+    # SUPPRESS default leaves out what was not given, so each family applies its own defaults
+    # (the source's settings, else the architecture's).
+    from lsg_fairseq.models import led, lsg_bart
+
     p.add_argument("--max-source-positions", type=POSITIVE_INT, metavar="N",
-                   help="encoder max length; position tables are tiled (default: the source's, "
-                   "4096 for a BART -> LSG conversion)")
+                   help="encoder max length; position tables are tiled (default: the source's, or the "
+                   f"target architecture's for a BART -> LSG/LED conversion: {lsg_bart.MAX_SOURCE_POSITIONS} / "
+                   f"{led.MAX_SOURCE_POSITIONS})")
     p.add_argument("--max-target-positions", type=POSITIVE_INT, metavar="N",
                    help="decoder max length; its position table is tiled or cut (default: the "
                    "source's decoder length; BART -> LSG: the new encoder length, as the reference)")
-    # Model flags come from the models themselves (one home per hyper-parameter). The parser's
-    # SUPPRESS default leaves out what was not given, so each family applies its own defaults
-    # (the source's settings, else the reference's).
-    from lsg_fairseq.models.led import LEDModel
-    from lsg_fairseq.models.lsg_bart import LSGBARTModel
-
-    LSGBARTModel.add_lsg_args(p.add_argument_group("LSG options (default: the source's settings, else the reference's)"))
+    lsg_bart.LSGBARTModel.add_lsg_args(p.add_argument_group("LSG options (default: the source's settings, else the reference's)"))
     conversion = p.add_argument_group("BART -> LSG initialisation (spec lsg.md section 6)")
     conversion.add_argument("--global-positional-stride", type=POSITIVE_INT, metavar="N",
                             help="position stride of the global-token init (default 64)")
     conversion.add_argument("--seed", type=NON_NEGATIVE_INT, help="seed of the random parts of the init (default 123)")
-    LEDModel.add_led_args(p.add_argument_group(
+    led.LEDModel.add_led_args(p.add_argument_group(
         "LED options (HF LED sources, or BART sources with --to led; default: the source's, "
         "window 1024 for BART -> LED)"))
     return p

@@ -4,7 +4,7 @@ Contract (binding; other parts and checks rely on it)::
 
     lsg-fairseq-convert SRC OUT_DIR [--to KIND] [--max-source-positions N]
                         [--num-global-tokens G] [family flags]
-    python -m lsg_fairseq.convert ...            (same)
+    python -m lsg_fairseq.cli.convert ...        (same)
     lsg_fairseq.convert.convert(src, out, **options)
 
 ``convert`` detects the source kind (``config.json`` of an HF folder, or a fairseq checkpoint),

@@ -26,16 +26,15 @@ import torch
 
 from lsg_fairseq.convert import ConversionError, register_family
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.models.lsg_bart import LSGBARTModel, lsg_architecture_defaults
+from lsg_fairseq.modules.lsg_attention import MAX_GLOBAL_TOKENS
+from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationTask
 
 logger = logging.getLogger(__name__)
 
-LSG_OPTION_NAMES = (
-    "block_size", "sparse_block_size", "sparsity_factor", "sparsity_type", "num_global_tokens",
-    "mask_first_token", "pass_global_tokens_to_decoder", "pool_with_global", "lsh_num_pre_rounds",
-)
+LSG_OPTION_NAMES = C.option_names(LSGBARTModel.add_lsg_args)  # the LSG flags' one home is the model
 HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_accurate",
                   "gelu_fast": "gelu_accurate", "tanh": "tanh", "linear": "linear"}
-GLOBAL_ROWS = 512
 MAX_POSITIONS = 1 << 20  # a longer learned position table is surely a typo
 
 
@@ -59,8 +58,6 @@ def detect(src: str) -> bool:
 
 
 def _checkpoint_model_args(path: str, quiet: bool = False):
-    import lsg_fairseq  # noqa: F401  (safe globals for torch.load)
-
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001  (any unreadable file)
@@ -103,17 +100,17 @@ def order_positions(positions: torch.Tensor, stride: int, generator: torch.Gener
     ``(g mod (512/m)) * m + g // (512/m)`` with ``m = stride / factor``.
     """
     n, d = positions.shape
-    if n % GLOBAL_ROWS != 0:
-        if n > GLOBAL_ROWS:
-            positions = positions[: GLOBAL_ROWS * (n // GLOBAL_ROWS)]
+    if n % MAX_GLOBAL_TOKENS != 0:
+        if n > MAX_GLOBAL_TOKENS:
+            positions = positions[: MAX_GLOBAL_TOKENS * (n // MAX_GLOBAL_TOKENS)]
         else:
-            mean = positions.mean(dim=0, keepdim=True).expand(GLOBAL_ROWS - n, -1)
-            std = positions.std(dim=0, keepdim=True).expand(GLOBAL_ROWS - n, -1)
+            mean = positions.mean(dim=0, keepdim=True).expand(MAX_GLOBAL_TOKENS - n, -1)
+            std = positions.std(dim=0, keepdim=True).expand(MAX_GLOBAL_TOKENS - n, -1)
             extra = torch.normal(mean, std, generator=generator)
             positions = torch.cat([positions, extra.to(positions.dtype)], dim=0)
         n = positions.size(0)
-    factor = n // GLOBAL_ROWS
-    if stride % factor != 0 or GLOBAL_ROWS % (stride // factor) != 0:
+    factor = n // MAX_GLOBAL_TOKENS
+    if stride % factor != 0 or MAX_GLOBAL_TOKENS % (stride // factor) != 0:
         raise ConversionError(
             f"--global-positional-stride {stride} must be a multiple of {factor} (positions/512) "
             f"and stride/{factor} must divide 512"
@@ -163,8 +160,8 @@ def hf_to_fairseq_state(hf: Dict[str, torch.Tensor], src: str) -> Dict[str, torc
     return sd
 
 
-def _model_flags(config: dict, src: str) -> list:
-    """fairseq flags reproducing an HF BART config's shapes."""
+def model_values(config: dict, src: str) -> dict:
+    """fairseq hyper-parameters reproducing an HF BART config's shapes (and embedding scaling)."""
     for key in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                 "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size"):
         if key not in config:
@@ -180,18 +177,16 @@ def _model_flags(config: dict, src: str) -> list:
                 f"{src}/config.json: {key} = {config[key]}; fairseq dictionaries need {expected}"
             )
     d = config["d_model"]
-    return (
-        C.flag("encoder_embed_dim", d) + C.flag("decoder_embed_dim", d)
-        + C.flag("encoder_layers", config["encoder_layers"])
-        + C.flag("decoder_layers", config["decoder_layers"])
-        + C.flag("encoder_attention_heads", config["encoder_attention_heads"])
-        + C.flag("decoder_attention_heads", config["decoder_attention_heads"])
-        + C.flag("encoder_ffn_embed_dim", config["encoder_ffn_dim"])
-        + C.flag("decoder_ffn_embed_dim", config["decoder_ffn_dim"])
-        + C.flag("activation_fn", HF_ACTIVATIONS[act])
-        + C.flag("dropout", config.get("dropout", 0.1))
-        + C.flag("attention_dropout", config.get("attention_dropout", 0.0))
-        + C.flag("activation_dropout", config.get("activation_dropout", 0.0))
+    return dict(
+        encoder_embed_dim=d, decoder_embed_dim=d,
+        encoder_layers=config["encoder_layers"], decoder_layers=config["decoder_layers"],
+        encoder_attention_heads=config["encoder_attention_heads"],
+        decoder_attention_heads=config["decoder_attention_heads"],
+        encoder_ffn_embed_dim=config["encoder_ffn_dim"], decoder_ffn_embed_dim=config["decoder_ffn_dim"],
+        activation_fn=HF_ACTIVATIONS[act], dropout=config.get("dropout", 0.1),
+        attention_dropout=config.get("attention_dropout", 0.0),
+        activation_dropout=config.get("activation_dropout", 0.0),
+        no_scale_embedding=not config.get("scale_embedding", False),
     )
 
 
@@ -199,16 +194,6 @@ def _arch_for(config: dict, family: str) -> str:
     if config.get("d_model") == 1024 and config.get("encoder_layers") == 12:
         return f"{family}_large"
     return f"{family}_base"  # every shape is also passed explicitly
-
-
-def _lsg_flags(options: dict) -> list:
-    out = []
-    for name in LSG_OPTION_NAMES:
-        value = options.get(name)
-        if value is None:
-            continue
-        out += C.flag(name, str(value).lower() if isinstance(value, bool) else value)
-    return out
 
 
 def _mask_id(src: str, vocab: Optional[dict], vocab_size: int) -> int:
@@ -263,7 +248,8 @@ def _convert_hf(src, out, to, max_source_positions, max_target_positions, stride
         raise ConversionError(
             f"{src}: --to bart cannot keep LSG settings or global tokens; use --to lsg_bart"
         )
-    model_flags = _model_flags(config, src)
+    values = model_values(config, src)
+    arch = _arch_for(config, to)
     V = config["vocab_size"]
     vocab = C.read_hf_vocab(src)
     if vocab is not None:
@@ -285,8 +271,9 @@ def _convert_hf(src, out, to, max_source_positions, max_target_positions, stride
             f"{src}: encoder position table has {enc_pos.size(0)} rows but max_position_embeddings "
             f"is {config.get('max_position_embeddings')} (expected rows = max + 2)"
         )
-    # default length: the source's own, or the reference CLI's 4096 for a new LSG conversion
-    M = int(max_source_positions or (P if (to == "bart" or source_is_lsg) else 4096))
+    # default length: the source's own, or the architecture's for a new LSG conversion
+    M = int(max_source_positions or (P if (to == "bart" or source_is_lsg)
+                                     else C.arch_defaults(arch).max_source_positions))
     # decoder length: the reference tiles the decoder table to M too (BART -> LSG), so an HF
     # LSG source carries M + 2 rows; keep that unless --max-target-positions slices it
     # (fairseq_notes 3.6). Plain BART keeps its own.
@@ -296,8 +283,7 @@ def _convert_hf(src, out, to, max_source_positions, max_target_positions, stride
         default_tgt = dec_pos.size(0) - 2
     T = int(max_target_positions or default_tgt)
 
-    cli = model_flags + C.flag("max_source_positions", M) + C.flag("max_target_positions", T)
-    overrides = {"no_scale_embedding": not config.get("scale_embedding", False)}
+    values.update(max_source_positions=M, max_target_positions=T)
     if to == "lsg_bart":
         lsg = {k: config.get(k) for k in LSG_OPTION_NAMES} if source_is_lsg else {}
         if source_is_lsg and "sparsity_type" in config and config["sparsity_type"] is None:
@@ -305,7 +291,7 @@ def _convert_hf(src, out, to, max_source_positions, max_target_positions, stride
         if source_is_lsg and config.get("adaptive") is False:
             logger.warning("%s: adaptive=False in config; lsg-fairseq always pads adaptively", src)
         lsg.update({k: v for k, v in options.items() if v is not None})
-        cli += _lsg_flags(lsg)
+        values.update(lsg)
         if source_is_lsg:
             if "encoder.global_embeddings.weight" not in sd:
                 raise ConversionError(f"{src}: LSG config but no model.encoder.global_embeddings.weight")
@@ -315,16 +301,16 @@ def _convert_hf(src, out, to, max_source_positions, max_target_positions, stride
                 enc_pos, sd["encoder.embed_tokens.weight"], config.get("bos_token_id", 0), mask_id,
                 stride, seed)
         glob = sd["encoder.global_embeddings.weight"]
-        if glob.shape != (GLOBAL_ROWS, config["d_model"]):
+        if glob.shape != (MAX_GLOBAL_TOKENS, config["d_model"]):
             raise ConversionError(
                 f"{src}: global_embeddings has shape {tuple(glob.shape)}, expected "
-                f"({GLOBAL_ROWS}, {config['d_model']})"
+                f"({MAX_GLOBAL_TOKENS}, {config['d_model']})"
             )
     sd["encoder.embed_positions.weight"] = extend_positions(enc_pos, M)
     sd["decoder.embed_positions.weight"] = extend_positions(dec_pos, T)
 
     C.write_identity_dict(out, V)
-    cfg, _, model = C.build_model(out, _arch_for(config, to), cli, namespace_overrides=overrides)
+    cfg, _, model = C.build_model(out, arch, values)
     C.load_strict(model, sd)
     C.write_gpt2_bpe_files(src, out)
     return C.save_checkpoint(cfg, model, os.path.join(out, "model.pt"))
@@ -337,8 +323,6 @@ def _convert_fairseq(path, out, to, max_source_positions, max_target_positions, 
     (spec section 6: global tokens from ordered positions + <s>/<mask> embeddings, tiled tables)."""
     from fairseq import checkpoint_utils
     from omegaconf import open_dict
-
-    import lsg_fairseq  # noqa: F401
 
     state = checkpoint_utils.load_checkpoint_to_cpu(path)
     cfg = state.get("cfg")
@@ -383,12 +367,8 @@ def _convert_fairseq(path, out, to, max_source_positions, max_target_positions, 
         cfg.task.max_source_positions = M
         cfg.task.max_target_positions = T
         if new_lsg:
-            from lsg_fairseq.models.lsg_bart import lsg_architecture_defaults
-
             lsg_architecture_defaults(model_args)
     if new_lsg:
-        from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationTask
-
         # the dictionary as the task builds it: <mask> appended, as on every model row count
         d = LongDocumentSummarizationTask.load_dictionary(os.path.join(src_dir, "dict.txt"))
         mask_id = d.index("<mask>")

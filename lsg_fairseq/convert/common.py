@@ -1,22 +1,24 @@
 """Checkpoint-writing plumbing shared by every converter family (BART/LSG, LOCOST, LED).
 
-A family maps an HF folder (or an older fairseq checkpoint) to a fairseq state dict and a list of
-command-line flags; this module does the rest the way fairseq itself would:
+A family maps an HF folder (or an older fairseq checkpoint) to a fairseq state dict and the model's
+hyper-parameter values; this module does the rest the way fairseq itself would:
 
 1. ``write_identity_dict`` / ``write_gpt2_bpe_files``: ``dict.txt`` (fairseq index == HF id) and
    offline GPT-2 BPE files beside the checkpoint (fairseq_notes section 3);
-2. ``build_model``: ``parse_args_and_arch`` -> ``convert_namespace_to_omegaconf`` -> task
+2. ``build_model``: the values, completed by the registered architecture function
+   (``arch_defaults``, the one source of every default) -> ``convert_namespace_to_omegaconf`` -> task
    (``long_document_summarization``, data = the output folder) -> ``task.build_model``, exactly
    as ``fairseq-train`` builds a model, so the saved ``cfg`` is one fairseq accepts everywhere;
 3. ``save_checkpoint``: strict ``load_state_dict`` then ``torch_persistent_save`` of a complete
    checkpoint ``{cfg, model, optimizer_history, extra_state}`` usable by fairseq-generate, the
    hub, ``--restore-file`` (with ``--reset-*``) and ``--finetune-from-model``.
 """
+import argparse
 import json
 import logging
 import os
 import shutil
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -181,32 +183,39 @@ def write_token_map(out_dir: str, fairseq_to_hf: Sequence[int]) -> str:
     return path
 
 
-def flag(name: str, value) -> List[str]:
-    """``flag("encoder_embed_dim", 64)`` -> ``["--encoder-embed-dim", "64"]``."""
-    return ["--" + name.replace("_", "-"), str(value)]
-
-
 # ----------------------------------------------------------------------------- fairseq side
-def build_model(out_dir: str, arch: str, cli: Sequence[str] = (), task: str = DEFAULT_TASK,
-                namespace_overrides: Optional[dict] = None):
-    """Build ``(cfg, task, model)`` through fairseq's own training path.
+def arch_defaults(arch: str, **values) -> argparse.Namespace:
+    """The hyper-parameters of ``--arch arch`` with ``values`` given: the registered architecture
+    function fills every other default, derived ones included (e.g. decoder sizes from encoder
+    sizes), exactly as ``fairseq-train --arch arch`` would. The one source of the defaults."""
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    args = argparse.Namespace(**{k: v for k, v in values.items() if v is not None})
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return args
+
+
+def option_names(add_args: Callable) -> tuple:
+    """The argparse destinations a model's ``add_*_args(parser)`` defines (its flags' one home)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_args(parser)
+    return tuple(a.dest for a in parser._actions)
+
+
+def build_model(out_dir: str, arch: str, values: Dict[str, Any], task: str = DEFAULT_TASK):
+    """Build ``(cfg, task, model)`` through fairseq's own training path, from hyper-parameter values.
 
     ``out_dir`` must already hold ``dict.txt`` (the task reads its dictionary from the data
-    folder). ``namespace_overrides`` are set on the parsed namespace after the architecture
-    defaults (for values no flag can express, e.g. ``no_scale_embedding=False``).
+    folder). The model's hyper-parameters are ``values`` completed by the architecture function
+    (:func:`arch_defaults`); everything else (task, optimization, ...) takes the training parser's
+    defaults, as ``fairseq-train DATA --task TASK --arch ARCH`` would.
     """
-    import lsg_fairseq  # noqa: F401  (registers models and tasks)
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    argv = [os.path.abspath(out_dir), "--task", task, "--arch", arch] + list(cli)
     parser = options.get_training_parser()
-    try:
-        args = options.parse_args_and_arch(parser, argv)
-    except SystemExit as e:  # argparse exits on a bad flag; turn it into an exception
-        raise ConversionError(f"fairseq refused the model flags {argv[1:]}") from e
-    for key, value in (namespace_overrides or {}).items():
-        setattr(args, key, value)
+    args = options.parse_args_and_arch(parser, [os.path.abspath(out_dir), "--task", task, "--arch", arch])
+    vars(args).update(vars(arch_defaults(arch, **values)))
     cfg = convert_namespace_to_omegaconf(args)
     fairseq_task = tasks.setup_task(cfg.task)
     try:
@@ -218,7 +227,6 @@ def build_model(out_dir: str, arch: str, cli: Sequence[str] = (), task: str = DE
 
 def build_model_from_cfg(cfg, out_dir: str):
     """Rebuild ``(cfg, task, model)`` from an existing checkpoint cfg, data = ``out_dir``."""
-    import lsg_fairseq  # noqa: F401
     from fairseq import tasks
     from omegaconf import open_dict
 

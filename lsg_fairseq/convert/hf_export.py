@@ -91,8 +91,6 @@ def resolve_checkpoint(src: str) -> str:
 def _load_dictionary(task_name: str, search_dirs: List[str], source_lang: Optional[str]):
     from fairseq import tasks
 
-    import lsg_fairseq  # noqa: F401  (registers the plugin's tasks)
-
     names = ["dict.txt"] + [f"dict.{source_lang}.txt"] * bool(source_lang)
     for folder in search_dirs:
         for name in names:
@@ -111,8 +109,6 @@ def _load_dictionary(task_name: str, search_dirs: List[str], source_lang: Option
 
 def read_source(src: str) -> Source:
     from fairseq import checkpoint_utils
-
-    import lsg_fairseq  # noqa: F401  (archs, safe globals, readable checkpoint errors)
 
     path = resolve_checkpoint(src)
     try:

@@ -8,8 +8,9 @@
   ``max_source_positions`` / ``max_target_positions`` = the HF encoder / decoder table sizes.
 - HF BART with ``--to led`` (spec section 8, allenai's recipe): every BART tensor unchanged,
   ``{q,k,v}_proj_global`` = copies of ``{q,k,v}_proj``, the encoder position table tiled to
-  ``--max-source-positions`` (default 16384: new row 2 + t = old row 2 + (t mod 1024)), the
-  decoder table unchanged, ``--attention-window`` (default 1024) on every layer.
+  ``--max-source-positions`` (default: the ``led_*`` architecture's, 16384 = BART's 1024
+  positions copied 16 times: new row 2 + t = old row 2 + (t mod 1024)), the decoder table
+  unchanged, ``--attention-window`` (default: the architecture's, 1024) on every layer.
 
 Options: ``attention_window`` (int, list or comma string; overrides the source's),
 ``global_attention`` (first | none), ``global_token_ids``, ``max_source_positions``
@@ -23,12 +24,10 @@ import torch
 
 from lsg_fairseq.convert import ConversionError, register_family
 from lsg_fairseq.convert import common as C
-from lsg_fairseq.convert.bart import MAX_POSITIONS, _model_flags, extend_positions, hf_to_fairseq_state
+from lsg_fairseq.convert.bart import MAX_POSITIONS, extend_positions, hf_to_fairseq_state, model_values
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_LED_POSITIONS = 16384  # allenai's LED: BART's 1024 positions copied 16 times
-DEFAULT_WINDOW = 1024
 # HF LongformerSelfAttention names -> fairseq LongformerSelfAttention names
 HF_ATTENTION_NAMES = {
     "longformer_self_attn.query": "q_proj",
@@ -141,7 +140,8 @@ def convert(src: str, out: str, to: Optional[str] = None, attention_window=None,
     layers = config.get("encoder_layers")
     if not isinstance(layers, int) or layers < 1:
         raise ConversionError(f"{src}/config.json: encoder_layers missing or not a positive int")
-    model_flags = _model_flags(config, src)  # shapes, activation, dropouts, special ids
+    values = model_values(config, src)  # shapes, activation, dropouts, embedding scale
+    arch = "led_large" if config.get("d_model") == 1024 and layers == 12 else "led_base"
     V = config["vocab_size"]
     vocab = C.read_hf_vocab(src)
     if vocab is not None:
@@ -157,8 +157,9 @@ def convert(src: str, out: str, to: Optional[str] = None, attention_window=None,
     else:
         if any(k.startswith(("model.encoder.global_embeddings", "encoder.global_embeddings")) for k in hf):
             raise ConversionError(f"{src}: an LSG-BART checkpoint; convert plain BART to LED")
-        source_windows = [DEFAULT_WINDOW] * layers
-        M = int(max_source_positions or DEFAULT_LED_POSITIONS)
+        defaults = C.arch_defaults(arch, encoder_layers=layers)
+        source_windows = windows_from(defaults.attention_window, layers, "the led architecture's attention_window")
+        M = int(max_source_positions or defaults.max_source_positions)
         if not 1 <= M <= MAX_POSITIONS:
             raise ConversionError(f"--max-source-positions {M} must be in [1, {MAX_POSITIONS}]")
         sd = bart_to_led_state(hf_to_fairseq_state(hf, src), M)
@@ -176,18 +177,14 @@ def convert(src: str, out: str, to: Optional[str] = None, attention_window=None,
                 f"{src}: {side} position table has {rows - 2} positions, config says {n}"
             )
 
-    cli = (model_flags + C.flag("max_source_positions", M) + C.flag("max_target_positions", T)
-           + C.flag("attention_window", ",".join(map(str, windows))))
-    if global_attention is not None:
-        cli += C.flag("global_attention", global_attention)
+    values.update(max_source_positions=M, max_target_positions=T, attention_window=",".join(map(str, windows)),
+                  global_attention=global_attention)
     if global_token_ids is not None:
         ids = global_token_ids if isinstance(global_token_ids, str) else ",".join(map(str, global_token_ids))
-        if ids:
-            cli += C.flag("global_token_ids", ids)
-    arch = "led_large" if config.get("d_model") == 1024 and layers == 12 else "led_base"
+        values["global_token_ids"] = ids or None
 
     C.write_identity_dict(out, V)
-    cfg, _, model = C.build_model(out, arch, cli, namespace_overrides={"no_scale_embedding": not config.get("scale_embedding", False)})
+    cfg, _, model = C.build_model(out, arch, values)
     C.load_strict(model, sd)
     C.write_gpt2_bpe_files(src, out)
     return C.save_checkpoint(cfg, model, os.path.join(out, "model.pt"))

@@ -94,23 +94,18 @@ def check_config(config: dict, src: str) -> None:
         )
 
 
-def model_flags(config: dict, src: str, max_source_positions: int, max_target_positions: int) -> List[str]:
-    d_model = int(_require(config, "d_model", src))
+def model_values(config: dict, src: str) -> dict:
+    """fairseq hyper-parameters reproducing an HF LOCOST config."""
     num_layers = int(_require(config, "num_layers", src))
-    return (
-        C.flag("d_model", d_model)
-        + C.flag("d_state", _require(config, "d_state", src))
-        + C.flag("d_ff", _require(config, "d_ff", src))
-        + C.flag("d_kv", _require(config, "d_kv", src))
-        + C.flag("encoder_layers", num_layers)
-        + C.flag("decoder_layers", config.get("num_decoder_layers") or num_layers)
-        + C.flag("decoder_attention_heads", _require(config, "num_heads", src))
-        + C.flag("layer_norm_eps", config.get("layer_norm_epsilon", 1e-6))
-        + C.flag("relative_attention_num_buckets", config.get("relative_attention_num_buckets", 32))
-        + C.flag("relative_attention_max_distance", config.get("relative_attention_max_distance", 128))
-        + C.flag("dropout", config.get("dropout_rate", 0.1))
-        + C.flag("max_source_positions", max_source_positions)
-        + C.flag("max_target_positions", max_target_positions)
+    return dict(
+        d_model=int(_require(config, "d_model", src)), d_state=_require(config, "d_state", src),
+        d_ff=_require(config, "d_ff", src), d_kv=_require(config, "d_kv", src), encoder_layers=num_layers,
+        decoder_layers=config.get("num_decoder_layers") or num_layers,
+        decoder_attention_heads=_require(config, "num_heads", src),
+        layer_norm_eps=config.get("layer_norm_epsilon", 1e-6),
+        relative_attention_num_buckets=config.get("relative_attention_num_buckets", 32),
+        relative_attention_max_distance=config.get("relative_attention_max_distance", 128),
+        dropout=config.get("dropout_rate", 0.1),
     )
 
 
@@ -227,11 +222,9 @@ def convert(src: str, out: str, to: Optional[str] = None, max_source_positions: 
         raise ConversionError(f"option(s) not applicable to LOCOST: {', '.join(sorted(options))}")
     if to not in (None, "locost"):
         raise ConversionError(f"--to {to}: a LOCOST folder converts to locost only")
-    max_source_positions = int(max_source_positions or 4096)
-    max_target_positions = int(max_target_positions or 1024)
     for name, value in (("--max-source-positions", max_source_positions),
                         ("--max-target-positions", max_target_positions)):
-        if value < 1:
+        if value is not None and int(value) < 1:
             raise ConversionError(f"{name} {value} must be positive")
 
     config = C.read_hf_config(src)
@@ -252,10 +245,10 @@ def convert(src: str, out: str, to: Optional[str] = None, max_source_positions: 
     if spm_path is not None:
         shutil.copyfile(spm_path, os.path.join(out, "spm.model"))
 
-    cfg, task, model = C.build_model(
-        out, "locost_base", model_flags(config, src, max_source_positions, max_target_positions),
-        namespace_overrides={"no_prepend_bos": True},  # T5 conventions: no <s> (saved in cfg.task too)
-    )
+    # lengths not given: the locost architecture's defaults
+    cfg, task, model = C.build_model(out, "locost_base", dict(
+        model_values(config, src), max_source_positions=max_source_positions,
+        max_target_positions=max_target_positions))
     dictionary = task.source_dictionary
     if len(dictionary) < len(order):
         raise ConversionError(f"dictionary has {len(dictionary)} entries, expected at least {len(order)}")

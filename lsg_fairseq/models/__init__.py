@@ -1,6 +1,2 @@
-"""fairseq registrations: every module here is imported (and registers itself) on package import."""
-import os
-
-from lsg_fairseq._autoimport import import_all
-
-import_all(__name__, os.path.dirname(__file__))
+"""fairseq models: each module registers its model and architectures when imported (``lsg_fairseq``'s
+``__init__`` imports them all)."""

@@ -10,11 +10,16 @@ overrides ``build_self_attention``. The pieces every such model needs live here 
   scratch starts);
 - the ``bart_tiny`` architecture: plain BART (full attention) of the tiny shape, the baseline
   the long-input models are compared with (``examples/long_context``);
-- :class:`LongInputEncoderLayer`: fairseq's encoder layer whose attention takes extra keyword
-  arguments (LED's global mask) and whose training step keeps less for backward
-  (``--lean-activations``).
+- :class:`LongInputEncoder`: fairseq's encoder forward written once for both, with two hooks:
+  :meth:`~LongInputEncoder.prepare` (the embedded input, the layers' padding mask and keyword
+  arguments) and :meth:`~LongInputEncoder.finish` (what the decoder sees);
+- :class:`LongInputEncoderLayer`: fairseq's encoder layer whose self-attention is built from its
+  config (:class:`LongInputConfig`), takes extra keyword arguments (LED's global mask) and whose
+  training step keeps less for backward (``--lean-activations``).
 """
 import math
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -23,8 +28,9 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_large_architecture
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
-from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
+from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase, TransformerEncoder
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from lsg_fairseq.argtypes import bool_flag
@@ -58,8 +64,94 @@ def lean_activations(args) -> bool:
     return True if value is None else bool_flag(value)
 
 
+@dataclass
+class LongInputConfig(TransformerConfig):
+    """fairseq's layer config plus the encoder self-attention to build: ``self_attention(embed_dim,
+    num_heads, dropout=...)`` -> module with ``MultiheadAttention``'s call signature. fairseq hands
+    the config to ``build_self_attention``, so this is the layer's one input."""
+
+    self_attention: Optional[Callable[..., nn.Module]] = None
+
+    @classmethod
+    def for_layers(cls, args, self_attention: Callable[..., nn.Module]) -> "LongInputConfig":
+        """``args``: an argparse namespace or the TransformerConfig fairseq built from it."""
+        if not isinstance(args, TransformerConfig):
+            args = TransformerConfig.from_namespace(args)
+        # from_namespace would copy a TransformerConfig's sub-configs as mappings: copy the fields
+        values = {f.name: getattr(args, f.name) for f in fields(TransformerConfig)}
+        return cls(**values, self_attention=self_attention)
+
+
+class LongInputEncoder(TransformerEncoder):
+    """fairseq's ``TransformerEncoder`` forward, written once for the long-input encoders.
+
+    Subclasses give the attention to build (:meth:`self_attention`) and override two hooks:
+
+    - :meth:`prepare`: the embedded input -> (x, padding mask for the layers, keyword arguments for
+      every layer's self-attention); the default zeroes padding and passes ``pad`` (None without);
+    - :meth:`finish`: the last layer's output -> (encoder_out, its padding mask); default identity.
+
+    The output dict is fairseq's (``encoder_out``, ``encoder_padding_mask``, ... ``src_lengths``);
+    ``forward`` accepts extra keyword inputs and hands them to :meth:`prepare`.
+    """
+
+    def self_attention(self, args) -> Callable[..., nn.Module]:
+        """The attention every layer builds, from the model's argparse namespace."""
+        raise NotImplementedError
+
+    def build_encoder_layer(self, cfg):
+        # fairseq hands over a TransformerConfig already; the layer config is made from the
+        # namespace the legacy encoder keeps (set before it builds its layers)
+        layer_cfg = LongInputConfig.for_layers(self.args, self.self_attention(self.args))
+        layer = LongInputEncoderLayer(layer_cfg, return_fc=self.return_fc, lean=lean_activations(self.args))
+        return wrap_encoder_layer(layer, layer_cfg)
+
+    def prepare(self, src_tokens: Tensor, pad: Tensor, x: Tensor, **inputs) -> Tuple[Tensor, Optional[Tensor], Dict[str, Any]]:
+        """x (B, T', C) from ``forward_embedding``; pad (B, T) True at source padding."""
+        if inputs:
+            raise TypeError(f"{type(self).__name__} takes no input {sorted(inputs)}")
+        if not bool(pad.any()):
+            return x, None, {}
+        return x * (1 - pad.unsqueeze(-1).type_as(x)), pad, {}
+
+    def finish(self, x: Tensor, pad: Tensor) -> Tuple[Tensor, Tensor]:
+        """x (T', B, C) after the final layer norm -> (encoder_out, encoder_padding_mask)."""
+        return x, pad
+
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None,
+                **inputs):
+        return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings, **inputs)
+
+    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
+                           token_embeddings=None, **inputs):
+        pad = src_tokens.eq(self.padding_idx)  # (B, T)
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        x, layer_mask, layer_inputs = self.prepare(src_tokens, pad, x, **inputs)
+        x = x.transpose(0, 1)  # (T', B, C)
+        encoder_states = [x] if return_all_hiddens else []
+        for layer in self.layers:
+            lr = layer(x, encoder_padding_mask=layer_mask, **layer_inputs)
+            x = lr[0] if isinstance(lr, tuple) and len(lr) == 2 else lr
+            if return_all_hiddens:
+                encoder_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x, out_mask = self.finish(x, pad)
+        src_lengths = (~pad).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        return {
+            "encoder_out": [x],  # (T', B, C)
+            "encoder_padding_mask": [out_mask],  # (B, T')
+            "encoder_embedding": [encoder_embedding],  # (B, T, C)
+            "encoder_states": encoder_states,  # List[(T', B, C)]
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths],
+        }
+
+
 class LongInputEncoderLayer(TransformerEncoderLayerBase):
-    """fairseq's encoder layer (same modules and state dict) with two changes to ``forward``.
+    """fairseq's encoder layer (same modules and state dict) whose self-attention is
+    ``cfg.self_attention`` (:class:`LongInputConfig`), with two changes to ``forward``.
 
     - Keyword arguments after ``attn_mask`` go to the self-attention (LED: the global mask), so
       subclasses need no side channel around fairseq's fixed call.
@@ -71,9 +163,12 @@ class LongInputEncoderLayer(TransformerEncoderLayerBase):
       are those of fairseq's forward (tests/test_lean_layer.py).
     """
 
-    def __init__(self, cfg, return_fc: bool = False, lean: bool = True):
-        self.lean = lean
+    def __init__(self, cfg: LongInputConfig, return_fc: bool = False, lean: bool = True):
         super().__init__(cfg, return_fc=return_fc)
+        self.lean = lean
+
+    def build_self_attention(self, embed_dim, cfg):
+        return cfg.self_attention(embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout)
 
     def _attend(self, x, encoder_padding_mask, attn_mask, attention_kwargs):
         return self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,

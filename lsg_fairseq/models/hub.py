@@ -42,7 +42,7 @@ class LongInputHubInterface(BARTHubInterface):
 
     @property
     def prepend_bos(self) -> bool:
-        return not getattr(self.task.cfg, "no_prepend_bos", False)
+        return self.task.prepend_bos  # the model's convention (LOCOST: no <s>), unless --no-prepend-bos
 
     def set_max_source_positions(self, n: int) -> None:
         """Read up to ``n`` source tokens. Below the model's limit this only truncates earlier;

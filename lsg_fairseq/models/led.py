@@ -18,6 +18,7 @@ padding give the same valid outputs; the converter maps HF's offset-free table o
 State dict = BART's plus ``encoder.layers.N.self_attn.{q,k,v}_proj_global.{weight,bias}``.
 """
 import argparse
+import functools
 import logging
 
 import torch
@@ -25,22 +26,21 @@ import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 
 from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.models.custom_encoder import (
     LongInputBARTModel,
-    LongInputEncoderLayer,
+    LongInputEncoder,
     add_lean_activations_arg,
-    lean_activations,
     tiny_bart_architecture,
-    wrap_encoder_layer,
 )
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
 
 logger = logging.getLogger(__name__)
 
 GLOBAL_ATTENTION_MODES = ("first", "none")
+# Source length of led_base / led_large when none is given: allenai's LED (BART's 1,024 positions x 16)
+MAX_SOURCE_POSITIONS = 16384
 
 
 def parse_global_token_ids(value) -> list:
@@ -95,40 +95,24 @@ def validate_led_args(args, dictionary_size=None) -> None:
             raise ConfigError(f"--global-token-ids {bad} outside the dictionary (size {dictionary_size})")
 
 
-class LEDEncoderLayer(LongInputEncoderLayer):
-    """fairseq's encoder layer with Longformer self-attention (everything else unchanged);
-    ``forward(..., global_attention_mask=g)`` hands g to the attention."""
-
-    def __init__(self, cfg, attention_window: int, return_fc: bool = False, lean: bool = True):
-        # read by build_self_attention, which the base __init__ calls
-        self.attention_window = attention_window
-        super().__init__(cfg, return_fc=return_fc, lean=lean)
-
-    def build_self_attention(self, embed_dim, cfg):
-        return LongformerSelfAttention(
-            embed_dim, cfg.encoder.attention_heads, self.attention_window, dropout=cfg.attention_dropout
-        )
-
-
-class LEDEncoder(TransformerEncoder):
+class LEDEncoder(LongInputEncoder):
     """BART encoder with Longformer layers and global-token selection (see module docstring)."""
 
     def __init__(self, args, dictionary, embed_tokens, return_fc=False):
-        # consumed one per layer by build_encoder_layer, called from the base __init__
-        self._layer_windows = iter(parse_attention_windows(args.attention_window, args.encoder_layers))
         super().__init__(args, dictionary, embed_tokens, return_fc=return_fc)
-        del self._layer_windows
+        # the window is the one attention setting that may differ per layer (no parameter depends on
+        # it); by index: iterating a LayerDropModuleList in training mode skips layers at random
+        for i, window in enumerate(parse_attention_windows(args.attention_window, args.encoder_layers)):
+            self.layers[i].self_attn.set_attention_window(window)
         self.global_attention = args.global_attention
         self.register_buffer(
             "global_token_ids", torch.tensor(parse_global_token_ids(args.global_token_ids), dtype=torch.long),
             persistent=False,
         )
 
-    def build_encoder_layer(self, args):
-        cfg = TransformerConfig.from_namespace(args)
-        layer = LEDEncoderLayer(cfg, next(self._layer_windows), return_fc=self.return_fc,
-                                lean=lean_activations(args))
-        return wrap_encoder_layer(layer, cfg)
+    def self_attention(self, args):
+        first = parse_attention_windows(args.attention_window, args.encoder_layers)[0]
+        return functools.partial(LongformerSelfAttention, attention_window=first)
 
     def default_global_attention_mask(self, src_tokens):
         """(B, T) bool from ``--global-attention`` and ``--global-token-ids`` (None: no global)."""
@@ -143,17 +127,9 @@ class LEDEncoder(TransformerEncoder):
         glob &= ~pad
         return glob if bool(glob.any()) else None
 
-    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
-                token_embeddings=None, global_attention_mask=None):
-        """fairseq's encoder forward, plus ``global_attention_mask`` (B x T bool, True = global)
-        overriding ``--global-attention``/``--global-token-ids`` for this call."""
-        return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings,
-                                       global_attention_mask)
-
-    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
-                           token_embeddings=None, global_attention_mask=None):
-        pad = src_tokens.eq(self.padding_idx)  # (B, T)
-        has_pads = bool(pad.any())
+    def prepare(self, src_tokens, pad, x, global_attention_mask=None):
+        """``global_attention_mask`` (B x T bool, True = global), an input of ``forward``, overrides
+        ``--global-attention``/``--global-token-ids`` for the call; the layers get it as a keyword."""
         if global_attention_mask is None:
             glob = self.default_global_attention_mask(src_tokens)
         else:
@@ -163,31 +139,8 @@ class LEDEncoder(TransformerEncoder):
                     f"src_tokens {tuple(src_tokens.shape)}"
                 )
             glob = global_attention_mask.to(pad.device).bool() & ~pad
-
-        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
-        if has_pads:
-            x = x * (1 - pad.unsqueeze(-1).type_as(x))
-        x = x.transpose(0, 1)  # (T, B, C)
-
-        encoder_states = [x] if return_all_hiddens else []
-        for layer in self.layers:
-            lr = layer(x, encoder_padding_mask=pad if has_pads else None, global_attention_mask=glob)
-            x = lr[0] if isinstance(lr, tuple) and len(lr) == 2 else lr
-            if return_all_hiddens:
-                encoder_states.append(x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-
-        src_lengths = (~pad).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
-        return {
-            "encoder_out": [x],  # (T, B, C)
-            "encoder_padding_mask": [pad],  # (B, T)
-            "encoder_embedding": [encoder_embedding],  # (B, T, C)
-            "encoder_states": encoder_states,  # List[(T, B, C)]
-            "fc_results": [],
-            "src_tokens": [],
-            "src_lengths": [src_lengths],
-        }
+        x, layer_mask, _ = super().prepare(src_tokens, pad, x)
+        return x, layer_mask, {"global_attention_mask": glob}
 
 
 @register_model("led")
@@ -237,7 +190,7 @@ def led_architecture_defaults(args):
 @register_model_architecture("led", "led_base")
 def led_base_architecture(args):
     """allenai/led-base-16384: bart_base with a 16K encoder position table."""
-    args.max_source_positions = getattr(args, "max_source_positions", 16384)
+    args.max_source_positions = getattr(args, "max_source_positions", MAX_SOURCE_POSITIONS)
     led_architecture_defaults(args)
     bart_base_architecture(args)
 
@@ -245,7 +198,7 @@ def led_base_architecture(args):
 @register_model_architecture("led", "led_large")
 def led_large_architecture(args):
     """allenai/led-large-16384: bart_large with a 16K encoder position table."""
-    args.max_source_positions = getattr(args, "max_source_positions", 16384)
+    args.max_source_positions = getattr(args, "max_source_positions", MAX_SOURCE_POSITIONS)
     led_architecture_defaults(args)
     bart_large_architecture(args)
 

@@ -8,7 +8,8 @@ shared, no score scaling, output projection tied to the shared embedding with d_
 
 Token conventions (T5, not BART):
 
-* the source is ``x </s>`` without ``<s>``; the task must not prepend ``<s>`` (``prepend_bos`` below sets the task's ``no_prepend_bos``);
+* the source is ``x </s>`` without ``<s>``: the model declares ``prepend_bos = False``, which the
+  summarization task reads when it builds the model;
 * the decoder starts from a dedicated start embedding: fairseq feeds ``</s>`` at decoder position 0
   (teacher forcing and generation alike) and :class:`LOCOSTDecoder` embeds it with the row of
   ``<s>`` instead. For converted checkpoints that row holds the HF row 0 (T5's pad / decoder start).
@@ -34,21 +35,14 @@ from fairseq.models import (
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-import lsg_fairseq.optim.grouped_adam  # noqa: F401  (registers --optimizer grouped_adam)
-from lsg_fairseq.argtypes import POSITIVE_INT, finite_float, float_range, int_range
+from lsg_fairseq.argtypes import POSITIVE_INT, bool_flag, finite_float, float_range, int_range
 from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
-from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, SSM_PARAMETER_NAMES
+from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, KERNEL_TAIL_TOL, SSM_PARAMETER_NAMES
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
 
 logger = logging.getLogger(__name__)
-
-def _bool(value) -> bool:
-    if isinstance(value, bool):
-        return value
-    return str(value).lower() in ("1", "true", "yes", "on")
-
 
 # Every model hyper-parameter: (flag, type, help). Defaults live in the arch functions only.
 LOCOST_ARGS = [
@@ -76,7 +70,7 @@ LOCOST_ARGS = [
     ("--ssm-kernel-tail-tol", float_range(0), "SSM kernel entries after every mode's term has decayed below this are "
                                      "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
                                      "0 computes every entry like the reference"),
-    ("--ssm-kernel-recompute", _bool, "training: recompute the SSM kernel in backward instead of keeping its "
+    ("--ssm-kernel-recompute", bool_flag, "training: recompute the SSM kernel in backward instead of keeping its "
                                       "temporaries (true: ~0.07 GiB instead of ~0.6 GiB saved per base layer, "
                                       "at the cost of a second kernel generation per step)"),
     ("--max-source-positions", POSITIVE_INT, "longest source the task feeds (the encoder itself has no limit)"),
@@ -127,10 +121,10 @@ class LOCOSTEncoder(FairseqEncoder):
             block = LOCOSTEncoderBlock(
                 args.d_model, args.d_state, args.d_ff, args.dropout, args.layer_norm_eps,
                 dt_min=args.ssm_dt_min, dt_max=args.ssm_dt_max, kernel_cache_mb=args.ssm_kernel_cache_mb,
-                kernel_tail_tol=args.ssm_kernel_tail_tol, kernel_recompute=_bool(getattr(args, "ssm_kernel_recompute", True)),
+                kernel_tail_tol=args.ssm_kernel_tail_tol, kernel_recompute=bool_flag(getattr(args, "ssm_kernel_recompute", True)),
             )
-            if _bool(getattr(args, "checkpoint_activations", False)):
-                block = checkpoint_wrapper(block, offload_to_cpu=_bool(getattr(args, "offload_activations", False)))
+            if bool_flag(getattr(args, "checkpoint_activations", False)):
+                block = checkpoint_wrapper(block, offload_to_cpu=bool_flag(getattr(args, "offload_activations", False)))
             blocks.append(block)
         self.block = nn.ModuleList(blocks)
         self.final_layer_norm = T5LayerNorm(args.d_model, args.layer_norm_eps)
@@ -198,8 +192,8 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
                 relative_attention_num_buckets=args.relative_attention_num_buckets,
                 relative_attention_max_distance=args.relative_attention_max_distance,
             )
-            if _bool(getattr(args, "checkpoint_activations", False)):
-                block = checkpoint_wrapper(block, offload_to_cpu=_bool(getattr(args, "offload_activations", False)))
+            if bool_flag(getattr(args, "checkpoint_activations", False)):
+                block = checkpoint_wrapper(block, offload_to_cpu=bool_flag(getattr(args, "offload_activations", False)))
             blocks.append(block)
         self.block = nn.ModuleList(blocks)
         self.final_layer_norm = T5LayerNorm(args.d_model, args.layer_norm_eps)
@@ -263,13 +257,13 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
 class LOCOSTModel(FairseqEncoderDecoderModel):
     """LOCOST encoder-decoder. See the module docstring for token conventions."""
 
-    # Read by the summarization task: T5 conventions, no <s> on the source or target.
+    # The token convention, read by the summarization task: T5's, no <s> on the source or target.
     prepend_bos = False
 
     @staticmethod
     def add_args(parser):
         for flag, typ, help_text in LOCOST_ARGS:
-            metavar = "BOOL" if typ is _bool else "N" if str(getattr(typ, "__name__", "")).startswith("int") else "F"
+            metavar = "BOOL" if typ is bool_flag else "N" if str(getattr(typ, "__name__", "")).startswith("int") else "F"
             parser.add_argument(flag, type=typ, metavar=metavar, help=help_text)
         parser.add_argument("--checkpoint-activations", action="store_true",
                             help="recompute each encoder / decoder block in the backward pass (saves memory)")
@@ -287,7 +281,6 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
                 "and target dictionaries must be identical (preprocess with --joined-dictionary or use "
                 "the converter's dict.txt for both sides)"
             )
-        cls._use_t5_token_conventions(task)
         embed_tokens = nn.Embedding(len(src_dict), args.d_model)  # no padding_idx: T5 trains every row
         nn.init.normal_(embed_tokens.weight, mean=0.0, std=1.0)  # T5 init of `shared`
         encoder = LOCOSTEncoder(args, src_dict, embed_tokens)
@@ -296,15 +289,6 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         model._init_ffn_weights(args)
         model.tag_ssm_parameters(cls._ssm_lr_scale(args))
         return model
-
-    @classmethod
-    def _use_t5_token_conventions(cls, task):
-        # fairseq builds the model before it loads datasets (train, generate, validate, hub), so
-        # switching the task's <s> convention here covers every entry point.
-        task_cfg = getattr(task, "cfg", None)
-        if task_cfg is not None and getattr(task_cfg, "no_prepend_bos", True) is False:
-            logger.info("locost: T5 token conventions, setting the task's no_prepend_bos (no <s>)")
-            task_cfg.no_prepend_bos = True
 
     def _init_ffn_weights(self, args):
         # T5's _init_weights for the gated FFN (factor 1): wi ~ N(0, d^-1/2), wo ~ N(0, d_ff^-1/2)
@@ -371,7 +355,7 @@ def locost_base_architecture(args):
         args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
         decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
         relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=1e-3, ssm_dt_max=1e-1,
-        ssm_lr=0.0, ssm_kernel_cache_mb=KERNEL_CACHE_MB, ssm_kernel_tail_tol=1e-10, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
+        ssm_lr=0.0, ssm_kernel_cache_mb=KERNEL_CACHE_MB, ssm_kernel_tail_tol=KERNEL_TAIL_TOL, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
         checkpoint_activations=False, offload_activations=False,
     )
 

@@ -11,7 +11,7 @@ tokens only, optionally with global 0's output pooled onto the first token
 State dict = BART's plus ``encoder.global_embeddings.weight`` [512, d] (always 512 rows, as the
 reference, so HF LSG checkpoints map 1:1; only the first G are used).
 """
-import argparse
+import functools
 import logging
 
 import torch
@@ -20,19 +20,17 @@ import torch.nn as nn
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 
 from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, bool_flag, int_range
 from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.models.custom_encoder import (
     LongInputBARTModel,
-    LongInputEncoderLayer,
+    LongInputEncoder,
     add_lean_activations_arg,
-    lean_activations,
     tiny_bart_architecture,
-    wrap_encoder_layer,
 )
 from lsg_fairseq.modules.lsg_attention import (
+    MAX_GLOBAL_TOKENS,
     SPARSITY_TYPES,
     LSGSelfAttention,
     check_lsg_config,
@@ -41,21 +39,8 @@ from lsg_fairseq.modules.lsg_attention import (
 
 logger = logging.getLogger(__name__)
 
-MAX_GLOBAL_TOKENS = 512  # rows of the global embedding table (the reference's fixed size)
-
-# argparse dest -> flag, so validation errors name what the user typed
-LSG_FLAGS = {
-    "block_size": "--block-size",
-    "sparse_block_size": "--sparse-block-size",
-    "sparsity_factor": "--sparsity-factor",
-    "sparsity_type": "--sparsity-type",
-    "num_global_tokens": "--num-global-tokens",
-    "lsh_num_pre_rounds": "--lsh-num-pre-rounds",
-}
-
-
-_bool = bool_flag
-
+# Source length of lsg_bart_base / lsg_bart_large when none is given (the reference's converter's)
+MAX_SOURCE_POSITIONS = 4096
 
 def lsg_attention_kwargs(args) -> dict:
     """The LSGSelfAttention keyword arguments held by a model namespace."""
@@ -78,7 +63,8 @@ def validate_lsg_args(args) -> None:
     try:
         check_lsg_config(
             args.block_size, args.sparse_block_size, args.sparsity_factor, args.sparsity_type,
-            args.num_global_tokens, args.lsh_num_pre_rounds, names=LSG_FLAGS,
+            args.num_global_tokens, args.lsh_num_pre_rounds,
+            name=lambda dest: "--" + dest.replace("_", "-"),  # messages name the flag the user typed
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -89,21 +75,7 @@ def validate_lsg_args(args) -> None:
         )
 
 
-class LSGTransformerEncoderLayer(LongInputEncoderLayer):
-    """fairseq's encoder layer with LSG self-attention (everything else unchanged)."""
-
-    def __init__(self, cfg, lsg_kwargs: dict, return_fc: bool = False, lean: bool = True):
-        # read by build_self_attention, which the base __init__ calls
-        self.lsg_kwargs = dict(lsg_kwargs)
-        super().__init__(cfg, return_fc=return_fc, lean=lean)
-
-    def build_self_attention(self, embed_dim, cfg):
-        return LSGSelfAttention(
-            embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout, **self.lsg_kwargs
-        )
-
-
-class LSGBARTEncoder(TransformerEncoder):
+class LSGBARTEncoder(LongInputEncoder):
     """BART encoder with G global tokens and LSG layers.
 
     Output: ``encoder_out`` (G + L, B, C) with the globals first and ``encoder_padding_mask``
@@ -119,11 +91,8 @@ class LSGBARTEncoder(TransformerEncoder):
         self.pool_with_global = args.pool_with_global
         self.global_embeddings = nn.Embedding(MAX_GLOBAL_TOKENS, embed_tokens.embedding_dim)
 
-    def build_encoder_layer(self, args):
-        cfg = TransformerConfig.from_namespace(args)
-        layer = LSGTransformerEncoderLayer(cfg, lsg_attention_kwargs(self.args), return_fc=self.return_fc,
-                                           lean=lean_activations(args))
-        return wrap_encoder_layer(layer, cfg)
+    def self_attention(self, args):
+        return functools.partial(LSGSelfAttention, **lsg_attention_kwargs(args))
 
     def forward_embedding(self, src_tokens, token_embedding=None):
         """Token + position embedding, then globals prepended, then LayerNorm and dropout.
@@ -149,53 +118,32 @@ class LSGBARTEncoder(TransformerEncoder):
             x = self.quant_noise(x)
         return x, embed
 
-    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
-                           token_embeddings=None):
-        G = self.num_global_tokens
-        n = src_tokens.size(0)
-        pad = src_tokens.eq(self.padding_idx)  # (B, L)
-        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
-        no_pad = torch.zeros(n, G, dtype=torch.bool, device=pad.device)
+    def _hidden(self, pad):
+        """(B, L) True where a token is not attended: padding, and with ``--mask-first-token``
+        token 0 (<s>, redundant with global 0; hidden from cross-attention too, as in the reference)."""
+        if not self.mask_first_token:
+            return pad
+        hidden = pad.clone()
+        hidden[:, 0] = True
+        return hidden
+
+    def prepare(self, src_tokens, pad, x):
+        no_pad = pad.new_zeros(pad.size(0), self.num_global_tokens)  # (B, G)
         if pad.any():
             x = x * (1 - torch.cat([no_pad, pad], dim=1).unsqueeze(-1).type_as(x))
+        key_mask = torch.cat([no_pad, self._hidden(pad)], dim=1)  # (B, G + L), True = not attended
+        return x, key_mask if bool(key_mask.any()) else None, {}
 
-        hidden = pad
-        if self.mask_first_token:
-            # token 0 (<s>) is redundant with global 0: hidden as a key, and (as in the
-            # reference, whose mask is mutated in place) from cross-attention too
-            hidden = pad.clone()
-            hidden[:, 0] = True
-        key_mask = torch.cat([no_pad, hidden], dim=1)  # (B, G + L), True = not attended
-        layer_mask = key_mask if bool(key_mask.any()) else None
-
-        x = x.transpose(0, 1)  # (G + L, B, C)
-        encoder_states = [x] if return_all_hiddens else []
-        for layer in self.layers:
-            lr = layer(x, encoder_padding_mask=layer_mask)
-            x = lr[0] if isinstance(lr, tuple) and len(lr) == 2 else lr
-            if return_all_hiddens:
-                encoder_states.append(x)
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-
+    def finish(self, x, pad):
+        G = self.num_global_tokens
+        hidden = self._hidden(pad)
         if self.pass_global_tokens_to_decoder:
-            out_mask = key_mask
+            return x, torch.cat([pad.new_zeros(pad.size(0), G), hidden], dim=1)  # (G + L, B, C), (B, G + L)
+        if self.pool_with_global:
+            x = torch.cat([x[:1], x[G + 1:]], dim=0)  # global 0 replaces token 0
         else:
-            if self.pool_with_global:
-                x = torch.cat([x[:1], x[G + 1:]], dim=0)  # global 0 replaces token 0
-            else:
-                x = x[G:]
-            out_mask = hidden
-        src_lengths = (~pad).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
-        return {
-            "encoder_out": [x],  # (G + L | L, B, C)
-            "encoder_padding_mask": [out_mask],  # (B, G + L | L)
-            "encoder_embedding": [encoder_embedding],  # (B, L, C)
-            "encoder_states": encoder_states,  # List[(G + L, B, C)]
-            "fc_results": [],
-            "src_tokens": [],
-            "src_lengths": [src_lengths],
-        }
+            x = x[G:]
+        return x, hidden  # (L, B, C), (B, L)
 
 
 @register_model("lsg_bart")
@@ -210,7 +158,7 @@ class LSGBARTModel(LongInputBARTModel):
         LongInputBARTModel.add_args(parser)
         LSGBARTModel.add_lsg_args(parser)
         add_lean_activations_arg(parser)
-        parser.add_argument("--train-global-only", type=_bool, nargs="?", const=True, metavar="BOOL",
+        parser.add_argument("--train-global-only", type=bool_flag, nargs="?", const=True, metavar="BOOL",
                             help="global tuning: freeze every parameter except the global token embeddings")
 
     @staticmethod
@@ -226,11 +174,11 @@ class LSGBARTModel(LongInputBARTModel):
                             help="how the sparse sequence is built (none disables sparse attention)")
         parser.add_argument("--num-global-tokens", type=int_range(1, MAX_GLOBAL_TOKENS), metavar="G",
                             help="number of learned global tokens prepended to the encoder input (1..512)")
-        parser.add_argument("--mask-first-token", type=_bool, nargs="?", const=True, metavar="BOOL",
+        parser.add_argument("--mask-first-token", type=bool_flag, nargs="?", const=True, metavar="BOOL",
                             help="hide the first source token (<s>, redundant with global 0) from self- and cross-attention")
-        parser.add_argument("--pass-global-tokens-to-decoder", type=_bool, nargs="?", const=True, metavar="BOOL",
+        parser.add_argument("--pass-global-tokens-to-decoder", type=bool_flag, nargs="?", const=True, metavar="BOOL",
                             help="decoder cross-attends to the global tokens too (default true)")
-        parser.add_argument("--pool-with-global", type=_bool, nargs="?", const=True, metavar="BOOL",
+        parser.add_argument("--pool-with-global", type=bool_flag, nargs="?", const=True, metavar="BOOL",
                             help="without --pass-global-tokens-to-decoder: global 0's output replaces the first token's (default true)")
         parser.add_argument("--lsh-num-pre-rounds", type=NON_NEGATIVE_INT, metavar="N",
                             help="lsh sparsity only: merging rounds before the final hashing round")
@@ -257,23 +205,23 @@ def lsg_architecture_defaults(args):
     args.sparsity_factor = getattr(args, "sparsity_factor", 2)
     args.sparsity_type = normalize_sparsity_type(getattr(args, "sparsity_type", "norm"))
     args.num_global_tokens = getattr(args, "num_global_tokens", 1)
-    args.mask_first_token = _bool(getattr(args, "mask_first_token", False))
-    args.pass_global_tokens_to_decoder = _bool(getattr(args, "pass_global_tokens_to_decoder", True))
-    args.pool_with_global = _bool(getattr(args, "pool_with_global", True))
+    args.mask_first_token = bool_flag(getattr(args, "mask_first_token", False))
+    args.pass_global_tokens_to_decoder = bool_flag(getattr(args, "pass_global_tokens_to_decoder", True))
+    args.pool_with_global = bool_flag(getattr(args, "pool_with_global", True))
     args.lsh_num_pre_rounds = getattr(args, "lsh_num_pre_rounds", 1)
-    args.train_global_only = _bool(getattr(args, "train_global_only", False))
+    args.train_global_only = bool_flag(getattr(args, "train_global_only", False))
 
 
 @register_model_architecture("lsg_bart", "lsg_bart_large")
 def lsg_bart_large_architecture(args):
-    args.max_source_positions = getattr(args, "max_source_positions", 4096)
+    args.max_source_positions = getattr(args, "max_source_positions", MAX_SOURCE_POSITIONS)
     lsg_architecture_defaults(args)
     bart_large_architecture(args)
 
 
 @register_model_architecture("lsg_bart", "lsg_bart_base")
 def lsg_bart_base_architecture(args):
-    args.max_source_positions = getattr(args, "max_source_positions", 4096)
+    args.max_source_positions = getattr(args, "max_source_positions", MAX_SOURCE_POSITIONS)
     lsg_architecture_defaults(args)
     bart_base_architecture(args)
 

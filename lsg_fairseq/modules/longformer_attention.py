@@ -41,6 +41,7 @@ from torch import Tensor
 from lsg_fairseq.modules.padded_projection import padded_projection
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
+    KEY_ALIGN,
     clamp_index,
     compact_indices,
     local_window_indices,
@@ -48,9 +49,6 @@ from lsg_fairseq.ops.blocks import (
     relative_positions,
 )
 
-# Key sets are padded with masked keys up to a multiple of this, so that the additive mask's
-# last dimension is aligned for the fused SDPA kernels (masked keys add exactly 0 weight).
-_KEY_ALIGN = 8
 # Queries per block of the window path (``_local_windows``): the band's edges waste bq keys per
 # query, and the fused kernel is as fast with 64 queries per block as with 128.
 _QUERY_BLOCK = 64
@@ -119,11 +117,10 @@ class LongformerSelfAttention(nn.Module):
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
-        self.attention_window = check_attention_window(attention_window)
-        self.one_sided = self.attention_window // 2  # w
         if block_size is not None and block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
-        self.block_size = block_size or self.one_sided
+        self._block_size = block_size  # None: follow the window
+        self.set_attention_window(attention_window)
         self.dropout = dropout
 
         # local projections keep BART's names, so BART weights load without renaming
@@ -147,6 +144,13 @@ class LongformerSelfAttention(nn.Module):
                      self.v_proj_global, self.q_proj_global, self.out_proj):
             if proj.bias is not None:
                 nn.init.constant_(proj.bias, 0.0)
+
+    def set_attention_window(self, attention_window: int) -> None:
+        """Set the full window W (even); no parameter depends on it, so an encoder can give each
+        layer its own after building them all alike (LED's per-layer ``--attention-window``)."""
+        self.attention_window = check_attention_window(attention_window)
+        self.one_sided = self.attention_window // 2  # w
+        self.block_size = self._block_size or self.one_sided
 
     def extra_repr(self) -> str:
         return f"attention_window={self.attention_window} (w={self.one_sided}), block_size={self.block_size}"
@@ -250,7 +254,7 @@ class LongformerSelfAttention(nn.Module):
         # the padding is trimmed off the edge blocks' bands; only bands that cover a global (or a
         # row's padding) keep a mask in the kernel
         groups = wa.split_unmasked([wa.QueryGroup(0, nbq, bq, windows)], [m for _, _, m in sources])
-        out = wa.window_attention(q, sources, groups, scale=d ** -0.5)
+        out = wa.window_attention(q, sources, groups, scale=d ** -0.5, inplace=True)  # over q
         return out[:, :T].reshape(n, T, C)
 
     def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int) -> Tensor:
@@ -276,7 +280,7 @@ class LongformerSelfAttention(nn.Module):
         if Gm:
             parts.insert(0, g_idx[:, None, :].expand(n, nb, Gm))  # same globals for every block
             allowed.insert(0, g_valid[:, None, None, :].expand(n, nb, bs, Gm))
-        extra = -(Gm + win.size(1)) % _KEY_ALIGN
+        extra = -(Gm + win.size(1)) % KEY_ALIGN
         if extra:
             parts.append(win.new_zeros(n, nb, extra))
             allowed.append(win_ok.new_zeros(n, nb, bs, extra))

@@ -44,7 +44,7 @@ Deliberate deviations from the reference (spec section 9):
 - unknown sparsity types and inconsistent sizes are errors (``check_lsg_config``), not warnings.
 """
 import math
-from typing import Dict, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -55,6 +55,7 @@ from lsg_fairseq.modules.padded_projection import padded_projection
 from lsg_fairseq.ops import sparse
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
+    KEY_ALIGN,
     clamp_index,
     local_window_indices,
     padded_length,
@@ -62,10 +63,10 @@ from lsg_fairseq.ops.blocks import (
 )
 
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling")
+# Rows of the global-token embedding table, the reference's fixed size (HF LSG checkpoints carry
+# all of them; the first num_global_tokens are used).
+MAX_GLOBAL_TOKENS = 512
 
-# Key sets are padded with masked keys up to a multiple of this, so that the additive mask's
-# last dimension is aligned for the fused SDPA kernels (masked keys add exactly 0 weight).
-_KEY_ALIGN = 8
 
 
 def normalize_sparsity_type(sparsity_type) -> str:
@@ -82,16 +83,15 @@ def check_lsg_config(
     sparsity_type,
     num_global_tokens: int,
     lsh_num_pre_rounds: int = 1,
-    names: Optional[Dict[str, str]] = None,
+    name: Optional[Callable[[str], str]] = None,
 ) -> None:
     """Raise ``ValueError`` for hyper-parameters the LSG attention cannot honour.
 
-    ``names`` maps argument names to how the caller calls them (e.g. CLI flags), so messages
+    ``name`` maps an argument name to how the caller calls it (e.g. its CLI flag), so messages
     name what the user typed.
     """
-    n = {k: k for k in ("block_size", "sparse_block_size", "sparsity_factor", "sparsity_type",
-                        "num_global_tokens", "lsh_num_pre_rounds")}
-    n.update(names or {})
+    n = {k: (name or str)(k) for k in ("block_size", "sparse_block_size", "sparsity_factor", "sparsity_type",
+                                        "num_global_tokens", "lsh_num_pre_rounds")}
     stype = normalize_sparsity_type(sparsity_type)
     if stype not in SPARSITY_TYPES:
         raise ValueError(
@@ -100,8 +100,8 @@ def check_lsg_config(
         )
     if block_size < 1:
         raise ValueError(f"{n['block_size']} must be >= 1, got {block_size}")
-    if not 1 <= num_global_tokens <= 512:
-        raise ValueError(f"{n['num_global_tokens']} must be in [1, 512], got {num_global_tokens}")
+    if not 1 <= num_global_tokens <= MAX_GLOBAL_TOKENS:
+        raise ValueError(f"{n['num_global_tokens']} must be in [1, {MAX_GLOBAL_TOKENS}], got {num_global_tokens}")
     if sparse_block_size < 0:
         raise ValueError(f"{n['sparse_block_size']} must be >= 0, got {sparse_block_size}")
     if sparsity_factor < 1:
@@ -274,7 +274,8 @@ class LSGSelfAttention(nn.Module):
         """The LSG key set of every block as strided windows (``ops.window_attention``).
 
         x (n, S, C) the layer input and q (n, S, h, d) its queries, S = G + t, t a multiple of bs;
-        key_mask (n, S) additive or None. Returns the attention output (n, S, C) before out_proj.
+        key_mask (n, S) additive or None. Returns the attention output (n, S, C) before out_proj;
+        without autograd it is written over ``q`` (no fresh output buffer: q is not needed after).
 
         Sources, token-major: 0 = the keys laid out [G globals | bs zeros | t tokens | bs zeros]
         (``padded_projection``: no padded copy), so block j's local window (tokens (j-1)*bs ..
@@ -313,7 +314,7 @@ class LSGSelfAttention(nn.Module):
         # the padding blocks are trimmed off the edge blocks' windows and no window of an unpadded
         # input keeps a mask: the kernel then adds none to the scores
         groups = wa.split_unmasked(groups, [m for _, _, m in sources])
-        out = wa.window_attention(q, sources, groups, scale=d ** -0.5)  # (n, S, h, d)
+        out = wa.window_attention(q, sources, groups, scale=d ** -0.5, inplace=True)  # (n, S, h, d): over q
         return out.view(n, S, h * d)
 
     # ------------------------------------------------------------------ LSG path, gathered keys
@@ -372,7 +373,7 @@ class LSGSelfAttention(nn.Module):
         """Key positions of every query block and their static additive mask, cached.
 
         Index (nb * Kn,) into [keys (S) | sparse (ns)], per block: G globals, 2*sbs sparse,
-        3*bs local, then padding up to a multiple of _KEY_ALIGN. Out-of-range entries point at
+        3*bs local, then padding up to a multiple of KEY_ALIGN. Out-of-range entries point at
         key 0 and are masked with finfo.min in the (nb, Kn) mask (they get exactly 0 weight,
         like the reference's zero vectors with mask min).
         """
@@ -393,7 +394,7 @@ class LSGSelfAttention(nn.Module):
         parts.append(clamp_index(idx + G, ok, 0))
         valid.append(ok)
         index, valid = torch.cat(parts, dim=1), torch.cat(valid, dim=1)
-        extra = -index.size(1) % _KEY_ALIGN
+        extra = -index.size(1) % KEY_ALIGN
         if extra:
             index = F.pad(index, (0, extra), value=0)
             valid = F.pad(valid, (0, extra), value=False)

@@ -24,6 +24,10 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+# Gathered key sets are padded with masked keys up to a multiple of this, so that an additive
+# mask's last dimension is aligned for the fused SDPA kernels (masked keys add exactly 0 weight).
+KEY_ALIGN = 8
+
 
 def num_blocks(length: int, block_size: int) -> int:
     """Number of blocks of ``block_size`` needed to cover ``length`` items (ceil division)."""

@@ -299,11 +299,12 @@ def _buffer(buffers: dict, name: str, shape, like: Tensor) -> Tensor:
     return buf[:numel].view(shape)
 
 
-def _gathered_forward(q: Tensor, srcs, groups: Sequence[QueryGroup], scale: float) -> Tensor:
+def _gathered_forward(q: Tensor, srcs, groups: Sequence[QueryGroup], scale: float, inplace: bool = False) -> Tensor:
     """The forward without autograd: per group and chunk of blocks, one kernel call per
-    :func:`_parts` entry, merged by log-sum-exp (see module doc)."""
+    :func:`_parts` entry, merged by log-sum-exp (see module doc). With ``inplace`` the output
+    is written over ``q``: a chunk's query rows are read before its output rows are written."""
     n, S, h, d = q.shape
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (n, S, h, d)
+    out = q if inplace else torch.empty_like(q, memory_format=torch.contiguous_format)  # (n, S, h, d)
     buffers = {}
     for r in range(n):
         row = [(k[r], v[r], None if m is None else m[r]) for k, v, m in srcs]
@@ -384,12 +385,15 @@ class WindowAttention(torch.autograd.Function):
 
 
 def window_attention(q: Tensor, sources: List[tuple], groups: Sequence[QueryGroup],
-                     scale: Optional[float] = None) -> Tensor:
+                     scale: Optional[float] = None, inplace: bool = False) -> Tensor:
     """Attention of query blocks over strided key windows, merged exactly (see module doc).
 
     q (n, S, h, d) token-major; ``sources`` [(keys (n, N, h, d), values (n, N, h, d),
     mask (n, hm, N) additive or None)], each contiguous; ``groups`` say which queries attend to
     which windows of which source. Returns (n, S, h, d); rows of q in no group are undefined.
+    ``inplace``: without autograd, the result is written over a contiguous ``q`` (which the caller
+    no longer needs and which is no source): one (n, S, h, d) buffer less on long inputs, where
+    each fresh buffer is also paid in page faults.
     """
     scale = q.size(-1) ** -0.5 if scale is None else scale
     flat = []
@@ -397,5 +401,5 @@ def window_attention(q: Tensor, sources: List[tuple], groups: Sequence[QueryGrou
         flat += [k.contiguous(), v.contiguous(), None if m is None else m.contiguous()]
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [q] + flat)):
         srcs = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
-        return _gathered_forward(q.contiguous(), srcs, groups, scale)
+        return _gathered_forward(q.contiguous(), srcs, groups, scale, inplace=inplace and q.is_contiguous())
     return WindowAttention.apply(tuple(groups), scale, q.contiguous(), *flat)

@@ -1,1 +1,2 @@
-"""Optimizers that honour per-parameter tags (``param_group`` / ``optim_overrides``)."""
+"""Optimizers that honour per-parameter tags (``param_group`` / ``optim_overrides``); each module
+registers itself when imported (``lsg_fairseq``'s ``__init__`` imports them all)."""

@@ -1,8 +1,9 @@
 """``--optimizer grouped_adam``: fairseq's Adam(W) with per-parameter learning-rate / weight-decay tags.
 
 fairseq's trainer hands the optimizer one flat list of parameters, and the stock ``adam`` puts them
-all in one group, so tags such as S4's ``_optim = {"weight_decay": 0}`` are ignored (the LOCOST
-reference has the same silent bug, spec locost.md section 4). This optimizer reads the attributes
+all in one group, so per-parameter settings such as S4's SSM parameters without weight decay are
+lost (the LOCOST reference tags them with ``_optim`` and has exactly that silent bug, spec
+locost.md section 4). This optimizer reads the attributes
 fairseq itself defines for parameter groups (``fairseq.optim.composite``, and which
 ``FP16Optimizer`` copies onto its fp32 copies with ``--fp16-no-flatten-grads``):
 

@@ -125,7 +125,7 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     no_prepend_bos: bool = field(
         default=False,
         metadata={"help": "T5-style inputs: no <s> before source and target and no <s> generation prefix "
-                  "(default: <s> like BART/HF; LOCOST models set this themselves)"},
+                  "(default: the model's own convention, <s> for BART/LSG/LED, none for LOCOST)"},
     )
     truncate_target: bool = field(
         default=False,
@@ -166,11 +166,14 @@ class LongDocumentSummarizationTask(TranslationTask):
         self.sequence_generator = None
         self.eval_rouge_gen_args = None
         self.truncation_counts = {}
+        self._model_prepend_bos = True  # until a model is built: BART's convention
 
     @property
     def prepend_bos(self) -> bool:
-        """BART/HF convention: ``<s>`` starts source and target, and generation is prefixed by it."""
-        return not self.cfg.no_prepend_bos
+        """Whether ``<s>`` starts source and target and prefixes generation: the convention the model
+        declares (``model.prepend_bos``: BART/HF yes, LOCOST/T5 no), unless ``--no-prepend-bos``.
+        fairseq builds the model before it loads datasets (train, generate, validate, hub)."""
+        return self._model_prepend_bos and not self.cfg.no_prepend_bos
 
     # ---------------------------------------------------------------- dictionaries
     @classmethod
@@ -365,6 +368,7 @@ class LongDocumentSummarizationTask(TranslationTask):
     # ---------------------------------------------------------------- ROUGE in validation
     def build_model(self, cfg, from_checkpoint=False):
         model = super(TranslationTask, self).build_model(cfg, from_checkpoint)
+        self._model_prepend_bos = bool(getattr(model, "prepend_bos", True))  # before any dataset
         if self.cfg.eval_rouge:
             self.bpe = self._build_eval_bpe()
             self.eval_rouge_gen_args = parse_eval_rouge_args(self.cfg.eval_rouge_args)

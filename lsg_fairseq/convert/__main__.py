@@ -1,3 +1,0 @@
-from lsg_fairseq.cli.convert import main
-
-main()

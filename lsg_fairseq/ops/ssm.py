@@ -1,0 +1,234 @@
+"""The S4D convolution's math, pure functions (LOCOST's encoder; spec ``shared/spec/locost.md`` section 1).
+
+Notation (paper / S4D / ``lsg_fairseq.modules.s4d``): H channels (= d_model), M = N / 2 complex
+modes per channel, L tokens; per channel a step ``dt`` and complex ``A``, ``B``, and one ``C`` per
+direction c (0 causal, 1 anti-causal). Zero-order-hold discretisation::
+
+    C'[c,h,n] = C[c,h,n] B[h,n] (exp(dt_h A[h,n]) - 1) / A[h,n]
+    K_c[h,l]  = 2 Re sum_n C'[c,h,n] exp(dt_h A[h,n] l),        l = 0 .. L-1
+
+and the layer convolves its input with both kernels in one FFT: ``y[t] = sum_{s<=t} Kf[t-s] k[s]
++ sum_{s>=t} Kb[s-t] k[s]`` (lag 0 receives ``Kf[0] + Kb[0]``).
+
+- :func:`vandermonde_naive`: the kernel sum as written (one exp per entry; tests);
+  :func:`vandermonde_blocked`: the same as real batched matmuls, H*M*(A + S) exponentials instead
+  of H*M*L;
+- :func:`decay_lengths` / :func:`channel_groups` / :func:`grouped_kernel`: each channel's kernel
+  only until every mode has decayed below a tolerance, channels grouped by that length;
+- :func:`next_fast_len`, :func:`circular_bidirectional_kernel`: FFT sizes and the two kernels laid
+  out as one circular kernel (the skip ``D`` folded into lag 0);
+- :class:`FFTConv`: the FFT convolution for training, keeping only its input and kernel.
+"""
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def next_fast_len(n: int) -> int:
+    """Smallest even 5-smooth integer >= n (2^a 3^b 5^c): FFT sizes that every backend is fast at.
+
+    Any FFT size >= 2L - 1 gives the same (linear) bidirectional convolution as the reference's
+    size 2L once the circular kernel is laid out for that size, so we are free to round up; a prime
+    2L would otherwise send pocketfft/cuFFT to their slow Bluestein path.
+    """
+    best = 2 * n  # a power-of-two-ish fallback that is always valid
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            # smallest power of two (>= 2, so the size stays even) with p35 * 2^k >= n
+            m = p35 * 2
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+def vandermonde_naive(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int) -> torch.Tensor:
+    """Obviously-correct kernel: ``2 Re sum_n c'[c,h,n] exp(dtA[h,n] l)``, one exp per (h, n, l).
+
+    c_prime: (2, H, M) complex, dt_a: (H, M) complex -> (2, H, L) real. O(H M L) memory: tests only.
+    """
+    pos = torch.arange(length, device=dt_a.device, dtype=dt_a.real.dtype)  # (L)
+    powers = torch.exp(dt_a.unsqueeze(-1) * pos)  # (H M L)
+    return 2 * torch.einsum("chm,hml->chl", c_prime, powers).real  # (2 H L)
+
+
+def _exp_outer(x: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
+    """(Re, Im) of exp(x[..., None] * pos) as two real tensors (..., n) of ``dtype``.
+
+    The phase is formed in float64 and reduced modulo 2 pi before the float32 cos/sin: more
+    accurate than the reference, which forms ``Im(dtA) * l`` in float32 and so loses the phase of
+    fast modes at large l. Real vectorised math is also much faster on CPU than a complex ``exp``.
+    """
+    mag = torch.exp(x.real.to(dtype).unsqueeze(-1) * pos.to(dtype))  # (... n)
+    phase = torch.fmod(x.imag.double().unsqueeze(-1) * pos, 2 * math.pi).to(dtype)  # (... n), in (-2pi, 2pi)
+    return mag * torch.cos(phase), mag * torch.sin(phase)
+
+
+def vandermonde_blocked(
+    c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, max_chunk_elems: int = 1 << 21
+) -> torch.Tensor:
+    """Fast kernel: the same sum as :func:`vandermonde_naive`, as real batched matrix products.
+
+    Write ``l = a*S + b``; then ``exp(dtA l) = exp(dtA a S) exp(dtA b)`` and
+
+        K_c[h, a*S + b] = 2 Re sum_n exp(dtA[h,n] a S) (C'[c,h,n] exp(dtA[h,n] b))
+
+    is, per channel h, an (A x M) @ (M x 2S) complex product (both directions side by side), i.e. a
+    real bmm with inner size 2M (``2 Re(w z) = 2 (Re w Re z - Im w Im z)``). Only H*M*(A + S)
+    exponentials are evaluated (precision: see :func:`_exp_outer`); products and sums run in the
+    real dtype of ``c_prime`` (float32 for complex64, like the reference's complex64 sums).
+    S ~ sqrt(L / 2) balances the elementwise work of the two factors (the right one is built twice,
+    once per direction). Channels are processed in chunks of at most ``max_chunk_elems`` floats of
+    temporaries.
+
+    c_prime: (2, H, M) complex, dt_a: (H, M) complex -> (2, H, L) real in c_prime's real dtype.
+    """
+    two, H, M = c_prime.shape
+    real_dtype = c_prime.real.dtype
+    step = max(1, int(math.ceil(math.sqrt(length / 2))))  # S: inner block length
+    n_blocks = -(-length // step)  # A: number of blocks, A*S >= L
+    idx_in = torch.arange(step, device=dt_a.device, dtype=torch.float64)  # (S)
+    idx_out = torch.arange(n_blocks, device=dt_a.device, dtype=torch.float64) * step  # (A)
+
+    per_channel = 2 * M * (n_blocks + 2 * step) * 3 + 2 * n_blocks * step
+    h_chunk = max(1, min(H, max_chunk_elems // max(per_channel, 1)))
+    out = []
+    for h0 in range(0, H, h_chunk):
+        sl = slice(h0, h0 + h_chunk)
+        wr, wi = _exp_outer(dt_a[sl], idx_out, real_dtype)  # (h M A) each: exp(dtA a S)
+        lhs = torch.cat([wr, -wi], dim=1).transpose(1, 2)  # (h A 2M)
+        zr, zi = _exp_outer(dt_a[sl], idx_in, real_dtype)  # (h M S) each: exp(dtA b)
+        zr, zi = zr.unsqueeze(1), zi.unsqueeze(1)  # (h 1 M S)
+        cr = c_prime.real[:, sl].transpose(0, 1).unsqueeze(-1)  # (h 2 M 1)
+        ci = c_prime.imag[:, sl].transpose(0, 1).unsqueeze(-1)  # (h 2 M 1)
+        # rows [Re; Im] of C' exp(dtA b); columns: direction-major (c, b)
+        rhs = torch.cat([cr * zr - ci * zi, cr * zi + ci * zr], dim=2)  # (h 2 2M S)
+        rhs = rhs.transpose(1, 2).reshape(rhs.shape[0], 2 * M, two * step)  # (h 2M 2S)
+        k = 2 * torch.bmm(lhs, rhs)  # (h A 2S)
+        k = k.reshape(k.shape[0], n_blocks, two, step).transpose(1, 2)  # (h 2 A S)
+        k = k.reshape(k.shape[0], two, n_blocks * step)[..., :length]  # (h 2 L)
+        out.append(k)
+    return torch.cat(out, dim=0).transpose(0, 1)  # (2 H L)
+
+
+def decay_lengths(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, tail_tol: float) -> torch.Tensor:
+    """Per channel h, the smallest n_h <= L such that |2 C'[c,h,m] exp(dtA[h,m] l)| < tail_tol for
+    every direction c, mode m and l >= n_h: (H,) int64 (all L when ``tail_tol`` is 0).
+
+    c_prime: (2, H, M) complex, dt_a: (H, M) complex."""
+    H = dt_a.shape[0]
+    full = torch.full((H,), length, dtype=torch.long)
+    if tail_tol <= 0:
+        return full
+    with torch.no_grad():
+        mag = 2 * c_prime.abs().amax(0).double().cpu()  # (H M): largest |2 C'| over both directions
+        rate = dt_a.real.double().cpu()  # (H M): log|z| per step, negative for a stable SSM
+        # |2C'| exp(rate l) < tol  <=>  l > log(tol / |2C'|) / rate; modes already below tol need 0
+        need = torch.where(mag > tail_tol, torch.log(tail_tol / mag) / rate.clamp(max=-1e-300),
+                           torch.zeros_like(mag))  # (H M)
+        need = torch.where(rate >= 0, torch.full_like(need, float(length)), need)  # unstable: all of L
+        n = torch.ceil(need.amax(-1).clamp(max=float(length))).long() + 1  # (H)
+    return torch.minimum(n.clamp(min=1), full)
+
+
+def channel_groups(lengths: torch.Tensor, ratio: float = 0.8):
+    """Groups channels by decay length so that each group's kernel is computed only up to its longest.
+
+    lengths: (H,) int -> list of (channel index tensor, group length). Channels are sorted by length
+    (longest first) and a new group starts when a length falls below ``ratio`` times its group's
+    longest, so no channel computes more than 1/ratio of its own length (plus the one-entry floor).
+    """
+    order = torch.argsort(lengths, descending=True, stable=True)  # (H)
+    ls = lengths[order].tolist()
+    groups, start = [], 0
+    for i in range(1, len(ls) + 1):
+        if i == len(ls) or ls[i] < ratio * ls[start]:
+            groups.append((order[start:i], int(ls[start])))
+            start = i
+    return groups
+
+
+def grouped_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int) -> torch.Tensor:
+    """Kernels (2, H, length) of :func:`vandermonde_blocked`, each channel group computed up to its own
+    length and zero after it. c_prime: (2, H, M) complex, dt_a: (H, M) complex."""
+    if len(groups) == 1 and groups[0][1] == length and torch.equal(groups[0][0], torch.arange(dt_a.shape[0])):
+        return vandermonde_blocked(c_prime, dt_a, length)  # (2 H L): nothing decays early
+    out = c_prime.real.new_zeros(2, dt_a.shape[0], length)  # (2 H L): zero past each group's length
+    for idx, n in groups:
+        idx = idx.to(dt_a.device)
+        out[:, idx, :n] = vandermonde_blocked(c_prime[:, idx], dt_a[idx], n)  # (2 g n), differentiable
+    return out
+
+
+def circular_bidirectional_kernel(k: torch.Tensor, fft_size: int, skip: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Lays (2, H, L) kernels out as one circular kernel of length ``fft_size`` >= 2L - 1.
+
+    Entry d holds lag d: ``Kf[0] + Kb[0]`` at 0, ``Kf[d]`` at d, ``Kb[d]`` at ``fft_size - d``, zeros
+    between. For ``fft_size == 2L`` this is the reference's ``[Kf0+Kb0, Kf1..KfL-1, 0, KbL-1..Kb1]``.
+    ``skip`` (H,), if given, is added at lag 0 (the ``D k`` term is a convolution with ``D`` at lag 0).
+    """
+    _, H, L = k.shape
+    if fft_size < 2 * L - 1:
+        raise ValueError(f"fft_size {fft_size} < 2L-1 = {2 * L - 1} would wrap around")
+    kf, kb = k[0], k[1]  # (H L) each
+    if torch.is_grad_enabled() and k.requires_grad:
+        lag0 = (kf[:, :1] + kb[:, :1])  # (H 1)
+        if skip is not None:
+            lag0 = lag0 + skip.unsqueeze(-1)
+        zeros = k.new_zeros(H, fft_size - 2 * L + 1)  # (H F-2L+1)
+        return torch.cat([lag0, kf[:, 1:], zeros, kb[:, 1:].flip(-1)], dim=-1)  # (H F)
+    # no autograd: written in place into one buffer (inference does this once per chunk and call)
+    out = k.new_empty(H, fft_size)  # (H F)
+    out[:, :L] = kf
+    out[:, L:fft_size - L + 1].zero_()
+    out[:, fft_size - L + 1:] = kb[:, 1:].flip(-1)
+    out[:, 0] += kb[:, 0]
+    if skip is not None:
+        out[:, 0] += skip
+    return out
+
+
+
+class FFTConv(torch.autograd.Function):
+    """``y[b, t, h] = sum_s kc[h, (t - s) mod F] x[b, s, h]`` for t < L: the bidirectional convolution
+    of x (B, L, h) with circular kernels kc (h, F), F >= 2L - 1, by FFT; y is (B, L, h).
+
+    Autograd through ``irfft(rfft(pad(x)) * rfft(kc))`` would keep the padded input, both spectra and
+    the full-size output (about 8 (B, L, h) float tensors per layer); this keeps x and kc only and
+    recomputes the spectra in backward (two more rffts):
+
+        dL/dx  = irfft(G conj(K))[:L]        (correlation with the kernel)
+        dL/dkc = irfft(sum_b G conj(X))      (correlation with the input)
+
+    with G, X, K the rffts of the zero-padded gradient, input and kernel.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, kc: torch.Tensor, fft_size: int) -> torch.Tensor:
+        L = x.shape[1]
+        xp = F.pad(x.transpose(1, 2), (0, fft_size - L))  # (B h F), contiguous
+        y = torch.fft.irfft(torch.fft.rfft(xp) * torch.fft.rfft(kc), n=fft_size)  # (B h F)
+        ctx.save_for_backward(x, kc)
+        ctx.fft_size = fft_size
+        return y[..., :L].transpose(1, 2).contiguous()  # (B L h)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, kc = ctx.saved_tensors
+        fft_size, L = ctx.fft_size, x.shape[1]
+        g_hat = torch.fft.rfft(F.pad(grad.transpose(1, 2), (0, fft_size - L)))  # (B h F/2+1)
+        grad_x = grad_kc = None
+        if ctx.needs_input_grad[0]:
+            gx = torch.fft.irfft(g_hat * torch.fft.rfft(kc).conj(), n=fft_size)  # (B h F)
+            grad_x = gx[..., :L].transpose(1, 2)  # (B L h)
+        if ctx.needs_input_grad[1]:
+            x_hat = torch.fft.rfft(F.pad(x.transpose(1, 2), (0, fft_size - L)))  # (B h F/2+1)
+            grad_kc = torch.fft.irfft((g_hat * x_hat.conj()).sum(0), n=fft_size)  # (h F)
+        return grad_x, grad_kc, None
