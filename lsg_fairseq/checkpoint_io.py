@@ -34,7 +34,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from lsg_fairseq.errors import MissingFileError, UserError
+from lsg_text.errors import MissingFileError, UserError
 
 logger = logging.getLogger(__name__)
 

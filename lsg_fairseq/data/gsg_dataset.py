@@ -9,7 +9,7 @@ per example here, deterministically from ``(seed, epoch, index)``.
 Corpus layout, ``<prefix>`` = ``<data>/<split>.gsg`` (all numpy ``.npy``, memory-mapped):
 
 - ``<prefix>.tokens.npy``: model-dictionary ids of every sentence, concatenated (no bos/eos);
-- ``<prefix>.words.npy``: ROUGE word ids (:func:`~lsg_fairseq.data.gsg.rouge_tokenize` words
+- ``<prefix>.words.npy``: ROUGE word ids (:func:`~lsg_text.gsg.rouge_tokenize` words
   numbered in order of first appearance; only equality matters), concatenated;
 - ``<prefix>.sentences.npy``: ``(n_sentences, 2)`` int64, tokens and words per sentence;
 - ``<prefix>.documents.npy``: ``(n_documents + 1,)`` int64 sentence offsets of the documents.
@@ -23,9 +23,9 @@ import torch
 from fairseq.data import FairseqDataset
 from fairseq.data.language_pair_dataset import collate
 
-from lsg_fairseq.data import gsg
-from lsg_fairseq.data.fileio import DataError
-from lsg_fairseq.errors import MissingFileError
+from lsg_text import gsg
+from lsg_text.errors import MissingFileError
+from lsg_text.fileio import DataError
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 
-from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.models.custom_encoder import (
     LongInputBARTModel,
     LongInputEncoderLayer,
@@ -37,6 +36,7 @@ from lsg_fairseq.models.custom_encoder import (
     wrap_encoder_layer,
 )
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
+from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

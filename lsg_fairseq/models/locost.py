@@ -35,12 +35,12 @@ from fairseq.models import (
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
 import lsg_fairseq.optim.grouped_adam  # noqa: F401  (registers --optimizer grouped_adam)
-from lsg_fairseq.argtypes import POSITIVE_INT, finite_float, float_range, int_range
-from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, SSM_PARAMETER_NAMES
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
+from lsg_text.argtypes import POSITIVE_INT, finite_float, float_range, int_range
+from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Dict, Iterator, List, Sequence, TextIO
 
-from lsg_fairseq.errors import UserError
+from lsg_text.errors import UserError
 
 
 class DataError(UserError, ValueError):
