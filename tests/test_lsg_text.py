@@ -1,4 +1,4 @@
-"""lsg_text stays fairseq-free, and the scripts use it without path games.
+"""lsg_text stays fairseq-free, the scripts use it without path games, and its atomic writes.
 
 The import checks run in fresh interpreters: this test process has long imported fairseq and
 torch, so only a new ``sys.modules`` can show what importing ``lsg_text`` pulls in.
@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import lsg_text
+from lsg_text.fileio import atomic_files, atomic_outputs
 
 from conftest import REPO_ROOT
 
@@ -86,3 +87,61 @@ def test_script_runs_from_another_folder(tmp_path):
     assert sorted(os.listdir(tmp_path / "synth")) == ["test.jsonl", "train.jsonl", "valid.jsonl"]
     with open(tmp_path / "synth" / "train.jsonl", encoding="utf-8") as f:
         assert len([json.loads(line) for line in f]) == 2
+
+
+# ----------------------------------------------------------------------------- atomic writes
+def _umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def test_atomic_files_commit_all_or_none(tmp_path):
+    a, b = tmp_path / "a.bin", tmp_path / "sub" / "b.bin"
+    a.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic_files([str(a), str(b)]) as (fa, fb):
+            fa.write(b"new a")
+            fb.write(b"new b")
+            raise RuntimeError("fails after both were written")
+    assert a.read_bytes() == b"old" and not b.exists()
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "sub"] and os.listdir(tmp_path / "sub") == []
+    with atomic_files([str(a), str(b)]) as (fa, fb):
+        fa.write(b"new a")
+        fb.write(b"new b")
+    assert a.read_bytes() == b"new a" and b.read_bytes() == b"new b"
+    assert oct(b.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # not mkstemp's 0600
+    assert sorted(os.listdir(tmp_path)) == ["a.bin", "sub"]
+
+
+def test_atomic_outputs_are_fsynced_as_temps_then_the_folder(tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    paths = [str(tmp_path / "train.source"), str(tmp_path / "train.target")]
+    with atomic_outputs(paths) as outs:
+        for out in outs:
+            out.write("line\n")
+    assert [s.split(".")[1:3] for s in synced[:2]] == [["train", "source"], ["train", "target"]]
+    assert all(s.startswith(".") and s.endswith(".tmp") for s in synced[:2])
+    assert synced[2:] == [tmp_path.name]  # one folder, synced once after both renames
+
+
+def test_stale_temps_of_the_same_path_only_are_removed(tmp_path):
+    """A SIGKILLed writer leaves ``.NAME.XXXXXXXX.tmp``; the next write of NAME removes it, but
+    never the temp of another file whose name starts with NAME (``NAME.v2``, being written)."""
+    stale = tmp_path / ".out.txt.abcd1234.tmp"
+    other = tmp_path / ".out.txt.v2.abcd1234.tmp"
+    stale_folder = tmp_path / ".out.txt.wxyz6789.tmp"
+    for p in (stale, other):
+        p.write_text("partial")
+    stale_folder.mkdir()
+    (stale_folder / "x").write_text("partial")
+    with atomic_outputs([str(tmp_path / "out.txt")]) as (out,):
+        out.write("done\n")
+    assert sorted(os.listdir(tmp_path)) == [other.name, "out.txt"]
