@@ -22,19 +22,17 @@ the trainer (every patch only changes behaviour for local files and is idempoten
    ensure that the architectures match"; we say which architecture / how many positions the
    checkpoint has and what to do.
 """
-import contextlib
-import glob
 import logging
 import os
 import shutil
-import tempfile
 import zipfile
 
 import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
-from lsg_fairseq.errors import MissingFileError, UserError
+from lsg_text.errors import MissingFileError, UserError
+from lsg_text.fileio import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -50,56 +48,6 @@ class CheckpointError(UserError, RuntimeError):
 # ----------------------------------------------------------------------------- atomic writes
 def _is_local(path) -> bool:
     return isinstance(path, str) and not PathManager.path_requires_pathmanager(path)
-
-
-def _fsync_dir(folder: str) -> None:
-    # Makes the rename itself durable; not every OS/file system lets a folder be opened.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _temp_prefix(path: str) -> str:
-    # Hidden and never matching fairseq's checkpoint patterns (checkpoint_\d+_(\d+)\.pt, ...), so
-    # --keep-interval-updates and checkpoint averaging never pick a temp file up.
-    return "." + os.path.basename(path) + "."
-
-
-@contextlib.contextmanager
-def atomic_write(path: str):
-    """Yield a binary file; on success it is fsynced and renamed onto ``path`` (all or nothing).
-
-    On an exception the temp file is removed and ``path`` is untouched. A temp file left by a
-    SIGKILL (``.NAME.XXXX.tmp``) is removed by the next successful write of the same ``path``.
-    """
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual mode
-        os.replace(tmp, path)
-        tmp = None
-        _fsync_dir(folder)
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
-    for stale in glob.glob(os.path.join(glob.escape(folder), glob.escape(_temp_prefix(path)) + "*.tmp")):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(stale)
 
 
 def _make_atomic_save(original):

@@ -24,7 +24,7 @@ import warnings
 import torch
 from torch import nn
 
-from lsg_fairseq.errors import ConfigError
+from lsg_text.errors import ConfigError
 
 
 def shared_weight_linears(model: nn.Module) -> set:

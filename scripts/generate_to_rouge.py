@@ -25,14 +25,10 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
-
-from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
-
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, count_lines, die, read_text, require_file  # noqa: E402
-from lsg_fairseq.data.generate_output import hypotheses_and_references, parse_generate_output  # noqa: E402
-from lsg_fairseq.data.rouge import rouge_corpus  # noqa: E402
+from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.fileio import DataError, atomic_outputs, count_lines, die, read_text, require_file
+from lsg_text.generate_output import hypotheses_and_references, parse_generate_output
+from lsg_text.rouge import rouge_corpus
 
 PROG = "generate_to_rouge.py"
 

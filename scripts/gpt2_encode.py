@@ -19,17 +19,12 @@ Example:
 
 import argparse
 import contextlib
-import os
 import sys
 from multiprocessing import Pool
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
-
-from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
-
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress  # noqa: E402
-from lsg_fairseq.data.offline_bpe import gpt2_encode_line, load_gpt2_encoder, require_local_file  # noqa: E402
+from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress
+from lsg_text.offline_bpe import check_gpt2_files, gpt2_encode_line, require_local_file
 
 PROG = "gpt2_encode.py"
 
@@ -40,7 +35,12 @@ _keep_empty = False
 
 def _init_worker(encoder_json: str, vocab_bpe: str, keep_empty: bool) -> None:
     global _encoder, _keep_empty
-    _encoder = load_gpt2_encoder(encoder_json, vocab_bpe)
+    check_gpt2_files(encoder_json, vocab_bpe)
+    # fairseq's own encoder, so the ids are exactly those that `--bpe gpt2` decodes (imported
+    # here, not at the top: --help and flag errors do not pay for importing fairseq)
+    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+
+    _encoder = get_encoder(encoder_json, vocab_bpe)
     _keep_empty = keep_empty
 
 

@@ -28,12 +28,8 @@ import shutil
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without registering models)
-
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT  # noqa: E402
-
-from lsg_fairseq.data.documents import (  # noqa: E402
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
+from lsg_text.documents import (
     DOCUMENT_FORMATS,
     SENTENCE_SPLITTERS,
     chunk_sentences,
@@ -41,7 +37,7 @@ from lsg_fairseq.data.documents import (  # noqa: E402
     get_sentence_splitter,
     read_documents,
 )
-from lsg_fairseq.data.fileio import DataError, die, require_file  # noqa: E402
+from lsg_text.fileio import DataError, die, require_file
 
 PROG = "gsg_preprocess.py"
 
@@ -90,7 +86,7 @@ def build_encoder(args, first_split_docs):
     if args.spm_model and args.gpt2_encoder_json:
         raise DataError("give either --spm-model or --gpt2-encoder-json, not both")
     if args.spm_model:
-        from lsg_fairseq.data.offline_bpe import load_sentencepiece
+        from lsg_text.offline_bpe import load_sentencepiece
 
         sp = load_sentencepiece(args.spm_model, "--spm-model")
         dict_path = args.dict or os.path.join(os.path.dirname(os.path.abspath(args.spm_model)), "dict.txt")
@@ -101,9 +97,12 @@ def build_encoder(args, first_split_docs):
 
         return dictionary, dict_path, encode
     if args.gpt2_encoder_json or args.gpt2_vocab_bpe:
-        from lsg_fairseq.data.offline_bpe import gpt2_encode_line, load_gpt2_encoder
+        from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
-        bpe = load_gpt2_encoder(args.gpt2_encoder_json, args.gpt2_vocab_bpe, "--gpt2-encoder-json", "--gpt2-vocab-bpe")
+        from lsg_text.offline_bpe import check_gpt2_files, gpt2_encode_line
+
+        check_gpt2_files(args.gpt2_encoder_json, args.gpt2_vocab_bpe, "--gpt2-encoder-json", "--gpt2-vocab-bpe")
+        bpe = get_encoder(args.gpt2_encoder_json, args.gpt2_vocab_bpe)
         if not args.dict:
             raise DataError("--dict is required with the gpt2 tokenizer (the dict.txt of the model)")
         dictionary = Dictionary.load(require_file(args.dict, "--dict"))

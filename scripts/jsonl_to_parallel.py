@@ -2,7 +2,7 @@
 """Summarization JSONL -> fairseq parallel text ``{split}.source`` / ``{split}.target``.
 
 One example per line; whitespace (paragraph breaks included) is collapsed to single spaces, so
-sentences remain recoverable from punctuation only (see ``lsg_fairseq/data/jsonl.py``), or
+sentences remain recoverable from punctuation only (see ``lsg_text/jsonl.py``), or
 paragraph breaks become ``--newline-token``. All outputs are written atomically: on any error
 nothing is created or replaced.
 
@@ -14,12 +14,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
-
-from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
-
-from lsg_fairseq.data.fileio import (
+from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.fileio import (
     DataError,
     atomic_outputs,
     count_lines,
@@ -27,8 +23,8 @@ from lsg_fairseq.data.fileio import (
     progress,
     require_dir,
     require_file,
-)  # noqa: E402
-from lsg_fairseq.data.jsonl import flatten, read_jsonl  # noqa: E402
+)
+from lsg_text.jsonl import flatten, read_jsonl
 
 PROG = "jsonl_to_parallel.py"
 

@@ -19,16 +19,12 @@ Example:
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
-
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, die, require_file  # noqa: E402
-from lsg_fairseq.data.generate_output import parse_generate_output  # noqa: E402
-from lsg_fairseq.data.jsonl import read_jsonl  # noqa: E402
-from lsg_fairseq.data.synthetic import FIELDS, chance_recall, key_hits  # noqa: E402
+from lsg_text.fileio import DataError, atomic_outputs, die, require_file
+from lsg_text.generate_output import parse_generate_output
+from lsg_text.jsonl import read_jsonl
+from lsg_text.synthetic import FIELDS, chance_recall, key_hits
 
 PROG = "key_recall.py"
 

@@ -3,7 +3,7 @@
 
 Documents are filler sentences with a few key sentences ("The red fox visited Paris on Monday.")
 at uniformly random positions; the summary restates the key sentences in document order. See
-lsg_fairseq/data/synthetic.py. Same arguments -> byte-identical files. The defaults (300/20/20
+lsg_text/synthetic.py. Same arguments -> byte-identical files. The defaults (300/20/20
 documents of 2K-8K tokens) take a few seconds to generate.
 
 Example:
@@ -17,13 +17,9 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
-
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT  # noqa: E402
-
-from lsg_fairseq.data.fileio import atomic_outputs, die, progress  # noqa: E402
-from lsg_fairseq.data.synthetic import SyntheticConfig, make_split  # noqa: E402
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
+from lsg_text.fileio import atomic_outputs, die, progress
+from lsg_text.synthetic import SyntheticConfig, make_split
 
 PROG = "make_synthetic_data.py"
 

@@ -23,16 +23,13 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq modules without importing fairseq)
+import torch
 
-import torch  # noqa: E402
-
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range  # noqa: E402
-from lsg_fairseq.errors import report  # noqa: E402
-from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention  # noqa: E402
-from lsg_fairseq.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention  # noqa: E402
-from lsg_fairseq.ops.blocks import local_window_indices, num_blocks  # noqa: E402
+from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
+from lsg_fairseq.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
+from lsg_fairseq.ops.blocks import local_window_indices, num_blocks
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range
+from lsg_text.errors import report
 
 NONE, LOCAL, SPARSE, GLOBAL = 0, 1, 2, 3
 NAMES = {LOCAL: "local", SPARSE: "sparse", GLOBAL: "global"}

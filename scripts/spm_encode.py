@@ -14,13 +14,9 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
-
-from lsg_fairseq.argtypes import POSITIVE_INT  # noqa: E402
-
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress  # noqa: E402
-from lsg_fairseq.data.offline_bpe import load_sentencepiece, require_local_file  # noqa: E402
+from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress
+from lsg_text.offline_bpe import load_sentencepiece, require_local_file
 
 PROG = "spm_encode.py"
 BATCH = 256  # lines handed to sentencepiece's C++ encoder at once (it threads over a batch)

@@ -4,7 +4,7 @@
 Writes PREFIX.model, PREFIX.vocab and (default) dict.txt beside them. The model reserves
 fairseq's specials at the same ids (<s>=0 <pad>=1 </s>=2 <unk>=3), and dict.txt lists every other
 piece in id order, so fairseq dictionary index == sentencepiece id (see
-lsg_fairseq/data/offline_bpe.py). Input lines (whole documents) are split into sentences for
+lsg_text/offline_bpe.py). Input lines (whole documents) are split into sentences for
 training, because sentencepiece skips lines longer than --max-sentence-length bytes.
 
 Then: scripts/spm_encode.py --model PREFIX.model ..., fairseq-preprocess --srcdict dict.txt, and
@@ -21,20 +21,16 @@ import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _bootstrap  # noqa: E402,F401  (repo on sys.path; lsg_fairseq.data without importing fairseq)
-
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range  # noqa: E402
-
-from lsg_fairseq.data.fileio import DataError, atomic_outputs, die, progress  # noqa: E402
-from lsg_fairseq.data.offline_bpe import (  # noqa: E402
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
+from lsg_text.fileio import DataError, atomic_outputs, die, progress
+from lsg_text.offline_bpe import (
     fairseq_dict_lines,
     load_sentencepiece,
     require_local_file,
     sentencepiece_special_kwargs,
     sentences_for_training,
 )
-from lsg_fairseq.data.sentences import split_sentences  # noqa: E402
+from lsg_text.sentences import split_sentences
 
 PROG = "spm_train.py"
 

@@ -132,7 +132,7 @@ def test_spm_model_not_matching_dictionary_refused_by_summarize(two_spm_models, 
 
 
 def test_spm_check_accepts_own_pair_and_refuses_foreign(two_spm_models):
-    from lsg_fairseq.data.fileio import DataError
+    from lsg_text.fileio import DataError
     from lsg_fairseq.models.hub import check_spm_matches_dict
 
     a, b = two_spm_models["a"], two_spm_models["b"]

@@ -201,7 +201,7 @@ ROUGE_ARGS = ['{"beam": 2}', '{"beam": 0}', '{"beam_size": 2}', "{", "null", '{"
 def test_fuzz_train_flags(word_data, capsys):
     """Model and task flags as fairseq-train parses them: refused when parsed (argparse's exit 2
     naming the flag), refused at build (ConfigError naming a flag), or a model is built."""
-    from lsg_fairseq.errors import ConfigError
+    from lsg_text.errors import ConfigError
 
     rng = random.Random(SEED + 5)
     for _ in range(30):

@@ -1,4 +1,4 @@
-"""Gap-sentence selection and masking (lsg_fairseq/data/gsg.py) against slow references."""
+"""Gap-sentence selection and masking (lsg_text/gsg.py) against slow references."""
 import itertools
 import random
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from rouge_score import rouge_scorer, tokenize
 
-from lsg_fairseq.data import gsg
-from lsg_fairseq.data.gsg import KEEP, MASK, RANDOM, REMOVE
+from lsg_text import gsg
+from lsg_text.gsg import KEEP, MASK, RANDOM, REMOVE
 
 SCORER = rouge_scorer.RougeScorer(["rouge1"], use_stemmer=False)
 WORDS = "the cat sat on a mat dog ran far away The Cat, sat! under 42 ate fish".split()

@@ -14,10 +14,10 @@ import torch
 from fairseq.data import Dictionary
 
 import lsg_fairseq  # noqa: F401  (registers the tasks)
-from lsg_fairseq.data import gsg
-from lsg_fairseq.data.documents import chunk_sentences, document_sentences, get_sentence_splitter, read_documents
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
 from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationConfig, validate_gsg_config
+from lsg_text import gsg
+from lsg_text.documents import chunk_sentences, document_sentences, get_sentence_splitter, read_documents
 
 from conftest import REPO_ROOT, SHARED, SHARED_DATA
 
@@ -144,7 +144,7 @@ def _first_documents(out_dir):
 
 def test_script_gpt2_tokenizer(tmp_path):
     """GPT-2 BPE (a converted BART folder's files): every stored sentence decodes back to itself."""
-    from lsg_fairseq.data.offline_bpe import load_gpt2_encoder
+    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
     hf = os.path.join(SHARED, "fixtures", "lsg", "bart_plain", "hf")
     # The converter's identity dict.txt: GPT-2 id i is dictionary index i (fairseq_notes §3).
@@ -156,7 +156,7 @@ def test_script_gpt2_tokenizer(tmp_path):
                              "--dict", str(dict_txt))
     assert status == 0, err
     corpus, sentences = _first_documents(tmp_path / "out")
-    bpe = load_gpt2_encoder(f"{hf}/vocab.json", f"{hf}/merges.txt")
+    bpe = get_encoder(f"{hf}/vocab.json", f"{hf}/merges.txt")
     tokens, _ = corpus.document(0)
     assert len(tokens) == len(sentences)
     for toks, sentence in zip(tokens, sentences):
@@ -386,7 +386,7 @@ def test_mask_symbol_must_be_in_dictionary(corpus_dir):
 
 @pytest.mark.parametrize("part", ["tokens", "sentences"])
 def test_damaged_corpus_file_named(corpus_dir, tmp_path, part):
-    from lsg_fairseq.data.fileio import DataError
+    from lsg_text.fileio import DataError
 
     damaged = tmp_path / "damaged"
     shutil.copytree(corpus_dir, damaged)

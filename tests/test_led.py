@@ -144,7 +144,7 @@ def test_beam_search_generation(data_dir):
 ])
 def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):
     """What depends on other settings (layers, dictionary size) is refused when the model is built."""
-    from lsg_fairseq.errors import ConfigError
+    from lsg_text.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         build(data_dir, *flags)

@@ -316,7 +316,7 @@ def test_checkpoint_activations_same_gradients(word_data):
 ])
 def test_bad_flags_refused(word_data, flag, value, match):
     """Refused at build: what a single value's range cannot say (parity, an order between flags)."""
-    from lsg_fairseq.errors import ConfigError
+    from lsg_text.errors import ConfigError
 
     with pytest.raises(ConfigError, match=match):
         build(word_data, flag, value)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from lsg_fairseq.data.synthetic import (
+from lsg_text.synthetic import (
     FIELDS,
     SyntheticConfig,
     chance_recall,

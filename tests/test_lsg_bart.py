@@ -157,7 +157,7 @@ def test_mask_first_token_hides_it_everywhere(data_dir):
 ])
 def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):
     """Combinations only the model build can judge (single values are refused when parsed)."""
-    from lsg_fairseq.errors import ConfigError
+    from lsg_text.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         build(data_dir, *flags)

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from conftest import TOY_VOCAB, build_task_and_model, toy_batch, write_toy_dict
-from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.quantize import quantize_int8, shared_weight_linears
+from lsg_text.errors import ConfigError
 from test_user_errors import BART_HF, copy_folder, needs_fixtures
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread

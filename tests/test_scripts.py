@@ -564,7 +564,7 @@ def test_generate_to_rouge_lead_baselines_and_table(tmp_path, capsys):
 
 
 def test_generate_output_parser_falls_back_to_h_and_uses_ref_file(tmp_path):
-    from lsg_fairseq.data.generate_output import hypotheses_and_references, parse_generate_output
+    from lsg_text.generate_output import hypotheses_and_references, parse_generate_output
 
     lines = [
         "H-3\t-1.5\tonly tokens",

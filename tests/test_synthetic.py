@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from lsg_fairseq.data.synthetic import (
+from lsg_text.synthetic import (
     ANIMALS,
     CITIES,
     COLOURS,

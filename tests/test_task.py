@@ -6,7 +6,7 @@ import torch
 from fairseq import options, tasks
 
 import lsg_fairseq  # noqa: F401  (registers the task)
-from lsg_fairseq.data.rouge import rouge_example
+from lsg_text.rouge import rouge_example
 
 TINY_BART = [
     "--arch", "bart_base", "--encoder-layers", "1", "--decoder-layers", "1",

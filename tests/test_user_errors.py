@@ -15,7 +15,7 @@ import lsg_fairseq
 from conftest import fairseq_cli
 from lsg_fairseq.cli import summarize
 from lsg_fairseq.cli.convert import main as convert_main
-from lsg_fairseq.errors import ConfigError
+from lsg_text.errors import ConfigError
 from test_task import build as build_task
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -378,7 +378,7 @@ KILL_POINTS = {
     # a family has written model.pt into the temp folder
     "after_checkpoint": "lsg_fairseq.convert.common.save_checkpoint",
     # everything written, not yet moved into place
-    "before_swap": "lsg_fairseq.data.fileio._fsync_tree",
+    "before_swap": "lsg_text.fileio._fsync_tree",
     # swapped in, the old folder not yet deleted
     "after_swap": "shutil.rmtree",
 }
@@ -439,7 +439,7 @@ def test_converter_killed_leaves_old_or_complete_new(tmp_path, point):
 
 
 def test_atomic_folder_failure_leaves_out_untouched(tmp_path):
-    from lsg_fairseq.data.fileio import atomic_folder
+    from lsg_text.fileio import atomic_folder
 
     out = tmp_path / "out"
     out.mkdir()

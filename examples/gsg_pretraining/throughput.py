@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import numpy as np  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 
-from lsg_fairseq.data import gsg  # noqa: E402
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix  # noqa: E402
+from lsg_text import gsg  # noqa: E402
 
 
 def main(argv=None):

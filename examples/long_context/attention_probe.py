@@ -40,7 +40,7 @@ def main(argv=None):
     ds = task.dataset(args.split)
     d = task.source_dictionary
     key_words = set()
-    from lsg_fairseq.data.synthetic import CHOICES
+    from lsg_text.synthetic import CHOICES
     for words in CHOICES.values():
         key_words |= {"\u2581" + w for w in words}
     key_ids = torch.tensor(sorted(d.index(w) for w in key_words if d.index(w) != d.unk()))

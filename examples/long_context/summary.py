@@ -7,8 +7,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from lsg_fairseq.data.generate_output import parse_generate_output  # noqa: E402
-from lsg_fairseq.data.synthetic import key_hits  # noqa: E402
+from lsg_text.generate_output import parse_generate_output  # noqa: E402
+from lsg_text.synthetic import key_hits  # noqa: E402
 
 
 def pct(x):

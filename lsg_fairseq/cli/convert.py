@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     options = {k: v for k, v in vars(args).items() if k not in ("src", "out")}
     from lsg_fairseq.convert import convert
-    from lsg_fairseq.errors import UserError, report
+    from lsg_text.errors import UserError, report
 
     try:
         path = convert(args.src, args.out, **options)

@@ -62,7 +62,7 @@ def _run(fairseq_main_module: str, prog: str, argv=None) -> None:
 
     import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
 
-    from lsg_fairseq.errors import UserError, report
+    from lsg_text.errors import UserError, report
 
     module = importlib.import_module(fairseq_main_module)
     # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.

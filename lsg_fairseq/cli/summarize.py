@@ -15,8 +15,8 @@ import os
 import sys
 import time
 
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
-from lsg_fairseq.errors import OneLineArgumentParser
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
+from lsg_text.errors import OneLineArgumentParser
 
 PROG = "lsg-fairseq-summarize"
 
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _decode(data: bytes, name: str, errors: str) -> str:
-    from lsg_fairseq.data.fileio import DataError
+    from lsg_text.fileio import DataError
 
     try:
         text = data.decode("utf-8", errors=errors)
@@ -66,7 +66,7 @@ def _decode(data: bytes, name: str, errors: str) -> str:
 
 def read_documents(args):
     """``(names, documents)`` from FILES, ``--input-lines`` or stdin; raises DataError naming the file."""
-    from lsg_fairseq.data.fileio import DataError, read_text
+    from lsg_text.fileio import DataError, read_text
 
     fix = "convert it to UTF-8, or pass --errors replace"
     if args.files:
@@ -94,7 +94,7 @@ def read_documents(args):
 
 def check_arguments(args, parser) -> None:
     """Everything that needs no model: paths, clobbering, cross-flag ranges, the device."""
-    from lsg_fairseq.data.fileio import refuse_clobber
+    from lsg_text.fileio import refuse_clobber
 
     if args.input_lines and args.files:
         parser.error("give either FILES or --input-lines, not both")
@@ -131,7 +131,7 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     check_arguments(args, parser)
 
-    from lsg_fairseq.errors import UserError, report
+    from lsg_text.errors import UserError, report
     from lsg_fairseq.models.hub import from_pretrained
 
     try:
@@ -159,7 +159,7 @@ def main(argv=None) -> None:
 
 
 def write_summaries(hub, docs, args, start) -> None:
-    from lsg_fairseq.data.fileio import atomic_outputs
+    from lsg_text.fileio import atomic_outputs
 
     # all or nothing: --output appears only once every summary is written
     with atomic_outputs([args.output or "-"]) as (out,):

@@ -15,7 +15,7 @@ and writes ``OUT_DIR/model.pt`` (loadable by
 HF id). ``OUT_DIR/tokenizer.txt`` names the tokenizer (gpt2, sentencepiece or none), which the hub
 checks against the files beside it.
 
-``OUT_DIR`` is written all-or-nothing (:func:`lsg_fairseq.data.fileio.atomic_folder`): families
+``OUT_DIR`` is written all-or-nothing (:func:`lsg_text.fileio.atomic_folder`): families
 write into a temp folder beside it, renamed into place only when complete. An existing non-empty
 ``OUT_DIR`` is refused unless ``force=True`` (``--force``), which replaces it as a whole.
 
@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from lsg_fairseq.errors import UserError
+from lsg_text.errors import UserError
 
 
 class ConversionError(UserError, ValueError):
@@ -91,8 +91,8 @@ def convert(src: str, out: str, force: bool = False, **options) -> str:
 
     ``out`` appears complete or not at all; a non-empty ``out`` needs ``force`` (replaced whole).
     """
-    from lsg_fairseq.data.fileio import DataError, atomic_folder, check_output_folder, final_location
-    from lsg_fairseq.data.offline_bpe import write_tokenizer_record
+    from lsg_text.fileio import DataError, atomic_folder, check_output_folder, final_location
+    from lsg_text.offline_bpe import write_tokenizer_record
 
     try:
         check_output_folder(out, force, [src])  # before the (slow) family detection

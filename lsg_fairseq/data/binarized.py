@@ -9,7 +9,7 @@ import os
 import struct
 from typing import Optional
 
-from lsg_fairseq.data.fileio import DataError
+from lsg_text.fileio import DataError
 
 # fairseq.data.indexed_dataset.MMapIndexedDataset.Index: magic, <Q version, <B dtype, <Q length
 _MAGIC = b"MMIDIDX\x00\x00"

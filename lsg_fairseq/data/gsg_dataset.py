@@ -9,7 +9,7 @@ per example here, deterministically from ``(seed, epoch, index)``.
 Corpus layout, ``<prefix>`` = ``<data>/<split>.gsg`` (all numpy ``.npy``, memory-mapped):
 
 - ``<prefix>.tokens.npy``: model-dictionary ids of every sentence, concatenated (no bos/eos);
-- ``<prefix>.words.npy``: ROUGE word ids (:func:`~lsg_fairseq.data.gsg.rouge_tokenize` words
+- ``<prefix>.words.npy``: ROUGE word ids (:func:`~lsg_text.gsg.rouge_tokenize` words
   numbered in order of first appearance; only equality matters), concatenated;
 - ``<prefix>.sentences.npy``: ``(n_sentences, 2)`` int64, tokens and words per sentence;
 - ``<prefix>.documents.npy``: ``(n_documents + 1,)`` int64 sentence offsets of the documents.
@@ -23,9 +23,9 @@ import torch
 from fairseq.data import FairseqDataset
 from fairseq.data.language_pair_dataset import collate
 
-from lsg_fairseq.data import gsg
-from lsg_fairseq.data.fileio import DataError
-from lsg_fairseq.errors import MissingFileError
+from lsg_text import gsg
+from lsg_text.errors import MissingFileError
+from lsg_text.fileio import DataError, atomic_files
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,8 @@ class GSGCorpusWriter:
         return len(self.doc_offsets) - 1
 
     def save(self, prefix: str) -> Dict[str, int]:
-        """Write the four arrays (each atomically) and start a new, empty split."""
+        """Write the four arrays (atomically: a failed run leaves no partial array) and start a
+        new, empty split."""
         empty = np.zeros(0, dtype=np.int32)
         arrays = {
             "tokens": np.concatenate(self.tokens) if self.tokens else empty,
@@ -80,11 +81,9 @@ class GSGCorpusWriter:
             "sentences": np.asarray(self.sentence_sizes, dtype=np.int64).reshape(-1, 2),
             "documents": np.asarray(self.doc_offsets, dtype=np.int64),
         }
-        os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-        for part, array in arrays.items():
-            tmp = f"{prefix}.{part}.tmp.npy"
-            np.save(tmp, array)
-            os.replace(tmp, f"{prefix}.{part}.npy")
+        with atomic_files([f"{prefix}.{part}.npy" for part in arrays]) as files:
+            for f, array in zip(files, arrays.values()):
+                np.save(f, array)
         stats = {"documents": self.num_documents, "sentences": len(self.sentence_sizes),
                  "tokens": int(arrays["tokens"].size), "words": int(arrays["words"].size)}
         self._reset()

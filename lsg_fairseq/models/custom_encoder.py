@@ -33,10 +33,10 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from lsg_fairseq.argtypes import bool_flag
 from lsg_fairseq.models import hub
 from lsg_fairseq.modules.cross_attention import LongSourceCrossAttention
 from lsg_fairseq.modules.lean_ffn import bool_dropout, ffn_recompute_activation
+from lsg_text.argtypes import bool_flag
 
 WEIGHT_INITS = ("bert", "fan_in")
 

@@ -17,8 +17,10 @@ from fairseq.models.bart.hub_interface import BARTHubInterface
 from omegaconf import open_dict
 
 from lsg_fairseq.checkpoint_io import CheckpointError
-from lsg_fairseq.data.fileio import DataError
-from lsg_fairseq.data.offline_bpe import (
+from lsg_fairseq.generation import reset_beam_size
+from lsg_text.errors import MissingFileError, one_line
+from lsg_text.fileio import DataError
+from lsg_text.offline_bpe import (
     GPT2_FILES,
     SENTENCEPIECE_NAMES,
     TOKENIZER_RECORD,
@@ -26,8 +28,6 @@ from lsg_fairseq.data.offline_bpe import (
     read_tokenizer_record,
     tokenizer_files,
 )
-from lsg_fairseq.errors import MissingFileError, one_line
-from lsg_fairseq.generation import reset_beam_size
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def check_spm_matches_dict(spm_path: str, dict_path: str) -> None:
     """Raise a DataError naming both files when the sentencepiece model does not fit dict.txt."""
     import sentencepiece
 
-    from lsg_fairseq.data.offline_bpe import check_sentencepiece_dictionary
+    from lsg_text.offline_bpe import check_sentencepiece_dictionary
 
     if not os.path.exists(dict_path):
         return  # fairseq reports the missing dictionary itself

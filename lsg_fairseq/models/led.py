@@ -27,7 +27,6 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 
-from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.models.custom_encoder import (
     LongInputBARTModel,
     LongInputEncoder,
@@ -35,6 +34,7 @@ from lsg_fairseq.models.custom_encoder import (
     tiny_bart_architecture,
 )
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
+from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -35,12 +35,12 @@ from fairseq.models import (
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
-from lsg_fairseq.argtypes import POSITIVE_INT, bool_flag, finite_float, float_range, int_range
-from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, KERNEL_TAIL_TOL, SSM_PARAMETER_NAMES
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
+from lsg_text.argtypes import POSITIVE_INT, bool_flag, finite_float, float_range, int_range
+from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

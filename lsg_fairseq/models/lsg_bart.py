@@ -21,8 +21,6 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 
-from lsg_fairseq.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, bool_flag, int_range
-from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.models.custom_encoder import (
     LongInputBARTModel,
     LongInputEncoder,
@@ -36,6 +34,8 @@ from lsg_fairseq.modules.lsg_attention import (
     check_lsg_config,
     normalize_sparsity_type,
 )
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, bool_flag, int_range
+from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def lsg_attention_kwargs(args) -> dict:
 def validate_lsg_args(args) -> None:
     """Refuse inconsistent LSG hyper-parameters at build time (messages name the flags).
 
-    Single values are range-checked when the flags are parsed (``lsg_fairseq.argtypes``); this
+    Single values are range-checked when the flags are parsed (``lsg_text.argtypes``); this
     checks what only the combination decides (``--sparsity-factor`` must divide ``--block-size``).
     """
     try:

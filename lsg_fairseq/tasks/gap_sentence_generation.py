@@ -19,13 +19,13 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from omegaconf import II
 
-from lsg_fairseq.data import gsg
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
-from lsg_fairseq.errors import ConfigError
 from lsg_fairseq.tasks.long_document_summarization import (
     LongDocumentSummarizationConfig,
     LongDocumentSummarizationTask,
 )
+from lsg_text import gsg
+from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

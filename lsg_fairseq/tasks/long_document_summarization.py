@@ -35,12 +35,12 @@ from fairseq.tasks.translation import (
 )
 
 from lsg_fairseq.data.binarized import check_binarized_pair
-from lsg_fairseq.data.fileio import DataError
-from lsg_fairseq.data.offline_bpe import check_sentencepiece_dictionary
-from lsg_fairseq.data.rouge import ROUGE_KEYS, rouge_example
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
-from lsg_fairseq.errors import ConfigError, MissingFileError
 from lsg_fairseq.generation import beam_size_scope, fix_ngram_blocker, reset_beam_size
+from lsg_text.errors import ConfigError, MissingFileError
+from lsg_text.fileio import DataError
+from lsg_text.offline_bpe import check_sentencepiece_dictionary
+from lsg_text.rouge import ROUGE_KEYS, rouge_example
 
 logger = logging.getLogger(__name__)
 

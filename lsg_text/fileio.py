@@ -1,10 +1,11 @@
-"""File helpers shared by the offline data scripts and the converter: user-facing errors, atomic
-writes (files and whole folders), defensive text reading, line counts.
+"""File helpers shared by the offline data scripts, the converter and the checkpoint writer:
+user-facing errors, atomic writes (files and whole folders), defensive text reading, line counts.
 
 Every script writes its outputs through :func:`atomic_outputs`, so a run that fails half-way
 (bad JSON on line 4,000, a missing BPE file, Ctrl-C) leaves no truncated file behind that a later
-``fairseq-preprocess`` would silently accept. Commands that write a whole folder (the converter,
-the exporter) use :func:`atomic_folder`.
+``fairseq-preprocess`` would silently accept. Checkpoints go through :func:`atomic_write`; both
+share one core, :func:`atomic_files`. Commands that write a whole folder (the converter, the
+exporter) use :func:`atomic_folder`.
 """
 
 import contextlib
@@ -14,9 +15,9 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Dict, Iterator, List, Sequence, TextIO
+from typing import IO, BinaryIO, Dict, Iterator, List, Sequence, TextIO
 
-from lsg_fairseq.errors import UserError
+from lsg_text.errors import UserError
 
 
 class DataError(UserError, ValueError):
@@ -55,48 +56,109 @@ def count_lines(path: str) -> int:
     return n + (0 if last == b"\n" else 1)
 
 
-@contextlib.contextmanager
-def atomic_outputs(paths: Sequence[str], inputs: Sequence[str] = ()) -> Iterator[List[TextIO]]:
-    """Open ``paths`` for writing (UTF-8, ``\\n`` line ends) as temp files in the same folders.
+# ----------------------------------------------------------------------------- atomic writes
+def _usual_mode(bits: int) -> int:
+    """``bits`` under the process umask: mkstemp / mkdtemp make 0600 / 0700, a plain open would not."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return bits & ~umask
 
-    On a clean exit every temp file is renamed onto its final path; on an exception all of them
-    are deleted, so either every output appears complete or none is touched. ``"-"`` means
-    stdout (written directly: a pipe cannot be made atomic). An output that is one of ``inputs``
-    is refused before anything is opened (:func:`refuse_clobber`).
+
+def _temp_prefix(path: str) -> str:
+    # Hidden, and never matching fairseq's checkpoint patterns (checkpoint_\d+_(\d+)\.pt, ...), so
+    # --keep-interval-updates and checkpoint averaging never pick a temp file up.
+    return "." + os.path.basename(path) + "."
+
+
+def _remove_stale_temps(path: str) -> None:
+    """Delete the temp files or folders that writers of ``path`` killed earlier left beside it.
+
+    The pattern is tempfile's own name (prefix, 8 random characters, ``.tmp``), so the temps of a
+    longer name that shares the prefix (``.out.v2.XXXXXXXX.tmp`` beside ``out``) never match.
     """
-    refuse_clobber(paths, inputs)
-    handles: List[TextIO] = []
+    folder = os.path.dirname(os.path.abspath(path))
+    pattern = glob.escape(_temp_prefix(path)) + "?" * 8 + ".tmp"
+    for stale in glob.glob(os.path.join(glob.escape(folder), pattern)):
+        if os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(stale)
+
+
+def _fsync_dir(folder: str) -> None:
+    with contextlib.suppress(OSError):  # not every OS / file system lets a folder be opened
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_files(paths: Sequence[str], mode: str = "wb", **open_kwargs) -> Iterator[List[IO]]:
+    """Open every path for writing as a hidden temp file beside it; each path is replaced only by
+    a complete file, and only once every file is written.
+
+    On a clean exit each temp file is flushed and fsynced, given the usual mode and renamed onto
+    its path (the renames come last, one after another), then each folder is fsynced: a node
+    crash right after must not undo a rename or leave an empty file. Then the temps that killed
+    writers of the same paths left (``.NAME.XXXXXXXX.tmp``) are deleted. On an exception every
+    temp file is deleted and no path is touched. The core of :func:`atomic_write` (checkpoints)
+    and :func:`atomic_outputs` (scripts).
+    """
+    handles: List[IO] = []
     temps: Dict[str, str] = {}
     try:
         for path in paths:
-            if path == "-":
-                handles.append(sys.stdout)
-                continue
             folder = os.path.dirname(os.path.abspath(path))
             os.makedirs(folder, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+            fd, temps[path] = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=folder)
             os.close(fd)
-            temps[path] = tmp
             # Opened by name so that ``handle.name`` is the temp path (callers re-count lines).
-            handles.append(open(tmp, "w", encoding="utf-8", newline="\n"))
+            handles.append(open(temps[path], mode, **open_kwargs))
         yield handles
-        for h in handles:
-            if h is not sys.stdout:
-                h.close()
-        umask = os.umask(0)
-        os.umask(umask)
+        for handle in handles:
+            handle.flush()
+            os.fsync(handle.fileno())
+            handle.close()
+        file_mode = _usual_mode(0o666)
         for path, tmp in temps.items():
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; give the usual mode
+            os.chmod(tmp, file_mode)
             os.replace(tmp, path)
         temps.clear()
+        for folder in dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path in paths):
+            _fsync_dir(folder)
     finally:
-        for h in handles:
-            if h is not sys.stdout and not h.closed:
-                h.close()
+        for handle in handles:
+            handle.close()
         for tmp in temps.values():
             with contextlib.suppress(FileNotFoundError):
                 os.remove(tmp)
+    for path in paths:
+        _remove_stale_temps(path)
 
+
+@contextlib.contextmanager
+def atomic_write(path: str) -> Iterator[BinaryIO]:
+    """One binary file that replaces ``path`` all or nothing, durably (:func:`atomic_files`)."""
+    with atomic_files([path]) as (handle,):
+        yield handle
+
+
+@contextlib.contextmanager
+def atomic_outputs(paths: Sequence[str], inputs: Sequence[str] = ()) -> Iterator[List[TextIO]]:
+    """Open ``paths`` for writing (UTF-8, ``\\n`` line ends), committed together by
+    :func:`atomic_files`: either every output appears complete or none is touched.
+
+    ``"-"`` means stdout (written directly: a pipe cannot be made atomic). An output that is one
+    of ``inputs`` is refused before anything is opened (:func:`refuse_clobber`).
+    """
+    refuse_clobber(paths, inputs)
+    files = [path for path in paths if path != "-"]
+    with atomic_files(files, "w", encoding="utf-8", newline="\n") as handles:
+        opened = iter(handles)
+        yield [sys.stdout if path == "-" else next(opened) for path in paths]
 
 def _same_or_inside(path: str, folder: str) -> bool:
     path, folder = os.path.realpath(path), os.path.realpath(folder)
@@ -174,15 +236,6 @@ def _fsync_tree(folder: str) -> None:
                     os.close(fd)
 
 
-def _fsync_dir(folder: str) -> None:
-    with contextlib.suppress(OSError):  # not every OS / file system lets a folder be opened
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 @contextlib.contextmanager
 def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), flag: str = "--force") -> Iterator[str]:
     """Write a whole output folder all-or-nothing: yields a temp folder beside ``out`` to fill.
@@ -206,12 +259,10 @@ def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), fla
     """
     out = os.path.abspath(out)
     check_output_folder(out, force, inputs, flag)
-    parent, name = os.path.dirname(out), os.path.basename(out)
+    parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes 0700 folders; give the usual mode
+    tmp = tempfile.mkdtemp(prefix=_temp_prefix(out), suffix=".tmp", dir=parent)
+    os.chmod(tmp, _usual_mode(0o777))
     _PENDING_FOLDERS[tmp] = out
     leftover = tmp  # deleted at the end: the temp folder, or the old OUT once replaced
     try:
@@ -219,7 +270,7 @@ def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), fla
         _fsync_tree(tmp)
         if os.path.isdir(out) and os.listdir(out):
             if not _exchange(tmp, out):
-                leftover = tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
+                leftover = tempfile.mkdtemp(prefix=_temp_prefix(out), suffix=".tmp", dir=parent)
                 os.replace(out, os.path.join(leftover, "old"))
                 os.replace(tmp, out)
         else:
@@ -230,9 +281,7 @@ def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), fla
         _PENDING_FOLDERS.pop(tmp, None)
         if leftover is not None:
             shutil.rmtree(leftover, ignore_errors=True)
-    # leftovers of runs killed earlier (hidden, so nothing else ever reads them)
-    for stale in glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}.*.tmp")):
-        shutil.rmtree(stale, ignore_errors=True)
+    _remove_stale_temps(out)  # of runs killed earlier (hidden, so nothing else ever reads them)
 
 
 def check_utf8(path: str, what: str = "") -> None:

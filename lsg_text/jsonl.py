@@ -1,12 +1,12 @@
 """Reading and validating summarization JSONL, and flattening it to fairseq parallel text.
 
 Input: one JSON object per line with at least ``{"document": str, "summary": str}`` (the format of
-``shared/data/{sumpubmed,squality,qmsum}`` and of :mod:`lsg_fairseq.data.synthetic`). Inside a
+``shared/data/{sumpubmed,squality,qmsum}`` and of :mod:`lsg_text.synthetic`). Inside a
 ``document``, each line is a paragraph or a speaker turn.
 
 Output: fairseq wants one example per line, so :func:`flatten` joins all whitespace runs (newlines
 included) into single spaces. Sentence information survives through punctuation, which
-:func:`lsg_fairseq.data.sentences.split_sentences` uses; what is lost is the boundary after a
+:func:`lsg_text.sentences.split_sentences` uses; what is lost is the boundary after a
 paragraph without final punctuation (a heading such as ``BACKGROUND``). Pass ``newline_token``
 (e.g. ``"<n>"``, PEGASUS' convention) to keep paragraph breaks as an explicit token instead.
 """
@@ -14,7 +14,7 @@ paragraph without final punctuation (a heading such as ``BACKGROUND``). Pass ``n
 import json
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
-from lsg_fairseq.data.fileio import DataError
+from lsg_text.fileio import DataError
 
 DEFAULT_FIELDS = ("document", "summary")
 

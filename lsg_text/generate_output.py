@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from lsg_fairseq.data.fileio import DataError
+from lsg_text.fileio import DataError
 
 _LINE = re.compile(r"^([STHD])-(\d+)\t(.*)$")
 

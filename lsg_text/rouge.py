@@ -7,7 +7,7 @@ a plain Python float (numpy scalars in fairseq meters end up in checkpoints and 
 """
 from typing import Dict, Iterable, List
 
-from lsg_fairseq.data.sentences import split_sentences
+from lsg_text.sentences import split_sentences
 
 ROUGE_KEYS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 

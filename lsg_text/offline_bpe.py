@@ -21,7 +21,7 @@ import os
 import re
 from typing import Dict, Iterable, Iterator, List
 
-from lsg_fairseq.data.fileio import DataError, require_file
+from lsg_text.fileio import DataError, require_file
 
 # fairseq.data.Dictionary: bos, pad, eos, unk at indices 0..3 (in this order).
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
@@ -48,7 +48,8 @@ def check_gpt2_files(
 
     ``get_encoder`` drops the first and the last item of ``vocab.bpe.split("\\n")``: a file without
     the ``#version`` header, or without a trailing newline, silently loses a merge and gives
-    different ids. Both are errors here.
+    different ids. Both are errors here. The encoder itself is fairseq's (``get_encoder``), built
+    by the callers that already depend on fairseq: this module never imports it.
     """
     require_local_file(encoder_json, encoder_flag)
     require_local_file(vocab_bpe, vocab_flag)
@@ -82,16 +83,6 @@ def check_gpt2_files(
     for lineno, line in enumerate(lines[1:-1], start=2):
         if len(line.split()) != 2:
             raise DataError(f"{vocab_flag}: {vocab_bpe}:{lineno}: expected a merge 'A B', got {line!r}")
-
-
-def load_gpt2_encoder(
-    encoder_json: str, vocab_bpe: str, encoder_flag: str = "--encoder-json", vocab_flag: str = "--vocab-bpe"
-):
-    """fairseq's own GPT-2 ``Encoder`` built from validated local files."""
-    check_gpt2_files(encoder_json, vocab_bpe, encoder_flag, vocab_flag)
-    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
-
-    return get_encoder(encoder_json, vocab_bpe)
 
 
 def gpt2_encode_line(encoder, line: str) -> List[int]:
@@ -217,7 +208,6 @@ __all__ = [
     "FAIRSEQ_SPECIALS",
     "require_local_file",
     "check_gpt2_files",
-    "load_gpt2_encoder",
     "gpt2_encode_line",
     "sentencepiece_special_kwargs",
     "check_sentencepiece_specials",

@@ -10,15 +10,15 @@ Formats (``DOCUMENT_FORMATS``):
   inside it each line is a paragraph.
 
 A document is a list of paragraphs; paragraphs are split into sentences with the shared
-:func:`~lsg_fairseq.data.sentences.split_sentences`, so ROUGE-Lsum and GSG agree on boundaries.
+:func:`~lsg_text.sentences.split_sentences`, so ROUGE-Lsum and GSG agree on boundaries.
 Book-length documents are cut into pseudo-documents of consecutive sentences
 (:func:`chunk_sentences`), as LOCOST/PEGASUS-X train on windows of long texts.
 """
 import json
 from typing import Callable, Iterable, Iterator, List
 
-from lsg_fairseq.data.fileio import DataError
-from lsg_fairseq.data.sentences import split_sentences
+from lsg_text.fileio import DataError
+from lsg_text.sentences import split_sentences
 
 DOCUMENT_FORMATS = ("lines", "blank", "file", "jsonl")
 SENTENCE_SPLITTERS = ("regex", "pysbd")

@@ -1,0 +1,44 @@
+"""Errors a user causes and can fix, and how every command reports them: one line, exit status 2.
+
+Each refusal of the plugin is an instance of :class:`UserError` (``DataError``, ``ConversionError``,
+``CheckpointError``, :class:`ConfigError`, :class:`MissingFileError`), whose message names the file
+(and line) or the flag at fault and says how to fix it. Our own commands catch ``UserError`` and
+print ``prog: error: <message>`` (argparse's format) with exit status 2. Anything else is a bug
+and keeps its traceback. (fairseq's own commands reach :func:`report` through
+``lsg_fairseq.errors.install_fairseq_hook``.)
+"""
+import argparse
+import sys
+
+EXIT_USER_ERROR = 2  # argparse's status for a bad command line
+
+
+class UserError(Exception):
+    """Marker base: bad input, a bad flag or a bad file the user can fix (never a bug)."""
+
+
+class ConfigError(UserError, ValueError):
+    """Flags that are out of range or inconsistent; the message names the flag(s)."""
+
+
+class MissingFileError(UserError, FileNotFoundError):
+    """A file or folder a flag points at does not exist; the message names the flag and path."""
+
+
+def one_line(message) -> str:
+    """Collapse a (possibly multi-line) message into one line."""
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def report(error: BaseException, prog: str) -> int:
+    """Print ``prog: error: <message>`` on stderr and return the exit status (2)."""
+    sys.stdout.flush()
+    print(f"{prog}: error: {one_line(error)}", file=sys.stderr, flush=True)
+    return EXIT_USER_ERROR
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse, with its refusals as one line (``prog: error: ...``, exit 2) and no usage dump."""
+
+    def error(self, message):
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
