@@ -1,20 +1,16 @@
 """lsg-fairseq: long-input sequence-to-sequence models (LSG-BART, LOCOST, LED) as a fairseq plugin.
 
 Use with ``fairseq-train --user-dir $(lsg-fairseq-user-dir) ...`` or ``import lsg_fairseq`` before
-loading a checkpoint. Importing registers every model, architecture and task, and allowlists what
-fairseq checkpoints contain so that ``torch.load`` works under torch >= 2.6.
+loading a checkpoint. Importing registers every model, architecture and task, and installs the
+fixes to fairseq/torch internals in :mod:`lsg_fairseq.fairseq_fixes` (the only module that
+patches anything; it also allowlists what fairseq checkpoints contain so that ``torch.load``
+works under torch >= 2.6).
 """
 import os
 
-from lsg_fairseq.serialization import register_safe_globals
+from lsg_fairseq import fairseq_fixes, models, tasks  # noqa: F401  (models, tasks: registration)
 
-register_safe_globals()
-
-from lsg_fairseq import models, tasks  # noqa: E402,F401  (registration side effects)
-from lsg_fairseq import bf16, checkpoint_io  # noqa: E402,F401  (patch fairseq: atomic checkpoints, clear load errors, bf16 off TPUs)
-from lsg_fairseq.errors import install_fairseq_hook  # noqa: E402
-
-install_fairseq_hook()  # fairseq-train / fairseq-interactive: our refusals as one line, exit 2
+fairseq_fixes.install()
 
 __version__ = "0.1.0"
 

@@ -6,14 +6,11 @@ Each refusal of the plugin is an instance of :class:`UserError` (``DataError``, 
 print ``prog: error: <message>`` (argparse's format) with exit status 2. Anything else is a bug
 and keeps its traceback.
 
-fairseq's ``fairseq-train`` / ``fairseq-interactive`` run their ``main`` through
-``fairseq.distributed.utils.call_main``, which is looked up when called, after fairseq has imported
-``--user-dir``: :func:`install_fairseq_hook` wraps it so that our refusals print one line there too.
-``fairseq-generate`` calls its ``main`` directly, so no plugin can reach it; ``lsg-fairseq-generate``
-catches them instead (README "Bad inputs").
+``fairseq-train`` / ``fairseq-interactive`` print them the same way through
+:mod:`lsg_fairseq.fairseq_fixes.one_line_errors`; ``fairseq-generate`` calls its ``main`` where no
+plugin can reach, so ``lsg-fairseq-generate`` catches them instead (README "Bad inputs").
 """
 import argparse
-import os
 import sys
 
 EXIT_USER_ERROR = 2  # argparse's status for a bad command line
@@ -41,31 +38,6 @@ def report(error: BaseException, prog: str) -> int:
     sys.stdout.flush()
     print(f"{prog}: error: {one_line(error)}", file=sys.stderr, flush=True)
     return EXIT_USER_ERROR
-
-
-_HOOK_FLAG = "_lsg_fairseq_user_errors"
-
-
-def install_fairseq_hook() -> None:
-    """Make ``fairseq-train`` / ``fairseq-interactive`` print our refusals as one line (idempotent).
-
-    Patched here and only here: fairseq 0.12's CLI has no other point where a plugin runs after
-    argument parsing and around ``main`` (see the module docstring).
-    """
-    from fairseq.distributed import utils as distributed_utils
-
-    original = distributed_utils.call_main
-    if hasattr(original, _HOOK_FLAG):
-        return
-
-    def call_main(cfg, main, **kwargs):
-        try:
-            return original(cfg, main, **kwargs)
-        except UserError as e:
-            sys.exit(report(e, os.path.basename(sys.argv[0]) or "fairseq"))
-
-    setattr(call_main, _HOOK_FLAG, original)
-    distributed_utils.call_main = call_main
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
