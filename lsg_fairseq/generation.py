@@ -1,22 +1,27 @@
-"""Fixes for two fairseq generation bugs that every plugin entry point shares.
+"""The one generator this plugin's tasks build: beam state owned by the generator, n-gram blocking fixed.
 
-1. ``--no-repeat-ngram-size`` does nothing on CPU (fairseq#5206): the pure-PyTorch fallback of
+1. Beam size sticks after generation (fairseq#3893): ``SequenceGenerator.__init__`` calls
+   ``model.set_beam_size(beam)``, which makes BART's cross-attention fold keys by beam and turns
+   the encoder's ``reorder_encoder_out`` into a no-op (an instance attribute). Later
+   teacher-forced forwards then crash (odd batch) or silently attend to another example's encoder
+   states (even batch). :class:`LongInputSequenceGenerator` leaves every model as it found it:
+   its constructor undoes what ``SequenceGenerator.__init__`` set, and each generation call sets
+   the beam size on the models and restores their previous state in a ``try/finally``. No other
+   module touches beam state.
+2. ``--no-repeat-ngram-size`` does nothing on CPU (fairseq#5206): the pure-PyTorch fallback of
    ``NGramRepeatBlock`` compares the *last* n-1 slots of the whole pad-filled token buffer instead
    of the n-1 tokens generated so far. :class:`NGramRepeatBlockFixed` checks
-   ``tokens[:, step+2-n : step+1]`` and is vectorised (no per-hypothesis Python loop).
-2. Beam size sticks after generation (fairseq#3893): ``SequenceGenerator.__init__`` calls
-   ``model.set_beam_size(beam)``, which makes BART's cross-attention fold keys by beam and turns
-   the encoder's ``reorder_encoder_out`` into a no-op. Later teacher-forced forwards then crash
-   (odd batch) or silently attend to another example's encoder states (even batch).
-   :func:`reset_beam_size` undoes both; :func:`beam_size_scope` applies a beam size for the
-   duration of one generation call only.
+   ``tokens[:, step+2-n : step+1]`` and is vectorised (no per-hypothesis Python loop); the
+   generator uses it wherever fairseq's CUDA kernel is not used.
+
+The tasks' ``build_generator`` passes this class to fairseq's, so ``fairseq-generate``,
+``--eval-rouge``, the hub and ``lsg-fairseq-summarize`` all generate through it.
 """
-import contextlib
 import math
 
 import torch
-from fairseq.modules import MultiheadAttention
 from fairseq.ngram_repeat_block import NGramRepeatBlock
+from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
 
 class NGramRepeatBlockFixed(NGramRepeatBlock):
@@ -36,31 +41,50 @@ class NGramRepeatBlockFixed(NGramRepeatBlock):
         return lprobs.masked_fill_(banned > 0, -math.inf)
 
 
-def fix_ngram_blocker(generator) -> None:
-    """Swap a generator's n-gram blocker for the fixed one when the CUDA extension is not used."""
-    blocker = getattr(generator, "repeat_ngram_blocker", None)
-    if blocker is not None and not blocker.use_extension:
-        generator.repeat_ngram_blocker = NGramRepeatBlockFixed(blocker.no_repeat_ngram_size)
+# What set_beam_size changes, per module: MultiheadAttention.beam_size (BART, LSG, LED),
+# LOCOSTEncoder.beam_size, and BART's instance-level no-op encoder.reorder_encoder_out.
+_BEAM_ATTRIBUTES = ("beam_size", "reorder_encoder_out")
+_ABSENT = object()
 
 
-def reset_beam_size(model: torch.nn.Module) -> None:
-    """Undo ``set_beam_size``: plain cross-attention and the encoder's own ``reorder_encoder_out``."""
-    for module in model.modules():
-        if isinstance(module, MultiheadAttention):
-            module.beam_size = 1
-        # BARTModel.set_beam_size stores the no-op as an *instance* attribute, shadowing the method
-        module.__dict__.pop("reorder_encoder_out", None)
+def _beam_state(models):
+    """The instance values of the beam attributes of every module of ``models``."""
+    return [(module, name, module.__dict__.get(name, _ABSENT))
+            for model in models for module in model.modules() for name in _BEAM_ATTRIBUTES]
 
 
-@contextlib.contextmanager
-def beam_size_scope(models, beam: int):
-    """Beamable cross-attention for one generation call, restored afterwards even on error."""
-    try:
-        if beam > 1:
-            for m in models:
-                if hasattr(m, "set_beam_size"):
-                    m.set_beam_size(beam)
-        yield
-    finally:
-        for m in models:
-            reset_beam_size(m)
+def _restore(state) -> None:
+    # Written to __dict__ directly: these are plain attributes (never parameters or submodules),
+    # and an attribute that was absent must be removed, not set, so the class's method shows again.
+    for module, name, value in state:
+        if value is _ABSENT:
+            module.__dict__.pop(name, None)
+        else:
+            module.__dict__[name] = value
+
+
+class LongInputSequenceGenerator(SequenceGenerator):
+    """fairseq's ``SequenceGenerator`` that sets the beam size on the models for the duration of
+    each generation call only (fairseq#3893), with the fixed CPU n-gram blocker (fairseq#5206)."""
+
+    def __init__(self, models, tgt_dict, **kwargs):
+        members = models.models if isinstance(models, EnsembleModel) else models
+        before = _beam_state(members)
+        try:
+            super().__init__(models, tgt_dict, **kwargs)  # calls set_beam_size(beam) on every model
+        finally:
+            _restore(before)
+        blocker = self.repeat_ngram_blocker
+        if blocker is not None and not blocker.use_extension:
+            self.repeat_ngram_blocker = NGramRepeatBlockFixed(blocker.no_repeat_ngram_size)
+
+    def _generate(self, sample, *args, **kwargs):
+        # generate() and forward() both end here
+        before = _beam_state(self.model.models)
+        try:
+            # the generator's own beam: SequenceGenerator caps it at the vocabulary size - 1, and a
+            # larger set_beam_size would fold cross-attention keys by a beam that never exists
+            self.model.set_decoder_beam_size(self.beam_size)
+            return super()._generate(sample, *args, **kwargs)
+        finally:
+            _restore(before)

@@ -5,7 +5,7 @@ Each refusal of the plugin is an instance of :class:`UserError` (``DataError``, 
 (and line) or the flag at fault and says how to fix it. Our own commands catch ``UserError`` and
 print ``prog: error: <message>`` (argparse's format) with exit status 2. Anything else is a bug
 and keeps its traceback. (fairseq's own commands reach :func:`report` through
-``lsg_fairseq.errors.install_fairseq_hook``.)
+``lsg_fairseq.fairseq_fixes.one_line_errors``.)
 """
 import argparse
 import sys

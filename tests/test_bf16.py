@@ -1,4 +1,4 @@
-"""lsg_fairseq.bf16: ``--bf16`` / ``--memory-efficient-bf16`` no longer take fairseq's TPU path.
+"""lsg_fairseq.fairseq_fixes.bf16_off_tpu: ``--bf16`` / ``--memory-efficient-bf16`` no longer take fairseq's TPU path.
 
 Stock fairseq 0.12 sets ``tpu=True`` whenever bf16 is on and then calls ``xm.xla_device()`` on
 None (fairseq#4696). With the plugin imported, fairseq's own trainer runs bf16 updates; checked on
@@ -12,7 +12,7 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 import lsg_fairseq
-from lsg_fairseq import bf16
+from lsg_fairseq.fairseq_fixes._wrap import original
 
 TINY = ["--arch", "lsg_bart_tiny", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
         "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "1", "--decoder-layers", "1",
@@ -26,8 +26,7 @@ def argv(data, *flags):
 
 
 def test_stock_parser_would_take_the_tpu_path(word_data):
-    original = getattr(options.parse_args_and_arch, bf16._PATCHED_FLAG)
-    stock = original(options.get_training_parser(), argv(word_data, "--bf16"))
+    stock = original(options, "parse_args_and_arch")(options.get_training_parser(), argv(word_data, "--bf16"))
     assert stock.tpu is True  # the upstream bug the shim undoes
     patched = options.parse_args_and_arch(options.get_training_parser(), argv(word_data, "--bf16"))
     assert patched.tpu is False and patched.bf16 is True

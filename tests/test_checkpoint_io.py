@@ -1,9 +1,14 @@
-"""lsg_fairseq.checkpoint_io: atomic, durable checkpoint writes and checkpoint errors that name the file.
+"""Atomic, durable checkpoint writes, checkpoint errors that name the file, and the restore policies.
+
+(``lsg_fairseq.checkpoint_io``, ``checkpoint_policy`` and the fixes ``fairseq_fixes.atomic_checkpoints``,
+``checkpoint_errors``, ``restore_hooks``; each fix also run unpatched, through ``original``, to show
+what it fixes.)
 
 The kill tests are deterministic: a child process saves through fairseq's own functions with
 ``os.fsync`` replaced by "announce, then sleep", so the parent SIGKILLs it exactly between "all
-bytes written" and "renamed into place" (the window in which stock fairseq's copy of
-``checkpoint_last.pt`` is half-written).
+bytes written" and "renamed into place". Stock fairseq's copy never fsyncs: there the child
+announces itself half-way through the copy's ``os.sendfile`` (how ``shutil.copyfile`` copies on
+Linux), the window in which stock fairseq's ``checkpoint_last.pt`` is half-written.
 """
 import os
 import signal
@@ -19,6 +24,7 @@ from fairseq.file_io import PathManager
 
 import lsg_fairseq  # noqa: F401  (installs the patches)
 from lsg_fairseq.checkpoint_io import CheckpointError
+from lsg_fairseq.fairseq_fixes._wrap import original
 
 from conftest import REPO_ROOT
 
@@ -37,8 +43,16 @@ def hang(fd):
 os.fsync = hang
 if mode == "save":
     checkpoint_utils.torch_persistent_save({{"model": {{"w": torch.full((50000,), 2.0)}}}}, dst)
-else:
+elif mode == "copy":
     PathManager.copy(src, dst, overwrite=True)
+else:  # fairseq's own copy: half of the bytes, then the kill
+    from lsg_fairseq.fairseq_fixes._wrap import original
+    real_sendfile = os.sendfile
+    def half_then_hang(out_fd, in_fd, offset, count):
+        real_sendfile(out_fd, in_fd, offset, os.path.getsize(src) // 2)
+        hang(out_fd)
+    os.sendfile = half_then_hang
+    original(PathManager, "copy")(src, dst, overwrite=True)
 """
 
 
@@ -78,6 +92,28 @@ def test_sigkill_during_write_keeps_previous_checkpoint(tmp_path, mode):
     checkpoint_utils.torch_persistent_save({"model": {"w": torch.zeros(2)}}, str(last))
     assert torch.equal(torch.load(last)["model"]["w"], torch.zeros(2))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".checkpoint_last.pt.")]
+
+
+def test_stock_copy_killed_leaves_a_truncated_checkpoint_last(tmp_path):
+    """What atomic_checkpoints fixes (fairseq#2684): fairseq's copy writes checkpoint_last.pt in place."""
+    last = tmp_path / "checkpoint_last.pt"
+    _old_checkpoint(last)
+    new = tmp_path / "checkpoint_1_6.pt"
+    torch.save({"model": {"w": torch.full((50000,), 2.0)}}, new)
+    _kill_during_write(tmp_path, "stock-copy", new, last)
+    assert 0 < last.stat().st_size < new.stat().st_size  # neither the old file nor the new one
+    with pytest.raises(Exception, match="central directory|zip archive"):
+        torch.load(last)
+
+
+def test_stock_save_is_not_durable(tmp_path, monkeypatch):
+    """fairseq's torch_persistent_save renames without fsync (a node crash can leave an empty file)."""
+    synced = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    original(checkpoint_utils, "torch_persistent_save")({"model": {"w": torch.ones(3)}}, str(tmp_path / "a.pt"))
+    assert synced == []
+    checkpoint_utils.torch_persistent_save({"model": {"w": torch.ones(3)}}, str(tmp_path / "b.pt"))
+    assert len(synced) == 2  # the file, then its folder
 
 
 def test_copy_is_complete_and_keeps_mode(tmp_path):
@@ -164,6 +200,17 @@ def test_corrupt_checkpoint_named_on_load(saved, tmp_path, damage):
         checkpoint_utils.load_checkpoint_to_cpu(str(bad))
 
 
+def test_stock_load_error_names_no_file(saved, tmp_path):
+    """What checkpoint_errors fixes (fairseq#2684): torch's error for a truncated file, no name."""
+    data = open(saved["lsg64"], "rb").read()
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(Exception) as e:
+        original(checkpoint_utils, "load_checkpoint_to_cpu")(str(bad))
+    assert not isinstance(e.value, CheckpointError)
+    assert "bad.pt" not in str(e.value) + " ".join(getattr(e.value, "__notes__", []))
+
+
 def test_corrupt_checkpoint_named_on_restore(data_dir, saved, tmp_path):
     data = open(saved["lsg64"], "rb").read()
     bad = tmp_path / "bad.pt"
@@ -192,6 +239,29 @@ def test_missing_restore_file_refused_not_trained_from_scratch(data_dir, tmp_pat
                                  "--restore-file", str(tmp_path / "typo.pt"))
     with pytest.raises(FileNotFoundError, match=r"--restore-file .*typo\.pt: no such file.*from scratch"):
         checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+
+
+def test_missing_restore_file_trains_from_scratch_without_the_hooks(word_data, tmp_path):
+    """fairseq's own load_checkpoint (no task hooks) takes a typo for "start fresh"."""
+    cfg, trainer = build_trainer(str(word_data), tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
+                                 "--truncate-target", "--restore-file", str(tmp_path / "typo.pt"))
+    extra_state, epoch_itr = original(checkpoint_utils, "load_checkpoint")(cfg.checkpoint, trainer)
+    assert extra_state is None and epoch_itr.epoch == 1 and trainer.get_num_updates() == 0
+
+
+STOCK_TRANSFORMER = ["--task", "translation", "--source-lang", "source", "--target-lang", "target",
+                     "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
+                     "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+                     "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+
+
+def test_stock_task_keeps_fairseq_restore_behaviour(word_data, tmp_path):
+    """The refusal is this plugin's policy: a translation run in the same process starts fresh."""
+    cfg, trainer = build_trainer(str(word_data), tmp_path / "run", *STOCK_TRANSFORMER,
+                                 "--restore-file", str(tmp_path / "x.pt"))
+    assert type(trainer.task).__name__ == "TranslationTask"
+    extra_state, epoch_itr = checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)  # the hooked one
+    assert extra_state is None and epoch_itr.epoch == 1
 
 
 def test_other_arch_checkpoint_on_restore_named(data_dir, saved, tmp_path):

@@ -1,11 +1,15 @@
-"""The CPU n-gram blocker (fairseq#5206) against a brute-force reference."""
+"""The task's generator: the CPU n-gram blocker (fairseq#5206) against a brute-force reference, and
+the beam state it owns (fairseq#3893), restored after every call, an interrupted one included."""
 import math
+from argparse import Namespace
 
 import pytest
 import torch
 from fairseq.ngram_repeat_block import NGramRepeatBlock
+from fairseq.sequence_generator import SequenceGenerator
 
-from lsg_fairseq.generation import NGramRepeatBlockFixed
+from conftest import build_task_and_model, toy_batch, write_toy_dict
+from lsg_fairseq.generation import LongInputSequenceGenerator, NGramRepeatBlockFixed
 
 
 def brute_force_banned(tokens, step, n):
@@ -46,3 +50,86 @@ def test_stock_cpu_blocker_misses_repeats():
     fixed = NGramRepeatBlockFixed(3, use_extension=False)(tokens, torch.zeros(1, 9), 1, 1, step)
     assert stock[0, 7] == 0.0
     assert fixed[0, 7] == -math.inf
+
+
+# ---------------------------------------------------------------------------- the task's generator
+TINY_ARCHS = {
+    "bart": ["--arch", "bart_base", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+             "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+             "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--max-source-positions", "64",
+             "--max-target-positions", "32"],
+    "locost": ["--arch", "locost_tiny", "--d-model", "16", "--d-state", "8", "--d-ff", "32", "--d-kv", "8",
+               "--encoder-layers", "1", "--decoder-layers", "1", "--max-target-positions", "32"],
+}
+
+
+@pytest.fixture(scope="module")
+def toy_dir(tmp_path_factory):
+    return write_toy_dict(tmp_path_factory.mktemp("generation_toy"))
+
+
+def build(toy_dir, family):
+    task, model = build_task_and_model([toy_dir, "--task", "long_document_summarization", *TINY_ARCHS[family]])
+    return task, model.eval()
+
+
+def beam_state(model):
+    """Every instance attribute that set_beam_size may set, by module name."""
+    return {(name, attr): module.__dict__[attr] for name, module in model.named_modules()
+            for attr in ("beam_size", "reorder_encoder_out") if attr in module.__dict__}
+
+
+def sample(n=3):
+    src, lengths, _ = toy_batch(n=n, lengths=(45, 30, 20)[:n])
+    return {"net_input": {"src_tokens": src, "src_lengths": lengths}}
+
+
+def beam_seen(model):
+    """What a generation call sees: the cross-attention beam (BART) / the encoder's (LOCOST)."""
+    attn = getattr(model.decoder, "layers", None)
+    return attn[0].encoder_attn.beam_size if attn is not None else model.encoder.beam_size
+
+
+def test_stock_generator_leaves_the_beam_set(toy_dir):
+    """fairseq#3893, the upstream bug: building a stock SequenceGenerator already changes BART."""
+    task, model = build(toy_dir, "bart")
+    SequenceGenerator([model], task.target_dictionary, beam_size=2)
+    assert model.decoder.layers[0].encoder_attn.beam_size == 2
+    assert "reorder_encoder_out" in model.encoder.__dict__  # the no-op, as an instance attribute
+
+
+@pytest.mark.parametrize("family", ["bart", "locost"])
+def test_task_generator_sets_the_beam_for_the_call_only(toy_dir, family):
+    task, model = build(toy_dir, family)
+    before = beam_state(model)
+    gen = task.build_generator([model], Namespace(beam=2, max_len_b=5, no_repeat_ngram_size=2))
+    assert isinstance(gen, LongInputSequenceGenerator)
+    assert isinstance(gen.repeat_ngram_blocker, NGramRepeatBlockFixed)  # fairseq#5206
+    assert beam_state(model) == before  # building it changed nothing
+    seen = []
+    model.decoder.embed_tokens.register_forward_hook(lambda *a: seen.append(beam_seen(model)))
+    with torch.no_grad():
+        hyps = task.inference_step(gen, [model], sample())
+    assert len(hyps) == 3 and all(len(h) == 2 for h in hyps)
+    assert seen and set(seen) == {2}  # beamable cross-attention while generating (one encoder row per source)
+    assert beam_state(model) == before and beam_seen(model) == 1
+
+
+@pytest.mark.parametrize("family", ["bart", "locost"])
+def test_beam_state_restored_after_an_exception_in_generation(toy_dir, family):
+    task, model = build(toy_dir, family)
+    model.set_beam_size(3)  # whatever the caller had set is what comes back, not a default
+    before = beam_state(model)
+    gen = task.build_generator([model], Namespace(beam=2, max_len_b=5))
+    calls = []
+
+    def fail_on_third_call(*_):
+        calls.append(beam_seen(model))
+        if len(calls) == 3:
+            raise RuntimeError("interrupted mid-generation")
+
+    model.decoder.embed_tokens.register_forward_hook(fail_on_third_call)
+    with pytest.raises(RuntimeError, match="interrupted mid-generation"), torch.no_grad():
+        task.inference_step(gen, [model], sample())
+    assert calls == [2, 2, 2]  # it failed while the generator's beam was set
+    assert beam_state(model) == before and beam_seen(model) == 3

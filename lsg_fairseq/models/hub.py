@@ -2,9 +2,10 @@
 
 fairseq's ``BARTHubInterface`` truncates every input to ``min(max_positions) - 2`` over the
 (source, target) pair: 1,022 tokens even for a 16K-source model (fairseq_notes §2). This
-subclass truncates the source only, to the model's own ``max_source_positions``, follows the
-task's ``<s>`` convention instead of forcing a ``<s>`` prefix, and leaves the model as it was after
-beam search (fairseq#3893).
+subclass truncates the source only, to the model's own ``max_source_positions``, and follows the
+task's ``<s>`` convention instead of forcing a ``<s>`` prefix. It generates through the task's
+``build_generator``, i.e. :class:`~lsg_fairseq.generation.LongInputSequenceGenerator`, which leaves
+the model as it found it (fairseq#3893), as ``lsg-fairseq-summarize`` (built on this hub) does.
 """
 import logging
 import os
@@ -17,7 +18,6 @@ from fairseq.models.bart.hub_interface import BARTHubInterface
 from omegaconf import open_dict
 
 from lsg_fairseq.checkpoint_io import CheckpointError
-from lsg_fairseq.generation import reset_beam_size
 from lsg_text.errors import MissingFileError, one_line
 from lsg_text.fileio import DataError
 from lsg_text.offline_bpe import (
@@ -30,7 +30,6 @@ from lsg_text.offline_bpe import (
 )
 
 logger = logging.getLogger(__name__)
-
 
 
 class LongInputHubInterface(BARTHubInterface):
@@ -78,10 +77,7 @@ class LongInputHubInterface(BARTHubInterface):
 
     def generate(self, tokenized_sentences: List[torch.LongTensor], *args, **kwargs):
         # Skip BART's forced <s> prefix: the task's inference_step adds it when its convention asks.
-        try:
-            return GeneratorHubInterface.generate(self, tokenized_sentences, *args, **kwargs)
-        finally:
-            reset_beam_size(self.model)
+        return GeneratorHubInterface.generate(self, tokenized_sentences, *args, **kwargs)
 
 
 def detect_bpe(model_dir: str) -> dict:
@@ -171,5 +167,4 @@ def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrid
     with open_dict(hub.cfg):
         hub.cfg.dataset.max_tokens = overrides.get("max_tokens")
         hub.cfg.dataset.batch_size = overrides.get("batch_size")
-    reset_beam_size(hub.model)
     return hub

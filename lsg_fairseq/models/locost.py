@@ -110,6 +110,8 @@ def check_locost_args(args) -> None:
 class LOCOSTEncoder(FairseqEncoder):
     """Embedding (no positions) -> SSM blocks -> RMSNorm. Output: fairseq's dict-of-lists contract."""
 
+    beam_size = 1  # hypotheses per source during beam search (LOCOSTModel.set_beam_size)
+
     def __init__(self, args, dictionary, embed_tokens):
         super().__init__(dictionary)
         self.padding_idx = dictionary.pad()
@@ -153,6 +155,10 @@ class LOCOSTEncoder(FairseqEncoder):
         }
 
     def reorder_encoder_out(self, encoder_out, new_order):
+        if self.beam_size > 1:
+            # beamable cross-attention: the output stays one row per source
+            return encoder_out
+
         def sel(items, dim):
             return [t.index_select(dim, new_order) for t in items]
 
@@ -167,10 +173,6 @@ class LOCOSTEncoder(FairseqEncoder):
 
     def max_positions(self):
         return self.max_source_positions
-
-    def _keep_encoder_out(self, encoder_out, new_order):
-        """Beam search with beamable cross-attention: the output stays one row per source."""
-        return encoder_out
 
 
 class LOCOSTDecoder(FairseqIncrementalDecoder):
@@ -332,15 +334,12 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         cross-attention keys / values each decoder layer caches from it) at one row per source
         instead of tiling it beam times; on long inputs those caches dominate generation memory.
 
-        Unlike BART's, this is not sticky in a harmful way: cross-attention decides from tensor
-        shapes alone (query rows = beam x memory rows), so teacher-forced forwards are unaffected
-        and ``reorder_encoder_out`` returns to normal when the instance attribute is removed
-        (``lsg_fairseq.generation.reset_beam_size``) or ``set_beam_size(1)`` is called.
+        A plain attribute (``encoder.beam_size``), not an instance override of a method:
+        ``set_beam_size(1)`` undoes it, and :class:`~lsg_fairseq.generation.LongInputSequenceGenerator`
+        restores it after each call. Cross-attention itself decides from tensor shapes alone
+        (query rows = beam x memory rows), so teacher-forced forwards never depend on it.
         """
-        if beam > 1:
-            self.encoder.reorder_encoder_out = self.encoder._keep_encoder_out
-        else:
-            self.encoder.__dict__.pop("reorder_encoder_out", None)
+        self.encoder.beam_size = beam
 
 
 def _defaults(args, **values):

@@ -13,8 +13,12 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   refused with its index;
 * ``--eval-rouge``: ROUGE-1/2/L/Lsum F1 (rouge-score, stemmed) of generated summaries, logged as
   ``rouge1 rouge2 rougeL rougeLsum`` so that ``--best-checkpoint-metric rougeL
-  --maximize-best-checkpoint-metric`` works; the model is left exactly as before generation
-  (fairseq#3893) and ``--no-repeat-ngram-size`` works on CPU (fairseq#5206).
+  --maximize-best-checkpoint-metric`` works;
+* generation through :class:`~lsg_fairseq.generation.LongInputSequenceGenerator`: the model is
+  left exactly as before generation (fairseq#3893) and ``--no-repeat-ngram-size`` works on CPU
+  (fairseq#5206);
+* a ``--restore-file`` that does not exist is refused, and a checkpoint that does not fit the
+  model is explained (:mod:`lsg_fairseq.checkpoint_policy`).
 """
 import json
 import logging
@@ -34,9 +38,10 @@ from fairseq.tasks.translation import (
     load_langpair_dataset,
 )
 
+from lsg_fairseq import checkpoint_policy
 from lsg_fairseq.data.binarized import check_binarized_pair
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
-from lsg_fairseq.generation import beam_size_scope, fix_ngram_blocker, reset_beam_size
+from lsg_fairseq.generation import LongInputSequenceGenerator
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import DataError
 from lsg_text.offline_bpe import check_sentencepiece_dictionary
@@ -344,26 +349,30 @@ class LongDocumentSummarizationTask(TranslationTask):
         extra = dict(extra_gen_cls_kwargs or {})
         if self.prepend_bos:
             extra.setdefault("symbols_to_strip_from_output", {self.tgt_dict.bos()})
-        generator = super().build_generator(
-            models, args, seq_gen_cls=seq_gen_cls, extra_gen_cls_kwargs=extra, **kwargs
+        if seq_gen_cls is None and getattr(args, "print_alignment", None):
+            # fairseq would pick its alignment generator, which leaves the beam size set (fairseq#3893)
+            raise ConfigError("--print-alignment: not supported by this task (its generator keeps the "
+                              "model's beam state, fairseq's alignment generator does not)")
+        return super().build_generator(
+            models, args, seq_gen_cls=seq_gen_cls or LongInputSequenceGenerator, extra_gen_cls_kwargs=extra,
+            **kwargs,
         )
-        fix_ngram_blocker(generator)
-        # SequenceGenerator.__init__ already called set_beam_size(beam): undo it so training
-        # forwards are unaffected; inference_step turns it on for the duration of a call.
-        for m in models:
-            reset_beam_size(m)
-        # the generator's own beam: SequenceGenerator caps it at the vocabulary size - 1, and a larger
-        # set_beam_size would fold cross-attention keys by a beam that never exists
-        generator._lsg_beam = getattr(generator, "beam_size", getattr(args, "beam", 1))
-        return generator
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
         if prefix_tokens is None and self.prepend_bos:
             # like BART's hub: decoder input starts "</s> <s>", the HF decoder_start + forced bos
             src = sample["net_input"]["src_tokens"]
             prefix_tokens = src.new_full((src.size(0), 1), self.tgt_dict.bos())
-        with beam_size_scope(models, getattr(generator, "_lsg_beam", getattr(generator, "beam_size", 1))):
-            return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+        return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+
+    # ---------------------------------------------------------------- restoring checkpoints
+    # Called by fairseq-train's load_checkpoint (lsg_fairseq.fairseq_fixes.restore_hooks): these
+    # policies hold for this task only, stock tasks keep fairseq's behaviour.
+    def check_restore(self, cfg, trainer):
+        checkpoint_policy.check_restore(cfg, trainer)
+
+    def explain_restore_failure(self, cfg, trainer, error):
+        checkpoint_policy.explain_restore_failure(cfg, trainer, error)
 
     # ---------------------------------------------------------------- ROUGE in validation
     def build_model(self, cfg, from_checkpoint=False):

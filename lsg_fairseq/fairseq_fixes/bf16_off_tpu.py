@@ -2,10 +2,10 @@
 
 fairseq 0.12's ``options.parse_args_and_arch`` sets ``args.tpu = True`` whenever bf16 is on (bf16
 was TPU-only when it was written). The trainer then takes the XLA path and dies calling
-``xm.xla_device()`` with no torch_xla installed, on GPUs and CPUs alike. Upstream's fix is to drop
-that line; we do the same from the plugin by wrapping ``parse_args_and_arch``: when bf16 is on and
-``--tpu`` was not given, ``tpu`` is set back to False. Everything else about bf16 is fairseq's own
-code (the model is cast with ``.to(torch.bfloat16)``, no loss scaling).
+``xm.xla_device()`` with no torch_xla installed, on GPUs and CPUs alike. The fix suggested in the
+issue is to decouple the two flags: the wrapper sets ``tpu`` back to False when bf16 is on and
+``--tpu`` was not given. Everything else about bf16 is fairseq's own code (the model is
+cast with ``.to(torch.bfloat16)``, no loss scaling).
 
 Verified on CPU (tests/test_bf16.py): ``--bf16`` (fp32 master weights, ``FP16Optimizer``) and
 ``--memory-efficient-bf16`` (``MemoryEfficientFP16Optimizer``) both run fairseq's trainer with
@@ -16,7 +16,7 @@ import sys
 
 from fairseq import options
 
-_PATCHED_FLAG = "_lsg_fairseq_bf16"
+from lsg_fairseq.fairseq_fixes._wrap import wrap
 
 
 def _tpu_requested(input_args) -> bool:
@@ -24,7 +24,7 @@ def _tpu_requested(input_args) -> bool:
     return any(a == "--tpu" for a in argv)
 
 
-def _make_parse(original):
+def _bf16_off_tpu(original):
     def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False,
                             modify_parser=None):
         result = original(parser, input_args=input_args, parse_known=parse_known,
@@ -34,14 +34,8 @@ def _make_parse(original):
             args.tpu = False
         return result
 
-    setattr(parse_args_and_arch, _PATCHED_FLAG, original)
     return parse_args_and_arch
 
 
 def install() -> None:
-    """Wrap ``fairseq.options.parse_args_and_arch`` (idempotent)."""
-    if not hasattr(options.parse_args_and_arch, _PATCHED_FLAG):
-        options.parse_args_and_arch = _make_parse(options.parse_args_and_arch)
-
-
-install()
+    wrap(options, "parse_args_and_arch", _bf16_off_tpu)

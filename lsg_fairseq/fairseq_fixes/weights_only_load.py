@@ -1,10 +1,12 @@
-"""Make fairseq checkpoints loadable under torch >= 2.6 without environment variables.
+"""Make fairseq checkpoints loadable under torch >= 2.6 without turning the safety check off
+(fairseq#5603, #5610).
 
 torch 2.6 switched ``torch.load`` to ``weights_only=True``. fairseq's ``load_checkpoint_to_cpu``
 does not pass ``weights_only=False``, so loading any checkpoint whose ``cfg`` holds an
 ``argparse.Namespace`` (every legacy-arch checkpoint, BART included) fails with
-``UnpicklingError: ... GLOBAL argparse.Namespace``. Instead of turning the safety check off we
-allowlist exactly the types fairseq checkpoints contain (fairseq#5603, #5610).
+``UnpicklingError: ... GLOBAL argparse.Namespace``. Instead of ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``
+we allowlist exactly the types fairseq checkpoints contain (torch's own global list, the one
+thing here that is not a fairseq function).
 
 Our own code logs plain Python floats, so numpy scalars never reach a checkpoint; the numpy
 globals are still allowed because checkpoints written by stock fairseq tasks (``--eval-bleu``)
@@ -14,6 +16,8 @@ import argparse
 import collections
 
 import torch
+
+SAFE_GLOBALS = [argparse.Namespace, collections.OrderedDict, collections.defaultdict]
 
 
 def _numpy_globals():
@@ -35,11 +39,8 @@ def _numpy_globals():
     return found
 
 
-SAFE_GLOBALS = [argparse.Namespace, collections.OrderedDict, collections.defaultdict]
-
-
-def register_safe_globals() -> None:
-    """Allowlist what fairseq checkpoints pickle; idempotent."""
+def install() -> None:
+    """Allowlist what fairseq checkpoints pickle (adding a global twice is harmless)."""
     add = getattr(torch.serialization, "add_safe_globals", None)
     if add is None:  # torch < 2.4 has no weights_only default to worry about
         return

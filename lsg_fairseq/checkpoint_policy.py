@@ -1,0 +1,114 @@
+"""What this plugin's tasks demand of the checkpoint ``fairseq-train`` restores (policies, not fixes).
+
+Called through the task hooks of :mod:`lsg_fairseq.fairseq_fixes.restore_hooks`, so they apply to
+``--task long_document_summarization`` / ``gap_sentence_generation`` runs only; a stock fairseq
+task in the same process keeps fairseq's behaviour.
+
+* ``--restore-file some/typo.pt`` that does not exist: fairseq logs "No existing checkpoint found"
+  and trains from scratch, which for a fine-tuning run means days spent on the wrong thing; refused.
+* A checkpoint that does not fit the model: fairseq says "please ensure that the architectures
+  match"; we say which ``--arch`` it was saved with, or how many positions its table holds and
+  how to extend it.
+"""
+import os
+
+import torch
+from fairseq.file_io import PathManager
+
+from lsg_fairseq.checkpoint_io import CheckpointError
+from lsg_text.errors import MissingFileError
+
+
+def restore_path(cfg, trainer) -> str:
+    """The file fairseq's ``load_checkpoint`` reads (same rules as fairseq's, checkpoint_utils.py)."""
+    suffix = trainer.checkpoint_suffix
+    if cfg.restore_file != "checkpoint_last.pt":
+        return cfg.restore_file.replace(".pt", suffix + ".pt") if suffix is not None else cfg.restore_file
+    path = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
+    if not PathManager.exists(path) and cfg.finetune_from_model:
+        path = cfg.finetune_from_model
+    return path
+
+
+def check_restore(cfg, trainer) -> None:
+    """Refuse a non-default ``--restore-file`` that does not exist."""
+    if cfg.restore_file == "checkpoint_last.pt":
+        return  # the default: a first launch has no checkpoint_last.pt, and starts fresh
+    path = restore_path(cfg, trainer)
+    # Only rank 0 reads the file (the others get it by broadcast), so only it checks.
+    if trainer.data_parallel_rank == 0 and not PathManager.isfile(path):
+        raise MissingFileError(
+            f"--restore-file {cfg.restore_file}: no such file ({path}); fairseq would silently "
+            "train from scratch. Give an existing checkpoint, or leave --restore-file out to "
+            "resume from --save-dir/checkpoint_last.pt"
+        )
+
+
+def explain_restore_failure(cfg, trainer, error) -> None:
+    """Raise a :class:`CheckpointError` saying why the checkpoint does not fit, when it does not."""
+    if "Cannot load model parameters from checkpoint" not in str(error):
+        return
+    raise CheckpointError(_explain_mismatch(restore_path(cfg, trainer), trainer, error)) from error
+
+
+def _arch_of(state) -> str:
+    """``model/arch`` as stored in a fairseq checkpoint (legacy Namespace or dict cfg)."""
+    model_cfg = None
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    if cfg is not None:
+        model_cfg = cfg.get("model") if isinstance(cfg, dict) else getattr(cfg, "model", None)
+    if model_cfg is None and isinstance(state, dict):
+        model_cfg = state.get("args")
+    if model_cfg is None:
+        return "unknown"
+    get = model_cfg.get if isinstance(model_cfg, dict) else (lambda k, d=None: getattr(model_cfg, k, d))
+    name, arch = get("_name"), get("arch")
+    return f"{arch}" if not name or name == arch else f"{arch} (model {name})"
+
+
+def _position_rows(state):
+    weights = state.get("model", {}) if isinstance(state, dict) else {}
+    t = weights.get("encoder.embed_positions.weight") if isinstance(weights, dict) else None
+    return None if t is None else int(t.shape[0])
+
+
+def _checkpoint_facts(path):
+    """(arch, encoder position rows) of the checkpoint at ``path``, ("unknown", None) if unreadable.
+
+    Read again on this error path only; memory-mapped, so a large checkpoint costs no copy.
+    """
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True)
+    except Exception:  # noqa: BLE001  (the explanation is a best effort; fairseq's error follows)
+        return "unknown", None
+    return _arch_of(state), _position_rows(state)
+
+
+def _explain_mismatch(path, trainer, error) -> str:
+    theirs, rows = _checkpoint_facts(path)
+    model = trainer.model
+    model_cfg = trainer.cfg.model
+    ours = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None) or type(model).__name__
+    lines = [f"{path}: the checkpoint does not fit the model this run builds (--arch {ours})."]
+    if theirs != "unknown" and theirs.split()[0] != ours:
+        lines.append(
+            f"It was saved by --arch {theirs}: pass that --arch, or start a new run with "
+            "--finetune-from-model only between compatible models (convert across families with "
+            "lsg-fairseq-convert)."
+        )
+    encoder = getattr(model, "encoder", None)
+    positions = getattr(encoder, "embed_positions", None)
+    if rows is not None and positions is not None and getattr(positions, "weight", None) is not None:
+        want = int(positions.weight.shape[0])
+        if want != rows:
+            lines.append(
+                f"Its encoder position table holds {rows - 2} positions but --max-source-positions "
+                f"{want - 2} needs {want} rows: extend it with `lsg-fairseq-convert {path} OUT_DIR "
+                f"--max-source-positions {want - 2}` (tiles the table), or use --max-source-positions "
+                f"{rows - 2}."
+            )
+    cause = error.__cause__ or error.__context__
+    if cause is not None:
+        detail = [line.strip()[:300] for line in str(cause).strip().splitlines()[:2]]
+        lines.append("fairseq: " + " ".join(detail))
+    return "\n".join(lines)

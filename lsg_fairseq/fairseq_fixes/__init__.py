@@ -1,0 +1,32 @@
+"""Every change this plugin makes to fairseq's and torch's own functions, and nothing else.
+
+fairseq 0.12 has bugs (and one missing hook) that a plugin can only address by replacing module
+attributes. Each module here is one replacement: its docstring names the upstream issue and what
+breaks without it, its ``install()`` is idempotent, and the replaced function stays reachable
+(:func:`~lsg_fairseq.fairseq_fixes._wrap.original`) so that a test can show the bug.
+:func:`install` is called once, by ``lsg_fairseq/__init__.py``; no other module of the package
+patches anything.
+
+A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the
+fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, the
+weights-only allowlist. This plugin's policies (refusing a missing ``--restore-file``, explaining a
+checkpoint of another arch) run through task hooks that only its own tasks define
+(:mod:`.restore_hooks`), and one-line errors only concern its own exceptions. ``tests/stock_fairseq``
+checks that fairseq's own scenarios give identical results with and without the plugin.
+"""
+from lsg_fairseq.fairseq_fixes import (
+    atomic_checkpoints,
+    bf16_off_tpu,
+    checkpoint_errors,
+    one_line_errors,
+    restore_hooks,
+    weights_only_load,
+)
+
+FIXES = (weights_only_load, atomic_checkpoints, checkpoint_errors, restore_hooks, bf16_off_tpu, one_line_errors)
+
+
+def install() -> None:
+    """Apply every fix (idempotent: a second call changes nothing)."""
+    for fix in FIXES:
+        fix.install()

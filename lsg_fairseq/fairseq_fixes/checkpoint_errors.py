@@ -1,0 +1,55 @@
+"""Checkpoint load errors that name the file and say what is wrong with it (fairseq#2684).
+
+``checkpoint_utils.load_checkpoint_to_cpu`` passes torch's errors through: a truncated or corrupt
+file gives ``PytorchStreamReader failed reading zip archive: failed finding central directory``
+with no file name (fairseq#2684 is a restart dying on exactly that), an HF ``pytorch_model.bin``
+gives a bare ``KeyError``. Now a damaged file raises
+:class:`~lsg_fairseq.checkpoint_io.CheckpointError` naming it, its size and what to do; a torch
+file that is not a fairseq checkpoint is said to be one; any other error gets the file name as a
+note. A file that loads is returned unchanged.
+"""
+import os
+import zipfile
+
+from fairseq import checkpoint_utils
+
+from lsg_fairseq.checkpoint_io import CheckpointError, is_local
+from lsg_fairseq.fairseq_fixes._wrap import wrap
+
+
+def _first_line(error, limit=None) -> str:
+    return type(error).__name__ + (f": {str(error).splitlines()[0][:limit]}" if str(error) else "")
+
+
+def _checked_load(original):
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        try:
+            return original(path, arg_overrides=arg_overrides, load_on_all_ranks=load_on_all_ranks)
+        except FileNotFoundError:
+            raise
+        except Exception as e:
+            # torch.save has written zip archives since torch 1.6; a truncated one has lost its
+            # central directory, so a file that is not a readable zip and did not load is damaged
+            # (old non-zip checkpoints that load fine never get here).
+            local = is_local(path) and os.path.isfile(path)
+            if local and not zipfile.is_zipfile(path):
+                raise CheckpointError(
+                    f"{path}: truncated or corrupt checkpoint ({os.path.getsize(path)} bytes, not a complete "
+                    f"torch.save archive; torch.load: {_first_line(e)}). If a run was killed while "
+                    "writing it with a fairseq that lacks lsg_fairseq's atomic saves, restart from the "
+                    "previous checkpoint_*.pt with --restore-file"
+                ) from e
+            if local and isinstance(e, (KeyError, TypeError, AttributeError)):
+                # a torch.save archive of something else (an HF pytorch_model.bin, a tensor, ...)
+                raise CheckpointError(
+                    f"{path}: a torch file but not a fairseq checkpoint ({_first_line(e, 200)}); convert HF weights "
+                    "with lsg-fairseq-convert, or point at a checkpoint_*.pt written by fairseq-train"
+                ) from e
+            e.add_note(f"(while loading the checkpoint {path})")
+            raise
+
+    return load_checkpoint_to_cpu
+
+
+def install() -> None:
+    wrap(checkpoint_utils, "load_checkpoint_to_cpu", _checked_load)

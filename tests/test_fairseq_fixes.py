@@ -1,0 +1,106 @@
+"""lsg_fairseq.fairseq_fixes: the only place that patches fairseq/torch, installed once.
+
+Each fix's own tests run the original function (kept by the patch) to show the upstream bug, then
+the installed one: weights-only loading and one-line errors here, atomic checkpoints, load errors
+and restore hooks in test_checkpoint_io.py, bf16 in test_bf16.py.
+"""
+import argparse
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from fairseq import checkpoint_utils, options
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.distributed import utils as distributed_utils
+from fairseq.file_io import PathManager
+
+import lsg_fairseq
+from lsg_fairseq import fairseq_fixes
+from lsg_text.errors import ConfigError
+from lsg_fairseq.fairseq_fixes._wrap import original
+
+PATCHED = [(checkpoint_utils, "torch_persistent_save"), (checkpoint_utils, "load_checkpoint_to_cpu"),
+           (checkpoint_utils, "load_checkpoint"), (PathManager, "copy"), (options, "parse_args_and_arch"),
+           (distributed_utils, "call_main")]
+
+
+def test_install_is_idempotent_and_keeps_the_originals():
+    installed = [getattr(owner, name) for owner, name in PATCHED]
+    assert all(original(owner, name) is not fn for (owner, name), fn in zip(PATCHED, installed))
+    fairseq_fixes.install()
+    assert [getattr(owner, name) for owner, name in PATCHED] == installed  # not wrapped twice
+    assert original(PathManager, "copy").__name__ == "copy"  # a staticmethod stays one, name kept
+
+
+UPSTREAM = ("fairseq", "fairseq_cli", "torch")
+
+
+def _upstream_names(tree):
+    """Names a file binds to fairseq/torch modules or objects (``import torch.nn as nn``, ``from
+    fairseq import checkpoint_utils``, ``from fairseq.models import BARTModel``, ...)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] in UPSTREAM}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UPSTREAM:
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def test_nothing_outside_fairseq_fixes_patches_fairseq_or_torch():
+    """No assignment to (or setattr on) a fairseq/torch module or class anywhere else in the package."""
+    package = os.path.dirname(lsg_fairseq.__file__)
+    offenders = []
+    for folder, _, files in os.walk(package):
+        if os.path.basename(folder) == "fairseq_fixes":
+            continue
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            tree = ast.parse(open(path, encoding="utf-8").read())
+            imported = _upstream_names(tree)
+            for node in ast.walk(tree):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                hit = [t for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+                       and t.value.id in imported]
+                if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args
+                        and isinstance(node.args[0], ast.Name) and node.args[0].id in imported):
+                    hit.append(node)
+                offenders += [f"{os.path.relpath(path, package)}:{h.lineno}" for h in hit]
+    assert offenders == []
+
+
+def test_weights_only_load_needs_the_allowlist(tmp_path):
+    """fairseq#5603/#5610: torch >= 2.6 refuses what every legacy-arch fairseq checkpoint holds."""
+    path = str(tmp_path / "legacy.pt")
+    torch.save({"cfg": {"model": argparse.Namespace(arch="bart_base")}, "model": {}}, path)
+    stock = subprocess.run([sys.executable, "-c", "import sys, torch; torch.load(sys.argv[1])", path],
+                           capture_output=True, text=True, timeout=300)
+    assert stock.returncode != 0 and "argparse.Namespace" in stock.stderr  # torch alone, no plugin
+    assert torch.load(path)["cfg"]["model"].arch == "bart_base"  # weights_only, with the allowlist
+
+
+def test_call_main_prints_our_refusals_as_one_line(tmp_path, capsys, monkeypatch):
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(
+        options.get_training_parser(), [str(tmp_path), "--arch", "transformer", "--cpu"]))
+
+    def main(cfg):
+        raise ConfigError("--block-size must be >= 1, got 0")
+
+    with pytest.raises(ConfigError):  # stock: the refusal escapes as a traceback
+        original(distributed_utils, "call_main")(cfg, main)
+    monkeypatch.setattr(sys, "argv", ["fairseq-train"])
+    with pytest.raises(SystemExit) as e:
+        distributed_utils.call_main(cfg, main)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "fairseq-train: error: --block-size must be >= 1, got 0\n"
+
+    def bug(cfg):
+        raise KeyError("not ours")
+
+    with pytest.raises(KeyError):  # anything else keeps its traceback
+        distributed_utils.call_main(cfg, bug)
