@@ -65,9 +65,6 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-for _path in (REPO, HERE):  # lsg_fairseq, and report.py next to this file
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
 
 # Imported once here; every measurement is a fork of this process. No tensor op may run in the
 # parent before forking (an initialised OpenMP pool does not survive fork).

@@ -118,3 +118,17 @@ def key_path(request, monkeypatch):
     if request.param == "gathered":
         monkeypatch.setattr(window_attention, "supported", lambda *a: False)
     return request.param
+
+
+@pytest.fixture
+def fsynced(monkeypatch):
+    """The base names of the files ``os.fsync`` is called on, in order (fsync still runs)."""
+    names = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        names.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    return names

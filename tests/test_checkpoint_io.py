@@ -252,7 +252,8 @@ def test_missing_restore_file_trains_from_scratch_without_the_hooks(word_data, t
 STOCK_TRANSFORMER = ["--task", "translation", "--source-lang", "source", "--target-lang", "target",
                      "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
                      "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-                     "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+                     "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+                     "--max-source-positions", "8192", "--max-target-positions", "1024"]  # SumPubMed documents
 
 
 def test_stock_task_keeps_fairseq_restore_behaviour(word_data, tmp_path):
@@ -298,21 +299,15 @@ def test_matching_checkpoint_still_restores(data_dir, saved, tmp_path):
     assert torch.equal(trainer.model.encoder.global_embeddings.weight, saved) and saved.abs().sum() > 0
 
 
-def test_fairseq_save_checkpoint_writes_every_file_atomically(word_data, tmp_path, monkeypatch):
+def test_fairseq_save_checkpoint_writes_every_file_atomically(word_data, tmp_path, fsynced):
     """fairseq's own save_checkpoint (first file, then copies to best/last) goes through the patches."""
     save_dir = tmp_path / "ckpt"
     cfg, trainer = build_trainer(str(word_data), save_dir, *LSG_TINY, "--max-source-positions", "64",
                                  "--truncate-target", "--save-interval-updates", "1")
     epoch_itr = trainer.get_train_iterator(epoch=1)
     epoch_itr.next_epoch_itr(shuffle=False)  # as fairseq-train does before its first save
-    synced = []
-    real_fsync = os.fsync
-
-    def spy(fd):
-        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", spy)
+    synced = fsynced  # from here on
+    synced.clear()
     checkpoint_utils.save_checkpoint(cfg.checkpoint, trainer, epoch_itr, val_loss=1.0)
     written = sorted(p.name for p in save_dir.iterdir())
     assert written == ["checkpoint_1_0.pt", "checkpoint_best.pt", "checkpoint_last.pt"]

@@ -47,13 +47,23 @@ def _script_files():
     return sorted(os.listdir(SCRIPTS))
 
 
+def _runnable_files():
+    """scripts/, and the Python of benchmarks/ and examples/ (run as files too)."""
+    paths = [os.path.join(SCRIPTS, name) for name in _script_files()]
+    for top in ("benchmarks", "examples"):
+        for folder, _, files in os.walk(os.path.join(REPO_ROOT, top)):
+            paths += [os.path.join(folder, name) for name in sorted(files) if name.endswith(".py")]
+    return paths
+
+
 def test_no_script_plays_path_games():
-    """No bootstrap module, no sys.path edits, no fake modules planted in sys.modules."""
+    """No bootstrap module, no sys.path edits, no fake modules planted in sys.modules: scripts,
+    benchmarks and examples import the installed packages."""
     path_edit = re.compile(r"sys\.path\s*(\.(insert|append|extend)\b|\[|=|\+=)|sys\.modules\s*\[[^]]*\]\s*=|_bootstrap")
     offenders = []
-    for name in _script_files():
-        with open(os.path.join(SCRIPTS, name), encoding="utf-8", errors="replace") as f:
-            offenders += [f"{name}:{i}: {line.strip()}" for i, line in enumerate(f, 1) if path_edit.search(line)]
+    for path in _runnable_files():
+        with open(path, encoding="utf-8", errors="replace") as f:
+            offenders += [f"{path}:{i}: {line.strip()}" for i, line in enumerate(f, 1) if path_edit.search(line)]
     assert "_bootstrap.py" not in _script_files()
     assert offenders == []
 
@@ -114,15 +124,8 @@ def test_atomic_files_commit_all_or_none(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "sub"]
 
 
-def test_atomic_outputs_are_fsynced_as_temps_then_the_folder(tmp_path, monkeypatch):
-    synced = []
-    real_fsync = os.fsync
-
-    def spy(fd):
-        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", spy)
+def test_atomic_outputs_are_fsynced_as_temps_then_the_folder(tmp_path, fsynced):
+    synced = fsynced
     paths = [str(tmp_path / "train.source"), str(tmp_path / "train.target")]
     with atomic_outputs(paths) as outs:
         for out in outs:

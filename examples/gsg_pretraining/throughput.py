@@ -8,16 +8,13 @@ lengths. One process, no DataLoader workers: fairseq's --num-workers N multiplie
 """
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import numpy as np
+from fairseq.data import Dictionary
 
-import numpy as np  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
-
-from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix  # noqa: E402
-from lsg_text import gsg  # noqa: E402
+from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
+from lsg_text import gsg
 
 
 def main(argv=None):

@@ -6,9 +6,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from lsg_text.generate_output import parse_generate_output  # noqa: E402
-from lsg_text.synthetic import key_hits  # noqa: E402
+from lsg_text.generate_output import parse_generate_output
+from lsg_text.synthetic import key_hits
 
 
 def pct(x):

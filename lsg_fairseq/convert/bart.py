@@ -112,8 +112,8 @@ def order_positions(positions: torch.Tensor, stride: int, generator: torch.Gener
     factor = n // MAX_GLOBAL_TOKENS
     if stride % factor != 0 or MAX_GLOBAL_TOKENS % (stride // factor) != 0:
         raise ConversionError(
-            f"--global-positional-stride {stride} must be a multiple of {factor} (positions/512) "
-            f"and stride/{factor} must divide 512"
+            f"--global-positional-stride {stride} must be a multiple of {factor} (positions/{MAX_GLOBAL_TOKENS}) "
+            f"and stride/{factor} must divide {MAX_GLOBAL_TOKENS}"
         )
     positions = positions.reshape(-1, factor, d)[:, 0]  # (512, d): rows 0, factor, 2*factor...
     m = stride // factor
