@@ -25,7 +25,6 @@ import copy
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 
 from lsg_fairseq.quantize import quantize_int8  # noqa: E402
+from run import cpu_name, load_average  # noqa: E402  (benchmarks/run.py: the same run metadata)
 
 FIXTURES = os.path.join(REPO, "..", "shared", "fixtures")
 ARCHS = {  # name: (fairseq arch, flags), the base shapes of benchmarks/run.py
@@ -84,24 +84,6 @@ def diff_stats(a: torch.Tensor, b: torch.Tensor) -> dict:
 def logit_stats(a: torch.Tensor, b: torch.Tensor) -> dict:
     return dict(diff_stats(a, b), argmax_agree=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
                 positions=int(a.shape[0] * a.shape[1]))
-
-
-def load_average():
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 # ---------------------------------------------------------------------------------- (a) speed
