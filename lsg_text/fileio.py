@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import IO, BinaryIO, Dict, Iterator, List, Sequence, TextIO
+from typing import IO, BinaryIO, Dict, Iterator, List, Optional, Sequence, TextIO
 
 from lsg_text.errors import UserError
 
@@ -335,6 +335,14 @@ def die(message: str, prog: str) -> int:
     """Print ``prog: error: message`` to stderr (argparse's format) and return exit status 2."""
     print(f"{prog}: error: {message}", file=sys.stderr)
     return 2
+
+
+def unpaired_outputs(inputs: Sequence[str], outputs: Sequence[str]) -> Optional[str]:
+    """The refusal of ``--inputs``/``--outputs`` lists of different lengths (None when paired)."""
+    if len(inputs) == len(outputs):
+        return None
+    return (f"--inputs has {len(inputs)} paths but --outputs has {len(outputs)}; "
+            "give one output per input")
 
 
 def progress(iterable, desc: str, total=None, unit: str = "line"):

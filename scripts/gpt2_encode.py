@@ -23,7 +23,7 @@ import sys
 from multiprocessing import Pool
 
 from lsg_text.argtypes import POSITIVE_INT
-from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress
+from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress, unpaired_outputs
 from lsg_text.offline_bpe import check_gpt2_files, gpt2_encode_line, require_local_file
 
 PROG = "gpt2_encode.py"
@@ -84,11 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if len(args.inputs) != len(args.outputs):
-        return die(
-            f"--inputs has {len(args.inputs)} paths but --outputs has {len(args.outputs)}; give one output per input",
-            PROG,
-        )
+    unpaired = unpaired_outputs(args.inputs, args.outputs)
+    if unpaired:
+        return die(unpaired, PROG)
     if args.workers < 1:
         return die(f"--workers must be >= 1, got {args.workers}", PROG)
     if args.inputs.count("-") > 1:

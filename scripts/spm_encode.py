@@ -15,7 +15,7 @@ import os
 import sys
 
 from lsg_text.argtypes import POSITIVE_INT
-from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress
+from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress, unpaired_outputs
 from lsg_text.offline_bpe import load_sentencepiece, require_local_file
 
 PROG = "spm_encode.py"
@@ -48,11 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if len(args.inputs) != len(args.outputs):
-        return die(
-            f"--inputs has {len(args.inputs)} paths but --outputs has {len(args.outputs)}; give one output per input",
-            PROG,
-        )
+    unpaired = unpaired_outputs(args.inputs, args.outputs)
+    if unpaired:
+        return die(unpaired, PROG)
     try:
         sp = load_sentencepiece(args.model, "--model", check_specials=not args.allow_foreign_model)
         for path in args.inputs:

@@ -148,3 +148,15 @@ def test_stale_temps_of_the_same_path_only_are_removed(tmp_path):
     with atomic_outputs([str(tmp_path / "out.txt")]) as (out,):
         out.write("done\n")
     assert sorted(os.listdir(tmp_path)) == [other.name, "out.txt"]
+
+
+@pytest.mark.parametrize("script", ["spm_encode.py", "gpt2_encode.py"])
+def test_encoders_refuse_unpaired_inputs_and_outputs(tmp_path, script):
+    src = tmp_path / "a.txt"
+    src.write_text("x\n")
+    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--inputs", str(src), str(src),
+                        "--outputs", str(tmp_path / "a.out")] + (["--model", "m"] if script == "spm_encode.py" else ["--encoder-json", "e", "--vocab-bpe", "v"]),
+                       capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().endswith("--inputs has 2 paths but --outputs has 1; give one output per input")
+    assert os.listdir(tmp_path) == ["a.txt"]  # nothing written
