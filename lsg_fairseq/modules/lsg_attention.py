@@ -68,7 +68,6 @@ SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "lsh", "b
 MAX_GLOBAL_TOKENS = 512
 
 
-
 def normalize_sparsity_type(sparsity_type) -> str:
     """Map the reference's spellings (None, "None") to "none"; other values pass unchanged."""
     if sparsity_type is None or str(sparsity_type).lower() == "none":
