@@ -11,8 +11,9 @@ import math
 
 SPARSITY_TYPES = ("norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling", "none")
 INT8_ARCHS = ("lsg_norm_int8", "led_int8")
+HF_ARCHS = ("hf_bart", "hf_led")  # the peers: transformers' own encoders (run.py --arch names them)
 ALL_ARCHS = ("bart",) + tuple(f"lsg_{t}" for t in SPARSITY_TYPES) + (
-    "linear", "led", "locost", "locost_cold", "locost_ckpt") + INT8_ARCHS
+    "linear", "led", "locost", "locost_cold", "locost_ckpt") + INT8_ARCHS + HF_ARCHS
 MODES = ("enc", "train", "gen")
 # What each arch is expected to do as the length grows (for the growth check).
 EXPECTED_GROWTH = {"bart": "-> 2 (attention L^2 dominates at long L)", "linear": "1",

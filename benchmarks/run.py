@@ -1,7 +1,9 @@
 """Long-input benchmark suite: full-attention BART vs LSG-BART vs LED vs LOCOST, base size.
 
-For every (length, mode, arch) one fresh process (forked from this one, so imports are paid once)
-builds the model with random weights and measures, at batch 1:
+For every (length, mode, arch) one fresh process builds the model with random weights and measures,
+at batch 1 (on CPU the process is forked from this one, so imports are paid once; with ``--device
+cuda`` it is spawned, since CUDA cannot be used in a child forked from a process that touched it,
+and this process never touches CUDA: the device is described by a spawned probe):
 
 - ``enc``:   encoder forward, no grad (eval mode);
 - ``train``: forward + backward of the whole model, teacher-forced ``--target-len``-token target,
@@ -36,6 +38,14 @@ Architectures (``--arch``):
 - ``lsg_norm_int8``, ``led_int8``: ``lsg_norm`` / ``led`` after ``lsg_fairseq.quantize.quantize_int8``
   (dynamic int8 linear layers; ``enc`` only, CPU fp32). In the default arch list only where
   ``lsg_fairseq.quantize`` exists.
+- ``hf_bart``, ``hf_led``: the peers, HF transformers' own ``BartForConditionalGeneration`` (SDPA
+  attention) and ``LEDForConditionalGeneration`` (window ``--attention-window``, first token
+  global) of the same sizes, random weights built from a config (nothing downloaded); ``enc`` and
+  ``train`` only, where ``transformers`` is installed (``--arch`` names them; not in the default list).
+
+``--layer-path cpu|whole`` forces the implementation of the layers that have two
+(``lsg_fairseq.modules.paths``; default ``auto``: whole tensors on GPU, the CPU paths on CPU), e.g.
+to time the whole-tensor paths on a CPU.
 
 Every time cell shows the ratio to ``bart`` and to ``linear`` at the same length and mode, every
 memory cell the same ratios of the peak above the weights, then the absolute peak. The report
@@ -49,6 +59,8 @@ Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target che
     python benchmarks/run.py --arch locost --modes enc --lengths 65536 262144 --warmup 0 --append
     python benchmarks/run.py --append --arch lsg_norm_int8 led_int8 --modes enc   # int8 rows only
     python benchmarks/run.py --smoke --out /tmp/bench          # tiny models, one length (CI)
+    python benchmarks/run.py --device cuda --dtype bf16 --tag cuda --max-full-length 65536 --warmup 2 \
+        --repeat 5 --lengths 4096 16384 65536 --arch bart linear lsg_norm led locost locost_cold hf_bart hf_led
 """
 import argparse
 import datetime
@@ -79,7 +91,8 @@ from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
-from report import ALL_ARCHS, INT8_ARCHS, MODES, slope  # noqa: E402,F401  (slope: tests use run.slope)
+from lsg_fairseq.modules.paths import PATHS, forced_path  # noqa: E402
+from report import ALL_ARCHS, HF_ARCHS, INT8_ARCHS, MODES, slope  # noqa: E402,F401  (slope: tests use run.slope)
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
@@ -94,8 +107,8 @@ def quantize_available() -> bool:
 
 
 def default_archs():
-    """Every arch; the int8 ones only where ``lsg_fairseq.quantize`` exists."""
-    return [a for a in ALL_ARCHS if a not in INT8_ARCHS or quantize_available()]
+    """Every arch but the HF peers; the int8 ones only where ``lsg_fairseq.quantize`` exists."""
+    return [a for a in ALL_ARCHS if a not in HF_ARCHS and (a not in INT8_ARCHS or quantize_available())]
 
 
 def parse_args(argv=None):
@@ -127,6 +140,11 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a measurement is killed")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each measurement")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--layer-path", default="auto", choices=PATHS,
+                   help="force the CPU or the whole-tensor path of the layers that have both "
+                        "(default auto: whole tensors on GPU)")
+    p.add_argument("--start-method", default="auto", choices=["auto", "fork", "spawn"],
+                   help="how measurement processes start (auto: fork on CPU, spawn with --device cuda)")
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--sparse-block-size", type=int, default=128)
     p.add_argument("--sparsity-factor", type=int, default=4)
@@ -221,7 +239,29 @@ class ProjectionsOnly(nn.Module):
         return a.out_proj(a.v_proj(query)), None
 
 
+def build_hf_model(arch: str, length: int, args):
+    """HF transformers' own BART (SDPA) or LED of bart_base's sizes (tiny ones with --smoke)."""
+    import transformers  # imported here: run.py must import (and run every other arch) without it
+
+    sizes = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+                 decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, vocab_size=50265)
+    if args.smoke:
+        sizes.update(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100)
+    if arch == "hf_bart":
+        config = transformers.BartConfig(max_position_embeddings=max(length, 1024), **sizes)
+        model = transformers.BartForConditionalGeneration._from_config(config, attn_implementation="sdpa")
+    else:
+        config = transformers.LEDConfig(max_encoder_position_embeddings=max(length, 16384),
+                                        max_decoder_position_embeddings=1024,
+                                        attention_window=args.attention_window, **sizes)
+        model = transformers.LEDForConditionalGeneration(config)
+    return model, make_dictionary(sizes["vocab_size"])
+
+
 def build_model(arch: str, length: int, args):
+    if arch in HF_ARCHS:
+        return build_hf_model(arch, length, args)
     fairseq_arch, *flags = model_argv(arch, length, args)
     vocab = 100 if args.smoke else (32128 if arch.startswith("locost") else 50265)
     dictionary = make_dictionary(vocab)
@@ -283,6 +323,8 @@ def make_step(model, dictionary, mode, length, args, device):
     src[0, -1] = dictionary.eos()
     src = src.to(device)
     lengths = torch.tensor([length], device=device)
+    if not hasattr(model, "encoder"):  # an HF model (hf_bart, hf_led)
+        return make_hf_step(model, dictionary, mode, src, args, g)
     if mode == "enc":
         model.eval()
 
@@ -314,6 +356,34 @@ def make_step(model, dictionary, mode, length, args, device):
             return hyps[0][0]["tokens"].numel() - 1  # new tokens of the best hypothesis (eos dropped)
         return step
     raise ValueError(mode)
+
+
+def make_hf_step(model, dictionary, mode, src, args, g):
+    """``make_step`` for an HF model: the same input, LED with the first token global."""
+    kwargs = {"input_ids": src, "attention_mask": torch.ones_like(src)}
+    if "LED" in type(model).__name__:
+        glob = torch.zeros_like(src)
+        glob[:, 0] = 1
+        kwargs["global_attention_mask"] = glob
+    if mode == "enc":
+        model.eval()
+
+        def step():
+            with torch.no_grad():
+                return model.get_encoder()(**kwargs).last_hidden_state
+        return step
+    if mode == "train":
+        model.train()
+        tgt = torch.randint(dictionary.nspecial, len(dictionary), (1, args.target_len), generator=g).to(src.device)
+
+        def step():
+            logits = model(**kwargs, decoder_input_ids=tgt).logits
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.view(-1))
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            return loss
+        return step
+    raise ValueError(f"{mode}: the HF archs run enc and train only")
 
 
 def ssm_breakdown(model, step, device) -> dict:
@@ -387,6 +457,15 @@ def measure(arch, mode, length, args) -> dict:
     model, dictionary = build_model(arch, length, args)
     model.to(device=device, dtype=dtype)
     params = sum(p.numel() for p in model.parameters())
+    with forced_path(model, args.layer_path):
+        rec = measure_model(model, dictionary, arch, mode, length, args, device)
+    rec["params"] = params
+    if device.type == "cuda":
+        rec["device_name"] = torch.cuda.get_device_name(device)
+    return rec
+
+
+def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
     step = make_step(model, dictionary, mode, length, args, device)
     base = reset_peak(device)
     for _ in range(args.warmup):
@@ -402,7 +481,7 @@ def measure(arch, mode, length, args) -> dict:
             break
     peak = read_peak(device)
     rec = {"times_s": times, "median_s": statistics.median(times), "peak_mb": peak,
-           "base_mb": base, "activations_mb": peak - base, "params": params}
+           "base_mb": base, "activations_mb": peak - base}
     if mode == "gen":
         rec["new_tokens"] = out
         rec["new_tokens_per_s"] = out / rec["median_s"]
@@ -416,9 +495,11 @@ def measure(arch, mode, length, args) -> dict:
 def profile_table(step, arch, mode, length, args) -> str:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    with profile(activities=activities) as prof:
         step()
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    sort = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=25)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"profile_{arch}_{mode}_{length}.txt")
     with open(path, "w") as f:
@@ -441,7 +522,7 @@ def run_one(arch, mode, length, args) -> dict:
     base = {"arch": arch, "mode": mode, "length": length, "device": args.device}
     if arch == "bart" and length > args.max_full_length:
         return dict(base, status=f"skipped: full attention beyond --max-full-length {args.max_full_length}")
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(start_method(args))
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, arch, mode, length, args))
     proc.start()
@@ -463,10 +544,44 @@ def run_one(arch, mode, length, args) -> dict:
     return dict(base, **rec)
 
 
+def start_method(args) -> str:
+    """fork on CPU (imports paid once), spawn with CUDA (a forked child cannot use it)."""
+    if args.start_method != "auto":
+        return args.start_method
+    return "spawn" if args.device == "cuda" else "fork"
+
+
+def _probe(conn, device):
+    import torch  # noqa: F811  (the spawned child's own)
+
+    info = {"available": device == "cpu" or torch.cuda.is_available(), "torch": torch.__version__,
+            "cuda": torch.version.cuda}
+    if device == "cuda" and info["available"]:
+        info["name"] = torch.cuda.get_device_name()
+    conn.send(info)
+    conn.close()
+
+
+def probe_device(args) -> dict:
+    """What the device is, asked of a child process (this one must not initialise CUDA)."""
+    if args.device == "cpu":
+        return {"available": True, "name": "cpu", "torch": torch.__version__, "cuda": None}
+    ctx = mp.get_context(start_method(args))
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_probe, args=(send, args.device))
+    proc.start()
+    send.close()
+    info = recv.recv() if recv.poll(args.timeout) else {"available": False}
+    proc.join()
+    return info
+
+
 def modes_of(arch, length, args):
     """The modes ``arch`` runs at ``length`` (``linear`` runs all three: it is a reference in every table)."""
     if arch in ("locost_cold",) + INT8_ARCHS:
         return {"enc"}
+    if arch in HF_ARCHS:
+        return {"enc", "train"}
     if arch == "locost_ckpt":
         return {"train"}
     if arch.startswith("lsg_") and arch != args.main_lsg:
@@ -494,8 +609,6 @@ def cpu_name():
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda: no CUDA device visible to torch")
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, args.tag)
     records, meta_runs = [], []
@@ -507,12 +620,17 @@ def main(argv=None):
         write_outputs(records, meta_runs, args, stem, plots=not args.no_plots)
         print(f"wrote {stem}.md" + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png"))
         return
+    device = probe_device(args)
+    if not device["available"]:
+        sys.exit(f"--device {args.device}: no such device visible to torch")
     run_meta = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "argv": sys.argv[1:] if argv is None else argv, "load_average_start": load_average(),
-                "device": args.device if args.device == "cpu" else torch.cuda.get_device_name(),
-                "cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
-                "dtype": args.dtype, "config": {k: v for k, v in vars(args).items() if k not in ("out",)}}
-    print(f"# {run_meta['started']} {run_meta['device']} ({run_meta['cpu']}), torch {torch.__version__}, "
+                "device": device["name"], "cuda": device["cuda"],
+                "cpu": cpu_name(), "threads": args.threads, "torch": device["torch"],
+                "dtype": args.dtype, "layer_path": args.layer_path,
+                "config": {k: v for k, v in vars(args).items() if k not in ("out",)}}
+    cuda = f"CUDA {run_meta['cuda']}, " if run_meta["cuda"] else ""
+    print(f"# {run_meta['started']} {run_meta['device']} ({run_meta['cpu']}), torch {run_meta['torch']}, {cuda}"
           f"{args.threads} threads, load average {run_meta['load_average_start']}", flush=True)
     start = time.time()
     for length in args.lengths:

@@ -108,15 +108,15 @@ def toy_batch(n=2, L=45, lengths=(45, 30), seed=1):
     return src, torch.tensor(lengths), prev
 
 
-@pytest.fixture(params=["windows", "gathered"])
-def key_path(request, monkeypatch):
-    """Run a test on both key paths of the LSG and Longformer attentions: strided windows (the
-    CPU fast path, ``ops.window_attention``) and gathered keys (GPU, attention dropout), by
-    switching what ``window_attention.supported`` answers."""
-    from lsg_fairseq.ops import window_attention
+@pytest.fixture(params=["cpu", "whole"])
+def layer_path(request, monkeypatch):
+    """Run a test on both paths of every layer that has two (``lsg_fairseq.modules.paths``): the CPU
+    fast paths (strided key windows of the LSG and Longformer attentions, S4D's decay groups and
+    channel chunks) and the whole-tensor paths a GPU runs (gathered keys, one batched FFT), forced
+    on CPU for every instance by the class default."""
+    from lsg_fairseq.modules.paths import PathChoice
 
-    if request.param == "gathered":
-        monkeypatch.setattr(window_attention, "supported", lambda *a: False)
+    monkeypatch.setattr(PathChoice, "path", request.param)
     return request.param
 
 

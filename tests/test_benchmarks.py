@@ -245,3 +245,84 @@ def test_plot_script_writes_a_png(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert is_png(out)
     assert "48 local" in proc.stdout and "1 global" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------- GPU plumbing
+CUDA_CALLS = ("_lazy_init", "init", "is_available", "device_count", "get_device_name", "current_device",
+              "synchronize", "set_device")
+
+
+@pytest.fixture
+def run_module(monkeypatch):
+    module = load("benchmarks/run.py", "run")
+    monkeypatch.setitem(sys.modules, "run", module)  # a spawned child finds its functions by name
+    return module
+
+
+@pytest.fixture
+def cuda_booby_trapped(monkeypatch):
+    """Every way this process could initialise CUDA raises (spawned children import torch afresh)."""
+    def touched(*a, **kw):
+        raise AssertionError("the benchmark's parent process called CUDA")
+
+    for name in CUDA_CALLS:
+        monkeypatch.setattr(torch.cuda, name, touched)
+
+
+def test_cuda_measurements_are_spawned_not_forked(run_module):
+    args = run_module.parse_args(["--device", "cuda"])
+    assert run_module.start_method(args) == "spawn"
+    assert run_module.start_method(run_module.parse_args([])) == "fork"
+    assert run_module.start_method(run_module.parse_args(["--device", "cuda", "--start-method", "fork"])) == "fork"
+
+
+def test_parent_never_initialises_cuda(run_module, cuda_booby_trapped, monkeypatch, tmp_path):
+    """The whole parent side of a --device cuda run (probe, loop, reports) with CUDA booby-trapped:
+    forking a CUDA child from a parent that initialised CUDA fails ('Cannot re-initialize CUDA in
+    forked subprocess'), which is how every row of the first GPU run died."""
+    seen = []
+
+    def fake_run_one(arch, mode, length, args):
+        seen.append(run_module.start_method(args))
+        return {"arch": arch, "mode": mode, "length": length, "device": "cuda", "status": "ok",
+                "times_s": [0.1], "median_s": 0.1, "peak_mb": 10.0, "base_mb": 1.0, "activations_mb": 9.0,
+                "params": 1}
+
+    monkeypatch.setattr(run_module, "probe_device",
+                        lambda args: {"available": True, "name": "Fake GPU", "torch": "x", "cuda": "13.0"})
+    monkeypatch.setattr(run_module, "run_one", fake_run_one)
+    run_module.main(["--device", "cuda", "--arch", "bart", "linear", "--modes", "enc", "--lengths", "1024",
+                     "--out", str(tmp_path), "--tag", "t", "--no-plots"])
+    assert seen == ["spawn", "spawn"]
+    with open(tmp_path / "t.json") as f:
+        assert json.load(f)["runs"][-1]["device"] == "Fake GPU"
+
+
+def test_device_probe_runs_in_a_spawned_child(run_module, cuda_booby_trapped, tmp_path):
+    """The real probe (no GPU here): the child finds no CUDA device, the parent exits with one line."""
+    with pytest.raises(SystemExit, match="--device cuda: no such device"):
+        run_module.main(["--device", "cuda", "--arch", "bart", "--out", str(tmp_path), "--no-plots"])
+
+
+def test_spawned_whole_tensor_and_hf_rows(tmp_path):
+    """Measurements in spawned children (as on a GPU), the layers' whole-tensor paths forced on CPU,
+    and the HF peers' rows (transformers' own BART with SDPA and LED)."""
+    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "benchmarks", "run.py"), "--smoke",
+                           "--arch", "lsg_norm", "led", "locost", "hf_bart", "hf_led", "--modes", "enc",
+                           "--start-method", "spawn", "--layer-path", "whole", "--out", str(tmp_path),
+                           "--tag", "spawned", "--no-plots"],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "spawned.json") as f:
+        result = json.load(f)
+    records = {r["arch"]: r for r in result["records"]}
+    assert set(records) == {"lsg_norm", "led", "locost", "hf_bart", "hf_led"}
+    assert all(r["status"] == "ok" and r["median_s"] > 0 for r in records.values()), records
+    assert result["runs"][-1]["layer_path"] == "whole"
+
+
+@pytest.mark.parametrize("arch", ["hf_bart", "hf_led", "locost"])
+def test_train_rows_of_the_peers_and_of_the_whole_tensor_path(run_module, arch):
+    args = run_module.parse_args(["--smoke", "--arch", arch, "--layer-path", "whole"])
+    rec = run_module.measure(arch, "train", 256, args)
+    assert rec["median_s"] > 0 and rec["params"] > 0

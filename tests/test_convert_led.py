@@ -62,7 +62,7 @@ def max_diff(enc, logits, expected, S, G, lengths):
 
 
 @pytest.mark.parametrize("S", ["short", "mid", "long"])
-def test_fixture_conformance(converted, S):
+def test_fixture_conformance(converted, S, layer_path):
     expected = np.load(os.path.join(LED, "led_w32", "outputs.npz"))
     first, _ = load(converted)  # default --global-attention first
     none, _ = load(converted, global_attention="none")

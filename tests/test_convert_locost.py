@@ -111,7 +111,7 @@ def _run(converted, io, rows, start_with_eos=False):
 
 
 @pytest.mark.parametrize("start_with_eos", [False, True])
-def test_encoder_and_logits_match_reference(converted, io, start_with_eos):
+def test_encoder_and_logits_match_reference(converted, io, start_with_eos, layer_path):
     enc, logits, mask = _run(converted, io, [0, 1], start_with_eos)
     ref_enc = io["encoder_last_hidden_state"]
     diff_enc = np.abs(enc - ref_enc[:, : enc.shape[1]])[mask].max()

@@ -52,7 +52,7 @@ def run(model, S):
 
 
 @pytest.mark.parametrize("name", FOLDERS)
-def test_fixture_conformance(converted, name):
+def test_fixture_conformance(converted, name, layer_path):
     model, _ = load(converted[name])
     expected = np.load(os.path.join(FIXTURES, name, "outputs.npz"))
     G = getattr(model.encoder, "num_global_tokens", 0)

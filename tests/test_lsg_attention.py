@@ -103,7 +103,7 @@ def run_both(attn, T, n, lengths=None, seed=1, gen_seed=None):
 @pytest.mark.parametrize("stype", TYPES)
 @pytest.mark.parametrize("G", [1, 4])
 @pytest.mark.parametrize("L,lengths", [(29, None), (32, None), (29, [29, 17]), (24, [11, 24])])
-def test_matches_dense_reference(stype, G, L, lengths, key_path):
+def test_matches_dense_reference(stype, G, L, lengths, layer_path):
     attn = make(stype, G=G, bs=4, sbs=4, sf=2)
     n = 2
     fast, slow, mask = run_both(attn, G + L, n, lengths, gen_seed=7 if stype == "lsh" else None)
@@ -114,7 +114,7 @@ def test_matches_dense_reference(stype, G, L, lengths, key_path):
 @pytest.mark.parametrize("bs,sbs,sf", [(4, 2, 2), (4, 3, 4), (6, 3, 2), (6, 2, 3), (8, 6, 4),
                                        (2, 2, 1), (4, 1, 4), (6, 5, 3)])
 @pytest.mark.parametrize("stype", ["pooling", "stride", "block_stride", "bos_pooling"])
-def test_odd_and_unaligned_windows(bs, sbs, sf, stype, key_path):
+def test_odd_and_unaligned_windows(bs, sbs, sf, stype, layer_path):
     # includes odd steps, step == 1 and 4*sbs <= 3*step: where the reference's arithmetic breaks
     attn = make(stype, G=2, bs=bs, sbs=sbs, sf=sf, h=4)
     L = 7 * bs + 1
@@ -124,7 +124,7 @@ def test_odd_and_unaligned_windows(bs, sbs, sf, stype, key_path):
 
 
 @pytest.mark.parametrize("bs,sbs,sf", [(8, 4, 2), (8, 8, 4), (4, 8, 1), (8, 4, 4), (8, 10, 2), (8, 9, 4)])
-def test_norm_chunking(bs, sbs, sf, key_path):
+def test_norm_chunking(bs, sbs, sf, layer_path):
     attn = make("norm", G=1, bs=bs, sbs=sbs, sf=sf)
     L = 6 * bs - 3
     fast, slow, mask = run_both(attn, 1 + L, 2, [L, L - 9])
@@ -214,9 +214,10 @@ def test_batch_invariance_and_no_mask():
 
 
 @pytest.mark.parametrize("stype", TYPES)
-def test_window_path_gradients_equal_gathered_path(stype, monkeypatch):
-    # training without attention dropout takes the window path; its custom backward must give
-    # the gradients autograd gives through the gathered path (float64, padding, 2 rows)
+def test_window_path_gradients_equal_gathered_path(stype):
+    # training without attention dropout takes the window path on CPU; its custom backward must
+    # give the gradients autograd gives through the gathered (whole-tensor) path (float64,
+    # padding, 2 rows)
     attn = make(stype, G=2, bs=4, sbs=4, sf=2).double().train()
     attn.generator = torch.Generator().manual_seed(3) if stype == "lsh" else None
     x = torch.randn(2 + 27, 2, 16, dtype=torch.float64)
@@ -224,8 +225,8 @@ def test_window_path_gradients_equal_gathered_path(stype, monkeypatch):
     mask[1, 21:] = True
     assert _SUPPORTED(x, attn.dropout)  # CPU, no dropout: the window path runs
     grads = {}
-    for path in ("windows", "gathered"):
-        monkeypatch.setattr(window_attention, "supported", _SUPPORTED if path == "windows" else lambda *a: False)
+    for path in ("cpu", "whole"):
+        attn.path = path
         if stype == "lsh":
             attn.generator = torch.Generator().manual_seed(3)
         xi = x.clone().requires_grad_(True)
@@ -235,7 +236,7 @@ def test_window_path_gradients_equal_gathered_path(stype, monkeypatch):
         attn.zero_grad()
         loss.backward()
         grads[path] = [xi.grad] + [p.grad.clone() for p in attn.parameters()]
-    for a, b in zip(grads["windows"], grads["gathered"]):
+    for a, b in zip(grads["cpu"], grads["whole"]):
         assert torch.allclose(a, b, atol=1e-10), (a - b).abs().max()
 
 

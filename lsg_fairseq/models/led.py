@@ -34,6 +34,7 @@ from lsg_fairseq.models.custom_encoder import (
     tiny_bart_architecture,
 )
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
+from lsg_fairseq.ops.blocks import compact_indices
 from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -129,18 +130,35 @@ class LEDEncoder(LongInputEncoder):
 
     def prepare(self, src_tokens, pad, x, global_attention_mask=None):
         """``global_attention_mask`` (B x T bool, True = global), an input of ``forward``, overrides
-        ``--global-attention``/``--global-token-ids`` for the call; the layers get it as a keyword."""
+        ``--global-attention``/``--global-token-ids`` for the call. The layers get the global
+        positions once for all as ``global_index`` (``ops.blocks.compact_indices``' form)."""
+        if global_attention_mask is not None and global_attention_mask.shape != src_tokens.shape:
+            raise ValueError(
+                f"global_attention_mask has shape {tuple(global_attention_mask.shape)}, "
+                f"src_tokens {tuple(src_tokens.shape)}"
+            )
+        x, layer_mask, _ = super().prepare(src_tokens, pad, x)
+        return x, layer_mask, {"global_index": self.global_index(src_tokens, pad, global_attention_mask)}
+
+    def global_index(self, src_tokens, pad, global_attention_mask=None):
+        """(idx, valid) (B, Gm): the global positions of every row (None: no global token).
+
+        The default (``--global-attention first``, no ``--global-token-ids``, no explicit mask) is
+        one global per row, the first real token, found on the device. Any other selection has a
+        number of globals per row that the host must read (``compact_indices``): one
+        synchronisation per forward instead of one per layer."""
+        if global_attention_mask is None and not self.global_token_ids.numel():
+            if self.global_attention == "none":
+                return None
+            first = (~pad).to(torch.uint8).argmax(dim=1, keepdim=True)  # (B, 1)
+            return first, (~pad).any(dim=1, keepdim=True)
         if global_attention_mask is None:
             glob = self.default_global_attention_mask(src_tokens)
+            if glob is None:
+                return None
         else:
-            if global_attention_mask.shape != src_tokens.shape:
-                raise ValueError(
-                    f"global_attention_mask has shape {tuple(global_attention_mask.shape)}, "
-                    f"src_tokens {tuple(src_tokens.shape)}"
-                )
             glob = global_attention_mask.to(pad.device).bool() & ~pad
-        x, layer_mask, _ = super().prepare(src_tokens, pad, x)
-        return x, layer_mask, {"global_attention_mask": glob}
+        return compact_indices(glob)
 
 
 @register_model("led")

@@ -11,11 +11,17 @@ import torch
 import torch.nn as nn
 
 from lsg_fairseq.modules.lean_ffn import LeanDropout
+from lsg_fairseq.modules.paths import PathChoice
 from lsg_fairseq.modules.s4d import S4D
 from lsg_fairseq.modules.t5_layers import IncrementalState, T5Attention, T5DenseGatedGelu, T5LayerNorm
 
 
-class T5LayerFF(nn.Module):
+# Rows per FFN chunk on the whole-tensor path (GPU): few launches even at 600K tokens, and the
+# (rows, d_ff) intermediates stay a few hundred MiB.
+WHOLE_FFN_ROWS = 1 << 16
+
+
+class T5LayerFF(PathChoice, nn.Module):
     """x + dropout(FFN(RMSNorm(x)))."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float, eps: float):
@@ -30,7 +36,8 @@ class T5LayerFF(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, _ = x.shape
-        step = max(1, self.max_positions_per_chunk // B)
+        rows = WHOLE_FFN_ROWS if self.whole_tensors(x) else self.max_positions_per_chunk
+        step = max(1, rows // B)
         if torch.is_grad_enabled() or L <= step:
             return x + self.dropout(self.DenseReluDense(self.layer_norm(x)))
         out = torch.empty_like(x)  # (B L C)

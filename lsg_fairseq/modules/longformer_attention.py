@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lsg_fairseq.modules.padded_projection import padded_projection
+from lsg_fairseq.modules.paths import PathChoice
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
     KEY_ALIGN,
@@ -87,12 +88,26 @@ def parse_attention_windows(value: Union[int, str, Sequence[int]], num_layers: i
     return [check_attention_window(w, name) for w in windows]
 
 
-class LongformerSelfAttention(nn.Module):
+def global_positions_mask(g_idx: Tensor, g_valid: Tensor, length: int) -> Tensor:
+    """(n, length) bool, True at the valid global positions of ``compact_indices``' (idx, valid)
+    (n, Gm); filler entries are scattered into a scratch column, so no position is written twice."""
+    n = g_idx.size(0)
+    at = torch.where(g_valid, g_idx, torch.full_like(g_idx, length))  # (n, Gm)
+    return torch.zeros(n, length + 1, dtype=torch.bool, device=g_idx.device).scatter_(1, at, True)[:, :length]
+
+
+class LongformerSelfAttention(PathChoice, nn.Module):
     """Drop-in encoder self-attention for fairseq (``MultiheadAttention``'s call signature).
 
     ``forward(query=x, key=x, value=x, key_padding_mask=m, global_attention_mask=g)`` with x
     (T, n, C), m (n, T) bool True = pad (or None), g (n, T) bool True = global (or None: no
-    global token). Returns ``(out (T, n, C), None)``.
+    global token). Returns ``(out (T, n, C), None)``. Instead of g, ``global_index=(idx, valid)``
+    (n, Gm) gives the global positions directly (``ops.blocks.compact_indices``' form; what the
+    LED encoder passes): a mask's positions must be read on the host, which a GPU pays as a
+    synchronisation in every layer.
+
+    Two key paths (``lsg_fairseq.modules.paths``): strided windows on CPU (``_local_windows``), and
+    on whole tensors (GPU, attention dropout; ``_local``): one gather and one SDPA for all blocks.
 
     ``block_size`` (default w) only trades speed for memory: results do not depend on it.
     ``fold_global`` (class default True) lets few global rows skip the global key/value
@@ -165,6 +180,7 @@ class LongformerSelfAttention(nn.Module):
         need_weights: bool = False,
         attn_mask: Optional[Tensor] = None,
         global_attention_mask: Optional[Tensor] = None,
+        global_index: Optional[Tuple[Tensor, Tensor]] = None,
         **unused,
     ) -> Tuple[Tensor, None]:
         if attn_mask is not None:
@@ -179,15 +195,17 @@ class LongformerSelfAttention(nn.Module):
         real = torch.ones(n, T, dtype=torch.bool, device=query.device)
         if key_padding_mask is not None:
             real = ~key_padding_mask.bool()  # (n, T)
+        if global_index is None and global_attention_mask is not None:
+            global_index = compact_indices(global_attention_mask.bool() & real)  # a flag on a pad is ignored
+        g_idx, g_valid = global_index if global_index is not None else (None, None)
         glob = None
-        if global_attention_mask is not None:
-            glob = global_attention_mask.bool() & real  # a global flag on a pad is ignored
-            if not bool(glob.any()):
-                glob = None
+        if g_idx is not None and g_idx.size(1) == 0:
+            g_idx = g_valid = None  # no global token in the batch
+        elif g_idx is not None:
+            glob = global_positions_mask(g_idx, g_valid, T)  # (n, T)
 
         x = query.transpose(0, 1)  # (n, T, C)
-        if wa.supported(x, self.dropout if self.training else 0.0):
-            g_idx, g_valid = compact_indices(glob) if glob is not None else (None, None)
+        if not self.whole_tensors(x) and wa.supported(x, self.dropout if self.training else 0.0):
             out = self._local_windows(x, real, glob, g_idx, g_valid)  # (n, T, C)
             if glob is not None:
                 out = self._global_rows(x, out, real, g_idx, g_valid)
@@ -201,11 +219,6 @@ class LongformerSelfAttention(nn.Module):
         q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
         k = self.k_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
         v = self.v_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
-
-        if glob is not None:
-            g_idx, g_valid = compact_indices(glob)  # (n, Gm) positions of the globals, per row
-        else:
-            g_idx = g_valid = None
         out = self._local(q, k, v, real, glob, g_idx, g_valid, bs, r)  # (n, t, C)
         if glob is not None:
             out = self._global_rows(x, out, real, g_idx, g_valid)
@@ -341,9 +354,12 @@ class LongformerSelfAttention(nn.Module):
                 qg.transpose(1, 2), kg, vg, attn_mask=mask, dropout_p=dropout, scale=1.0
             ).transpose(1, 2)  # (n, Gm, h, d)
         og = og.reshape(n * Gm, C)  # (n*Gm, C)
-        # overwrite the (discarded) local result of every real global position
+        # overwrite the (discarded) local result of every real global position; the filler entries
+        # of rows with fewer globals go to scratch rows after the output (one each: no index is
+        # written twice), so nothing depends on reading g_valid on the host
         rows = (g_idx + torch.arange(n, device=x.device)[:, None] * t).reshape(-1)  # (n*Gm,)
-        keep = g_valid.reshape(-1)  # (n*Gm,)
-        # out of place: ``out`` may be a view of the SDPA output, which autograd still needs
-        out = out.reshape(n * t, C).index_copy(0, rows[keep], og[keep])  # (n*t, C)
-        return out.view(n, t, C)  # (n, t, C)
+        scratch = n * t + torch.arange(n * Gm, device=x.device)  # (n*Gm,)
+        rows = torch.where(g_valid.reshape(-1), rows, scratch)
+        # a fresh buffer (``out`` may be a view of the SDPA output, which autograd still needs)
+        out = torch.cat([out.reshape(n * t, C), og.new_zeros(n * Gm, C)]).index_copy_(0, rows, og)
+        return out[:n * t].view(n, t, C)  # (n, t, C)

@@ -31,8 +31,9 @@ ever built. Two key paths compute the same softmax over the same keys:
   strided views (``ops.window_attention``: fused flash kernel, no per-block copy kept for
   backward; without autograd each chunk of blocks' keys is copied into a small reused buffer
   and attended in one call);
-- elsewhere (GPU, attention dropout; ``_lsg_gathered``): per-block key sets gathered with one
-  ``index_select`` and ``F.scaled_dot_product_attention``.
+- the whole-tensor path (GPU, ``lsg_fairseq.modules.paths``) and attention dropout
+  (``_lsg_gathered``): per-block key sets gathered with one ``index_select`` and one
+  ``F.scaled_dot_product_attention`` for every block, with no host-device synchronisation.
 
 The sparse sequences (Step A) are the pure functions of ``ops.sparse``.
 
@@ -52,6 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lsg_fairseq.modules.padded_projection import padded_projection
+from lsg_fairseq.modules.paths import PathChoice
 from lsg_fairseq.ops import sparse
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
@@ -131,7 +133,7 @@ def check_lsg_config(
         raise ValueError(f"{n['lsh_num_pre_rounds']} must be >= 0, got {lsh_num_pre_rounds}")
 
 
-class LSGSelfAttention(nn.Module):
+class LSGSelfAttention(PathChoice, nn.Module):
     """Drop-in encoder self-attention for fairseq (``MultiheadAttention``'s call signature).
 
     ``forward(query=x, key=x, value=x, key_padding_mask=m)`` with x of shape (T, B, C) where the
@@ -236,7 +238,7 @@ class LSGSelfAttention(nn.Module):
             key_mask = torch.zeros(pad_mask.shape, dtype=q.dtype, device=q.device)
             key_mask.masked_fill_(pad_mask.bool(), torch.finfo(q.dtype).min)  # (n, S) additive
 
-        if L > 2 * bs and wa.supported(q, self.dropout if self.training else 0.0):
+        if L > 2 * bs and not self.whole_tensors(q) and wa.supported(q, self.dropout if self.training else 0.0):
             out = self._lsg_windows(x, q, key_mask)  # (n, S, C)
         else:
             k = self.k_proj(x).view(n, S, h, d)

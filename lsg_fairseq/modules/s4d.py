@@ -41,6 +41,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from lsg_fairseq.modules import s4d_inference
+from lsg_fairseq.modules.paths import PathChoice
 from lsg_fairseq.ops.ssm import (
     FFTConv,
     channel_groups,
@@ -48,6 +49,7 @@ from lsg_fairseq.ops.ssm import (
     decay_lengths,
     grouped_kernel,
     next_fast_len,
+    vandermonde_blocked,
     vandermonde_naive,
 )
 
@@ -63,6 +65,12 @@ KERNEL_CACHE_MB = 30.0
 # Kernel entries after every mode's term has decayed below this are exact zeros instead of computed
 # (``--ssm-kernel-tail-tol``; their sum stays below M * tol, under float32 rounding of O(1) kernels).
 KERNEL_TAIL_TOL = 1e-10
+# The whole-tensor path (GPU, ``lsg_fairseq.modules.paths``) bounds its temporaries in float32
+# elements, so that lengths up to ~64K run as a fixed handful of launches per layer and 600K tokens
+# still fit a GPU's memory: the blocked Vandermonde product's temporaries per chunk of channels ...
+WHOLE_KERNEL_ELEMS = 1 << 29
+# ... and each (B, channels, F) FFT buffer of the no-grad convolution.
+WHOLE_FFT_ELEMS = 1 << 27
 
 
 class S4DKernel(nn.Module):
@@ -132,7 +140,7 @@ class S4DKernel(nn.Module):
         c_prime = c * (b * (torch.exp(dt_a) - 1) / a)  # (2 H M): ZOH
         return c_prime, dt_a
 
-    def forward(self, length: int, channels: slice = slice(None)) -> torch.Tensor:
+    def forward(self, length: int, channels: slice = slice(None), whole: bool = False) -> torch.Tensor:
         """Kernels for length L: (2, H, L) float32, [0] = causal Kf, [1] = anti-causal Kb.
 
         Entries of channel h beyond its decay length ``n_h`` (``ops.ssm.decay_lengths``) are exactly zero instead of
@@ -141,21 +149,35 @@ class S4DKernel(nn.Module):
         groups of similar ``n_h`` (see :func:`channel_groups`), so the cost is about
         ``O(M sum_h n_h)`` instead of ``O(H M L)``: with the S4D-Lin init (dt log-uniform in
         [1e-3, 1e-1]) that is 2.3x less at 16K and ~25x less at 256K.
+
+        ``whole``: every channel to length L in one blocked product (chunked only beyond
+        ``WHOLE_KERNEL_ELEMS``): no decay lengths, whose grouping needs the host to read them (the
+        GPU path). Equal to the grouped kernels up to the decayed tail.
         """
         c_prime, dt_a = self.discretize(channels)
-        lengths = decay_lengths(c_prime, dt_a, length, self.tail_tol)  # (h) ints <= L
-        groups = channel_groups(lengths)
+        if whole:
+            groups = None
+            fn = _whole_kernel
+        else:
+            lengths = decay_lengths(c_prime, dt_a, length, self.tail_tol)  # (h) ints <= L
+            groups = channel_groups(lengths)
+            fn = grouped_kernel
         if self.recompute and torch.is_grad_enabled() and (c_prime.requires_grad or dt_a.requires_grad):
             # The blocked product's temporaries (H*M*(A + 2S) floats, ~0.6 GiB per base layer at
             # any L) would all be kept for backward; they depend only on the parameters, so they
             # are recomputed in backward instead and only C', dtA and the kernel are kept.
-            return checkpoint(grouped_kernel, c_prime, dt_a, groups, length, use_reentrant=False)  # (2 h L)
-        return grouped_kernel(c_prime, dt_a, groups, length)  # (2 h L)
+            return checkpoint(fn, c_prime, dt_a, groups, length, use_reentrant=False)  # (2 h L)
+        return fn(c_prime, dt_a, groups, length)  # (2 h L)
 
     def reference(self, length: int) -> torch.Tensor:
         """The same kernels, one complex exp per entry (slow; for tests)."""
         c_prime, dt_a = self.discretize()
         return vandermonde_naive(c_prime, dt_a, length)
+
+
+def _whole_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int) -> torch.Tensor:
+    """``grouped_kernel``'s signature for the ungrouped kernel (``groups`` unused)."""
+    return vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems=WHOLE_KERNEL_ELEMS)  # (2 h L)
 
 
 def _resident_buffer(numel: int, device: torch.device) -> torch.Tensor:
@@ -171,11 +193,15 @@ def _resident_buffer(numel: int, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(mmap.mmap(-1, numel * 4), dtype=torch.float32)
 
 
-class S4D(nn.Module):
+class S4D(PathChoice, nn.Module):
     """LOCOST's gated bidirectional SSM block: ``output_linear(((K * k) + D k) q)``.
 
     ``k = k_proj(u)`` (the SSM input, zeroed at padding), ``q = q_proj(u)`` (a purely linear gate).
     No activation, dropout or normalisation inside (spec section 1).
+
+    Two paths (``lsg_fairseq.modules.paths``): on CPU, decay groups and channel chunks
+    (``s4d_inference`` without autograd); on a GPU, :meth:`_whole_forward`: one kernel product and
+    one batched FFT over every channel.
 
     Kernel cache: in eval mode without autograd, the kernels (time domain, truncated per channel
     group at the decay length) depend only on the SSM parameters, so the last set made is kept, as
@@ -214,6 +240,8 @@ class S4D(nn.Module):
         # (length L', [(channel idx, n, kernels (2, g, n))]): the time-domain kernels made for L'
         self._cache = None
         self._cache_signature = None
+        # (length L', kernels (2, H, L')): the whole-tensor path's cache, same budget and invalidation
+        self._whole_cache = None
 
     # ---------------------------------------------------------------- kernels (+ cache)
     def _signature(self):
@@ -223,6 +251,7 @@ class S4D(nn.Module):
     def clear_kernel_cache(self):
         self._cache = None
         self._cache_signature = None
+        self._whole_cache = None
 
     def train(self, mode: bool = True):
         self.clear_kernel_cache()
@@ -238,9 +267,10 @@ class S4D(nn.Module):
 
     def cached_kernel_bytes(self) -> int:
         """Bytes held by the kernel cache (0 when empty)."""
+        total = 0 if self._whole_cache is None else self._whole_cache[1].numel() * 4
         if self._cache is None:
-            return 0
-        return sum(k.numel() * k.element_size() for _, _, k in self._cache[1] if k is not None)
+            return total
+        return total + sum(k.numel() * k.element_size() for _, _, k in self._cache[1] if k is not None)
 
     def kernel_groups(self, length: int):
         """The kernels for inputs of length L, by channel group: a list of ``(idx, n, k)`` with ``idx``
@@ -290,12 +320,32 @@ class S4D(nn.Module):
             if m < len(idx):
                 entries.append((idx[m:], n, None))
         self._cache = (length, entries)
+        self._whole_cache = None  # one cache at a time (a layer runs one path)
         return entries
+
+    def whole_kernels(self, length: int) -> Optional[torch.Tensor]:
+        """The whole-tensor path's cached kernels (2, H, L' >= L), made now if they fit in
+        ``kernel_cache_mb`` (eval mode without autograd); None: generate them per call."""
+        if not self._cache_enabled():
+            return None
+        sig = self._signature()
+        if sig != self._cache_signature:
+            self.clear_kernel_cache()
+            self._cache_signature = sig
+        if self._whole_cache is not None and self._whole_cache[0] >= length:
+            return self._whole_cache[1]
+        if 2 * self.H * length * 4 > self.kernel_cache_mb * 2 ** 20:
+            return None
+        self._cache = None  # one cache at a time (a layer runs one path)
+        self._whole_cache = (length, self.kernel(length, whole=True))
+        return self._whole_cache[1]
 
     # ---------------------------------------------------------------- layer
     def forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """u: (B, L, H); padding_mask: (B, L) bool, True at padding (or None) -> (B, L, H)."""
         L = u.shape[1]
+        if self.whole_tensors(u):
+            return self._whole_forward(u, padding_mask)
         if not torch.is_grad_enabled():
             return s4d_inference.forward(self, u, padding_mask)
         k = self.k_proj(u)  # (B L H)
@@ -308,6 +358,41 @@ class S4D(nn.Module):
         kc = self._circular(self.kernel(L), slice(None), fft_size)  # (H F)
         y = FFTConv.apply(k.float(), kc, fft_size).to(u.dtype)  # (B L H)
         return self.output_linear(y * q)
+
+    def _whole_forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """The layer on whole tensors (the GPU path): the same function as :meth:`forward`'s.
+
+        k and q come from two full projections, the kernels of every channel from one blocked
+        product (:meth:`S4DKernel.forward` with ``whole``), the convolution is one batched FFT in
+        float32 whatever the activation dtype (cuFFT's half precision needs power-of-two sizes, and
+        the kernels' decays need float32 anyway). Without autograd the channels go in chunks of at
+        most ``WHOLE_FFT_ELEMS`` per FFT buffer: one chunk up to ~64K tokens at base size.
+        """
+        B, L, H = u.shape
+        fft_size = next_fast_len(2 * L)
+        k = self.k_proj(u)  # (B L H)
+        if padding_mask is not None:
+            k = k.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # k_proj has a bias: keep it out of the conv
+        q = self.q_proj(u)  # (B L H): the gate
+        if torch.is_grad_enabled():
+            kc = self._circular(self.kernel(L, whole=True), slice(None), fft_size)  # (H F)
+            y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H)
+        else:
+            cached = self.whole_kernels(L)  # (2 H L') or None
+            chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
+            y = None if chunk == H else torch.empty(B, H, L, dtype=torch.float32, device=u.device)  # (B H L)
+            for c0 in range(0, H, chunk):
+                ch = slice(c0, min(H, c0 + chunk))
+                kern = self.kernel(L, ch, whole=True) if cached is None else cached[:, ch, :L]  # (2 c L)
+                kh = torch.fft.rfft(self._circular(kern, ch, fft_size))  # (c F/2+1)
+                xh = torch.fft.rfft(k[..., ch].float().transpose(1, 2), n=fft_size)  # (B c F/2+1)
+                yc = torch.fft.irfft(xh * kh, n=fft_size)[..., :L]  # (B c L)
+                if y is None:
+                    y = yc
+                else:
+                    y[:, ch] = yc
+            y = y.transpose(1, 2)  # (B L H)
+        return self.output_linear(y.to(u.dtype) * q)
 
     def _circular(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """The circular bidirectional kernel (h, F) of kernels (2, h, L) with the D skip folded into

@@ -1,0 +1,333 @@
+"""The whole-tensor paths (what a GPU runs; ``lsg_fairseq.modules.paths``), forced on CPU.
+
+- values and gradients against the slow references (S4D here; LSG/LED through the ``layer_path``
+  fixture of their dense-reference tests, and every conformance fixture on both paths);
+- launches: the aten ops one layer issues (torch's dispatch mode) do not grow with the length and
+  stay under a bound (the CPU paths issue thousands: they cut the work into cache-sized pieces);
+- no host-device synchronisation: each path runs forward and backward on ``meta`` tensors, which
+  have no data, so any ``.item()``, ``.tolist()``, ``.cpu()``, ``bool(tensor)`` or data-dependent
+  shape (``nonzero``, boolean indexing) raises there.
+"""
+import collections
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from conftest import build_task_and_model, toy_batch, write_toy_dict
+from lsg_fairseq.modules import s4d as s4d_module
+from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
+from lsg_fairseq.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
+from lsg_fairseq.modules.paths import PathChoice, forced_path
+from lsg_fairseq.modules.s4d import S4D
+from test_s4d import _direct_conv, _perturbed_layer, _recurrent
+
+# ------------------------------------------------------------------------------ S4D values and gradients
+
+
+def _whole(layer):
+    layer.path = "whole"
+    return layer
+
+
+@pytest.mark.parametrize("length", [1, 5, 16, 37, 100])
+def test_s4d_whole_path_equals_direct_conv_and_recurrence(length):
+    layer = _whole(_perturbed_layer(H=8, N=8)).eval()
+    u = torch.randn(2, length, 8)
+    mask = torch.zeros(2, length, dtype=torch.bool)
+    mask[1, (length + 1) // 2:] = True
+    with torch.no_grad():
+        fast = layer(u, mask)
+        direct = _direct_conv(layer, u, mask)
+        rec = _recurrent(layer, u, mask)
+    keep = ~mask[..., None]
+    assert torch.allclose(fast * keep, direct * keep, atol=2e-5), (fast - direct).abs().max()
+    assert torch.allclose(fast * keep, rec * keep, atol=2e-5), (fast - rec).abs().max()
+
+
+def test_s4d_whole_path_equals_cpu_path_cached_cold_and_in_chunks(monkeypatch):
+    layer = _perturbed_layer(H=8, N=8).eval()
+    u = torch.randn(2, 60, 8)
+    mask = torch.zeros(2, 60, dtype=torch.bool)
+    mask[1, 41:] = True
+    with torch.no_grad():
+        cpu = layer(u, mask)
+        _whole(layer)
+        cached = layer(u, mask)
+        assert layer._whole_cache is not None and layer.cached_kernel_bytes() == 2 * 8 * 60 * 4
+        shorter = layer(u[:, :33], mask[:, :33])  # one cached set serves every shorter input
+        layer.kernel_cache_mb = 0
+        layer.clear_kernel_cache()
+        cold = layer(u, mask)
+        assert layer.cached_kernel_bytes() == 0
+        monkeypatch.setattr(s4d_module, "WHOLE_FFT_ELEMS", 2 * 120 * 3)  # 3 channels per FFT chunk
+        monkeypatch.setattr(s4d_module, "WHOLE_KERNEL_ELEMS", 1)  # one channel per kernel product
+        chunked = layer(u, mask)
+    keep = ~mask[..., None]
+    for other in (cached, cold, chunked):
+        assert torch.allclose(cpu * keep, other * keep, atol=1e-5), (cpu - other).abs().max()
+    with torch.no_grad():
+        layer.path = "cpu"
+        assert torch.allclose(shorter, layer(u[:, :33], mask[:, :33]), atol=1e-5)
+
+
+def test_whole_kernels_equal_the_naive_formula(monkeypatch):
+    kernel = _perturbed_layer(H=6, N=8).kernel
+    for elems in (s4d_module.WHOLE_KERNEL_ELEMS, 1):  # one product, then one channel at a time
+        monkeypatch.setattr(s4d_module, "WHOLE_KERNEL_ELEMS", elems)
+        with torch.no_grad():
+            whole = kernel(50, whole=True)
+        assert torch.allclose(whole, kernel.reference(50), atol=1e-5), (whole - kernel.reference(50)).abs().max()
+
+
+@pytest.mark.parametrize("length", [1, 9, 37])
+def test_s4d_whole_training_gradients_equal_direct_conv(length):
+    layer = _whole(_perturbed_layer(H=6, N=8)).train()
+    u = torch.randn(2, length, 6, requires_grad=True)
+    mask = torch.zeros(2, length, dtype=torch.bool)
+    mask[1, (length + 1) // 2:] = True
+    w = torch.randn(2, length, 6)
+    grads = []
+    for fn in (lambda: layer(u, mask), lambda: _direct_conv(layer, u, mask)):
+        layer.zero_grad()
+        u.grad = None
+        out = fn()
+        (out * w).sum().backward()
+        grads.append([out.detach()] + [p.grad.clone() for p in layer.parameters()] + [u.grad.clone()])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+
+
+# ------------------------------------------------------------------------------ whole models, both paths
+TINY = {
+    "lsg_bart_tiny": ["--block-size", "8", "--sparse-block-size", "8", "--sparsity-factor", "2",
+                      "--sparsity-type", "norm", "--num-global-tokens", "2"],
+    "led_tiny": ["--attention-window", "8", "--global-token-ids", "7"],
+    "locost_tiny": [],
+}
+
+
+@pytest.mark.parametrize("arch", sorted(TINY))
+def test_models_give_the_same_outputs_and_gradients_on_both_paths(arch, tmp_path):
+    """Encoder output, logits and every parameter's gradient of a tiny model, CPU paths vs the
+    whole-tensor ones (padding in the batch; LED with a global token id, i.e. the synchronising
+    global selection, and LSG with sparse tokens)."""
+    data = write_toy_dict(tmp_path)
+    task, model = build_task_and_model([data, "--task", "long_document_summarization", "--arch", arch,
+                                        "--max-source-positions", "64", "--dropout", "0"] + TINY[arch])
+    src, lengths, prev = toy_batch(L=45, lengths=(45, 30))
+    results = {}
+    for path in ("cpu", "whole"):
+        with forced_path(model, path):
+            model.eval()
+            with torch.no_grad():
+                out = model.encoder(src, src_lengths=lengths)
+            pad = out["encoder_padding_mask"][0].t()[..., None] if out["encoder_padding_mask"] else None
+            enc = out["encoder_out"][0] if pad is None else out["encoder_out"][0].masked_fill(pad, 0)
+            model.train()
+            model.zero_grad()
+            logits = model(src, lengths, prev)[0]
+            logits.float().logsumexp(-1).sum().backward()
+            results[path] = [enc, logits.detach()] + [p.grad.clone() for p in model.parameters()
+                                                      if p.grad is not None]
+    assert len(results["cpu"]) == len(results["whole"]) > 10
+    for a, b in zip(results["cpu"], results["whole"]):  # (encoder outputs at padding are unspecified)
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+    assert all(m.__dict__.get("path") is None for m in model.modules() if isinstance(m, PathChoice))
+
+
+def test_forced_path_restores_what_was_set():
+    model = nn.Sequential(S4D(4, 4), S4D(4, 4))
+    model[1].path = "cpu"
+    with forced_path(model, "whole"):
+        assert [m.path for m in model] == ["whole", "whole"]
+    assert model[0].path == "auto" and model[1].path == "cpu"
+    with pytest.raises(ValueError, match="path must be one of"):
+        with forced_path(model, "gpu"):
+            pass
+
+
+# ------------------------------------------------------------------------------ launches
+# Ops that only make a view (no kernel runs for them); the rest are counted as launches.
+VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze", "squeeze",
+         "slice", "select", "alias", "as_strided", "detach", "split", "narrow", "view_as_real",
+         "view_as_complex", "unbind", "_reshape_alias"}
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def launches(self):
+        return sum(n for name, n in self.ops.items() if name not in VIEWS)
+
+
+def _launches(run, layer, length, device, grad):
+    """Ops (non-view) of one call of ``layer`` on a ``length``-token input, forward (+ backward)."""
+    layer.train(grad)
+    torch.manual_seed(0)
+    x = run.make_input(length, device)
+    with OpCounter() as counter, torch.set_grad_enabled(grad):
+        out = run.call(layer, x)
+        if grad:
+            out.float().sum().backward()
+    return counter.launches
+
+
+class S4DRun:
+    """A locost_base SSM layer (H 768, N 512). Counted on ``meta`` tensors: the same dispatcher ops
+    as on CPU (FFTs and GEMMs are leaf ops on every device; checked at 1K below) without generating
+    ~2 GiB of base-size kernel temporaries on a CI machine."""
+
+    device = "meta"
+    # forward: projections (3 GEMMs), discretisation and one blocked Vandermonde product (~40),
+    # the circular kernel and 3 FFTs (~15), gate; backward about as many again (kernel recomputed)
+    bound = {False: 90, True: 300}
+
+    @staticmethod
+    def make(device):
+        return _whole(S4D(768, 512)).to(device)
+
+    @staticmethod
+    def make_input(length, device):
+        return torch.randn(1, length, 768, device=device, requires_grad=True)
+
+    @staticmethod
+    def call(layer, x):
+        return layer(x, torch.zeros(x.shape[:2], dtype=torch.bool, device=x.device))
+
+
+class LSGRun:
+    """An lsg_bart_base attention layer (block 128, sparse block 128, factor 4, norm, 1 global)."""
+
+    device = "cpu"
+    # projections (4 GEMMs), the norm selection and its gather (~15), global rows' attention, the
+    # block gathers and one SDPA, masks (~20); backward about twice that
+    bound = {False: 80, True: 240}
+
+    @staticmethod
+    def make(device):
+        return _whole(LSGSelfAttention(64, 4, block_size=128, sparse_block_size=128, sparsity_factor=4,
+                                       sparsity_type="norm")).to(device)
+
+    @staticmethod
+    def make_input(length, device):
+        return torch.randn(length + 1, 1, 64, device=device, requires_grad=True)
+
+    @staticmethod
+    def call(layer, x):
+        return layer(x, key_padding_mask=torch.zeros(x.shape[1], x.shape[0], dtype=torch.bool))[0]
+
+
+class LEDRun:
+    """An led_base attention layer (window 1,024, first token global, as the LED encoder passes it)."""
+
+    device = "cpu"
+    # projections (7 GEMMs), band and global masks (~25), one gather and one SDPA for the local
+    # rows, the global rows' softmax and their write-back; backward about twice that
+    bound = {False: 90, True: 260}
+
+    @staticmethod
+    def make(device):
+        return _whole(LongformerSelfAttention(64, 4, 1024)).to(device)
+
+    @staticmethod
+    def make_input(length, device):
+        return torch.randn(length, 1, 64, device=device, requires_grad=True)
+
+    @staticmethod
+    def call(layer, x):
+        first = (torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool))
+        return layer(x, key_padding_mask=torch.zeros(1, x.shape[0], dtype=torch.bool), global_index=first)[0]
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "fwd_bwd"])
+@pytest.mark.parametrize("run", [S4DRun, LSGRun, LEDRun], ids=["s4d", "lsg", "led"])
+def test_launches_do_not_grow_with_length(run, grad):
+    """Attention layers are counted at width 64: no op of theirs depends on the width, only on the
+    block structure, which is the base models' (block 128 / window 1,024) at 4K and 16K tokens."""
+    counts = [_launches(run, run.make(run.device), length, run.device, grad) for length in (4096, 16384)]
+    assert counts[1] <= counts[0], f"launches grow with the length: {counts}"
+    assert counts[0] <= run.bound[grad], f"{counts[0]} launches > bound {run.bound[grad]}"
+
+
+def test_meta_counts_equal_cpu_counts_for_s4d():
+    """The S4D count above runs on meta tensors: the same ops as on CPU (here at 1K tokens)."""
+    for grad in (False, True):
+        counts = [_launches(S4DRun, S4DRun.make(device), 1024, device, grad) for device in ("cpu", "meta")]
+        assert counts[0] == counts[1], counts
+
+
+def test_cpu_paths_launch_many_more_ops():
+    """What the whole-tensor paths are for: the CPU path of the same S4D layer at 4K issues
+    thousands of ops (decay groups x channel chunks x tiles)."""
+    layer = S4D(768, 512)
+    layer.path = "cpu"
+    cpu = _launches(S4DRun, layer, 4096, "cpu", grad=False)
+    assert cpu > 20 * S4DRun.bound[False], cpu
+
+
+# ------------------------------------------------------------------------------ no host-device sync
+def _runs_on_meta(layer, x, **kwargs):
+    out = layer(x, **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    out.float().sum().backward()
+    return out
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_s4d_whole_path_never_reads_device_values(training):
+    layer = _whole(S4D(64, 16)).to("meta").train(training)
+    x = torch.randn(2, 300, 64, device="meta", requires_grad=True)
+    with torch.set_grad_enabled(True):
+        _runs_on_meta(layer, x, padding_mask=torch.zeros(2, 300, dtype=torch.bool, device="meta"))
+    layer.eval()
+    with torch.no_grad():  # the no-grad convolution and the kernel cache
+        assert layer(x, torch.zeros(2, 300, dtype=torch.bool, device="meta")).shape == (2, 300, 64)
+
+
+@pytest.mark.parametrize("stype", SPARSITY_TYPES)
+def test_lsg_whole_path_never_reads_device_values(stype):
+    layer = _whole(LSGSelfAttention(64, 4, num_global_tokens=2, block_size=16, sparse_block_size=16,
+                                    sparsity_factor=4, sparsity_type=stype)).to("meta").train()
+    x = torch.randn(2 + 200, 2, 64, device="meta", requires_grad=True)
+    _runs_on_meta(layer, x, key_padding_mask=torch.zeros(2, 202, dtype=torch.bool, device="meta"))
+
+
+@pytest.mark.parametrize("globals_per_row", [0, 1, 3])
+def test_led_whole_path_never_reads_device_values(globals_per_row):
+    layer = _whole(LongformerSelfAttention(64, 4, 32)).to("meta").train()
+    x = torch.randn(300, 2, 64, device="meta", requires_grad=True)
+    index = None
+    if globals_per_row:
+        index = (torch.zeros(2, globals_per_row, dtype=torch.long, device="meta"),
+                 torch.ones(2, globals_per_row, dtype=torch.bool, device="meta"))
+    _runs_on_meta(layer, x, key_padding_mask=torch.zeros(2, 300, dtype=torch.bool, device="meta"),
+                  global_index=index)
+
+
+def test_led_encoder_finds_the_first_token_on_the_device(tmp_path):
+    """The LED encoder's default global selection (first real token) reads nothing on the host."""
+    data = write_toy_dict(tmp_path)
+    _, model = build_task_and_model([data, "--task", "long_document_summarization", "--arch", "led_tiny",
+                                     "--max-source-positions", "64", "--attention-window", "8"])
+    src = torch.full((2, 40), 5, dtype=torch.long, device="meta")
+    pad = torch.zeros(2, 40, dtype=torch.bool, device="meta")
+    idx, valid = model.encoder.global_index(src, pad)
+    assert idx.shape == valid.shape == (2, 1)
+
+
+def test_meta_tensors_catch_every_kind_of_sync():
+    """What the tests above rely on: each way of reading a device value fails on meta."""
+    x = torch.randn(4, device="meta")
+    for read in (lambda: x.sum().item(), lambda: bool(x.any()), lambda: x.tolist(), lambda: x.cpu(),
+                 lambda: x[x > 0], lambda: int(x.max())):
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            read()
