@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job end to end, on CPU. `make demo` runs it after setting up .venv.
+# The main job end to end. `make demo` runs it after setting up .venv.
 #
-#   bash scripts/demo.sh                                  # long-range synthetic set (default, ~8 min)
+#   bash scripts/demo.sh                                  # long-range synthetic set (default, ~8 min on CPU)
 #   DATA=../shared/data/sumpubmed bash scripts/demo.sh    # any dir with {train,valid,test}.jsonl
+#   DEVICE=cuda PRECISION=bf16 bash scripts/demo.sh       # on a GPU (default DEVICE=auto: the GPU when
+#                                                         # torch sees one); PRECISION fp32|bf16|fp16
 #
 # Default: does a long-input model read past token 1,024? examples/long_context/run.sh with two of
 # its rows, LSG-BART (tiny) at 4,096 tokens and plain BART truncated to 1,024, trained the same way
@@ -26,12 +28,16 @@ BEAM=${BEAM:-4}
 THREADS=${THREADS:-$(nproc)}
 export OMP_NUM_THREADS=$THREADS
 USER_DIR="$PWD/lsg_fairseq"
+prog=demo.sh
+# shellcheck source=scripts/device_flags.sh
+source scripts/device_flags.sh  # DEVICE, PRECISION -> TRAIN_DEVICE_FLAGS, GENERATE_DEVICE_FLAGS
+export DEVICE PRECISION  # run.sh (the default job) reads them too
 start=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 
 mkdir -p "$OUT"
 if [ -z "$DATA" ]; then
-    step "long-range synthetic set: LSG-BART at 4,096 vs BART truncated to 1,024 (log: $OUT/run.log)"
+    step "long-range synthetic set: LSG-BART at 4,096 vs BART truncated to 1,024 ($DEVICE, $PRECISION; log: $OUT/run.log)"
     ARCHS="bart_1024 lsg_norm" EXTRAPOLATION=0 OUT="$OUT" REPORT_DIR="$OUT/report" \
         N_SHORT=${N_SHORT:-3000} N_LONG=${N_LONG:-1000} N_TEST=${N_TEST:-40} \
         bash examples/long_context/run.sh > "$OUT/run.log"
@@ -66,7 +72,7 @@ fairseq-train "$OUT/bin" --user-dir "$USER_DIR" \
     --eval-rouge-args "{\"beam\": 1, \"max_len_b\": $MAX_LEN_B}" \
     --best-checkpoint-metric rougeL --maximize-best-checkpoint-metric \
     --save-dir "$OUT/checkpoints" --tensorboard-logdir "$OUT/tensorboard" \
-    --cpu --num-workers 0 --log-format simple --log-interval 25 --seed 1 2>&1 \
+    "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --log-format simple --log-interval 25 --seed 1 2>&1 \
     | grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " \
     | tee "$OUT/train.log"
 
@@ -76,7 +82,7 @@ fairseq-generate "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summariz
     --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --truncate-target \
     --beam "$BEAM" --lenpen 1.0 --max-len-b "$MAX_LEN_B" --no-repeat-ngram-size 0 \
     --bpe sentencepiece --sentencepiece-model "$OUT/spm/spm.model" \
-    --batch-size 4 --cpu > "$OUT/generate.out" 2> "$OUT/generate.err"
+    --batch-size 4 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate.out" 2> "$OUT/generate.err"
 
 step "6/6 ROUGE"
 python scripts/generate_to_rouge.py --generate-output "$OUT/generate.out" --ref-file "$OUT/raw/test.target" \

@@ -6,8 +6,8 @@
 #   ARCH=locost_tiny FT_DATA=../shared/data/sumpubmed bash examples/gsg_pretraining/run.sh
 #
 # Knobs (environment): OUT (work dir), ARCH, VOCAB, CHUNK_WORDS (words per pseudo-document),
-# MAX_SRC / MAX_TGT (positions), GSG_UPDATES, FT_UPDATES, MAX_TOKENS, FT_DATA, THREADS, CPU (1: add
-# --cpu, the default; 0: let fairseq use the GPU).
+# MAX_SRC / MAX_TGT (positions), GSG_UPDATES, FT_UPDATES, MAX_TOKENS, FT_DATA, THREADS, DEVICE
+# (auto|cpu|cuda, default auto) and PRECISION (fp32|bf16|fp16), see scripts/device_flags.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/${VENV:-.venv}/bin:$PATH"
@@ -58,9 +58,9 @@ bash scripts/preprocess.sh --trainpref "$OUT/ft-bpe/train" --validpref "$OUT/ft-
     --destdir "$OUT/ft-bin" --dict "$OUT/spm/dict.txt" >/dev/null
 cp "$OUT/spm/spm.model" "$OUT/ft-bin/spm.model"
 
-DEVICE=()
-if [ "${CPU:-1}" = 1 ]; then DEVICE=(--cpu); fi
-COMMON=(--user-dir "$USER_DIR" --arch "$ARCH" "${DEVICE[@]}" --num-workers 0 --seed 1
+# shellcheck source=scripts/device_flags.sh
+source scripts/device_flags.sh  # DEVICE, PRECISION -> TRAIN_DEVICE_FLAGS, GENERATE_DEVICE_FLAGS
+COMMON=(--user-dir "$USER_DIR" --arch "$ARCH" "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --seed 1
         --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --max-tokens "$MAX_TOKENS"
         --criterion label_smoothed_cross_entropy --label-smoothing 0.1
         --optimizer adam --adam-betas "(0.9, 0.98)" --lr 3e-3 --lr-scheduler inverse_sqrt

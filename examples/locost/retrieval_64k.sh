@@ -14,6 +14,8 @@ cd "$(dirname "$0")/../.."
 VENV=${VENV:-.venv}
 case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac  # absolute or relative to the repo
 export PATH="$VENV/bin:$PATH"
+# shellcheck source=scripts/device_flags.sh
+source scripts/device_flags.sh  # DEVICE=auto|cpu|cuda, PRECISION=fp32|bf16|fp16 -> *_DEVICE_FLAGS
 OUT=${OUT:-work_dirs/long_context}
 N_DOCS=${N_DOCS:-64}
 WORDS=${WORDS:-57000}
@@ -39,7 +41,7 @@ bash scripts/preprocess.sh --trainpref "$W/enc/train" --validpref "$W/enc/valid"
     --task long_document_summarization --path "$CKPT" --gen-subset test --max-source-positions "$MAX_SRC" \
     --model-overrides "{'max_source_positions': $MAX_SRC}" \
     --max-target-positions 128 --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece \
-    --sentencepiece-model "$OUT/long/spm/spm.model" --batch-size 1 --cpu > "$W/generate.out" 2> "$W/generate.err"
+    --sentencepiece-model "$OUT/long/spm/spm.model" --batch-size 1 "${GENERATE_DEVICE_FLAGS[@]}" > "$W/generate.out" 2> "$W/generate.err"
 python scripts/key_recall.py --jsonl "$W/jsonl/test.jsonl" --generate-output "$W/generate.out" \
     --spm-model "$OUT/long/spm/spm.model" --no-bos --bin-size 8192 --beyond 4096 --name locost_64k \
     --json "$W/recall.json"

@@ -17,6 +17,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/${VENV:-.venv}/bin:$PATH"
+# shellcheck source=scripts/device_flags.sh
+source scripts/device_flags.sh  # DEVICE=auto|cpu|cuda, PRECISION=fp32|bf16|fp16 -> *_DEVICE_FLAGS
 OUT=${OUT:-${TMPDIR:-/tmp}/locost_small}
 DATA=${DATA:-../shared/data/qmsum}
 PART=${PART:-all}
@@ -60,7 +62,7 @@ part_a() {
         --max-tokens $(( MAX_SRC + MAX_TGT + 16 )) --max-update "$MAX_UPDATE" \
         --validate-interval-updates "$MAX_UPDATE" --save-interval-updates "$MAX_UPDATE" \
         --no-epoch-checkpoints --keep-interval-updates 1 --save-dir "$OUT/ck" \
-        --cpu --num-workers 0 --seed 1 --log-format simple --log-interval 25 2>&1 | quiet | tee "$OUT/train.log"
+        "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --seed 1 --log-format simple --log-interval 25 2>&1 | quiet | tee "$OUT/train.log"
 
     # Generation reads whole meetings: --max-source-positions for the task (no truncation) and the
     # same for the model through --model-overrides (its checkpoint says MAX_SRC).
@@ -71,7 +73,7 @@ part_a() {
         --max-target-positions "$MAX_TGT" --truncate-target \
         --beam 1 --max-len-b "$MAX_LEN_B" --no-repeat-ngram-size "$NO_REPEAT" \
         --bpe sentencepiece --sentencepiece-model "$OUT/spm/spm.model" \
-        --batch-size 4 --cpu > "$OUT/generate.out" 2> "$OUT/generate.err"
+        --batch-size 4 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate.out" 2> "$OUT/generate.err"
     grep -E "Elapsed|Maximum resident" "$OUT/generate.err"
 
     step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test meetings"

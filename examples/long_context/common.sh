@@ -6,6 +6,8 @@ case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac  # absolute or relative to the
 export PATH="$VENV/bin:$PATH"
 OUT=${OUT:-work_dirs/long_context}
 USER_DIR="$PWD/lsg_fairseq"
+# shellcheck source=scripts/device_flags.sh
+source scripts/device_flags.sh  # DEVICE=auto|cpu|cuda, PRECISION=fp32|bf16|fp16 -> *_DEVICE_FLAGS
 quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " || true; }
 
 train() {  # train NAME DATA UPDATES --lr LR [fairseq flags...]: checkpoint in $OUT/runs/NAME, time+RSS in NAME/time
@@ -19,7 +21,7 @@ train() {  # train NAME DATA UPDATES --lr LR [fairseq flags...]: checkpoint in $
         --warmup-updates "$(( updates < 100 ? 1 : 100 ))" --clip-norm 1.0 --dropout 0.0 \
         --max-tokens 4200 --max-update "$updates" --disable-validation --no-epoch-checkpoints \
         --save-dir "$dir" --tensorboard-logdir "$OUT/tensorboard/$name" \
-        --cpu --num-workers 0 --log-format simple --log-interval 100 --seed 1 \
+        "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --log-format simple --log-interval 100 --seed 1 \
         "$@" 2>&1 | quiet > "$dir/train.log"
     { grep -E "\| train \|" "$dir/train.log" | tail -1 | grep -oE "(nll_loss|num_updates) [0-9.]+" \
         | paste -sd' ' | sed "s/^/   $name: /" >&2; } || true

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Does a model trained with the plugin read past token 1,024? One command, seeded, CPU:
+# Does a model trained with the plugin read past token 1,024? One command, seeded:
 #
 #   bash examples/long_context/run.sh            # ~17 min on 2 cores; results -> $OUT, table + plot -> here
+#   DEVICE=cuda PRECISION=bf16 bash examples/long_context/run.sh   # on a GPU (DEVICE=auto by default)
 #   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (what CI runs)
 #
 # 1. Data (lsg_text/synthetic.py): SHORT documents (50-150 words), MID ones (600-880 words,
@@ -91,7 +92,7 @@ evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the lon
     fairseq-generate "$OUT/long/bin" --user-dir "$USER_DIR" --task long_document_summarization \
         --path "$ckpt" --gen-subset test --max-source-positions "$max_src" --max-target-positions 128 \
         --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece --sentencepiece-model "$SPM" \
-        --batch-size 8 --cpu > "$dir/generate.out" 2> "$dir/generate.err"
+        --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$dir/generate.out" 2> "$dir/generate.err"
     python scripts/key_recall.py --jsonl "$OUT/long/jsonl/test.jsonl" --generate-output "$dir/generate.out" \
         --spm-model "$SPM" $bos --name "$name" --json "$dir/recall.json" | sed 's/^/   /' >&2
     python scripts/generate_to_rouge.py --generate-output "$dir/generate.out" \

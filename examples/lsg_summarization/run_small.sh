@@ -19,6 +19,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/${VENV:-.venv}/bin:$PATH"
+# shellcheck source=scripts/device_flags.sh
+source scripts/device_flags.sh  # DEVICE=auto|cpu|cuda, PRECISION=fp32|bf16|fp16 -> *_DEVICE_FLAGS
 OUT=${OUT:-${TMPDIR:-/tmp}/lsg_summarization_small}
 DATA=${DATA:-../shared/data/sumpubmed}
 PART=${PART:-all}
@@ -76,7 +78,7 @@ part_a() {
         --max-tokens $(( MAX_SRC + MAX_TGT + 16 )) --max-update "$MAX_UPDATE" \
         --validate-interval-updates "$MAX_UPDATE" --save-interval-updates "$MAX_UPDATE" \
         --no-epoch-checkpoints --keep-interval-updates 1 --save-dir "$OUT/ck-a" \
-        --cpu --num-workers 0 --seed 1 --log-format simple --log-interval 25 2>&1 | quiet | tee "$OUT/train-a.log"
+        "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --seed 1 --log-format simple --log-interval 25 2>&1 | quiet | tee "$OUT/train-a.log"
 
     step "A5 generate: beam 5, length penalty 2.0, max length $MAX_LEN_B, no-repeat $NO_REPEAT"
     fairseq-generate "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summarization \
@@ -84,7 +86,7 @@ part_a() {
         --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --truncate-target \
         --beam 5 --lenpen 2.0 --max-len-b "$MAX_LEN_B" --no-repeat-ngram-size "$NO_REPEAT" \
         --bpe sentencepiece --sentencepiece-model "$OUT/spm/spm.model" \
-        --batch-size 5 --cpu > "$OUT/generate-a.out" 2> "$OUT/generate-a.err"
+        --batch-size 5 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate-a.out" 2> "$OUT/generate-a.err"
 
     step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test documents"
     # lead-K baselines: the first K words of each document (K around the mean summary length)
@@ -127,7 +129,7 @@ part_b() {
             --warmup-updates $(( B_UPDATES / 10 )) --total-num-update "$B_UPDATES" --max-update "$B_UPDATES"
             --dropout 0.1 --attention-dropout 0.1 --clip-norm 1.0 --disable-validation
             --no-epoch-checkpoints --save-interval-updates "$B_UPDATES"
-            --cpu --num-workers 0 --seed 1 --log-format simple --log-interval 5)
+            "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --seed 1 --log-format simple --log-interval 5)
     step "B3 fine-tune the converted LSG 4,096 model: $B_UPDATES updates"
     fairseq-train "$B/bin" "${COMMON[@]}" --finetune-from-model "$B/lsg-4096/model.pt" \
         --max-source-positions 4096 --max-target-positions 4096 --block-size 128 --sparse-block-size 128 \
@@ -152,7 +154,7 @@ part_b() {
         --path "$B/ck-16384/checkpoint_last.pt" --gen-subset test --batch-size 5 \
         --max-source-positions 16384 --max-target-positions 4096 \
         --beam 5 --lenpen 2.0 --max-len-b 64 --bpe gpt2 --gpt2-encoder-json "$B/bin/encoder.json" \
-        --gpt2-vocab-bpe "$B/bin/vocab.bpe" --cpu > "$B/generate.out" 2> "$B/generate.err"
+        --gpt2-vocab-bpe "$B/bin/vocab.bpe" "${GENERATE_DEVICE_FLAGS[@]}" > "$B/generate.out" 2> "$B/generate.err"
     grep -c "^H-" "$B/generate.out" | sed 's/^/hypotheses: /'
     grep -E "Translated|Generate test" "$B/generate.err" | tail -1 || true
 }
