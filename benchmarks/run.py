@@ -387,61 +387,36 @@ def make_hf_step(model, dictionary, mode, src, args, g):
 
 
 def ssm_breakdown(model, step, device) -> dict:
-    """One more encoder call with the S4D token mixer's own work timed separately.
-
-    kernel = SSM kernel generation (``S4DKernel.forward``); conv = the rest of ``S4D.forward``
-    except its three linear layers (k/q/output projections, ``s4d_inference.project`` in inference): padding
-    mask, kernel layout and FFT, transposes, the input FFT, the product, the inverse FFT, the gate. So
-    ``kernel + conv`` is everything the SSM adds over a token mixer made of linear layers.
+    """One more encoder call under ``torch.profiler``, the S4D token mixer's own work summed from its
+    labels (``lsg_fairseq.modules.s4d``): ``s4d.layer`` (every call), ``s4d.kernel`` (SSM kernel
+    generation) and ``s4d.projection`` (its k/q/output projections). conv = layer - kernel -
+    projections: padding mask, kernel layout and FFT, transposes, the input FFT, the product, the
+    inverse FFT, the gate. So ``kernel + conv`` is everything the SSM adds over a token mixer made of
+    linear layers. Times are the labels' host time on CPU, their device time on a GPU; the total is
+    the profiled call's own (the profiler's overhead is in both).
     """
-    from lsg_fairseq.modules import s4d, s4d_inference
+    from torch.profiler import ProfilerActivity, profile
 
-    totals = {"layer": 0.0, "kernel": 0.0, "proj": 0.0}
-    active = set()
-    patched = []
-
-    def timed_call(key, original, *a, **kw):
-        if key in active:  # re-entrant call: already counted by the outer one
-            return original(*a, **kw)
-        active.add(key)
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
         sync(device)
-        t = time.perf_counter()
-        try:
-            return original(*a, **kw)
-        finally:
-            sync(device)
-            totals[key] += time.perf_counter() - t
-            active.discard(key)
-
-    def wrap(owner, name, key):
-        original = getattr(owner, name)
-        setattr(owner, name, lambda *a, **kw: timed_call(key, original, *a, **kw))
-        patched.append((owner, name, original))
-
-    wrap(s4d.S4D, "forward", "layer")
-    wrap(s4d.S4DKernel, "forward", "kernel")
-    wrap(s4d_inference, "project", "proj")  # the inference path's projections
-    for m in model.modules():
-        if isinstance(m, s4d.S4D):
-            for lin in (m.k_proj, m.q_proj, m.output_linear):
-                wrap(lin, "forward", "proj")  # instance attribute: shadows nn.Linear.forward
-    try:
-        sync(device)
-        t = time.perf_counter()
+        t = time.perf_counter()  # inside: the profiler's start and its processing are not the call's
         step()
         sync(device)
         total = time.perf_counter() - t
-    finally:
-        for owner, name, original in reversed(patched):
-            if isinstance(owner, torch.nn.Module):
-                del owner.forward
-            else:
-                setattr(owner, name, original)
-    conv = totals["layer"] - totals["kernel"] - totals["proj"]
-    return {"ssm_total_s": total, "ssm_kernel_s": totals["kernel"], "ssm_conv_s": conv,
-            "ssm_proj_s": totals["proj"], "ssm_share": (totals["kernel"] + conv) / total,
+    totals = dict.fromkeys(("s4d.layer", "s4d.kernel", "s4d.projection"), 0.0)
+    for event in prof.key_averages():
+        if event.key in totals:
+            us = getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) if cuda \
+                else event.cpu_time_total
+            totals[event.key] = us / 1e6
+    kernel, proj = totals["s4d.kernel"], totals["s4d.projection"]
+    conv = totals["s4d.layer"] - kernel - proj
+    return {"ssm_total_s": total, "ssm_kernel_s": kernel, "ssm_conv_s": conv,
+            "ssm_proj_s": proj, "ssm_share": (kernel + conv) / total,
             "ssm_conv_is": "S4D.forward minus its k/q/output projections and the kernel (mask, transposes, "
-                           "FFTs, product, gate); kernel = S4DKernel.forward"}
+                           "FFTs, product, gate), from the s4d.* profiler labels"}
 
 
 def sync(device):

@@ -149,10 +149,11 @@ def test_forced_path_restores_what_was_set():
 
 
 # ------------------------------------------------------------------------------ launches
-# Ops that only make a view (no kernel runs for them); the rest are counted as launches.
+# Ops that only make a view, and the profiler's labels: no kernel runs for them; the rest are
+# counted as launches.
 VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze", "squeeze",
          "slice", "select", "alias", "as_strided", "detach", "split", "narrow", "view_as_real",
-         "view_as_complex", "unbind", "_reshape_alias"}
+         "view_as_complex", "unbind", "_reshape_alias", "_record_function_enter_new", "_record_function_exit"}
 
 
 class OpCounter(TorchDispatchMode):

@@ -4,7 +4,8 @@ Both models follow fairseq's Linformer pattern: a ``BARTModel`` subclass overrid
 ``build_encoder`` -> an encoder subclass overrides ``build_encoder_layer`` -> a layer subclass
 overrides ``build_self_attention``. The pieces every such model needs live here once:
 
-- :func:`wrap_encoder_layer`: fairseq's activation-checkpointing / FSDP wrapping of a layer;
+- :func:`wrap_layer`: fairseq's activation-checkpointing / FSDP wrapping of a layer (every encoder
+  and decoder layer of the plugin's models, LOCOST's blocks too);
 - :class:`LongInputBARTModel`: ``from_pretrained`` through ``lsg_fairseq.models.hub`` (no
   1,024-token truncation of long sources) and ``--weight-init`` (how a model trained from
   scratch starts);
@@ -23,6 +24,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
+from fairseq.models.transformer.transformer_config import DEFAULT_MIN_PARAMS_TO_WRAP
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart import BARTModel
@@ -41,13 +43,14 @@ from lsg_text.argtypes import bool_flag
 WEIGHT_INITS = ("bert", "fan_in")
 
 
-def wrap_encoder_layer(layer, cfg):
+def wrap_layer(layer, cfg):
     """Same wrapping as fairseq's ``TransformerEncoderBase.build_encoder_layer`` (no key changes);
-    its decoder wraps layers the same way."""
-    checkpoint = cfg.checkpoint_activations
+    its decoder wraps layers the same way. ``cfg``: a TransformerConfig or an argparse namespace
+    (LOCOST's), whose flags may be absent (a checkpoint saved before they existed)."""
+    checkpoint = bool_flag(getattr(cfg, "checkpoint_activations", False))
     if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=cfg.offload_activations)
-    min_params_to_wrap = cfg.min_params_to_wrap if not checkpoint else 0
+        layer = checkpoint_wrapper(layer, offload_to_cpu=bool_flag(getattr(cfg, "offload_activations", False)))
+    min_params_to_wrap = getattr(cfg, "min_params_to_wrap", DEFAULT_MIN_PARAMS_TO_WRAP) if not checkpoint else 0
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
@@ -104,7 +107,7 @@ class LongInputEncoder(TransformerEncoder):
         # namespace the legacy encoder keeps (set before it builds its layers)
         layer_cfg = LongInputConfig.for_layers(self.args, self.self_attention(self.args))
         layer = LongInputEncoderLayer(layer_cfg, return_fc=self.return_fc, lean=lean_activations(self.args))
-        return wrap_encoder_layer(layer, layer_cfg)
+        return wrap_layer(layer, layer_cfg)
 
     def prepare(self, src_tokens: Tensor, pad: Tensor, x: Tensor, **inputs) -> Tuple[Tensor, Optional[Tensor], Dict[str, Any]]:
         """x (B, T', C) from ``forward_embedding``; pad (B, T) True at source padding."""
@@ -272,7 +275,7 @@ class LongSourceDecoder(TransformerDecoderBase):
     """BART's decoder (fairseq's) built from :class:`LongSourceDecoderLayer`."""
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        return wrap_encoder_layer(LongSourceDecoderLayer(cfg, no_encoder_attn), cfg)
+        return wrap_layer(LongSourceDecoderLayer(cfg, no_encoder_attn), cfg)
 
 
 class LongInputBARTModel(BARTModel):

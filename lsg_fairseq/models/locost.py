@@ -19,7 +19,8 @@ Generation: ``set_beam_size`` (called by fairseq's SequenceGenerator for beam > 
 output and the cross-attention key/value caches at one row per source instead of one per hypothesis.
 
 SSM parameters (``log_dt, inv_A_real, A_imag, B, C``) are tagged ``param_group="ssm"`` with no weight
-decay and ``lr_scale = --ssm-lr / --lr``; ``--optimizer grouped_adam`` honours the tags.
+decay and ``lr_scale = --ssm-lr / --lr`` where they are made (``S4DKernel``); ``--optimizer
+grouped_adam`` honours the tags.
 """
 import logging
 
@@ -33,11 +34,11 @@ from fairseq.models import (
     register_model,
     register_model_architecture,
 )
-from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 
+from lsg_fairseq.models.custom_encoder import wrap_layer
 from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
-from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, KERNEL_TAIL_TOL, SSM_PARAMETER_NAMES
+from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, KERNEL_TAIL_TOL
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
 from lsg_text.argtypes import POSITIVE_INT, bool_flag, finite_float, float_range, int_range
 from lsg_text.errors import ConfigError
@@ -112,7 +113,7 @@ class LOCOSTEncoder(FairseqEncoder):
 
     beam_size = 1  # hypotheses per source during beam search (LOCOSTModel.set_beam_size)
 
-    def __init__(self, args, dictionary, embed_tokens):
+    def __init__(self, args, dictionary, embed_tokens, ssm_lr_scale: float = 1.0):
         super().__init__(dictionary)
         self.padding_idx = dictionary.pad()
         self.embed_tokens = embed_tokens
@@ -124,10 +125,9 @@ class LOCOSTEncoder(FairseqEncoder):
                 args.d_model, args.d_state, args.d_ff, args.dropout, args.layer_norm_eps,
                 dt_min=args.ssm_dt_min, dt_max=args.ssm_dt_max, kernel_cache_mb=args.ssm_kernel_cache_mb,
                 kernel_tail_tol=args.ssm_kernel_tail_tol, kernel_recompute=bool_flag(getattr(args, "ssm_kernel_recompute", True)),
+                lr_scale=ssm_lr_scale,
             )
-            if bool_flag(getattr(args, "checkpoint_activations", False)):
-                block = checkpoint_wrapper(block, offload_to_cpu=bool_flag(getattr(args, "offload_activations", False)))
-            blocks.append(block)
+            blocks.append(wrap_layer(block, args))
         self.block = nn.ModuleList(blocks)
         self.final_layer_norm = T5LayerNorm(args.d_model, args.layer_norm_eps)
 
@@ -194,9 +194,7 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
                 relative_attention_num_buckets=args.relative_attention_num_buckets,
                 relative_attention_max_distance=args.relative_attention_max_distance,
             )
-            if bool_flag(getattr(args, "checkpoint_activations", False)):
-                block = checkpoint_wrapper(block, offload_to_cpu=bool_flag(getattr(args, "offload_activations", False)))
-            blocks.append(block)
+            blocks.append(wrap_layer(block, args))
         self.block = nn.ModuleList(blocks)
         self.final_layer_norm = T5LayerNorm(args.d_model, args.layer_norm_eps)
         self.output_projection = nn.Linear(args.d_model, len(dictionary), bias=False)
@@ -285,11 +283,10 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
             )
         embed_tokens = nn.Embedding(len(src_dict), args.d_model)  # no padding_idx: T5 trains every row
         nn.init.normal_(embed_tokens.weight, mean=0.0, std=1.0)  # T5 init of `shared`
-        encoder = LOCOSTEncoder(args, src_dict, embed_tokens)
+        encoder = LOCOSTEncoder(args, src_dict, embed_tokens, ssm_lr_scale=cls._ssm_lr_scale(args))
         decoder = LOCOSTDecoder(args, tgt_dict, embed_tokens)
         model = cls(encoder, decoder)
         model._init_ffn_weights(args)
-        model.tag_ssm_parameters(cls._ssm_lr_scale(args))
         return model
 
     def _init_ffn_weights(self, args):
@@ -318,13 +315,6 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         if base <= 0:
             raise ConfigError(f"--ssm-lr {ssm_lr} needs a positive --lr to scale against")
         return ssm_lr / base
-
-    def tag_ssm_parameters(self, lr_scale: float = 1.0) -> None:
-        """Mark SSM parameters for :mod:`lsg_fairseq.optim.grouped_adam` (and fairseq's composite)."""
-        for name, p in self.named_parameters():
-            if name.rsplit(".", 1)[-1] in SSM_PARAMETER_NAMES and ".ssm_layer.kernel." in name:
-                p.param_group = "ssm"
-                p.optim_overrides = {"optimizer": {"lr_scale": lr_scale, "weight_decay_scale": 0.0}}
 
     def max_positions(self):
         return (self.encoder.max_positions(), self.decoder.max_positions())

@@ -29,9 +29,9 @@ class T5LayerFF(PathChoice, nn.Module):
         self.DenseReluDense = T5DenseGatedGelu(d_model, d_ff, dropout)
         self.layer_norm = T5LayerNorm(d_model, eps)
         self.dropout = LeanDropout(dropout)
-        # Without autograd the FFN is applied to at most this many positions at a time: on a
-        # 16K-token input the (L, d_ff) intermediates would otherwise take ~0.5 GB (several GB at 600K);
-        # 2048 rows keep the matmuls efficient.
+        # Without autograd the FFN is applied to at most this many positions at a time on CPU: the
+        # (L, d_ff) intermediates of a long input would otherwise take GiBs; 2048 rows keep the
+        # matmuls efficient.
         self.max_positions_per_chunk = 2048
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ The discretisation and kernel formulas, and every fast piece of math, are in
 with both kernels, the reference's exact ("ref") path. The reference's fast CUDA path displaces
 the anti-causal kernel when L is not a power of two; that is a bug and is not reproduced.
 
-Where the time goes and what is done about it (numbers: ``benchmarks/README.md``):
+Where the time goes and what is done about it (the figures behind each choice: ``benchmarks/README.md``,
+"Figures behind the constants"). On CPU:
 
 - kernels: the blocked Vandermonde product, each channel only until its modes have decayed
   (``ops.ssm``); in training their temporaries are recomputed in backward (``recompute``) and
@@ -29,8 +30,12 @@ Where the time goes and what is done about it (numbers: ``benchmarks/README.md``
   FFT size ``L + n - 1`` per decay group, wide k/q projections, no (B, L, H) intermediate), and in
   eval mode the *time-domain* kernels are cached (:meth:`S4D.kernel_groups`), the shortest first
   up to ``kernel_cache_mb`` per layer (the rest generated per call). One entry serves every
-  input up to the length it was made for: ~38 MiB per locost_base layer for all kernels at 16K;
+  input up to the length it was made for;
 - ``D`` is folded into the kernel's lag 0.
+
+On a GPU (``lsg_fairseq.modules.paths``) those pieces would each be a kernel launch, so the layer
+runs :meth:`S4D._whole_forward` instead: one blocked product for every channel's kernel, one batched
+FFT, nothing read back on the host.
 """
 import math
 import mmap
@@ -38,6 +43,7 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
+from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from lsg_fairseq.modules import s4d_inference
@@ -53,18 +59,25 @@ from lsg_fairseq.ops.ssm import (
     vandermonde_naive,
 )
 
-# The kernel's "SSM parameters": no weight decay, optionally their own lr (the model tags them for the
-# optimizer by these names, lsg_fairseq.models.locost.LOCOSTModel.tag_ssm_parameters).
+# The kernel's "SSM parameters": no weight decay, optionally their own lr. S4DKernel tags them for
+# lsg_fairseq.optim.grouped_adam when it makes them (``param_group`` / ``optim_overrides``).
 SSM_PARAMETER_NAMES = ("log_dt", "inv_A_real", "A_imag", "B", "C")
 
-# Per-layer budget (MiB) of the eval-mode kernel cache (``--ssm-kernel-cache-mb``). A locost_base
-# layer's kernels take ~17 MiB at 4K tokens, ~38 MiB at 16K and ~50 MiB at 64K; 30 keeps all of
-# them up to ~8K tokens and ~80% at 16K, where the encoder then runs at 2.10x the linear floor
-# instead of 2.04x with everything cached (2.30x at 16 MiB), with 133 MiB less resident.
+# Per-layer budget (MiB) of the eval-mode kernel cache (``--ssm-kernel-cache-mb``): every kernel of a
+# locost_base layer up to ~8K tokens, most of them at 16K, for a few percent of the encoder's time
+# there against keeping them all.
 KERNEL_CACHE_MB = 30.0
 # Kernel entries after every mode's term has decayed below this are exact zeros instead of computed
 # (``--ssm-kernel-tail-tol``; their sum stays below M * tol, under float32 rounding of O(1) kernels).
 KERNEL_TAIL_TOL = 1e-10
+# The CPU path without autograd (``s4d_inference``) convolves a few channels at a time: its (B, chunk,
+# F) FFT buffers hold at most a quarter of this many float32 elements (three such buffers and the
+# kernel spectrum per group), and its projected (B, L, c) columns at most this many: temporaries
+# that stay near the cache instead of several (B, H, 2L) tensors ...
+MAX_FFT_ELEMS = 1 << 23
+# ... and projects k and q for at least this many channels at a time: a GEMM of a few dozen output
+# columns (one decay group) runs far below a wide one's rate.
+MIN_PROJECTION_CHANNELS = 256
 # The whole-tensor path (GPU, ``lsg_fairseq.modules.paths``) bounds its temporaries in float32
 # elements, so that lengths up to ~64K run as a fixed handful of launches per layer and 600K tokens
 # still fit a GPU's memory: the blocked Vandermonde product's temporaries per chunk of channels ...
@@ -89,6 +102,7 @@ class S4DKernel(nn.Module):
         dt_max: float = 1e-1,
         tail_tol: float = KERNEL_TAIL_TOL,
         recompute: bool = True,
+        lr_scale: float = 1.0,
     ):
         super().__init__()
         self.recompute = recompute
@@ -114,6 +128,10 @@ class S4DKernel(nn.Module):
         self.A_imag = nn.Parameter(a_imag)
         self.B = nn.Parameter(b)
         self.C = nn.Parameter(c)
+        for name in SSM_PARAMETER_NAMES:  # for lsg_fairseq.optim.grouped_adam: own lr, no weight decay
+            p = getattr(self, name)
+            p.param_group = "ssm"
+            p.optim_overrides = {"optimizer": {"lr_scale": lr_scale, "weight_decay_scale": 0.0}}
 
     def _apply(self, fn, *args, **kwargs):
         # Keep the SSM parameters in float32 when the model is cast to half precision (fairseq
@@ -147,13 +165,17 @@ class S4DKernel(nn.Module):
         computed: there every mode's term is below ``tail_tol`` (their sum below ``M * tail_tol``,
         under float32 rounding of an O(1) kernel for the default 1e-10). Channels are generated in
         groups of similar ``n_h`` (see :func:`channel_groups`), so the cost is about
-        ``O(M sum_h n_h)`` instead of ``O(H M L)``: with the S4D-Lin init (dt log-uniform in
-        [1e-3, 1e-1]) that is 2.3x less at 16K and ~25x less at 256K.
+        ``O(M sum_h n_h)`` instead of ``O(H M L)``, much less at long L with the S4D-Lin init (dt
+        log-uniform in [1e-3, 1e-1]: most channels decay within a few thousand steps).
 
         ``whole``: every channel to length L in one blocked product (chunked only beyond
         ``WHOLE_KERNEL_ELEMS``): no decay lengths, whose grouping needs the host to read them (the
         GPU path). Equal to the grouped kernels up to the decayed tail.
         """
+        with record_function("s4d.kernel"):
+            return self._generate(length, channels, whole)
+
+    def _generate(self, length: int, channels, whole: bool) -> torch.Tensor:
         c_prime, dt_a = self.discretize(channels)
         if whole:
             groups = None
@@ -163,8 +185,8 @@ class S4DKernel(nn.Module):
             groups = channel_groups(lengths)
             fn = grouped_kernel
         if self.recompute and torch.is_grad_enabled() and (c_prime.requires_grad or dt_a.requires_grad):
-            # The blocked product's temporaries (H*M*(A + 2S) floats, ~0.6 GiB per base layer at
-            # any L) would all be kept for backward; they depend only on the parameters, so they
+            # The blocked product's temporaries (H*M*(A + 2S) floats, hundreds of MiB per base
+            # layer) would all be kept for backward; they depend only on the parameters, so they
             # are recomputed in backward instead and only C', dtA and the kernel are kept.
             return checkpoint(fn, c_prime, dt_a, groups, length, use_reentrant=False)  # (2 h L)
         return fn(c_prime, dt_a, groups, length)  # (2 h L)
@@ -186,8 +208,7 @@ def _resident_buffer(numel: int, device: torch.device) -> torch.Tensor:
 
     From the malloc heap (any block under glibc's 32 MiB mmap threshold, e.g. a 30 MiB cache), a
     block that outlives the call pins the heap between the call's temporaries, which then can never
-    be returned: at 16K tokens 12 such caches left the locost_base encoder ~190 MiB above its live
-    tensors."""
+    be returned (12 such caches left the locost_base encoder well above its live tensors)."""
     if device.type != "cpu" or numel == 0:
         return torch.empty(numel, dtype=torch.float32, device=device)
     return torch.frombuffer(mmap.mmap(-1, numel * 4), dtype=torch.float32)
@@ -219,24 +240,19 @@ class S4D(PathChoice, nn.Module):
         kernel_cache_mb: float = KERNEL_CACHE_MB,
         kernel_tail_tol: float = KERNEL_TAIL_TOL,
         kernel_recompute: bool = True,
+        lr_scale: float = 1.0,
     ):
         super().__init__()
         self.H = d_model
         self.kernel = S4DKernel(d_model, d_state, dt_min=dt_min, dt_max=dt_max, tail_tol=kernel_tail_tol,
-                                recompute=kernel_recompute)
+                                recompute=kernel_recompute, lr_scale=lr_scale)
         self.D = nn.Parameter(torch.randn(d_model))  # (H): skip term
         self.k_proj = nn.Linear(d_model, d_model)  # SSM input ("V" in the paper)
         self.q_proj = nn.Linear(d_model, d_model)  # gate
         self.output_linear = nn.Linear(d_model, d_model)
         self.kernel_cache_mb = kernel_cache_mb
-        # Inference without autograd on long inputs: channels are independent, so the kernel and the
-        # FFT convolution are done a few channels at a time, keeping temporaries below this many
-        # float32 elements (memory O(B*L*H) for the activations + O(chunk*L), not several (B,H,2L)).
-        # 8M: (B, chunk, F) buffers of 8 MiB (64 channels at 16K tokens); 16M was no faster, ~36 MiB more.
-        self.max_fft_elems = 1 << 23
-        # k and q are projected for at least this many channels at a time: a GEMM of a few dozen
-        # output columns (one decay-length group) runs at half the speed of a wide one.
-        self.min_projection_channels = 256
+        self.max_fft_elems = MAX_FFT_ELEMS
+        self.min_projection_channels = MIN_PROJECTION_CHANNELS
         # (length L', [(channel idx, n, kernels (2, g, n))]): the time-domain kernels made for L'
         self._cache = None
         self._cache_signature = None
@@ -342,22 +358,42 @@ class S4D(PathChoice, nn.Module):
 
     # ---------------------------------------------------------------- layer
     def forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """u: (B, L, H); padding_mask: (B, L) bool, True at padding (or None) -> (B, L, H)."""
+        """u: (B, L, H); padding_mask: (B, L) bool, True at padding (or None) -> (B, L, H).
+
+        Profiler labels (``torch.profiler.record_function``, free when no profiler runs):
+        ``s4d.layer`` the whole call, ``s4d.kernel`` kernel generation, ``s4d.projection`` the
+        k/q/output projections; the rest of the layer is the convolution (benchmarks/run.py)."""
+        with record_function("s4d.layer"):
+            return self._forward(u, padding_mask)
+
+    def _forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         L = u.shape[1]
         if self.whole_tensors(u):
             return self._whole_forward(u, padding_mask)
         if not torch.is_grad_enabled():
-            return s4d_inference.forward(self, u, padding_mask)
-        k = self.k_proj(u)  # (B L H)
-        if padding_mask is not None:
-            # k_proj has a bias, so padding must be zeroed explicitly to keep it out of the conv
-            k = k.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # (B L H)
-        q = self.q_proj(u)  # (B L H): the gate is not masked (reference behaviour)
+            return s4d_inference.forward(
+                u, padding_mask, groups=self.kernel_groups(L), kernel=self.kernel, skip=self.D,
+                k_proj=self.k_proj, q_proj=self.q_proj, output_linear=self.output_linear,
+                max_fft_elems=self.max_fft_elems, min_projection_channels=self.min_projection_channels)
+        k, q = self._kq(u, padding_mask)  # (B L H) each
         fft_size = next_fast_len(2 * L)
         # training: FFT in float32 whatever the activation dtype; only k and the kernel are kept
         kc = self._circular(self.kernel(L), slice(None), fft_size)  # (H F)
         y = FFTConv.apply(k.float(), kc, fft_size).to(u.dtype)  # (B L H)
-        return self.output_linear(y * q)
+        return self._output(y * q)
+
+    def _kq(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]):
+        """k = k_proj(u) zeroed at padding (k_proj has a bias: keep it out of the convolution) and
+        the gate q = q_proj(u), not masked (reference behaviour)."""
+        with record_function("s4d.projection"):
+            k = self.k_proj(u)  # (B L H)
+            if padding_mask is not None:
+                k = k.masked_fill(padding_mask.unsqueeze(-1), 0.0)
+            return k, self.q_proj(u)
+
+    def _output(self, y: torch.Tensor) -> torch.Tensor:
+        with record_function("s4d.projection"):
+            return self.output_linear(y)
 
     def _whole_forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The layer on whole tensors (the GPU path): the same function as :meth:`forward`'s.
@@ -370,10 +406,7 @@ class S4D(PathChoice, nn.Module):
         """
         B, L, H = u.shape
         fft_size = next_fast_len(2 * L)
-        k = self.k_proj(u)  # (B L H)
-        if padding_mask is not None:
-            k = k.masked_fill(padding_mask.unsqueeze(-1), 0.0)  # k_proj has a bias: keep it out of the conv
-        q = self.q_proj(u)  # (B L H): the gate
+        k, q = self._kq(u, padding_mask)  # (B L H) each
         if torch.is_grad_enabled():
             kc = self._circular(self.kernel(L, whole=True), slice(None), fft_size)  # (H F)
             y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H)
@@ -392,7 +425,7 @@ class S4D(PathChoice, nn.Module):
                 else:
                     y[:, ch] = yc
             y = y.transpose(1, 2)  # (B L H)
-        return self.output_linear(y.to(u.dtype) * q)
+        return self._output(y.to(u.dtype) * q)
 
     def _circular(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """The circular bidirectional kernel (h, F) of kernels (2, h, L) with the D skip folded into

@@ -70,8 +70,16 @@ def _exp_outer(x: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
     return mag * torch.cos(phase), mag * torch.sin(phase)
 
 
+# Floats of temporaries per channel chunk of the blocked Vandermonde product on the CPU path: small
+# enough to stay near the cache (the whole-tensor path passes a larger budget).
+VANDERMONDE_CHUNK_ELEMS = 1 << 21
+# Channels join a decay group while their decay length is at least this fraction of the group's
+# longest: no channel computes more than 1/ratio of its own kernel, and groups stay few.
+GROUP_RATIO = 0.8
+
+
 def vandermonde_blocked(
-    c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, max_chunk_elems: int = 1 << 21
+    c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, max_chunk_elems: int = VANDERMONDE_CHUNK_ELEMS
 ) -> torch.Tensor:
     """Fast kernel: the same sum as :func:`vandermonde_naive`, as real batched matrix products.
 
@@ -137,7 +145,7 @@ def decay_lengths(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, tail_t
     return torch.minimum(n.clamp(min=1), full)
 
 
-def channel_groups(lengths: torch.Tensor, ratio: float = 0.8):
+def channel_groups(lengths: torch.Tensor, ratio: float = GROUP_RATIO):
     """Groups channels by decay length so that each group's kernel is computed only up to its longest.
 
     lengths: (H,) int -> list of (channel index tensor, group length). Channels are sorted by length

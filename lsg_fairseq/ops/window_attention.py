@@ -24,9 +24,9 @@ into one small key/value buffer and attended in **one** kernel call (``_gathered
 fewer calls, one output instead of one per window, no merge. The buffer is a few MiB, reused
 chunk after chunk, so the copy stays in cache; nothing per block is kept. Windows that need no
 mask and windows that do go into two separate calls (the kernel adds a mask to every score of a
-call, ~30% of its time), merged as above; a window much longer than all the others of its call
-together runs on its own view instead of being copied. Measured at 16K tokens: LSG's four windows
-in ~0.30 s per base layer instead of ~0.40 s (benchmarks/README.md).
+call, a sizeable part of its time), merged as above; a window much longer than all the others of
+its call together runs on its own view instead of being copied (``_OWN_VIEW_RATIO``). The figures
+behind these choices are in benchmarks/README.md ("Figures behind the constants").
 
 Masks cost time even where they mask nothing, so :func:`split_unmasked` cuts a group into runs of
 blocks by which of their windows cover a masked key, trims off window ends that are masked in
@@ -223,17 +223,20 @@ def _merge(outs: List[Tensor], lses: List[Tensor], dst: Tensor) -> Tensor:
     return ls
 
 
-# Floats per key (and per value) buffer of the gathered forward: 8 MiB in fp32, so that the copies
-# stay in the last-level cache; at least one block is gathered at a time whatever its size.
+# Floats per key (and per value) buffer of the gathered forward: small enough that the copies stay
+# in the last-level cache; at least one block is gathered at a time whatever its size.
 _GATHER_ELEMS = 1 << 21
+# In the gathered forward, a window longer than this many times all the others of its call together
+# runs on its own view: copying it would cost more than the kernel call it saves.
+_OWN_VIEW_RATIO = 4
 
 
 def _parts(g: QueryGroup, srcs) -> List[List[Window]]:
     """The kernel calls of one group in the gathered forward: windows that need no mask, then those
     that do (each list may be empty; a window needs a mask if it has ``allowed`` or applies its
-    source's mask). In each call, a window more than 4x as long as all the others together runs
-    on its own view: copying it would cost more than the call it saves (LED's band beside one
-    global key; LSG's local window, 384 keys beside 257, is copied: measured 8% faster)."""
+    source's mask). In each call, a window more than ``_OWN_VIEW_RATIO`` times as long as all the
+    others together runs on its own view (LED's band beside one global key); LSG's local window
+    beside its sparse runs and global keys is copied."""
     def needs_mask(w):
         return w.allowed is not None or (w.masked and srcs[w.source][2] is not None)
 
@@ -241,7 +244,7 @@ def _parts(g: QueryGroup, srcs) -> List[List[Window]]:
     for part in ([w for w in g.windows if not needs_mask(w)], [w for w in g.windows if needs_mask(w)]):
         if len(part) > 1:
             longest = max(part, key=lambda w: w.length)
-            if longest.length > 4 * (sum(w.length for w in part) - longest.length):
+            if longest.length > _OWN_VIEW_RATIO * (sum(w.length for w in part) - longest.length):
                 calls.append([longest])
                 part = [w for w in part if w is not longest]
         if part:
