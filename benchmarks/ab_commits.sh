@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Interleaved A/B of two commits: benchmarks/run.py from each commit's own checkout, alternating
+# A B A B ..., then each arch's time as a ratio to `linear` per run and on average.
+#
+#   bash benchmarks/ab_commits.sh OLD NEW [ROUNDS]      # -> benchmarks/results/ab_<old>_<new>.md
+#   RUN_ARGS="--modes enc --arch lsg_norm led locost linear --lengths 16384" bash benchmarks/ab_commits.sh ...
+#
+# Each commit is checked out (git worktree) under $WORK and imported from there (PYTHONPATH), so
+# both run in this venv with the same torch; run it with nothing else on the machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prog=ab_commits.sh
+die() { echo "$prog: error: $*" >&2; exit 2; }
+[ $# -ge 2 ] || die "usage: $prog OLD NEW [ROUNDS]"
+VENV=${VENV:-.venv}
+case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac
+PY="$VENV/bin/python"
+old=$(git rev-parse --short "$1") || die "$1: not a commit"
+new=$(git rev-parse --short "$2") || die "$2: not a commit"
+ROUNDS=${3:-2}
+RUN_ARGS=${RUN_ARGS:-"--modes enc --arch lsg_norm led locost linear --lengths 16384"}
+WORK=${WORK:-${TMPDIR:-/tmp}/lsg_ab}
+OUTPUT=${OUTPUT:-benchmarks/results/ab_${old}_${new}.md}
+mkdir -p "$WORK"
+for c in "$old" "$new"; do
+    [ -d "$WORK/$c" ] || git worktree add --detach "$WORK/$c" "$c" > /dev/null
+done
+start=$(date +%s)
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+for r in $(seq 1 "$ROUNDS"); do
+    for c in "$old" "$new"; do
+        echo "== round $r: $c" >&2
+        # shellcheck disable=SC2086
+        (cd "$WORK/$c" && PYTHONPATH="$WORK/$c" "$PY" benchmarks/run.py $RUN_ARGS --no-plots \
+            --out "$WORK/results/$c" --tag "round$r") | grep -E "^ +[0-9]+ " >&2
+    done
+done
+"$PY" - "$WORK/results" "$old" "$new" "$ROUNDS" "$(( $(date +%s) - start ))" "$load_start" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)" "$RUN_ARGS" > "$OUTPUT" <<'EOF'
+import json, statistics, sys
+root, old, new, rounds, secs, load0, load1, run_args = sys.argv[1:]
+rows = {}
+for c in (old, new):
+    for r in range(1, int(rounds) + 1):
+        for rec in json.load(open(f"{root}/{c}/round{r}.json"))["records"]:
+            if rec["status"] == "ok":
+                rows.setdefault((rec["length"], rec["mode"]), {}).setdefault(c, {}).setdefault(rec["arch"], []).append(rec["median_s"])
+print(f"# Interleaved A/B: {old} (before) vs {new} (after)\n")
+print(f"`bash benchmarks/ab_commits.sh {old} {new} {rounds}` with run.py `{run_args}`; {rounds} rounds, "
+      f"alternating {old} {new}; {secs} s wall, load average {load0} -> {load1}.\n")
+print("Time as a ratio to `linear` (same commit, same round); mean over rounds, each round in brackets.\n")
+print(f"| length | mode | arch | {old} | {new} | change |\n|---|---|---|---:|---:|---:|")
+for (length, mode), by_commit in sorted(rows.items()):
+    for arch in sorted(by_commit[old]):
+        if arch == "linear":
+            continue
+        cells = []
+        for c in (old, new):
+            ratios = [t / l for t, l in zip(by_commit[c][arch], by_commit[c]["linear"])]
+            cells.append((statistics.mean(ratios), ratios))
+        change = cells[1][0] / cells[0][0] - 1
+        fmt = lambda m, rs: f"{m:.3f}x ({', '.join(f'{x:.3f}' for x in rs)})"
+        print(f"| {length} | {mode} | {arch} | {fmt(*cells[0])} | {fmt(*cells[1])} | {change:+.1%} |")
+    lin = [statistics.mean(by_commit[c]["linear"]) for c in (old, new)]
+    print(f"| {length} | {mode} | linear (s) | {lin[0]:.2f} | {lin[1]:.2f} | {lin[1] / lin[0] - 1:+.1%} |")
+EOF
+echo "wrote $OUTPUT" >&2
