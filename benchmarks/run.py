@@ -79,7 +79,7 @@ from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
-from report import ALL_ARCHS, INT8_ARCHS, MODES, slope  # noqa: E402,F401  (slope: tests use run.slope)
+from report import ALL_ARCHS, INT8_ARCHS, MODES  # noqa: E402
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 

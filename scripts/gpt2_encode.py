@@ -87,8 +87,6 @@ def main(argv=None) -> int:
     unpaired = unpaired_outputs(args.inputs, args.outputs)
     if unpaired:
         return die(unpaired, PROG)
-    if args.workers < 1:
-        return die(f"--workers must be >= 1, got {args.workers}", PROG)
     if args.inputs.count("-") > 1:
         return die("--inputs: stdin ('-') can be given only once", PROG)
     try:

@@ -77,10 +77,10 @@ def test_benchmark_smoke_writes_every_record_and_output(tmp_path):
 
 
 def test_growth_exponent_fit():
-    run = load("benchmarks/run.py", "bench_run")
-    assert run.slope([(1024, 1.0), (4096, 16.0), (16384, 256.0)]) == pytest.approx(2.0)
-    assert run.slope([(1024, 3.0), (4096, 12.0)]) == pytest.approx(1.0)
-    assert run.slope([(1024, 3.0)]) is None
+    report = load("benchmarks/report.py", "bench_report")
+    assert report.slope([(1024, 1.0), (4096, 16.0), (16384, 256.0)]) == pytest.approx(2.0)
+    assert report.slope([(1024, 3.0), (4096, 12.0)]) == pytest.approx(1.0)
+    assert report.slope([(1024, 3.0)]) is None
 
 
 def test_int8_arch_without_the_quantize_module_fails_alone(tmp_path, monkeypatch):

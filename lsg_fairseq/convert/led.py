@@ -38,7 +38,6 @@ HF_ATTENTION_NAMES = {
     "longformer_self_attn.value_global": "v_proj_global",
     "output": "out_proj",
 }
-OPTION_NAMES = ("attention_window", "global_attention", "global_token_ids", "max_source_positions", "to")
 
 
 def detect(src: str) -> bool:

@@ -340,10 +340,6 @@ class LongDocumentSummarizationTask(TranslationTask):
             raise ConfigError(f"{head}: the model accepts at most {limit} {side} tokens; lower "
                               f"--max-{side}-positions to {limit}")
 
-    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        # The hub/interactive paths hand us tokens that already carry <s> where the caller wants it.
-        return super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
-
     # ---------------------------------------------------------------- generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         extra = dict(extra_gen_cls_kwargs or {})
