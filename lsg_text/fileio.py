@@ -331,12 +331,6 @@ def read_text(path: str, what: str = "", errors: str = "strict", fix: str = "con
     return text[1:] if text.startswith("\ufeff") else text  # a UTF-8 BOM is not content
 
 
-def die(message: str, prog: str) -> int:
-    """Print ``prog: error: message`` to stderr (argparse's format) and return exit status 2."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return 2
-
-
 def unpaired_outputs(inputs: Sequence[str], outputs: Sequence[str]) -> Optional[str]:
     """The refusal of ``--inputs``/``--outputs`` lists of different lengths (None when paired)."""
     if len(inputs) == len(outputs):

@@ -28,13 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    from lsg_fairseq.convert import ConversionError, export
+    from lsg_fairseq.convert import export
+    from lsg_text.errors import UserError, report
 
     try:
         path = export(args.src, args.out, force=args.force)
-    except ConversionError as e:
-        print(f"lsg-fairseq-export: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except UserError as e:  # ConversionError, DataError: the message names the file or flag
+        sys.exit(report(e, "lsg-fairseq-export"))
     print(path)
 
 

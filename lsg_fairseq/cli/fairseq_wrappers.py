@@ -16,6 +16,8 @@ Every other flag is fairseq's (``lsg-fairseq-generate --help``).
 import os
 import sys
 
+from lsg_text.errors import MissingFileError, UserError, report
+
 DEFAULT_TASK = "long_document_summarization"
 
 
@@ -51,23 +53,20 @@ def plugin_argv(argv, prog: str):
     if paths:
         for path in paths.split(os.pathsep):
             if not os.path.isfile(path):
-                print(f"{prog}: error: --path {path}: no such checkpoint file", file=sys.stderr)
-                sys.exit(2)
+                raise MissingFileError(f"--path {path}: no such checkpoint file")
     return argv
 
 
 def _run(fairseq_main_module: str, prog: str, argv=None) -> None:
-    argv = plugin_argv(sys.argv[1:] if argv is None else argv, prog)
-    import importlib
-
-    import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
-
-    from lsg_text.errors import UserError, report
-
-    module = importlib.import_module(fairseq_main_module)
-    # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.
-    sys.argv = [prog] + argv
     try:
+        argv = plugin_argv(sys.argv[1:] if argv is None else argv, prog)
+        import importlib
+
+        import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
+
+        module = importlib.import_module(fairseq_main_module)
+        # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.
+        sys.argv = [prog] + argv
         module.cli_main()
     except UserError as e:
         sys.exit(report(e, prog))
@@ -85,7 +84,6 @@ if __name__ == "__main__":
     # python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} ...
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command not in ("generate", "interactive"):
-        print("usage: python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} [fairseq flags]",
-              file=sys.stderr)
-        sys.exit(2)
+        sys.exit(report("usage: python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} [fairseq flags]",
+                        "lsg_fairseq.cli.fairseq_wrappers"))
     {"generate": generate, "interactive": interactive}[command](sys.argv[2:])
