@@ -78,7 +78,6 @@ from fairseq import options  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
-from lsg_text.errors import report as report_error  # noqa: E402
 
 from report import ALL_ARCHS, INT8_ARCHS, MODES  # noqa: E402
 
@@ -496,7 +495,7 @@ def cpu_name():
 def main(argv=None):
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
-        sys.exit(report_error("--device cuda: no CUDA device visible to torch", "run.py"))
+        sys.exit("--device cuda: no CUDA device visible to torch")
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, args.tag)
     records, meta_runs = [], []

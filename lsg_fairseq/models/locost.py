@@ -39,7 +39,7 @@ from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, KERNEL_TAIL_TOL, SSM_PARAMETER_NAMES
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
-from lsg_text.argtypes import POSITIVE_INT, bool_flag, finite_float, float_range, int_range
+from lsg_text.argtypes import FINITE_FLOAT, POSITIVE_INT, PROBABILITY, bool_flag, float_range, int_range
 from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -56,10 +56,10 @@ LOCOST_ARGS = [
     ("--layer-norm-eps", float_range(0, lo_open=True), "RMSNorm epsilon"),
     ("--relative-attention-num-buckets", int_range(4), "T5 relative position buckets (decoder self-attention)"),
     ("--relative-attention-max-distance", POSITIVE_INT, "distance beyond which relative positions share the last bucket"),
-    ("--dropout", float_range(0, 0.999), "dropout on embeddings, residual branches, FFN inner activations and attention weights"),
+    ("--dropout", PROBABILITY, "dropout on embeddings, residual branches, FFN inner activations and attention weights"),
     ("--ssm-dt-min", float_range(0, lo_open=True), "lower bound of the log-uniform init of the SSM step size dt"),
     ("--ssm-dt-max", float_range(0, lo_open=True), "upper bound of the log-uniform init of the SSM step size dt"),
-    ("--ssm-lr", finite_float, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
+    ("--ssm-lr", FINITE_FLOAT, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
                         "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
     ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching the SSM kernels in eval "
@@ -77,34 +77,21 @@ LOCOST_ARGS = [
     ("--max-target-positions", POSITIVE_INT, "longest target / generation length"),
 ]
 
-_POSITIVE = ("d_model", "d_state", "d_ff", "d_kv", "encoder_layers", "decoder_layers",
-             "decoder_attention_heads", "relative_attention_num_buckets",
-             "relative_attention_max_distance", "max_source_positions", "max_target_positions")
+
+def locost_arg_ranges() -> dict:
+    """{argument name: its declared range} (:class:`lsg_text.argtypes.Range`), for values that do not
+    come through argparse (the converter checks an HF config's values with them)."""
+    return {flag[2:].replace("-", "_"): typ for flag, typ, _ in LOCOST_ARGS if hasattr(typ, "problem")}
 
 
 def check_locost_args(args) -> None:
-    """Validate at build time, naming the flag at fault."""
-    def flag(name):
-        return "--" + name.replace("_", "-")
-
-    for name in _POSITIVE:
-        if int(getattr(args, name)) <= 0:
-            raise ConfigError(f"{flag(name)} must be positive (got {getattr(args, name)})")
+    """At build time, what no single flag's range can say (each range is checked where the value
+    arrives: argparse for flags, the converter for an HF config); messages name the flags."""
     if args.d_state % 2:
         raise ConfigError(f"--d-state must be even (got {args.d_state}): the real state is stored as "
-                         "d_state/2 complex-conjugate modes")
-    if not 0.0 <= args.dropout < 1.0:
-        raise ConfigError(f"--dropout must be in [0, 1) (got {args.dropout})")
-    if not 0.0 < args.ssm_dt_min <= args.ssm_dt_max:
-        raise ConfigError(f"need 0 < --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
-    if args.layer_norm_eps <= 0:
-        raise ConfigError(f"--layer-norm-eps must be positive (got {args.layer_norm_eps})")
-    if args.relative_attention_num_buckets < 4:
-        raise ConfigError("--relative-attention-num-buckets must be >= 4 (half exact, half log-spaced)")
-    if args.ssm_kernel_tail_tol < 0:
-        raise ConfigError(f"--ssm-kernel-tail-tol must be >= 0 (got {args.ssm_kernel_tail_tol})")
-    if args.ssm_kernel_cache_mb < 0:
-        raise ConfigError(f"--ssm-kernel-cache-mb must be >= 0 (got {args.ssm_kernel_cache_mb})")
+                          "d_state/2 complex-conjugate modes")
+    if args.ssm_dt_min > args.ssm_dt_max:
+        raise ConfigError(f"need --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
 
 
 class LOCOSTEncoder(FairseqEncoder):

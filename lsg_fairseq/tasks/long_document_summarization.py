@@ -22,7 +22,6 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
 """
 import json
 import logging
-import math
 import os
 from argparse import Namespace
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from lsg_fairseq import checkpoint_policy
 from lsg_fairseq.data.binarized import check_binarized_pair
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
 from lsg_fairseq.generation import LongInputSequenceGenerator
+from lsg_text.argtypes import GENERATION_SETTINGS
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import DataError
 from lsg_text.offline_bpe import check_sentencepiece_dictionary
@@ -53,44 +53,6 @@ EVAL_ROUGE_BPE_CHOICES = ChoiceEnum(["gpt2", "sentencepiece", "none"])
 DEFAULT_EVAL_ROUGE_ARGS = '{"beam": 4, "lenpen": 1.0, "max_len_b": 256, "min_len": 0, "no_repeat_ngram_size": 3}'
 
 
-def _number(lo=None, hi=None, integer=False, lo_open=False):
-    """A JSON value check: int (or finite number) in the range; returns an error text or None."""
-    def check(v):
-        ok = isinstance(v, int) if integer else isinstance(v, (int, float)) and math.isfinite(v)
-        kind = "an integer" if integer else "a number"
-        if isinstance(v, bool) or not ok:
-            return f"must be {kind}"
-        if lo is not None and (v <= lo if lo_open else v < lo) or hi is not None and v > hi:
-            return f"must be {kind} {'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
-        return None
-    return check
-
-
-def _boolean(v):
-    return None if isinstance(v, bool) else "must be true or false"
-
-
-# Every generation setting fairseq's build_generator reads, with its range (flag names without "--").
-EVAL_ROUGE_ARG_CHECKS = {
-    "beam": _number(1, integer=True),
-    "lenpen": _number(-10, 10),  # fairseq divides by length ** lenpen: beyond ~100 a float overflows
-    "unkpen": _number(),
-    "max_len_a": _number(0),
-    "max_len_b": _number(1, integer=True),
-    "min_len": _number(0, integer=True),
-    "no_repeat_ngram_size": _number(0, integer=True),
-    "temperature": _number(0, lo_open=True),
-    "sampling": _boolean,
-    "sampling_topk": _number(-1, integer=True),
-    "sampling_topp": _number(-1, 1),
-    "match_source_len": _boolean,
-    "unnormalized": _boolean,
-    "diverse_beam_groups": _number(-1, integer=True),
-    "diverse_beam_strength": _number(),
-    "diversity_rate": _number(-1),
-}
-
-
 def parse_eval_rouge_args(text: str) -> dict:
     """``--eval-rouge-args`` JSON -> dict; unknown keys and bad values are refused, flag named."""
     flag = "--eval-rouge-args"
@@ -100,12 +62,12 @@ def parse_eval_rouge_args(text: str) -> dict:
         raise ConfigError(f"{flag}: not valid JSON ({getattr(e, 'msg', e)}); e.g. {DEFAULT_EVAL_ROUGE_ARGS}") from None
     if not isinstance(args, dict):
         raise ConfigError(f"{flag}: expected a JSON object, got {type(args).__name__}; e.g. {DEFAULT_EVAL_ROUGE_ARGS}")
-    unknown = sorted(set(args) - set(EVAL_ROUGE_ARG_CHECKS))
+    unknown = sorted(set(args) - set(GENERATION_SETTINGS))
     if unknown:
         raise ConfigError(f"{flag}: unknown key(s) {', '.join(map(repr, unknown))}; known: "
-                          f"{', '.join(EVAL_ROUGE_ARG_CHECKS)}")
+                          f"{', '.join(GENERATION_SETTINGS)}")
     for key, value in args.items():
-        problem = EVAL_ROUGE_ARG_CHECKS[key](value)
+        problem = GENERATION_SETTINGS[key].problem(value)
         if problem:
             raise ConfigError(f"{flag}: {key} {problem}, got {json.dumps(value)}")
     if args.get("max_len_a", 0) == 0 and args.get("min_len", 0) > args.get("max_len_b", 200):
