@@ -286,8 +286,8 @@ def _convert_hf(src, out, to, max_source_positions, max_target_positions, stride
     values.update(max_source_positions=M, max_target_positions=T)
     if to == "lsg_bart":
         lsg = {k: config.get(k) for k in LSG_OPTION_NAMES} if source_is_lsg else {}
-        if source_is_lsg and "sparsity_type" in config and config["sparsity_type"] is None:
-            lsg["sparsity_type"] = "none"  # the reference's None = no sparse keys
+        if source_is_lsg and "sparsity_type" in config and str(config["sparsity_type"]).lower() == "none":
+            lsg["sparsity_type"] = "none"  # the reference's None (or "None") = no sparse keys
         if source_is_lsg and config.get("adaptive") is False:
             logger.warning("%s: adaptive=False in config; lsg-fairseq always pads adaptively", src)
         lsg.update({k: v for k, v in options.items() if v is not None})

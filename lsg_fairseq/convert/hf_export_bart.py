@@ -194,10 +194,7 @@ def hf_config(source: Source, family: str, hf: Dict[str, torch.Tensor]) -> dict:
         scale_embedding=not g("no_scale_embedding", True),
     )
     if family == "lsg_bart":
-        from lsg_fairseq.modules.lsg_attention import normalize_sparsity_type
-
         lsg = {name: g(name) for name in LSG_OPTION_NAMES}
-        lsg["sparsity_type"] = normalize_sparsity_type(lsg["sparsity_type"])
         for name in ("mask_first_token", "pass_global_tokens_to_decoder", "pool_with_global"):
             lsg[name] = bool(lsg[name])
         config.update(lsg, adaptive=True, auto_map=dict(LSG_AUTO_MAP), base_model_prefix="lsg")
