@@ -18,8 +18,6 @@ import sys
 
 from lsg_text.errors import MissingFileError, UserError, report
 
-DEFAULT_TASK = "long_document_summarization"
-
 
 def _has_flag(argv, flag) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
@@ -37,6 +35,7 @@ def _flag_value(argv, flag):
 def plugin_argv(argv, prog: str):
     """``argv`` with ``--user-dir`` and ``--task`` added when missing; checks ``--path`` files."""
     from lsg_fairseq import user_dir
+    from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
 
     argv = list(argv)
     if _has_flag(argv, "--user-dir"):
@@ -48,7 +47,7 @@ def plugin_argv(argv, prog: str):
     else:
         argv += ["--user-dir", user_dir()]
     if not _has_flag(argv, "--task") and "-h" not in argv and "--help" not in argv:
-        argv += ["--task", DEFAULT_TASK]
+        argv += ["--task", TASK_NAME]
     paths = _flag_value(argv, "--path")
     if paths:
         for path in paths.split(os.pathsep):

@@ -38,6 +38,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, KERNEL_TAIL_TOL, SSM_PARAMETER_NAMES
+from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
 from lsg_text.argtypes import FINITE_FLOAT, POSITIVE_INT, PROBABILITY, bool_flag, float_range, int_range
 from lsg_text.errors import ConfigError
@@ -340,7 +341,7 @@ def locost_base_architecture(args):
     _defaults(
         args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
         decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
-        relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=1e-3, ssm_dt_max=1e-1,
+        relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=DT_MIN, ssm_dt_max=DT_MAX,
         ssm_lr=0.0, ssm_kernel_cache_mb=KERNEL_CACHE_MB, ssm_kernel_tail_tol=KERNEL_TAIL_TOL, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
         checkpoint_activations=False, offload_activations=False,
     )

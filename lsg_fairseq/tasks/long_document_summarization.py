@@ -44,11 +44,13 @@ from lsg_fairseq.generation import LongInputSequenceGenerator
 from lsg_text.argtypes import GENERATION_SETTINGS
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import DataError
-from lsg_text.offline_bpe import check_sentencepiece_dictionary
+from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_sentencepiece_dictionary
 from lsg_text.rouge import ROUGE_KEYS, rouge_example
 
 logger = logging.getLogger(__name__)
 
+# The plugin's default task: what the converter builds models with and lsg-fairseq-generate adds.
+TASK_NAME = "long_document_summarization"
 EVAL_ROUGE_BPE_CHOICES = ChoiceEnum(["gpt2", "sentencepiece", "none"])
 DEFAULT_EVAL_ROUGE_ARGS = '{"beam": 4, "lenpen": 1.0, "max_len_b": 256, "min_len": 0, "no_repeat_ngram_size": 3}'
 
@@ -110,20 +112,20 @@ class LongDocumentSummarizationConfig(TranslationConfig):
         metadata={"help": "how to detokenize before ROUGE: gpt2 (encoder.json/vocab.bpe), sentencepiece, or none"},
     )
     eval_rouge_gpt2_encoder_json: Optional[str] = field(
-        default=None, metadata={"help": "GPT-2 encoder.json for --eval-rouge (default: <data>/encoder.json)"}
+        default=None, metadata={"help": f"GPT-2 {GPT2_FILES[0]} for --eval-rouge (default: <data>/{GPT2_FILES[0]})"}
     )
     eval_rouge_gpt2_vocab_bpe: Optional[str] = field(
-        default=None, metadata={"help": "GPT-2 vocab.bpe for --eval-rouge (default: <data>/vocab.bpe)"}
+        default=None, metadata={"help": f"GPT-2 {GPT2_FILES[1]} for --eval-rouge (default: <data>/{GPT2_FILES[1]})"}
     )
     eval_rouge_sentencepiece_model: Optional[str] = field(
-        default=None, metadata={"help": "sentencepiece model for --eval-rouge (default: <data>/spm.model)"}
+        default=None, metadata={"help": f"sentencepiece model for --eval-rouge (default: <data>/{SENTENCEPIECE_MODEL})"}
     )
     eval_rouge_print_samples: bool = field(
         default=False, metadata={"help": "log one generated summary and its reference per validation batch"}
     )
 
 
-@register_task("long_document_summarization", dataclass=LongDocumentSummarizationConfig)
+@register_task(TASK_NAME, dataclass=LongDocumentSummarizationConfig)
 class LongDocumentSummarizationTask(TranslationTask):
     cfg: LongDocumentSummarizationConfig
 
@@ -355,11 +357,11 @@ class LongDocumentSummarizationTask(TranslationTask):
         if kind == "gpt2":
             return encoders.build_bpe(Namespace(
                 bpe="gpt2",
-                gpt2_encoder_json=path("eval-rouge-gpt2-encoder-json", self.cfg.eval_rouge_gpt2_encoder_json, "encoder.json"),
-                gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, "vocab.bpe"),
+                gpt2_encoder_json=path("eval-rouge-gpt2-encoder-json", self.cfg.eval_rouge_gpt2_encoder_json, GPT2_FILES[0]),
+                gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, GPT2_FILES[1]),
             ))
         if kind == "sentencepiece":
-            spm_path = path("eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, "spm.model")
+            spm_path = path("eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, SENTENCEPIECE_MODEL)
             bpe = encoders.build_bpe(Namespace(
                 bpe="sentencepiece",
                 sentencepiece_model=spm_path,
