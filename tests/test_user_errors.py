@@ -123,7 +123,7 @@ def test_convert_into_an_empty_out_and_refuses_a_folder_holding_the_source(tmp_p
     assert (out / "model.pt").is_file()
     # converting OUT/model.pt into OUT itself would delete the input: refused even with --force
     code, line = run_convert([out / "model.pt", out, "--force", "--max-source-positions", "2048"], capsys)
-    assert code == 2 and f"{out}: the output folder would overwrite the input {out / 'model.pt'}" in line
+    assert code == 2 and f"{out}: the output folder would replace the source {out / 'model.pt'}" in line
 
 
 # ----------------------------------------------------------------------------- tokenizer record

@@ -2,10 +2,11 @@
 
     lsg-fairseq-export CKPT_OR_MODEL_DIR HF_DIR [--force]
 
-The inverse of ``lsg-fairseq-convert`` (``lsg_fairseq.convert.hf_export``): bart_* ->
-BartForConditionalGeneration, led_* -> LEDForConditionalGeneration, lsg_bart_* -> the LSG-BART
-format of the LSG authors, locost_* -> the reference LOCOST format. Refusals exit with status 2
-and leave HF_DIR untouched.
+The inverse of ``lsg-fairseq-convert`` (``lsg_fairseq.convert.export``): the checkpoint's arch
+names its model family (``lsg_fairseq.convert.families()``), which writes that family's HF folder:
+bart -> BartForConditionalGeneration, led -> LEDForConditionalGeneration, lsg_bart -> the LSG-BART
+format of the LSG authors, locost -> the reference LOCOST format. Refusals exit with status 2 and
+leave HF_DIR untouched.
 """
 import argparse
 import logging
