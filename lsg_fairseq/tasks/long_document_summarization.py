@@ -38,7 +38,7 @@ from fairseq.tasks.translation import (
 )
 
 from lsg_fairseq import checkpoint_policy
-from lsg_fairseq.data.binarized import check_binarized_pair
+from lsg_fairseq.data.binarized import check_binarized_pair, require_split
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
 from lsg_fairseq.generation import LongInputSequenceGenerator
 from lsg_text.argtypes import GENERATION_SETTINGS
@@ -184,7 +184,9 @@ class LongDocumentSummarizationTask(TranslationTask):
             paths = paths[:1]
         data_path = paths[(epoch - 1) % len(paths)]
         src, tgt = self.cfg.source_lang, self.cfg.target_lang
-        # fairseq's own errors for these name no file ("cannot mmap an empty file", an assert)
+        # fairseq's own errors for these are tracebacks that name no file ("Dataset not found: valid",
+        # "cannot mmap an empty file", an assert)
+        require_split(data_path, split, src, tgt, self.cfg.dataset_impl, train=split == self.cfg.train_subset)
         check_binarized_pair(data_path, split, src, tgt)
         pair = load_langpair_dataset(
             data_path,
