@@ -35,6 +35,7 @@ from lsg_text.errors import UserError
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAMES = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")  # what a model folder holds
+SNIFF_BYTES = 512  # of a weights file that does not load: enough to tell an HTML page or an LFS pointer
 
 
 class ConversionError(UserError, ValueError):
@@ -73,7 +74,7 @@ def _weights_error(path: str, error: Exception) -> ConversionError:
     """A weights file that does not load: say what it looks like (truncated, an HTML page, ...)."""
     size = os.path.getsize(path) if os.path.exists(path) else 0
     with open(path, "rb") as f:
-        head = f.read(512).lstrip().lower()
+        head = f.read(SNIFF_BYTES).lstrip().lower()
     if head.startswith((b"<!doctype", b"<html", b"<?xml", b"<")):
         what = "an HTML/XML page, not weights (a failed download saved as the file?)"
     elif head.startswith(b"version https://git-lfs"):

@@ -137,7 +137,7 @@ class GSGCorpus:
         t, w = self.tok_offsets[s0 : s1 + 1], self.word_offsets[s0 : s1 + 1]
         tokens = np.asarray(self.tokens[t[0] : t[-1]], dtype=np.int64)
         words = np.asarray(self.words[w[0] : w[-1]], dtype=np.int64)
-        # per-sentence views, bounds relative to the document start (np.split is 10x slower)
+        # per-sentence views, bounds relative to the document start (np.split is much slower)
         t, w = (t - t[0]).tolist(), (w - w[0]).tolist()
         return ([tokens[a:b] for a, b in zip(t[:-1], t[1:])],
                 [words[a:b] for a, b in zip(w[:-1], w[1:])])

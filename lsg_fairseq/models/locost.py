@@ -65,15 +65,14 @@ LOCOST_ARGS = [
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
     ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching the SSM kernels in eval "
                                      "mode without autograd (time domain, each channel cut at its decay "
-                                     "length, shortest kernels first; the rest are generated in every call). "
-                                     "All of a locost_base layer's kernels take ~17 MiB at 4K tokens, ~38 MiB "
-                                     "at 16K, ~50 MiB at 64K for the default init; 0 disables"),
+                                     "length, shortest kernels first; the rest are generated in every call; "
+                                     "what they take: benchmarks/README.md). 0 disables"),
     ("--ssm-kernel-tail-tol", float_range(0), "SSM kernel entries after every mode's term has decayed below this are "
                                      "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
                                      "0 computes every entry like the reference"),
     ("--ssm-kernel-recompute", bool_flag, "training: recompute the SSM kernel in backward instead of keeping its "
-                                      "temporaries (true: ~0.07 GiB instead of ~0.6 GiB saved per base layer, "
-                                      "at the cost of a second kernel generation per step)"),
+                                      "temporaries (a fraction of the memory, at the cost of a second kernel "
+                                      "generation per step)"),
     ("--max-source-positions", POSITIVE_INT, "longest source the task feeds (the encoder itself has no limit)"),
     ("--max-target-positions", POSITIVE_INT, "longest target / generation length"),
 ]
