@@ -55,7 +55,7 @@ def add_lean_activations_arg(parser) -> None:
     parser.add_argument("--lean-activations", type=bool_flag, default=True, metavar="BOOL",
                         help="training: encoder layers keep less for backward (self-attention recomputed "
                         "from its input, the FFN activation recomputed, dropout masks kept as bool); "
-                        "same gradients, a few %% more time (default: true)")
+                        "same gradients, a few %% more time (default: %(default)s)")
 
 
 def lean_activations(args) -> bool:

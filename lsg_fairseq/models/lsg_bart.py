@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 # Source length of lsg_bart_base / lsg_bart_large when none is given (the reference's converter's)
 MAX_SOURCE_POSITIONS = 4096
+# The encoder's own flags' defaults (the reference's), beside the attention's LSG_DEFAULTS
+ENCODER_DEFAULTS = dict(mask_first_token=False, pass_global_tokens_to_decoder=True, pool_with_global=True,
+                        train_global_only=False)
 
 def lsg_attention_kwargs(args) -> dict:
     """The LSGSelfAttention keyword arguments held by a model namespace."""
@@ -166,9 +169,11 @@ class LSGBARTModel(LongInputBARTModel):
         parser.add_argument("--mask-first-token", type=bool_flag, nargs="?", const=True, metavar="BOOL",
                             help="hide the first source token (<s>, redundant with global 0) from self- and cross-attention")
         parser.add_argument("--pass-global-tokens-to-decoder", type=bool_flag, nargs="?", const=True, metavar="BOOL",
-                            help="decoder cross-attends to the global tokens too (default true)")
+                            help="decoder cross-attends to the global tokens too "
+                            f"(default {ENCODER_DEFAULTS['pass_global_tokens_to_decoder']})")
         parser.add_argument("--pool-with-global", type=bool_flag, nargs="?", const=True, metavar="BOOL",
-                            help="without --pass-global-tokens-to-decoder: global 0's output replaces the first token's (default true)")
+                            help="without --pass-global-tokens-to-decoder: global 0's output replaces the first "
+                            f"token's (default {ENCODER_DEFAULTS['pool_with_global']})")
         parser.add_argument("--lsh-num-pre-rounds", type=NON_NEGATIVE_INT, metavar="N",
                             help="lsh sparsity only: merging rounds before the final hashing round")
 
@@ -191,10 +196,8 @@ def lsg_architecture_defaults(args):
     """Defaults of the LSG flags: the attention's (the reference's, ``LSG_DEFAULTS``), then the encoder's."""
     for name, value in LSG_DEFAULTS.items():
         setattr(args, name, getattr(args, name, value))
-    args.mask_first_token = bool_flag(getattr(args, "mask_first_token", False))
-    args.pass_global_tokens_to_decoder = bool_flag(getattr(args, "pass_global_tokens_to_decoder", True))
-    args.pool_with_global = bool_flag(getattr(args, "pool_with_global", True))
-    args.train_global_only = bool_flag(getattr(args, "train_global_only", False))
+    for name, value in ENCODER_DEFAULTS.items():  # bool flags: a checkpoint may hold "true"
+        setattr(args, name, bool_flag(getattr(args, name, value)))
 
 
 @register_model_architecture("lsg_bart", "lsg_bart_large")
