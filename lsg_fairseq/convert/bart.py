@@ -609,14 +609,8 @@ class LSGBartFamily(BartFamily):
         # LSG source carries M + 2 rows; keep that unless --max-target-positions slices it
         # (fairseq_notes 3.6).
         T = int(max_target_positions or (dec_pos.size(0) - 2 if source_is_lsg else M))
-        values.update(max_source_positions=M, max_target_positions=T)
-        lsg = {k: config.get(k) for k in LSG_OPTION_NAMES} if source_is_lsg else {}
-        if source_is_lsg and "sparsity_type" in config and str(config["sparsity_type"]).lower() == "none":
-            lsg["sparsity_type"] = "none"  # the reference's None (or "None") = no sparse keys
-        if source_is_lsg and config.get("adaptive") is False:
-            logger.warning("%s: adaptive=False in config; lsg-fairseq always pads adaptively", src)
-        lsg.update(options)
-        values.update(lsg)
+        values.update(self.hf_values(config) if source_is_lsg else {}, max_source_positions=M, max_target_positions=T)
+        values.update(options)
         if source_is_lsg:
             if "encoder.global_embeddings.weight" not in sd:
                 raise C.ConversionError(f"{src}: LSG config but no model.encoder.global_embeddings.weight")
@@ -633,6 +627,16 @@ class LSGBartFamily(BartFamily):
         sd["encoder.embed_positions.weight"] = extend_positions(enc_pos, M)
         sd["decoder.embed_positions.weight"] = extend_positions(dec_pos, T)
         return self.write_model(source, out, arch, values, sd, V)
+
+    def hf_values(self, config):
+        """The LSG settings of an HF LSG-BART config; the reference's ``None`` (or ``"None"``) sparsity
+        type, no sparse keys, becomes ``"none"`` here, the one place it is translated."""
+        if config.get("adaptive") is False:
+            logger.warning("adaptive=False in the HF config; lsg-fairseq always pads adaptively")
+        values = {k: config.get(k) for k in LSG_OPTION_NAMES}
+        if "sparsity_type" in config and str(config["sparsity_type"]).lower() == "none":
+            values["sparsity_type"] = "none"
+        return values
 
     def new_encoder(self, model_args, sd, src_dir, **init):
         """A fairseq BART checkpoint -> lsg_bart: same sizes (bart_large -> lsg_bart_large), every LSG
