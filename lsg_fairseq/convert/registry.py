@@ -39,7 +39,6 @@ class SourceInfo:
     path: str
     hf_config: Optional[dict] = None  # config.json of an HF folder (None: not one, or unreadable)
     checkpoint: Optional[str] = None  # a fairseq checkpoint file (model.pt, or the one in the folder)
-    model_args: object = None  # its cfg.model
     arch: Optional[str] = None  # its --arch
     model: Optional[str] = None  # the registered fairseq model of that arch (bart, lsg_bart, ...)
 
@@ -80,8 +79,7 @@ def probe(src: str) -> SourceInfo:
         model_args = state.get("args")
     get = model_args.get if isinstance(model_args, dict) else lambda key: getattr(model_args, key, None)
     arch = str(get("arch") or "") if model_args is not None else ""
-    return SourceInfo(src, checkpoint=path, model_args=model_args, arch=arch or None,
-                      model=ARCH_MODEL_NAME_REGISTRY.get(arch))
+    return SourceInfo(src, checkpoint=path, arch=arch or None, model=ARCH_MODEL_NAME_REGISTRY.get(arch))
 
 
 class Family:
