@@ -52,7 +52,7 @@ def kernel_call(tokens: int, keys: int, queries_per_block: int, heads: int = 12,
                 buffer_elems: int = 1 << 21):
     """One layer's attention core at its best: every block of queries against ``keys`` keys held in
     a small reused buffer (cache-resident, as ``ops.window_attention`` gathers them without
-    autograd; overlapping strided views of the whole source measured up to 25% slower), no mask,
+    autograd; overlapping strided views of the whole source are slower: benchmarks/README.md), no mask,
     no copy counted."""
     nb = tokens // queries_per_block
     chunk = max(1, min(nb, buffer_elems // (keys * heads * head_dim)))

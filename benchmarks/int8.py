@@ -42,6 +42,7 @@ from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 
 from lsg_fairseq.quantize import quantize_int8  # noqa: E402
+from lsg_text.errors import report  # noqa: E402
 from run import cpu_name, load_average  # noqa: E402  (benchmarks/run.py: the same run metadata)
 
 FIXTURES = os.path.join(REPO, "..", "shared", "fixtures")
@@ -190,8 +191,8 @@ def long_context(args) -> dict:
     spm = os.path.join(out, "long", "spm", "spm.model")
     for path in (ckpt, spm):
         if not os.path.isfile(path):
-            sys.exit(f"--long-context {out}: no {path}; run `ARCHS=lsg_norm EXTRAPOLATION=0 "
-                     f"OUT={out} bash examples/long_context/run.sh` first")
+            sys.exit(report(f"--long-context {out}: no {path}; run `ARCHS=lsg_norm EXTRAPOLATION=0 "
+                            f"OUT={out} bash examples/long_context/run.sh` first", "int8.py"))
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=REPO)
     result = {"checkpoint": ckpt, "rows": {}}
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,7 +17,8 @@ the model is built) on CPU, ``torch.cuda.max_memory_allocated`` on GPU; reported
 above the resident weights ("activations"). Within each length and mode all archs run back to
 back, so ratios between archs see the same machine load.
 
-Architectures (``--arch``):
+Architectures (``--arch``): the benchmark rows of every model family (``lsg_fairseq.convert``,
+``Family.benchmarks``: a new family brings its own), plus ``linear`` and the int8 variants built here.
 
 - ``bart``: stock fairseq ``bart_base`` (6+6 layers, d 768); self-attention is
   ``F.multi_head_attention_forward`` -> ``scaled_dot_product_attention`` (full attention).
@@ -91,12 +92,17 @@ from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
+from lsg_fairseq.convert import families  # noqa: E402
+from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
 from lsg_fairseq.modules.paths import PATHS, forced_path  # noqa: E402
-from report import ALL_ARCHS, HF_ARCHS, INT8_ARCHS, MODES, slope  # noqa: E402,F401  (slope: tests use run.slope)
+from report import HF_ARCHS, INT8_ARCHS, MODES  # noqa: E402
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
 SMOKE_ARCHS = ("bart", "lsg_norm", "lsg_pooling", "linear", "led", "locost", "locost_cold", "locost_ckpt")
+# {row: f(length, args) -> fairseq arch + flags} of every model family
+FAMILY_ROWS = {row: argv for family in families().values() for row, argv in family.benchmarks().items()}
+ALL_ARCHS = tuple(FAMILY_ROWS) + ("linear",) + INT8_ARCHS + HF_ARCHS
 
 
 def quantize_available() -> bool:
@@ -181,35 +187,12 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------------------------- models
-SMOKE_BART = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64",
-              "--decoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128",
-              "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4",
-              "--decoder-attention-heads", "4"]
-
-
 def model_argv(arch: str, length: int, args) -> list:
-    """fairseq arch name + flags for one benchmark arch at one input length."""
-    positions = ["--max-source-positions", str(max(length, 1024))]
-    if arch == "bart":
-        return ["bart_base"] + positions + (SMOKE_BART if args.smoke else [])
+    """fairseq arch name + flags for one benchmark arch at one input length (its family's row;
+    ``linear`` and the int8 archs are variants of the lsg_norm / led rows)."""
     if arch in INT8_ARCHS:
         return model_argv(arch[:-len("_int8")], length, args)
-    if arch.startswith("lsg_") or arch == "linear":
-        stype = "norm" if arch == "linear" else arch[len("lsg_"):]
-        return ["lsg_bart_base"] + positions + (SMOKE_BART if args.smoke else []) + [
-            "--block-size", str(args.block_size), "--sparse-block-size", str(args.sparse_block_size),
-            "--sparsity-factor", str(args.sparsity_factor), "--sparsity-type", stype,
-            "--num-global-tokens", str(args.num_global_tokens)]
-    if arch == "led":
-        return ["led_base"] + ["--max-source-positions", str(max(length, 16384))] + (
-            SMOKE_BART if args.smoke else []) + ["--attention-window", str(args.attention_window)]
-    if arch in ("locost", "locost_cold", "locost_ckpt"):
-        cache = 0.0 if arch == "locost_cold" else args.locost_kernel_cache_mb
-        return (["locost_tiny"] if args.smoke else ["locost_base"]) + [
-            "--max-source-positions", str(length)] + (
-            [] if cache is None else ["--ssm-kernel-cache-mb", str(cache)]) + (
-            ["--checkpoint-activations"] if arch == "locost_ckpt" else [])
-    raise ValueError(arch)
+    return FAMILY_ROWS["lsg_norm" if arch == "linear" else arch](length, args)
 
 
 def make_dictionary(size: int) -> Dictionary:
@@ -597,7 +580,7 @@ def main(argv=None):
         return
     device = probe_device(args)
     if not device["available"]:
-        sys.exit(f"--device {args.device}: no such device visible to torch")
+        sys.exit(report_error(f"--device {args.device}: no such device visible to torch", "run.py"))
     run_meta = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "argv": sys.argv[1:] if argv is None else argv, "load_average_start": load_average(),
                 "device": device["name"], "cuda": device["cuda"],

@@ -1,66 +1,73 @@
-"""argparse ``type=`` functions with declared ranges, so a bad value is refused at parse time.
+"""Declared ranges of the plugin's settings, each checked in one place: where the value arrives.
 
-``--block-size 0`` then fails where fairseq (or our own command) parses it, with argparse's one
-line ``prog: error: argument --block-size: must be an integer >= 1, got '0'``, instead of deep in a
-model build. Every numeric flag of the plugin uses one of these.
+A :class:`Range` is both argparse's ``type=`` (so ``--block-size 0`` fails where fairseq or our
+own command parses it, with argparse's one line ``prog: error: argument --block-size: must be an
+integer >= 1, got '0'``, instead of deep in a model build) and, through :meth:`Range.problem`, the
+check of a value that arrives already typed: a JSON option (``--eval-rouge-args``) or a
+checkpoint's cfg. Every numeric flag of the plugin uses one of these.
 """
 import argparse
 import math
 from typing import Optional
 
 
-def _bounds(lo, hi, lo_open=False) -> str:
-    if hi is None:
-        return f"{'>' if lo_open else '>='} {lo}"
-    return f"in {'(' if lo_open else '['}{lo}, {hi}]"
+class Range:
+    """Numbers ``lo <= x <= hi`` (either bound may be open or absent); ints only with ``integer``."""
+
+    def __init__(self, integer: bool, lo=None, hi=None, lo_open: bool = False, hi_open: bool = False):
+        self.integer, self.lo, self.hi, self.lo_open, self.hi_open = integer, lo, hi, lo_open, hi_open
+        self.kind = "an integer" if integer else "a number"
+        if lo is None and hi is None:
+            bounds = ""
+        elif hi is None:
+            bounds = f" {'>' if lo_open else '>='} {lo}"
+        elif lo is None:
+            bounds = f" {'<' if hi_open else '<='} {hi}"
+        else:
+            bounds = f" in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        self.expected = self.kind + bounds  # "an integer >= 1", "a number in [0, 1)"
+        self.__name__ = ("int" if integer else "float") + bounds  # argparse names the type in some messages
+
+    def problem(self, value) -> Optional[str]:
+        """What is wrong with an already typed ``value`` (``"must be an integer >= 1"``), or None."""
+        if self.integer:
+            typed = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            typed = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not typed:
+            return f"must be {self.kind}"
+        if self.lo is not None and (value <= self.lo if self.lo_open else value < self.lo):
+            return f"must be {self.expected}"
+        if self.hi is not None and (value >= self.hi if self.hi_open else value > self.hi):
+            return f"must be {self.expected}"
+        return None
+
+    def __call__(self, text):
+        """argparse ``type=``: text -> number, or argparse's refusal naming the range."""
+        try:
+            value = int(text) if self.integer else float(text)
+        except (TypeError, ValueError):
+            value = None
+        if value is None or self.problem(value):
+            raise argparse.ArgumentTypeError(f"must be {self.expected}, got {text!r}")
+        return value
 
 
-def int_range(lo: int, hi: Optional[int] = None):
+def int_range(lo: Optional[int] = None, hi: Optional[int] = None) -> Range:
     """An int ``lo <= x (<= hi)``."""
-
-    def parse(text):
-        try:
-            value = int(text)
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"must be an integer {_bounds(lo, hi)}, got {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"must be an integer {_bounds(lo, hi)}, got {text!r}")
-        return value
-
-    parse.__name__ = f"int {_bounds(lo, hi)}"  # argparse names the type in some messages
-    return parse
+    return Range(True, lo, hi)
 
 
-def float_range(lo: float, hi: Optional[float] = None, lo_open: bool = False):
-    """A finite float ``lo <= x (<= hi)`` (``lo < x`` with ``lo_open``)."""
-
-    def parse(text):
-        try:
-            value = float(text)
-        except (TypeError, ValueError):
-            value = math.nan
-        below = value <= lo if lo_open else value < lo
-        if not math.isfinite(value) or below or (hi is not None and value > hi):
-            raise argparse.ArgumentTypeError(f"must be a number {_bounds(lo, hi, lo_open)}, got {text!r}")
-        return value
-
-    parse.__name__ = f"float {_bounds(lo, hi, lo_open)}"
-    return parse
-
-
-def finite_float(text):
-    """Any finite float (e.g. a length penalty)."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
-    return value
+def float_range(lo: Optional[float] = None, hi: Optional[float] = None, lo_open: bool = False,
+                hi_open: bool = False) -> Range:
+    """A finite float ``lo <= x (<= hi)`` (``lo < x`` with ``lo_open``, ``x < hi`` with ``hi_open``)."""
+    return Range(False, lo, hi, lo_open, hi_open)
 
 
 POSITIVE_INT = int_range(1)
 NON_NEGATIVE_INT = int_range(0)
+FINITE_FLOAT = float_range()  # any finite number (e.g. a learning rate where <= 0 means "same as --lr")
+PROBABILITY = float_range(0, 1, hi_open=True)  # dropout: 1 would zero everything
 
 
 def bool_flag(value) -> bool:
@@ -72,3 +79,36 @@ def bool_flag(value) -> bool:
     if str(value).lower() in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true/false, got {value!r}")
+
+
+class _Boolean:
+    """A JSON true/false (a :class:`Range`-like check for :data:`GENERATION_SETTINGS`)."""
+
+    __name__ = "bool"
+
+    @staticmethod
+    def problem(value) -> Optional[str]:
+        return None if isinstance(value, bool) else "must be true or false"
+
+
+# fairseq's generation settings that our commands take (``--eval-rouge-args`` keys of the tasks,
+# lsg-fairseq-summarize's flags), each with its range. fairseq divides scores by length ** lenpen:
+# beyond ~100 a float overflows, hence [-10, 10]. -1 means "off" for the sampling and diversity ones.
+GENERATION_SETTINGS = {
+    "beam": POSITIVE_INT,
+    "lenpen": float_range(-10, 10),
+    "unkpen": FINITE_FLOAT,
+    "max_len_a": float_range(0),
+    "max_len_b": POSITIVE_INT,
+    "min_len": NON_NEGATIVE_INT,
+    "no_repeat_ngram_size": NON_NEGATIVE_INT,
+    "temperature": float_range(0, lo_open=True),
+    "sampling": _Boolean(),
+    "sampling_topk": int_range(-1),
+    "sampling_topp": float_range(-1, 1),
+    "match_source_len": _Boolean(),
+    "unnormalized": _Boolean(),
+    "diverse_beam_groups": int_range(-1),
+    "diverse_beam_strength": FINITE_FLOAT,
+    "diversity_rate": float_range(-1),
+}

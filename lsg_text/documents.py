@@ -26,7 +26,7 @@ SENTENCE_SPLITTERS = ("regex", "pysbd")
 
 def get_sentence_splitter(name: str) -> Callable[[str], List[str]]:
     """``regex``: the shared fast splitter (needs an upper-case letter or digit after the stop);
-    ``pysbd``: rule-based, ~100x slower, but also splits lower-cased text such as SumPubMed's."""
+    ``pysbd``: rule-based, far slower, but also splits lower-cased text such as SumPubMed's."""
     if name == "regex":
         return split_sentences
     if name == "pysbd":

@@ -2,8 +2,9 @@
 
 Each refusal of the plugin is an instance of :class:`UserError` (``DataError``, ``ConversionError``,
 ``CheckpointError``, :class:`ConfigError`, :class:`MissingFileError`), whose message names the file
-(and line) or the flag at fault and says how to fix it. Our own commands catch ``UserError`` and
-print ``prog: error: <message>`` (argparse's format) with exit status 2. Anything else is a bug
+(and line) or the flag at fault and says how to fix it. Our own commands and scripts catch
+``UserError`` and print ``prog: error: <message>`` (argparse's format) with exit status 2 through
+:func:`report`, the one printer (the shell scripts' ``die`` prints the same form). Anything else is a bug
 and keeps its traceback. (fairseq's own commands reach :func:`report` through
 ``lsg_fairseq.fairseq_fixes.one_line_errors``.)
 """
@@ -30,8 +31,9 @@ def one_line(message) -> str:
     return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
 
-def report(error: BaseException, prog: str) -> int:
-    """Print ``prog: error: <message>`` on stderr and return the exit status (2)."""
+def report(error, prog: str) -> int:
+    """Print ``prog: error: <message>`` on stderr and return the exit status (2): the one error
+    printer of every Python command and script (``error``: an exception or a message)."""
     sys.stdout.flush()
     print(f"{prog}: error: {one_line(error)}", file=sys.stderr, flush=True)
     return EXIT_USER_ERROR
@@ -41,4 +43,4 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse, with its refusals as one line (``prog: error: ...``, exit 2) and no usage dump."""
 
     def error(self, message):
-        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        self.exit(report(f"{message} (see {self.prog} --help)", self.prog))

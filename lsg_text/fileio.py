@@ -165,7 +165,8 @@ def _same_or_inside(path: str, folder: str) -> bool:
     return path == folder or os.path.commonpath([path, folder]) == folder
 
 
-def refuse_clobber(outputs: Sequence[str], inputs: Sequence[str], what: str = "output") -> None:
+def refuse_clobber(outputs: Sequence[str], inputs: Sequence[str], what: str = "output",
+                   verb: str = "overwrite the input") -> None:
     """Raise a :class:`DataError` when an output path is one of the inputs (or holds one).
 
     ``outputs`` and ``inputs`` are ``(flag, path)``-free plain paths; ``"-"`` (stdout/stdin) is
@@ -179,9 +180,7 @@ def refuse_clobber(outputs: Sequence[str], inputs: Sequence[str], what: str = "o
             if src in (None, "-") or not os.path.exists(src):
                 continue
             if _same_or_inside(src, out):
-                raise DataError(
-                    f"{out}: the {what} would overwrite the input {src}; choose another {what} path"
-                )
+                raise DataError(f"{out}: the {what} would {verb} {src}; choose another {what} path")
 
 
 def check_output_folder(out: str, force: bool, inputs: Sequence[str] = (), flag: str = "--force") -> None:
@@ -189,7 +188,7 @@ def check_output_folder(out: str, force: bool, inputs: Sequence[str] = (), flag:
     a non-empty folder. See :func:`atomic_folder`."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise DataError(f"{out}: exists and is not a folder; choose another output folder")
-    refuse_clobber([out], inputs, what="output folder")
+    refuse_clobber([out], inputs, what="output folder", verb="replace the source")  # replaced as a whole
     if os.path.isdir(out) and os.listdir(out) and not force:
         held = sorted(os.listdir(out))
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
@@ -329,12 +328,6 @@ def read_text(path: str, what: str = "", errors: str = "strict", fix: str = "con
             f"{prefix}{path}: not UTF-8 text (byte offset {e.start}, line {line}: {e.reason}); {fix}"
         ) from None
     return text[1:] if text.startswith("\ufeff") else text  # a UTF-8 BOM is not content
-
-
-def die(message: str, prog: str) -> int:
-    """Print ``prog: error: message`` to stderr (argparse's format) and return exit status 2."""
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return 2
 
 
 def unpaired_outputs(inputs: Sequence[str], outputs: Sequence[str]) -> Optional[str]:

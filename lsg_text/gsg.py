@@ -31,7 +31,6 @@ SELECTION_STRATEGIES = ("ind_orig", "seq", "random", "lead")
 
 # Mask actions, in the order of the probabilities given to :func:`draw_mask_actions`.
 MASK, REMOVE, KEEP, RANDOM = 0, 1, 2, 3
-MASK_ACTION_NAMES = ("mask", "remove", "keep", "random")
 
 # rouge-score's DefaultTokenizer (tokenize.py): lower-case, every run of characters other than
 # [a-z0-9] is a separator. Non-ASCII letters are separators too; that is what the package does.

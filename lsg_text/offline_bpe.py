@@ -222,7 +222,10 @@ __all__ = [
 # of another model left beside it can never be picked up instead.
 TOKENIZER_RECORD = "tokenizer.txt"
 GPT2_FILES = ("encoder.json", "vocab.bpe")
+# A model folder's sentencepiece model: the name our tools write first, then the ones fairseq users give it.
 SENTENCEPIECE_NAMES = ("spm.model", "sentencepiece.bpe.model", "sentencepiece.model")
+SENTENCEPIECE_MODEL = SENTENCEPIECE_NAMES[0]
+HF_SENTENCEPIECE_NAME = "spiece.model"  # T5's name, in HF LOCOST folders
 TOKENIZER_KINDS = ("gpt2", "sentencepiece", "none")
 
 

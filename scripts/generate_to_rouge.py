@@ -26,7 +26,8 @@ import os
 import sys
 
 from lsg_text.argtypes import POSITIVE_INT
-from lsg_text.fileio import DataError, atomic_outputs, count_lines, die, read_text, require_file
+from lsg_text.errors import report
+from lsg_text.fileio import DataError, atomic_outputs, count_lines, read_text, require_file
 from lsg_text.generate_output import hypotheses_and_references, parse_generate_output
 from lsg_text.rouge import rouge_corpus
 
@@ -148,21 +149,21 @@ def main(argv=None) -> int:
                 raise DataError("--generate-output needs --output-dir")
             if args.lead_words and not args.source_file:
                 raise DataError("--lead-words needs --source-file")
-            report = score_generate_output(args)
+            scores = score_generate_output(args)
         else:
             if args.lead_words or args.table:
                 raise DataError("--lead-words and --table go with --generate-output")
             if not (args.hyp and args.ref):
                 raise DataError("--hyp and --ref go together")
-            report = score_files(args)
+            scores = score_files(args)
         if args.json:
             with atomic_outputs([args.json]) as (f,):
-                f.write(json.dumps(report, indent=2) + "\n")
+                f.write(json.dumps(scores, indent=2) + "\n")
     except DataError as e:
-        return die(str(e), PROG)
+        return report(str(e), PROG)
     except UnicodeDecodeError as e:  # stdin
-        return die(f"--generate-output <stdin>: not UTF-8 text ({e.reason})", PROG)
-    print(table(report, args.name) if args.table else json.dumps(report, indent=2))
+        return report(f"--generate-output <stdin>: not UTF-8 text ({e.reason})", PROG)
+    print(table(scores, args.name) if args.table else json.dumps(scores, indent=2))
     return 0
 
 

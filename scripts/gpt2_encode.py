@@ -23,7 +23,8 @@ import sys
 from multiprocessing import Pool
 
 from lsg_text.argtypes import POSITIVE_INT
-from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress, unpaired_outputs
+from lsg_text.errors import report
+from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, progress, unpaired_outputs
 from lsg_text.offline_bpe import check_gpt2_files, gpt2_encode_line, require_local_file
 
 PROG = "gpt2_encode.py"
@@ -86,11 +87,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     unpaired = unpaired_outputs(args.inputs, args.outputs)
     if unpaired:
-        return die(unpaired, PROG)
-    if args.workers < 1:
-        return die(f"--workers must be >= 1, got {args.workers}", PROG)
+        return report(unpaired, PROG)
     if args.inputs.count("-") > 1:
-        return die("--inputs: stdin ('-') can be given only once", PROG)
+        return report("--inputs: stdin ('-') can be given only once", PROG)
     try:
         # Validates both files (existence, URL, format) before any output exists.
         _init_worker(args.encoder_json, args.vocab_bpe, args.keep_empty)
@@ -131,9 +130,9 @@ def main(argv=None) -> int:
                     for line, fout in zip(enc, outs):
                         fout.write(line + "\n")
     except DataError as e:
-        return die(str(e), PROG)
+        return report(str(e), PROG)
     except UnicodeDecodeError as e:
-        return die(f"--inputs: not UTF-8 text ({e.reason})", PROG)
+        return report(f"--inputs: not UTF-8 text ({e.reason})", PROG)
     msg = f"encoded {stats['PASS']} examples"
     if stats["EMPTY"]:
         msg += f"; dropped {stats['EMPTY']} with an empty line (pass --keep-empty to keep them)"

@@ -37,7 +37,8 @@ from lsg_text.documents import (
     get_sentence_splitter,
     read_documents,
 )
-from lsg_text.fileio import DataError, die, require_file
+from lsg_text.errors import report
+from lsg_text.fileio import DataError, require_file
 
 PROG = "gsg_preprocess.py"
 
@@ -148,10 +149,6 @@ def read_split(files, args):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    for flag, value, low in (("--min-sentences", args.min_sentences, 1), ("--max-sentence-words", args.max_sentence_words, 1),
-                             ("--chunk-words", args.chunk_words, 0), ("--nwords", args.nwords, 1)):
-        if value < low:
-            return die(f"{flag} must be >= {low}, got {value}", PROG)
     from lsg_fairseq.data.gsg_dataset import GSGCorpusWriter, corpus_prefix
 
     try:
@@ -183,7 +180,7 @@ def main(argv=None) -> int:
                   f"-> {corpus_prefix(args.output_dir, split)}.*.npy", file=sys.stderr)
         print(f"done in {time.time() - t0:.1f}s; dictionary: {out_dict} ({len(dictionary)} symbols)", file=sys.stderr)
     except DataError as e:
-        return die(str(e), PROG)
+        return report(str(e), PROG)
     return 0
 
 

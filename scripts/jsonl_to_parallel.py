@@ -15,11 +15,11 @@ import os
 import sys
 
 from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.errors import report
 from lsg_text.fileio import (
     DataError,
     atomic_outputs,
     count_lines,
-    die,
     progress,
     require_dir,
     require_file,
@@ -101,12 +101,10 @@ def resolve_inputs(args) -> dict:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_examples is not None and args.max_examples < 1:
-        return die(f"--max-examples must be >= 1, got {args.max_examples}", PROG)
     if args.newline_token is not None and (
         not args.newline_token or any(c.isspace() for c in args.newline_token)
     ):
-        return die(f"--newline-token must be a single token without spaces, got {args.newline_token!r}", PROG)
+        return report(f"--newline-token must be a single token without spaces, got {args.newline_token!r}", PROG)
     try:
         inputs = resolve_inputs(args)
         fields = (args.document_field, args.summary_field)
@@ -139,7 +137,7 @@ def main(argv=None) -> int:
                         raise DataError(f"internal error: wrote {written} lines to {h.name} for {n} examples")
                 counts[split] = n
     except DataError as e:
-        return die(str(e), PROG)
+        return report(str(e), PROG)
     for split, n in counts.items():
         print(
             f"{split}: {n} examples -> {os.path.join(args.output_dir, split)}.{{source,target}}",

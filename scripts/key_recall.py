@@ -21,7 +21,9 @@ import argparse
 import json
 import sys
 
-from lsg_text.fileio import DataError, atomic_outputs, die, require_file
+from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.errors import report
+from lsg_text.fileio import DataError, atomic_outputs, require_file
 from lsg_text.generate_output import parse_generate_output
 from lsg_text.jsonl import read_jsonl
 from lsg_text.synthetic import FIELDS, chance_recall, key_hits
@@ -37,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fairseq-generate stdout on that split (ids = line numbers of --jsonl)")
     p.add_argument("--spm-model", help="sentencepiece model: positions in pieces (+1 for <s>) instead of words")
     p.add_argument("--no-bos", action="store_true", help="with --spm-model: no <s> before the source (LOCOST)")
-    p.add_argument("--bin-size", type=int, default=512, help="width of the position bins (default: 512)")
+    p.add_argument("--bin-size", type=POSITIVE_INT, default=512, help="width of the position bins (default: 512)")
     p.add_argument("--beyond", type=int, default=1024,
                    help="also report recall of the keys at positions >= this (default: 1024)")
     p.add_argument("--name", default="model", help="label stored in the report")
@@ -54,7 +56,7 @@ def key_positions(document: str, keys, sp, bos: bool):
     return [len(sp.encode(" ".join(words[: k["token_offset"]]))) + int(bos) for k in keys]
 
 
-def report(examples, hypotheses, positions, bin_size: int, beyond: int, name: str) -> dict:
+def recall_report(examples, hypotheses, positions, bin_size: int, beyond: int, name: str) -> dict:
     bins = {}
     fields = {f: [0, 0] for f in FIELDS}
     far = [0, 0]
@@ -87,8 +89,6 @@ def report(examples, hypotheses, positions, bin_size: int, beyond: int, name: st
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.bin_size < 1:
-        return die(f"--bin-size must be >= 1, got {args.bin_size}", PROG)
     try:
         require_file(args.jsonl, "--jsonl")
         require_file(args.generate_output, "--generate-output")
@@ -111,9 +111,9 @@ def main(argv=None) -> int:
 
             sp = sentencepiece.SentencePieceProcessor(model_file=require_file(args.spm_model, "--spm-model"))
     except DataError as e:
-        return die(str(e), PROG)
+        return report(str(e), PROG)
     positions = [key_positions(ex["document"], ex["keys"], sp, not args.no_bos) for ex in examples]
-    rep = report(examples, hyps, positions, args.bin_size, args.beyond, args.name)
+    rep = recall_report(examples, hyps, positions, args.bin_size, args.beyond, args.name)
     if args.json:
         with atomic_outputs([args.json]) as (f,):
             json.dump(rep, f, indent=1)

@@ -18,7 +18,8 @@ import sys
 import time
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
-from lsg_text.fileio import atomic_outputs, die, progress
+from lsg_text.errors import report
+from lsg_text.fileio import atomic_outputs, progress
 from lsg_text.synthetic import SyntheticConfig, make_split
 
 PROG = "make_synthetic_data.py"
@@ -71,11 +72,8 @@ def main(argv=None) -> int:
     try:
         cfg.validate()
     except ValueError as e:
-        return die(f"bad size flags (--min-tokens/--max-tokens/--min-keys/--max-keys): {e}", PROG)
+        return report(f"bad size flags (--min-tokens/--max-tokens/--min-keys/--max-keys): {e}", PROG)
     sizes = {"train": args.train, "valid": args.valid, "test": args.test}
-    for split, n in sizes.items():
-        if n < 0:
-            return die(f"--{split} must be >= 0, got {n}", PROG)
     splits = [s for s, n in sizes.items() if n > 0]
     start = time.time()
     with atomic_outputs([os.path.join(args.output_dir, f"{s}.jsonl") for s in splits]) as handles:

@@ -26,7 +26,7 @@ import sys
 import torch
 
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
-from lsg_fairseq.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
+from lsg_fairseq.modules.lsg_attention import MAX_GLOBAL_TOKENS, SPARSITY_TYPES, LSGSelfAttention
 from lsg_fairseq.ops.blocks import local_window_indices, num_blocks
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range
 from lsg_text.errors import report
@@ -134,7 +134,7 @@ def parse_args(argv=None):
     p.add_argument("--sparse-block-size", type=NON_NEGATIVE_INT, default=32)
     p.add_argument("--sparsity-factor", type=POSITIVE_INT, default=4)
     p.add_argument("--sparsity-type", default="norm", choices=SPARSITY_TYPES)
-    p.add_argument("--num-global-tokens", type=int_range(1, 512), default=1)
+    p.add_argument("--num-global-tokens", type=int_range(1, MAX_GLOBAL_TOKENS), default=1)
     p.add_argument("--attention-window", type=POSITIVE_INT, default=64, help="LED: full window W (w = W/2 per side)")
     p.add_argument("--global-positions", default="0", help="LED: comma-separated global token positions")
     p.add_argument("--heads", type=POSITIVE_INT, default=4, help="heads of the tiny module drawn")

@@ -15,7 +15,8 @@ import os
 import sys
 
 from lsg_text.argtypes import POSITIVE_INT
-from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, die, progress, unpaired_outputs
+from lsg_text.errors import report
+from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, progress, unpaired_outputs
 from lsg_text.offline_bpe import load_sentencepiece, require_local_file
 
 PROG = "spm_encode.py"
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     unpaired = unpaired_outputs(args.inputs, args.outputs)
     if unpaired:
-        return die(unpaired, PROG)
+        return report(unpaired, PROG)
     try:
         sp = load_sentencepiece(args.model, "--model", check_specials=not args.allow_foreign_model)
         for path in args.inputs:
@@ -90,9 +91,9 @@ def main(argv=None) -> int:
                     flush()
             print(f"{src}: {n_lines} lines, {n_pieces} pieces, {n_unk} <unk> -> {dst}", file=sys.stderr)
     except DataError as e:
-        return die(str(e), PROG)
+        return report(str(e), PROG)
     except UnicodeDecodeError as e:
-        return die(f"{src}: not UTF-8 text ({e.reason})", PROG)
+        return report(f"{src}: not UTF-8 text ({e.reason})", PROG)
     return 0
 
 

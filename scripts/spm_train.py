@@ -22,7 +22,8 @@ import sys
 import tempfile
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
-from lsg_text.fileio import DataError, atomic_outputs, die, progress
+from lsg_text.errors import report
+from lsg_text.fileio import DataError, atomic_outputs, progress
 from lsg_text.offline_bpe import (
     fairseq_dict_lines,
     load_sentencepiece,
@@ -110,13 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.vocab_size <= 4:
-        return die(f"--vocab-size must be > 4 (4 ids are fairseq's specials), got {args.vocab_size}", PROG)
     try:
         for path in args.inputs:
             require_local_file(path, "--inputs")
     except DataError as e:
-        return die(str(e), PROG)
+        return report(str(e), PROG)
     import sentencepiece as spm
 
     prefix = os.path.abspath(args.model_prefix)
@@ -172,7 +171,7 @@ def main(argv=None) -> int:
             for ext in (".model", ".vocab"):
                 shutil.move(tmp_prefix + ext, prefix + ext)
     except DataError as e:
-        return die(str(e), PROG)
+        return report(str(e), PROG)
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     n = sp.get_piece_size()

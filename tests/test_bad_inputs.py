@@ -4,6 +4,7 @@ file holds the ones no other test covers.
 """
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -174,7 +175,7 @@ def test_convert_folder_that_is_not_a_model(tmp_path, capsys):
         convert_main([str(src), str(out)])
     err = capsys.readouterr().err
     assert e.value.code == 2
-    assert f"{src}: not a model this converter knows" in err and "BART, LSG-BART, LOCOST or LED" in err
+    assert f"{src}: not a model this converter knows" in err and "BART, LED, LOCOST or LSG-BART" in err
     assert not out.exists()
 
 
@@ -225,6 +226,27 @@ def test_generate_wrapper_missing_checkpoint_named(word_data, tmp_path, capsys):
         fairseq_wrappers.generate([str(word_data), "--path", str(tmp_path / "nope.pt")])
     assert e.value.code == 2
     assert f"--path {tmp_path / 'nope.pt'}: no such checkpoint file" in capsys.readouterr().err
+
+
+def test_generate_missing_gen_subset_is_one_line(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """--gen-subset test on a folder without it: one line and exit 2 from lsg-fairseq-generate and
+    from fairseq-generate itself (fairseq's own error is a FileNotFoundError traceback)."""
+    from conftest import fairseq_cli
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    argv = [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "test", "--beam", "1", "--cpu"]
+    expected = f"{word_data}: no 'test' split"
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-generate"])
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.generate(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"lsg-fairseq-generate: error: {expected}")
+    assert "--gen-subset" in err.strip().splitlines()[-1]
+    proc = subprocess.run([fairseq_cli("fairseq-generate"), *argv, "--user-dir", lsg_fairseq.user_dir(),
+                           "--task", "long_document_summarization"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"fairseq-generate: error: {expected}")
 
 
 def test_summarize_corrupt_checkpoint_named(tiny_checkpoint, word_data, tmp_path, capsys):

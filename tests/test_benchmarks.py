@@ -77,10 +77,10 @@ def test_benchmark_smoke_writes_every_record_and_output(tmp_path):
 
 
 def test_growth_exponent_fit():
-    run = load("benchmarks/run.py", "bench_run")
-    assert run.slope([(1024, 1.0), (4096, 16.0), (16384, 256.0)]) == pytest.approx(2.0)
-    assert run.slope([(1024, 3.0), (4096, 12.0)]) == pytest.approx(1.0)
-    assert run.slope([(1024, 3.0)]) is None
+    report = load("benchmarks/report.py", "bench_report")
+    assert report.slope([(1024, 1.0), (4096, 16.0), (16384, 256.0)]) == pytest.approx(2.0)
+    assert report.slope([(1024, 3.0), (4096, 12.0)]) == pytest.approx(1.0)
+    assert report.slope([(1024, 3.0)]) is None
 
 
 def test_int8_arch_without_the_quantize_module_fails_alone(tmp_path, monkeypatch):
@@ -298,10 +298,12 @@ def test_parent_never_initialises_cuda(run_module, cuda_booby_trapped, monkeypat
         assert json.load(f)["runs"][-1]["device"] == "Fake GPU"
 
 
-def test_device_probe_runs_in_a_spawned_child(run_module, cuda_booby_trapped, tmp_path):
+def test_device_probe_runs_in_a_spawned_child(run_module, cuda_booby_trapped, tmp_path, capsys):
     """The real probe (no GPU here): the child finds no CUDA device, the parent exits with one line."""
-    with pytest.raises(SystemExit, match="--device cuda: no such device"):
+    with pytest.raises(SystemExit) as exit_info:
         run_module.main(["--device", "cuda", "--arch", "bart", "--out", str(tmp_path), "--no-plots"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "run.py: error: --device cuda: no such device visible to torch\n"
 
 
 def test_spawned_whole_tensor_and_hf_rows(tmp_path):

@@ -384,6 +384,19 @@ def test_mask_symbol_must_be_in_dictionary(corpus_dir):
     assert sentinel in task.datasets["valid"][0]["source"].tolist()
 
 
+def test_missing_split_named(corpus_dir):
+    """A split with no corpus file: one refusal naming the folder, the split and the flags."""
+    from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationTask
+    from lsg_text.errors import MissingFileError
+
+    d = GapSentenceGenerationTask.load_dictionary(str(corpus_dir / "dict.txt"))
+    task = GapSentenceGenerationTask(GapSentenceGenerationConfig(seed=1, data=str(corpus_dir)), d, d)
+    with pytest.raises(MissingFileError) as e:
+        task.load_dataset("test")
+    assert f"{corpus_dir}: no 'test' split (test.gsg.*.npy not found; splits there: train, valid)" in str(e.value)
+    assert "--disable-validation" in str(e.value)
+
+
 @pytest.mark.parametrize("part", ["tokens", "sentences"])
 def test_damaged_corpus_file_named(corpus_dir, tmp_path, part):
     from lsg_text.fileio import DataError

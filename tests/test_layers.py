@@ -15,7 +15,9 @@ one. The layers, lowest first (README "Where things live"):
 
 A module may import a module of a lower layer, or one of its own sub-package (``models.lsg_bart``
 -> ``models.custom_encoder``); never one of the same layer's other packages or above. The one
-import made for its side effects (registration, fixes) is ``import lsg_fairseq`` itself.
+import made for its side effects (registration, fixes) is ``import lsg_fairseq`` itself. Inside a
+sub-package the imports form no cycle either (``convert/__init__`` -> ``convert.hf_export`` ->
+``convert/__init__`` was one): every module can be read after the ones it imports.
 """
 import ast
 import os
@@ -68,8 +70,9 @@ def layer_of(module: str):
     return dict(LAYERS)[prefix], prefix
 
 
-def imports_of(path: str):
-    """[(line, imported module, bound names)] of our packages' imports in a file."""
+def imports_of(path: str, modules=MODULES):
+    """[(line, imported module, bound names)] of our packages' imports in a file (``modules``: the
+    known module names, so that ``from package import submodule`` counts as the submodule)."""
     tree = ast.parse(open(path, encoding="utf-8").read(), path)
     out = []
     for node in ast.walk(tree):
@@ -81,7 +84,7 @@ def imports_of(path: str):
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in PACKAGES:
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"  # `from pkg import submodule` imports the submodule
-                out.append((node.lineno, full if full in MODULES else node.module, [alias.asname or alias.name]))
+                out.append((node.lineno, full if full in modules else node.module, [alias.asname or alias.name]))
     return tree, out
 
 
@@ -109,6 +112,41 @@ def side_effect_imports(path: str):
     used = used_names(tree)
     return [f"line {line}: {target}" for line, target, bound in imports
             if target != "lsg_fairseq" and not set(bound) & used]
+
+
+def import_graph(modules=MODULES) -> dict:
+    """{module: the modules of ours it imports}, imports inside functions included."""
+    return {module: {target for _, target, _ in imports_of(path, modules)[1] if target in modules and target != module}
+            for module, path in modules.items()}
+
+
+def import_cycles(graph: dict) -> list:
+    """Every import cycle: the strongly connected components of more than one module (Tarjan),
+    each sorted, in sorted order."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(module):
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(found)
 
 
 def test_layers_cover_every_module():
@@ -143,3 +181,22 @@ def test_the_checks_can_fail(tmp_path):
     assert upward_imports("lsg_fairseq.cli.bad", str(bad)) == []
     assert side_effect_imports(str(bad)) == ["line 1: lsg_fairseq.optim.grouped_adam",
                                              "line 2: lsg_fairseq.models.lsg_bart"]
+
+
+def test_no_import_cycle():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles (imports inside functions count):\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_can_fail(tmp_path):
+    """Two modules of one package importing each other, one of them inside a function, are a cycle;
+    either import alone is not."""
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("from lsg_fairseq.convert import b\n\n\ndef run():\n    return b.VALUE\n")
+    b.write_text("VALUE = 1\n\n\ndef later():\n    from lsg_fairseq.convert.a import run\n    return run()\n")
+    modules = {"lsg_fairseq.convert.a": str(a), "lsg_fairseq.convert.b": str(b)}
+    assert import_graph(modules) == {"lsg_fairseq.convert.a": {"lsg_fairseq.convert.b"},
+                                     "lsg_fairseq.convert.b": {"lsg_fairseq.convert.a"}}
+    assert import_cycles(import_graph(modules)) == [["lsg_fairseq.convert.a", "lsg_fairseq.convert.b"]]
+    b.write_text("VALUE = 1\n")
+    assert import_cycles(import_graph(modules)) == []

@@ -324,7 +324,7 @@ def test_bad_flags_refused(word_data, flag, value, match):
 
 @pytest.mark.parametrize("flag,value,match", [
     ("--d-model", "0", "argument --d-model: must be an integer >= 1"),
-    ("--dropout", "1.5", "argument --dropout: must be a number in [0, 0.999]"),
+    ("--dropout", "1.5", "argument --dropout: must be a number in [0, 1)"),
     ("--ssm-kernel-tail-tol", "-1", "argument --ssm-kernel-tail-tol: must be a number >= 0"),
     ("--relative-attention-num-buckets", "2", "argument --relative-attention-num-buckets: must be an integer >= 4"),
 ])

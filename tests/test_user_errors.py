@@ -123,7 +123,7 @@ def test_convert_into_an_empty_out_and_refuses_a_folder_holding_the_source(tmp_p
     assert (out / "model.pt").is_file()
     # converting OUT/model.pt into OUT itself would delete the input: refused even with --force
     code, line = run_convert([out / "model.pt", out, "--force", "--max-source-positions", "2048"], capsys)
-    assert code == 2 and f"{out}: the output folder would overwrite the input {out / 'model.pt'}" in line
+    assert code == 2 and f"{out}: the output folder would replace the source {out / 'model.pt'}" in line
 
 
 # ----------------------------------------------------------------------------- tokenizer record
@@ -235,6 +235,32 @@ def fairseq_train(argv, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         train.cli_main()
     return e.value.code, capsys.readouterr().err
+
+
+def data_with_splits(word_data, dest, splits):
+    """A copy of the word-level data folder holding only ``splits`` (and the dictionaries)."""
+    dest.mkdir()
+    for name in os.listdir(word_data):
+        if name.startswith("dict.") or name.split(".")[0] in splits:
+            shutil.copy(os.path.join(word_data, name), dest / name)
+    return dest
+
+
+@pytest.mark.parametrize("kept,flags,missing,hint", [
+    (("train",), [], "valid", "--disable-validation"),  # fairseq-train's default --valid-subset valid
+    (("train", "valid"), ["--valid-subset", "test"], "test", "--valid-subset"),
+    (("valid",), ["--disable-validation"], "train", "--train-subset"),
+])
+def test_fairseq_train_missing_split_is_one_line(word_data, tmp_path, capsys, monkeypatch, kept, flags, missing, hint):
+    """fairseq's own error is a traceback: FileNotFoundError "Dataset not found: valid (bin)"."""
+    data = data_with_splits(word_data, tmp_path / "data", kept)
+    argv = [a for a in TRAIN if a != "--disable-validation"] + flags
+    code, err = fairseq_train([str(data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
+                               "--save-dir", str(tmp_path / "ck"), *argv], capsys, monkeypatch)
+    line = one_error_line(err, "fairseq-train")
+    assert code == 2 and f"{data}: no {missing!r} split" in line and hint in line
+    assert f"splits there: {', '.join(sorted(kept))}" in line
+    assert not (tmp_path / "ck" / "checkpoint_last.pt").exists()
 
 
 @pytest.mark.parametrize("arch,flags,expected", [

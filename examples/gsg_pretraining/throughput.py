@@ -10,7 +10,6 @@ import argparse
 import os
 import time
 
-import numpy as np
 from fairseq.data import Dictionary
 
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix

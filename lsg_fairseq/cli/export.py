@@ -2,10 +2,11 @@
 
     lsg-fairseq-export CKPT_OR_MODEL_DIR HF_DIR [--force]
 
-The inverse of ``lsg-fairseq-convert`` (``lsg_fairseq.convert.hf_export``): bart_* ->
-BartForConditionalGeneration, led_* -> LEDForConditionalGeneration, lsg_bart_* -> the LSG-BART
-format of the LSG authors, locost_* -> the reference LOCOST format. Refusals exit with status 2
-and leave HF_DIR untouched.
+The inverse of ``lsg-fairseq-convert`` (``lsg_fairseq.convert.export``): the checkpoint's arch
+names its model family (``lsg_fairseq.convert.families()``), which writes that family's HF folder:
+bart -> BartForConditionalGeneration, led -> LEDForConditionalGeneration, lsg_bart -> the LSG-BART
+format of the LSG authors, locost -> the reference LOCOST format. Refusals exit with status 2 and
+leave HF_DIR untouched.
 """
 import argparse
 import logging
@@ -28,13 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    from lsg_fairseq.convert import ConversionError, export
+    from lsg_fairseq.convert import export
+    from lsg_text.errors import UserError, report
 
     try:
         path = export(args.src, args.out, force=args.force)
-    except ConversionError as e:
-        print(f"lsg-fairseq-export: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except UserError as e:  # ConversionError, DataError: the message names the file or flag
+        sys.exit(report(e, "lsg-fairseq-export"))
     print(path)
 
 

@@ -16,7 +16,7 @@ Every other flag is fairseq's (``lsg-fairseq-generate --help``).
 import os
 import sys
 
-DEFAULT_TASK = "long_document_summarization"
+from lsg_text.errors import MissingFileError, UserError, report
 
 
 def _has_flag(argv, flag) -> bool:
@@ -35,6 +35,7 @@ def _flag_value(argv, flag):
 def plugin_argv(argv, prog: str):
     """``argv`` with ``--user-dir`` and ``--task`` added when missing; checks ``--path`` files."""
     from lsg_fairseq import user_dir
+    from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
 
     argv = list(argv)
     if _has_flag(argv, "--user-dir"):
@@ -46,28 +47,25 @@ def plugin_argv(argv, prog: str):
     else:
         argv += ["--user-dir", user_dir()]
     if not _has_flag(argv, "--task") and "-h" not in argv and "--help" not in argv:
-        argv += ["--task", DEFAULT_TASK]
+        argv += ["--task", TASK_NAME]
     paths = _flag_value(argv, "--path")
     if paths:
         for path in paths.split(os.pathsep):
             if not os.path.isfile(path):
-                print(f"{prog}: error: --path {path}: no such checkpoint file", file=sys.stderr)
-                sys.exit(2)
+                raise MissingFileError(f"--path {path}: no such checkpoint file")
     return argv
 
 
 def _run(fairseq_main_module: str, prog: str, argv=None) -> None:
-    argv = plugin_argv(sys.argv[1:] if argv is None else argv, prog)
-    import importlib
-
-    import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
-
-    from lsg_text.errors import UserError, report
-
-    module = importlib.import_module(fairseq_main_module)
-    # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.
-    sys.argv = [prog] + argv
     try:
+        argv = plugin_argv(sys.argv[1:] if argv is None else argv, prog)
+        import importlib
+
+        import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
+
+        module = importlib.import_module(fairseq_main_module)
+        # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.
+        sys.argv = [prog] + argv
         module.cli_main()
     except UserError as e:
         sys.exit(report(e, prog))
@@ -85,7 +83,6 @@ if __name__ == "__main__":
     # python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} ...
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command not in ("generate", "interactive"):
-        print("usage: python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} [fairseq flags]",
-              file=sys.stderr)
-        sys.exit(2)
+        sys.exit(report("usage: python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} [fairseq flags]",
+                        "lsg_fairseq.cli.fairseq_wrappers"))
     {"generate": generate, "interactive": interactive}[command](sys.argv[2:])

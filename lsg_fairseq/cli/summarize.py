@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
+from lsg_text.argtypes import GENERATION_SETTINGS, POSITIVE_INT, int_range
 from lsg_text.errors import OneLineArgumentParser
 
 PROG = "lsg-fairseq-summarize"
@@ -31,13 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="non-UTF-8 bytes in the inputs: strict = refuse, naming the file and byte offset "
                    "(default); replace = read them as U+FFFD")
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name inside MODEL_DIR (default: model.pt)")
-    p.add_argument("--beam", type=POSITIVE_INT, default=4, help="beam size >= 1 (default: 4; 1 = greedy)")
-    # fairseq divides scores by length ** lenpen: beyond ~100 that overflows a float
-    p.add_argument("--lenpen", type=float_range(-10, 10), default=1.0, help="length penalty in [-10, 10] (default: 1.0)")
-    p.add_argument("--max-len-b", type=POSITIVE_INT, default=256, help="maximum summary length in tokens, >= 1 (default: 256)")
-    p.add_argument("--min-len", type=NON_NEGATIVE_INT, default=1, help="minimum summary length in tokens (default: 1)")
-    p.add_argument("--no-repeat-ngram-size", type=NON_NEGATIVE_INT, default=3,
-                   help="ban repeated n-grams of this size (0 = off; default: 3)")
+    g = GENERATION_SETTINGS  # the ranges --eval-rouge-args checks too
+    p.add_argument("--beam", type=g["beam"], default=4, help="beam size (default: %(default)s; 1 = greedy)")
+    p.add_argument("--lenpen", type=g["lenpen"], default=1.0, help=f"length penalty, {g['lenpen'].expected} (default: %(default)s)")
+    p.add_argument("--max-len-b", type=g["max_len_b"], default=256, help="maximum summary length in tokens (default: %(default)s)")
+    p.add_argument("--min-len", type=g["min_len"], default=1, help="minimum summary length in tokens (default: %(default)s)")
+    p.add_argument("--no-repeat-ngram-size", type=g["no_repeat_ngram_size"], default=3,
+                   help="ban repeated n-grams of this size (0 = off; default: %(default)s)")
     p.add_argument("--max-source-positions", type=int_range(2), default=None,
                    help="read up to N >= 2 source tokens (default: the checkpoint's); above a position table "
                    "(BART/LSG/LED) the load is refused, LOCOST has no table and reads any length")
@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--fp16", action="store_true", help="run the model in half precision (GPU only)")
     p.add_argument("--quantize", choices=("none", "int8"), default="none",
-                   help="int8 = dynamic int8 linear layers (CPU only; PyTorch's own quantization): encoder "
-                   "1.3-1.9x faster here, logits change by a few percent (benchmarks/results/int8.md); "
+                   help="int8 = dynamic int8 linear layers (CPU only; PyTorch's own quantization): a faster "
+                   "encoder, logits change by a few percent (measured: benchmarks/results/int8.md); "
                    "none = fp32 as trained (default)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p

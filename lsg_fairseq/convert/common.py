@@ -1,32 +1,49 @@
-"""Checkpoint-writing plumbing shared by every converter family (BART/LSG, LOCOST, LED).
+"""Plumbing shared by every model family (``convert/bart.py``, ``led.py``, ``locost.py``), both ways.
 
-A family maps an HF folder (or an older fairseq checkpoint) to a fairseq state dict and the model's
-hyper-parameter values; this module does the rest the way fairseq itself would:
+HF -> fairseq: a family maps an HF folder (or an older fairseq checkpoint) to a fairseq state dict
+and the model's hyper-parameter values; this module does the rest the way fairseq itself would:
 
-1. ``write_identity_dict`` / ``write_gpt2_bpe_files``: ``dict.txt`` (fairseq index == HF id) and
+1. ``read_hf_config`` / ``load_hf_state_dict``: an HF folder read defensively (a damaged file is
+   named, with what it looks like);
+2. ``write_identity_dict`` / ``write_gpt2_bpe_files``: ``dict.txt`` (fairseq index == HF id) and
    offline GPT-2 BPE files beside the checkpoint (fairseq_notes section 3);
-2. ``build_model``: the values, completed by the registered architecture function
+3. ``build_model``: the values, completed by the registered architecture function
    (``arch_defaults``, the one source of every default) -> ``convert_namespace_to_omegaconf`` -> task
    (``long_document_summarization``, data = the output folder) -> ``task.build_model``, exactly
    as ``fairseq-train`` builds a model, so the saved ``cfg`` is one fairseq accepts everywhere;
-3. ``save_checkpoint``: strict ``load_state_dict`` then ``torch_persistent_save`` of a complete
+4. ``save_checkpoint``: strict ``load_state_dict`` then ``torch_persistent_save`` of a complete
    checkpoint ``{cfg, model, optimizer_history, extra_state}`` usable by fairseq-generate, the
    hub, ``--restore-file`` (with ``--reset-*``) and ``--finetune-from-model``.
+
+fairseq -> HF: :func:`read_checkpoint` gives a family the :class:`Checkpoint` to map (weights,
+model cfg, the dictionary as the task loads it, where its tokenizer files are); ``write_json``
+and ``dtype_name`` write what HF writes.
 """
 import argparse
 import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from lsg_fairseq.convert import ConversionError
+from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
+from lsg_text.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TASK = "long_document_summarization"
+CHECKPOINT_NAMES = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")  # what a model folder holds
+SNIFF_BYTES = 512  # of a weights file that does not load: enough to tell an HTML page or an LFS pointer
+
+
+class ConversionError(UserError, ValueError):
+    """A source the converter refuses, with a message naming the file or field at fault."""
+
+
+class ExportError(ConversionError):
+    """A checkpoint or output folder the exporter refuses; the message names the file or flag."""
 
 
 # ----------------------------------------------------------------------------- reading sources
@@ -57,7 +74,7 @@ def _weights_error(path: str, error: Exception) -> ConversionError:
     """A weights file that does not load: say what it looks like (truncated, an HTML page, ...)."""
     size = os.path.getsize(path) if os.path.exists(path) else 0
     with open(path, "rb") as f:
-        head = f.read(512).lstrip().lower()
+        head = f.read(SNIFF_BYTES).lstrip().lower()
     if head.startswith((b"<!doctype", b"<html", b"<?xml", b"<")):
         what = "an HTML/XML page, not weights (a failed download saved as the file?)"
     elif head.startswith(b"version https://git-lfs"):
@@ -202,7 +219,7 @@ def option_names(add_args: Callable) -> tuple:
     return tuple(a.dest for a in parser._actions)
 
 
-def build_model(out_dir: str, arch: str, values: Dict[str, Any], task: str = DEFAULT_TASK):
+def build_model(out_dir: str, arch: str, values: Dict[str, Any], task: str = TASK_NAME):
     """Build ``(cfg, task, model)`` through fairseq's own training path, from hyper-parameter values.
 
     ``out_dir`` must already hold ``dict.txt`` (the task reads its dictionary from the data
@@ -291,9 +308,103 @@ def save_checkpoint(cfg, model, path: str) -> str:
     return path
 
 
-def prepare_out_dir(src: str, out_dir: str) -> None:
-    if os.path.abspath(src) == os.path.abspath(out_dir):
-        raise ConversionError(f"{out_dir}: the output folder must differ from the source")
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ConversionError(f"{out_dir}: exists and is not a folder")
-    os.makedirs(out_dir, exist_ok=True)
+# ----------------------------------------------------------------------------- fairseq -> HF
+@dataclass
+class Checkpoint:
+    """What a family exports: the model's weights and cfg, its dictionary and where its files are."""
+
+    path: str  # the checkpoint file
+    arch: str
+    model_cfg: object  # argparse.Namespace or DictConfig (cfg.model)
+    state: Dict[str, torch.Tensor]  # fairseq state dict (weights only)
+    dictionary: object  # fairseq Dictionary, as the task loads it (with <mask>)
+    search_dirs: List[str] = field(default_factory=list)
+
+    def get(self, key: str, default=None):
+        """``cfg.model.<key>`` (a Namespace in legacy-arch checkpoints, else a DictConfig)."""
+        try:
+            value = getattr(self.model_cfg, key)
+        except Exception:  # noqa: BLE001  (omegaconf raises on a missing key in struct mode)
+            return default
+        return default if value is None else value
+
+    def find(self, *names: str) -> Optional[str]:
+        """First of ``names`` found in the search folders (checkpoint folder, then data folder)."""
+        for folder in self.search_dirs:
+            for name in names:
+                path = os.path.join(folder, name)
+                if os.path.isfile(path):
+                    return path
+        return None
+
+
+def resolve_checkpoint(src: str) -> str:
+    """``src`` itself, or the first of :data:`CHECKPOINT_NAMES` in the folder ``src``."""
+    if os.path.isfile(src):
+        return src
+    if os.path.isdir(src):
+        for name in CHECKPOINT_NAMES:
+            if os.path.isfile(os.path.join(src, name)):
+                return os.path.join(src, name)
+        raise ExportError(f"{src}: no checkpoint in this folder (expected one of {', '.join(CHECKPOINT_NAMES)})")
+    raise ExportError(f"{src}: no such file or folder")
+
+
+def _load_dictionary(task_name: str, search_dirs: List[str], source_lang: Optional[str]):
+    from fairseq import tasks
+
+    names = ["dict.txt"] + [f"dict.{source_lang}.txt"] * bool(source_lang)
+    for folder in search_dirs:
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path):
+                task_cls = tasks.TASK_REGISTRY.get(task_name)
+                if task_cls is None:
+                    raise ExportError(f"{path}: the checkpoint's task {task_name!r} is not registered")
+                # the task's own loader, so symbols it appends (<mask>) are counted as in training
+                return task_cls.load_dictionary(path)
+    raise ExportError(
+        f"no dictionary: none of {', '.join(names)} in {' or '.join(search_dirs)} (put the model's dict.txt "
+        "beside the checkpoint)"
+    )
+
+
+def read_checkpoint(src: str) -> Checkpoint:
+    """A fairseq checkpoint (or model folder) with its dictionary, looked up beside it, then in the
+    checkpoint's ``cfg.task.data`` folder. Optimizer state, iterator and meters are dropped."""
+    from fairseq import checkpoint_utils
+
+    path = resolve_checkpoint(src)
+    try:
+        state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    except Exception as e:  # noqa: BLE001  (any unreadable file gets the same clear refusal)
+        raise ExportError(f"{path}: not a readable fairseq checkpoint ({str(e).splitlines()[0][:300]})") from e
+    cfg = state.get("cfg")
+    if cfg is None or cfg.get("model") is None or not isinstance(state.get("model"), dict):
+        raise ExportError(f"{path}: no cfg.model or weights in this checkpoint; cannot tell what model it holds")
+    model_cfg = cfg.model
+    arch = str(getattr(model_cfg, "arch", None) or model_cfg.get("arch", None) or model_cfg.get("_name", ""))
+    search_dirs = [os.path.dirname(os.path.abspath(path))]
+    data = cfg.get("task", {}).get("data") if cfg.get("task") is not None else None
+    if data:
+        data_dir = str(data).split(os.pathsep)[0]
+        if os.path.isdir(data_dir) and os.path.abspath(data_dir) not in search_dirs:
+            search_dirs.append(os.path.abspath(data_dir))
+    task = cfg.get("task") or {}
+    dictionary = _load_dictionary(task.get("_name", TASK_NAME), search_dirs, task.get("source_lang"))
+    return Checkpoint(path, arch, model_cfg, dict(state["model"]), dictionary, search_dirs)
+
+
+def write_json(folder: str, name: str, obj) -> str:
+    """``folder/name`` as HF writes its JSON files (indented, sorted keys, final newline)."""
+    path = os.path.join(folder, name)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    return path
+
+
+def dtype_name(state: Dict[str, torch.Tensor]) -> str:
+    """``torch_dtype`` of config.json: the weights' one floating dtype (else float32)."""
+    floats = {t.dtype for t in state.values() if t.is_floating_point()}
+    return str(floats.pop()).replace("torch.", "") if len(floats) == 1 else "float32"

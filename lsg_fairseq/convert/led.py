@@ -1,4 +1,6 @@
-"""Converter family ``led``: HF LED folders, and HF BART folders with ``--to led`` -> fairseq ``led``.
+"""The LED family, both ways: fairseq ``led`` <-> HF ``LEDForConditionalGeneration``.
+
+HF -> fairseq:
 
 - HF LED (``config.json`` with ``model_type == "led"``; spec/led.md section 7): BART's mapping
   (``convert.bart.hf_to_fairseq_state`` after dropping the ``led.`` prefix), plus
@@ -10,21 +12,27 @@
   ``{q,k,v}_proj_global`` = copies of ``{q,k,v}_proj``, the encoder position table tiled to
   ``--max-source-positions`` (default: the ``led_*`` architecture's, 16384 = BART's 1024
   positions copied 16 times: new row 2 + t = old row 2 + (t mod 1024)), the decoder table
-  unchanged, ``--attention-window`` (default: the architecture's, 1024) on every layer.
+  unchanged, ``--attention-window`` (default: the architecture's) on every layer.
 
 Options: ``attention_window`` (int, list or comma string; overrides the source's),
 ``global_attention`` (first | none), ``global_token_ids``, ``max_source_positions``
 (BART -> LED only; an HF LED table is not re-tiled).
+
+fairseq -> HF: the same names back, the position tables without fairseq's two unused rows, and
+the LED config fields. HF LED takes global attention per call (``global_attention_mask``), so
+``--global-attention`` / ``--global-token-ids`` are said in the log, not written.
 """
 import logging
-import os
-from typing import Dict, Optional
+import re
+from typing import Dict
 
 import torch
 
-from lsg_fairseq.convert import ConversionError, register_family
 from lsg_fairseq.convert import common as C
-from lsg_fairseq.convert.bart import MAX_POSITIONS, extend_positions, hf_to_fairseq_state, model_values
+from lsg_fairseq.convert.bart import BartFamily, extend_positions, hf_to_fairseq_state, is_bart_source
+from lsg_fairseq.convert.registry import register_family
+from lsg_fairseq.models.led import LEDModel
+from lsg_fairseq.modules.longformer_attention import parse_attention_windows
 
 logger = logging.getLogger(__name__)
 
@@ -38,57 +46,43 @@ HF_ATTENTION_NAMES = {
     "longformer_self_attn.value_global": "v_proj_global",
     "output": "out_proj",
 }
-OPTION_NAMES = ("attention_window", "global_attention", "global_token_ids", "max_source_positions", "to")
-
-
-def detect(src: str) -> bool:
-    if not (os.path.isdir(src) and os.path.exists(os.path.join(src, "config.json"))):
-        return False
-    try:
-        return C.read_hf_config(src).get("model_type") == "led"
-    except ConversionError:
-        return False
-
-
-def accepts(src: str, to: Optional[str]) -> bool:
-    """``--to led`` on an HF BART folder is ours (the bart family converts to bart/lsg_bart)."""
-    if to != "led" or not (os.path.isdir(src) and os.path.exists(os.path.join(src, "config.json"))):
-        return False
-    try:
-        return C.read_hf_config(src).get("model_type") in ("bart", "led")
-    except ConversionError:
-        return False
+FAIRSEQ_ATTENTION_NAMES = {fs: hf for hf, fs in HF_ATTENTION_NAMES.items()}
 
 
 def windows_from(value, layers: int, where: str) -> list:
-    from lsg_fairseq.modules.longformer_attention import parse_attention_windows
-
     try:
         return parse_attention_windows(value, layers, name=where)
     except ValueError as e:
-        raise ConversionError(str(e)) from e
+        raise C.ConversionError(str(e)) from e
+
+
+def rename_attention(sd: Dict[str, torch.Tensor], names: Dict[str, str], src: str) -> Dict[str, torch.Tensor]:
+    """Encoder self-attention tensors renamed by ``names`` (HF <-> fairseq); the others unchanged."""
+    renamed = {}
+    for key, value in sd.items():
+        if ".self_attn." in key and key.startswith("encoder.layers."):
+            head, tail = key.split(".self_attn.", 1)
+            name, _, param = tail.rpartition(".")
+            if name not in names:
+                raise C.ConversionError(f"{src}: unexpected encoder attention tensor {key!r}")
+            key = f"{head}.self_attn.{names[name]}.{param}"
+        renamed[key] = value
+    return renamed
 
 
 def hf_led_to_fairseq_state(hf: Dict[str, torch.Tensor], src: str) -> Dict[str, torch.Tensor]:
     """HF LED(ForConditionalGeneration) names -> fairseq ``led`` names (spec section 7)."""
-    renamed = {}
+    unprefixed = {}
     for key, value in hf.items():
-        if key.startswith("led."):
-            key = key[len("led."):]
-        elif key.startswith("model."):
-            raise ConversionError(f"{src}: key {key!r} looks like BART, not LED (expected 'led.' prefix)")
-        if ".self_attn." in key and key.startswith("encoder.layers."):
-            head, tail = key.split(".self_attn.", 1)
-            name, _, param = tail.rpartition(".")
-            if name not in HF_ATTENTION_NAMES:
-                raise ConversionError(f"{src}: unexpected encoder attention tensor {key!r}")
-            key = f"{head}.self_attn.{HF_ATTENTION_NAMES[name]}.{param}"
-        renamed[key] = value
-    sd = hf_to_fairseq_state(renamed, src)  # embeddings (tied), final_logits_bias check, versions
+        if key.startswith("model."):
+            raise C.ConversionError(f"{src}: key {key!r} looks like BART, not LED (expected 'led.' prefix)")
+        unprefixed[key[len("led."):] if key.startswith("led.") else key] = value
+    # embeddings (tied), final_logits_bias check, versions
+    sd = hf_to_fairseq_state(rename_attention(unprefixed, HF_ATTENTION_NAMES, src), src)
     for side in ("encoder", "decoder"):
         key = f"{side}.embed_positions.weight"
         if key not in sd:
-            raise ConversionError(f"{src}: missing led.{key}")
+            raise C.ConversionError(f"{src}: missing led.{key}")
         table = sd[key]
         # HF row t is position t; fairseq numbers real tokens from row 2 (rows 0-1 never used)
         sd[key] = torch.cat([table.new_zeros(2, table.size(1)), table], dim=0)
@@ -112,82 +106,118 @@ def bart_to_led_state(sd: Dict[str, torch.Tensor], max_source_positions: int) ->
 def _check_led_config(config: dict, src: str) -> None:
     for key in ("max_encoder_position_embeddings", "max_decoder_position_embeddings", "attention_window"):
         if key not in config:
-            raise ConversionError(f"{src}/config.json: missing field {key!r}")
+            raise C.ConversionError(f"{src}/config.json: missing field {key!r}")
     if not config.get("tie_word_embeddings", True):
-        raise ConversionError(f"{src}/config.json: tie_word_embeddings false is not supported")
+        raise C.ConversionError(f"{src}/config.json: tie_word_embeddings false is not supported")
     if config.get("scale_embedding"):
-        raise ConversionError(f"{src}/config.json: scale_embedding true is not LED")
+        raise C.ConversionError(f"{src}/config.json: scale_embedding true is not LED")
 
 
-def convert(src: str, out: str, to: Optional[str] = None, attention_window=None,
-            global_attention: Optional[str] = None, global_token_ids=None,
-            max_source_positions: Optional[int] = None, **options) -> str:
-    """See the module docstring; returns the path of the written ``model.pt``."""
-    if options:
-        raise ConversionError(f"unknown option(s) for the led family: {', '.join(sorted(options))}")
-    if to not in (None, "led"):
-        raise ConversionError(f"--to {to}: an LED source converts to led only")
-    config = C.read_hf_config(src)
-    model_type = config.get("model_type")
-    if model_type not in ("led", "bart"):
-        raise ConversionError(f"{src}/config.json: model_type {model_type!r} is neither led nor bart")
-    if model_type == "led" and max_source_positions is not None:
-        raise ConversionError(
-            "--max-source-positions: an HF LED encoder table is used as is "
-            f"({config.get('max_encoder_position_embeddings')} positions); it is not re-tiled"
-        )
-    C.prepare_out_dir(src, out)
-    layers = config.get("encoder_layers")
-    if not isinstance(layers, int) or layers < 1:
-        raise ConversionError(f"{src}/config.json: encoder_layers missing or not a positive int")
-    values = model_values(config, src)  # shapes, activation, dropouts, embedding scale
-    arch = "led_large" if config.get("d_model") == 1024 and layers == 12 else "led_base"
-    V = config["vocab_size"]
-    vocab = C.read_hf_vocab(src)
-    if vocab is not None:
-        C.check_bart_vocab(vocab, V, src)
-    hf = C.load_hf_state_dict(src)
+@register_family
+class LEDFamily(BartFamily):
+    """fairseq ``led`` <-> HF ``LEDForConditionalGeneration``; HF BART -> ``led`` with ``--to led``."""
 
-    if model_type == "led":
-        _check_led_config(config, src)
-        source_windows = windows_from(config["attention_window"], layers, f"{src}/config.json attention_window")
-        sd = hf_led_to_fairseq_state(hf, src)
-        M = int(config["max_encoder_position_embeddings"])
-        T = int(config["max_decoder_position_embeddings"])
-    else:
-        if any(k.startswith(("model.encoder.global_embeddings", "encoder.global_embeddings")) for k in hf):
-            raise ConversionError(f"{src}: an LSG-BART checkpoint; convert plain BART to LED")
-        defaults = C.arch_defaults(arch, encoder_layers=layers)
-        source_windows = windows_from(defaults.attention_window, layers, "the led architecture's attention_window")
-        M = int(max_source_positions or defaults.max_source_positions)
-        if not 1 <= M <= MAX_POSITIONS:
-            raise ConversionError(f"--max-source-positions {M} must be in [1, {MAX_POSITIONS}]")
-        sd = bart_to_led_state(hf_to_fairseq_state(hf, src), M)
-        T = sd["decoder.embed_positions.weight"].size(0) - 2
-    windows = source_windows if attention_window is None else windows_from(
-        attention_window, layers, "--attention-window")
+    name = "led"
+    models = ("led",)
+    label = "LED"
+    hf_architecture = "LEDForConditionalGeneration"
+    hf_prefix = "led."
+    tokenizer_class = "LEDTokenizer"
+    encoder_keys = re.compile(r"encoder\.layers\.\d+\.self_attn\.(q|k|v)_proj_global\.(weight|bias)")
+    common_options = ("max_source_positions",)  # the decoder table is the source's
 
-    emb = sd["encoder.embed_tokens.weight"]
-    if emb.size(0) != V:
-        raise ConversionError(f"{src}: embedding has {emb.size(0)} rows, config vocab_size is {V}")
-    for side, n in (("encoder", M), ("decoder", T)):
-        rows = sd[f"{side}.embed_positions.weight"].size(0)
-        if rows != n + 2:
-            raise ConversionError(
-                f"{src}: {side} position table has {rows - 2} positions, config says {n}"
+    def detect(self, source):
+        return source.model_type == "led"
+
+    def can_convert(self, source):
+        return self.detect(source) or source.hf_config is not None and is_bart_source(source)  # allenai's recipe
+
+    def add_args(self, parser):
+        window = C.arch_defaults(self.arch("base")).attention_window
+        LEDModel.add_led_args(parser.add_argument_group(
+            f"{self.label} options (HF LED sources, or BART sources with --to {self.name}; default: the source's, "
+            f"window {window} for BART -> LED)"))
+
+    # ------------------------------------------------------------- HF -> fairseq
+    def state_from_hf(self, hf, source):
+        if source.model_type == "led":
+            return hf_led_to_fairseq_state(hf, source.path)
+        return hf_to_fairseq_state(hf, source.path)
+
+    def from_hf(self, source, out, max_source_positions, max_target_positions, options, init) -> str:
+        config, src = source.hf_config, source.path
+        from_led = source.model_type == "led"
+        if from_led and max_source_positions is not None:
+            raise C.ConversionError(
+                "--max-source-positions: an HF LED encoder table is used as is "
+                f"({config.get('max_encoder_position_embeddings')} positions); it is not re-tiled"
             )
+        layers = config.get("encoder_layers")
+        if not isinstance(layers, int) or layers < 1:
+            raise C.ConversionError(f"{src}/config.json: encoder_layers missing or not a positive int")
+        if from_led:
+            _check_led_config(config, src)
+        values, sd, V = self.read_hf(source)
+        arch = self.arch_for(config)
+        if from_led:
+            windows = windows_from(config["attention_window"], layers, f"{src}/config.json attention_window")
+            M = int(config["max_encoder_position_embeddings"])
+            T = int(config["max_decoder_position_embeddings"])
+        else:
+            defaults = C.arch_defaults(arch, encoder_layers=layers)
+            windows = windows_from(defaults.attention_window, layers, "the led architecture's attention_window")
+            M = int(max_source_positions or defaults.max_source_positions)
+            sd = bart_to_led_state(sd, M)
+            T = sd["decoder.embed_positions.weight"].size(0) - 2
+        if "attention_window" in options:
+            windows = windows_from(options["attention_window"], layers, "--attention-window")
+        for side, n in (("encoder", M), ("decoder", T)):
+            rows = sd[f"{side}.embed_positions.weight"].size(0)
+            if rows != n + 2:
+                raise C.ConversionError(f"{src}: {side} position table has {rows - 2} positions, config says {n}")
+        values.update(max_source_positions=M, max_target_positions=T, attention_window=",".join(map(str, windows)),
+                      global_attention=options.get("global_attention"))
+        ids = options.get("global_token_ids")
+        if ids is not None:
+            values["global_token_ids"] = (ids if isinstance(ids, str) else ",".join(map(str, ids))) or None
+        return self.write_model(source, out, arch, values, sd, V)
 
-    values.update(max_source_positions=M, max_target_positions=T, attention_window=",".join(map(str, windows)),
-                  global_attention=global_attention)
-    if global_token_ids is not None:
-        ids = global_token_ids if isinstance(global_token_ids, str) else ",".join(map(str, global_token_ids))
-        values["global_token_ids"] = ids or None
+    # ------------------------------------------------------------- fairseq -> HF
+    def hf_limits(self, checkpoint):
+        problems = super().hf_limits(checkpoint)
+        if not checkpoint.get("no_scale_embedding", True):
+            problems.append("embedding scaling (HF LED has no scale_embedding)")
+        return problems
 
-    C.write_identity_dict(out, V)
-    cfg, _, model = C.build_model(out, arch, values)
-    C.load_strict(model, sd)
-    C.write_gpt2_bpe_files(src, out)
-    return C.save_checkpoint(cfg, model, os.path.join(out, "model.pt"))
+    def to_hf_layout(self, sd, enc_pos, dec_pos):
+        # fairseq numbers real tokens from row 2 (rows 0-1 are never read); HF LED row t = position t
+        return rename_attention(sd, FAIRSEQ_ATTENTION_NAMES, "the checkpoint"), enc_pos[2:], dec_pos[2:]
 
+    def hf_config_fields(self, checkpoint, config, hf):
+        return dict(
+            model_type="led", tie_word_embeddings=True,
+            attention_window=parse_attention_windows(checkpoint.get("attention_window"), config["encoder_layers"]),
+            max_encoder_position_embeddings=int(hf["led.encoder.embed_positions.weight"].size(0)),
+            max_decoder_position_embeddings=int(hf["led.decoder.embed_positions.weight"].size(0)),
+        )
 
-register_family("led", detect, convert, accepts=accepts)
+    def max_length(self, config):
+        return config["max_encoder_position_embeddings"]
+
+    def export(self, checkpoint):
+        write = super().export(checkpoint)
+        if checkpoint.get("global_attention") == "first":
+            logger.info("HF LED takes global attention per call: pass global_attention_mask with 1 on the first "
+                        "token (this model was used with --global-attention first)")
+        if checkpoint.get("global_token_ids"):
+            logger.warning("--global-token-ids %s: HF LED's config cannot hold it; mark those tokens in "
+                           "global_attention_mask yourself", checkpoint.get("global_token_ids"))
+        return write
+
+    # ------------------------------------------------------------- benchmarks/run.py
+    def benchmarks(self):
+        """``led``: run.py's --attention-window on every layer, the first token global."""
+        def argv(length, args):
+            return [self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(max(length, 16384)),
+                    "--attention-window", str(args.attention_window)]
+        return {"led": argv}

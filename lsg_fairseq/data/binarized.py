@@ -1,14 +1,17 @@
 """Checks on fairseq-binarized (mmap) split files before fairseq opens them.
 
 fairseq's own failures here name no file: an empty split dies with ``ValueError: cannot mmap an
-empty file`` and a source/target pair with different example counts with ``AssertionError: Source
-and target must contain the same number of examples``. Reading the 26-byte ``.idx`` header is
-enough to say which file is at fault, before anything is memory-mapped.
+empty file``, a source/target pair with different example counts with ``AssertionError: Source
+and target must contain the same number of examples``, and a split that is not there (``--valid-subset
+valid`` by default) with a ``FileNotFoundError`` traceback "Dataset not found: valid (bin)". Reading
+the folder and the 26-byte ``.idx`` header is enough to say which file is at fault, before anything
+is memory-mapped.
 """
 import os
 import struct
-from typing import Optional
+from typing import List, Optional
 
+from lsg_text.errors import MissingFileError
 from lsg_text.fileio import DataError
 
 # fairseq.data.indexed_dataset.MMapIndexedDataset.Index: magic, <Q version, <B dtype, <Q length
@@ -23,6 +26,37 @@ def mmap_example_count(idx_path: str) -> Optional[int]:
         return None
     (length,) = struct.unpack("<Q", header[len(_MAGIC) + 9 :])
     return length
+
+
+def splits_in(data_path: str, marker: str) -> List[str]:
+    """The splits of ``data_path``'s files named ``<split><marker>...`` (e.g. marker ``.source-target.``)."""
+    names = os.listdir(data_path) if os.path.isdir(data_path) else []
+    return sorted({name[: name.index(marker)] for name in names if marker in name and not name.startswith(marker)})
+
+
+def missing_split(data_path: str, split: str, expected: str, found: List[str], train: bool) -> MissingFileError:
+    """The refusal of a split that is not in ``data_path``: the folder, the split, what is there,
+    and the flags that choose another split or none."""
+    where = f"{data_path}: no {split!r} split ({expected} not found; splits there: {', '.join(found) or 'none'})"
+    if train:
+        return MissingFileError(f"{where}; binarize the training data into this folder (scripts/preprocess.sh "
+                                "--trainpref) or name another split with --train-subset")
+    return MissingFileError(f"{where}; binarize it, name an existing split (fairseq-train --valid-subset, "
+                            "fairseq-generate --gen-subset), or train without validation (--disable-validation)")
+
+
+def require_split(data_path: str, split: str, src: str, tgt: Optional[str], dataset_impl=None,
+                  train: bool = False) -> None:
+    """Refuse a split without binarized source files in ``data_path`` (either pair direction), as
+    fairseq's ``load_langpair_dataset`` looks for them."""
+    from fairseq.data import indexed_dataset
+
+    pairs = (f"{src}-{tgt}", f"{tgt}-{src}")
+    for pair in pairs:
+        if indexed_dataset.dataset_exists(os.path.join(data_path, f"{split}.{pair}.{src}"), impl=dataset_impl):
+            return
+    found = sorted(set(splits_in(data_path, f".{pairs[0]}.")) | set(splits_in(data_path, f".{pairs[1]}.")))
+    raise missing_split(data_path, split, f"{split}.{pairs[0]}.{src}.*", found, train)
 
 
 def check_binarized_pair(data_path: str, split: str, src: str, tgt: Optional[str]) -> None:

@@ -23,6 +23,7 @@ import torch
 from fairseq.data import FairseqDataset
 from fairseq.data.language_pair_dataset import collate
 
+from lsg_fairseq.data.binarized import missing_split, splits_in
 from lsg_text import gsg
 from lsg_text.errors import MissingFileError
 from lsg_text.fileio import DataError, atomic_files
@@ -30,10 +31,20 @@ from lsg_text.fileio import DataError, atomic_files
 logger = logging.getLogger(__name__)
 
 CORPUS_PARTS = ("tokens", "words", "sentences", "documents")
+CORPUS_SUFFIX = ".gsg"  # a split's files: <split>.gsg.<part>.npy
 
 
 def corpus_prefix(data_dir: str, split: str) -> str:
-    return os.path.join(data_dir, f"{split}.gsg")
+    return os.path.join(data_dir, split + CORPUS_SUFFIX)
+
+
+def require_corpus_split(data_dir: str, split: str, train: bool) -> None:
+    """Refuse a split with no corpus file at all in ``data_dir`` (one line: folder, split, flags);
+    a corpus missing some parts is :class:`GSGCorpus`'s to report."""
+    prefix = corpus_prefix(data_dir, split)
+    if not any(os.path.exists(f"{prefix}.{part}.npy") for part in CORPUS_PARTS):
+        raise missing_split(data_dir, split, f"{split}{CORPUS_SUFFIX}.*.npy",
+                            splits_in(data_dir, CORPUS_SUFFIX + "."), train)
 
 
 def corpus_exists(prefix: str) -> bool:
@@ -126,7 +137,7 @@ class GSGCorpus:
         t, w = self.tok_offsets[s0 : s1 + 1], self.word_offsets[s0 : s1 + 1]
         tokens = np.asarray(self.tokens[t[0] : t[-1]], dtype=np.int64)
         words = np.asarray(self.words[w[0] : w[-1]], dtype=np.int64)
-        # per-sentence views, bounds relative to the document start (np.split is 10x slower)
+        # per-sentence views, bounds relative to the document start (np.split is much slower)
         t, w = (t - t[0]).tolist(), (w - w[0]).tolist()
         return ([tokens[a:b] for a, b in zip(t[:-1], t[1:])],
                 [words[a:b] for a, b in zip(w[:-1], w[1:])])

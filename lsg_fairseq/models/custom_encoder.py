@@ -58,7 +58,7 @@ def add_lean_activations_arg(parser) -> None:
     parser.add_argument("--lean-activations", type=bool_flag, default=True, metavar="BOOL",
                         help="training: encoder layers keep less for backward (self-attention recomputed "
                         "from its input, the FFN activation recomputed, dropout masks kept as bool); "
-                        "same gradients, a few %% more time (default: true)")
+                        "same gradients, a few %% more time (default: %(default)s)")
 
 
 def lean_activations(args) -> bool:
@@ -161,9 +161,9 @@ class LongInputEncoderLayer(TransformerEncoderLayerBase):
     - With ``lean`` (``--lean-activations``), a training step keeps for backward what it cannot
       cheaply recompute: the self-attention sub-block (projections and attention) is recomputed
       from its input (``torch.utils.checkpoint``, RNG state restored), the FFN keeps fc1's input
-      and output only (``ffn_recompute_activation``) and dropout keeps bool masks. At 16K tokens
-      and base size that is ~0.9 GiB less per layer (benchmarks/README.md); outputs and gradients
-      are those of fairseq's forward (tests/test_lean_layer.py).
+      and output only (``ffn_recompute_activation``) and dropout keeps bool masks (what that saves:
+      benchmarks/README.md); outputs and gradients are those of fairseq's forward
+      (tests/test_lean_layer.py).
     """
 
     def __init__(self, cfg: LongInputConfig, return_fc: bool = False, lean: bool = True):

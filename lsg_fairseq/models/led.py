@@ -24,7 +24,6 @@ import logging
 import torch
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 
 from lsg_fairseq.models.custom_encoder import (

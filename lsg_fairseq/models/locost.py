@@ -39,8 +39,9 @@ from lsg_fairseq.models.custom_encoder import wrap_layer
 from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, KERNEL_TAIL_TOL
+from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
-from lsg_text.argtypes import POSITIVE_INT, bool_flag, finite_float, float_range, int_range
+from lsg_text.argtypes import FINITE_FLOAT, POSITIVE_INT, PROBABILITY, bool_flag, float_range, int_range
 from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -57,55 +58,41 @@ LOCOST_ARGS = [
     ("--layer-norm-eps", float_range(0, lo_open=True), "RMSNorm epsilon"),
     ("--relative-attention-num-buckets", int_range(4), "T5 relative position buckets (decoder self-attention)"),
     ("--relative-attention-max-distance", POSITIVE_INT, "distance beyond which relative positions share the last bucket"),
-    ("--dropout", float_range(0, 0.999), "dropout on embeddings, residual branches, FFN inner activations and attention weights"),
+    ("--dropout", PROBABILITY, "dropout on embeddings, residual branches, FFN inner activations and attention weights"),
     ("--ssm-dt-min", float_range(0, lo_open=True), "lower bound of the log-uniform init of the SSM step size dt"),
     ("--ssm-dt-max", float_range(0, lo_open=True), "upper bound of the log-uniform init of the SSM step size dt"),
-    ("--ssm-lr", finite_float, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
+    ("--ssm-lr", FINITE_FLOAT, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
                         "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
     ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching the SSM kernels in eval "
                                      "mode without autograd (time domain, each channel cut at its decay "
-                                     "length, shortest kernels first; the rest are generated in every call). "
-                                     "All of a locost_base layer's kernels take ~17 MiB at 4K tokens, ~38 MiB "
-                                     "at 16K, ~50 MiB at 64K for the default init; 0 disables"),
+                                     "length, shortest kernels first; the rest are generated in every call; "
+                                     "what they take: benchmarks/README.md). 0 disables"),
     ("--ssm-kernel-tail-tol", float_range(0), "SSM kernel entries after every mode's term has decayed below this are "
                                      "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
                                      "0 computes every entry like the reference"),
     ("--ssm-kernel-recompute", bool_flag, "training: recompute the SSM kernel in backward instead of keeping its "
-                                      "temporaries (true: ~0.07 GiB instead of ~0.6 GiB saved per base layer, "
-                                      "at the cost of a second kernel generation per step)"),
+                                      "temporaries (a fraction of the memory, at the cost of a second kernel "
+                                      "generation per step)"),
     ("--max-source-positions", POSITIVE_INT, "longest source the task feeds (the encoder itself has no limit)"),
     ("--max-target-positions", POSITIVE_INT, "longest target / generation length"),
 ]
 
-_POSITIVE = ("d_model", "d_state", "d_ff", "d_kv", "encoder_layers", "decoder_layers",
-             "decoder_attention_heads", "relative_attention_num_buckets",
-             "relative_attention_max_distance", "max_source_positions", "max_target_positions")
+
+def locost_arg_ranges() -> dict:
+    """{argument name: its declared range} (:class:`lsg_text.argtypes.Range`), for values that do not
+    come through argparse (the converter checks an HF config's values with them)."""
+    return {flag[2:].replace("-", "_"): typ for flag, typ, _ in LOCOST_ARGS if hasattr(typ, "problem")}
 
 
 def check_locost_args(args) -> None:
-    """Validate at build time, naming the flag at fault."""
-    def flag(name):
-        return "--" + name.replace("_", "-")
-
-    for name in _POSITIVE:
-        if int(getattr(args, name)) <= 0:
-            raise ConfigError(f"{flag(name)} must be positive (got {getattr(args, name)})")
+    """At build time, what no single flag's range can say (each range is checked where the value
+    arrives: argparse for flags, the converter for an HF config); messages name the flags."""
     if args.d_state % 2:
         raise ConfigError(f"--d-state must be even (got {args.d_state}): the real state is stored as "
-                         "d_state/2 complex-conjugate modes")
-    if not 0.0 <= args.dropout < 1.0:
-        raise ConfigError(f"--dropout must be in [0, 1) (got {args.dropout})")
-    if not 0.0 < args.ssm_dt_min <= args.ssm_dt_max:
-        raise ConfigError(f"need 0 < --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
-    if args.layer_norm_eps <= 0:
-        raise ConfigError(f"--layer-norm-eps must be positive (got {args.layer_norm_eps})")
-    if args.relative_attention_num_buckets < 4:
-        raise ConfigError("--relative-attention-num-buckets must be >= 4 (half exact, half log-spaced)")
-    if args.ssm_kernel_tail_tol < 0:
-        raise ConfigError(f"--ssm-kernel-tail-tol must be >= 0 (got {args.ssm_kernel_tail_tol})")
-    if args.ssm_kernel_cache_mb < 0:
-        raise ConfigError(f"--ssm-kernel-cache-mb must be >= 0 (got {args.ssm_kernel_cache_mb})")
+                          "d_state/2 complex-conjugate modes")
+    if args.ssm_dt_min > args.ssm_dt_max:
+        raise ConfigError(f"need --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
 
 
 class LOCOSTEncoder(FairseqEncoder):
@@ -343,7 +330,7 @@ def locost_base_architecture(args):
     _defaults(
         args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
         decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
-        relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=1e-3, ssm_dt_max=1e-1,
+        relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=DT_MIN, ssm_dt_max=DT_MAX,
         ssm_lr=0.0, ssm_kernel_cache_mb=KERNEL_CACHE_MB, ssm_kernel_tail_tol=KERNEL_TAIL_TOL, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
         checkpoint_activations=False, offload_activations=False,
     )

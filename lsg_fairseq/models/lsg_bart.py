@@ -18,7 +18,6 @@ import torch
 import torch.nn as nn
 
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.bart import BARTModel
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 
 from lsg_fairseq.models.custom_encoder import (
@@ -28,11 +27,11 @@ from lsg_fairseq.models.custom_encoder import (
     tiny_bart_architecture,
 )
 from lsg_fairseq.modules.lsg_attention import (
+    LSG_DEFAULTS,
     MAX_GLOBAL_TOKENS,
     SPARSITY_TYPES,
     LSGSelfAttention,
     check_lsg_config,
-    normalize_sparsity_type,
 )
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, bool_flag, int_range
 from lsg_text.errors import ConfigError
@@ -41,17 +40,13 @@ logger = logging.getLogger(__name__)
 
 # Source length of lsg_bart_base / lsg_bart_large when none is given (the reference's converter's)
 MAX_SOURCE_POSITIONS = 4096
+# The encoder's own flags' defaults (the reference's), beside the attention's LSG_DEFAULTS
+ENCODER_DEFAULTS = dict(mask_first_token=False, pass_global_tokens_to_decoder=True, pool_with_global=True,
+                        train_global_only=False)
 
 def lsg_attention_kwargs(args) -> dict:
     """The LSGSelfAttention keyword arguments held by a model namespace."""
-    return dict(
-        num_global_tokens=args.num_global_tokens,
-        block_size=args.block_size,
-        sparse_block_size=args.sparse_block_size,
-        sparsity_factor=args.sparsity_factor,
-        sparsity_type=normalize_sparsity_type(args.sparsity_type),
-        lsh_num_pre_rounds=args.lsh_num_pre_rounds,
-    )
+    return {name: getattr(args, name) for name in LSG_DEFAULTS}
 
 
 def validate_lsg_args(args) -> None:
@@ -61,11 +56,8 @@ def validate_lsg_args(args) -> None:
     checks what only the combination decides (``--sparsity-factor`` must divide ``--block-size``).
     """
     try:
-        check_lsg_config(
-            args.block_size, args.sparse_block_size, args.sparsity_factor, args.sparsity_type,
-            args.num_global_tokens, args.lsh_num_pre_rounds,
-            name=lambda dest: "--" + dest.replace("_", "-"),  # messages name the flag the user typed
-        )
+        # messages name the flag the user typed
+        check_lsg_config(**lsg_attention_kwargs(args), name=lambda dest: "--" + dest.replace("_", "-"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if args.mask_first_token and not args.pass_global_tokens_to_decoder and not args.pool_with_global:
@@ -173,13 +165,15 @@ class LSGBARTModel(LongInputBARTModel):
         parser.add_argument("--sparsity-type", type=str, choices=SPARSITY_TYPES,
                             help="how the sparse sequence is built (none disables sparse attention)")
         parser.add_argument("--num-global-tokens", type=int_range(1, MAX_GLOBAL_TOKENS), metavar="G",
-                            help="number of learned global tokens prepended to the encoder input (1..512)")
+                            help=f"number of learned global tokens prepended to the encoder input (1..{MAX_GLOBAL_TOKENS})")
         parser.add_argument("--mask-first-token", type=bool_flag, nargs="?", const=True, metavar="BOOL",
                             help="hide the first source token (<s>, redundant with global 0) from self- and cross-attention")
         parser.add_argument("--pass-global-tokens-to-decoder", type=bool_flag, nargs="?", const=True, metavar="BOOL",
-                            help="decoder cross-attends to the global tokens too (default true)")
+                            help="decoder cross-attends to the global tokens too "
+                            f"(default {ENCODER_DEFAULTS['pass_global_tokens_to_decoder']})")
         parser.add_argument("--pool-with-global", type=bool_flag, nargs="?", const=True, metavar="BOOL",
-                            help="without --pass-global-tokens-to-decoder: global 0's output replaces the first token's (default true)")
+                            help="without --pass-global-tokens-to-decoder: global 0's output replaces the first "
+                            f"token's (default {ENCODER_DEFAULTS['pool_with_global']})")
         parser.add_argument("--lsh-num-pre-rounds", type=NON_NEGATIVE_INT, metavar="N",
                             help="lsh sparsity only: merging rounds before the final hashing round")
 
@@ -199,17 +193,11 @@ class LSGBARTModel(LongInputBARTModel):
 
 
 def lsg_architecture_defaults(args):
-    """Defaults of the LSG flags (the reference's, spec/lsg.md section 1)."""
-    args.block_size = getattr(args, "block_size", 128)
-    args.sparse_block_size = getattr(args, "sparse_block_size", 128)
-    args.sparsity_factor = getattr(args, "sparsity_factor", 2)
-    args.sparsity_type = normalize_sparsity_type(getattr(args, "sparsity_type", "norm"))
-    args.num_global_tokens = getattr(args, "num_global_tokens", 1)
-    args.mask_first_token = bool_flag(getattr(args, "mask_first_token", False))
-    args.pass_global_tokens_to_decoder = bool_flag(getattr(args, "pass_global_tokens_to_decoder", True))
-    args.pool_with_global = bool_flag(getattr(args, "pool_with_global", True))
-    args.lsh_num_pre_rounds = getattr(args, "lsh_num_pre_rounds", 1)
-    args.train_global_only = bool_flag(getattr(args, "train_global_only", False))
+    """Defaults of the LSG flags: the attention's (the reference's, ``LSG_DEFAULTS``), then the encoder's."""
+    for name, value in LSG_DEFAULTS.items():
+        setattr(args, name, getattr(args, name, value))
+    for name, value in ENCODER_DEFAULTS.items():  # bool flags: a checkpoint may hold "true"
+        setattr(args, name, bool_flag(getattr(args, name, value)))
 
 
 @register_model_architecture("lsg_bart", "lsg_bart_large")

@@ -68,13 +68,10 @@ SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "lsh", "b
 # Rows of the global-token embedding table, the reference's fixed size (HF LSG checkpoints carry
 # all of them; the first num_global_tokens are used).
 MAX_GLOBAL_TOKENS = 512
-
-
-def normalize_sparsity_type(sparsity_type) -> str:
-    """Map the reference's spellings (None, "None") to "none"; other values pass unchanged."""
-    if sparsity_type is None or str(sparsity_type).lower() == "none":
-        return "none"
-    return str(sparsity_type)
+# The reference's defaults (spec/lsg.md section 1): the layer's keyword defaults and the lsg_bart
+# archs' (models/lsg_bart.py), so both read them from here.
+LSG_DEFAULTS = dict(num_global_tokens=1, block_size=128, sparse_block_size=128, sparsity_factor=2,
+                    sparsity_type="norm", lsh_num_pre_rounds=1)
 
 
 def check_lsg_config(
@@ -89,12 +86,12 @@ def check_lsg_config(
     """Raise ``ValueError`` for hyper-parameters the LSG attention cannot honour.
 
     ``name`` maps an argument name to how the caller calls it (e.g. its CLI flag), so messages
-    name what the user typed.
+    name what the user typed. ``sparsity_type`` is one of :data:`SPARSITY_TYPES` as spelled there
+    (the reference's ``None`` is mapped to ``"none"`` where HF configs are read, ``convert.bart``).
     """
     n = {k: (name or str)(k) for k in ("block_size", "sparse_block_size", "sparsity_factor", "sparsity_type",
                                         "num_global_tokens", "lsh_num_pre_rounds")}
-    stype = normalize_sparsity_type(sparsity_type)
-    if stype not in SPARSITY_TYPES:
+    if sparsity_type not in SPARSITY_TYPES:
         raise ValueError(
             f"{n['sparsity_type']}={sparsity_type!r} is not a known sparsity type; choose one of "
             f"{', '.join(SPARSITY_TYPES)}"
@@ -111,7 +108,7 @@ def check_lsg_config(
         raise ValueError(
             f"{n['sparsity_factor']} ({sparsity_factor}) must divide {n['block_size']} ({block_size})"
         )
-    if stype == "none" or sparse_block_size == 0:
+    if sparsity_type == "none" or sparse_block_size == 0:
         return
     step = block_size // sparsity_factor
     if sparse_block_size < step:
@@ -120,16 +117,16 @@ def check_lsg_config(
             f"{n['sparsity_factor']} ({step}) when sparse attention is on (or use "
             f"{n['sparsity_type']}=none / {n['sparse_block_size']}=0)"
         )
-    if stype in ("norm", "lsh") and sparsity_factor > 1:
+    if sparsity_type in ("norm", "lsh") and sparsity_factor > 1:
         # these types select/merge tokens inside chunks of c = min(bs, sbs) tokens
         c = min(block_size, sparse_block_size)
         if block_size % c != 0 or c % sparsity_factor != 0:
             raise ValueError(
-                f"{n['sparsity_type']}={stype} works on chunks of min({n['block_size']}, "
+                f"{n['sparsity_type']}={sparsity_type} works on chunks of min({n['block_size']}, "
                 f"{n['sparse_block_size']}) = {c} tokens, which must divide {n['block_size']} "
                 f"({block_size}) and be a multiple of {n['sparsity_factor']} ({sparsity_factor})"
             )
-    if stype == "lsh" and lsh_num_pre_rounds < 0:
+    if sparsity_type == "lsh" and lsh_num_pre_rounds < 0:
         raise ValueError(f"{n['lsh_num_pre_rounds']} must be >= 0, got {lsh_num_pre_rounds}")
 
 
@@ -145,13 +142,13 @@ class LSGSelfAttention(PathChoice, nn.Module):
         self,
         embed_dim: int,
         num_heads: int,
-        num_global_tokens: int = 1,
-        block_size: int = 128,
-        sparse_block_size: int = 128,
-        sparsity_factor: int = 2,
-        sparsity_type: Optional[str] = "norm",
+        num_global_tokens: int = LSG_DEFAULTS["num_global_tokens"],
+        block_size: int = LSG_DEFAULTS["block_size"],
+        sparse_block_size: int = LSG_DEFAULTS["sparse_block_size"],
+        sparsity_factor: int = LSG_DEFAULTS["sparsity_factor"],
+        sparsity_type: str = LSG_DEFAULTS["sparsity_type"],
         dropout: float = 0.0,
-        lsh_num_pre_rounds: int = 1,
+        lsh_num_pre_rounds: int = LSG_DEFAULTS["lsh_num_pre_rounds"],
         bias: bool = True,
         generator: Optional[torch.Generator] = None,
     ):
@@ -167,7 +164,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
         self.block_size = block_size
         self.sparse_block_size = sparse_block_size
         self.sparsity_factor = sparsity_factor
-        self.sparsity_type = normalize_sparsity_type(sparsity_type)
+        self.sparsity_type = sparsity_type
         self.dropout = dropout
         self.lsh_num_pre_rounds = lsh_num_pre_rounds
         # Source of randomness for the lsh projections; None -> torch's global RNG (reference).

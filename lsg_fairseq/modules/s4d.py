@@ -48,6 +48,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lsg_fairseq.modules import s4d_inference
 from lsg_fairseq.modules.paths import PathChoice
+from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
 from lsg_fairseq.ops.ssm import (
     FFTConv,
     channel_groups,
@@ -98,8 +99,8 @@ class S4DKernel(nn.Module):
         self,
         d_model: int,
         d_state: int = 64,
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
+        dt_min: float = DT_MIN,
+        dt_max: float = DT_MAX,
         tail_tol: float = KERNEL_TAIL_TOL,
         recompute: bool = True,
         lr_scale: float = 1.0,
@@ -235,8 +236,8 @@ class S4D(PathChoice, nn.Module):
         self,
         d_model: int,
         d_state: int = 64,
-        dt_min: float = 1e-3,
-        dt_max: float = 1e-1,
+        dt_min: float = DT_MIN,
+        dt_max: float = DT_MAX,
         kernel_cache_mb: float = KERNEL_CACHE_MB,
         kernel_tail_tol: float = KERNEL_TAIL_TOL,
         kernel_recompute: bool = True,

@@ -233,7 +233,7 @@ class T5Attention(nn.Module):
         if beam > 1:
             # beamable cross-attention: a source's beam queries become extra query rows against its
             # one copy of the keys. (A broadcast matmul over a beam axis would have torch expand and
-            # copy K and V beam times at every decoding step: 6x slower generation at 4K tokens.)
+            # copy K and V beam times at every decoding step: benchmarks/README, "Figures behind the constants".)
             Bm = k.shape[0]
             q = q.view(Bm, beam, self.num_heads, T, self.d_kv).transpose(1, 2)  # (B_m heads beam T d_kv)
             q = q.reshape(Bm, self.num_heads, beam * T, self.d_kv)  # (B_m heads beam*T d_kv)

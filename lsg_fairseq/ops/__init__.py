@@ -1,1 +1,4 @@
-"""Tiny pure functions for index arithmetic shared by LSG and LED (blocks, bands, padding)."""
+"""Pure tensor functions the layers are built from, no modules and no state: block and band index
+arithmetic shared by LSG and LED (``blocks.py``), LSG's sparse sequences (``sparse.py``), the
+windowed attention kernel of the CPU path (``window_attention.py``), S4D kernel math and the FFT
+convolution (``ssm.py``)."""

@@ -177,20 +177,15 @@ def sparse_sequence(sparsity_type: str, q0: Tensor, k: Tensor, v: Tensor, mask: 
     if sf == 1:
         return k, v, None if mask is None else mask[:, None, :]
     chunk = min(block_size, sparse_block_size)
-    if sparsity_type == "norm":
-        # do the sparse windows cut through the chunks' c/sf selected tokens?
-        order_matters = sparse_block_size % max(chunk // sf, 1) != 0
-        return norm(k, v, mask, chunk, sf, order_matters)
-    if sparsity_type == "pooling":
-        return pooling(k, v, mask, sf)
-    if sparsity_type == "stride":
-        return stride(k, v, mask, sf)
-    if sparsity_type == "block_stride":
-        return block_stride(k, v, mask, block_size, sf)
-    if sparsity_type == "bos_pooling":
-        return bos_pooling(q0, k, v, mask, sf)
-    if sparsity_type == "lsh":
-        if mask is None:
-            raise ValueError("lsh needs a key mask (zeros when nothing is padded): it can leave buckets empty")
-        return lsh(q0, k, v, mask, chunk, sf, lsh_num_pre_rounds, sparse_block_size, generator)
-    raise ValueError(f"unknown sparsity type {sparsity_type!r}")
+    if sparsity_type == "lsh" and mask is None:
+        raise ValueError("lsh needs a key mask (zeros when nothing is padded): it can leave buckets empty")
+    # the type was checked where the settings arrived (lsg_attention.check_lsg_config)
+    return {
+        # norm: do the sparse windows cut through the chunks' c/sf selected tokens?
+        "norm": lambda: norm(k, v, mask, chunk, sf, order_matters=sparse_block_size % max(chunk // sf, 1) != 0),
+        "pooling": lambda: pooling(k, v, mask, sf),
+        "stride": lambda: stride(k, v, mask, sf),
+        "block_stride": lambda: block_stride(k, v, mask, block_size, sf),
+        "bos_pooling": lambda: bos_pooling(q0, k, v, mask, sf),
+        "lsh": lambda: lsh(q0, k, v, mask, chunk, sf, lsh_num_pre_rounds, sparse_block_size, generator),
+    }[sparsity_type]()

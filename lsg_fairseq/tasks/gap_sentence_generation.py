@@ -19,7 +19,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from omegaconf import II
 
-from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
+from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix, require_corpus_split
 from lsg_fairseq.tasks.long_document_summarization import (
     LongDocumentSummarizationConfig,
     LongDocumentSummarizationTask,
@@ -122,8 +122,9 @@ class GapSentenceGenerationTask(LongDocumentSummarizationTask):
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         paths = utils.split_paths(self.cfg.data)
         data_path = paths[(epoch - 1) % len(paths)] if split == self.cfg.train_subset else paths[0]
-        corpus = GSGCorpus(corpus_prefix(data_path, split))
         train = split == self.cfg.train_subset
+        require_corpus_split(data_path, split, train)
+        corpus = GSGCorpus(corpus_prefix(data_path, split))
         dataset = GapSentenceDataset(
             corpus,
             self.src_dict,

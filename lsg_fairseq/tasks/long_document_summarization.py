@@ -22,7 +22,6 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
 """
 import json
 import logging
-import math
 import os
 from argparse import Namespace
 from dataclasses import dataclass, field
@@ -39,56 +38,21 @@ from fairseq.tasks.translation import (
 )
 
 from lsg_fairseq import checkpoint_policy
-from lsg_fairseq.data.binarized import check_binarized_pair
+from lsg_fairseq.data.binarized import check_binarized_pair, require_split
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
 from lsg_fairseq.generation import LongInputSequenceGenerator
+from lsg_text.argtypes import GENERATION_SETTINGS
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import DataError
-from lsg_text.offline_bpe import check_sentencepiece_dictionary
+from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_sentencepiece_dictionary
 from lsg_text.rouge import ROUGE_KEYS, rouge_example
 
 logger = logging.getLogger(__name__)
 
+# The plugin's default task: what the converter builds models with and lsg-fairseq-generate adds.
+TASK_NAME = "long_document_summarization"
 EVAL_ROUGE_BPE_CHOICES = ChoiceEnum(["gpt2", "sentencepiece", "none"])
 DEFAULT_EVAL_ROUGE_ARGS = '{"beam": 4, "lenpen": 1.0, "max_len_b": 256, "min_len": 0, "no_repeat_ngram_size": 3}'
-
-
-def _number(lo=None, hi=None, integer=False, lo_open=False):
-    """A JSON value check: int (or finite number) in the range; returns an error text or None."""
-    def check(v):
-        ok = isinstance(v, int) if integer else isinstance(v, (int, float)) and math.isfinite(v)
-        kind = "an integer" if integer else "a number"
-        if isinstance(v, bool) or not ok:
-            return f"must be {kind}"
-        if lo is not None and (v <= lo if lo_open else v < lo) or hi is not None and v > hi:
-            return f"must be {kind} {'>' if lo_open else '>='} {lo}" + (f" and <= {hi}" if hi is not None else "")
-        return None
-    return check
-
-
-def _boolean(v):
-    return None if isinstance(v, bool) else "must be true or false"
-
-
-# Every generation setting fairseq's build_generator reads, with its range (flag names without "--").
-EVAL_ROUGE_ARG_CHECKS = {
-    "beam": _number(1, integer=True),
-    "lenpen": _number(-10, 10),  # fairseq divides by length ** lenpen: beyond ~100 a float overflows
-    "unkpen": _number(),
-    "max_len_a": _number(0),
-    "max_len_b": _number(1, integer=True),
-    "min_len": _number(0, integer=True),
-    "no_repeat_ngram_size": _number(0, integer=True),
-    "temperature": _number(0, lo_open=True),
-    "sampling": _boolean,
-    "sampling_topk": _number(-1, integer=True),
-    "sampling_topp": _number(-1, 1),
-    "match_source_len": _boolean,
-    "unnormalized": _boolean,
-    "diverse_beam_groups": _number(-1, integer=True),
-    "diverse_beam_strength": _number(),
-    "diversity_rate": _number(-1),
-}
 
 
 def parse_eval_rouge_args(text: str) -> dict:
@@ -100,12 +64,12 @@ def parse_eval_rouge_args(text: str) -> dict:
         raise ConfigError(f"{flag}: not valid JSON ({getattr(e, 'msg', e)}); e.g. {DEFAULT_EVAL_ROUGE_ARGS}") from None
     if not isinstance(args, dict):
         raise ConfigError(f"{flag}: expected a JSON object, got {type(args).__name__}; e.g. {DEFAULT_EVAL_ROUGE_ARGS}")
-    unknown = sorted(set(args) - set(EVAL_ROUGE_ARG_CHECKS))
+    unknown = sorted(set(args) - set(GENERATION_SETTINGS))
     if unknown:
         raise ConfigError(f"{flag}: unknown key(s) {', '.join(map(repr, unknown))}; known: "
-                          f"{', '.join(EVAL_ROUGE_ARG_CHECKS)}")
+                          f"{', '.join(GENERATION_SETTINGS)}")
     for key, value in args.items():
-        problem = EVAL_ROUGE_ARG_CHECKS[key](value)
+        problem = GENERATION_SETTINGS[key].problem(value)
         if problem:
             raise ConfigError(f"{flag}: {key} {problem}, got {json.dumps(value)}")
     if args.get("max_len_a", 0) == 0 and args.get("min_len", 0) > args.get("max_len_b", 200):
@@ -148,20 +112,20 @@ class LongDocumentSummarizationConfig(TranslationConfig):
         metadata={"help": "how to detokenize before ROUGE: gpt2 (encoder.json/vocab.bpe), sentencepiece, or none"},
     )
     eval_rouge_gpt2_encoder_json: Optional[str] = field(
-        default=None, metadata={"help": "GPT-2 encoder.json for --eval-rouge (default: <data>/encoder.json)"}
+        default=None, metadata={"help": f"GPT-2 {GPT2_FILES[0]} for --eval-rouge (default: <data>/{GPT2_FILES[0]})"}
     )
     eval_rouge_gpt2_vocab_bpe: Optional[str] = field(
-        default=None, metadata={"help": "GPT-2 vocab.bpe for --eval-rouge (default: <data>/vocab.bpe)"}
+        default=None, metadata={"help": f"GPT-2 {GPT2_FILES[1]} for --eval-rouge (default: <data>/{GPT2_FILES[1]})"}
     )
     eval_rouge_sentencepiece_model: Optional[str] = field(
-        default=None, metadata={"help": "sentencepiece model for --eval-rouge (default: <data>/spm.model)"}
+        default=None, metadata={"help": f"sentencepiece model for --eval-rouge (default: <data>/{SENTENCEPIECE_MODEL})"}
     )
     eval_rouge_print_samples: bool = field(
         default=False, metadata={"help": "log one generated summary and its reference per validation batch"}
     )
 
 
-@register_task("long_document_summarization", dataclass=LongDocumentSummarizationConfig)
+@register_task(TASK_NAME, dataclass=LongDocumentSummarizationConfig)
 class LongDocumentSummarizationTask(TranslationTask):
     cfg: LongDocumentSummarizationConfig
 
@@ -220,7 +184,9 @@ class LongDocumentSummarizationTask(TranslationTask):
             paths = paths[:1]
         data_path = paths[(epoch - 1) % len(paths)]
         src, tgt = self.cfg.source_lang, self.cfg.target_lang
-        # fairseq's own errors for these name no file ("cannot mmap an empty file", an assert)
+        # fairseq's own errors for these are tracebacks that name no file ("Dataset not found: valid",
+        # "cannot mmap an empty file", an assert)
+        require_split(data_path, split, src, tgt, self.cfg.dataset_impl, train=split == self.cfg.train_subset)
         check_binarized_pair(data_path, split, src, tgt)
         pair = load_langpair_dataset(
             data_path,
@@ -340,10 +306,6 @@ class LongDocumentSummarizationTask(TranslationTask):
             raise ConfigError(f"{head}: the model accepts at most {limit} {side} tokens; lower "
                               f"--max-{side}-positions to {limit}")
 
-    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
-        # The hub/interactive paths hand us tokens that already carry <s> where the caller wants it.
-        return super().build_dataset_for_inference(src_tokens, src_lengths, constraints)
-
     # ---------------------------------------------------------------- generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
         extra = dict(extra_gen_cls_kwargs or {})
@@ -397,11 +359,11 @@ class LongDocumentSummarizationTask(TranslationTask):
         if kind == "gpt2":
             return encoders.build_bpe(Namespace(
                 bpe="gpt2",
-                gpt2_encoder_json=path("eval-rouge-gpt2-encoder-json", self.cfg.eval_rouge_gpt2_encoder_json, "encoder.json"),
-                gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, "vocab.bpe"),
+                gpt2_encoder_json=path("eval-rouge-gpt2-encoder-json", self.cfg.eval_rouge_gpt2_encoder_json, GPT2_FILES[0]),
+                gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, GPT2_FILES[1]),
             ))
         if kind == "sentencepiece":
-            spm_path = path("eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, "spm.model")
+            spm_path = path("eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, SENTENCEPIECE_MODEL)
             bpe = encoders.build_bpe(Namespace(
                 bpe="sentencepiece",
                 sentencepiece_model=spm_path,

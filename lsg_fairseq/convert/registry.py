@@ -1,0 +1,216 @@
+"""The model families: how the converter, the exporter, ``lsg-fairseq-convert`` and the benchmark
+find a model, without a list of names anywhere.
+
+A family is one registered fairseq model and its HuggingFace format, both ways: a :class:`Family`
+subclass in a module of this package, registered by :func:`register_family` when the module is
+imported. :func:`families` imports every module of the package the first time it is called, so a
+new family is one new file (README "Adding an encoder").
+
+Which family converts a source (``lsg-fairseq-convert SRC OUT [--to NAME] [options]``):
+
+1. with ``--to NAME``: family NAME, if :meth:`Family.can_convert` the source; otherwise the refusal
+   says why (:meth:`Family.why_not`) or which families can;
+2. without: the family that :meth:`Family.claims` the source for the options given (LSG options on
+   a BART source ask for LSG-BART), else the one that :meth:`Family.detect` s it as its own.
+
+A checkpoint to export goes to the family whose :attr:`Family.models` hold the registered fairseq
+model of its arch.
+"""
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+from lsg_fairseq._autoimport import import_all
+from lsg_fairseq.convert import common as C
+from lsg_text.argtypes import int_range
+
+# Longest position table a conversion makes: a longer learned table is surely a typo.
+MAX_POSITIONS = 1 << 20
+POSITIONS = int_range(1, MAX_POSITIONS)
+# Options every family may honour (lsg-fairseq-convert adds their flags once, before the families').
+COMMON_OPTIONS = ("max_source_positions", "max_target_positions")
+
+
+@dataclass
+class SourceInfo:
+    """What a conversion source is, read once; families decide from it without reading files."""
+
+    path: str
+    hf_config: Optional[dict] = None  # config.json of an HF folder (None: not one, or unreadable)
+    checkpoint: Optional[str] = None  # a fairseq checkpoint file (model.pt, or the one in the folder)
+    arch: Optional[str] = None  # its --arch
+    model: Optional[str] = None  # the registered fairseq model of that arch (bart, lsg_bart, ...)
+
+    @property
+    def model_type(self) -> Optional[str]:
+        return (self.hf_config or {}).get("model_type")
+
+    def describe(self) -> str:
+        if self.hf_config is not None:
+            return f"an HF {self.model_type or 'model'} folder"
+        if self.checkpoint is not None:
+            return f"a fairseq {self.arch or 'model'} checkpoint"
+        return "not a model"
+
+
+def probe(src: str) -> SourceInfo:
+    """Read what ``src`` is: an HF folder (its config.json) or a fairseq checkpoint (its arch)."""
+    if not os.path.exists(src):
+        raise C.ConversionError(f"{src}: no such file or folder")
+    if os.path.isdir(src) and os.path.exists(os.path.join(src, "config.json")):
+        try:
+            return SourceInfo(src, hf_config=C.read_hf_config(src))
+        except C.ConversionError:  # not JSON, not an object: no family's, said below
+            return SourceInfo(src)
+    path = os.path.join(src, "model.pt") if os.path.isdir(src) else src
+    if not (os.path.isfile(path) and path.endswith(".pt")):
+        return SourceInfo(src)
+    import torch
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001  (any unreadable file: no family's)
+        return SourceInfo(src)
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    model_args = cfg.get("model") if isinstance(cfg, dict) else None
+    if model_args is None and isinstance(state, dict):
+        model_args = state.get("args")
+    get = model_args.get if isinstance(model_args, dict) else lambda key: getattr(model_args, key, None)
+    arch = str(get("arch") or "") if model_args is not None else ""
+    return SourceInfo(src, checkpoint=path, arch=arch or None, model=ARCH_MODEL_NAME_REGISTRY.get(arch))
+
+
+class Family:
+    """One model family: a registered fairseq model and its HF format, both ways, and its
+    benchmark rows. Subclasses set the attributes and override the hooks they need."""
+
+    name = ""  # the fairseq model it converts to (``register_model`` name) and the value of --to
+    models: Tuple[str, ...] = ()  # the registered models whose checkpoints it exports (default: name)
+    label = ""  # what people call it ("LSG-BART"), in messages
+    option_label = ""  # what its own flags are called ("LSG options"; default: the label)
+    common_options: Tuple[str, ...] = COMMON_OPTIONS  # of COMMON_OPTIONS, those it honours
+
+    def arch(self, size: str) -> str:
+        """Its architecture of a size: ``<name>_tiny`` / ``_base`` / ``_large`` (``register_model_architecture``)."""
+        return f"{self.name}_{size}"
+
+    # ------------------------------------------------------------- HF (or fairseq) -> fairseq
+    def detect(self, source: SourceInfo) -> bool:
+        """Whether ``source`` is of this family (converted to it without ``--to``)."""
+        return False
+
+    def can_convert(self, source: SourceInfo) -> bool:
+        """Whether ``--to NAME`` can convert ``source`` (default: its own sources only)."""
+        return self.detect(source)
+
+    def why_not(self, source: SourceInfo) -> Optional[str]:
+        """Why ``--to NAME`` cannot convert ``source``, when there is more to say than which can."""
+        return None
+
+    def claims(self, source: SourceInfo, options: dict) -> bool:
+        """Whether ``options`` (without ``--to``) ask for this family on another family's source."""
+        return False
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        """Its own ``lsg-fairseq-convert`` flags (beside the common --to and lengths)."""
+
+    def option_names(self) -> set:
+        parser = argparse.ArgumentParser(add_help=False)
+        self.add_args(parser)
+        return {a.dest for a in parser._actions} | set(self.common_options)
+
+    def convert(self, source: SourceInfo, out: str, **options) -> str:
+        """Write the fairseq model folder into ``out`` (an empty folder); returns ``model.pt``'s path."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------- fairseq -> HF
+    def export(self, checkpoint: C.Checkpoint) -> Callable[[str], None]:
+        """Check and map everything now (a refusal writes nothing); the returned function writes
+        the HF files into a folder."""
+        raise C.ExportError(f"{checkpoint.path}: the {self.name} family has no HuggingFace format")
+
+    # ------------------------------------------------------------- benchmarks/run.py
+    def benchmarks(self) -> Dict[str, Callable[[int, argparse.Namespace], List[str]]]:
+        """Benchmark rows: ``{row name: f(length, args) -> [fairseq arch, flags...]}``; ``args`` are
+        run.py's (``args.smoke``: the tiny shape)."""
+        return {}
+
+
+_FAMILIES: Dict[str, Family] = {}
+
+
+def register_family(family_cls):
+    """Class decorator: register one instance of a :class:`Family` subclass under its name."""
+    family = family_cls()
+    if not family.models:
+        family.models = (family.name,)
+    _FAMILIES[family.name] = family
+    return family_cls
+
+
+def families() -> Dict[str, Family]:
+    """{name: family} of every module of this package (imported the first time: a family module
+    registers itself, so adding one touches no list)."""
+    import_all(__package__, os.path.dirname(__file__))
+    return dict(sorted(_FAMILIES.items()))
+
+
+def family_for_source(source: SourceInfo, options: dict) -> Family:
+    """The family that converts ``source`` with ``options`` (see the module docstring)."""
+    known = families()
+    to = options.get("to")
+    if to is not None:
+        if to not in known:
+            raise C.ConversionError(f"--to {to}: not a model family here (known: {', '.join(known)})")
+        family = known[to]
+        if family.can_convert(source):
+            return family
+        able = [f.name for f in known.values() if f.can_convert(source)]
+        reason = family.why_not(source) or (
+            f"{source.path} ({source.describe()}) converts to {' or '.join(able)}{' only' if len(able) == 1 else ''}"
+            if able else f"{source.path}: {source.describe()} this converter knows")
+        raise C.ConversionError(f"--to {to}: {reason}")
+    for family in known.values():
+        if family.claims(source, options):
+            return family
+    for family in known.values():
+        if family.detect(source):
+            return family
+    labels = [f.label for f in known.values()]
+    raise C.ConversionError(
+        f"{source.path}: not a model this converter knows (families: {', '.join(known)}). Expected an HF "
+        f"folder whose config.json describes {', '.join(labels[:-1])} or {labels[-1]}, or a fairseq "
+        "checkpoint written by lsg-fairseq."
+    )
+
+
+def check_options(family: Family, options: dict) -> None:
+    """Refuse options ``family`` does not honour (naming the family they belong to) and lengths
+    no table can have."""
+    unknown = sorted(set(options) - family.option_names() - {"to"})
+    if unknown:
+        owners = [f for f in families().values()
+                  if f is not family and set(unknown) & (f.option_names() - set(COMMON_OPTIONS))]
+        hint = "; ".join(f"{f.option_label or f.label} options need --to {f.name}" for f in owners)
+        raise C.ConversionError(f"unknown option(s) for the {family.name} family: {', '.join(unknown)}"
+                                + (f" ({hint})" if hint else ""))
+    for name in COMMON_OPTIONS:
+        problem = POSITIONS.problem(options.get(name, 1))
+        if problem:
+            raise C.ConversionError(f"--{name.replace('_', '-')} {options[name]} is not achievable: it {problem}")
+
+
+def family_for_arch(checkpoint: C.Checkpoint) -> Family:
+    """The family that exports ``checkpoint``: the one holding the registered model of its arch."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    model = ARCH_MODEL_NAME_REGISTRY.get(checkpoint.arch)
+    known = families()
+    for family in known.values():
+        if model in family.models:
+            return family
+    names = ", ".join(m for f in known.values() for m in f.models)
+    raise C.ExportError(f"{checkpoint.path}: arch {checkpoint.arch!r} has no HuggingFace format here "
+                        f"(known: the archs of {names})")
