@@ -31,6 +31,14 @@ def _perturbed_layer(H=8, N=8, seed=0, **kw):
     return layer
 
 
+def _masked_batch(H, L, cut):
+    """Two rows of L random inputs (B, L, H), the second padded from position ``cut`` on."""
+    u = torch.randn(2, L, H)
+    mask = torch.zeros(2, L, dtype=torch.bool)
+    mask[1, cut:] = True
+    return u, mask
+
+
 # ---------------------------------------------------------------------------- helpers
 def test_next_fast_len_is_minimal_even_5_smooth():
     def smooth(m):
@@ -139,7 +147,7 @@ def _recurrent(layer, u, mask=None):
 
 
 @pytest.mark.parametrize("length", [1, 5, 16, 37])
-def test_fft_conv_equals_direct_conv_and_recurrence(length):
+def test_fft_conv_equals_direct_conv_and_recurrence(length, layer_path):
     layer = _perturbed_layer(H=8, N=8).eval()
     u = torch.randn(2, length, 8)
     with torch.no_grad():
@@ -161,7 +169,7 @@ def test_fft_conv_function_gradients_are_exact():
 
 
 @pytest.mark.parametrize("length", [1, 9, 37])
-def test_training_forward_and_gradients_equal_direct_conv(length):
+def test_training_forward_and_gradients_equal_direct_conv(length, layer_path):
     """Training path (kernel of length L, FFTConv) vs the O(L^2) definition under autograd:
     same output, same gradients for every parameter and the input, padding included."""
     layer = _perturbed_layer(H=6, N=8).train()
@@ -196,7 +204,7 @@ def test_both_directions_and_lag0_matter():
         assert torch.allclose(layer(u2)[:, :6], causal_only[:, :6], atol=1e-6)
 
 
-def test_padding_invariance_left_and_right():
+def test_padding_invariance_left_and_right(layer_path):
     layer = _perturbed_layer(H=8, N=8).eval()
     torch.manual_seed(1)
     u = torch.randn(1, 20, 8)
@@ -439,9 +447,7 @@ def test_init_is_s4d_lin():
 
 def test_channel_chunked_inference_equals_full():
     layer = _perturbed_layer(H=8, N=8).eval()
-    u = torch.randn(2, 40, 8)
-    mask = torch.zeros(2, 40, dtype=torch.bool)
-    mask[1, 25:] = True
+    u, mask = _masked_batch(8, 40, 25)
     with torch.no_grad():
         full = layer(u, mask)
         layer.max_fft_elems = 4 * 2 * next_fast_len(80) * 3  # at most 3 channels per chunk

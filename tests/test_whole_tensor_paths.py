@@ -1,7 +1,7 @@
 """The whole-tensor paths (what a GPU runs; ``lsg_fairseq.modules.paths``), forced on CPU.
 
-- values and gradients against the slow references (S4D here; LSG/LED through the ``layer_path``
-  fixture of their dense-reference tests, and every conformance fixture on both paths);
+- values and gradients against the slow references (S4D here and, with LSG/LED, through the
+  ``layer_path`` fixture of their reference tests, and every conformance fixture on both paths);
 - launches: the aten ops one layer issues (torch's dispatch mode) do not grow with the length and
   stay under a bound (the CPU paths issue thousands: they cut the work into cache-sized pieces);
 - no host-device synchronisation: each path runs forward and backward on ``meta`` tensors, which
@@ -21,7 +21,7 @@ from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
 from lsg_fairseq.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
 from lsg_fairseq.modules.paths import PathChoice, forced_path
 from lsg_fairseq.modules.s4d import S4D
-from test_s4d import _direct_conv, _perturbed_layer, _recurrent
+from test_s4d import _direct_conv, _masked_batch, _perturbed_layer, _recurrent
 
 # ------------------------------------------------------------------------------ S4D values and gradients
 
@@ -34,9 +34,7 @@ def _whole(layer):
 @pytest.mark.parametrize("length", [1, 5, 16, 37, 100])
 def test_s4d_whole_path_equals_direct_conv_and_recurrence(length):
     layer = _whole(_perturbed_layer(H=8, N=8)).eval()
-    u = torch.randn(2, length, 8)
-    mask = torch.zeros(2, length, dtype=torch.bool)
-    mask[1, (length + 1) // 2:] = True
+    u, mask = _masked_batch(8, length, (length + 1) // 2)
     with torch.no_grad():
         fast = layer(u, mask)
         direct = _direct_conv(layer, u, mask)
@@ -48,9 +46,7 @@ def test_s4d_whole_path_equals_direct_conv_and_recurrence(length):
 
 def test_s4d_whole_path_equals_cpu_path_cached_cold_and_in_chunks(monkeypatch):
     layer = _perturbed_layer(H=8, N=8).eval()
-    u = torch.randn(2, 60, 8)
-    mask = torch.zeros(2, 60, dtype=torch.bool)
-    mask[1, 41:] = True
+    u, mask = _masked_batch(8, 60, 41)
     with torch.no_grad():
         cpu = layer(u, mask)
         _whole(layer)
@@ -79,24 +75,6 @@ def test_whole_kernels_equal_the_naive_formula(monkeypatch):
         with torch.no_grad():
             whole = kernel(50, whole=True)
         assert torch.allclose(whole, kernel.reference(50), atol=1e-5), (whole - kernel.reference(50)).abs().max()
-
-
-@pytest.mark.parametrize("length", [1, 9, 37])
-def test_s4d_whole_training_gradients_equal_direct_conv(length):
-    layer = _whole(_perturbed_layer(H=6, N=8)).train()
-    u = torch.randn(2, length, 6, requires_grad=True)
-    mask = torch.zeros(2, length, dtype=torch.bool)
-    mask[1, (length + 1) // 2:] = True
-    w = torch.randn(2, length, 6)
-    grads = []
-    for fn in (lambda: layer(u, mask), lambda: _direct_conv(layer, u, mask)):
-        layer.zero_grad()
-        u.grad = None
-        out = fn()
-        (out * w).sum().backward()
-        grads.append([out.detach()] + [p.grad.clone() for p in layer.parameters()] + [u.grad.clone()])
-    for a, b in zip(*grads):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
 
 
 # ------------------------------------------------------------------------------ whole models, both paths
