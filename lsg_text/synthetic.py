@@ -14,6 +14,18 @@ hundred word types so that a tiny model with a small sentencepiece vocabulary le
 Every example also stores its facts under ``"keys"`` (with the whitespace-token offset of each key
 sentence) for analysis; the pipeline only reads ``document`` and ``summary``.
 
+Variants (``SyntheticConfig.variant``):
+
+- ``retrieval`` (above): one hop, the key sentence is the answer.
+- ``binding``: the answer joins two sentences at least ``min_gap`` words apart. A name is bound
+  early, "The silver moose is called Nora.", and used late, "Nora visited Tokyo on Monday."; the
+  summary is "The silver moose visited Tokyo on Monday." for each of the document's keys, in the
+  order of their use sentences. Decoys must not be reported: every key name also "avoided" another
+  city on another day, and one more bound name only ever "avoided" somewhere.
+
+``holdout=True`` draws the (colour, animal) pairs of train from one set and those of valid/test
+from the disjoint rest (``heldout_pair``), so no test key combination was seen in training.
+
 Determinism: split ``s`` with seed ``n`` uses ``random.Random(f"lsg-synthetic/{n}/{s}")``
 (string seeds are hashed with SHA-512, independent of PYTHONHASHSEED), so the same arguments
 give byte-identical files on any machine.
@@ -34,6 +46,10 @@ CITIES = (
     "Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Vienna", "Prague", "Madrid", "Athens", "Quito",
     "Tokyo", "Nairobi", "Boston", "Sydney", "Berlin",
 )
+NAMES = (
+    "Nora", "Pim", "Otto", "Lena", "Ivo", "Mira", "Tess", "Bram", "Cato", "Edda", "Finn", "Hana", "Juno",
+    "Kai", "Lars", "Rosa",
+)
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 KEY_TEMPLATE = "The {colour} {animal} visited {city} on {weekday}."
@@ -42,6 +58,11 @@ KEY_SENTENCE_RE = re.compile(
     r"The (%s) (%s) visited (%s) on (%s)\."
     % tuple("|".join(words) for words in (COLOURS, ANIMALS, CITIES, WEEKDAYS))
 )
+
+BIND_TEMPLATE = "The {colour} {animal} is called {name}."
+USE_TEMPLATE = "{name} visited {city} on {weekday}."
+DECOY_TEMPLATE = "{name} avoided {city} on {weekday}."
+VARIANTS = ("retrieval", "binding")
 
 # Filler: people doing ordinary things. None of these words is a key word (checked in tests).
 _SUBJECTS = (
@@ -91,8 +112,19 @@ class SyntheticConfig:
     max_keys: int = 3
     min_paragraph: int = 3  # sentences per paragraph (one paragraph per line, as in shared/data)
     max_paragraph: int = 8
+    variant: str = "retrieval"  # one of VARIANTS
+    min_gap: int = 1024  # binding: words from a name's binding to its use, at least
+    holdout: bool = False  # train and valid/test draw (colour, animal) from disjoint sets
 
     def validate(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.variant == "binding" and self.min_tokens < self.min_gap + 20 * (2 * self.max_keys + 1):
+            raise ValueError(
+                f"min_tokens={self.min_tokens} is too small for min_gap={self.min_gap} and {self.max_keys} keys"
+            )
+        if self.variant == "binding" and self.max_keys + 1 > len(NAMES):
+            raise ValueError(f"binding needs max_keys < {len(NAMES)}, got {self.max_keys}")
         if self.min_tokens < 2 * KEY_TOKENS * self.max_keys:
             raise ValueError(f"min_tokens={self.min_tokens} is too small for {self.max_keys} key sentences")
         if self.max_tokens <= self.min_tokens:
@@ -151,6 +183,13 @@ def key_hits(reference_keys: List[Dict[str, str]], hypothesis: str) -> List[Dict
     return out
 
 
+def exact_match(reference_keys: List[Dict[str, str]], hypothesis: str) -> bool:
+    """Whole-summary exact match: the hypothesis restates exactly the reference keys, in order, and
+    nothing else."""
+    want = " ".join(key_sentence({f: k[f] for f in FIELDS}) for k in reference_keys)
+    return " ".join(hypothesis.split()) == want
+
+
 def chance_recall() -> float:
     """Mean over the four slots of 1 / (number of choices): a uniform guess's expected recall."""
     return sum(1.0 / len(CHOICES[f]) for f in FIELDS) / len(FIELDS)
@@ -166,18 +205,22 @@ def _filler_sentence(rng: random.Random) -> str:
     return text[0].upper() + text[1:]
 
 
-def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str) -> Dict:
-    target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
-    n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
-    animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
-    facts = [
-        {"colour": rng.choice(COLOURS), "animal": a, "city": rng.choice(CITIES),
-         "weekday": rng.choice(WEEKDAYS)}
-        for a in animals
-    ]
-    # Filler up to the drawn length minus the keys, then close the gap exactly with 2-/3-token
-    # sentences, so the document has target_len or target_len - 1 tokens.
-    budget = target_len - n_keys * KEY_TOKENS
+def heldout_pair(colour: str, animal: str) -> bool:
+    """True for the quarter of (colour, animal) pairs kept for valid/test under ``holdout``."""
+    return (COLOURS.index(colour) + 2 * ANIMALS.index(animal)) % 4 == 0
+
+
+def _colour(rng: random.Random, animal: str, split: str, cfg: SyntheticConfig) -> str:
+    """A colour for ``animal``; under ``holdout``, one whose pair belongs to ``split``'s side."""
+    if not cfg.holdout:
+        return rng.choice(COLOURS)
+    want = split != "train"
+    return rng.choice([c for c in COLOURS if heldout_pair(c, animal) == want])
+
+
+def _filler(rng: random.Random, budget: int) -> List[str]:
+    """Filler sentences of exactly ``budget`` or ``budget - 1`` words: drawn sentences, then 2-/3-word
+    ones closing the gap."""
     filler: List[str] = []
     used = 0
     while True:
@@ -192,6 +235,31 @@ def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str) -> D
         k = 3 if gap >= 5 or gap == 3 else 2
         filler.insert(rng.randint(0, len(filler)), _GAP_FILLERS[k])
         gap -= k
+    return filler
+
+
+def _paragraphs(rng: random.Random, cfg: SyntheticConfig, sentences: List[str]) -> str:
+    paragraphs, i = [], 0
+    while i < len(sentences):
+        size = rng.randint(cfg.min_paragraph, cfg.max_paragraph)
+        paragraphs.append(" ".join(sentences[i : i + size]))
+        i += size
+    return "\n".join(paragraphs)
+
+
+def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, split: str = "train") -> Dict:
+    if cfg.variant == "binding":
+        return make_binding_example(rng, cfg, example_id, split)
+    target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
+    n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
+    animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
+    facts = [
+        {"colour": _colour(rng, a, split, cfg), "animal": a, "city": rng.choice(CITIES),
+         "weekday": rng.choice(WEEKDAYS)}
+        for a in animals
+    ]
+    # Filler up to the drawn length minus the keys, so the document has target_len or target_len - 1 tokens.
+    filler = _filler(rng, target_len - n_keys * KEY_TOKENS)
     # Keys go into uniformly random sentence slots (sorted: positions in document order).
     slots = sorted(rng.sample(range(len(filler) + n_keys), n_keys))
     sentences: List[str] = []
@@ -203,18 +271,63 @@ def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str) -> D
         else:
             sentences.append(filler[fi])
             fi += 1
-    paragraphs, i = [], 0
-    while i < len(sentences):
-        size = rng.randint(cfg.min_paragraph, cfg.max_paragraph)
-        paragraphs.append(" ".join(sentences[i : i + size]))
-        i += size
-    document = "\n".join(paragraphs)
+    document = _paragraphs(rng, cfg, sentences)
     keys = [dict(fact, token_offset=offset) for offset, fact in find_key_sentences(document)]
     return {"id": example_id, "document": document, "summary": summary_from_facts(facts), "keys": keys}
+
+
+def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, split: str) -> Dict:
+    """The ``binding`` variant (module docstring): per key a binding sentence, a use sentence at least
+    ``min_gap`` words later and a decoy; plus one bound name that only has a decoy. ``keys`` holds each
+    key's facts, ``token_offset`` (its use sentence) and ``bind_offset``, in summary order."""
+    target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
+    n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
+    animals = rng.sample(ANIMALS, n_keys + 1)  # the last one is the decoy-only name's
+    names = rng.sample(NAMES, n_keys + 1)
+    bound = [{"colour": _colour(rng, a, split, cfg), "animal": a, "name": n} for a, n in zip(animals, names)]
+    specials = []  # (target word offset, sentence, role, index)
+    for i, b in enumerate(bound):
+        bind_at = rng.randint(0, target_len - cfg.min_gap - 40)
+        specials.append((bind_at, BIND_TEMPLATE.format(**b), "bind", i))
+        decoy = {"name": b["name"], "city": rng.choice(CITIES), "weekday": rng.choice(WEEKDAYS)}
+        specials.append((rng.randint(0, target_len - 10), DECOY_TEMPLATE.format(**decoy), "decoy", i))
+        if i < n_keys:
+            b["city"] = rng.choice([c for c in CITIES if c != decoy["city"]])
+            b["weekday"] = rng.choice([w for w in WEEKDAYS if w != decoy["weekday"]])
+            # + 20 words: a special sentence lands at a filler boundary, up to one filler sentence early
+            use_at = rng.randint(bind_at + cfg.min_gap + 20, target_len - 10)
+            specials.append((use_at, USE_TEMPLATE.format(**b), "use", i))
+    specials.sort(key=lambda s: s[0])
+    filler = _filler(rng, target_len - sum(len(s[1].split()) for s in specials))
+    sentences: List[str] = []
+    offsets: Dict[Tuple[str, int], int] = {}
+    words = filler_words = 0
+    pending = list(specials)
+    for f in filler + [None]:
+        while pending and (f is None or pending[0][0] <= filler_words):
+            _, text, role, i = pending.pop(0)
+            offsets[(role, i)] = words
+            sentences.append(text)
+            words += len(text.split())
+        if f is not None:
+            sentences.append(f)
+            words += len(f.split())
+            filler_words += len(f.split())
+    keys = sorted(
+        (
+            {**{f: bound[i][f] for f in FIELDS}, "name": bound[i]["name"], "token_offset": offsets[("use", i)],
+             "bind_offset": offsets[("bind", i)]}
+            for i in range(n_keys)
+        ),
+        key=lambda k: k["token_offset"],
+    )
+    assert all(k["token_offset"] - k["bind_offset"] >= cfg.min_gap for k in keys), example_id
+    document = _paragraphs(rng, cfg, sentences)
+    return {"id": example_id, "document": document, "summary": summary_from_facts(keys), "keys": keys}
 
 
 def make_split(split: str, n: int, seed: int, cfg: SyntheticConfig) -> Iterator[Dict]:
     cfg.validate()
     rng = random.Random(f"lsg-synthetic/{seed}/{split}")
     for i in range(n):
-        yield make_example(rng, cfg, f"synthetic-{split}-{i}")
+        yield make_example(rng, cfg, f"synthetic-{split}-{i}", split)

@@ -20,7 +20,7 @@ import time
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 from lsg_text.errors import report
 from lsg_text.fileio import atomic_outputs, progress
-from lsg_text.synthetic import SyntheticConfig, make_split
+from lsg_text.synthetic import VARIANTS, SyntheticConfig, make_split
 
 PROG = "make_synthetic_data.py"
 
@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_keys,
         help=f"most key sentences per document (default: {d.max_keys})",
     )
+    p.add_argument("--variant", choices=VARIANTS, default=d.variant,
+                   help=f"retrieval: key sentences restated; binding: name bound early, used late "
+                   f"(lsg_text/synthetic.py; default: {d.variant})")
+    p.add_argument("--min-gap", type=NON_NEGATIVE_INT, default=d.min_gap,
+                   help=f"binding: words from a name's binding to its use, at least (default: {d.min_gap})")
+    p.add_argument("--holdout", action="store_true",
+                   help="train and valid/test draw their (colour, animal) pairs from disjoint sets")
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1, help="random seed (default: 1)")
     return p
 
@@ -67,12 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     cfg = SyntheticConfig(
-        min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys
+        min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys,
+        variant=args.variant, min_gap=args.min_gap, holdout=args.holdout,
     )
     try:
         cfg.validate()
     except ValueError as e:
-        return report(f"bad size flags (--min-tokens/--max-tokens/--min-keys/--max-keys): {e}", PROG)
+        return report(f"bad size flags (--min-tokens/--max-tokens/--min-keys/--max-keys/--min-gap): {e}", PROG)
     sizes = {"train": args.train, "valid": args.valid, "test": args.test}
     splits = [s for s, n in sizes.items() if n > 0]
     start = time.time()
