@@ -27,6 +27,7 @@ for c in "$old" "$new"; do
 done
 start=$(date +%s)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 for r in $(seq 1 "$ROUNDS"); do
     for c in "$old" "$new"; do
         echo "== round $r: $c" >&2
@@ -36,9 +37,9 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 "$PY" - "$WORK/results" "$old" "$new" "$ROUNDS" "$(( $(date +%s) - start ))" "$load_start" \
-    "$(cut -d' ' -f1-3 /proc/loadavg)" "$RUN_ARGS" > "$OUTPUT" <<'EOF'
+    "$(cut -d' ' -f1-3 /proc/loadavg)" "$RUN_ARGS" "$cpu, $(nproc) cores" > "$OUTPUT" <<'EOF'
 import json, statistics, sys
-root, old, new, rounds, secs, load0, load1, run_args = sys.argv[1:]
+root, old, new, rounds, secs, load0, load1, run_args, cpu = sys.argv[1:]
 rows = {}
 for c in (old, new):
     for r in range(1, int(rounds) + 1):
@@ -47,7 +48,7 @@ for c in (old, new):
                 rows.setdefault((rec["length"], rec["mode"]), {}).setdefault(c, {}).setdefault(rec["arch"], []).append(rec["median_s"])
 print(f"# Interleaved A/B: {old} (before) vs {new} (after)\n")
 print(f"`bash benchmarks/ab_commits.sh {old} {new} {rounds}` with run.py `{run_args}`; {rounds} rounds, "
-      f"alternating {old} {new}; {secs} s wall, load average {load0} -> {load1}.\n")
+      f"alternating {old} {new}; {secs} s wall, load average {load0} -> {load1}; {cpu}.\n")
 print("Time as a ratio to `linear` (same commit, same round); mean over rounds, each round in brackets.\n")
 print(f"| length | mode | arch | {old} | {new} | change |\n|---|---|---|---:|---:|---:|")
 for (length, mode), by_commit in sorted(rows.items()):

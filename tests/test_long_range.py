@@ -1,0 +1,219 @@
+"""examples/long_range: the binding variant, exact match, the control row, the report's statistics,
+the experiment end to end (smoke), and the claim CI holds: LSG reads far keys that BART truncated to
+1,024 cannot."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lsg_text.synthetic import (
+    ANIMALS,
+    COLOURS,
+    FIELDS,
+    NAMES,
+    SyntheticConfig,
+    exact_match,
+    heldout_pair,
+    key_hits,
+    make_split,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(REPO, "examples", "long_range")
+BINDING = SyntheticConfig(variant="binding", min_tokens=1300, max_tokens=1600, min_keys=2, max_keys=3,
+                          min_gap=1024, holdout=True)
+
+
+def load_report():
+    spec = importlib.util.spec_from_file_location("long_range_report", os.path.join(HERE, "report.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def binding_examples():
+    return list(make_split("test", 40, seed=5, cfg=BINDING))
+
+
+def _sentences(document):
+    return [s.strip() for s in document.replace("\n", " ").split(".") if s.strip()]
+
+
+def test_binding_joins_two_far_sentences_and_skips_decoys(binding_examples):
+    for ex in binding_examples:
+        words = ex["document"].split()
+        sentences = _sentences(ex["document"])
+        offsets = [k["token_offset"] for k in ex["keys"]]
+        assert offsets == sorted(offsets) and 2 <= len(ex["keys"]) <= 3
+        for k in ex["keys"]:
+            assert k["token_offset"] - k["bind_offset"] >= 1024
+            assert " ".join(words[k["bind_offset"]:k["bind_offset"] + 6]) == \
+                f"The {k['colour']} {k['animal']} is called {k['name']}."
+            assert " ".join(words[k["token_offset"]:k["token_offset"] + 5]) == \
+                f"{k['name']} visited {k['city']} on {k['weekday']}."
+            # the summary's sentence occurs nowhere in the document: it has to be put together
+            assert f"The {k['colour']} {k['animal']} visited" not in ex["document"]
+            decoys = [s for s in sentences if s.startswith(f"{k['name']} avoided ")]
+            assert len(decoys) == 1 and k["city"] not in decoys[0] and k["weekday"] not in decoys[0]
+        # one more bound name that only ever avoids
+        bound = [s.split()[-1] for s in sentences if " is called " in s]
+        assert len(bound) == len(ex["keys"]) + 1 and set(bound) <= set(NAMES)
+        assert ex["summary"] == " ".join(
+            f"The {k['colour']} {k['animal']} visited {k['city']} on {k['weekday']}." for k in ex["keys"])
+        assert exact_match(ex["keys"], ex["summary"])
+
+
+def test_binding_words_never_occur_in_filler(binding_examples):
+    special = set(NAMES) | {"called", "avoided", "visited", "is"} | set(COLOURS) | set(ANIMALS)
+    for ex in binding_examples[:10]:
+        for s in _sentences(ex["document"]):
+            if " is called " in s or " visited " in s or " avoided " in s:
+                continue
+            assert not special & set(s.split()), s
+
+
+def test_holdout_keeps_test_pairs_out_of_training():
+    train = list(make_split("train", 60, seed=5, cfg=BINDING))
+    test = list(make_split("test", 60, seed=5, cfg=BINDING))
+    pair = lambda k: (k["colour"], k["animal"])  # noqa: E731
+    train_pairs = {pair(k) for ex in train for k in ex["keys"]}
+    test_pairs = {pair(k) for ex in test for k in ex["keys"]}
+    assert train_pairs and test_pairs and not train_pairs & test_pairs
+    assert all(heldout_pair(*p) for p in test_pairs)
+    # without holdout both sides draw from every pair (the long_context data is unchanged)
+    loose = SyntheticConfig(min_tokens=300, max_tokens=400, min_keys=3, max_keys=3)
+    assert any(heldout_pair(k["colour"], k["animal"]) for ex in make_split("train", 40, 5, loose) for k in ex["keys"])
+
+
+def test_binding_is_deterministic_and_validated():
+    a = [json.dumps(e) for e in make_split("valid", 3, seed=7, cfg=BINDING)]
+    assert a == [json.dumps(e) for e in make_split("valid", 3, seed=7, cfg=BINDING)]
+    with pytest.raises(ValueError, match="min_gap"):
+        SyntheticConfig(variant="binding", min_tokens=500, max_tokens=900, min_gap=1024).validate()
+    with pytest.raises(ValueError, match="variant"):
+        SyntheticConfig(variant="counting").validate()
+
+
+def test_exact_match_needs_every_key_in_order_and_nothing_else():
+    keys = [dict(colour="red", animal="fox", city="Paris", weekday="Monday"),
+            dict(colour="blue", animal="owl", city="Lima", weekday="Friday")]
+    right = "The red fox visited Paris on Monday. The blue owl visited Lima on Friday."
+    assert exact_match(keys, right) and exact_match(keys, "  " + right.replace(" ", "  "))
+    assert not exact_match(keys, right.replace("Lima", "Oslo"))  # a decoy's city
+    assert not exact_match(keys, " ".join(reversed(right.split(". "))))  # order
+    assert not exact_match(keys, right + " The red fox visited Paris on Monday.")  # extra
+    assert not exact_match(keys, "The red fox visited Paris on Monday.")  # missing
+    # per-slot recall still credits the slots it gets right
+    assert sum(sum(h.values()) for h in key_hits(keys, right.replace("Lima", "Oslo"))) == 7
+
+
+def _outputs(tmp_path, variant, rows):
+    """A hand-made outputs/ folder: data.json of 12 small documents and hypotheses per row/seed."""
+    flags = ["--variant", variant, "--holdout", "--min-gap", "300", "--min-keys", "2", "--max-keys", "3",
+             "--min-tokens", "600", "--max-tokens", "900", "--seed", "3"]
+    folder = tmp_path / "outputs" / variant
+    folder.mkdir(parents=True)
+    (folder / "data.json").write_text(json.dumps({"flags": flags}))
+    report = load_report()
+    docs = report.scored_documents(str(folder / "data.json"), "test", 12)
+    for row, make in rows.items():
+        for seed in (1, 2):
+            (folder / f"{row}.seed{seed}.txt").write_text("".join(make(d, seed) + "\n" for d in docs))
+    return docs
+
+
+def test_report_scores_raw_outputs_and_compares_with_the_control(tmp_path):
+    docs = _outputs(tmp_path, "binding", {
+        "local_8": lambda d, s: "",
+        "lsg_norm": lambda d, s: d["summary"],
+        # seed 1 right on every other document, seed 2 wrong on all: far slots missed
+        "led": lambda d, s: d["summary"] if s == 1 and int(d["id"].split("-")[-1]) % 2 == 0 else
+        d["summary"].replace(d["keys"][0]["animal"], "zebra"),
+    })
+    report = load_report()
+    assert report.main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "rep"),
+                        "--variants", "binding", "--rows", "local_8", "lsg_norm", "led", "--seeds", "1", "2",
+                        "--n-docs", "12"]) == 0
+    res = json.loads((tmp_path / "rep" / "results.json").read_text())["variants"]["binding"]
+    assert res["lsg_norm"]["exact"] == 1.0 and res["lsg_norm"]["exact_ci"] == [1.0, 1.0]
+    assert res["local_8"]["exact"] == 0.0 and res["local_8"]["slot_recall"] == 0.0
+    assert res["lsg_norm"]["beats_control"] is True and res["local_8"]["beats_control"] is None
+    assert res["led"]["exact"] == pytest.approx(0.25) and res["led"]["exact_per_seed"] == [0.5, 0.0]
+    lo, hi = res["led"]["exact_ci"]
+    assert 0.0 <= lo < 0.25 < hi <= 0.5
+    assert res["led"]["beats_control"] is True  # 25 points over 0, disjoint intervals
+    far_total = sum(2 * len(d["keys"]) for d in docs)
+    assert res["led"]["far_recall"] == pytest.approx(1 - (6 + 12) / (2 * far_total))  # one animal per wrong doc
+    md = (tmp_path / "rep" / "results.md").read_text()
+    assert "| LSG-BART (norm) at 4,096 | 100.0% [100.0%, 100.0%]" in md and "do not edit by hand" in md
+
+
+def test_report_refuses_missing_hypotheses(tmp_path, capsys):
+    _outputs(tmp_path, "retrieval", {"local_8": lambda d, s: "", "lsg_norm": lambda d, s: d["summary"]})
+    path = tmp_path / "outputs" / "retrieval" / "lsg_norm.seed2.txt"
+    path.write_text("\n".join(path.read_text().split("\n")[:5]))
+    assert load_report().main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "rep"),
+                               "--variants", "retrieval", "--rows", "local_8", "lsg_norm", "--seeds", "1", "2",
+                               "--n-docs", "12"]) == 2
+    assert "lsg_norm.seed2.txt: 5 hypotheses for 12 documents" in capsys.readouterr().err
+
+
+def test_control_row_cannot_mix_beyond_its_window(tmp_path):
+    """local_8 (LED layers, --attention-window 8, no global token): an encoder output moves only when
+    a token within 4 positions (per layer) changes."""
+    from conftest import build_task_and_model, write_toy_dict
+
+    argv = [write_toy_dict(tmp_path), "--task", "long_document_summarization", "--arch", "led_tiny",
+            "--max-source-positions", "4096", "--attention-window", "8", "--global-attention", "none"]
+    model = build_task_and_model(argv)[1].eval()
+    layers = len(model.encoder.layers)
+    tokens = torch.randint(4, 40, (1, 600))
+    tokens[0, -1] = 2
+    changed = tokens.clone()
+    changed[0, 300] = 41
+    with torch.no_grad():
+        a = model.encoder(tokens, src_lengths=torch.tensor([600]))["encoder_out"][0][:, 0]
+        b = model.encoder(changed, src_lengths=torch.tensor([600]))["encoder_out"][0][:, 0]
+    moved = ((a - b).abs().amax(-1) > 1e-6).nonzero().flatten()
+    assert moved.min() >= 300 - 4 * layers and moved.max() <= 300 + 4 * layers
+    assert 300 in moved.tolist()
+
+
+def _run(tmp_path, **env):
+    env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
+               VENV=os.path.dirname(os.path.dirname(sys.executable)), **env)
+    r = subprocess.run(["bash", os.path.join(HERE, "run.sh")], env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((tmp_path / "report" / "results.json").read_text())
+
+
+def test_long_range_experiment_smoke(tmp_path):
+    """Both variants, the control and a long row, two seeds, a few updates: the script cannot rot,
+    and its raw outputs re-score to the same table."""
+    res = _run(tmp_path, SMOKE="1", ROWS="local_8 lsg_norm", SEEDS="1 2")
+    assert set(res["variants"]) == {"retrieval", "binding"}
+    for v in ("retrieval", "binding"):
+        assert set(res["variants"][v]) == {"local_8", "lsg_norm"}
+        assert len(res["variants"][v]["lsg_norm"]["exact_per_seed"]) == 2
+        assert (tmp_path / "report" / "outputs" / v / "local_8.seed2.txt").exists()
+    again = tmp_path / "again"
+    assert load_report().main(["--outputs", str(tmp_path / "report" / "outputs"), "--report-dir", str(again),
+                               "--variants", "retrieval", "binding", "--rows", "local_8", "lsg_norm",
+                               "--seeds", "1", "2", "--n-docs", "4"]) == 0
+    assert json.loads((again / "results.json").read_text())["variants"] == res["variants"]
+
+
+def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
+    """The claim CI holds, at the smallest size that still separates the rows: one key per document,
+    a few hundred updates; LSG recalls the facts of keys past word 1,024, BART truncated to 1,024
+    tokens is near chance (8.8%) there."""
+    res = _run(tmp_path, VARIANTS="retrieval", ROWS="bart_1024 lsg_norm", SEEDS="1", MIN_KEYS="1", MAX_KEYS="1",
+               N_SHORT="1500", N_LONG="300", N_TEST="24", U_SHORT="200", U_LONG="100")["variants"]["retrieval"]
+    assert res["lsg_norm"]["far_recall"] >= 0.6, res
+    assert res["bart_1024"]["far_recall"] <= 0.25, res
