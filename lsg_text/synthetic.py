@@ -285,27 +285,34 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
     animals = rng.sample(ANIMALS, n_keys + 1)  # the last one is the decoy-only name's
     names = rng.sample(NAMES, n_keys + 1)
     bound = [{"colour": _colour(rng, a, split, cfg), "animal": a, "name": n} for a, n in zip(animals, names)]
-    specials = []  # (target word offset, sentence, role, index)
+    specials = []  # [sentence, role, index]; positions are drawn once the filler is known
     for i, b in enumerate(bound):
-        bind_at = rng.randint(0, target_len - cfg.min_gap - 40)
-        specials.append((bind_at, BIND_TEMPLATE.format(**b), "bind", i))
+        specials.append([BIND_TEMPLATE.format(**b), "bind", i])
         decoy = {"name": b["name"], "city": rng.choice(CITIES), "weekday": rng.choice(WEEKDAYS)}
-        specials.append((rng.randint(0, target_len - 10), DECOY_TEMPLATE.format(**decoy), "decoy", i))
+        specials.append([DECOY_TEMPLATE.format(**decoy), "decoy", i])
         if i < n_keys:
             b["city"] = rng.choice([c for c in CITIES if c != decoy["city"]])
             b["weekday"] = rng.choice([w for w in WEEKDAYS if w != decoy["weekday"]])
-            # + 20 words: a special sentence lands at a filler boundary, up to one filler sentence early
-            use_at = rng.randint(bind_at + cfg.min_gap + 20, target_len - 10)
-            specials.append((use_at, USE_TEMPLATE.format(**b), "use", i))
-    specials.sort(key=lambda s: s[0])
-    filler = _filler(rng, target_len - sum(len(s[1].split()) for s in specials))
+            specials.append([USE_TEMPLATE.format(**b), "use", i])
+    filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
+    total = sum(len(f.split()) for f in filler)
+    # Positions in filler words; a special sentence goes before the first filler sentence starting at
+    # or after its position, at most one filler sentence (< 20 words) late: hence the + 20.
+    at = {}
+    for sentence, role, i in specials:
+        if role == "bind":
+            at[("bind", i)] = rng.randint(0, total - cfg.min_gap - 40)
+        elif role == "decoy":
+            at[("decoy", i)] = rng.randint(0, total)
+        else:
+            at[("use", i)] = rng.randint(at[("bind", i)] + cfg.min_gap + 20, total)
+    pending = sorted(specials, key=lambda s: at[(s[1], s[2])])
     sentences: List[str] = []
     offsets: Dict[Tuple[str, int], int] = {}
     words = filler_words = 0
-    pending = list(specials)
     for f in filler + [None]:
-        while pending and (f is None or pending[0][0] <= filler_words):
-            _, text, role, i = pending.pop(0)
+        while pending and (f is None or at[(pending[0][1], pending[0][2])] <= filler_words):
+            text, role, i = pending.pop(0)
             offsets[(role, i)] = words
             sentences.append(text)
             words += len(text.split())
