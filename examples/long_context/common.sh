@@ -1,4 +1,4 @@
-# Sourced by run.sh and control.sh (from the repository root): one home for the paths and for the
+# Sourced by run.sh, control.sh and ../long_range/run.sh (from the repository root): one home for the paths and for the
 # training recipe, so that the control runs train exactly as the experiment does.
 HERE=examples/long_context
 VENV=${VENV:-.venv}
@@ -9,6 +9,59 @@ USER_DIR="$PWD/lsg_fairseq"
 # shellcheck source=scripts/device_flags.sh
 source scripts/device_flags.sh  # DEVICE=auto|cpu|cuda, PRECISION=fp32|bf16|fp16 -> *_DEVICE_FLAGS
 quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " || true; }
+
+synthetic_set() {  # synthetic_set DIR SPM_DIR [make_synthetic_data.py flags...]: DIR/{jsonl,raw,bin}
+    # Sentencepiece: SPM_DIR=DIR trains DIR/spm (800 pieces, DIR/bin from spm_binarize.sh); another
+    # set's DIR encodes with that set's model and dictionary, so that every set shares one vocabulary.
+    local dir=$1 spm_dir=$2; shift 2
+    python scripts/make_synthetic_data.py --output-dir "$dir/jsonl" --valid "${N_VALID:-10}" "$@" > /dev/null
+    python scripts/jsonl_to_parallel.py --input-dir "$dir/jsonl" --output-dir "$dir/raw" > /dev/null 2>&1
+    if [ "$spm_dir" = "$dir" ]; then
+        bash scripts/spm_binarize.sh --raw-dir "$dir/raw" --out-dir "$dir" --vocab-size 800 --workers 2 \
+            -- --soft-vocab-limit > "$dir/spm_binarize.log" 2>&1
+        return
+    fi
+    mkdir -p "$dir/spm-enc"
+    for split in train valid test; do
+        python scripts/spm_encode.py --model "$spm_dir/spm/spm.model" \
+            --inputs "$dir/raw/$split.source" "$dir/raw/$split.target" \
+            --outputs "$dir/spm-enc/$split.source" "$dir/spm-enc/$split.target" 2> /dev/null
+    done
+    bash scripts/preprocess.sh --trainpref "$dir/spm-enc/train" --validpref "$dir/spm-enc/valid" \
+        --testpref "$dir/spm-enc/test" --destdir "$dir/bin" --dict "$spm_dir/spm/dict.txt" \
+        > "$dir/preprocess.log" 2>&1
+    cp "$spm_dir/spm/spm.model" "$dir/bin/"
+}
+
+arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fan_in init
+    case $1 in
+        bart_1024) echo "--arch bart_tiny --max-source-positions 1024" ;;
+        full_4096) echo "--arch bart_tiny --max-source-positions 4096" ;;
+        lsg_norm) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm" ;;
+        lsg_none) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type none" ;;
+        led) echo "--arch led_tiny --max-source-positions 4096" ;;
+        locost) echo "--arch locost_tiny --max-source-positions 4096" ;;
+        # the control that cannot mix: each token sees +-4 tokens, no global ones (LED's layers)
+        local_8) echo "--arch led_tiny --max-source-positions 4096 --attention-window 8 --global-attention none" ;;
+        *) echo "unknown arch row $1" >&2; exit 2 ;;
+    esac
+}
+
+evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the long test split, score
+    local name=$1 ckpt=$2 max_src=$3 bos=${4:-}
+    local dir="$OUT/eval/$name" SPM="$OUT/long/spm/spm.model"
+    mkdir -p "$dir"
+    fairseq-generate "$OUT/long/bin" --user-dir "$USER_DIR" --task long_document_summarization \
+        --path "$ckpt" --gen-subset test --max-source-positions "$max_src" --max-target-positions 128 \
+        --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece --sentencepiece-model "$SPM" \
+        --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$dir/generate.out" 2> "$dir/generate.err"
+    python scripts/key_recall.py --jsonl "$OUT/long/jsonl/test.jsonl" --generate-output "$dir/generate.out" \
+        --spm-model "$SPM" $bos --name "$name" --json "$dir/recall.json" | sed 's/^/   /' >&2
+    python scripts/generate_to_rouge.py --generate-output "$dir/generate.out" \
+        --ref-file "$OUT/long/raw/test.target" --output-dir "$dir" > /dev/null
+    python "$HERE/attention_probe.py" "$ckpt" "$OUT/long/bin" --split test -n 16 > "$dir/probe.json" 2> /dev/null \
+        || echo '{}' > "$dir/probe.json"
+}
 
 train() {  # train NAME DATA UPDATES --lr LR [fairseq flags...]: checkpoint in $OUT/runs/NAME, time+RSS in NAME/time
     local name=$1 data=$2 updates=$3; shift 3

@@ -47,60 +47,14 @@ step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 # ------------------------------------------------------------------------------------------ data
 mkdir -p "$OUT"
 step "data: $N_SHORT short + $N_MID mid + $N_LONG long training documents, $N_TEST long test documents"
-python scripts/make_synthetic_data.py --output-dir "$OUT/long/jsonl" --train "$N_LONG" --valid 10 \
-    --test "$N_TEST" --min-tokens 3200 --max-tokens 3550 --seed 1 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
-python scripts/make_synthetic_data.py --output-dir "$OUT/short/jsonl" --train "$N_SHORT" --valid 10 \
-    --test 10 --min-tokens 50 --max-tokens 150 --seed 2 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
-python scripts/make_synthetic_data.py --output-dir "$OUT/mid/jsonl" --train "$N_MID" --valid 10 \
-    --test 10 --min-tokens 600 --max-tokens 880 --seed 3 --min-keys "$KEYS" --max-keys "$KEYS" > /dev/null
-for set in long short mid; do
-    python scripts/jsonl_to_parallel.py --input-dir "$OUT/$set/jsonl" --output-dir "$OUT/$set/raw" > /dev/null 2>&1
-done
-bash scripts/spm_binarize.sh --raw-dir "$OUT/long/raw" --out-dir "$OUT/long" --vocab-size 800 --workers 2 \
-    -- --soft-vocab-limit > "$OUT/long/spm_binarize.log" 2>&1
-for set in short mid; do  # encoded with the long set's sentencepiece model and dictionary
-    mkdir -p "$OUT/$set/spm-enc"
-    for split in train valid test; do
-        python scripts/spm_encode.py --model "$OUT/long/spm/spm.model" \
-            --inputs "$OUT/$set/raw/$split.source" "$OUT/$set/raw/$split.target" \
-            --outputs "$OUT/$set/spm-enc/$split.source" "$OUT/$set/spm-enc/$split.target" 2> /dev/null
-    done
-    bash scripts/preprocess.sh --trainpref "$OUT/$set/spm-enc/train" --validpref "$OUT/$set/spm-enc/valid" \
-        --testpref "$OUT/$set/spm-enc/test" --destdir "$OUT/$set/bin" --dict "$OUT/long/spm/dict.txt" \
-        > "$OUT/$set/preprocess.log" 2>&1
-    cp "$OUT/long/spm/spm.model" "$OUT/$set/bin/"
-done
-SPM="$OUT/long/spm/spm.model"
+synthetic_set "$OUT/long" "$OUT/long" --train "$N_LONG" --test "$N_TEST" --min-tokens 3200 --max-tokens 3550 \
+    --seed 1 --min-keys "$KEYS" --max-keys "$KEYS"
+synthetic_set "$OUT/short" "$OUT/long" --train "$N_SHORT" --test 10 --min-tokens 50 --max-tokens 150 --seed 2 \
+    --min-keys "$KEYS" --max-keys "$KEYS"
+synthetic_set "$OUT/mid" "$OUT/long" --train "$N_MID" --test 10 --min-tokens 600 --max-tokens 880 --seed 3 \
+    --min-keys "$KEYS" --max-keys "$KEYS"
 
 # ------------------------------------------------------------------------------------ the models
-arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fan_in init
-    case $1 in
-        bart_1024) echo "--arch bart_tiny --max-source-positions 1024" ;;
-        full_4096) echo "--arch bart_tiny --max-source-positions 4096" ;;
-        lsg_norm) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm" ;;
-        lsg_none) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type none" ;;
-        led) echo "--arch led_tiny --max-source-positions 4096" ;;
-        locost) echo "--arch locost_tiny --max-source-positions 4096" ;;
-        *) echo "unknown arch row $1" >&2; exit 2 ;;
-    esac
-}
-
-evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the long test split, score
-    local name=$1 ckpt=$2 max_src=$3 bos=${4:-}
-    local dir="$OUT/eval/$name"
-    mkdir -p "$dir"
-    fairseq-generate "$OUT/long/bin" --user-dir "$USER_DIR" --task long_document_summarization \
-        --path "$ckpt" --gen-subset test --max-source-positions "$max_src" --max-target-positions 128 \
-        --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece --sentencepiece-model "$SPM" \
-        --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$dir/generate.out" 2> "$dir/generate.err"
-    python scripts/key_recall.py --jsonl "$OUT/long/jsonl/test.jsonl" --generate-output "$dir/generate.out" \
-        --spm-model "$SPM" $bos --name "$name" --json "$dir/recall.json" | sed 's/^/   /' >&2
-    python scripts/generate_to_rouge.py --generate-output "$dir/generate.out" \
-        --ref-file "$OUT/long/raw/test.target" --output-dir "$dir" > /dev/null
-    python "$HERE/attention_probe.py" "$ckpt" "$OUT/long/bin" --split test -n 16 > "$dir/probe.json" 2> /dev/null \
-        || echo '{}' > "$dir/probe.json"
-}
-
 for row in $ARCHS; do
     flags=$(arch_flags "$row")
     bos=""; [ "$row" = locost ] && bos="--no-bos"

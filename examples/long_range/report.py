@@ -1,0 +1,221 @@
+#!/usr/bin/env python
+"""Score and tabulate examples/long_range/run.sh from its committed raw outputs.
+
+Everything here is re-computable from ``outputs/``: ``<variant>/data.json`` holds the
+make_synthetic_data.py flags of the scored documents (regenerated here, byte-identical, so no
+data file is committed) and ``<variant>/<row>.seed<s>.txt`` one greedy hypothesis per document.
+
+Per cell: whole-summary exact match (every key, in order, nothing else) and per-slot recall, as
+the mean over seeds, with a 95% percentile bootstrap interval over the scored documents, pooled over
+seeds (a resample draws documents; each drawn document brings its hypotheses of every seed).
+"Far" slots are the ones a model can only fill by reading 1,024+ words away: for ``binding`` the
+colour and animal (bound >= 1,024 words before the use sentence); for ``retrieval`` every slot of
+the keys past word 1,024. A long row "beats the control" when its exact match is >= 20 points
+above ``local_8``'s and the two intervals do not overlap.
+
+    python examples/long_range/report.py --outputs examples/long_range/outputs --report-dir examples/long_range \\
+        --variants retrieval binding --rows local_8 ... --seeds 1 2 3 --split test --n-docs 60
+    python examples/long_range/report.py extract GENERATE_OUT N HYPOTHESES   # run.sh's per-run step
+"""
+import argparse
+import importlib.util
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+
+from lsg_text.synthetic import FIELDS, SyntheticConfig, exact_match, key_hits, make_split
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+CONTROL = "local_8"
+FAR_WORDS = 1024
+BOOTSTRAP = 2000
+LABELS = {
+    "local_8": "control: +-4-token window, no global (cannot mix)",
+    "bart_1024": "BART truncated to 1,024",
+    "full_4096": "BART, full attention at 4,096",
+    "lsg_norm": "LSG-BART (norm) at 4,096",
+    "led": "LED at 4,096",
+    "locost": "LOCOST at 4,096",
+}
+
+
+def extract(generate_out: str, n: int, path: str) -> None:
+    """One best hypothesis per document id 0..n-1 (empty line where fairseq-generate wrote none)."""
+    from lsg_text.generate_output import parse_generate_output
+
+    with open(generate_out, encoding="utf-8") as f:
+        generated = parse_generate_output(f, generate_out)
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            hyp = generated[i].best_hypothesis if i in generated else None
+            f.write(" ".join((hyp or "").split()) + "\n")
+
+
+def scored_documents(data_json: str, split: str, n: int):
+    """The scored split, regenerated from the flags run.sh gave make_synthetic_data.py."""
+    spec = importlib.util.spec_from_file_location("mksyn", os.path.join(REPO, "scripts", "make_synthetic_data.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(data_json, encoding="utf-8") as f:
+        a = mod.build_parser().parse_args(["--output-dir", "-", *json.load(f)["flags"]])
+    cfg = SyntheticConfig(min_tokens=a.min_tokens, max_tokens=a.max_tokens, min_keys=a.min_keys,
+                          max_keys=a.max_keys, variant=a.variant, min_gap=a.min_gap, holdout=a.holdout)
+    return list(make_split(split, n, a.seed, cfg))
+
+
+def score_document(example: dict, hypothesis: str, variant: str) -> dict:
+    """exact (0/1), slot hits and far-slot hits of one hypothesis."""
+    hits = key_hits(example["keys"], hypothesis)
+    far = []
+    for key, h in zip(example["keys"], hits):
+        if variant == "binding":
+            far += [h["colour"], h["animal"]]
+        elif key["token_offset"] >= FAR_WORDS:
+            far += [h[f] for f in FIELDS]
+    return {"exact": float(exact_match(example["keys"], hypothesis)),
+            "slots": [h[f] for h in hits for f in FIELDS], "far": far}
+
+
+def cell(scores_by_seed, rng: random.Random) -> dict:
+    """Mean over seeds and a pooled document bootstrap of exact match, per-slot and far-slot recall."""
+    n = len(scores_by_seed[0])
+
+    def stats(docs):
+        exact = statistics.mean(s[d]["exact"] for s in scores_by_seed for d in docs)
+        slots = [x for s in scores_by_seed for d in docs for x in s[d]["slots"]]
+        far = [x for s in scores_by_seed for d in docs for x in s[d]["far"]]
+        return exact, sum(slots) / len(slots), (sum(far) / len(far) if far else None)
+
+    exact, slots, far = stats(range(n))
+    boot = sorted(stats([rng.randrange(n) for _ in range(n)])[0] for _ in range(BOOTSTRAP))
+    per_seed = [statistics.mean(d["exact"] for d in s) for s in scores_by_seed]
+    return {"exact": exact, "exact_ci": [boot[int(0.025 * BOOTSTRAP)], boot[int(0.975 * BOOTSTRAP) - 1]],
+            "exact_per_seed": per_seed, "slot_recall": slots, "far_recall": far}
+
+
+# what the experiment runs: a commit that touches none of these (a README, say) does not change it
+CODE_PATHS = ("examples/long_range", "examples/long_context/common.sh", "lsg_text", "lsg_fairseq", "scripts")
+
+
+def git_stamp() -> str:
+    """The last commit that changed the experiment's code, and whether that code has uncommitted edits."""
+    def git(*args):
+        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True).stdout.strip()
+
+    code = git("log", "-1", "--format=%h", "--", *CODE_PATHS) or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
+    return code + (" + uncommitted changes" if dirty else "")
+
+
+def report(args) -> int:
+    rng = random.Random(0)
+    results = {"split": args.split, "n_docs": args.n_docs, "seeds": args.seeds, "commit": git_stamp(),
+               "wall_s": args.wall, "load": args.load, "settings": args.settings, "variants": {}}
+    for v in args.variants:
+        examples = scored_documents(os.path.join(args.outputs, v, "data.json"), args.split, args.n_docs)
+        rows = {}
+        for row in args.rows:
+            by_seed = []
+            for seed in args.seeds:
+                with open(os.path.join(args.outputs, v, f"{row}.seed{seed}.txt"), encoding="utf-8") as f:
+                    hyps = f.read().split("\n")[: len(examples)]
+                if len(hyps) != len(examples):
+                    print(f"report.py: error: {f.name}: {len(hyps)} hypotheses for {len(examples)} documents",
+                          file=sys.stderr)
+                    return 2
+                by_seed.append([score_document(ex, h, v) for ex, h in zip(examples, hyps)])
+            rows[row] = cell(by_seed, rng)
+        ctrl = rows.get(CONTROL)
+        for row, c in rows.items():
+            c["beats_control"] = None if ctrl is None or row == CONTROL else (
+                c["exact"] - ctrl["exact"] >= 0.20 and c["exact_ci"][0] > ctrl["exact_ci"][1])
+        results["variants"][v] = rows
+    os.makedirs(args.report_dir, exist_ok=True)
+    with open(os.path.join(args.report_dir, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    md = markdown(results, args.command)
+    with open(os.path.join(args.report_dir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(md)
+    plot(results, os.path.join(args.report_dir, "exact_match.png"))
+    print(md)
+    return 0
+
+
+def markdown(r: dict, command: str) -> str:
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    out = ["# Long range: results (generated by report.py; do not edit by hand)", "",
+           f"Command: `{command}`, code at commit {r['commit']}; {r['wall_s']} s wall, load average {r['load']};",
+           f"{r['settings']}.", "",
+           f"Each cell: the mean over seeds {', '.join(map(str, r['seeds']))} on the same {r['n_docs']} "
+           f"{r['split']} documents, with a 95% bootstrap interval over documents ({BOOTSTRAP} resamples, "
+           "pooled over seeds). Exact = the whole summary right (every key, in order, no decoy); far slots: "
+           "binding's colour + animal (bound >= 1,024 words before the use), retrieval's slots of keys past "
+           "word 1,024. Beats control: exact >= 20 points above local_8's, intervals disjoint.", ""]
+    for v, rows in r["variants"].items():
+        out += [f"## {v}", "", "| row | exact match [95% CI] | per seed | slot recall | far-slot recall | beats control |",
+                "|---|---:|---|---:|---:|:-:|"]
+        for row, c in rows.items():
+            lo, hi = c["exact_ci"]
+            beats = {None: "", True: "yes", False: "no"}[c["beats_control"]]
+            out.append(f"| {LABELS.get(row, row)} | {pct(c['exact'])} [{pct(lo)}, {pct(hi)}] | "
+                       f"{' / '.join(pct(x) for x in c['exact_per_seed'])} | {pct(c['slot_recall'])} | "
+                       f"{pct(c['far_recall'])} | {beats} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(r: dict, path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    variants = list(r["variants"])
+    fig, axes = plt.subplots(1, len(variants), figsize=(5.5 * len(variants), 3.8), squeeze=False)
+    for ax, v in zip(axes[0], variants):
+        rows = r["variants"][v]
+        names = list(rows)
+        ys = [100 * rows[n]["exact"] for n in names]
+        err = [[y - 100 * rows[n]["exact_ci"][0] for n, y in zip(names, ys)],
+               [100 * rows[n]["exact_ci"][1] - y for n, y in zip(names, ys)]]
+        ax.bar(names, ys, yerr=err, capsize=4, color=["grey" if n == CONTROL else "tab:blue" for n in names])
+        ax.set_title(f"{v}: exact match, 95% CI ({r['split']})")
+        ax.set_ylim(0, 100)
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["extract"]:
+        if len(argv) != 4:
+            print("report.py: error: usage: report.py extract GENERATE_OUT N HYPOTHESES", file=sys.stderr)
+            return 2
+        extract(argv[1], int(argv[2]), argv[3])
+        return 0
+    p = argparse.ArgumentParser(prog="report.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--outputs", required=True)
+    p.add_argument("--report-dir", required=True)
+    p.add_argument("--split", default="test", choices=["test", "valid"])
+    p.add_argument("--n-docs", type=int, required=True)
+    p.add_argument("--variants", nargs="+", required=True)
+    p.add_argument("--rows", nargs="+", required=True)
+    p.add_argument("--seeds", nargs="+", type=int, required=True)
+    p.add_argument("--command", default="bash examples/long_range/run.sh")
+    p.add_argument("--wall", default="?")
+    p.add_argument("--load", default="?")
+    p.add_argument("--settings", default="")
+    return report(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

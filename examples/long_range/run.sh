@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Long range, not just long input: does an encoder carry information across 1,024+ tokens, beyond
+# what the decoder's cross-attention finds by itself? One command, seeded:
+#
+#   bash examples/long_range/run.sh              # both variants, 7 rows, 3 seeds -> results.md, outputs/ here
+#   SPLIT=valid bash examples/long_range/run.sh  # the same on the validation split (sizing, pilots)
+#   SMOKE=1 bash examples/long_range/run.sh      # a few updates of everything (tests/test_long_range.py)
+#
+# Variants (lsg_text/synthetic.py, --holdout: test (colour, animal) pairs never occur in training):
+#   retrieval  2-3 key sentences ("The red fox visited Paris on Monday."), restated in order.
+#   binding    per key, "The silver moose is called Nora." and >= 1,024 words later "Nora visited
+#              Tokyo on Monday." -> "The silver moose visited Tokyo on Monday."; decoys "Nora avoided
+#              Lima on Friday." and a bound name that only avoids.
+# Rows: examples/long_context/common.sh's arch_flags, the tiny shape, plus local_8: LED's layers
+# with a +-4-token window and no global token, an encoder that cannot mix beyond 4 tokens.
+# Recipe: examples/long_context's, unchanged (not tuned on this task): U_SHORT updates on 100-250-word
+# documents at lr 3e-3, then U_LONG on 3,200-3,550-word ones at lr 1e-3; greedy decoding of the
+# N_TEST documents of SPLIT. Raw hypotheses go to outputs/ next to the table: report.py re-scores them.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-work_dirs/long_range}
+# shellcheck source=examples/long_context/common.sh
+source examples/long_context/common.sh  # VENV/PATH, USER_DIR, device flags, quiet, arch_flags, synthetic_set, train
+LR_HERE=examples/long_range
+SMOKE=${SMOKE:-}
+if [ -n "$SMOKE" ]; then
+    N_SHORT=${N_SHORT:-40} N_LONG=${N_LONG:-8} N_TEST=${N_TEST:-4} U_SHORT=${U_SHORT:-3} U_LONG=${U_LONG:-2}
+    SEEDS=${SEEDS:-"1 2"} REPORT_DIR=${REPORT_DIR:-$OUT/report}
+fi
+VARIANTS=${VARIANTS:-"retrieval binding"}
+ROWS=${ROWS:-"local_8 bart_1024 full_4096 lsg_norm led locost"}
+SEEDS=${SEEDS:-"1 2 3"}
+MIN_KEYS=${MIN_KEYS:-2} MAX_KEYS=${MAX_KEYS:-3}  # keys per document
+N_SHORT=${N_SHORT:-6000}   # short training documents per variant
+N_LONG=${N_LONG:-1500}     # long training documents per variant
+N_TEST=${N_TEST:-50}       # long documents scored, per seed (the same documents for every seed)
+U_SHORT=${U_SHORT:-500}
+U_LONG=${U_LONG:-400}
+SPLIT=${SPLIT:-test}
+JOBS=${JOBS:-2}            # trainings at once, each with THREADS / JOBS threads
+THREADS=${THREADS:-$(nproc)}
+REPORT_DIR=${REPORT_DIR:-$LR_HERE}
+export OMP_NUM_THREADS=$(( THREADS / JOBS > 0 ? THREADS / JOBS : 1 ))
+case $SPLIT in test|valid) ;; *) echo "run.sh: error: SPLIT must be test or valid, got '$SPLIT'" >&2; exit 2 ;; esac
+start=$(date +%s)
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
+mkdir -p "$OUT"
+
+for v in $VARIANTS; do
+    step "$v data: $N_SHORT short + $N_LONG long training documents, $N_TEST $SPLIT documents"
+    long=(--variant "$v" --holdout --min-gap 1024 --min-keys "$MIN_KEYS" --max-keys "$MAX_KEYS" --min-tokens 3200
+          --max-tokens 3550 --seed 11)
+    N_VALID=$N_TEST synthetic_set "$OUT/$v/long" "$OUT/$v/long" "${long[@]}" --train "$N_LONG" --test "$N_TEST"
+    mkdir -p "$REPORT_DIR/outputs/$v"
+    printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${long[@]}" | sed 's/, $//')" > "$REPORT_DIR/outputs/$v/data.json"
+    synthetic_set "$OUT/$v/short" "$OUT/$v/long" --variant "$v" --holdout --min-gap 0 --min-keys "$MIN_KEYS" --max-keys "$MAX_KEYS" \
+        --min-tokens 150 --max-tokens 250 --train "$N_SHORT" --test 10 --seed 12
+done
+
+run_one() {  # run_one VARIANT ROW SEED: both stages, then greedy decoding of SPLIT -> hypotheses
+    local v=$1 row=$2 seed=$3 flags max_src name="$1.$2.s$3"
+    flags=$(arch_flags "$row")
+    max_src=$(echo "$flags" | grep -oE "max-source-positions [0-9]+" | cut -d' ' -f2)
+    # shellcheck disable=SC2086
+    train "$name.short" "$OUT/$v/short/bin" "$U_SHORT" --lr 3e-3 $flags --seed "$seed" 2> /dev/null
+    # shellcheck disable=SC2086
+    train "$name" "$OUT/$v/long/bin" "$U_LONG" --lr 1e-3 $flags --seed "$seed" \
+        --finetune-from-model "$OUT/runs/$name.short/checkpoint_last.pt" 2> /dev/null
+    fairseq-generate "$OUT/$v/long/bin" --user-dir "$USER_DIR" --task long_document_summarization \
+        --path "$OUT/runs/$name/checkpoint_last.pt" --gen-subset "$SPLIT" --max-source-positions "$max_src" \
+        --max-target-positions 128 --truncate-target --beam 1 --max-len-b 80 --bpe sentencepiece \
+        --sentencepiece-model "$OUT/$v/long/spm/spm.model" --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" \
+        > "$OUT/runs/$name/generate.out" 2> "$OUT/runs/$name/generate.err"
+    # one hypothesis per line, in document order: what report.py scores
+    python "$LR_HERE/report.py" extract "$OUT/runs/$name/generate.out" "$N_TEST" "$OUT/runs/$name/hypotheses.txt"
+    step "$name: $(wc -l < "$OUT/runs/$name/hypotheses.txt") hypotheses, train $(cut -d' ' -f1 "$OUT/runs/$name/time") s"
+}
+
+running=0
+for seed in $SEEDS; do
+    for v in $VARIANTS; do
+        for row in $ROWS; do
+            run_one "$v" "$row" "$seed" &
+            running=$(( running + 1 ))
+            if [ "$running" -ge "$JOBS" ]; then wait -n; running=$(( running - 1 )); fi
+        done
+    done
+done
+wait
+
+step "report -> $REPORT_DIR"
+for v in $VARIANTS; do
+    for row in $ROWS; do
+        for seed in $SEEDS; do
+            cp "$OUT/runs/$v.$row.s$seed/hypotheses.txt" "$REPORT_DIR/outputs/$v/$row.seed$seed.txt"
+        done
+    done
+done
+python "$LR_HERE/report.py" --outputs "$REPORT_DIR/outputs" --report-dir "$REPORT_DIR" --split "$SPLIT" \
+    --n-docs "$N_TEST" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
+    --command "bash $LR_HERE/run.sh" --wall "$(( $(date +%s) - start ))" \
+    --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)" \
+    --settings "N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG JOBS=$JOBS THREADS=$THREADS"
+step "done"
