@@ -17,6 +17,9 @@ sentence) for analysis; the pipeline only reads ``document`` and ``summary``.
 Variants (``SyntheticConfig.variant``):
 
 - ``retrieval`` (above): one hop, the key sentence is the answer.
+- ``count``: 2-3 key animals are each mentioned 1-4 times at random places ("A fox was seen.");
+  the summary counts them in order of first mention, "The fox was seen 3 times. The owl was seen
+  1 times.": an answer that aggregates mentions spread over the whole document.
 - ``binding``: the answer joins two sentences at least ``min_gap`` words apart. A name is bound
   early, "The silver moose is called Nora.", and used late, "Nora visited Tokyo on Monday."; the
   summary is "The silver moose visited Tokyo on Monday." for each of the document's keys, in the
@@ -62,7 +65,10 @@ KEY_SENTENCE_RE = re.compile(
 BIND_TEMPLATE = "The {colour} {animal} is called {name}."
 USE_TEMPLATE = "{name} visited {city} on {weekday}."
 DECOY_TEMPLATE = "{name} avoided {city} on {weekday}."
-VARIANTS = ("retrieval", "binding")
+MENTION_TEMPLATE = "A {animal} was seen."
+COUNT_TEMPLATE = "The {animal} was seen {count} times."
+MAX_COUNT = 4
+VARIANTS = ("retrieval", "binding", "count")
 
 # Filler: people doing ordinary things. None of these words is a key word (checked in tests).
 _SUBJECTS = (
@@ -183,11 +189,22 @@ def key_hits(reference_keys: List[Dict[str, str]], hypothesis: str) -> List[Dict
     return out
 
 
-def exact_match(reference_keys: List[Dict[str, str]], hypothesis: str) -> bool:
-    """Whole-summary exact match: the hypothesis restates exactly the reference keys, in order, and
-    nothing else."""
-    want = " ".join(key_sentence({f: k[f] for f in FIELDS}) for k in reference_keys)
-    return " ".join(hypothesis.split()) == want
+def exact_match(reference: str, hypothesis: str) -> bool:
+    """Whole-summary exact match (whitespace aside): every key, in order, and nothing else."""
+    return hypothesis.split() == reference.split()
+
+
+_COUNT_RE = re.compile(r"The (\S+) was seen (\S+) times")
+
+
+def count_hits(reference_keys: List[Dict], hypothesis: str) -> List[Dict[str, bool]]:
+    """``count`` variant: the i-th sentence of ``hypothesis`` against the i-th key, animal and count."""
+    generated = _COUNT_RE.findall(hypothesis)
+    out = []
+    for i, ref in enumerate(reference_keys):
+        animal, count = generated[i] if i < len(generated) else (None, None)
+        out.append({"animal": animal == ref["animal"], "count": count == str(ref["count"])})
+    return out
 
 
 def chance_recall() -> float:
@@ -250,6 +267,8 @@ def _paragraphs(rng: random.Random, cfg: SyntheticConfig, sentences: List[str]) 
 def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, split: str = "train") -> Dict:
     if cfg.variant == "binding":
         return make_binding_example(rng, cfg, example_id, split)
+    if cfg.variant == "count":
+        return make_count_example(rng, cfg, example_id)
     target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
     n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
     animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
@@ -276,6 +295,27 @@ def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, spli
     return {"id": example_id, "document": document, "summary": summary_from_facts(facts), "keys": keys}
 
 
+def _assemble(filler: List[str], specials: List[list], at: Dict[Tuple[str, int], int]):
+    """Sentences of the document and the word offset of each special ``[text, role, index]``: each
+    goes before the first filler sentence that starts at or after its position ``at[(role, index)]``
+    (in filler words), so at most one filler sentence (< 20 words) after it."""
+    pending = sorted(specials, key=lambda s: at[(s[1], s[2])])
+    sentences: List[str] = []
+    offsets: Dict[Tuple[str, int], int] = {}
+    words = filler_words = 0
+    for f in filler + [None]:
+        while pending and (f is None or at[(pending[0][1], pending[0][2])] <= filler_words):
+            text, role, i = pending.pop(0)
+            offsets[(role, i)] = words
+            sentences.append(text)
+            words += len(text.split())
+        if f is not None:
+            sentences.append(f)
+            words += len(f.split())
+            filler_words += len(f.split())
+    return sentences, offsets
+
+
 def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, split: str) -> Dict:
     """The ``binding`` variant (module docstring): per key a binding sentence, a use sentence at least
     ``min_gap`` words later and a decoy; plus one bound name that only has a decoy. ``keys`` holds each
@@ -296,8 +336,7 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
             specials.append([USE_TEMPLATE.format(**b), "use", i])
     filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
     total = sum(len(f.split()) for f in filler)
-    # Positions in filler words; a special sentence goes before the first filler sentence starting at
-    # or after its position, at most one filler sentence (< 20 words) late: hence the + 20.
+    # Positions in filler words; _assemble places a sentence up to 20 words late: hence the + 20.
     at = {}
     for sentence, role, i in specials:
         if role == "bind":
@@ -306,20 +345,7 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
             at[("decoy", i)] = rng.randint(0, total)
         else:
             at[("use", i)] = rng.randint(at[("bind", i)] + cfg.min_gap + 20, total)
-    pending = sorted(specials, key=lambda s: at[(s[1], s[2])])
-    sentences: List[str] = []
-    offsets: Dict[Tuple[str, int], int] = {}
-    words = filler_words = 0
-    for f in filler + [None]:
-        while pending and (f is None or at[(pending[0][1], pending[0][2])] <= filler_words):
-            text, role, i = pending.pop(0)
-            offsets[(role, i)] = words
-            sentences.append(text)
-            words += len(text.split())
-        if f is not None:
-            sentences.append(f)
-            words += len(f.split())
-            filler_words += len(f.split())
+    sentences, offsets = _assemble(filler, specials, at)
     keys = sorted(
         (
             {**{f: bound[i][f] for f in FIELDS}, "name": bound[i]["name"], "token_offset": offsets[("use", i)],
@@ -331,6 +357,27 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
     assert all(k["token_offset"] - k["bind_offset"] >= cfg.min_gap for k in keys), example_id
     document = _paragraphs(rng, cfg, sentences)
     return {"id": example_id, "document": document, "summary": summary_from_facts(keys), "keys": keys}
+
+
+def make_count_example(rng: random.Random, cfg: SyntheticConfig, example_id: str) -> Dict:
+    """The ``count`` variant (module docstring): each key animal is mentioned 1..MAX_COUNT times at
+    uniformly random places; the summary gives each one's count, in order of first mention. ``keys``:
+    ``animal``, ``count``, ``token_offset`` (first mention) and ``mentions`` (every offset)."""
+    target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
+    n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
+    counts = {a: rng.randint(1, MAX_COUNT) for a in rng.sample(ANIMALS, n_keys)}
+    specials = [[MENTION_TEMPLATE.format(animal=a), a, j] for a, c in counts.items() for j in range(c)]
+    filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
+    total = sum(len(f.split()) for f in filler)
+    at = {(a, j): rng.randint(0, total) for _, a, j in specials}
+    sentences, offsets = _assemble(filler, specials, at)
+    keys = sorted(
+        ({"animal": a, "count": c, "token_offset": min(offsets[(a, j)] for j in range(c)),
+          "mentions": sorted(offsets[(a, j)] for j in range(c))} for a, c in counts.items()),
+        key=lambda k: k["token_offset"],
+    )
+    summary = " ".join(COUNT_TEMPLATE.format(**k) for k in keys)
+    return {"id": example_id, "document": _paragraphs(rng, cfg, sentences), "summary": summary, "keys": keys}
 
 
 def make_split(split: str, n: int, seed: int, cfg: SyntheticConfig) -> Iterator[Dict]:

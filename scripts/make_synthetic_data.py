@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-gap", type=NON_NEGATIVE_INT, default=d.min_gap,
                    help=f"binding: words from a name's binding to its use, at least (default: {d.min_gap})")
     p.add_argument("--holdout", action="store_true",
-                   help="train and valid/test draw their (colour, animal) pairs from disjoint sets")
+                   help="retrieval, binding: train and valid/test draw their (colour, animal) pairs from disjoint sets")
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1, help="random seed (default: 1)")
     return p
 

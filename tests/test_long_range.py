@@ -14,8 +14,10 @@ from lsg_text.synthetic import (
     ANIMALS,
     COLOURS,
     FIELDS,
+    MAX_COUNT,
     NAMES,
     SyntheticConfig,
+    count_hits,
     exact_match,
     heldout_pair,
     key_hits,
@@ -65,7 +67,7 @@ def test_binding_joins_two_far_sentences_and_skips_decoys(binding_examples):
         assert len(bound) == len(ex["keys"]) + 1 and set(bound) <= set(NAMES)
         assert ex["summary"] == " ".join(
             f"The {k['colour']} {k['animal']} visited {k['city']} on {k['weekday']}." for k in ex["keys"])
-        assert exact_match(ex["keys"], ex["summary"])
+        assert exact_match(ex["summary"], ex["summary"])
 
 
 def test_binding_words_never_occur_in_filler(binding_examples):
@@ -103,11 +105,11 @@ def test_exact_match_needs_every_key_in_order_and_nothing_else():
     keys = [dict(colour="red", animal="fox", city="Paris", weekday="Monday"),
             dict(colour="blue", animal="owl", city="Lima", weekday="Friday")]
     right = "The red fox visited Paris on Monday. The blue owl visited Lima on Friday."
-    assert exact_match(keys, right) and exact_match(keys, "  " + right.replace(" ", "  "))
-    assert not exact_match(keys, right.replace("Lima", "Oslo"))  # a decoy's city
-    assert not exact_match(keys, " ".join(reversed(right.split(". "))))  # order
-    assert not exact_match(keys, right + " The red fox visited Paris on Monday.")  # extra
-    assert not exact_match(keys, "The red fox visited Paris on Monday.")  # missing
+    assert exact_match(right, right) and exact_match(right, "  " + right.replace(" ", "  "))
+    assert not exact_match(right, right.replace("Lima", "Oslo"))  # a decoy's city
+    assert not exact_match(right, " ".join(reversed(right.split(". "))))  # order
+    assert not exact_match(right, right + " The red fox visited Paris on Monday.")  # extra
+    assert not exact_match(right, "The red fox visited Paris on Monday.")  # missing
     # per-slot recall still credits the slots it gets right
     assert sum(sum(h.values()) for h in key_hits(keys, right.replace("Lima", "Oslo"))) == 7
 
@@ -217,3 +219,26 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
                N_SHORT="1500", N_LONG="300", N_TEST="24", U_SHORT="200", U_LONG="100")["variants"]["retrieval"]
     assert res["lsg_norm"]["far_recall"] >= 0.6, res
     assert res["bart_1024"]["far_recall"] <= 0.25, res
+
+
+def test_count_variant_aggregates_mentions_spread_over_the_document():
+    cfg = SyntheticConfig(variant="count", min_tokens=1300, max_tokens=1600, min_keys=2, max_keys=3)
+    examples = list(make_split("test", 30, seed=2, cfg=cfg))
+    for ex in examples:
+        words = ex["document"].split()
+        firsts = [k["token_offset"] for k in ex["keys"]]
+        assert firsts == sorted(firsts)
+        for k in ex["keys"]:
+            assert 1 <= k["count"] <= MAX_COUNT and len(k["mentions"]) == k["count"]
+            assert [i for i in range(len(words) - 1) if words[i:i + 2] == ["A", k["animal"]]] == k["mentions"]
+        assert ex["summary"] == " ".join(f"The {k['animal']} was seen {k['count']} times." for k in ex["keys"])
+        assert sum(len(k["mentions"]) for k in ex["keys"]) == sum(1 for w in words if w == "seen.")
+    # the count's words never occur in filler
+    filler_words = {w for ex in examples for s in _sentences(ex["document"]) if " was seen" not in s for w in s.split()}
+    assert not filler_words & {"was", "seen", "times", *map(str, range(10))}
+    # mentions do spread: most documents have an animal seen at least twice, 1,024+ words apart
+    assert sum(any(k["mentions"][-1] - k["mentions"][0] >= 1024 for k in ex["keys"]) for ex in examples) >= 10
+    keys = [{"animal": "fox", "count": 3}, {"animal": "owl", "count": 1}]
+    assert count_hits(keys, "The fox was seen 3 times. The owl was seen 2 times.") == [
+        {"animal": True, "count": True}, {"animal": True, "count": False}]
+    assert count_hits(keys, "The owl was seen 1 times.")[1] == {"animal": False, "count": False}
