@@ -218,7 +218,7 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     1,024, BART truncated to 1,024 tokens stays near chance (8.8%) there."""
     env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
                VENV=os.path.dirname(os.path.dirname(sys.executable)), ARCHS="bart_1024 lsg_norm",
-               EXTRAPOLATION="0", N_SHORT="1500", N_LONG="200", N_TEST="24", U_SHORT="250", U_LONG="100")
+               EXTRAPOLATION="0", N_SHORT="1500", N_MID="20", N_LONG="200", N_TEST="24", U_SHORT="250", U_LONG="100")
     r = subprocess.run(["bash", os.path.join(REPO, "examples", "long_context", "run.sh")], env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
