@@ -149,10 +149,13 @@ def test_report_scores_raw_outputs_and_compares_with_the_control(tmp_path):
     lo, hi = res["led"]["exact_ci"]
     assert 0.0 <= lo < 0.25 < hi <= 0.5
     assert res["led"]["beats_control"] is True  # 25 points over 0, disjoint intervals
+    assert res["lsg_norm"]["far_ci"] == [1.0, 1.0] and res["lsg_norm"]["far_above_control"] is True
+    assert res["local_8"]["far_ci"] == [0.0, 0.0] and res["local_8"]["far_above_control"] is None
     far_total = sum(2 * len(d["keys"]) for d in docs)
     assert res["led"]["far_recall"] == pytest.approx(1 - (6 + 12) / (2 * far_total))  # one animal per wrong doc
     md = (tmp_path / "rep" / "results.md").read_text()
-    assert "| LSG-BART (norm) at 4,096 | 100.0% [100.0%, 100.0%]" in md and "do not edit by hand" in md
+    assert "| LSG-BART (norm) at 4,096 | 100.0% [100.0%, 100.0%] | 100.0% / 100.0% | yes |" in md
+    assert "do not edit by hand" in md
 
 
 def test_report_refuses_missing_hypotheses(tmp_path, capsys):

@@ -12,7 +12,8 @@ seeds (a resample draws documents; each drawn document brings its hypotheses of 
 colour and animal (bound >= 1,024 words before the use sentence); for ``retrieval`` every slot of
 the keys past word 1,024; for ``count`` the count of an animal whose mentions span 1,024+ words.
 A long row "beats the control" when its exact match is >= 20 points above ``local_8``'s and the two
-intervals do not overlap.
+intervals do not overlap; as a weaker, second reading, its far slots are "above the control" when
+the far-slot recall intervals (same bootstrap) do not overlap.
 
     python examples/long_range/report.py --outputs examples/long_range/outputs --report-dir examples/long_range \\
         --variants retrieval binding --rows local_8 ... --seeds 1 2 3 --split test --n-docs 60
@@ -94,10 +95,15 @@ def cell(scores_by_seed, rng: random.Random) -> dict:
         return exact, sum(slots) / len(slots), (sum(far) / len(far) if far else None)
 
     exact, slots, far = stats(range(n))
-    boot = sorted(stats([rng.randrange(n) for _ in range(n)])[0] for _ in range(BOOTSTRAP))
+    boot = [stats([rng.randrange(n) for _ in range(n)]) for _ in range(BOOTSTRAP)]
+
+    def interval(values):
+        values = sorted(v for v in values if v is not None)
+        return [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]] if values else None
+
     per_seed = [statistics.mean(d["exact"] for d in s) for s in scores_by_seed]
-    return {"exact": exact, "exact_ci": [boot[int(0.025 * BOOTSTRAP)], boot[int(0.975 * BOOTSTRAP) - 1]],
-            "exact_per_seed": per_seed, "slot_recall": slots, "far_recall": far}
+    return {"exact": exact, "exact_ci": interval(b[0] for b in boot), "exact_per_seed": per_seed,
+            "slot_recall": slots, "far_recall": far, "far_ci": interval(b[2] for b in boot)}
 
 
 # what the experiment runs: a commit that touches none of these (a README, say) does not change it
@@ -136,6 +142,9 @@ def report(args) -> int:
         for row, c in rows.items():
             c["beats_control"] = None if ctrl is None or row == CONTROL else (
                 c["exact"] - ctrl["exact"] >= 0.20 and c["exact_ci"][0] > ctrl["exact_ci"][1])
+            # a weaker, second reading: far-slot recall above the control's, intervals disjoint
+            c["far_above_control"] = None if ctrl is None or row == CONTROL or not c["far_ci"] else (
+                c["far_ci"][0] > ctrl["far_ci"][1])
         results["variants"][v] = rows
     os.makedirs(args.report_dir, exist_ok=True)
     with open(os.path.join(args.report_dir, "results.json"), "w", encoding="utf-8") as f:
@@ -158,17 +167,20 @@ def markdown(r: dict, command: str) -> str:
            "pooled over seeds). Exact = the whole summary right (every key, in order, no decoy); far slots: "
            "binding's colour + animal (bound >= 1,024 words before the use), retrieval's slots of keys past "
            "word 1,024, count's counts of animals whose mentions span 1,024+ words. Beats control: exact "
-           ">= 20 points above local_8's, intervals disjoint.", ""]
+           ">= 20 points above local_8's, intervals disjoint (the issue's test); far slots above control: the "
+           "far-slot recall intervals disjoint, a weaker reading.", ""]
     for v, rows in r["variants"].items():
         out += [f"## {v}", "",
-                "| row | exact match [95% CI] | per seed | slot recall | far-slot recall | beats control |",
-                "|---|---:|---|---:|---:|:-:|"]
+                "| row | exact match [95% CI] | per seed | beats control | slot recall "
+                "| far-slot recall [95% CI] | far slots above control |",
+                "|---|---:|---|:-:|---:|---:|:-:|"]
+        yes_no = {None: "", True: "yes", False: "no"}
         for row, c in rows.items():
             lo, hi = c["exact_ci"]
-            beats = {None: "", True: "yes", False: "no"}[c["beats_control"]]
+            far = pct(c["far_recall"]) + (f" [{pct(c['far_ci'][0])}, {pct(c['far_ci'][1])}]" if c["far_ci"] else "")
             out.append(f"| {LABELS.get(row, row)} | {pct(c['exact'])} [{pct(lo)}, {pct(hi)}] | "
-                       f"{' / '.join(pct(x) for x in c['exact_per_seed'])} | {pct(c['slot_recall'])} | "
-                       f"{pct(c['far_recall'])} | {beats} |")
+                       f"{' / '.join(pct(x) for x in c['exact_per_seed'])} | {yes_no[c['beats_control']]} | "
+                       f"{pct(c['slot_recall'])} | {far} | {yes_no[c['far_above_control']]} |")
         out.append("")
     return "\n".join(out)
 
