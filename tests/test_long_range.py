@@ -153,6 +153,12 @@ def test_report_scores_raw_outputs_and_compares_with_the_control(tmp_path):
     assert res["local_8"]["far_ci"] == [0.0, 0.0] and res["local_8"]["far_above_control"] is None
     far_total = sum(2 * len(d["keys"]) for d in docs)
     assert res["led"]["far_recall"] == pytest.approx(1 - (6 + 12) / (2 * far_total))  # one animal per wrong doc
+    # lsg_norm writes the right bound animal every time; the control writes none
+    assert res["lsg_norm"]["binding_choice"]["right_among_bound"] == 1.0
+    assert res["local_8"]["binding_choice"]["bound_animal_written"] == 0.0
+    pick = res["lsg_norm"]["binding_choice"]["random_bound_pick"]
+    assert pick == pytest.approx(sum(1 / (len(d["keys"]) + 1) * len(d["keys"]) for d in docs)
+                                 / sum(len(d["keys"]) for d in docs))
     md = (tmp_path / "rep" / "results.md").read_text()
     assert "| LSG-BART (norm) at 4,096 | 100.0% [100.0%, 100.0%] | 100.0% / 100.0% | yes |" in md
     assert "do not edit by hand" in md

@@ -24,11 +24,20 @@ import importlib.util
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
 
-from lsg_text.synthetic import FIELDS, SyntheticConfig, count_hits, exact_match, key_hits, make_split
+from lsg_text.synthetic import (
+    FIELDS,
+    SyntheticConfig,
+    count_hits,
+    exact_match,
+    key_hits,
+    make_split,
+    parse_key_sentences,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -84,6 +93,29 @@ def score_document(example: dict, hypothesis: str, variant: str) -> dict:
             "slots": [x for h in hits for x in h.values()], "far": far}
 
 
+_BOUND_RE = re.compile(r"The \S+ (\S+) is called \S+\.")
+
+
+def binding_choice(examples, hyps_by_seed) -> dict:
+    """Does a model bind, or copy any bound animal? Over every key slot of every seed: how often the
+    written animal is one of the document's bound animals, how often it is the right one among those,
+    and what picking one of them at random would give (the mean of 1 / bound animals)."""
+    written = right = slots = 0
+    baseline = []
+    for hyps in hyps_by_seed:
+        for ex, hyp in zip(examples, hyps):
+            bound = _BOUND_RE.findall(ex["document"])
+            generated = parse_key_sentences(hyp)
+            for i, key in enumerate(ex["keys"]):
+                slots += 1
+                if i < len(generated) and generated[i]["animal"] in bound:
+                    written += 1
+                    right += generated[i]["animal"] == key["animal"]
+                    baseline.append(1 / len(bound))
+    return {"bound_animal_written": written / slots, "right_among_bound": right / written if written else None,
+            "random_bound_pick": statistics.mean(baseline) if baseline else None}
+
+
 def cell(scores_by_seed, rng: random.Random) -> dict:
     """Mean over seeds and a pooled document bootstrap of exact match, per-slot and far-slot recall."""
     n = len(scores_by_seed[0])
@@ -128,7 +160,7 @@ def report(args) -> int:
         examples = scored_documents(os.path.join(args.outputs, v, "data.json"), args.split, args.n_docs)
         rows = {}
         for row in args.rows:
-            by_seed = []
+            by_seed, hyps_by_seed = [], []
             for seed in args.seeds:
                 with open(os.path.join(args.outputs, v, f"{row}.seed{seed}.txt"), encoding="utf-8") as f:
                     hyps = f.read().split("\n")[: len(examples)]
@@ -137,7 +169,10 @@ def report(args) -> int:
                           file=sys.stderr)
                     return 2
                 by_seed.append([score_document(ex, h, v) for ex, h in zip(examples, hyps)])
+                hyps_by_seed.append(hyps)
             rows[row] = cell(by_seed, rng)
+            if v == "binding":
+                rows[row]["binding_choice"] = binding_choice(examples, hyps_by_seed)
         ctrl = rows.get(CONTROL)
         for row, c in rows.items():
             c["beats_control"] = None if ctrl is None or row == CONTROL else (
@@ -181,6 +216,15 @@ def markdown(r: dict, command: str) -> str:
             out.append(f"| {LABELS.get(row, row)} | {pct(c['exact'])} [{pct(lo)}, {pct(hi)}] | "
                        f"{' / '.join(pct(x) for x in c['exact_per_seed'])} | {yes_no[c['beats_control']]} | "
                        f"{pct(c['slot_recall'])} | {far} | {yes_no[c['far_above_control']]} |")
+        if any("binding_choice" in c for c in rows.values()):
+            out += ["", "Binding or copying? When a row writes one of the document's bound animals, is it the right "
+                    "one more often than a random pick among them?", "",
+                    "| row | a bound animal written | right among those | random pick among bound |",
+                    "|---|---:|---:|---:|"]
+            for row, c in rows.items():
+                b = c["binding_choice"]
+                out.append(f"| {LABELS.get(row, row)} | {pct(b['bound_animal_written'])} | "
+                           f"{pct(b['right_among_bound'])} | {pct(b['random_bound_pick'])} |")
         out.append("")
     return "\n".join(out)
 
