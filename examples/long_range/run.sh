@@ -101,5 +101,5 @@ python "$LR_HERE/report.py" --outputs "$REPORT_DIR/outputs" --report-dir "$REPOR
     --n-docs "$N_TEST" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
     --command "bash $LR_HERE/run.sh" --wall "$(( $(date +%s) - start ))" \
     --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)" \
-    --settings "N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG JOBS=$JOBS THREADS=$THREADS"
+    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG JOBS=$JOBS THREADS=$THREADS"
 step "done"
