@@ -208,15 +208,15 @@ def test_long_range_experiment_smoke(tmp_path):
     """The control and a long row on the binding and count variants, a few updates: the script cannot
     rot, and its raw outputs re-score to the same table (retrieval runs end to end in CI through
     examples/long_context, test_lsg_reads_far_keys_that_truncated_bart_cannot)."""
-    res = _run(tmp_path, SMOKE="1", VARIANTS="binding count", ROWS="local_8 lsg_norm", SEEDS="2")
+    res = _run(tmp_path, SMOKE="1", VARIANTS="binding count", ROWS="local_8 locost", SEEDS="2")
     assert set(res["variants"]) == {"binding", "count"}
     for v in ("binding", "count"):
-        assert set(res["variants"][v]) == {"local_8", "lsg_norm"}
-        assert len(res["variants"][v]["lsg_norm"]["exact_per_seed"]) == 1
+        assert set(res["variants"][v]) == {"local_8", "locost"}
+        assert len(res["variants"][v]["locost"]["exact_per_seed"]) == 1
         assert (tmp_path / "report" / "outputs" / v / "local_8.seed2.txt").exists()
     again = tmp_path / "again"
     assert load_report().main(["--outputs", str(tmp_path / "report" / "outputs"), "--report-dir", str(again),
-                               "--variants", "binding", "count", "--rows", "local_8", "lsg_norm",
+                               "--variants", "binding", "count", "--rows", "local_8", "locost",
                                "--seeds", "2", "--n-docs", "4"]) == 0
     assert json.loads((again / "results.json").read_text())["variants"] == res["variants"]
 
@@ -224,16 +224,26 @@ def test_long_range_experiment_smoke(tmp_path):
 def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     """The claim CI holds, at the smallest size that still separates the rows: examples/long_context's
     one-key retrieval and recipe with a few hundred updates; LSG recalls the facts of keys past token
-    1,024, BART truncated to 1,024 tokens stays near chance (8.8%) there."""
+    1,024, BART truncated to 1,024 tokens stays near chance (8.8%) there. The same run is the smoke
+    test of examples/long_context/run.sh: its extrapolation rows run with a couple of updates."""
     env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
                VENV=os.path.dirname(os.path.dirname(sys.executable)), ARCHS="bart_1024 lsg_norm",
-               EXTRAPOLATION="0", N_SHORT="1500", N_MID="20", N_LONG="200", N_TEST="24", U_SHORT="250", U_LONG="100")
+               N_SHORT="1500", N_MID="100", N_LONG="200", N_TEST="20", U_SHORT="250", U_LONG="100", U_EXTRA="2")
     r = subprocess.run(["bash", os.path.join(REPO, "examples", "long_context", "run.sh")], env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    rows = {row["name"]: row for row in json.loads((tmp_path / "report" / "results.json").read_text())["rows"]}
+    res = json.loads((tmp_path / "report" / "results.json").read_text())
+    rows = {row["name"]: row for row in res["rows"]}
     assert rows["lsg_norm"]["recall_beyond_1024"] >= 0.6, rows["lsg_norm"]
     assert rows["bart_1024"]["recall_beyond_1024"] <= 0.25, rows["bart_1024"]
+    assert [x["name"] for x in res["extrapolation"]] == [
+        "x_a_truncated", "x_b_tiled_full", "x_c_lsg", "x_d_lsg_global_tuned", "x_e_lsg_fine_tuned"]
+    for row in res["rows"] + res["extrapolation"]:
+        assert row["recall"] is not None and 0 <= row["recall"] <= 1 and row["rouge1"] is not None
+    for row in res["rows"]:
+        assert row["train_wall_s"] > 0 and row["peak_rss_gib"] > 0
+    assert (tmp_path / "report" / "recall_vs_position.png").stat().st_size > 10_000
+    assert "| LSG-BART (norm) at 4,096 |" in (tmp_path / "report" / "results.md").read_text()
 
 
 def test_count_variant_aggregates_mentions_spread_over_the_document():
