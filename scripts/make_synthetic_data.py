@@ -61,22 +61,29 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"most key sentences per document (default: {d.max_keys})",
     )
     p.add_argument("--variant", choices=VARIANTS, default=d.variant,
-                   help=f"retrieval: key sentences restated; binding: name bound early, used late "
-                   f"(lsg_text/synthetic.py; default: {d.variant})")
+                   help=f"retrieval: key sentences restated; binding: name bound early, used late; count: "
+                   f"mentions counted (lsg_text/synthetic.py; default: {d.variant})")
     p.add_argument("--min-gap", type=NON_NEGATIVE_INT, default=d.min_gap,
                    help=f"binding: words from a name's binding to its use, at least (default: {d.min_gap})")
     p.add_argument("--holdout", action="store_true",
-                   help="retrieval, binding: train and valid/test draw their (colour, animal) pairs from disjoint sets")
+                   help="retrieval, binding: train and valid/test draw their (colour, animal) pairs from "
+                   "disjoint sets")
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1, help="random seed (default: 1)")
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    cfg = SyntheticConfig(
+def config_from_args(args: argparse.Namespace) -> SyntheticConfig:
+    """The generator's config from parsed flags (also how examples/long_range/report.py regenerates
+    the documents it scores)."""
+    return SyntheticConfig(
         min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys,
         variant=args.variant, min_gap=args.min_gap, holdout=args.holdout,
     )
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_from_args(args)
     try:
         cfg.validate()
     except ValueError as e:

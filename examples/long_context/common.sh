@@ -47,6 +47,10 @@ arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fa
     esac
 }
 
+max_source() {  # max_source ROW: the row's --max-source-positions, from arch_flags
+    arch_flags "$1" | grep -oE "max-source-positions [0-9]+" | cut -d' ' -f2
+}
+
 evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the long test split, score
     local name=$1 ckpt=$2 max_src=$3 bos=${4:-}
     local dir="$OUT/eval/$name" SPM="$OUT/long/spm/spm.model"

@@ -58,7 +58,7 @@ synthetic_set "$OUT/mid" "$OUT/long" --train "$N_MID" --test 10 --min-tokens 600
 for row in $ARCHS; do
     flags=$(arch_flags "$row")
     bos=""; [ "$row" = locost ] && bos="--no-bos"
-    max_src=$(echo "$flags" | grep -oE "max-source-positions [0-9]+" | cut -d' ' -f2)
+    max_src=$(max_source "$row")
     step "$row: $U_SHORT updates on short documents, then $U_LONG on long ones"
     # shellcheck disable=SC2086
     train "$row.short" "$OUT/short/bin" "$U_SHORT" --lr 3e-3 $flags

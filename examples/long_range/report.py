@@ -31,7 +31,6 @@ import sys
 
 from lsg_text.synthetic import (
     FIELDS,
-    SyntheticConfig,
     count_hits,
     exact_match,
     key_hits,
@@ -73,9 +72,7 @@ def scored_documents(data_json: str, split: str, n: int):
     spec.loader.exec_module(mod)
     with open(data_json, encoding="utf-8") as f:
         a = mod.build_parser().parse_args(["--output-dir", "-", *json.load(f)["flags"]])
-    cfg = SyntheticConfig(min_tokens=a.min_tokens, max_tokens=a.max_tokens, min_keys=a.min_keys,
-                          max_keys=a.max_keys, variant=a.variant, min_gap=a.min_gap, holdout=a.holdout)
-    return list(make_split(split, n, a.seed, cfg))
+    return list(make_split(split, n, a.seed, mod.config_from_args(a)))
 
 
 def score_document(example: dict, hypothesis: str, variant: str) -> dict:

@@ -2,7 +2,7 @@
 # Long range, not just long input: does an encoder carry information across 1,024+ tokens, beyond
 # what the decoder's cross-attention finds by itself? One command, seeded:
 #
-#   bash examples/long_range/run.sh              # both variants, 7 rows, 3 seeds -> results.md, outputs/ here
+#   bash examples/long_range/run.sh              # retrieval + binding, 6 rows, 3 seeds -> results.md, outputs/ here
 #   SPLIT=valid bash examples/long_range/run.sh  # the same on the validation split (sizing, pilots)
 #   SMOKE=1 bash examples/long_range/run.sh      # a few updates of everything (tests/test_long_range.py)
 #
@@ -13,7 +13,7 @@
 #              Lima on Friday." and a bound name that only avoids.
 # Rows: examples/long_context/common.sh's arch_flags, the tiny shape, plus local_8: LED's layers
 # with a +-4-token window and no global token, an encoder that cannot mix beyond 4 tokens.
-# Recipe: examples/long_context's, unchanged (not tuned on this task): U_SHORT updates on 100-250-word
+# Recipe: examples/long_context's, unchanged (not tuned on this task): U_SHORT updates on 150-250-word
 # documents at lr 3e-3, then U_LONG on 3,200-3,550-word ones at lr 1e-3; greedy decoding of the
 # N_TEST documents of SPLIT. Raw hypotheses go to outputs/ next to the table: report.py re-scores them.
 set -euo pipefail
@@ -54,14 +54,14 @@ for v in $VARIANTS; do
     N_VALID=$N_TEST synthetic_set "$OUT/$v/long" "$OUT/$v/long" "${long[@]}" --train "$N_LONG" --test "$N_TEST"
     mkdir -p "$REPORT_DIR/outputs/$v"
     printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${long[@]}" | sed 's/, $//')" > "$REPORT_DIR/outputs/$v/data.json"
-    synthetic_set "$OUT/$v/short" "$OUT/$v/long" --variant "$v" --holdout --min-gap 0 --min-keys "$MIN_KEYS" --max-keys "$MAX_KEYS" \
-        --min-tokens 150 --max-tokens 250 --train "$N_SHORT" --test 10 --seed 12
+    synthetic_set "$OUT/$v/short" "$OUT/$v/long" --variant "$v" --holdout --min-gap 0 --min-keys "$MIN_KEYS" \
+        --max-keys "$MAX_KEYS" --min-tokens 150 --max-tokens 250 --train "$N_SHORT" --test 10 --seed 12
 done
 
 run_one() {  # run_one VARIANT ROW SEED: both stages, then greedy decoding of SPLIT -> hypotheses
     local v=$1 row=$2 seed=$3 flags max_src name="$1.$2.s$3"
     flags=$(arch_flags "$row")
-    max_src=$(echo "$flags" | grep -oE "max-source-positions [0-9]+" | cut -d' ' -f2)
+    max_src=$(max_source "$row")
     # shellcheck disable=SC2086
     train "$name.short" "$OUT/$v/short/bin" "$U_SHORT" --lr 3e-3 $flags --seed "$seed" 2> /dev/null
     # shellcheck disable=SC2086
