@@ -243,7 +243,18 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     for row in res["rows"]:
         assert row["train_wall_s"] > 0 and row["peak_rss_gib"] > 0
     assert (tmp_path / "report" / "recall_vs_position.png").stat().st_size > 10_000
-    assert "| LSG-BART (norm) at 4,096 |" in (tmp_path / "report" / "results.md").read_text()
+    md = (tmp_path / "report" / "results.md").read_text()
+    assert "| LSG-BART (norm) at 4,096 |" in md and "code at commit " in md
+    # the committed hypotheses re-score to the table's number
+    lsg = tmp_path / "report" / "outputs" / "lsg_norm.out"
+    rescored = tmp_path / "rescored.json"
+    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "key_recall.py"), "--jsonl",
+                    str(tmp_path / "out" / "long" / "jsonl" / "test.jsonl"), "--generate-output", str(lsg),
+                    "--spm-model", str(tmp_path / "out" / "long" / "spm" / "spm.model"), "--json", str(rescored)],
+                   check=True, capture_output=True)
+    assert json.loads(rescored.read_text())["recall_beyond"] == rows["lsg_norm"]["recall_beyond_1024"]
+    assert sorted(p.name for p in (tmp_path / "report" / "outputs").iterdir()) == sorted(
+        f"{n}.out" for n in ["bart_1024", "lsg_norm"] + [x["name"] for x in res["extrapolation"]])
 
 
 def test_count_variant_aggregates_mentions_spread_over_the_document():

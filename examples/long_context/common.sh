@@ -59,6 +59,7 @@ evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the lon
         --path "$ckpt" --gen-subset test --max-source-positions "$max_src" --max-target-positions 128 \
         --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece --sentencepiece-model "$SPM" \
         --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$dir/generate.out" 2> "$dir/generate.err"
+    grep -E "^[HD]-" "$dir/generate.out" > "$dir/hypotheses.out" || true  # small: what report.py commits
     python scripts/key_recall.py --jsonl "$OUT/long/jsonl/test.jsonl" --generate-output "$dir/generate.out" \
         --spm-model "$SPM" $bos --name "$name" --json "$dir/recall.json" | sed 's/^/   /' >&2
     python scripts/generate_to_rouge.py --generate-output "$dir/generate.out" \

@@ -18,7 +18,8 @@
 # 4. The LSG paper's extrapolation claim at small scale: bart_1024 after SHORT, then U_LONG updates
 #    on MID (a model trained at 1,024 tokens on keys within 1,024), evaluated on LONG (a) truncated, (b) with its position table tiled to 4,096, (c) converted to LSG (no
 #    training), (d) (c) + U_EXTRA updates of --train-global-only, (e) (c) + U_EXTRA full updates.
-# 5. report.py writes results.md, results.json and recall_vs_position.png next to this script.
+# 5. report.py writes results.md, results.json and recall_vs_position.png next to this script, and
+#    each row's hypotheses (fairseq-generate's H-/D- lines) under outputs/ so that they can be re-scored.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=examples/long_context/common.sh
@@ -36,12 +37,13 @@ KEYS=${KEYS:-1}            # key sentences per document (more: the summary lists
 U_SHORT=${U_SHORT:-500}    # updates on short documents, lr 3e-3
 U_LONG=${U_LONG:-800}      # then updates on long (or mid) documents, lr 1e-3
 U_EXTRA=${U_EXTRA:-300}    # extrapolation rows (d) and (e)
-ARCHS=${ARCHS:-"bart_1024 full_4096 lsg_norm lsg_none led locost"}
+ARCHS=${ARCHS:-"local_8 bart_1024 full_4096 lsg_norm lsg_none led locost"}  # local_8: the control (common.sh)
 EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
 REPORT_DIR=${REPORT_DIR:-$HERE}
 THREADS=${THREADS:-$(nproc)}
 export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 
 # ------------------------------------------------------------------------------------------ data
@@ -96,5 +98,5 @@ fi
 step "report -> $REPORT_DIR"
 python "$HERE/report.py" --out "$OUT" --report-dir "$REPORT_DIR" --archs $ARCHS \
     --command "bash $HERE/run.sh" --settings "KEYS=$KEYS N_SHORT=$N_SHORT N_MID=$N_MID N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA THREADS=$THREADS" \
-    --wall "$(( $(date +%s) - start ))"
+    --wall "$(( $(date +%s) - start ))" --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)"
 step "done"

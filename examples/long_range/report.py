@@ -26,9 +26,9 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 
+from lsg_text import provenance
 from lsg_text.synthetic import (
     FIELDS,
     count_hits,
@@ -140,13 +140,7 @@ CODE_PATHS = ("examples/long_range", "examples/long_context/common.sh", "lsg_tex
 
 
 def git_stamp() -> str:
-    """The last commit that changed the experiment's code, and whether that code has uncommitted edits."""
-    def git(*args):
-        return subprocess.run(["git", "-C", REPO, *args], capture_output=True, text=True).stdout.strip()
-
-    code = git("log", "-1", "--format=%h", "--", *CODE_PATHS) or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
-    return code + (" + uncommitted changes" if dirty else "")
+    return provenance.git_stamp(REPO, CODE_PATHS)
 
 
 def report(args) -> int:

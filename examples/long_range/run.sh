@@ -37,6 +37,7 @@ N_TEST=${N_TEST:-50}       # long documents scored, per seed (the same documents
 U_SHORT=${U_SHORT:-500}
 U_LONG=${U_LONG:-400}
 SPLIT=${SPLIT:-test}
+MODEL_FLAGS=${MODEL_FLAGS:-}  # appended to every row's arch_flags, e.g. "--decoder-layers 1"
 JOBS=${JOBS:-2}            # trainings at once, each with THREADS / JOBS threads
 THREADS=${THREADS:-$(nproc)}
 REPORT_DIR=${REPORT_DIR:-$LR_HERE}
@@ -60,7 +61,7 @@ done
 
 run_one() {  # run_one VARIANT ROW SEED: both stages, then greedy decoding of SPLIT -> hypotheses
     local v=$1 row=$2 seed=$3 flags max_src name="$1.$2.s$3"
-    flags=$(arch_flags "$row")
+    flags="$(arch_flags "$row") $MODEL_FLAGS"
     max_src=$(max_source "$row")
     # shellcheck disable=SC2086
     train "$name.short" "$OUT/$v/short/bin" "$U_SHORT" --lr 3e-3 $flags --seed "$seed" 2> /dev/null
@@ -101,5 +102,5 @@ python "$LR_HERE/report.py" --outputs "$REPORT_DIR/outputs" --report-dir "$REPOR
     --n-docs "$N_TEST" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
     --command "bash $LR_HERE/run.sh" --wall "$(( $(date +%s) - start ))" \
     --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)" \
-    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG JOBS=$JOBS THREADS=$THREADS"
+    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG${MODEL_FLAGS:+ MODEL_FLAGS=\"$MODEL_FLAGS\"} JOBS=$JOBS THREADS=$THREADS"
 step "done"

@@ -1,0 +1,19 @@
+"""Which code produced a committed table: the last commit that touched the code an experiment runs."""
+import subprocess
+from typing import Sequence
+
+
+def git_stamp(repo: str, code_paths: Sequence[str]) -> str:
+    """The last commit (short hash) that changed any of ``code_paths`` in ``repo``, plus
+    " + uncommitted changes" when those paths have edits not committed yet; "unknown" outside git.
+    A commit that touches none of the paths (a README, say) does not change what the table measured."""
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+
+    code = git("log", "-1", "--format=%h", "--", *code_paths) or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", *code_paths)
+    return code + (" + uncommitted changes" if dirty else "")
