@@ -328,3 +328,14 @@ def test_train_rows_of_the_peers_and_of_the_whole_tensor_path(run_module, arch):
     args = run_module.parse_args(["--smoke", "--arch", arch, "--layer-path", "whole"])
     rec = run_module.measure(arch, "train", 256, args)
     assert rec["median_s"] > 0 and rec["params"] > 0
+
+
+def test_cpu_path_by_head_dim_smoke_times_both_paths(tmp_path):
+    """benchmarks/cpu_path_by_head_dim.py --smoke: both attention paths of both layers run and are tabulated."""
+    bench = load("benchmarks/cpu_path_by_head_dim.py", "cpu_path_by_head_dim")
+    out = tmp_path / "table.md"
+    rows = bench.main(["--smoke", "--repeat", "1", "--threads", "1", "--out", str(out)])
+    assert sorted(r["layer"] for r in rows) == ["led", "lsg_norm"]
+    assert all(r["ratio"] > 0 and r["head"] == 16 for r in rows)
+    text = out.read_text()
+    assert "--smoke --repeat 1" in text and text.count("| tiny (d 64, 4 heads) | 16 |") == 2
