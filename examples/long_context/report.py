@@ -16,7 +16,8 @@ sys.path.insert(0, REPO)
 from lsg_text.provenance import git_stamp  # noqa: E402
 
 # what run.sh runs: a commit that touches none of these does not change the table
-CODE_PATHS = ("examples/long_context", "lsg_text", "lsg_fairseq", "scripts")
+CODE_PATHS = tuple(f"examples/long_context/{f}" for f in ("run.sh", "common.sh", "report.py", "attention_probe.py")) + (
+    "lsg_text", "lsg_fairseq", "scripts")
 
 LABELS = {
     "local_8": "control: +-4-token window, no global (cannot mix)",
