@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Does a model trained with the plugin read past token 1,024? One command, seeded:
 #
-#   bash examples/long_context/run.sh            # ~17 min on 2 cores; results -> $OUT, table + plot -> here
+#   bash examples/long_context/run.sh            # ~35 min on 2 cores; results -> $OUT, table + plot -> here
 #   DEVICE=cuda PRECISION=bf16 bash examples/long_context/run.sh   # on a GPU (DEVICE=auto by default)
 #   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (what CI runs)
 #
