@@ -18,10 +18,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention  # noqa: E402
-from lsg_fairseq.modules.lsg_attention import LSGSelfAttention  # noqa: E402
-from lsg_fairseq.modules.paths import forced_path  # noqa: E402
+from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
+from lsg_fairseq.modules.lsg_attention import LSGSelfAttention
+from lsg_fairseq.modules.paths import forced_path
 
 # (label, embed_dim, heads, LSG block, LED window): the tiny archs, their layout at head 32, and base
 CONFIGS = [

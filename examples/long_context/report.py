@@ -11,9 +11,9 @@ import os
 import shutil
 import sys
 
+from lsg_text.provenance import git_stamp
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
-from lsg_text.provenance import git_stamp  # noqa: E402
 
 # what run.sh runs: a commit that touches none of these does not change the table
 CODE_PATHS = tuple(f"examples/long_context/{f}" for f in ("run.sh", "common.sh", "report.py", "attention_probe.py")) + (
