@@ -16,8 +16,8 @@ from lsg_text.provenance import git_stamp
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # what run.sh runs: a commit that touches none of these does not change the table
-CODE_PATHS = tuple(f"examples/long_context/{f}" for f in ("run.sh", "common.sh", "report.py", "attention_probe.py")) + (
-    "lsg_text", "lsg_fairseq", "scripts")
+CODE_PATHS = ("examples/long_context/run.sh", "examples/long_context/common.sh", "examples/long_context/report.py",
+              "examples/long_context/attention_probe.py", "lsg_text", "lsg_fairseq", "scripts")
 
 LABELS = {
     "local_8": "control: +-4-token window, no global (cannot mix)",
@@ -178,7 +178,8 @@ def main(argv=None):
     with open(os.path.join(args.report_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(args.report_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"settings": args.settings, "commit": commit, "load": args.load, "wall_s": args.wall, "rows": main_rows, "extrapolation": x_rows}, f, indent=1)
+        json.dump({"settings": args.settings, "commit": commit, "load": args.load, "wall_s": args.wall,
+                   "rows": main_rows, "extrapolation": x_rows}, f, indent=1)
     plot(main_rows, os.path.join(args.report_dir, "recall_vs_position.png"), chance)
     if x_rows:
         plot(x_rows, os.path.join(args.report_dir, "extrapolation_recall_vs_position.png"), chance)

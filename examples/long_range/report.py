@@ -140,13 +140,10 @@ CODE_PATHS = ("examples/long_range/run.sh", "examples/long_range/report.py", "ex
               "lsg_text", "lsg_fairseq", "scripts")  # not the generated tables and outputs
 
 
-def git_stamp() -> str:
-    return provenance.git_stamp(REPO, CODE_PATHS)
-
-
 def report(args) -> int:
     rng = random.Random(0)
-    results = {"split": args.split, "n_docs": args.n_docs, "seeds": args.seeds, "commit": git_stamp(),
+    results = {"split": args.split, "n_docs": args.n_docs, "seeds": args.seeds,
+               "commit": provenance.git_stamp(REPO, CODE_PATHS),
                "wall_s": args.wall, "load": args.load, "settings": args.settings, "variants": {}}
     for v in args.variants:
         examples = scored_documents(os.path.join(args.outputs, v, "data.json"), args.split, args.n_docs)
