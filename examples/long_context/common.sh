@@ -68,16 +68,26 @@ evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the lon
         || echo '{}' > "$dir/probe.json"
 }
 
+timed() {  # timed FILE CMD...: CMD's wall seconds and peak RSS (KiB) to FILE, "%e %M"; RSS 0 without GNU time
+    local file=$1; shift
+    if [ -x /usr/bin/time ]; then /usr/bin/time -f "%e %M" -o "$file" "$@"; return; fi
+    local t0=$SECONDS rc=0
+    "$@" || rc=$?
+    echo "$(( SECONDS - t0 )) 0" > "$file"
+    return $rc
+}
+
+MAX_TOKENS=${MAX_TOKENS:-4200}  # tokens per batch (a GPU takes more at the same cost per update)
 train() {  # train NAME DATA UPDATES --lr LR [fairseq flags...]: checkpoint in $OUT/runs/NAME, time+RSS in NAME/time
     local name=$1 data=$2 updates=$3; shift 3
     local dir="$OUT/runs/$name"
     rm -rf "$dir"; mkdir -p "$dir"
-    /usr/bin/time -f "%e %M" -o "$dir/time" fairseq-train "$data" --user-dir "$USER_DIR" \
+    timed "$dir/time" fairseq-train "$data" --user-dir "$USER_DIR" \
         --task long_document_summarization --max-target-positions 128 --truncate-target \
         --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
         --optimizer adam --adam-betas "(0.9, 0.98)" --lr-scheduler fixed \
         --warmup-updates "$(( updates < 100 ? 1 : 100 ))" --clip-norm 1.0 --dropout 0.0 \
-        --max-tokens 4200 --max-update "$updates" --disable-validation --no-epoch-checkpoints \
+        --max-tokens "$MAX_TOKENS" --max-update "$updates" --disable-validation --no-epoch-checkpoints \
         --save-dir "$dir" --tensorboard-logdir "$OUT/tensorboard/$name" \
         "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --log-format simple --log-interval 100 --seed 1 \
         "$@" 2>&1 | quiet > "$dir/train.log"

@@ -49,15 +49,26 @@ step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 mkdir -p "$OUT"
 
 for v in $VARIANTS; do
-    step "$v data: $N_SHORT short + $N_LONG long training documents, $N_TEST $SPLIT documents"
     long=(--variant "$v" --holdout --min-gap 1024 --min-keys "$MIN_KEYS" --max-keys "$MAX_KEYS" --min-tokens 3200
           --max-tokens 3550 --seed 11)
-    N_VALID=$N_TEST synthetic_set "$OUT/$v/long" "$OUT/$v/long" "${long[@]}" --train "$N_LONG" --test "$N_TEST"
     mkdir -p "$REPORT_DIR/outputs/$v"
     printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${long[@]}" | sed 's/, $//')" > "$REPORT_DIR/outputs/$v/data.json"
+    # The data is a function of these settings and the generator's code: kept when they are unchanged
+    # (so that it can be made here and carried to a GPU machine), made again otherwise.
+    stamp="${long[*]} N_LONG=$N_LONG N_TEST=$N_TEST N_SHORT=$N_SHORT $(cat lsg_text/synthetic.py \
+        scripts/make_synthetic_data.py examples/long_context/common.sh | sha1sum | cut -c1-12)"
+    if [ -f "$OUT/$v/data.stamp" ] && [ "$(cat "$OUT/$v/data.stamp")" = "$stamp" ]; then
+        step "$v data: kept ($OUT/$v/data.stamp matches)"
+        continue
+    fi
+    step "$v data: $N_SHORT short + $N_LONG long training documents, $N_TEST $SPLIT documents"
+    rm -f "$OUT/$v/data.stamp"
+    N_VALID=$N_TEST synthetic_set "$OUT/$v/long" "$OUT/$v/long" "${long[@]}" --train "$N_LONG" --test "$N_TEST"
     synthetic_set "$OUT/$v/short" "$OUT/$v/long" --variant "$v" --holdout --min-gap 0 --min-keys "$MIN_KEYS" \
         --max-keys "$MAX_KEYS" --min-tokens 150 --max-tokens 250 --train "$N_SHORT" --test 10 --seed 12
+    echo "$stamp" > "$OUT/$v/data.stamp"
 done
+if [ -n "${DATA_ONLY:-}" ]; then step "data only: done"; exit 0; fi
 
 run_one() {  # run_one VARIANT ROW SEED: both stages, then greedy decoding of SPLIT -> hypotheses
     local v=$1 row=$2 seed=$3 flags max_src name="$1.$2.s$3"
@@ -102,5 +113,5 @@ python "$LR_HERE/report.py" --outputs "$REPORT_DIR/outputs" --report-dir "$REPOR
     --n-docs "$N_TEST" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
     --command "bash $LR_HERE/run.sh" --wall "$(( $(date +%s) - start ))" \
     --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)" \
-    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG${MODEL_FLAGS:+ MODEL_FLAGS=\"$MODEL_FLAGS\"} JOBS=$JOBS THREADS=$THREADS"
+    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG${MODEL_FLAGS:+ MODEL_FLAGS=\"$MODEL_FLAGS\"} MAX_TOKENS=$MAX_TOKENS DEVICE=$DEVICE PRECISION=$PRECISION JOBS=$JOBS THREADS=$THREADS"
 step "done"
