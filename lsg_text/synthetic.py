@@ -121,16 +121,20 @@ class SyntheticConfig:
     variant: str = "retrieval"  # one of VARIANTS
     min_gap: int = 1024  # binding: words from a name's binding to its use, at least
     holdout: bool = False  # train and valid/test draw (colour, animal) from disjoint sets
+    decoy_names: int = 1  # binding: bound names that are never used, only avoid
+    even_mentions: bool = False  # binding: a decoy name is mentioned as often as a key's (it avoids twice)
 
     def validate(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.variant == "binding" and self.min_tokens < self.min_gap + 20 * (2 * self.max_keys + 1):
+        if self.variant == "binding" and self.min_tokens < self.min_gap + 20 * (2 * self.max_keys + self.decoy_names):
             raise ValueError(
                 f"min_tokens={self.min_tokens} is too small for min_gap={self.min_gap} and {self.max_keys} keys"
             )
-        if self.variant == "binding" and self.max_keys + 1 > len(NAMES):
-            raise ValueError(f"binding needs max_keys < {len(NAMES)}, got {self.max_keys}")
+        if self.variant == "binding" and self.max_keys + self.decoy_names > len(NAMES):
+            raise ValueError(
+                f"binding needs max_keys + decoy_names <= {len(NAMES)}, got {self.max_keys} + {self.decoy_names}"
+            )
         if self.min_tokens < 2 * KEY_TOKENS * self.max_keys:
             raise ValueError(f"min_tokens={self.min_tokens} is too small for {self.max_keys} key sentences")
         if self.max_tokens <= self.min_tokens:
@@ -318,12 +322,13 @@ def _assemble(filler: List[str], specials: List[list], at: Dict[Tuple[str, int],
 
 def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, split: str) -> Dict:
     """The ``binding`` variant (module docstring): per key a binding sentence, a use sentence at least
-    ``min_gap`` words later and a decoy; plus one bound name that only has a decoy. ``keys`` holds each
+    ``min_gap`` words later and a decoy; plus ``decoy_names`` bound names that only have a decoy (two
+    with ``even_mentions``, so that no name stands out by how often it occurs). ``keys`` holds each
     key's facts, ``token_offset`` (its use sentence) and ``bind_offset``, in summary order."""
     target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
     n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
-    animals = rng.sample(ANIMALS, n_keys + 1)  # the last one is the decoy-only name's
-    names = rng.sample(NAMES, n_keys + 1)
+    animals = rng.sample(ANIMALS, n_keys + cfg.decoy_names)  # the last ones are the decoy-only names'
+    names = rng.sample(NAMES, n_keys + cfg.decoy_names)
     bound = [{"colour": _colour(rng, a, split, cfg), "animal": a, "name": n} for a, n in zip(animals, names)]
     specials = []  # [sentence, role, index]; positions are drawn once the filler is known
     for i, b in enumerate(bound):
@@ -334,6 +339,10 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
             b["city"] = rng.choice([c for c in CITIES if c != decoy["city"]])
             b["weekday"] = rng.choice([w for w in WEEKDAYS if w != decoy["weekday"]])
             specials.append([USE_TEMPLATE.format(**b), "use", i])
+        elif cfg.even_mentions:  # bind + two sentences, as often as a key's name
+            again = {"name": b["name"], "city": rng.choice([c for c in CITIES if c != decoy["city"]]),
+                     "weekday": rng.choice(WEEKDAYS)}
+            specials.append([DECOY_TEMPLATE.format(**again), "decoy2", i])
     filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
     total = sum(len(f.split()) for f in filler)
     # Positions in filler words; _assemble places a sentence up to 20 words late: hence the + 20.
@@ -341,8 +350,8 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
     for sentence, role, i in specials:
         if role == "bind":
             at[("bind", i)] = rng.randint(0, total - cfg.min_gap - 40)
-        elif role == "decoy":
-            at[("decoy", i)] = rng.randint(0, total)
+        elif role in ("decoy", "decoy2"):
+            at[(role, i)] = rng.randint(0, total)
         else:
             at[("use", i)] = rng.randint(at[("bind", i)] + cfg.min_gap + 20, total)
     sentences, offsets = _assemble(filler, specials, at)

@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--holdout", action="store_true",
                    help="retrieval, binding: train and valid/test draw their (colour, animal) pairs from "
                    "disjoint sets")
+    p.add_argument("--decoy-names", type=NON_NEGATIVE_INT, default=d.decoy_names,
+                   help=f"binding: bound names that are never used, only avoid (default: {d.decoy_names})")
+    p.add_argument("--even-mentions", action="store_true",
+                   help="binding: each decoy name avoids twice, so it occurs as often as a key's name")
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1, help="random seed (default: 1)")
     return p
 
@@ -78,6 +82,7 @@ def config_from_args(args: argparse.Namespace) -> SyntheticConfig:
     return SyntheticConfig(
         min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys,
         variant=args.variant, min_gap=args.min_gap, holdout=args.holdout,
+        decoy_names=getattr(args, "decoy_names", 1), even_mentions=getattr(args, "even_mentions", False),
     )
 
 
@@ -87,7 +92,7 @@ def main(argv=None) -> int:
     try:
         cfg.validate()
     except ValueError as e:
-        return report(f"bad size flags (--min-tokens/--max-tokens/--min-keys/--max-keys/--min-gap): {e}", PROG)
+        return report(f"bad size flags (--min-tokens/--max-tokens/--min-keys/--max-keys/--min-gap/--decoy-names): {e}", PROG)
     sizes = {"train": args.train, "valid": args.valid, "test": args.test}
     splits = [s for s, n in sizes.items() if n > 0]
     start = time.time()

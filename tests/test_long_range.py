@@ -70,6 +70,39 @@ def test_binding_joins_two_far_sentences_and_skips_decoys(binding_examples):
         assert exact_match(ex["summary"], ex["summary"])
 
 
+def test_decoy_names_with_even_mentions_leave_no_name_standing_out():
+    """--decoy-names N --even-mentions: N never-used bound names, each mentioned three times (bound,
+    avoided twice) like a key's name (bound, avoided, visited): only "visited" marks the key's name."""
+    from collections import Counter
+    cfg = SyntheticConfig(variant="binding", min_tokens=1300, max_tokens=1600, min_keys=1, max_keys=1,
+                          min_gap=1024, holdout=True, decoy_names=4, even_mentions=True)
+    for ex in make_split("valid", 20, seed=3, cfg=cfg):
+        words = [w.strip(".,") for w in ex["document"].split()]
+        bound = [s.split()[-1] for s in _sentences(ex["document"]) if " is called " in s]
+        assert len(bound) == 5 and len(set(bound)) == 5
+        counts = Counter(w for w in words if w in NAMES)
+        assert {counts[n] for n in bound} == {3} and sum(counts.values()) == 15
+        (key,) = ex["keys"]
+        assert ex["document"].count(" visited ") + ex["document"].startswith(f"{key['name']} visited") >= 1
+        assert sum(1 for s in _sentences(ex["document"]) if " visited " in f" {s} ") == 1
+    with pytest.raises(ValueError, match="decoy_names"):
+        SyntheticConfig(variant="binding", min_tokens=3000, max_tokens=3500, min_keys=1, max_keys=3,
+                        decoy_names=len(NAMES)).validate()
+
+
+def test_committed_outputs_rescore_to_the_committed_table(tmp_path):
+    """report.py regenerates the documents from outputs/<variant>/data.json: any change to the generator's
+    draws (a new option must keep its default's) would move the committed main table."""
+    out = tmp_path / "r"
+    subprocess.run([sys.executable, os.path.join(HERE, "report.py"), "--outputs", os.path.join(HERE, "outputs"),
+                    "--report-dir", str(out), "--variants", "retrieval", "binding", "--rows", "local_8",
+                    "bart_1024", "full_4096", "lsg_norm", "led", "locost", "--seeds", "1", "2", "3",
+                    "--n-docs", "50"], check=True, capture_output=True)
+    with open(os.path.join(HERE, "results.json")) as f:
+        committed = json.load(f)["variants"]
+    assert json.loads((out / "results.json").read_text())["variants"] == committed
+
+
 def test_binding_words_never_occur_in_filler(binding_examples):
     special = set(NAMES) | {"called", "avoided", "visited", "is"} | set(COLOURS) | set(ANIMALS)
     for ex in binding_examples[:10]:

@@ -38,6 +38,7 @@ U_SHORT=${U_SHORT:-500}
 U_LONG=${U_LONG:-400}
 SPLIT=${SPLIT:-test}
 MODEL_FLAGS=${MODEL_FLAGS:-}  # appended to every row's arch_flags, e.g. "--decoder-layers 1"
+DATA_FLAGS=${DATA_FLAGS:-}    # appended to the generator's flags, e.g. "--decoy-names 4 --even-mentions"
 JOBS=${JOBS:-2}            # trainings at once, each with THREADS / JOBS threads
 THREADS=${THREADS:-$(nproc)}
 REPORT_DIR=${REPORT_DIR:-$LR_HERE}
@@ -49,8 +50,9 @@ step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 mkdir -p "$OUT"
 
 for v in $VARIANTS; do
+    # shellcheck disable=SC2206  # DATA_FLAGS: words on purpose
     long=(--variant "$v" --holdout --min-gap 1024 --min-keys "$MIN_KEYS" --max-keys "$MAX_KEYS" --min-tokens 3200
-          --max-tokens 3550 --seed 11)
+          --max-tokens 3550 --seed 11 $DATA_FLAGS)
     mkdir -p "$REPORT_DIR/outputs/$v"
     printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${long[@]}" | sed 's/, $//')" > "$REPORT_DIR/outputs/$v/data.json"
     # The data is a function of these settings and the generator's code: kept when they are unchanged
@@ -64,8 +66,9 @@ for v in $VARIANTS; do
     step "$v data: $N_SHORT short + $N_LONG long training documents, $N_TEST $SPLIT documents"
     rm -f "$OUT/$v/data.stamp"
     N_VALID=$N_TEST synthetic_set "$OUT/$v/long" "$OUT/$v/long" "${long[@]}" --train "$N_LONG" --test "$N_TEST"
+    # shellcheck disable=SC2086
     synthetic_set "$OUT/$v/short" "$OUT/$v/long" --variant "$v" --holdout --min-gap 0 --min-keys "$MIN_KEYS" \
-        --max-keys "$MAX_KEYS" --min-tokens 150 --max-tokens 250 --train "$N_SHORT" --test 10 --seed 12
+        --max-keys "$MAX_KEYS" --min-tokens 150 --max-tokens 250 --train "$N_SHORT" --test 10 --seed 12 $DATA_FLAGS
     echo "$stamp" > "$OUT/$v/data.stamp"
 done
 if [ -n "${DATA_ONLY:-}" ]; then step "data only: done"; exit 0; fi
@@ -113,5 +116,5 @@ python "$LR_HERE/report.py" --outputs "$REPORT_DIR/outputs" --report-dir "$REPOR
     --n-docs "$N_TEST" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
     --command "bash $LR_HERE/run.sh" --wall "$(( $(date +%s) - start ))" \
     --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)" \
-    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG${MODEL_FLAGS:+ MODEL_FLAGS=\"$MODEL_FLAGS\"} MAX_TOKENS=$MAX_TOKENS DEVICE=$DEVICE PRECISION=$PRECISION JOBS=$JOBS THREADS=$THREADS"
+    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG${MODEL_FLAGS:+ MODEL_FLAGS=\"$MODEL_FLAGS\"}${DATA_FLAGS:+ DATA_FLAGS=\"$DATA_FLAGS\"} MAX_TOKENS=$MAX_TOKENS DEVICE=$DEVICE PRECISION=$PRECISION JOBS=$JOBS THREADS=$THREADS"
 step "done"
