@@ -24,7 +24,8 @@ Variants (``SyntheticConfig.variant``):
   early, "The silver moose is called Nora.", and used late, "Nora visited Tokyo on Monday."; the
   summary is "The silver moose visited Tokyo on Monday." for each of the document's keys, in the
   order of their use sentences. Decoys must not be reported: every key name also "avoided" another
-  city on another day, and one more bound name only ever "avoided" somewhere.
+  city on another day, and ``decoy_names`` more bound names (default 1) only ever "avoided"
+  somewhere (twice with ``even_mentions``, so that every bound name occurs equally often).
 
 ``holdout=True`` draws the (colour, animal) pairs of train from one set and those of valid/test
 from the disjoint rest (``heldout_pair``), so no test key combination was seen in training.
@@ -127,7 +128,8 @@ class SyntheticConfig:
     def validate(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.variant == "binding" and self.min_tokens < self.min_gap + 20 * (2 * self.max_keys + self.decoy_names):
+        specials = 2 * self.max_keys + self.decoy_names  # binding sentences that must fit around the gap
+        if self.variant == "binding" and self.min_tokens < self.min_gap + 20 * specials:
             raise ValueError(
                 f"min_tokens={self.min_tokens} is too small for min_gap={self.min_gap} and {self.max_keys} keys"
             )

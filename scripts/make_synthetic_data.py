@@ -92,7 +92,8 @@ def main(argv=None) -> int:
     try:
         cfg.validate()
     except ValueError as e:
-        return report(f"bad size flags (--min-tokens/--max-tokens/--min-keys/--max-keys/--min-gap/--decoy-names): {e}", PROG)
+        flags = "--min-tokens/--max-tokens/--min-keys/--max-keys/--min-gap/--decoy-names"
+        return report(f"bad size flags ({flags}): {e}", PROG)
     sizes = {"train": args.train, "valid": args.valid, "test": args.test}
     splits = [s for s, n in sizes.items() if n > 0]
     start = time.time()
