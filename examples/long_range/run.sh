@@ -77,8 +77,14 @@ run_one() {  # run_one VARIANT ROW SEED: both stages, then greedy decoding of SP
     local v=$1 row=$2 seed=$3 flags max_src name="$1.$2.s$3"
     flags="$(arch_flags "$row") $MODEL_FLAGS"
     max_src=$(max_source "$row")
+    local resume=()  # RESUME=1: the short stage goes on from an earlier run's, optimizer and data order kept
+    if [ -n "${RESUME:-}" ] && [ -f "$OUT/runs/$name.short/checkpoint_last.pt" ]; then
+        rm -rf "$OUT/runs/$name.short.prev"
+        mv "$OUT/runs/$name.short" "$OUT/runs/$name.short.prev"
+        resume=(--restore-file "$OUT/runs/$name.short.prev/checkpoint_last.pt")
+    fi
     # shellcheck disable=SC2086
-    train "$name.short" "$OUT/$v/short/bin" "$U_SHORT" --lr 3e-3 $flags --seed "$seed" 2> /dev/null
+    train "$name.short" "$OUT/$v/short/bin" "$U_SHORT" --lr 3e-3 $flags --seed "$seed" "${resume[@]}" 2> /dev/null
     # shellcheck disable=SC2086
     train "$name" "$OUT/$v/long/bin" "$U_LONG" --lr 1e-3 $flags --seed "$seed" \
         --finetune-from-model "$OUT/runs/$name.short/checkpoint_last.pt" 2> /dev/null
@@ -116,5 +122,5 @@ python "$LR_HERE/report.py" --outputs "$REPORT_DIR/outputs" --report-dir "$REPOR
     --n-docs "$N_TEST" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
     --command "bash $LR_HERE/run.sh" --wall "$(( $(date +%s) - start ))" \
     --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)" \
-    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG${MODEL_FLAGS:+ MODEL_FLAGS=\"$MODEL_FLAGS\"}${DATA_FLAGS:+ DATA_FLAGS=\"$DATA_FLAGS\"} MAX_TOKENS=$MAX_TOKENS DEVICE=$DEVICE PRECISION=$PRECISION JOBS=$JOBS THREADS=$THREADS"
+    --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG${MODEL_FLAGS:+ MODEL_FLAGS=\"$MODEL_FLAGS\"}${DATA_FLAGS:+ DATA_FLAGS=\"$DATA_FLAGS\"}${RESUME:+ RESUME=$RESUME} MAX_TOKENS=$MAX_TOKENS DEVICE=$DEVICE PRECISION=$PRECISION JOBS=$JOBS THREADS=$THREADS"
 step "done"
