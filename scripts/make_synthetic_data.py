@@ -82,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> SyntheticConfig:
     return SyntheticConfig(
         min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys,
         variant=args.variant, min_gap=args.min_gap, holdout=args.holdout,
-        decoy_names=getattr(args, "decoy_names", 1), even_mentions=getattr(args, "even_mentions", False),
+        decoy_names=args.decoy_names, even_mentions=args.even_mentions,
     )
 
 
