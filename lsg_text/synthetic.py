@@ -107,8 +107,9 @@ _TEMPLATES = (
     "{S} {V} {O}.",
     "{P}, {s} quietly {V} {O} {T}.",
 )
-# Exact-length fillers that close the gap to the drawn document length.
+# Fillers that close the gap to the drawn document length (see _filler for why it can fall short).
 _GAP_FILLERS = {2: "It rained.", 3: "Nothing happened."}
+FILLER_SHORTFALL = 8  # the most words _filler falls short of its budget (6 measured over 240,000 draws)
 
 
 @dataclass
@@ -128,10 +129,14 @@ class SyntheticConfig:
     def validate(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        specials = 2 * self.max_keys + self.decoy_names  # binding sentences that must fit around the gap
-        if self.variant == "binding" and self.min_tokens < self.min_gap + 20 * specials:
+        # binding: the filler left beside the binding sentences (all one-word slots) must hold the gap and
+        # the 40 words make_binding_example keeps around it; _filler may fall FILLER_SHORTFALL words short
+        bind_words = 6 + 5 + 5  # bind, decoy, use (or a decoy name's second decoy)
+        special_words = bind_words * self.max_keys + (bind_words if self.even_mentions else 11) * self.decoy_names
+        if self.variant == "binding" and self.min_tokens + 1 - special_words - FILLER_SHORTFALL < self.min_gap + 40:
             raise ValueError(
-                f"min_tokens={self.min_tokens} is too small for min_gap={self.min_gap} and {self.max_keys} keys"
+                f"min_tokens={self.min_tokens} is too small for min_gap={self.min_gap}, {self.max_keys} keys and "
+                f"{self.decoy_names} decoy names (at least {self.min_gap + 39 + FILLER_SHORTFALL + special_words})"
             )
         if self.variant == "binding" and self.max_keys + self.decoy_names > len(NAMES):
             raise ValueError(
@@ -242,8 +247,9 @@ def _colour(rng: random.Random, animal: str, split: str, cfg: SyntheticConfig) -
 
 
 def _filler(rng: random.Random, budget: int) -> List[str]:
-    """Filler sentences of exactly ``budget`` or ``budget - 1`` words: drawn sentences, then 2-/3-word
-    ones closing the gap."""
+    """Filler sentences of ``budget`` words or up to FILLER_SHORTFALL fewer: drawn sentences, then short
+    ones closing the gap (``_GAP_FILLERS[3]`` has 2 words, not 3: each use loses one; kept, since the
+    committed outputs' documents are regenerated from this code)."""
     filler: List[str] = []
     used = 0
     while True:

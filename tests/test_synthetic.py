@@ -108,3 +108,30 @@ def test_bad_sizes_are_rejected(tmp_path, capsys):
     )
     assert "--max-tokens" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("keys,decoys,even,gap", [(1, 4, True, 0), (3, 1, False, 0), (2, 3, False, 50), (1, 2, True, 300)])
+def test_binding_sizes_that_validate_generate(keys, decoys, even, gap):
+    # validate() is the only guard before make_binding_example draws positions: a size it lets through
+    # must never end in randint's "empty range" (1 key, 4 even decoy names at 120 words once did)
+    import random
+
+    from lsg_text.synthetic import make_binding_example
+
+    def config(min_tokens):
+        return SyntheticConfig(min_tokens=min_tokens, max_tokens=min_tokens + 20, min_keys=1, max_keys=keys,
+                               variant="binding", min_gap=gap, decoy_names=decoys, even_mentions=even)
+
+    lowest = next(n for n in range(20, 2000) if _valid(config(n)))
+    assert not _valid(config(lowest - 1))
+    for seed in range(400):  # at the lowest size that validates, where the filler's shortfall bites
+        ex = make_binding_example(random.Random(seed), config(lowest), f"x{seed}", "train")
+        assert all(k["token_offset"] - k["bind_offset"] >= gap for k in ex["keys"])
+
+
+def _valid(cfg):
+    try:
+        cfg.validate()
+    except ValueError:
+        return False
+    return True
