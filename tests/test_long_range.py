@@ -228,6 +228,29 @@ def test_control_row_cannot_mix_beyond_its_window(tmp_path):
     assert 300 in moved.tolist()
 
 
+def load_reach():
+    spec = importlib.util.spec_from_file_location("long_range_reach", os.path.join(HERE, "reach.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reach_of_the_rows_one_layer(monkeypatch):
+    """reach.py's one-layer reach (the table the README's rows cite) follows from each row's shape:
+    +-4 for the control, +-16 for LED's window of 32, one LSG block on each side plus the sparse keys'
+    span (32 keys, each of 2 tokens) for lsg_norm, everything for full attention and LOCOST; and it
+    moves when the shape does (a sparsity factor of 32 takes LSG past the binding's 1,024-word gap)."""
+    monkeypatch.chdir(REPO)  # arch_flags is read from examples/long_context/common.sh
+    reach = load_reach()
+    got = {row: reach.measure(row, 2048, [1100], seed=1)["one_layer_reach"] for row in
+           ("local_8", "led", "lsg_norm", "full_4096", "locost")}
+    assert got["local_8"] == 4 and got["led"] == 16
+    assert 2 * 32 <= got["lsg_norm"] < 2 * 32 + 2 * 32 < reach.FAR
+    assert got["full_4096"] == got["locost"] == 1099  # from 1100 to position 1 (0 is left out: LED's global)
+    wide = reach.measure("lsg_norm", 2048, [1100], seed=1, extra=("--sparsity-factor", "32"))
+    assert wide["one_layer_reach"] >= reach.FAR
+
+
 def _run(tmp_path, **env):
     env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
                VENV=os.path.dirname(os.path.dirname(sys.executable)), **env)
