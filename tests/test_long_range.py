@@ -251,6 +251,64 @@ def test_reach_of_the_rows_one_layer(monkeypatch):
     assert wide["one_layer_reach"] >= reach.FAR
 
 
+def load_binding_flow():
+    spec = importlib.util.spec_from_file_location("long_range_binding_flow", os.path.join(HERE, "binding_flow.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _flow_document():
+    """A toy binding document in pieces: the key (moose, Nora) bound at 10, used 1,200 tokens later, a
+    decoy name (owl, Pim) bound near the end; filler elsewhere. Returns (dictionary, tokens, key)."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    words = ["\u2581" + w for w in ["The", "silver", "brown", "is", "called", "visited", "avoided", "Tokyo", "on",
+                                      "Monday", "Nora", "Pim"] + list(ANIMALS)] + ["."] + [f"\u2581f{i}" for i in range(50)]
+    for w in words:
+        d.add_symbol(w)
+    filler = [f"\u2581f{i % 50}" for i in range(1400)]
+    bind = "\u2581The \u2581silver \u2581moose \u2581is \u2581called \u2581Nora .".split()
+    decoy = "\u2581The \u2581brown \u2581owl \u2581is \u2581called \u2581Pim .".split()
+    use = "\u2581Nora \u2581visited \u2581Tokyo \u2581on \u2581Monday .".split()
+    pieces = filler[:10] + bind + filler[10:1210] + use + filler[1210:1300] + decoy + filler[1300:] + ["</s>"]
+    key = {"name": "Nora", "animal": "moose", "colour": "silver"}
+    return d, torch.tensor([d.index(p) for p in pieces]), key
+
+
+def test_binding_flow_tells_routing_from_broadcast_and_locality(monkeypatch):
+    """binding_flow.py's ratio on hand-made encoders: one that routes each bound animal to every mention of
+    its name (the binding an encoder needs) scores far above 1; one that adds the document's mean to every
+    position (a global token's broadcast) scores 1; one that mixes +-4 tokens leaves the use site still."""
+    flow = load_binding_flow()
+    d, tokens, key = _flow_document()
+    table = torch.randn(len(d), 16, generator=torch.Generator().manual_seed(0))
+    called = d.index("\u2581called")
+
+    def routing(model, toks):
+        out = table[toks].clone()
+        for i in (toks == called).nonzero().flatten().tolist():
+            out[toks == toks[i + 1]] += table[toks[i - 2]]  # every mention of the name hears its animal
+        return out
+
+    def broadcast(model, toks):
+        return table[toks] + table[toks].mean(0)
+
+    def local(model, toks):
+        e = torch.nn.functional.pad(table[toks].T[None], (4, 4))
+        return torch.nn.functional.avg_pool1d(e, 9, 1)[0].T
+
+    got = {}
+    for name, fn in (("routing", routing), ("broadcast", broadcast), ("local", local)):
+        monkeypatch.setattr(flow, "encode", fn)
+        got[name] = flow.probe_document(None, d, tokens, key)
+    assert got["routing"]["gap"] >= flow.FAR
+    assert got["routing"]["use"] > 100 * max(got["routing"]["baseline"], 1e-9)
+    assert got["broadcast"]["use"] == pytest.approx(got["broadcast"]["baseline"], rel=1e-4)
+    assert got["local"]["use"] == 0 and got["local"]["bind"] > 0
+
+
 def _run(tmp_path, **env):
     env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
                VENV=os.path.dirname(os.path.dirname(sys.executable)), **env)

@@ -1,0 +1,131 @@
+"""Does a trained encoder carry a binding to where the name is used? Change the bound animal, watch the use.
+
+In a binding document ("The silver moose is called Nora." ... 1,024+ words ... "Nora visited Tokyo on
+Monday.") an encoder that joins the two sentences must change its output at the use sentence's "Nora"
+when the bound animal changes. Per validation document this replaces the key's bound animal by one that
+does not occur in the document (same piece count: every animal is one piece) and measures the L2 change
+of the encoder output at
+
+- the use sentence's name, and
+- the **baseline**: every position 1,024+ tokens from the binding sentence outside any sentence of that
+  name (what reaches far through any path: global tokens, sparse keys, an SSM kernel),
+
+and reports per checkpoint the median over documents of ``use / baseline`` (1: the use site hears of
+the change no more than any far token; much more: the binding is routed there) and the share of
+documents where the use site moved at all. The source pieces are the binarized split the models were
+scored on. One command:
+
+    python examples/long_range/binding_flow.py --data work_dirs/long_range/binding/long \\
+        --checkpoints lsg_norm=work_dirs/long_range/runs/binding.lsg_norm.s1/checkpoint_last.pt ... \\
+        --split valid --out examples/long_range/pilots/.../binding_flow
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from lsg_text.synthetic import ANIMALS
+
+FAR = 1024  # tokens from the binding sentence: the binding variant's least gap is 1,024 words
+
+
+def load(checkpoint: str, bin_dir: str, split: str):
+    from fairseq import checkpoint_utils
+
+    import lsg_fairseq  # noqa: F401  (registers the plugin's archs and task)
+
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": bin_dir})
+    task.load_dataset(split)
+    return models[0].eval(), task
+
+
+def encode(model, tokens: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        out = model.encoder(tokens[None], src_lengths=torch.tensor([tokens.numel()]))["encoder_out"][0][:, 0]
+    return out[out.size(0) - tokens.numel():]  # LSG puts its global tokens in front
+
+
+def probe_document(model, dictionary, tokens: torch.Tensor, key: dict) -> dict:
+    """The key's binding and use sites in ``tokens``, the bound animal swapped: changes per site."""
+    piece = [dictionary[int(t)] for t in tokens]
+    name, animal = "\u2581" + key["name"], "\u2581" + key["animal"]
+    bind = next(i for i in range(3, len(piece) - 1)
+                if piece[i] == "\u2581called" and piece[i + 1] == name and piece[i - 2] == animal)
+    use = next(i for i in range(1, len(piece)) if piece[i] == "\u2581visited" and piece[i - 1] == name) - 1
+    present = set(piece)
+    other = next(a for a in ANIMALS if "\u2581" + a not in present and dictionary.index("\u2581" + a) != dictionary.unk())
+    changed = tokens.clone()
+    changed[bind - 2] = dictionary.index("\u2581" + other)
+    delta = (encode(model, tokens) - encode(model, changed)).norm(dim=-1)
+    near_name = torch.zeros(len(piece), dtype=torch.bool)
+    for i, p in enumerate(piece):
+        if p == name:  # every sentence of this name: "is called Nora", "Nora avoided ...", "Nora visited ..."
+            near_name[max(0, i - 6):i + 6] = True
+    far = ((torch.arange(len(piece)) - bind).abs() >= FAR) & ~near_name
+    baseline = float(delta[far].median())
+    return {"use": float(delta[use]), "baseline": baseline, "bind": float(delta[bind - 2]), "gap": use - bind}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="the binding set's long/ folder (bin/, jsonl/)")
+    p.add_argument("--checkpoints", nargs="+", required=True, metavar="ROW=PATH")
+    p.add_argument("--split", default="valid", choices=("valid", "test"))
+    p.add_argument("--out", help="write OUT.md and OUT.json (else print the table)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    start = time.time()
+    with open(os.path.join(args.data, "jsonl", f"{args.split}.jsonl")) as f:
+        docs = [json.loads(line) for line in f]
+    rows = {}
+    for spec in args.checkpoints:
+        row, path = spec.split("=", 1)
+        model, task = load(path, os.path.join(args.data, "bin"), args.split)
+        dataset = task.datasets[args.split]
+        per_doc = []
+        for i, doc in enumerate(docs[: len(dataset)]):
+            if len(doc["keys"]) != 1:
+                continue
+            tokens = dataset[i]["source"]
+            per_doc.append(probe_document(model, task.source_dictionary, tokens, doc["keys"][0]))
+        ratios = [d["use"] / d["baseline"] if d["baseline"] > 0 else float("inf" if d["use"] > 0 else "nan")
+                  for d in per_doc]
+        finite = [r for r in ratios if r == r]
+        rows[row] = {
+            "docs": len(per_doc),
+            "use_over_baseline_median": statistics.median(finite) if finite else None,
+            "use_moved_share": sum(d["use"] > 1e-6 for d in per_doc) / len(per_doc),
+            "use_over_bind_median": statistics.median(d["use"] / d["bind"] for d in per_doc),
+            "median_gap_tokens": statistics.median(d["gap"] for d in per_doc),
+            "per_doc": per_doc,
+        }
+        print(f"{row}: {({k: v for k, v in rows[row].items() if k != 'per_doc'})}", file=sys.stderr)
+    lines = [
+        f"Binding flow, {args.split} split of `{args.data}`: the key's bound animal swapped for one not in the "
+        f"document; L2 change of the encoder output. {time.time() - start:.0f} s.",
+        f"Command: `python examples/long_range/binding_flow.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        "",
+        "| row | documents | use site moved | use / far baseline (median) | use / the swapped animal's own (median) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row, r in rows.items():
+        ratio = "-" if r["use_over_baseline_median"] is None else f"{r['use_over_baseline_median']:.2f}"
+        lines.append(f"| `{row}` | {r['docs']} | {100 * r['use_moved_share']:.0f}% | {ratio} "
+                     f"| {r['use_over_bind_median']:.1e} |")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out + ".md", "w") as f:
+            f.write(text)
+        with open(args.out + ".json", "w") as f:
+            json.dump(rows, f, indent=1)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
