@@ -264,8 +264,8 @@ def _flow_document():
     from fairseq.data import Dictionary
 
     d = Dictionary()
-    words = ["\u2581" + w for w in ["The", "silver", "brown", "is", "called", "visited", "avoided", "Tokyo", "on",
-                                      "Monday", "Nora", "Pim"] + list(ANIMALS)] + ["."] + [f"\u2581f{i}" for i in range(50)]
+    words = ["The", "silver", "brown", "is", "called", "visited", "avoided", "Tokyo", "on", "Monday", "Nora", "Pim"]
+    words = ["\u2581" + w for w in words + list(ANIMALS)] + ["."] + [f"\u2581f{i}" for i in range(50)]
     for w in words:
         d.add_symbol(w)
     filler = [f"\u2581f{i % 50}" for i in range(1400)]

@@ -58,7 +58,8 @@ def probe_document(model, dictionary, tokens: torch.Tensor, key: dict) -> dict:
                 if piece[i] == "\u2581called" and piece[i + 1] == name and piece[i - 2] == animal)
     use = next(i for i in range(1, len(piece)) if piece[i] == "\u2581visited" and piece[i - 1] == name) - 1
     present = set(piece)
-    other = next(a for a in ANIMALS if "\u2581" + a not in present and dictionary.index("\u2581" + a) != dictionary.unk())
+    other = next(a for a in ANIMALS
+                 if "\u2581" + a not in present and dictionary.index("\u2581" + a) != dictionary.unk())
     changed = tokens.clone()
     changed[bind - 2] = dictionary.index("\u2581" + other)
     delta = (encode(model, tokens) - encode(model, changed)).norm(dim=-1)
