@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -106,9 +107,10 @@ def main(argv=None) -> int:
             "per_doc": per_doc,
         }
         print(f"{row}: {({k: v for k, v in rows[row].items() if k != 'per_doc'})}", file=sys.stderr)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     lines = [
         f"Binding flow, {args.split} split of `{args.data}`: the key's bound animal swapped for one not in the "
-        f"document; L2 change of the encoder output. {time.time() - start:.0f} s.",
+        f"document; L2 change of the encoder output. Code at commit {head}; {time.time() - start:.0f} s.",
         f"Command: `python examples/long_range/binding_flow.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
         "",
         "| row | documents | use site moved | use / far baseline (median) | use / the swapped animal's own (median) |",
