@@ -7,8 +7,8 @@ does not occur in the document (same piece count: every animal is one piece) and
 of the encoder output at
 
 - the use sentence's name, and
-- the **baseline**: every position 1,024+ tokens from the binding sentence outside any sentence of that
-  name (what reaches far through any path: global tokens, sparse keys, an SSM kernel),
+- the **baseline**: every position 1,024+ tokens (``--far``) from the binding sentence outside any
+  sentence of that name (what reaches far through any path: global tokens, sparse keys, an SSM kernel),
 
 and reports per checkpoint the median over documents of ``use / baseline`` (1: the use site hears of
 the change no more than any far token; much more: the binding is routed there) and the share of
@@ -51,7 +51,7 @@ def encode(model, tokens: torch.Tensor) -> torch.Tensor:
     return out[out.size(0) - tokens.numel():]  # LSG puts its global tokens in front
 
 
-def probe_document(model, dictionary, tokens: torch.Tensor, key: dict) -> dict:
+def probe_document(model, dictionary, tokens: torch.Tensor, key: dict, far: int = FAR) -> dict:
     """The key's binding and use sites in ``tokens``, the bound animal swapped: changes per site."""
     piece = [dictionary[int(t)] for t in tokens]
     name, animal = "\u2581" + key["name"], "\u2581" + key["animal"]
@@ -68,8 +68,8 @@ def probe_document(model, dictionary, tokens: torch.Tensor, key: dict) -> dict:
     for i, p in enumerate(piece):
         if p == name:  # every sentence of this name: "is called Nora", "Nora avoided ...", "Nora visited ..."
             near_name[max(0, i - 6):i + 6] = True
-    far = ((torch.arange(len(piece)) - bind).abs() >= FAR) & ~near_name
-    baseline = float(delta[far].median())
+    baseline_at = ((torch.arange(len(piece)) - bind).abs() >= far) & ~near_name
+    baseline = float(delta[baseline_at].median())
     return {"use": float(delta[use]), "baseline": baseline, "bind": float(delta[bind - 2]), "gap": use - bind}
 
 
@@ -78,6 +78,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="the binding set's long/ folder (bin/, jsonl/)")
     p.add_argument("--checkpoints", nargs="+", required=True, metavar="ROW=PATH")
     p.add_argument("--split", default="valid", choices=("valid", "test"))
+    p.add_argument("--far", type=int, default=FAR,
+                   help="baseline positions are at least this many tokens from the binding (0 on the short set)")
     p.add_argument("--out", help="write OUT.md and OUT.json (else print the table)")
     args = p.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
             if len(doc["keys"]) != 1:
                 continue
             tokens = dataset[i]["source"]
-            per_doc.append(probe_document(model, task.source_dictionary, tokens, doc["keys"][0]))
+            per_doc.append(probe_document(model, task.source_dictionary, tokens, doc["keys"][0], args.far))
         ratios = [d["use"] / d["baseline"] if d["baseline"] > 0 else float("inf" if d["use"] > 0 else "nan")
                   for d in per_doc]
         finite = [r for r in ratios if r == r]

@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -127,7 +128,7 @@ def table(results: list, args, wall: float) -> str:
     lines = [
         f"Encoder reach at random weights, {args.length}-token input, one token changed at "
         f"{', '.join(map(str, args.probes))} (seed {args.seed}).",
-        f"Command: `python examples/long_range/reach.py{' --out ' + args.out if args.out else ''}`, code at "
+        f"Command: `python examples/long_range/reach.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`, code at "
         f"commit {commit()}; {wall:.0f} s on {cpu_model()}, load {os.getloadavg()[0]:.2f}.",
         "",
         "| row | one layer reaches (tokens each side) | layers | outputs 1,024+ tokens away that move "
@@ -138,7 +139,7 @@ def table(results: list, args, wall: float) -> str:
         share = "-" if r["far_moved_share"] is None else f"{100 * r['far_moved_share']:.0f}%"
         ratio = "-" if r["far_change_ratio"] is None else f"{r['far_change_ratio']:.1e}"
         reach = "all" if r["one_layer_reach"] >= r["length"] - 2 - min(args.probes) else r["one_layer_reach"]
-        lines.append(f"| `{r['row']}` | {reach} | {r['layers']} | {share} | {ratio} |")
+        lines.append(f"| `{r.get('label', r['row'])}` | {reach} | {r['layers']} | {share} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
@@ -148,14 +149,23 @@ def main(argv=None) -> int:
     p.add_argument("--length", type=int, default=4096)
     p.add_argument("--probes", type=int, nargs="+", default=[1100, 2048, 2999],
                    help="positions of the changed token (several: block layouts differ by offset)")
+    p.add_argument("--also", nargs="+", default=[], metavar="ROW:FLAGS",
+                   help="more rows: a row's flags with FLAGS after them, e.g. 'lsg_norm:--sparsity-factor 32'")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="write OUT.md and OUT.json (else print the table)")
     args = p.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.time()
     results = []
-    for row in args.rows:
-        results.append(measure(row, args.length, args.probes, args.seed))
+    runs = [(row, ()) for row in args.rows]
+    for spec in args.also:
+        row, _, flags = spec.partition(":")
+        if row not in ROWS or not flags.strip():
+            p.error(f"--also {spec!r}: want ROW:FLAGS with ROW one of {', '.join(ROWS)}")
+        runs.append((row, tuple(flags.split())))
+    for row, extra in runs:
+        results.append(measure(row, args.length, args.probes, args.seed, extra))
+        results[-1]["label"] = " ".join((row,) + extra)
         print(f"{row}: {results[-1]}", file=sys.stderr)
     text = table(results, args, time.time() - start)
     if args.out:
