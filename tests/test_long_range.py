@@ -238,15 +238,16 @@ def load_reach():
 def test_reach_of_the_rows_one_layer(monkeypatch):
     """reach.py's one-layer reach (the table the README's rows cite) follows from each row's shape:
     +-4 for the control, +-16 for LED's window of 32, one LSG block on each side plus the sparse keys'
-    span (32 keys, each of 2 tokens) for lsg_norm, everything for full attention and LOCOST; and it
+    span (32 keys, each of 2 tokens) for lsg_norm, everything for full attention, LOCOST and lsg_wide; and it
     moves when the shape does (a sparsity factor of 32 takes LSG past the binding's 1,024-word gap)."""
     monkeypatch.chdir(REPO)  # arch_flags is read from examples/long_context/common.sh
     reach = load_reach()
     got = {row: reach.measure(row, 2048, [1100], seed=1)["one_layer_reach"] for row in
-           ("local_8", "led", "lsg_norm", "full_4096", "locost")}
+           ("local_8", "led", "lsg_norm", "lsg_wide", "full_4096", "locost")}
     assert got["local_8"] == 4 and got["led"] == 16
     assert 2 * 32 <= got["lsg_norm"] < 2 * 32 + 2 * 32 < reach.FAR
-    assert got["full_4096"] == got["locost"] == 1099  # from 1100 to position 1 (0 is left out: LED's global)
+    # from 1100 to position 1 (0 is left out: LED's global); lsg_wide's 128 sparse keys of 32 tokens reach it
+    assert got["full_4096"] == got["locost"] == got["lsg_wide"] == 1099
     wide = reach.measure("lsg_norm", 2048, [1100], seed=1, extra=("--sparsity-factor", "32"))
     assert wide["one_layer_reach"] >= reach.FAR
 

@@ -39,6 +39,10 @@ arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fa
         full_4096) echo "--arch bart_tiny --max-source-positions 4096" ;;
         lsg_norm) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm" ;;
         lsg_none) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type none" ;;
+        # LSG whose one layer reaches all 4,096 tokens (128 sparse keys each side, each of 32 tokens):
+        # lsg_norm's reaches 127 (examples/long_range/reach.md), short of the binding variant's gap
+        lsg_wide) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm --sparse-block-size 128 \
+--sparsity-factor 32" ;;
         led) echo "--arch led_tiny --max-source-positions 4096" ;;
         locost) echo "--arch locost_tiny --max-source-positions 4096" ;;
         # the control that cannot mix: each token sees +-4 tokens, no global ones (LED's layers)

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-ROWS = ("local_8", "bart_1024", "full_4096", "lsg_norm", "led", "locost")
+ROWS = ("local_8", "bart_1024", "full_4096", "lsg_norm", "lsg_wide", "led", "locost")
 FAR = 1024  # tokens: the binding variant's least gap is 1,024 words (more pieces)
 REPLACEMENTS = 8  # words tried in place of each probed token (one layer)
 MOVED = 1e-6  # an output "moves" when some coordinate changes by more than this (fp32 noise is far below)
