@@ -2,17 +2,17 @@
 
 In a binding document ("The silver moose is called Nora." ... 1,024+ words ... "Nora visited Tokyo on
 Monday.") an encoder that joins the two sentences must change its output at the use sentence's "Nora"
-when the bound animal changes. Per validation document this replaces the key's bound animal by one that
-does not occur in the document (same piece count: every animal is one piece) and measures the L2 change
-of the encoder output at
+when the bound animal changes. For each key of each document this replaces its bound animal by one that
+does not occur in the document (every animal is one piece) and measures the L2 change of the encoder
+output at
 
 - the use sentence's name, and
 - the **baseline**: every position 1,024+ tokens (``--far``) from the binding sentence outside any
   sentence of that name (what reaches far through any path: global tokens, sparse keys, an SSM kernel),
 
-and reports per checkpoint the median over documents of ``use / baseline`` (1: the use site hears of
-the change no more than any far token; much more: the binding is routed there) and the share of
-documents where the use site moved at all. The source pieces are the binarized split the models were
+and reports per checkpoint the median over keys of ``use / baseline`` (1: the use site hears of the
+change no more than any far token; much more: the binding is routed there) and the share of keys
+whose use site moved at all. The source pieces are the binarized split the models were
 scored on. One command:
 
     python examples/long_range/binding_flow.py --data work_dirs/long_range/binding/long \\
@@ -91,17 +91,23 @@ def main(argv=None) -> int:
         row, path = spec.split("=", 1)
         model, task = load(path, os.path.join(args.data, "bin"), args.split)
         dataset = task.datasets[args.split]
+        limit = model.encoder.max_positions()  # bart_1024 reads the first 1,024 tokens only
         per_doc = []
         for i, doc in enumerate(docs[: len(dataset)]):
-            if len(doc["keys"]) != 1:
-                continue
-            tokens = dataset[i]["source"]
-            per_doc.append(probe_document(model, task.source_dictionary, tokens, doc["keys"][0], args.far))
+            tokens = dataset[i]["source"][:limit]
+            for key in doc["keys"]:  # one probe per key: its animal swapped, the other keys kept
+                try:
+                    per_doc.append(probe_document(model, task.source_dictionary, tokens, key, args.far))
+                except StopIteration:  # its binding or its use lies past the encoder's limit
+                    continue
+        if not per_doc:
+            p.error(f"{spec}: no key of {args.split}.jsonl has its binding and use within the encoder's "
+                    f"{limit} tokens")
         ratios = [d["use"] / d["baseline"] if d["baseline"] > 0 else float("inf" if d["use"] > 0 else "nan")
                   for d in per_doc]
         finite = [r for r in ratios if r == r]
         rows[row] = {
-            "docs": len(per_doc),
+            "keys": len(per_doc),
             "use_over_baseline_median": statistics.median(finite) if finite else None,
             "use_moved_share": sum(d["use"] > 1e-6 for d in per_doc) / len(per_doc),
             "use_over_bind_median": statistics.median(d["use"] / d["bind"] for d in per_doc),
@@ -113,14 +119,15 @@ def main(argv=None) -> int:
     lines = [
         f"Binding flow, {args.split} split of `{args.data}`: the key's bound animal swapped for one not in the "
         f"document; L2 change of the encoder output. Code at commit {head}; {time.time() - start:.0f} s.",
-        f"Command: `python examples/long_range/binding_flow.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"Command: `python examples/long_range/binding_flow.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
-        "| row | documents | use site moved | use / far baseline (median) | use / the swapped animal's own (median) |",
+        "| row | keys probed | use site moved | use / far baseline (median) "
+        "| use / the swapped animal's own (median) |",
         "|---|---:|---:|---:|---:|",
     ]
     for row, r in rows.items():
         ratio = "-" if r["use_over_baseline_median"] is None else f"{r['use_over_baseline_median']:.2f}"
-        lines.append(f"| `{row}` | {r['docs']} | {100 * r['use_moved_share']:.0f}% | {ratio} "
+        lines.append(f"| `{row}` | {r['keys']} | {100 * r['use_moved_share']:.0f}% | {ratio} "
                      f"| {r['use_over_bind_median']:.1e} |")
     text = "\n".join(lines) + "\n"
     if args.out:
