@@ -61,7 +61,7 @@ def build_encoder(flags: list, vocab: int = 200):
     return ARCH_MODEL_REGISTRY[ns.arch].build_model(ns, Task()).encoder.eval(), ns
 
 
-def moved_by(encoder, tokens: torch.Tensor, at: int, shift: int = 1) -> torch.Tensor:
+def moved_by(encoder, tokens: torch.Tensor, at: int, shift: int = 1) -> tuple:
     """Per source position, the L2 and the largest change of the encoder output when token ``at`` is
     replaced by another ordinary word (``shift`` picks which)."""
     changed = tokens.clone()
@@ -71,7 +71,8 @@ def moved_by(encoder, tokens: torch.Tensor, at: int, shift: int = 1) -> torch.Te
         a = encoder(tokens, src_lengths=length)["encoder_out"][0][:, 0]
         b = encoder(changed, src_lengths=length)["encoder_out"][0][:, 0]
     extra = a.size(0) - tokens.size(1)  # global tokens put in front of the outputs (LSG)
-    return (a[extra:] - b[extra:]).norm(dim=-1), (a[extra:] - b[extra:]).abs().amax(-1)
+    diff = a[extra:] - b[extra:]
+    return diff.norm(dim=-1), diff.abs().amax(-1)
 
 
 def measure(row: str, length: int, probes: list, seed: int, extra: tuple = ()) -> dict:
