@@ -48,6 +48,7 @@ LABELS = {
     "bart_1024": "BART truncated to 1,024",
     "full_4096": "BART, full attention at 4,096",
     "lsg_norm": "LSG-BART (norm) at 4,096",
+    "lsg_wide": "LSG-BART (norm), sparse keys reaching all 4,096",
     "led": "LED at 4,096",
     "locost": "LOCOST at 4,096",
 }
