@@ -70,7 +70,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import platform
 import statistics
 import sys
 import time
@@ -94,6 +93,7 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from lsg_fairseq.convert import families  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
+from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
 from lsg_fairseq.modules.paths import PATHS, forced_path  # noqa: E402
 from report import HF_ARCHS, INT8_ARCHS, MODES  # noqa: E402
 
@@ -552,17 +552,6 @@ def load_average():
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return None
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main(argv=None):

@@ -1,4 +1,6 @@
-"""Which code produced a committed table: the last commit that touched the code an experiment runs."""
+"""Which code and which machine produced a committed table: the last commit that touched the code an
+experiment runs, and the CPU's name."""
+import platform
 import subprocess
 from typing import Sequence
 
@@ -17,3 +19,15 @@ def git_stamp(repo: str, code_paths: Sequence[str]) -> str:
     code = git("log", "-1", "--format=%h", "--", *code_paths) or "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", *code_paths)
     return code + (" + uncommitted changes" if dirty else "")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -20,7 +20,6 @@ makes of them. One command, seeded; ``--out`` writes the table (markdown) and th
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -29,6 +28,11 @@ import time
 
 import torch
 
+from lsg_text import provenance
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# what the table measures: a commit that touches none of these does not change it
+CODE_PATHS = ("examples/long_range/reach.py", "examples/long_context/common.sh", "lsg_fairseq")
 ROWS = ("local_8", "bart_1024", "full_4096", "lsg_norm", "lsg_wide", "led", "locost")
 FAR = 1024  # tokens: the binding variant's least gap is 1,024 words (more pieces)
 REPLACEMENTS = 8  # words tried in place of each probed token (one layer)
@@ -38,7 +42,7 @@ MOVED = 1e-6  # an output "moves" when some coordinate changes by more than this
 def arch_flags(row: str) -> list:
     """The row's fairseq flags, from the one place the experiment reads them."""
     cmd = 'source examples/long_context/common.sh > /dev/null && arch_flags "$1"'
-    out = subprocess.run(["bash", "-c", cmd, "_", row], capture_output=True, text=True, check=True)
+    out = subprocess.run(["bash", "-c", cmd, "_", row], capture_output=True, text=True, check=True, cwd=REPO)
     return out.stdout.split()
 
 
@@ -111,26 +115,13 @@ def measure(row: str, length: int, probes: list, seed: int, extra: tuple = ()) -
     return res
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
-    return (out.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
-
-
 def table(results: list, args, wall: float) -> str:
     lines = [
         f"Encoder reach at random weights, {args.length}-token input, one token changed at "
         f"{', '.join(map(str, args.probes))} (seed {args.seed}).",
         f"Command: `python examples/long_range/reach.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`, code at "
-        f"commit {commit()}; {wall:.0f} s on {cpu_model()}, load {os.getloadavg()[0]:.2f}.",
+        f"commit {provenance.git_stamp(REPO, CODE_PATHS)}; {wall:.0f} s on {provenance.cpu_name()}, "
+        f"load {os.getloadavg()[0]:.2f}.",
         "",
         "| row | one layer reaches (tokens each side) | layers | outputs 1,024+ tokens away that move "
         "| their change / the changed token's (median) |",
