@@ -129,10 +129,11 @@ class SyntheticConfig:
     def validate(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        # binding: the filler left beside the binding sentences (all one-word slots) must hold the gap and
+        # binding: the filler left beside the binding sentences (every slot one word) must hold the gap and
         # the 40 words make_binding_example keeps around it; _filler may fall FILLER_SHORTFALL words short
-        bind_words = 6 + 5 + 5  # bind, decoy, use (or a decoy name's second decoy)
-        special_words = bind_words * self.max_keys + (bind_words if self.even_mentions else 11) * self.decoy_names
+        bind, decoy, use = (len(t.split()) for t in (BIND_TEMPLATE, DECOY_TEMPLATE, USE_TEMPLATE))
+        decoy_name_words = bind + decoy * (2 if self.even_mentions else 1)
+        special_words = (bind + decoy + use) * self.max_keys + decoy_name_words * self.decoy_names
         if self.variant == "binding" and self.min_tokens + 1 - special_words - FILLER_SHORTFALL < self.min_gap + 40:
             raise ValueError(
                 f"min_tokens={self.min_tokens} is too small for min_gap={self.min_gap}, {self.max_keys} keys and "
