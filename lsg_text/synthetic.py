@@ -20,6 +20,11 @@ Variants (``SyntheticConfig.variant``):
 - ``count``: 2-3 key animals are each mentioned 1-4 times at random places ("A fox was seen.");
   the summary counts them in order of first mention, "The fox was seen 3 times. The owl was seen
   1 times.": an answer that aggregates mentions spread over the whole document.
+- ``order``: 2-3 key animals each arrive once ("The fox arrived."), consecutive arrivals at least
+  ``min_gap`` words apart; the summary gives the order of arrival, "The fox arrived before the owl.
+  The owl arrived before the bear.". Each arrival alone says nothing about the order: that is a
+  relation between sentences 1,024+ words apart, and the decoder, copying animals it finds anywhere,
+  gets the order right only by chance (1 in 2 with two keys) unless something compares positions.
 - ``binding``: the answer joins two sentences at least ``min_gap`` words apart. A name is bound
   early, "The silver moose is called Nora.", and used late, "Nora visited Tokyo on Monday."; the
   summary is "The silver moose visited Tokyo on Monday." for each of the document's keys, in the
@@ -28,7 +33,8 @@ Variants (``SyntheticConfig.variant``):
   somewhere (twice with ``even_mentions``, so that every bound name occurs equally often).
 
 ``holdout=True`` draws the (colour, animal) pairs of train from one set and those of valid/test
-from the disjoint rest (``heldout_pair``), so no test key combination was seen in training.
+from the disjoint rest (``heldout_pair``), so no test key combination was seen in training; for
+``order`` the key combination is the set of arriving animals (``heldout_set``).
 
 Determinism: split ``s`` with seed ``n`` uses ``random.Random(f"lsg-synthetic/{n}/{s}")``
 (string seeds are hashed with SHA-512, independent of PYTHONHASHSEED), so the same arguments
@@ -69,7 +75,9 @@ DECOY_TEMPLATE = "{name} avoided {city} on {weekday}."
 MENTION_TEMPLATE = "A {animal} was seen."
 COUNT_TEMPLATE = "The {animal} was seen {count} times."
 MAX_COUNT = 4
-VARIANTS = ("retrieval", "binding", "count")
+ARRIVE_TEMPLATE = "The {animal} arrived."
+ORDER_TEMPLATE = "The {first} arrived before the {second}."
+VARIANTS = ("retrieval", "binding", "count", "order")
 
 # Filler: people doing ordinary things. None of these words is a key word (checked in tests).
 _SUBJECTS = (
@@ -121,7 +129,7 @@ class SyntheticConfig:
     min_paragraph: int = 3  # sentences per paragraph (one paragraph per line, as in shared/data)
     max_paragraph: int = 8
     variant: str = "retrieval"  # one of VARIANTS
-    min_gap: int = 1024  # binding: words from a name's binding to its use, at least
+    min_gap: int = 1024  # binding: words from a name's binding to its use; order: between arrivals; at least
     holdout: bool = False  # train and valid/test draw (colour, animal) from disjoint sets
     decoy_names: int = 1  # binding: bound names that are never used, only avoid
     even_mentions: bool = False  # binding: a decoy name is mentioned as often as a key's (it avoids twice)
@@ -139,6 +147,15 @@ class SyntheticConfig:
                 f"min_tokens={self.min_tokens} is too small for min_gap={self.min_gap}, {self.max_keys} keys and "
                 f"{self.decoy_names} decoy names (at least {self.min_gap + 39 + FILLER_SHORTFALL + special_words})"
             )
+        arrive = len(ARRIVE_TEMPLATE.split())
+        if self.variant == "order" and self.min_tokens + 1 - arrive * self.max_keys - FILLER_SHORTFALL < (
+                (self.max_keys - 1) * (self.min_gap + 20) + 1):
+            raise ValueError(
+                f"min_tokens={self.min_tokens} is too small for {self.max_keys} arrivals {self.min_gap} words apart "
+                f"(at least {(self.max_keys - 1) * (self.min_gap + 20) + arrive * self.max_keys + FILLER_SHORTFALL})"
+            )
+        if self.variant == "order" and self.min_keys < 2:
+            raise ValueError(f"order needs min_keys >= 2 (an order of one animal is no task), got {self.min_keys}")
         if self.variant == "binding" and self.max_keys + self.decoy_names > len(NAMES):
             raise ValueError(
                 f"binding needs max_keys + decoy_names <= {len(NAMES)}, got {self.max_keys} + {self.decoy_names}"
@@ -239,6 +256,12 @@ def heldout_pair(colour: str, animal: str) -> bool:
     return (COLOURS.index(colour) + 2 * ANIMALS.index(animal)) % 4 == 0
 
 
+def heldout_set(animals) -> bool:
+    """``order`` under ``holdout``: True for the sets of animals kept for valid/test (a quarter of the
+    index sums), whatever their order, so that training sees every kept set in both orders."""
+    return sum(ANIMALS.index(a) for a in animals) % 4 == 0
+
+
 def _colour(rng: random.Random, animal: str, split: str, cfg: SyntheticConfig) -> str:
     """A colour for ``animal``; under ``holdout``, one whose pair belongs to ``split``'s side."""
     if not cfg.holdout:
@@ -282,6 +305,8 @@ def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, spli
         return make_binding_example(rng, cfg, example_id, split)
     if cfg.variant == "count":
         return make_count_example(rng, cfg, example_id)
+    if cfg.variant == "order":
+        return make_order_example(rng, cfg, example_id, split)
     target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
     n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
     animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
@@ -396,6 +421,53 @@ def make_count_example(rng: random.Random, cfg: SyntheticConfig, example_id: str
     )
     summary = " ".join(COUNT_TEMPLATE.format(**k) for k in keys)
     return {"id": example_id, "document": _paragraphs(rng, cfg, sentences), "summary": summary, "keys": keys}
+
+
+def order_summary(animals: List[str]) -> str:
+    """``order``: "The a1 arrived before the a2. The a2 arrived before the a3." for arrivals a1, a2, a3."""
+    return " ".join(ORDER_TEMPLATE.format(first=a, second=b) for a, b in zip(animals, animals[1:]))
+
+
+_ORDER_RE = re.compile(r"The (\S+) arrived before the ([^\s.]+)")
+
+
+def parse_order(text: str) -> List[str]:
+    """The animals of a generated ``order`` summary in the order it gives: the first sentence's two, then
+    the second word of each further sentence ("A before B. B before C." -> [A, B, C])."""
+    pairs = _ORDER_RE.findall(text)
+    return [pairs[0][0]] + [b for _, b in pairs] if pairs else []
+
+
+def order_hits(reference_keys: List[Dict], hypothesis: str) -> List[Dict[str, bool]]:
+    """``order``: is the i-th animal of the hypothesis' order the i-th to arrive?"""
+    generated = parse_order(hypothesis)
+    return [{"animal": i < len(generated) and generated[i] == ref["animal"]} for i, ref in enumerate(reference_keys)]
+
+
+def make_order_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, split: str) -> Dict:
+    """The ``order`` variant (module docstring): n_keys animals arrive once each, consecutive arrivals at
+    least ``min_gap`` words apart, in a random order. ``keys``: ``animal`` and ``token_offset``, in order of
+    arrival."""
+    target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
+    n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
+    animals = rng.sample(ANIMALS, n_keys)
+    while cfg.holdout and heldout_set(animals) != (split != "train"):
+        animals = rng.sample(ANIMALS, n_keys)
+    specials = [[ARRIVE_TEMPLATE.format(animal=a), "arrive", i] for i, a in enumerate(animals)]
+    filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
+    total = sum(len(f.split()) for f in filler)
+    # Positions in filler words, each drawn after the previous one's plus the gap (+ 20: _assemble may place
+    # a sentence up to 20 words late), leaving room for the arrivals still to come.
+    at, lo = {}, 0
+    for i in range(n_keys):
+        hi = total - (n_keys - 1 - i) * (cfg.min_gap + 20)
+        at[("arrive", i)] = lo = rng.randint(lo, hi)
+        lo += cfg.min_gap + 20
+    sentences, offsets = _assemble(filler, specials, at)
+    keys = [{"animal": a, "token_offset": offsets[("arrive", i)]} for i, a in enumerate(animals)]
+    assert all(b["token_offset"] - a["token_offset"] >= cfg.min_gap for a, b in zip(keys, keys[1:])), example_id
+    return {"id": example_id, "document": _paragraphs(rng, cfg, sentences), "summary": order_summary(animals),
+            "keys": keys}
 
 
 def make_split(split: str, n: int, seed: int, cfg: SyntheticConfig) -> Iterator[Dict]:

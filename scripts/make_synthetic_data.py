@@ -62,12 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--variant", choices=VARIANTS, default=d.variant,
                    help=f"retrieval: key sentences restated; binding: name bound early, used late; count: "
-                   f"mentions counted (lsg_text/synthetic.py; default: {d.variant})")
+                   f"mentions counted; order: order of arrival (lsg_text/synthetic.py; default: {d.variant})")
     p.add_argument("--min-gap", type=NON_NEGATIVE_INT, default=d.min_gap,
-                   help=f"binding: words from a name's binding to its use, at least (default: {d.min_gap})")
+                   help=f"binding: words from a name's binding to its use; order: between consecutive arrivals; "
+                   f"at least (default: {d.min_gap})")
     p.add_argument("--holdout", action="store_true",
                    help="retrieval, binding: train and valid/test draw their (colour, animal) pairs from "
-                   "disjoint sets")
+                   "disjoint sets; order: their sets of arriving animals")
     p.add_argument("--decoy-names", type=NON_NEGATIVE_INT, default=d.decoy_names,
                    help=f"binding: bound names that are never used, only avoid (default: {d.decoy_names})")
     p.add_argument("--even-mentions", action="store_true",

@@ -20,8 +20,11 @@ from lsg_text.synthetic import (
     count_hits,
     exact_match,
     heldout_pair,
+    heldout_set,
     key_hits,
     make_split,
+    order_hits,
+    parse_order,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,9 +150,9 @@ def test_exact_match_needs_every_key_in_order_and_nothing_else():
     assert sum(sum(h.values()) for h in key_hits(keys, right.replace("Lima", "Oslo"))) == 7
 
 
-def _outputs(tmp_path, variant, rows):
+def _outputs(tmp_path, variant, rows, keys=3):
     """A hand-made outputs/ folder: data.json of 12 small documents and hypotheses per row/seed."""
-    flags = ["--variant", variant, "--holdout", "--min-gap", "300", "--min-keys", "2", "--max-keys", "3",
+    flags = ["--variant", variant, "--holdout", "--min-gap", "300", "--min-keys", "2", "--max-keys", str(keys),
              "--min-tokens", "600", "--max-tokens", "900", "--seed", "3"]
     folder = tmp_path / "outputs" / variant
     folder.mkdir(parents=True)
@@ -393,3 +396,49 @@ def test_count_variant_aggregates_mentions_spread_over_the_document():
     assert count_hits(keys, "The fox was seen 3 times. The owl was seen 2 times.") == [
         {"animal": True, "count": True}, {"animal": True, "count": False}]
     assert count_hits(keys, "The owl was seen 1 times.")[1] == {"animal": False, "count": False}
+
+
+def test_order_variant_needs_the_relation_of_far_arrivals():
+    cfg = SyntheticConfig(variant="order", min_tokens=2200, max_tokens=2500, min_keys=2, max_keys=3, holdout=True)
+    sets = {}
+    for split in ("train", "test"):
+        examples = list(make_split(split, 40, seed=4, cfg=cfg))
+        sets[split] = {frozenset(k["animal"] for k in ex["keys"]) for ex in examples}
+        for ex in examples:
+            words = ex["document"].split()
+            offsets = [k["token_offset"] for k in ex["keys"]]
+            assert [i for i in range(len(words) - 2) if words[i + 2] == "arrived."] == offsets  # each arrives once
+            assert [words[i + 1] for i in offsets] == [k["animal"] for k in ex["keys"]]
+            assert all(b - a >= 1024 for a, b in zip(offsets, offsets[1:]))
+            assert parse_order(ex["summary"]) == [k["animal"] for k in ex["keys"]]
+    assert all(heldout_set(s) for s in sets["test"]) and not any(heldout_set(s) for s in sets["train"])
+    assert not sets["train"] & sets["test"]
+    # both orders of a pair occur in training: the set alone does not tell the order
+    train = [tuple(k["animal"] for k in ex["keys"]) for ex in make_split("train", 400, 4, cfg) if len(ex["keys"]) == 2]
+    assert any(p[::-1] in train for p in train)
+    with pytest.raises(ValueError, match="too small for 3 arrivals"):
+        SyntheticConfig(variant="order", min_tokens=2000, max_tokens=2500, max_keys=3).validate()
+    with pytest.raises(ValueError, match="min_keys >= 2"):
+        SyntheticConfig(variant="order", min_tokens=2200, max_tokens=2500, min_keys=1).validate()
+    keys = [{"animal": "fox"}, {"animal": "owl"}, {"animal": "bear"}]
+    right = "The fox arrived before the owl. The owl arrived before the bear."
+    assert order_hits(keys, right) == [{"animal": True}] * 3
+    assert order_hits(keys, "The owl arrived before the fox.") == [{"animal": False}] * 3
+    assert order_hits(keys, "The fox arrived before the bear.") == [{"animal": True}, {"animal": False}] + [
+        {"animal": False}]
+
+
+def test_report_tells_order_from_copying(tmp_path):
+    swap = lambda d, s: "The {1} arrived before the {0}.".format(*(k["animal"] for k in d["keys"]))  # noqa: E731
+    docs = _outputs(tmp_path, "order", {"local_8": lambda d, s: swap(d, s) if s == 1 else d["summary"],
+                                        "locost": lambda d, s: d["summary"]}, keys=2)
+    report = load_report()
+    assert report.main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "rep"),
+                        "--variants", "order", "--rows", "local_8", "locost", "--seeds", "1", "2",
+                        "--n-docs", "12"]) == 0
+    res = json.loads((tmp_path / "rep" / "results.json").read_text())["variants"]["order"]
+    assert len(docs) == 12 and res["locost"]["exact"] == 1.0 and res["local_8"]["exact"] == 0.5
+    assert res["local_8"]["order_choice"] == {"right_animals": 1.0, "right_order_among_those": 0.5,
+                                              "random_order": 0.5}
+    assert res["local_8"]["slot_recall"] == 0.5 and res["locost"]["far_recall"] == 1.0
+    assert res["locost"]["beats_control"] is True

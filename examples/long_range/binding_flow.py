@@ -13,7 +13,14 @@ output at
 and reports per checkpoint the median over keys of ``use / baseline`` (1: the use site hears of the
 change no more than any far token; much more: the binding is routed there) and the share of keys
 whose use site moved at all. The source pieces are the binarized split the models were
-scored on. One command:
+scored on.
+
+``--variant order`` asks the same of the order variant ("The fox arrived." ... 1,024+ words ... "The owl
+arrived."): one arrival is taken away (its "arrived" becomes the filler verb "found", so the sentence is
+filler) and the other arrival's animal is watched, the later one (``forward``: does it hear that something
+arrived before it?) and the earlier one (``backward``). An encoder that marks each arrival with what
+arrived before or after it moves there; one that does not moves there as much as anywhere that far.
+One command:
 
     python examples/long_range/binding_flow.py --data work_dirs/long_range/binding/long \\
         --checkpoints lsg_norm=work_dirs/long_range/runs/binding.lsg_norm.s1/checkpoint_last.pt ... \\
@@ -77,6 +84,24 @@ def probe_document(model, dictionary, tokens: torch.Tensor, key: dict, far: int 
     return {"use": float(delta[use]), "baseline": baseline, "bind": float(delta[bind - 2]), "gap": use - bind}
 
 
+def probe_order(model, dictionary, tokens: torch.Tensor, source: int, watched: int, far: int = FAR) -> dict:
+    """An order document with arrival ``source`` taken away ("arrived" -> "found"): the change at arrival
+    ``watched``'s animal against the median change 1,024+ tokens from ``source`` away from every arrival.
+    Fields as in probe_document: ``use`` the watched site, ``bind`` the changed site."""
+    piece = [dictionary[int(t)] for t in tokens]
+    verbs = [i for i, p in enumerate(piece) if p == "\u2581arrived"]
+    changed = tokens.clone()
+    changed[verbs[source]] = dictionary.index("\u2581found")
+    delta = (encode(model, tokens) - encode(model, changed)).norm(dim=-1)
+    near = torch.zeros(len(piece), dtype=torch.bool)
+    for i in verbs:
+        near[max(0, i - 6):i + 6] = True
+    baseline_at = ((torch.arange(len(piece)) - verbs[source]).abs() >= far) & ~near
+    watch = verbs[watched] - 1  # the animal: "The fox arrived."
+    return {"use": float(delta[watch]), "baseline": float(delta[baseline_at].median()),
+            "bind": float(delta[verbs[source]]), "gap": abs(watch - verbs[source])}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="the binding set's long/ folder (bin/, jsonl/)")
@@ -84,6 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--split", default="valid", choices=("valid", "test"))
     p.add_argument("--far", type=int, default=FAR,
                    help="baseline positions are at least this many tokens from the binding (0 on the short set)")
+    p.add_argument("--variant", default="binding", choices=("binding", "order"))
     p.add_argument("--out", help="write OUT.md and OUT.json (else print the table)")
     args = p.parse_args(argv)
     torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -91,14 +117,22 @@ def main(argv=None) -> int:
     with open(os.path.join(args.data, "jsonl", f"{args.split}.jsonl")) as f:
         docs = [json.loads(line) for line in f]
     rows = {}
-    for spec in args.checkpoints:
+    # order: (taken away, watched) pairs of arrival indices; the first two arrivals of each document
+    probes = {"binding": [None], "order": [(0, 1), (1, 0)]}[args.variant]
+    for spec, probe in [(s, p) for s in args.checkpoints for p in probes]:
         row, path = spec.split("=", 1)
+        if probe is not None:
+            row += " " + {(0, 1): "forward", (1, 0): "backward"}[probe]
         model, task = load(path, os.path.join(args.data, "bin"), args.split)
         dataset = task.datasets[args.split]
         limit = model.encoder.max_positions()  # bart_1024 reads the first 1,024 tokens only
         per_doc = []
         for i, doc in enumerate(docs[: len(dataset)]):
             tokens = dataset[i]["source"][:limit]
+            if probe is not None:
+                if sum(task.source_dictionary[int(t)] == "\u2581arrived" for t in tokens) >= 2:
+                    per_doc.append(probe_order(model, task.source_dictionary, tokens, *probe, args.far))
+                continue  # else the second arrival lies past the encoder's limit
             for key in doc["keys"]:  # one probe per key: its animal swapped, the other keys kept
                 try:
                     per_doc.append(probe_document(model, task.source_dictionary, tokens, key, args.far))
@@ -120,13 +154,16 @@ def main(argv=None) -> int:
         }
         print(f"{row}: {({k: v for k, v in rows[row].items() if k != 'per_doc'})}", file=sys.stderr)
     head = provenance.git_stamp(REPO, CODE_PATHS)
+    change = {"binding": "the key's bound animal swapped for one not in the document",
+              "order": "one arrival taken away ('arrived' -> 'found'), the other's animal watched (forward: the "
+                       "later one; backward: the earlier one)"}[args.variant]
     lines = [
-        f"Binding flow, {args.split} split of `{args.data}`: the key's bound animal swapped for one not in the "
-        f"document; L2 change of the encoder output. Code at commit {head}; {time.time() - start:.0f} s.",
+        f"{args.variant.capitalize()} flow, {args.split} split of `{args.data}`: {change}; L2 change of the "
+        f"encoder output. Code at commit {head}; {time.time() - start:.0f} s.",
         f"Command: `python examples/long_range/binding_flow.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
-        "| row | keys probed | use site moved | use / far baseline (median) "
-        "| use / the swapped animal's own (median) |",
+        "| row | probes | watched site moved | watched / far baseline (median) "
+        "| watched / the changed token's own (median) |",
         "|---|---:|---:|---:|---:|",
     ]
     for row, r in rows.items():

@@ -10,7 +10,8 @@ the mean over seeds, with a 95% percentile bootstrap interval over the scored do
 seeds (a resample draws documents; each drawn document brings its hypotheses of every seed).
 "Far" slots are the ones a model can only fill by reading 1,024+ words away: for ``binding`` the
 colour and animal (bound >= 1,024 words before the use sentence); for ``retrieval`` every slot of
-the keys past word 1,024; for ``count`` the count of an animal whose mentions span 1,024+ words.
+the keys past word 1,024; for ``count`` the count of an animal whose mentions span 1,024+ words; for
+``order`` every slot (consecutive arrivals are 1,024+ words apart).
 A long row "beats the control" when its exact match is >= 20 points above ``local_8``'s and the two
 intervals do not overlap; as a weaker, second reading, its far slots are "above the control" when
 the far-slot recall intervals (same bootstrap) do not overlap.
@@ -22,6 +23,7 @@ the far-slot recall intervals (same bootstrap) do not overlap.
 import argparse
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -35,7 +37,9 @@ from lsg_text.synthetic import (
     exact_match,
     key_hits,
     make_split,
+    order_hits,
     parse_key_sentences,
+    parse_order,
 )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,11 +82,13 @@ def scored_documents(data_json: str, split: str, n: int):
 
 def score_document(example: dict, hypothesis: str, variant: str) -> dict:
     """exact (0/1), slot hits and far-slot hits of one hypothesis."""
-    hits = (count_hits if variant == "count" else key_hits)(example["keys"], hypothesis)
+    hits = {"count": count_hits, "order": order_hits}.get(variant, key_hits)(example["keys"], hypothesis)
     far = []
     for key, h in zip(example["keys"], hits):
         if variant == "binding":
             far += [h["colour"], h["animal"]]
+        elif variant == "order":
+            far += [h["animal"]]
         elif variant == "count":
             far += [h["count"]] if key["mentions"][-1] - key["mentions"][0] >= FAR_WORDS else []
         elif key["token_offset"] >= FAR_WORDS:
@@ -112,6 +118,24 @@ def binding_choice(examples, hyps_by_seed) -> dict:
                     baseline.append(1 / len(bound))
     return {"bound_animal_written": written / slots, "right_among_bound": right / written if written else None,
             "random_bound_pick": statistics.mean(baseline) if baseline else None}
+
+
+def order_choice(examples, hyps_by_seed) -> dict:
+    """Order, or copying? Over every hypothesis of every seed: how often it names exactly the document's
+    arriving animals, and how often those are in the right order, against 1 / n! for a random order."""
+    named = right = 0
+    baseline = []
+    for hyps in hyps_by_seed:
+        for ex, hyp in zip(examples, hyps):
+            truth = [k["animal"] for k in ex["keys"]]
+            order = parse_order(hyp)
+            if sorted(order) == sorted(truth):
+                named += 1
+                right += order == truth
+                baseline.append(1 / math.factorial(len(truth)))
+    n = sum(len(h) for h in hyps_by_seed)
+    return {"right_animals": named / n, "right_order_among_those": right / named if named else None,
+            "random_order": statistics.mean(baseline) if baseline else None}
 
 
 def cell(scores_by_seed, rng: random.Random) -> dict:
@@ -163,6 +187,8 @@ def report(args) -> int:
             rows[row] = cell(by_seed, rng)
             if v == "binding":
                 rows[row]["binding_choice"] = binding_choice(examples, hyps_by_seed)
+            if v == "order":
+                rows[row]["order_choice"] = order_choice(examples, hyps_by_seed)
         ctrl = rows.get(CONTROL)
         for row, c in rows.items():
             c["beats_control"] = None if ctrl is None or row == CONTROL else (
@@ -191,7 +217,8 @@ def markdown(r: dict, command: str) -> str:
            f"{r['split']} documents, with a 95% bootstrap interval over documents ({BOOTSTRAP} resamples, "
            "pooled over seeds). Exact = the whole summary right (every key, in order, no decoy); far slots: "
            "binding's colour + animal (bound >= 1,024 words before the use), retrieval's slots of keys past "
-           "word 1,024, count's counts of animals whose mentions span 1,024+ words. Beats control: exact "
+           "word 1,024, count's counts of animals whose mentions span 1,024+ words, every order slot. "
+           "Beats control: exact "
            ">= 20 points above local_8's, intervals disjoint (the issue's test); far slots above control: the "
            "far-slot recall intervals disjoint, a weaker reading.", ""]
     for v, rows in r["variants"].items():
@@ -215,6 +242,14 @@ def markdown(r: dict, command: str) -> str:
                 b = c["binding_choice"]
                 out.append(f"| {LABELS.get(row, row)} | {pct(b['bound_animal_written'])} | "
                            f"{pct(b['right_among_bound'])} | {pct(b['random_bound_pick'])} |")
+        if any("order_choice" in c for c in rows.values()):
+            out += ["", "Order, or copying? Of the summaries naming exactly the document's arriving animals, how many "
+                    "put them in the right order, against a random order?", "",
+                    "| row | the right animals | right order among those | random order |", "|---|---:|---:|---:|"]
+            for row, c in rows.items():
+                o = c["order_choice"]
+                out.append(f"| {LABELS.get(row, row)} | {pct(o['right_animals'])} | "
+                           f"{pct(o['right_order_among_those'])} | {pct(o['random_order'])} |")
         out.append("")
     return "\n".join(out)
 
