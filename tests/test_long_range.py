@@ -313,6 +313,45 @@ def test_binding_flow_tells_routing_from_broadcast_and_locality(monkeypatch):
     assert got["local"]["use"] == 0 and got["local"]["bind"] > 0
 
 
+def test_order_flow_and_position_readout_on_hand_made_encoders(monkeypatch):
+    """binding_flow.py --variant order: an encoder that marks every token with whether an arrival came
+    before it moves the later arrival when the earlier one is taken away (forward >> 1) and not the other
+    way; a +-4 mixer moves neither. The position readout finds an encoder that writes a token's index into
+    its output (R^2 ~ 1) and not one whose outputs ignore position (R^2 ~ 0)."""
+    flow = load_binding_flow()
+    d, _, _ = _flow_document()
+    arrive = "\u2581The \u2581{} \u2581arrived .".split()
+    d.add_symbol("\u2581arrived")
+    d.add_symbol("\u2581found")
+    filler = [f"\u2581f{i % 50}" for i in range(1400)]
+    pieces = (filler[:20] + [w.format("fox") for w in arrive] + filler[20:1200] + [w.format("owl") for w in arrive]
+              + filler[1200:] + ["</s>"])
+    tokens = torch.tensor([d.index(p) for p in pieces])
+    table = torch.randn(len(d), 16, generator=torch.Generator().manual_seed(1))
+    arrived = d.index("\u2581arrived")
+
+    def marks_what_came_before(model, toks):  # each arriving animal hears how many arrived before it
+        seen = torch.cumsum((toks == arrived).float(), 0) * torch.roll(toks == arrived, -1)
+        return table[toks] + 3 * seen[:, None] * table[arrived]
+
+    def local(model, toks):
+        e = torch.nn.functional.pad(table[toks].T[None], (4, 4))
+        return torch.nn.functional.avg_pool1d(e, 9, 1)[0].T
+
+    monkeypatch.setattr(flow, "encode", marks_what_came_before)
+    forward, backward = (flow.probe_order(None, d, tokens, *p) for p in ((0, 1), (1, 0)))
+    assert forward["gap"] >= flow.FAR and forward["use"] > 0 and forward["baseline"] == 0
+    assert backward["use"] == 0  # nothing after the later arrival is ever taken into account
+    monkeypatch.setattr(flow, "encode", local)
+    assert flow.probe_order(None, d, tokens, 0, 1)["use"] == 0
+    data = [{"source": tokens[: 900 + 40 * i]} for i in range(6)]
+    monkeypatch.setattr(flow, "encode", lambda model, toks: torch.cat(
+        [table[toks], torch.arange(len(toks), dtype=torch.float)[:, None]], 1))
+    assert flow.position_readout(None, data, 6, 4096) == pytest.approx(1.0, abs=1e-6)
+    monkeypatch.setattr(flow, "encode", lambda model, toks: table[toks])
+    assert flow.position_readout(None, data, 6, 4096) < 0.2
+
+
 def _run(tmp_path, **env):
     env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
                VENV=os.path.dirname(os.path.dirname(sys.executable)), **env)

@@ -20,7 +20,10 @@ arrived."): one arrival is taken away (its "arrived" becomes the filler verb "fo
 filler) and the other arrival's animal is watched, the later one (``forward``: does it hear that something
 arrived before it?) and the earlier one (``backward``). An encoder that marks each arrival with what
 arrived before or after it moves there; one that does not moves there as much as anywhere that far.
-One command:
+Its table also gives how well a linear readout of the encoder output tells where a token is (R^2 of
+the token's index, fitted on half the documents and scored on the other half, every 8th token): an
+encoder whose outputs say where they are lets the decoder compare two positions without any route
+between them. One command:
 
     python examples/long_range/binding_flow.py --data work_dirs/long_range/binding/long \\
         --checkpoints lsg_norm=work_dirs/long_range/runs/binding.lsg_norm.s1/checkpoint_last.pt ... \\
@@ -102,6 +105,18 @@ def probe_order(model, dictionary, tokens: torch.Tensor, source: int, watched: i
             "bind": float(delta[verbs[source]]), "gap": abs(watch - verbs[source])}
 
 
+def position_readout(model, dataset, n: int, limit: int, stride: int = 8) -> float:
+    """R^2 on the odd documents of a least-squares readout of the token index, fitted on the even ones."""
+    xs, ys = [[], []], [[], []]
+    for i in range(n):
+        out = encode(model, dataset[i]["source"][:limit])[::stride]
+        xs[i % 2].append(torch.cat([out, torch.ones(len(out), 1)], dim=1).double())
+        ys[i % 2].append(torch.arange(0, stride * len(out), stride, dtype=torch.float64)[:, None])
+    fit = torch.linalg.lstsq(torch.cat(xs[0]), torch.cat(ys[0])).solution
+    y = torch.cat(ys[1])
+    return float(1 - ((torch.cat(xs[1]) @ fit - y) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="the binding set's long/ folder (bin/, jsonl/)")
@@ -138,6 +153,7 @@ def main(argv=None) -> int:
                     per_doc.append(probe_document(model, task.source_dictionary, tokens, key, args.far))
                 except StopIteration:  # its binding or its use lies past the encoder's limit
                     continue
+        position_r2 = position_readout(model, dataset, len(per_doc), limit) if probe == (0, 1) else None
         if not per_doc:
             p.error(f"{spec}: no key of {args.split}.jsonl has its binding and use within the encoder's "
                     f"{limit} tokens")
@@ -150,6 +166,7 @@ def main(argv=None) -> int:
             "use_moved_share": sum(d["use"] > 1e-6 for d in per_doc) / len(per_doc),
             "use_over_bind_median": statistics.median(d["use"] / d["bind"] for d in per_doc),
             "median_gap_tokens": statistics.median(d["gap"] for d in per_doc),
+            "position_r2": position_r2,
             "per_doc": per_doc,
         }
         print(f"{row}: {({k: v for k, v in rows[row].items() if k != 'per_doc'})}", file=sys.stderr)
@@ -163,13 +180,14 @@ def main(argv=None) -> int:
         f"Command: `python examples/long_range/binding_flow.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
         "| row | probes | watched site moved | watched / far baseline (median) "
-        "| watched / the changed token's own (median) |",
-        "|---|---:|---:|---:|---:|",
+        "| watched / the changed token's own (median) |" + (" position readout R^2 |" if probes[0] else ""),
+        "|---|---:|---:|---:|---:|" + ("---:|" if probes[0] else ""),
     ]
     for row, r in rows.items():
         ratio = "-" if r["use_over_baseline_median"] is None else f"{r['use_over_baseline_median']:.2f}"
+        r2 = "" if not probes[0] else " - |" if r["position_r2"] is None else f" {r['position_r2']:.2f} |"
         lines.append(f"| `{row}` | {r['keys']} | {100 * r['use_moved_share']:.0f}% | {ratio} "
-                     f"| {r['use_over_bind_median']:.1e} |")
+                     f"| {r['use_over_bind_median']:.1e} |{r2}")
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out + ".md", "w") as f:
