@@ -362,20 +362,34 @@ def _run(tmp_path, **env):
 
 
 def test_long_range_experiment_smoke(tmp_path):
-    """The control and a long row on the binding and count variants, a few updates: the script cannot
-    rot, and its raw outputs re-score to the same table (retrieval runs end to end in CI through
-    examples/long_context, test_lsg_reads_far_keys_that_truncated_bart_cannot)."""
-    res = _run(tmp_path, SMOKE="1", VARIANTS="binding count", ROWS="local_8 locost", SEEDS="2")
-    assert set(res["variants"]) == {"binding", "count"}
-    for v in ("binding", "count"):
+    """The control and a long row on the binding and order variants, a few updates: the script cannot
+    rot, its raw outputs re-score to the same table, and regap.sh re-scores an order checkpoint on
+    documents with their arrivals anywhere (retrieval runs end to end in CI through examples/long_context,
+    test_lsg_reads_far_keys_that_truncated_bart_cannot; count's scoring is tested above)."""
+    res = _run(tmp_path, SMOKE="1", VARIANTS="binding order", ROWS="local_8 locost", SEEDS="2")
+    assert set(res["variants"]) == {"binding", "order"}
+    for v in ("binding", "order"):
         assert set(res["variants"][v]) == {"local_8", "locost"}
         assert len(res["variants"][v]["locost"]["exact_per_seed"]) == 1
         assert (tmp_path / "report" / "outputs" / v / "local_8.seed2.txt").exists()
+    assert "order_choice" in res["variants"]["order"]["locost"]
     again = tmp_path / "again"
     assert load_report().main(["--outputs", str(tmp_path / "report" / "outputs"), "--report-dir", str(again),
-                               "--variants", "binding", "count", "--rows", "local_8", "locost",
+                               "--variants", "binding", "order", "--rows", "local_8", "locost",
                                "--seeds", "2", "--n-docs", "4"]) == 0
     assert json.loads((again / "results.json").read_text())["variants"] == res["variants"]
+    ckpt = tmp_path / "out" / "runs" / "order.locost.s2" / "checkpoint_last.pt"
+    r = subprocess.run(["bash", os.path.join(HERE, "regap.sh"), str(tmp_path / "out" / "order" / "long"),
+                        str(tmp_path / "regap"), f"locost={ckpt}"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, N="3", WORK=str(tmp_path / "work"),
+                                VENV=os.path.dirname(os.path.dirname(sys.executable))))
+    assert r.returncode == 0, r.stderr[-3000:]
+    regap = json.loads((tmp_path / "regap" / "results.json").read_text())["variants"]["order"]["locost"]
+    assert len((tmp_path / "regap" / "outputs" / "order" / "locost.seed1.txt").read_text().split("\n")) == 4
+    assert 0 <= regap["exact"] <= 1
+    docs = [json.loads(line) for line in open(tmp_path / "work" / "jsonl" / "valid.jsonl")]
+    assert len(docs) == 3 and min(b["token_offset"] - a["token_offset"] for d in docs
+                                  for a, b in zip(d["keys"], d["keys"][1:])) < 1024  # placed anywhere
 
 
 def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):

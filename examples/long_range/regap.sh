@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Order by position, or by relation? Re-score trained order checkpoints on documents whose arrivals are
+# placed anywhere (--min-gap 0), not 1,024+ words apart. With 3 arrivals 1,024+ words apart in 3.3K words,
+# where an arrival lies almost gives its rank (first third: first; last third: last); with --min-gap 0 it
+# does not, so a model that only knows roughly where each arrival lies falls back, one that compares the
+# arrivals keeps its score. No training; the documents are the validation split of a new draw.
+#
+#   bash examples/long_range/regap.sh SET_DIR REPORT_DIR ROW=CHECKPOINT...
+#     SET_DIR     run.sh's $OUT/order/long (its spm model and dictionary encode the new documents)
+#     REPORT_DIR  gets outputs/order/{data.json,ROW.seed1.txt} and report.py's results.md
+#   WORK=DIR keeps the encoded documents there (default: a temporary folder, removed at the end)
+#   e.g. bash examples/long_range/regap.sh work_dirs/lr_order3/order/long /tmp/regap \
+#            locost=work_dirs/lr_order3/runs/order.locost.s1/checkpoint_last.pt
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+if [ $# -lt 3 ]; then echo "usage: regap.sh SET_DIR REPORT_DIR ROW=CHECKPOINT..." >&2; exit 2; fi
+SET=$1 REPORT_DIR=$2; shift 2
+OUT=${WORK:-$(mktemp -d)}  # the new documents, encoded; removed at the end unless WORK is given
+[ -n "${WORK:-}" ] || trap 'rm -rf "$OUT"' EXIT
+# shellcheck source=examples/long_context/common.sh
+source examples/long_context/common.sh
+N=${N:-40}
+KEYS=${KEYS:-3}
+flags=(--variant order --holdout --min-gap 0 --min-keys "$KEYS" --max-keys "$KEYS" --min-tokens 3200
+       --max-tokens 3550 --seed 21)
+N_VALID=$N synthetic_set "$OUT" "$SET" "${flags[@]}" --train 1 --test 1
+mkdir -p "$REPORT_DIR/outputs/order"
+printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${flags[@]}" | sed 's/, $//')" > "$REPORT_DIR/outputs/order/data.json"
+rows=()
+for spec in "$@"; do
+    row=${spec%%=*} ckpt=${spec#*=}
+    fairseq-generate "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summarization --path "$ckpt" \
+        --gen-subset valid --max-source-positions 4096 --max-target-positions 128 --truncate-target --beam 1 \
+        --max-len-b 80 --bpe sentencepiece --sentencepiece-model "$SET/spm/spm.model" --batch-size 8 \
+        "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/$row.generate.out" 2> /dev/null
+    python examples/long_range/report.py extract "$OUT/$row.generate.out" "$N" "$REPORT_DIR/outputs/order/$row.seed1.txt"
+    rows+=("$row")
+done
+python examples/long_range/report.py --outputs "$REPORT_DIR/outputs" --report-dir "$REPORT_DIR" --split valid \
+    --n-docs "$N" --variants order --rows "${rows[@]}" --seeds 1 \
+    --command "bash examples/long_range/regap.sh $SET $REPORT_DIR $*" --settings "N=$N KEYS=$KEYS"
