@@ -362,20 +362,20 @@ def _run(tmp_path, **env):
 
 
 def test_long_range_experiment_smoke(tmp_path):
-    """The control and a long row on the binding and order variants, a few updates: the script cannot
-    rot, its raw outputs re-score to the same table, and regap.sh re-scores an order checkpoint on
-    documents with their arrivals anywhere (retrieval runs end to end in CI through examples/long_context,
-    test_lsg_reads_far_keys_that_truncated_bart_cannot; count's scoring is tested above)."""
-    res = _run(tmp_path, SMOKE="1", VARIANTS="binding order", ROWS="local_8 locost", SEEDS="2")
-    assert set(res["variants"]) == {"binding", "order"}
-    for v in ("binding", "order"):
-        assert set(res["variants"][v]) == {"local_8", "locost"}
-        assert len(res["variants"][v]["locost"]["exact_per_seed"]) == 1
-        assert (tmp_path / "report" / "outputs" / v / "local_8.seed2.txt").exists()
+    """The control and a long row on the order variant, a few updates: the script cannot rot, its raw
+    outputs re-score to the same table, and regap.sh re-scores the order checkpoint on documents with
+    their arrivals anywhere. run.sh does not depend on the variant; the other variants' documents and
+    scoring are tested above, and retrieval runs end to end in CI through examples/long_context
+    (test_lsg_reads_far_keys_that_truncated_bart_cannot). One variant keeps the suite's time."""
+    res = _run(tmp_path, SMOKE="1", VARIANTS="order", ROWS="local_8 locost", SEEDS="2")
+    assert set(res["variants"]) == {"order"}
+    assert set(res["variants"]["order"]) == {"local_8", "locost"}
+    assert len(res["variants"]["order"]["locost"]["exact_per_seed"]) == 1
+    assert (tmp_path / "report" / "outputs" / "order" / "local_8.seed2.txt").exists()
     assert "order_choice" in res["variants"]["order"]["locost"]
     again = tmp_path / "again"
     assert load_report().main(["--outputs", str(tmp_path / "report" / "outputs"), "--report-dir", str(again),
-                               "--variants", "binding", "order", "--rows", "local_8", "locost",
+                               "--variants", "order", "--rows", "local_8", "locost",
                                "--seeds", "2", "--n-docs", "4"]) == 0
     assert json.loads((again / "results.json").read_text())["variants"] == res["variants"]
     ckpt = tmp_path / "out" / "runs" / "order.locost.s2" / "checkpoint_last.pt"
