@@ -134,58 +134,60 @@ def main(argv=None) -> int:
     rows = {}
     # order: (taken away, watched) pairs of arrival indices; the first two arrivals of each document
     probes = {"binding": [None], "order": [(0, 1), (1, 0)]}[args.variant]
-    for spec, probe in [(s, p) for s in args.checkpoints for p in probes]:
-        row, path = spec.split("=", 1)
-        if probe is not None:
-            row += " " + {(0, 1): "forward", (1, 0): "backward"}[probe]
+    for spec in args.checkpoints:
+        name, path = spec.split("=", 1)
         model, task = load(path, os.path.join(args.data, "bin"), args.split)
         dataset = task.datasets[args.split]
         limit = model.encoder.max_positions()  # bart_1024 reads the first 1,024 tokens only
-        per_doc = []
-        for i, doc in enumerate(docs[: len(dataset)]):
-            tokens = dataset[i]["source"][:limit]
-            if probe is not None:
-                if sum(task.source_dictionary[int(t)] == "\u2581arrived" for t in tokens) >= 2:
-                    per_doc.append(probe_order(model, task.source_dictionary, tokens, *probe, args.far))
-                continue  # else the second arrival lies past the encoder's limit
-            for key in doc["keys"]:  # one probe per key: its animal swapped, the other keys kept
-                try:
-                    per_doc.append(probe_document(model, task.source_dictionary, tokens, key, args.far))
-                except StopIteration:  # its binding or its use lies past the encoder's limit
-                    continue
-        position_r2 = position_readout(model, dataset, len(per_doc), limit) if probe == (0, 1) else None
-        if not per_doc:
-            p.error(f"{spec}: no key of {args.split}.jsonl has its binding and use within the encoder's "
-                    f"{limit} tokens")
-        ratios = [d["use"] / d["baseline"] if d["baseline"] > 0 else float("inf" if d["use"] > 0 else "nan")
-                  for d in per_doc]
-        finite = [r for r in ratios if r == r]
-        rows[row] = {
-            "keys": len(per_doc),
-            "use_over_baseline_median": statistics.median(finite) if finite else None,
-            "use_moved_share": sum(d["use"] > 1e-6 for d in per_doc) / len(per_doc),
-            "use_over_bind_median": statistics.median(d["use"] / d["bind"] for d in per_doc),
-            "median_gap_tokens": statistics.median(d["gap"] for d in per_doc),
-            "position_r2": position_r2,
-            "per_doc": per_doc,
-        }
-        print(f"{row}: {({k: v for k, v in rows[row].items() if k != 'per_doc'})}", file=sys.stderr)
+        for probe in probes:
+            row = name if probe is None else name + " " + {(0, 1): "forward", (1, 0): "backward"}[probe]
+            per_doc = []
+            for i, doc in enumerate(docs[: len(dataset)]):
+                tokens = dataset[i]["source"][:limit]
+                if probe is not None:
+                    if sum(task.source_dictionary[int(t)] == "\u2581arrived" for t in tokens) >= 2:
+                        per_doc.append(probe_order(model, task.source_dictionary, tokens, *probe, args.far))
+                    continue  # else the second arrival lies past the encoder's limit
+                for key in doc["keys"]:  # one probe per key: its animal swapped, the other keys kept
+                    try:
+                        per_doc.append(probe_document(model, task.source_dictionary, tokens, key, args.far))
+                    except StopIteration:  # its binding or its use lies past the encoder's limit
+                        continue
+            if not per_doc:
+                p.error(f"{spec}: no key of {args.split}.jsonl has its binding and use within the encoder's "
+                        f"{limit} tokens")
+            ratios = [d["use"] / d["baseline"] if d["baseline"] > 0 else float("inf" if d["use"] > 0 else "nan")
+                      for d in per_doc]
+            finite = [r for r in ratios if r == r]
+            rows[row] = {
+                "keys": len(per_doc),
+                "use_over_baseline_median": statistics.median(finite) if finite else None,
+                "use_moved_share": sum(d["use"] > 1e-6 for d in per_doc) / len(per_doc),
+                "use_over_bind_median": statistics.median(d["use"] / d["bind"] for d in per_doc),
+                "median_gap_tokens": statistics.median(d["gap"] for d in per_doc),
+                # once per checkpoint: where a token is does not depend on the probe
+                "position_r2": position_readout(model, dataset, len(per_doc), limit) if probe == probes[0]
+                and args.variant == "order" else None,
+                "per_doc": per_doc,
+            }
+            print(f"{row}: {({k: v for k, v in rows[row].items() if k != 'per_doc'})}", file=sys.stderr)
     head = provenance.git_stamp(REPO, CODE_PATHS)
     change = {"binding": "the key's bound animal swapped for one not in the document",
               "order": "one arrival taken away ('arrived' -> 'found'), the other's animal watched (forward: the "
                        "later one; backward: the earlier one)"}[args.variant]
+    order = args.variant == "order"
     lines = [
         f"{args.variant.capitalize()} flow, {args.split} split of `{args.data}`: {change}; L2 change of the "
         f"encoder output. Code at commit {head}; {time.time() - start:.0f} s.",
         f"Command: `python examples/long_range/binding_flow.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
         "| row | probes | watched site moved | watched / far baseline (median) "
-        "| watched / the changed token's own (median) |" + (" position readout R^2 |" if probes[0] else ""),
-        "|---|---:|---:|---:|---:|" + ("---:|" if probes[0] else ""),
+        "| watched / the changed token's own (median) |" + (" position readout R^2 |" if order else ""),
+        "|---|---:|---:|---:|---:|" + ("---:|" if order else ""),
     ]
     for row, r in rows.items():
         ratio = "-" if r["use_over_baseline_median"] is None else f"{r['use_over_baseline_median']:.2f}"
-        r2 = "" if not probes[0] else " - |" if r["position_r2"] is None else f" {r['position_r2']:.2f} |"
+        r2 = "" if not order else " - |" if r["position_r2"] is None else f" {r['position_r2']:.2f} |"
         lines.append(f"| `{row}` | {r['keys']} | {100 * r['use_moved_share']:.0f}% | {ratio} "
                      f"| {r['use_over_bind_median']:.1e} |{r2}")
     text = "\n".join(lines) + "\n"
