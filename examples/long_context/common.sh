@@ -55,6 +55,12 @@ max_source() {  # max_source ROW: the row's --max-source-positions, from arch_fl
     arch_flags "$1" | grep -oE "max-source-positions [0-9]+" | cut -d' ' -f2
 }
 
+greedy_generate() {  # greedy_generate DATA_BIN CHECKPOINT SUBSET MAX_SRC SPM_MODEL OUT: fairseq-generate's output to OUT
+    fairseq-generate "$1" --user-dir "$USER_DIR" --task long_document_summarization --path "$2" --gen-subset "$3" \
+        --max-source-positions "$4" --max-target-positions 128 --truncate-target --beam 1 --max-len-b 80 \
+        --bpe sentencepiece --sentencepiece-model "$5" --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$6"
+}
+
 evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the long test split, score
     local name=$1 ckpt=$2 max_src=$3 bos=${4:-}
     local dir="$OUT/eval/$name" SPM="$OUT/long/spm/spm.model"

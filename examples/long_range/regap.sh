@@ -29,10 +29,7 @@ printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${flags[@]}" | sed 's/, $//')" > 
 rows=()
 for spec in "$@"; do
     row=${spec%%=*} ckpt=${spec#*=}
-    fairseq-generate "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summarization --path "$ckpt" \
-        --gen-subset valid --max-source-positions 4096 --max-target-positions 128 --truncate-target --beam 1 \
-        --max-len-b 80 --bpe sentencepiece --sentencepiece-model "$SET/spm/spm.model" --batch-size 8 \
-        "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/$row.generate.out" 2> /dev/null
+    greedy_generate "$OUT/bin" "$ckpt" valid 4096 "$SET/spm/spm.model" "$OUT/$row.generate.out" 2> /dev/null
     python examples/long_range/report.py extract "$OUT/$row.generate.out" "$N" "$REPORT_DIR/outputs/order/$row.seed1.txt"
     rows+=("$row")
 done

@@ -88,11 +88,8 @@ run_one() {  # run_one VARIANT ROW SEED: both stages, then greedy decoding of SP
     # shellcheck disable=SC2086
     train "$name" "$OUT/$v/long/bin" "$U_LONG" --lr 1e-3 $flags --seed "$seed" \
         --finetune-from-model "$OUT/runs/$name.short/checkpoint_last.pt" 2> /dev/null
-    fairseq-generate "$OUT/$v/long/bin" --user-dir "$USER_DIR" --task long_document_summarization \
-        --path "$OUT/runs/$name/checkpoint_last.pt" --gen-subset "$SPLIT" --max-source-positions "$max_src" \
-        --max-target-positions 128 --truncate-target --beam 1 --max-len-b 80 --bpe sentencepiece \
-        --sentencepiece-model "$OUT/$v/long/spm/spm.model" --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" \
-        > "$OUT/runs/$name/generate.out" 2> "$OUT/runs/$name/generate.err"
+    greedy_generate "$OUT/$v/long/bin" "$OUT/runs/$name/checkpoint_last.pt" "$SPLIT" "$max_src" \
+        "$OUT/$v/long/spm/spm.model" "$OUT/runs/$name/generate.out" 2> "$OUT/runs/$name/generate.err"
     # one hypothesis per line, in document order: what report.py scores
     python "$LR_HERE/report.py" extract "$OUT/runs/$name/generate.out" "$N_TEST" "$OUT/runs/$name/hypotheses.txt"
     step "$name: $(wc -l < "$OUT/runs/$name/hypotheses.txt") hypotheses, train $(cut -d' ' -f1 "$OUT/runs/$name/time") s"
