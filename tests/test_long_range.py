@@ -106,6 +106,18 @@ def test_committed_outputs_rescore_to_the_committed_table(tmp_path):
     assert json.loads((out / "results.json").read_text())["variants"] == committed
 
 
+def test_committed_order_outputs_rescore_to_the_committed_table(tmp_path):
+    """The gap's table (order3/): its raw outputs and data.json regenerate the committed numbers."""
+    here = os.path.join(HERE, "order3")
+    assert load_report().main(["--outputs", os.path.join(here, "outputs"), "--report-dir", str(tmp_path),
+                               "--variants", "order", "--rows", "local_8", "bart_1024", "full_4096", "lsg_norm",
+                               "led", "locost", "--seeds", "1", "2", "3", "--n-docs", "50"]) == 0
+    with open(os.path.join(here, "results.json")) as f:
+        committed = json.load(f)["variants"]
+    assert json.loads((tmp_path / "results.json").read_text())["variants"] == committed
+    assert [r for r, c in committed["order"].items() if c["beats_control"]] == ["lsg_norm", "led", "locost"]
+
+
 def test_binding_words_never_occur_in_filler(binding_examples):
     special = set(NAMES) | {"called", "avoided", "visited", "is"} | set(COLOURS) | set(ANIMALS)
     for ex in binding_examples[:10]:
