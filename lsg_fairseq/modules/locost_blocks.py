@@ -3,7 +3,9 @@
 Submodule names mirror the HF reference (``layer.0.layer_prenorm``, ``layer.0.ssm_layer``,
 ``layer.1.DenseReluDense``, ``layer.0.SelfAttention``, ``layer.1.EncDecAttention``, ...) so that a
 reference state dict loads by name (spec ``shared/spec/locost.md`` section 5). All tensors are
-batch-first (B, T, C) inside the blocks.
+batch-first (B, T, C) inside the blocks. In float16 every residual sum is clamped as in HF's T5
+(:func:`~lsg_fairseq.modules.precision.clamp_fp16`); the FFN's float32 output makes the residual
+stream float32 from there on (:mod:`lsg_fairseq.modules.t5_layers`).
 """
 from typing import Optional
 
@@ -12,6 +14,7 @@ import torch.nn as nn
 
 from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.paths import PathChoice
+from lsg_fairseq.modules.precision import clamp_fp16, fp16_in_play
 from lsg_fairseq.modules.s4d import S4D
 from lsg_fairseq.modules.t5_layers import IncrementalState, T5Attention, T5DenseGatedGelu, T5LayerNorm
 
@@ -39,8 +42,9 @@ class T5LayerFF(PathChoice, nn.Module):
         rows = WHOLE_FFN_ROWS if self.whole_tensors(x) else self.max_positions_per_chunk
         step = max(1, rows // B)
         if torch.is_grad_enabled() or L <= step:
-            return x + self.dropout(self.DenseReluDense(self.layer_norm(x)))
-        out = torch.empty_like(x)  # (B L C)
+            return clamp_fp16(x + self.dropout(self.DenseReluDense(self.layer_norm(x))))
+        # float16 in play: the FFN returns float32 (its wo), and so does the sum
+        out = torch.empty_like(x, dtype=torch.float32 if fp16_in_play(x) else x.dtype)  # (B L C)
         for s in range(0, L, step):
             h = x[:, s : s + step]  # (B l C)
             out[:, s : s + step] = h + self.dropout(self.DenseReluDense(self.layer_norm(h)))
@@ -57,7 +61,7 @@ class LOCOSTSSMLayer(nn.Module):
         self.dropout = LeanDropout(dropout)
 
     def forward(self, x: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        return x + self.dropout(self.ssm_layer(self.layer_prenorm(x), padding_mask))
+        return clamp_fp16(x + self.dropout(self.ssm_layer(self.layer_prenorm(x), padding_mask)))
 
 
 class LOCOSTEncoderBlock(nn.Module):
@@ -85,7 +89,7 @@ class T5LayerSelfAttention(nn.Module):
 
     def forward(self, x, bias, incremental_state):
         h = self.SelfAttention(self.layer_norm(x), bias=bias, incremental_state=incremental_state)
-        return x + self.dropout(h)
+        return clamp_fp16(x + self.dropout(h))
 
 
 class T5LayerCrossAttention(nn.Module):
@@ -98,7 +102,7 @@ class T5LayerCrossAttention(nn.Module):
     def forward(self, x, memory, bias, incremental_state):
         h = self.EncDecAttention(self.layer_norm(x), memory=memory, bias=bias,
                                  incremental_state=incremental_state, static_kv=True)
-        return x + self.dropout(h)
+        return clamp_fp16(x + self.dropout(h))
 
 
 class T5DecoderBlock(nn.Module):

@@ -48,6 +48,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lsg_fairseq.modules import s4d_inference
 from lsg_fairseq.modules.paths import PathChoice
+from lsg_fairseq.modules.precision import float32_region, fp16_in_play, within_fp16
 from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
 from lsg_fairseq.ops.ssm import (
     FFTConv,
@@ -173,7 +174,8 @@ class S4DKernel(nn.Module):
         ``WHOLE_KERNEL_ELEMS``): no decay lengths, whose grouping needs the host to read them (the
         GPU path). Equal to the grouped kernels up to the decayed tail.
         """
-        with record_function("s4d.kernel"):
+        # float32 under autocast too: a float16 / bfloat16 bmm in the Vandermonde product is ~1e-3 off
+        with record_function("s4d.kernel"), float32_region(self.log_dt):
             return self._generate(length, channels, whole)
 
     def _generate(self, length: int, channels, whole: bool) -> torch.Tensor:
@@ -379,9 +381,10 @@ class S4D(PathChoice, nn.Module):
         k, q = self._kq(u, padding_mask)  # (B L H) each
         fft_size = next_fast_len(2 * L)
         # training: FFT in float32 whatever the activation dtype; only k and the kernel are kept
-        kc = self._circular(self.kernel(L), slice(None), fft_size)  # (H F)
-        y = FFTConv.apply(k.float(), kc, fft_size).to(u.dtype)  # (B L H)
-        return self._output(y * q)
+        with float32_region(u):
+            kc = self._circular(self.kernel(L), slice(None), fft_size)  # (H F)
+            y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H) float32
+        return self._output(self._gate(y, q, u))
 
     def _kq(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]):
         """k = k_proj(u) zeroed at padding (k_proj has a bias: keep it out of the convolution) and
@@ -396,6 +399,14 @@ class S4D(PathChoice, nn.Module):
         with record_function("s4d.projection"):
             return self.output_linear(y)
 
+    @staticmethod
+    def _gate(y: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """``y q`` in float32 (y: the float32 convolution), then in u's dtype for the output
+        projection: a long convolution can exceed float16's range where the gated product does not,
+        and where the projection runs in float16 its input is clamped to that range."""
+        g = y * q.float()  # (B L H) float32
+        return (within_fp16(g) if fp16_in_play(u) else g).to(u.dtype)
+
     def _whole_forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The layer on whole tensors (the GPU path): the same function as :meth:`forward`'s.
 
@@ -408,13 +419,20 @@ class S4D(PathChoice, nn.Module):
         B, L, H = u.shape
         fft_size = next_fast_len(2 * L)
         k, q = self._kq(u, padding_mask)  # (B L H) each
+        with float32_region(u):
+            y = self._whole_convolution(k, L, fft_size)  # (B L H) float32
+        return self._output(self._gate(y, q, u))
+
+    def _whole_convolution(self, k: torch.Tensor, L: int, fft_size: int) -> torch.Tensor:
+        """``(K * k) + D k`` of :meth:`_whole_forward`, (B, L, H) float32."""
+        B, _, H = k.shape
         if torch.is_grad_enabled():
             kc = self._circular(self.kernel(L, whole=True), slice(None), fft_size)  # (H F)
             y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H)
         else:
             cached = self.whole_kernels(L)  # (2 H L') or None
             chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
-            y = None if chunk == H else torch.empty(B, H, L, dtype=torch.float32, device=u.device)  # (B H L)
+            y = None if chunk == H else torch.empty(B, H, L, dtype=torch.float32, device=k.device)  # (B H L)
             for c0 in range(0, H, chunk):
                 ch = slice(c0, min(H, c0 + chunk))
                 kern = self.kernel(L, ch, whole=True) if cached is None else cached[:, ch, :L]  # (2 c L)
@@ -426,7 +444,7 @@ class S4D(PathChoice, nn.Module):
                 else:
                     y[:, ch] = yc
             y = y.transpose(1, 2)  # (B L H)
-        return self._output(y.to(u.dtype) * q)
+        return y
 
     def _circular(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """The circular bidirectional kernel (h, F) of kernels (2, h, L) with the D skip folded into

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.profiler import record_function
 
+from lsg_fairseq.modules.precision import within_fp16
 from lsg_fairseq.ops.ssm import circular_bidirectional_kernel, next_fast_len
 
 # Positions per tile of the (B, L, c) -> (B, c, L) copy into the FFT buffer: a tile of a chunk's
@@ -77,6 +78,7 @@ def forward(u: Tensor, padding_mask: Optional[Tensor], *, groups: Sequence[Group
         del kx, q
         if w_out is not None:
             wb = w_out[:, cols]  # (H w)
+            yb = within_fp16(yb) if wb.dtype == torch.float16 else yb  # the gated product is float32
             out = project(yb.to(wb.dtype), wb, output_linear.bias, out)  # (B L H)
         j += width
     if w_out is not None:

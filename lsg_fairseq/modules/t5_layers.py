@@ -5,6 +5,12 @@
 - :class:`T5Attention`: multi-head attention without the 1/sqrt(d_kv) score scaling, softmax in
   float32, optional T5 relative position bias (bucketed), and fairseq-style incremental decoding.
 
+float16 (``--fp16``, or ``--amp``'s autocast; :mod:`lsg_fairseq.modules.precision`): as in HF's
+T5, ``wo`` runs in float32 and returns float32, so the residual stream it is added to becomes
+float32 (the next RMSNorm hands half-precision inputs to the next sublayer again), and the blocks
+clamp float16 hidden states; unlike HF's, attention scores are also formed in float32 (without
+score scaling, ``q k^T`` of a trained model can pass 65504).
+
 Attribute names mirror HF T5 (``q, k, v, o``, ``relative_attention_bias``, ``wi_0, wi_1, wo``) so
 that checkpoints map by name. Incremental decoding follows fairseq's protocol without importing
 fairseq: state lives in the caller's ``incremental_state`` dict under a per-module key, and
@@ -19,6 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from lsg_fairseq.modules.precision import autocast_on, float32_region, fp16_in_play
 
 IncrementalState = Dict[str, Dict[str, Optional[torch.Tensor]]]
 
@@ -55,12 +63,19 @@ class T5DenseGatedGelu(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled():
+        """h: (.., d_model) -> (.., d_model), float32 where float16 is in play (``wo`` in float32)."""
+        wo_fp32 = fp16_in_play(h)
+        if torch.is_grad_enabled() and not autocast_on(h):
             # autograd: only h (and a bool dropout mask) are kept, the (.., d_ff) intermediates are
-            # recomputed in backward (see GatedGeluFFN); same values as the plain expression below
+            # recomputed in backward (see GatedGeluFFN); same values as the plain expression below.
+            # (Under autocast the plain expression runs: backward would recompute without it.)
             p = self.dropout.p if self.dropout.training else 0.0
-            return GatedGeluFFN.apply(h, self.wi_0.weight, self.wi_1.weight, self.wo.weight, p)
-        return self.wo(self.dropout(gelu_new(self.wi_0(h)) * self.wi_1(h)))
+            return GatedGeluFFN.apply(h, self.wi_0.weight, self.wi_1.weight, self.wo.weight, p, wo_fp32)
+        x = self.dropout(gelu_new(self.wi_0(h)) * self.wi_1(h))  # (.. d_ff)
+        if not wo_fp32:
+            return self.wo(x)
+        with float32_region(h):
+            return F.linear(x.float(), self.wo.weight.float())
 
 
 class GatedGeluFFN(torch.autograd.Function):
@@ -70,7 +85,7 @@ class GatedGeluFFN(torch.autograd.Function):
     this is 12 KB instead of ~40 KB per token and layer for locost_base."""
 
     @staticmethod
-    def forward(ctx, h, w0, w1, wo, p: float):
+    def forward(ctx, h, w0, w1, wo, p: float, wo_fp32: bool = False):
         a = F.linear(h, w0)  # (.. F)
         x = gelu_new(a).mul_(F.linear(h, w1))  # (.. F)
         del a
@@ -80,6 +95,8 @@ class GatedGeluFFN(torch.autograd.Function):
             x.mul_(mask).mul_(1.0 / (1 - p))
         ctx.p = p
         ctx.save_for_backward(h, w0, w1, wo, mask)
+        if wo_fp32:  # float16 in play: wo in float32, the output too (module doc)
+            return F.linear(x.float(), wo.float())
         return F.linear(x, wo)
 
     @staticmethod
@@ -90,7 +107,7 @@ class GatedGeluFFN(torch.autograd.Function):
         a = F.linear(h, w0)  # (.. F)
         b = F.linear(h, w1)  # (.. F)
         g = gelu_new(a)  # (.. F)
-        dx = F.linear(grad, wo.t())  # (.. F): d loss / d (dropped product)
+        dx = F.linear(grad, wo.t().to(grad.dtype)).to(a.dtype)  # (.. F): d loss / d (dropped product)
         if mask is not None:
             dx.mul_(mask).mul_(1.0 / (1 - p))
         d_wo = None
@@ -98,7 +115,8 @@ class GatedGeluFFN(torch.autograd.Function):
             x = g * b
             if mask is not None:
                 x.mul_(mask).mul_(1.0 / (1 - p))
-            d_wo = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1])  # (C F)
+            d_wo = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)  # (C F)
+            d_wo = d_wo.to(wo.dtype)
             del x
         db = dx * g  # d / d b
         del g
@@ -108,7 +126,7 @@ class GatedGeluFFN(torch.autograd.Function):
         d_w0 = da.reshape(-1, da.shape[-1]).t() @ h2 if ctx.needs_input_grad[1] else None
         d_w1 = db.reshape(-1, db.shape[-1]).t() @ h2 if ctx.needs_input_grad[2] else None
         d_h = F.linear(da, w0.t()) + F.linear(db, w1.t()) if ctx.needs_input_grad[0] else None
-        return d_h, d_w0, d_w1, d_wo, None
+        return d_h, d_w0, d_w1, d_wo, None, None
 
 
 def relative_position_bucket(
@@ -252,7 +270,11 @@ class T5Attention(nn.Module):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """softmax(q k^T + bias) v, dropout on the probabilities, no score scaling (T5)."""
-        scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B_m heads beam*T S)
+        if fp16_in_play(q):  # unscaled scores can pass float16's range: formed in float32
+            with float32_region(q):
+                scores = torch.matmul(q.float(), k.float().transpose(-1, -2))  # (B_m heads beam*T S)
+        else:
+            scores = torch.matmul(q, k.transpose(-1, -2)).float()  # (B_m heads beam*T S)
         if bias is not None:
             scores = scores + bias  # bias: (B_m or 1, heads or 1, T or 1, S)
         attn = F.softmax(scores, dim=-1).type_as(q)

@@ -1,0 +1,198 @@
+"""Half precision in the layers (lsg_fairseq.modules.precision): the S4D kernel stays float32 under
+autocast, and float16 activations that overflow a naive half forward stay finite and close to float32.
+
+Each test builds activations that do overflow float16 on the way (checked in the test: the
+guarded value itself, computed naively in half, is inf) and compares the half forward with the
+float32 one. CPU autocast (float16 and bfloat16) stands in for fairseq's ``--amp`` (CUDA float16
+autocast); ``model.half()`` is fairseq's ``--fp16``.
+"""
+import pytest
+import torch
+
+from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock
+from lsg_fairseq.modules.paths import forced_path
+from lsg_fairseq.modules.precision import clamp_fp16, fp16_in_play, within_fp16
+from lsg_fairseq.modules.s4d import S4D
+from lsg_fairseq.modules.t5_layers import T5Attention, T5DenseGatedGelu
+from lsg_fairseq.ops.ssm import vandermonde_blocked, vandermonde_naive
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+FP16_MAX = torch.finfo(torch.float16).max
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+# ---------------------------------------------------------------- helpers
+def test_fp16_in_play_and_clamps():
+    x = torch.ones(3)
+    assert not fp16_in_play(x) and fp16_in_play(x.half())
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert fp16_in_play(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fp16_in_play(x)
+    h = torch.tensor([1.0, float("inf"), -float("inf")], dtype=torch.float16)
+    assert torch.equal(clamp_fp16(h), torch.tensor([1.0, FP16_MAX - 1000, -(FP16_MAX - 1000)], dtype=torch.float16))
+    big = torch.tensor([1e30])
+    assert clamp_fp16(big) is big  # float32: untouched
+    assert within_fp16(torch.tensor([1e6, -1e6])).tolist() == [FP16_MAX, -FP16_MAX]
+
+
+# ---------------------------------------------------------------- S4D
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_s4d_kernel_is_float32_under_autocast(dtype):
+    torch.manual_seed(0)
+    layer = S4D(32, 64)
+    ref = layer.kernel.reference(1024)  # (2 H L) one exp per entry
+    with torch.no_grad():
+        plain = layer.kernel(1024, whole=True)
+        with torch.autocast("cpu", dtype=dtype):
+            guarded = layer.kernel(1024, whole=True)
+            grouped = layer.kernel(1024)
+            # the product unguarded: its bmm runs in half precision
+            unguarded = vandermonde_blocked(*layer.kernel.discretize(), 1024)
+    assert guarded.dtype == grouped.dtype == torch.float32
+    assert torch.equal(guarded, plain)
+    assert rel(guarded, ref) < 1e-5 and rel(grouped, ref) < 1e-5
+    assert rel(unguarded, ref) > 1e-4  # what the guard prevents
+
+
+def overflowing_s4d(seed=0, H=16):
+    """An S4D whose convolution exceeds float16's range (D k ~ 6e4 x 10) while the gated product
+    does not (the gate q is ~1e-3)."""
+    torch.manual_seed(seed)
+    layer = S4D(H, 8)
+    with torch.no_grad():
+        layer.D.fill_(6e4)  # float16 holds it
+        layer.k_proj.weight.mul_(20)
+        layer.q_proj.weight.mul_(1e-3)
+        layer.q_proj.bias.fill_(1e-3)
+    return layer
+
+
+@pytest.mark.parametrize("path", ["cpu", "whole"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_s4d_half_forward_stays_finite_where_the_convolution_overflows(path, grad):
+    layer = overflowing_s4d()
+    u = torch.randn(2, 40, 16)
+    mask = torch.zeros(2, 40, dtype=torch.bool)
+    mask[1, 30:] = True
+    with forced_path(layer, path), torch.set_grad_enabled(grad):
+        ref = layer(u, mask)  # float32
+        k = layer.k_proj(u).masked_fill(mask.unsqueeze(-1), 0)
+        assert torch.isinf((layer.D * k).half()).any()  # the convolution (D k alone) overflows float16
+        half = layer.half()
+        out = half(u.half(), mask)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert rel(out, ref) < 1e-2
+
+
+def test_s4d_under_fp16_autocast_trains_finite_and_close():
+    layer = overflowing_s4d().train()
+    u = torch.randn(2, 40, 16)
+    ref = layer(u)
+    ref.sum().backward()
+    ref_grad = layer.kernel.C.grad.clone()
+    layer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = layer(u)
+    out.float().sum().backward()
+    assert torch.isfinite(out).all() and rel(out, ref) < 1e-2
+    assert torch.isfinite(layer.kernel.C.grad).all() and rel(layer.kernel.C.grad, ref_grad) < 1e-2
+
+
+# ---------------------------------------------------------------- T5 layers
+def overflowing_ffn(seed=0):
+    """A gated-GeLU FFN whose output (wo's) exceeds float16's range: |y| ~ 1e5."""
+    torch.manual_seed(seed)
+    ffn = T5DenseGatedGelu(16, 64)
+    with torch.no_grad():
+        ffn.wo.weight.mul_(3e5)  # |w| < 4e4: float16 holds the weights
+    return ffn
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_t5_ffn_half_keeps_wo_in_float32(grad):
+    ffn = overflowing_ffn()
+    h = torch.randn(2, 5, 16)
+    with torch.set_grad_enabled(grad):
+        ref = ffn(h)
+        assert torch.isinf(ref.half()).any()
+        out = ffn.half()(h.half())
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()  # HF T5: wo's output is float32
+    assert rel(out, ref) < 1e-2
+
+
+def test_t5_ffn_half_gradients_match_float32():
+    """The custom backward with wo in float32 (weights of ordinary size: gradients this large
+    would overflow float16 whatever the layer does; fairseq's loss scaler is for those)."""
+    torch.manual_seed(0)
+    ffn = T5DenseGatedGelu(16, 64)
+    h = torch.randn(2, 5, 16)
+    ref = ffn(h)
+    grads = torch.autograd.grad(ref.sum(), [ffn.wi_0.weight, ffn.wo.weight])
+    half = ffn.half()
+    hh = h.half().requires_grad_(True)
+    out = half(hh)
+    got = torch.autograd.grad(out.sum(), [half.wi_0.weight, half.wo.weight, hh])
+    assert [g.dtype for g in got] == [torch.float16] * 3
+    for g, r in zip(got, grads):
+        assert torch.isfinite(g).all() and rel(g, r) < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_t5_ffn_trains_under_autocast(dtype):
+    """Under autocast the FFN runs the plain expression (the custom backward would recompute
+    without autocast and meet half gradients with float32 weights: a dtype error)."""
+    torch.manual_seed(0)
+    ffn = T5DenseGatedGelu(16, 64, dropout=0.0).train()
+    h = torch.randn(2, 5, 16)
+    ref_grad = torch.autograd.grad(ffn(h).sum(), ffn.wi_1.weight)[0]
+    with torch.autocast("cpu", dtype=dtype):
+        out = ffn(h)
+    (grad,) = torch.autograd.grad(out.float().sum(), ffn.wi_1.weight)
+    assert grad.dtype == torch.float32 and rel(grad, ref_grad) < 3e-2
+
+
+def big_scores(autocast: bool):
+    """q, k, v (1, 2 heads, T, 8) whose scores q k^T pass float16's range: multiples of 64 of small
+    integers, exact in float16, so the float32 reference sees the very same inputs."""
+    g = torch.Generator().manual_seed(0)
+    q, k = (64.0 * torch.randint(-8, 9, (1, 2, n, 8), generator=g) for n in (5, 9))
+    v = torch.randn(1, 2, 9, 8, generator=g)
+    return (q, k, v) if autocast else (q.half(), k.half(), v.half())
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_t5_attention_scores_in_float32_where_float16_would_overflow(autocast):
+    attn = T5Attention(16, 8, 2)
+    q, k, v = big_scores(autocast)
+    assert torch.isinf(torch.matmul(q.half(), k.half().transpose(-1, -2))).any()  # what a half matmul gives
+    ref = attn._attend(q.float(), k.float(), v.float(), None)
+    if autocast:
+        with torch.autocast("cpu", dtype=torch.float16):
+            out = attn._attend(q, k, v, None)
+    else:
+        out = attn._attend(q, k, v, None)
+    assert torch.isfinite(out).all() and rel(out, ref) < 1e-3
+
+
+def test_locost_block_half_forward_matches_float32():
+    """An encoder block (SSM + FFN, both overflowing) in float16: finite and close to float32."""
+    torch.manual_seed(0)
+    block = LOCOSTEncoderBlock(16, 8, 64)
+    with torch.no_grad():
+        block.layer[1].DenseReluDense.wo.weight.mul_(3e5)
+        ssm = block.layer[0].ssm_layer
+        ssm.D.fill_(6e4)
+        ssm.k_proj.weight.mul_(20)
+        ssm.q_proj.weight.mul_(1e-3)
+        ssm.q_proj.bias.fill_(1e-3)
+    x = torch.randn(2, 30, 16)
+    with torch.no_grad():
+        ref = block(x)
+        assert ref.abs().max() > FP16_MAX
+        out = block.half()(x.half())
+    assert torch.isfinite(out).all() and rel(out, ref) < 1e-2
