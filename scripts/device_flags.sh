@@ -1,7 +1,7 @@
 # Sourced by scripts/demo.sh and examples/long_context/common.sh: the device and precision of every
 # fairseq-train / fairseq-generate call, from the environment.
 #
-#   DEVICE=auto|cpu|cuda    (default auto: cuda when torch sees a GPU, else cpu)
+#   DEVICE=auto|cpu|cuda    (default auto: cuda when torch sees a GPU, else cpu; cuda without one is refused)
 #   PRECISION=fp32|bf16|fp16 (default fp32; fp16 needs cuda: fairseq's fp16 trainer is CUDA-only)
 #
 # Sets TRAIN_DEVICE_FLAGS and GENERATE_DEVICE_FLAGS (arrays) and DEVICE to what was chosen. Whatever
@@ -11,7 +11,9 @@ DEVICE=${DEVICE:-auto}
 PRECISION=${PRECISION:-fp32}
 case $DEVICE in
     auto) DEVICE=$(python -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')") ;;
-    cpu|cuda) ;;
+    cpu) ;;
+    cuda) seen=$(python -c "import torch; print('yes' if torch.cuda.is_available() else 'torch ' + torch.__version__)")
+          [ "$seen" = yes ] || device_flags_die "DEVICE=cuda: $seen sees no CUDA GPU here; use DEVICE=cpu (or auto)" ;;
     *) device_flags_die "DEVICE=$DEVICE: expected auto, cpu or cuda" ;;
 esac
 case $PRECISION in

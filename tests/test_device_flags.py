@@ -14,10 +14,31 @@ from conftest import BIN, REPO_ROOT
 SHOW = 'source scripts/device_flags.sh; echo "$DEVICE|${TRAIN_DEVICE_FLAGS[*]}|${GENERATE_DEVICE_FLAGS[*]}"'
 
 
-def flags(**env):
-    full = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", **env)
+def flags(path_first=BIN, **env):
+    full = dict(os.environ, PATH=f"{path_first}:{os.environ['PATH']}", **env)
     return subprocess.run(["bash", "-euo", "pipefail", "-c", SHOW], cwd=REPO_ROOT, env=full,
                           capture_output=True, text=True)
+
+
+def fake_python(folder, answer: str) -> str:
+    """A PATH folder whose ``python`` prints ``answer`` to device_flags.sh's GPU question ("yes" on a
+    GPU machine, "torch <version>" without one), so both answers are checked on any machine."""
+    fake = folder / "python"
+    fake.write_text(f"#!/bin/sh\necho '{answer}'\n")
+    fake.chmod(0o755)
+    return str(folder)
+
+
+@pytest.fixture
+def seen_gpu(tmp_path):
+    return fake_python(tmp_path, "yes")
+
+
+def test_cuda_is_refused_where_torch_sees_no_gpu(tmp_path):
+    proc = flags(path_first=fake_python(tmp_path, "torch 2.13.0+cpu"), DEVICE="cuda")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().endswith("error: DEVICE=cuda: torch 2.13.0+cpu sees no CUDA GPU here; use "
+                                        "DEVICE=cpu (or auto)")
 
 
 @pytest.mark.parametrize("device,precision,expected", [
@@ -27,10 +48,23 @@ def flags(**env):
     ("cuda", "bf16", "cuda|--bf16|--bf16"),
     ("cuda", "fp16", "cuda|--fp16|--fp16"),
 ])
-def test_flags_for_each_device_and_precision(device, precision, expected):
-    proc = flags(DEVICE=device, PRECISION=precision)
+def test_flags_for_each_device_and_precision(device, precision, expected, seen_gpu):
+    proc = flags(path_first=seen_gpu if device == "cuda" else BIN, DEVICE=device, PRECISION=precision)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == expected
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: DEVICE=cuda is valid here")
+def test_cuda_without_a_gpu_is_refused_before_any_work(tmp_path):
+    """DEVICE=cuda where torch sees no GPU: one line, exit 2, from the demo itself (nothing made)."""
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", DEVICE="cuda", OUT=str(tmp_path / "demo"),
+               VENV=os.path.dirname(BIN))
+    proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == (f"demo.sh: error: DEVICE=cuda: torch {torch.__version__} sees no CUDA GPU "
+                                   "here; use DEVICE=cpu (or auto)")
+    assert not (tmp_path / "demo").exists()
 
 
 def test_auto_picks_the_gpu_when_torch_sees_one():

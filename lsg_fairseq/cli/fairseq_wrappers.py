@@ -64,6 +64,7 @@ def _run(fairseq_main_module: str, prog: str, argv=None) -> None:
         import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
 
         module = importlib.import_module(fairseq_main_module)
+        lsg_fairseq.fairseq_fixes.install()  # again: the fixes of fairseq_cli.generate need it loaded
         # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.
         sys.argv = [prog] + argv
         module.cli_main()

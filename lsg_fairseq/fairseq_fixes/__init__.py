@@ -10,8 +10,9 @@ patches anything.
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the
 fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, the
 weights-only allowlist. This plugin's policies (refusing a missing ``--restore-file``, explaining a
-checkpoint of another arch) run through task hooks that only its own tasks define
-(:mod:`.restore_hooks`), and one-line errors only concern its own exceptions. ``tests/stock_fairseq``
+checkpoint of another arch, refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run
+through task hooks that only its own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and
+one-line errors only concern its own exceptions. ``tests/stock_fairseq``
 checks that fairseq's own scenarios give identical results with and without the plugin.
 """
 from lsg_fairseq.fairseq_fixes import (
@@ -20,10 +21,14 @@ from lsg_fairseq.fairseq_fixes import (
     checkpoint_errors,
     one_line_errors,
     restore_hooks,
+    run_hooks,
     weights_only_load,
 )
 
-FIXES = (weights_only_load, atomic_checkpoints, checkpoint_errors, restore_hooks, bf16_off_tpu, one_line_errors)
+# run_hooks before one_line_errors: both wrap call_main, and the refusals of the task's vet_run are
+# printed as one line only if one_line_errors is the outer wrapper.
+FIXES = (weights_only_load, atomic_checkpoints, checkpoint_errors, restore_hooks, run_hooks, bf16_off_tpu,
+         one_line_errors)
 
 
 def install() -> None:

@@ -6,10 +6,14 @@ and around ``main``. Its train and interactive commands run ``main`` through
 ``fairseq.distributed.utils.call_main``, looked up when called (after ``--user-dir`` is imported);
 ``fairseq-generate``'s ``cli_main`` imports ``--user-dir`` while parsing and then calls its module's
 ``main``, also looked up when called. Wrapping those two lets a :class:`~lsg_text.errors.UserError`
-(a bad flag or file of ours, a missing split) print ``prog: error: <message>`` instead of a
-traceback. Any other exception, and every run that raises none of ours, is untouched.
-(``lsg-fairseq-generate`` imports the plugin before ``fairseq_cli.generate`` and catches them itself.)
+(a bad flag or file of ours, a missing split, a step out of device memory) print ``prog: error:
+<message>`` instead of a traceback. Any other exception, and every run that raises none of ours,
+is untouched. A generation that stops so leaves no half-written ``--results-path`` file: fairseq
+opens (and so truncates) ``generate-<subset>.txt`` before it loads anything, so the file holds
+only this run's partial output, and it is removed. (``lsg-fairseq-generate`` imports the plugin
+before ``fairseq_cli.generate`` and installs the fixes again once it is loaded.)
 """
+import argparse
 import os
 import sys
 
@@ -19,18 +23,45 @@ from lsg_text.errors import UserError, report
 from lsg_fairseq.fairseq_fixes._wrap import wrap
 
 
+def _prog() -> str:
+    return os.path.basename(sys.argv[0]) or "fairseq"
+
+
 def _one_line_user_errors(original):
     def run(*args, **kwargs):
         try:
             return original(*args, **kwargs)
         except UserError as e:
-            sys.exit(report(e, os.path.basename(sys.argv[0]) or "fairseq"))
+            sys.exit(report(e, _prog()))
 
     return run
+
+
+def results_file(cfg):
+    """The file fairseq-generate writes with ``--results-path`` (None without it); ``cfg``: the
+    parsed Namespace ``cli_main`` passes, or the structured config."""
+    if isinstance(cfg, argparse.Namespace):
+        folder, subset = cfg.results_path, cfg.gen_subset
+    else:
+        folder, subset = cfg.common_eval.results_path, cfg.dataset.gen_subset
+    return None if folder is None else os.path.join(folder, f"generate-{subset}.txt")
+
+
+def _one_line_generate_errors(original):
+    def main(cfg, *args, **kwargs):
+        try:
+            return original(cfg, *args, **kwargs)
+        except UserError as e:
+            partial = results_file(cfg)
+            if partial is not None and os.path.isfile(partial):
+                os.remove(partial)
+            sys.exit(report(e, _prog()))
+
+    return main
 
 
 def install() -> None:
     wrap(distributed_utils, "call_main", _one_line_user_errors)
     generate = sys.modules.get("fairseq_cli.generate")
     if generate is not None:  # fairseq-generate is importing the plugin through --user-dir
-        wrap(generate, "main", _one_line_user_errors)
+        wrap(generate, "main", _one_line_generate_errors)

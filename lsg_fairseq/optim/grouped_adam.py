@@ -12,7 +12,10 @@ fairseq itself defines for parameter groups (``fairseq.optim.composite``, and wh
   learning rate is ``lr * s`` at every step (the scheduler's lr is scaled, so warm-up and decay apply
   to every group alike) and its weight decay ``--weight-decay * w``.
 
-Untagged models behave exactly like ``--optimizer adam``.
+Untagged models behave exactly like ``--optimizer adam``. Flat parameters (one tensor holding
+every parameter, which fairseq's ``--fp16`` builds by default) carry no tags, so this optimizer
+refuses them (fairseq then names ``--fp16-no-flatten-grads``); the plugin's tasks pass that flag
+for ``--fp16`` themselves (:mod:`lsg_fairseq.device_policy`).
 """
 import logging
 from collections import OrderedDict
@@ -63,6 +66,10 @@ class GroupedAdam(FairseqAdam):
                 f"grouped_adam: group {g.get('group_name', 'default')}: {len(g['params'])} tensors, "
                 f"lr x{g.get('lr_scale', 1.0)}, weight decay {g['weight_decay']}"
             )
+
+    @property
+    def supports_flat_params(self):
+        return False  # one flat tensor has no group tags: every parameter would land in "default"
 
     @staticmethod
     def _base(cfg):

@@ -18,7 +18,10 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   left exactly as before generation (fairseq#3893) and ``--no-repeat-ngram-size`` works on CPU
   (fairseq#5206);
 * a ``--restore-file`` that does not exist is refused, and a checkpoint that does not fit the
-  model is explained (:mod:`lsg_fairseq.checkpoint_policy`).
+  model is explained (:mod:`lsg_fairseq.checkpoint_policy`);
+* precision flags the device cannot run are refused before any work, ``--fp16`` keeps
+  ``grouped_adam``'s parameter groups, and running out of device memory in a step is one line
+  naming the batch and the flags that shrink it (:mod:`lsg_fairseq.device_policy`).
 """
 import json
 import logging
@@ -37,7 +40,7 @@ from fairseq.tasks.translation import (
     load_langpair_dataset,
 )
 
-from lsg_fairseq import checkpoint_policy
+from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.binarized import check_binarized_pair, require_split
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
 from lsg_fairseq.generation import LongInputSequenceGenerator
@@ -325,7 +328,19 @@ class LongDocumentSummarizationTask(TranslationTask):
             # like BART's hub: decoder input starts "</s> <s>", the HF decoder_start + forced bos
             src = sample["net_input"]["src_tokens"]
             prefix_tokens = src.new_full((src.size(0), 1), self.tgt_dict.bos())
-        return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints)
+        with device_policy.explain_out_of_memory(sample, "generation"):
+            return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens,
+                                          constraints=constraints)
+
+    # ---------------------------------------------------------------- devices and precision
+    # vet_run: called by fairseq-train before any work (lsg_fairseq.fairseq_fixes.run_hooks)
+    @classmethod
+    def vet_run(cls, cfg, command):
+        device_policy.vet_run(cfg, command)
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        with device_policy.explain_out_of_memory(sample, "training"):
+            return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
     # ---------------------------------------------------------------- restoring checkpoints
     # Called by fairseq-train's load_checkpoint (lsg_fairseq.fairseq_fixes.restore_hooks): these
@@ -388,7 +403,8 @@ class LongDocumentSummarizationTask(TranslationTask):
         return text.strip()
 
     def valid_step(self, sample, model, criterion):
-        loss, sample_size, logging_output = super(TranslationTask, self).valid_step(sample, model, criterion)
+        with device_policy.explain_out_of_memory(sample, "validation"):
+            loss, sample_size, logging_output = super(TranslationTask, self).valid_step(sample, model, criterion)
         if self.cfg.eval_rouge:
             gen_out = self.inference_step(self.sequence_generator, [model], sample)
             totals = {k: 0.0 for k in ROUGE_KEYS}

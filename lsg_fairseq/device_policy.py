@@ -1,0 +1,106 @@
+"""What this plugin's tasks demand of the device and precision flags (policies, not fixes), and how
+they report running out of device memory.
+
+:func:`vet_run` is called before any work by ``fairseq-train`` (and -validate, -interactive)
+through the task hook of :mod:`lsg_fairseq.fairseq_fixes.run_hooks`, so it holds for
+``--task long_document_summarization`` / ``gap_sentence_generation`` only:
+
+* ``--optimizer grouped_adam`` with ``--fp16``: fairseq's fp16 optimizer copies every parameter
+  into one flat, untagged float32 tensor, which would put LOCOST's SSM parameters into the main
+  group (weight decay, the main learning rate) without a word; the float32 copies are kept per
+  tensor instead (``--fp16-no-flatten-grads``, which carries the tags), said in the log.
+  (``--bf16``, ``--memory-efficient-fp16`` and ``--amp`` keep the tensors apart already.)
+* ``--fp16`` where fairseq's flat fp16 copies need CUDA (``--cpu``, or no GPU), and ``--amp``
+  there (CUDA float16 autocast: on a CPU it trains in float32 and says nothing), are refused in one
+  line that names the flag and the CPU's half precision (``--bf16``).
+
+:func:`explain_out_of_memory` turns a device out-of-memory error of a training, validation or
+generation step into a one-line refusal naming the batch's length and the flags that shrink it
+(fairseq's trainer would log the OOM, skip the batch and go on, batch after batch).
+"""
+import contextlib
+import logging
+
+import torch
+
+from lsg_text.errors import ConfigError, UserError
+
+logger = logging.getLogger(__name__)
+
+
+class DeviceMemoryError(UserError, RuntimeError):
+    """A step ran out of device memory; the message names the batch and the flags that shrink it.
+
+    A RuntimeError whose message never says "out of memory": fairseq's trainer re-raises such an
+    error as it is, where it would skip a batch whose error says so (and save ``crash.pt`` for any
+    other exception)."""
+
+
+def vet_run(cfg, command: str) -> None:
+    """Refuse or settle precision flags before a ``command`` (``fairseq_cli.train``, ...) runs."""
+    if command != "fairseq_cli.train":
+        return  # generation and validation run fp16 on a CPU (slowly) and have no optimizer
+    common = cfg.common
+    flat_fp16 = common.fp16 and not common.memory_efficient_fp16 and not common.fp16_no_flatten_grads
+    optimizer = getattr(cfg.optimizer, "_name", None) if cfg.get("optimizer") is not None else None
+    if flat_fp16 and optimizer == "grouped_adam":
+        common.fp16_no_flatten_grads = True
+        flat_fp16 = False
+        logger.info("--optimizer grouped_adam with --fp16: float32 master copies kept per tensor "
+                    "(--fp16-no-flatten-grads), so that its parameter groups survive")
+    if torch.cuda.is_available() and not common.cpu:
+        return
+    where = "--cpu is given" if common.cpu else f"torch {torch.__version__} sees no CUDA GPU"
+    if common.amp:
+        raise ConfigError(f"--amp: fairseq's --amp is CUDA float16 autocast, and here ({where}) it would "
+                          "train in float32 without a word; drop it, or use --bf16 for half precision on a CPU")
+    if flat_fp16:
+        raise ConfigError(f"--fp16: fairseq's fp16 trainer keeps its float32 master weights in one flat "
+                          f"CUDA tensor, and here {where}; use --bf16 for half precision on a CPU "
+                          "(or add --fp16-no-flatten-grads)")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """A device (or host) allocator's out-of-memory error."""
+    oom = getattr(torch, "OutOfMemoryError", None)
+    if oom is not None and isinstance(error, oom):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error)
+
+
+def describe_batch(sample) -> str:
+    """'N documents of up to L source tokens (T target tokens)' of a fairseq sample."""
+    net_input = (sample or {}).get("net_input", {})
+    src = net_input.get("src_tokens")
+    if src is None:
+        return "a batch"
+    text = f"{src.size(0)} document{'s' if src.size(0) != 1 else ''} of up to {src.size(1):,} source tokens"
+    target = sample.get("target")
+    if target is not None:
+        text += f" ({target.size(1):,} target tokens)"
+    return text
+
+
+@contextlib.contextmanager
+def explain_out_of_memory(sample, stage: str):
+    """Re-raise an out-of-memory error of the block as a :class:`DeviceMemoryError` naming the batch.
+
+    ``stage``: "training", "validation" or "generation" (which flags help depends on it)."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001  (only out-of-memory errors are replaced)
+        if not is_out_of_memory(e):
+            raise
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        shrink = "lower --max-tokens (or --batch-size)"
+        if stage == "training":
+            shrink += ", pass --checkpoint-activations (activations recomputed in backward)"
+        elif stage == "validation":
+            shrink = "lower --max-tokens-valid (or --batch-size-valid)"
+        else:
+            shrink += " or --beam"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DeviceMemoryError(
+            f"device memory ran out in {stage} on a batch of {describe_batch(sample)}: {shrink}, or shorten "
+            f"the inputs with --max-source-positions ({first.replace('out of memory', 'OOM')})") from e
