@@ -106,16 +106,31 @@ def test_committed_outputs_rescore_to_the_committed_table(tmp_path):
     assert json.loads((out / "results.json").read_text())["variants"] == committed
 
 
-def test_committed_order_outputs_rescore_to_the_committed_table(tmp_path):
-    """The gap's table (order3/): its raw outputs and data.json regenerate the committed numbers."""
-    here = os.path.join(HERE, "order3")
+@pytest.mark.parametrize("folder", ["order", "order3"])
+def test_committed_order_outputs_rescore_to_the_committed_table(tmp_path, folder):
+    """The order tables (order/: 2 arrivals, order3/: 3, the gap's): their raw outputs and data.json
+    regenerate the committed numbers, the position-only row included (fitted on the 1,500 training
+    documents the long stage trained on, regenerated from the same flags: no training)."""
+    here = os.path.join(HERE, folder)
     assert load_report().main(["--outputs", os.path.join(here, "outputs"), "--report-dir", str(tmp_path),
                                "--variants", "order", "--rows", "local_8", "bart_1024", "full_4096", "lsg_norm",
                                "led", "locost", "--seeds", "1", "2", "3", "--n-docs", "50"]) == 0
     with open(os.path.join(here, "results.json")) as f:
         committed = json.load(f)["variants"]
     assert json.loads((tmp_path / "results.json").read_text())["variants"] == committed
-    assert [r for r, c in committed["order"].items() if c["beats_control"]] == ["lsg_norm", "led", "locost"]
+    rows = committed["order"]
+    assert list(rows)[:2] == ["local_8", "position_only"]
+    ref = rows["position_only"]
+    if folder == "order3":
+        assert [r for r, c in rows.items() if c["beats_control"] and r != "position_only"] == [
+            "lsg_norm", "led", "locost"]
+        # the README's reading: position alone beats the control too, and no long row is above the rule's
+        # interval, so the gap cannot tell these rows from a reader that only knows where arrivals lie
+        assert ref["beats_control"] is True
+        assert all(rows[r]["exact"] <= ref["exact_ci"][1] for r in ("lsg_norm", "led", "locost"))
+    else:
+        assert not any(c["beats_control"] for r, c in rows.items() if r != "position_only")
+        assert all(c["exact"] < ref["exact_ci"][0] for r, c in rows.items() if r != "position_only")
 
 
 def test_binding_words_never_occur_in_filler(binding_examples):
@@ -381,22 +396,26 @@ def test_long_range_experiment_smoke(tmp_path):
     (test_lsg_reads_far_keys_that_truncated_bart_cannot). One variant keeps the suite's time."""
     res = _run(tmp_path, SMOKE="1", VARIANTS="order", ROWS="local_8 locost", SEEDS="2")
     assert set(res["variants"]) == {"order"}
-    assert set(res["variants"]["order"]) == {"local_8", "locost"}
+    assert list(res["variants"]["order"]) == ["local_8", "position_only", "locost"]
+    assert res["variants"]["order"]["position_only"]["rule_fitted_on"].startswith("the first 8 train documents")
     assert len(res["variants"]["order"]["locost"]["exact_per_seed"]) == 1
     assert (tmp_path / "report" / "outputs" / "order" / "local_8.seed2.txt").exists()
     assert "order_choice" in res["variants"]["order"]["locost"]
     again = tmp_path / "again"
     assert load_report().main(["--outputs", str(tmp_path / "report" / "outputs"), "--report-dir", str(again),
                                "--variants", "order", "--rows", "local_8", "locost",
-                               "--seeds", "2", "--n-docs", "4"]) == 0
+                               "--seeds", "2", "--n-docs", "4", "--n-train", "8"]) == 0
     assert json.loads((again / "results.json").read_text())["variants"] == res["variants"]
     ckpt = tmp_path / "out" / "runs" / "order.locost.s2" / "checkpoint_last.pt"
     r = subprocess.run(["bash", os.path.join(HERE, "regap.sh"), str(tmp_path / "out" / "order" / "long"),
                         str(tmp_path / "regap"), f"locost={ckpt}"], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, N="3", WORK=str(tmp_path / "work"),
+                       env=dict(os.environ, N="3", WORK=str(tmp_path / "work"), N_TRAIN="8",
+                                FIT_DATA=str(tmp_path / "report" / "outputs" / "order" / "data.json"),
                                 VENV=os.path.dirname(os.path.dirname(sys.executable))))
     assert r.returncode == 0, r.stderr[-3000:]
-    regap = json.loads((tmp_path / "regap" / "results.json").read_text())["variants"]["order"]["locost"]
+    regap = json.loads((tmp_path / "regap" / "results.json").read_text())["variants"]["order"]
+    assert regap["position_only"]["rule"] == res["variants"]["order"]["position_only"]["rule"]  # FIT_DATA's
+    regap = regap["locost"]
     assert len((tmp_path / "regap" / "outputs" / "order" / "locost.seed1.txt").read_text().split("\n")) == 4
     assert 0 <= regap["exact"] <= 1
     docs = [json.loads(line) for line in open(tmp_path / "work" / "jsonl" / "valid.jsonl")]
@@ -493,6 +512,54 @@ def test_order_variant_needs_the_relation_of_far_arrivals():
         {"animal": False}]
 
 
+def _arrivals(*offsets):
+    """A hand-made ``order`` example: only what the position-only rule reads (arrival offsets in words)."""
+    return {"keys": [{"animal": a, "token_offset": o} for a, o in zip(("fox", "owl", "bear"), offsets)]}
+
+
+def test_position_only_rule_ranks_each_arrival_by_its_own_offset():
+    """The rule's thresholds fall between the training arrivals' bands; a test document whose arrivals
+    lie in their bands is right, one whose first two arrivals both lie early is wrong, though the
+    order of their offsets would tell (the rule never compares two arrivals)."""
+    report = load_report()
+    train = [_arrivals(100 + i, 1500 + i, 2900 + i) for i in range(0, 300, 10)]
+    rule = report.fit_position_rule(train)
+    (t1, t2), = [r["thresholds"] for r in rule.values()]
+    assert list(rule) == [3] and rule[3]["train_exact"] == 1.0 and rule[3]["n_docs"] == 30
+    assert 390 < t1 <= 1500 and 1790 < t2 <= 2900
+    right, wrong, late = (_arrivals(300, 2000, 3200), _arrivals(50, 300, 3000), _arrivals(1700, 2950, 3300))
+    scores = report.position_rule_scores([right, wrong, late], rule)
+    assert [s["exact"] for s in scores] == [1.0, 0.0, 0.0]
+    assert scores[1]["slots"] == [True, False, True]  # the second arrival lies in the first band
+    assert scores[2]["slots"] == [False, False, True]
+    # 2 arrivals: one threshold; the search is exact (every threshold tried by brute force agrees)
+    import random
+    rng = random.Random(4)
+    docs = [_arrivals(a, a + rng.randint(1, 2000)) for a in (rng.randint(0, 2000) for _ in range(200))]
+    fitted = report.fit_position_rule(docs)[2]
+    pairs = [tuple(k["token_offset"] for k in d["keys"]) for d in docs]
+    best = max(sum(a < t <= b for a, b in pairs) for t in range(0, 4100))
+    assert fitted["train_exact"] * len(docs) == best
+    (t,) = fitted["thresholds"]
+    assert sum(d["keys"][0]["token_offset"] < t <= d["keys"][1]["token_offset"] for d in docs) == best
+    with pytest.raises(report.ConfigError, match="no training document has 3 arrivals"):
+        report.position_rule_scores([right], report.fit_position_rule(docs))
+
+
+def test_seed_resampled_interval_widens_with_seed_variance():
+    """Seed 1 right on every document, seed 2 wrong on every one: every document's pooled score is 0.5,
+    so the document bootstrap sees no spread, and only the interval that also draws seeds does."""
+    import random
+    report = load_report()
+    right = [{"exact": 1.0, "slots": [True], "far": [True]}] * 20
+    wrong = [{"exact": 0.0, "slots": [False], "far": [False]}] * 20
+    c = report.cell([right, wrong], random.Random(0), random.Random(1))
+    assert c["exact"] == 0.5 and c["exact_ci"] == [0.5, 0.5]
+    assert c["exact_ci_seeds"] == [0.0, 1.0]
+    again = report.cell([right, wrong], random.Random(0), random.Random(1))
+    assert again == c  # seeded: the same intervals every time
+
+
 def test_report_tells_order_from_copying(tmp_path):
     swap = lambda d, s: "The {1} arrived before the {0}.".format(*(k["animal"] for k in d["keys"]))  # noqa: E731
     docs = _outputs(tmp_path, "order", {"local_8": lambda d, s: swap(d, s) if s == 1 else d["summary"],
@@ -500,10 +567,35 @@ def test_report_tells_order_from_copying(tmp_path):
     report = load_report()
     assert report.main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "rep"),
                         "--variants", "order", "--rows", "local_8", "locost", "--seeds", "1", "2",
-                        "--n-docs", "12"]) == 0
-    res = json.loads((tmp_path / "rep" / "results.json").read_text())["variants"]["order"]
+                        "--n-docs", "12", "--n-train", "200", "--trained-at", "abc1234", "--machine", "a toaster"]) == 0
+    results = json.loads((tmp_path / "rep" / "results.json").read_text())
+    res = results["variants"]["order"]
     assert len(docs) == 12 and res["locost"]["exact"] == 1.0 and res["local_8"]["exact"] == 0.5
     assert res["local_8"]["order_choice"] == {"right_animals": 1.0, "right_order_among_those": 0.5,
                                               "random_order": 0.5}
     assert res["local_8"]["slot_recall"] == 0.5 and res["locost"]["far_recall"] == 1.0
     assert res["locost"]["beats_control"] is True
+    # the control's seeds disagree completely (0% and 100%): with seeds resampled its interval is [0, 1]
+    assert res["local_8"]["exact_ci_seeds"] == [0.0, 1.0] and res["locost"]["beats_control_seeds"] is False
+    # the position-only row, after the control: fitted on the same flags' train split, scored like a row
+    assert list(res) == ["local_8", "position_only", "locost"]
+    ref = res["position_only"]
+    train = report.scored_documents(str(tmp_path / "outputs" / "order" / "data.json"), "train", 200)
+    assert ref["rule"] == {str(n): r for n, r in report.fit_position_rule(train).items()}
+    expected = [float(all(report._band(k["token_offset"], ref["rule"][str(len(d["keys"]))]["thresholds"]) == i
+                          for i, k in enumerate(d["keys"]))) for d in docs]
+    assert ref["exact"] == pytest.approx(sum(expected) / 12) and ref["exact_per_seed"] == [ref["exact"]]
+    # where the run came from, and who scored it
+    assert (results["trained_at"], results["machine"]) == ("abc1234", "a toaster")
+    md = (tmp_path / "rep" / "results.md").read_text()
+    assert "trained and decoded at commit abc1234 on a toaster" in md and "Scored by report.py at commit" in md
+    assert "| position only: each arrival ranked by its own word offset (no model) |" in md
+    # re-scoring keeps the run's stamp
+    assert report.main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "again"),
+                        "--variants", "order", "--rows", "local_8", "locost", "--seeds", "1", "2",
+                        "--n-docs", "12", "--n-train", "200",
+                        "--provenance-from", str(tmp_path / "rep" / "results.json")]) == 0
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert {k: again[k] for k in ("trained_at", "machine", "command")} == {
+        k: results[k] for k in ("trained_at", "machine", "command")}
+    assert again["variants"] == results["variants"]

@@ -9,6 +9,9 @@
 #     SET_DIR     run.sh's $OUT/order/long (its spm model and dictionary encode the new documents)
 #     REPORT_DIR  gets outputs/order/{data.json,ROW.seed1.txt} and report.py's results.md
 #   WORK=DIR keeps the encoded documents there (default: a temporary folder, removed at the end)
+#   FIT_DATA=run.sh's REPORT_DIR/outputs/order/data.json: the position-only row's thresholds are fitted on
+#     the training documents the checkpoints learned from (default: these documents' own train split);
+#     N_TRAIN: how many of them (run.sh's N_LONG; default 1500)
 #   e.g. bash examples/long_range/regap.sh work_dirs/lr_order3/order/long /tmp/regap \
 #            locost=work_dirs/lr_order3/runs/order.locost.s1/checkpoint_last.pt
 set -euo pipefail
@@ -34,5 +37,6 @@ for spec in "$@"; do
     rows+=("$row")
 done
 python examples/long_range/report.py --outputs "$REPORT_DIR/outputs" --report-dir "$REPORT_DIR" --split valid \
-    --n-docs "$N" --variants order --rows "${rows[@]}" --seeds 1 \
+    --n-docs "$N" --variants order --rows "${rows[@]}" --seeds 1 ${FIT_DATA:+--fit-data "$FIT_DATA"} \
+    ${N_TRAIN:+--n-train "$N_TRAIN"} \
     --command "bash examples/long_range/regap.sh $SET $REPORT_DIR $*" --settings "N=$N KEYS=$KEYS"

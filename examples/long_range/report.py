@@ -6,21 +6,33 @@ make_synthetic_data.py flags of the scored documents (regenerated here, byte-ide
 data file is committed) and ``<variant>/<row>.seed<s>.txt`` one greedy hypothesis per document.
 
 Per cell: whole-summary exact match (every key, in order, nothing else) and per-slot recall, as
-the mean over seeds, with a 95% percentile bootstrap interval over the scored documents, pooled over
-seeds (a resample draws documents; each drawn document brings its hypotheses of every seed).
+the mean over seeds, with two 95% percentile bootstrap intervals. The first resamples the scored
+documents only, pooled over seeds (a resample draws documents; each drawn document brings its
+hypotheses of every seed): it says how the number moves with other test documents, the trained
+models fixed. The second is hierarchical: it draws the seeds (with replacement, as many as were run),
+then the documents, so it also moves with the training seed (with 3 seeds, 10 distinct seed draws: a
+coarse interval).
 "Far" slots are the ones a model can only fill by reading 1,024+ words away: for ``binding`` the
 colour and animal (bound >= 1,024 words before the use sentence); for ``retrieval`` every slot of
 the keys past word 1,024; for ``count`` the count of an animal whose mentions span 1,024+ words; for
 ``order`` every slot (consecutive arrivals are 1,024+ words apart).
 A long row "beats the control" when its exact match is >= 20 points above ``local_8``'s and the two
-intervals do not overlap; as a weaker, second reading, its far slots are "above the control" when
-the far-slot recall intervals (same bootstrap) do not overlap.
+intervals do not overlap, read once with each interval; as a weaker, second reading, its far slots
+are "above the control" when the far-slot recall intervals (document bootstrap) do not overlap.
+
+``order`` tables carry one more row, ``position_only``: no model, each arrival ranked by its own word
+offset alone (:func:`fit_position_rule`, fitted on the training split that run.sh's long stage trained
+on, regenerated from the same flags; scored on the scored split). Where a long row scores no higher,
+the table cannot tell it from a reader that only knows roughly where each arrival lies.
 
     python examples/long_range/report.py --outputs examples/long_range/outputs --report-dir examples/long_range \\
         --variants retrieval binding --rows local_8 ... --seeds 1 2 3 --split test --n-docs 60
+    python examples/long_range/report.py ... --provenance-from examples/long_range/order3/results.json
+                                          # re-score committed outputs, keeping the run's stamp
     python examples/long_range/report.py extract GENERATE_OUT N HYPOTHESES   # run.sh's per-run step
 """
 import argparse
+import bisect
 import importlib.util
 import json
 import math
@@ -31,6 +43,9 @@ import statistics
 import sys
 
 from lsg_text import provenance
+from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.errors import ConfigError, UserError
+from lsg_text.errors import report as report_error
 from lsg_text.synthetic import (
     FIELDS,
     count_hits,
@@ -44,7 +59,10 @@ from lsg_text.synthetic import (
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+PROG = "report.py"
 CONTROL = "local_8"
+POSITION_ONLY = "position_only"  # the order tables' reference row: no model (fit_position_rule)
+N_TRAIN = 1500  # run.sh's N_LONG: the long-stage training documents, on which position_only is fitted
 FAR_WORDS = 1024
 BOOTSTRAP = 2000
 LABELS = {
@@ -55,6 +73,7 @@ LABELS = {
     "lsg_wide": "LSG-BART (norm), sparse keys reaching all 4,096",
     "led": "LED at 4,096",
     "locost": "LOCOST at 4,096",
+    POSITION_ONLY: "position only: each arrival ranked by its own word offset (no model)",
 }
 
 
@@ -138,8 +157,71 @@ def order_choice(examples, hyps_by_seed) -> dict:
             "random_order": statistics.mean(baseline) if baseline else None}
 
 
-def cell(scores_by_seed, rng: random.Random) -> dict:
-    """Mean over seeds and a pooled document bootstrap of exact match, per-slot and far-slot recall."""
+def _band(position: int, thresholds) -> int:
+    """The rank (0 = first) that the position-only rule gives an arrival at ``position``."""
+    return bisect.bisect_right(thresholds, position)
+
+
+def _fit_level(docs, i: int):
+    """(documents right, thresholds t_i..t_last) for the arrivals i-1, i, ... of ``docs`` (position
+    tuples, all of one length, each already right before arrival i): t_i must lie in
+    (docs[i-1], docs[i]] for a document to stay right. Exact search: a candidate t_i is one of the
+    docs[i] (moving t_i up to the next of them loses no document), and candidates are tried in order of
+    how many documents they keep, so that a branch that cannot beat the best found is skipped."""
+    lows = sorted(d[i - 1] for d in docs)
+    highs = sorted(d[i] for d in docs)
+    # kept(t) = #{d: d[i-1] < t <= d[i]} = #{d[i] >= t} - #{d[i-1] >= t}, since d[i-1] < d[i]
+    kept = {t: (len(highs) - bisect.bisect_left(highs, t)) - (len(lows) - bisect.bisect_left(lows, t))
+            for t in highs}
+    best = (0, [])
+    for t in sorted(kept, key=lambda t: (-kept[t], t)):
+        if kept[t] <= best[0]:
+            break
+        sub = [d for d in docs if d[i - 1] < t <= d[i]]
+        right, rest = (len(sub), []) if i == len(docs[0]) - 1 else _fit_level(sub, i + 1)
+        if right > best[0]:
+            best = (right, [t] + rest)
+    return best
+
+
+def fit_position_rule(examples) -> dict:
+    """The position-only rule of the ``order`` variant, fitted: per number of arrivals n, the n - 1
+    word offsets t_1 < ... < t_(n-1) that cut a document into n bands such that the most ``examples``
+    have their i-th arrival in band i (an arrival before t_1 is called first, one at or past t_(n-1)
+    last). Each arrival is ranked by where it lies alone, never against another arrival.
+    Returns ``{n: {"thresholds": [...], "train_exact": fraction right, "n_docs": documents}}``."""
+    by_n = {}
+    for ex in examples:
+        by_n.setdefault(len(ex["keys"]), []).append(tuple(k["token_offset"] for k in ex["keys"]))
+    rule = {}
+    for n, docs in sorted(by_n.items()):
+        if n < 2:
+            raise ConfigError(f"position-only rule: a document with {n} arrival has no order to rank")
+        right, thresholds = _fit_level(docs, 1)
+        if not thresholds:  # no threshold puts any document right: the first candidate, for a defined rule
+            thresholds = [min(d[i] for d in docs) for i in range(1, n)]
+        rule[n] = {"thresholds": thresholds, "train_exact": right / len(docs), "n_docs": len(docs)}
+    return rule
+
+
+def position_rule_scores(examples, rule: dict) -> list:
+    """score_document's dicts for the position-only rule: slot i is right when the i-th arrival lies in
+    band i. Two arrivals in one band leave the rule without an order between them: those slots count
+    as wrong (no coin flip)."""
+    scores = []
+    for ex in examples:
+        n = len(ex["keys"])
+        if n not in rule:
+            raise ConfigError(f"position-only rule: no training document has {n} arrivals "
+                              f"(fitted for {sorted(rule)}; see --fit-data and --n-train)")
+        hits = [_band(k["token_offset"], rule[n]["thresholds"]) == i for i, k in enumerate(ex["keys"])]
+        scores.append({"exact": float(all(hits)), "slots": hits, "far": hits})
+    return scores
+
+
+def cell(scores_by_seed, rng: random.Random, seed_rng: random.Random) -> dict:
+    """Mean over seeds, a pooled document bootstrap of exact match, per-slot and far-slot recall (``rng``),
+    and a hierarchical bootstrap of exact match, seeds then documents (``seed_rng``)."""
     n = len(scores_by_seed[0])
 
     def stats(docs):
@@ -155,9 +237,17 @@ def cell(scores_by_seed, rng: random.Random) -> dict:
         values = sorted(v for v in values if v is not None)
         return [values[int(0.025 * len(values))], values[int(0.975 * len(values)) - 1]] if values else None
 
+    k = len(scores_by_seed)
+    exact_ci = interval(b[0] for b in boot)
+    seed_boot = []
+    for _ in range(BOOTSTRAP if k > 1 else 0):  # one seed: nothing more to draw, the same interval
+        seeds = [scores_by_seed[seed_rng.randrange(k)] for _ in range(k)]
+        docs = [seed_rng.randrange(n) for _ in range(n)]
+        seed_boot.append(statistics.mean(s[d]["exact"] for s in seeds for d in docs))
     per_seed = [statistics.mean(d["exact"] for d in s) for s in scores_by_seed]
-    return {"exact": exact, "exact_ci": interval(b[0] for b in boot), "exact_per_seed": per_seed,
-            "slot_recall": slots, "far_recall": far, "far_ci": interval(b[2] for b in boot)}
+    return {"exact": exact, "exact_ci": exact_ci, "exact_ci_seeds": interval(seed_boot) if k > 1 else exact_ci,
+            "exact_per_seed": per_seed, "slot_recall": slots, "far_recall": far,
+            "far_ci": interval(b[2] for b in boot)}
 
 
 # what the experiment runs: a commit that touches none of these (a README, say) does not change it
@@ -165,13 +255,57 @@ CODE_PATHS = ("examples/long_range/run.sh", "examples/long_range/report.py", "ex
               "lsg_text", "lsg_fairseq", "scripts")  # not the generated tables and outputs
 
 
+def position_only_cell(examples, fit_examples, n_train: int, variant: str) -> dict:
+    """The ``order`` tables' reference row: the position-only rule fitted on ``fit_examples``, scored on
+    ``examples`` like a row with one seed (its own bootstrap streams: the model rows' intervals are the
+    same with or without it). It is handed the animals: "the right animals" is 100% by construction."""
+    rule = fit_position_rule(fit_examples)
+    c = cell([position_rule_scores(examples, rule)], random.Random(f"{variant}/{POSITION_ONLY}"),
+             random.Random(f"{variant}/{POSITION_ONLY}/seeds"))
+    c["rule"] = {str(n): r for n, r in rule.items()}
+    c["rule_fitted_on"] = f"the first {n_train:,} train documents"
+    c["order_choice"] = {"right_animals": 1.0, "right_order_among_those": c["exact"],
+                         "random_order": statistics.mean(1 / math.factorial(len(ex["keys"])) for ex in examples)}
+    return c
+
+
+def _beats(c: dict, ctrl: dict, ci: str) -> bool:
+    """The issue's test: exact >= 20 points above the control's, the ``ci`` intervals disjoint."""
+    return c["exact"] - ctrl["exact"] >= 0.20 and c[ci][0] > ctrl[ci][1]
+
+
+def provenance_of(args) -> dict:
+    """Where the table's outputs came from: the run's command, commit, machine, wall time and load
+    (``--provenance-from`` a committed results.json when re-scoring its outputs), and the scorer's commit."""
+    scored_at = provenance.git_stamp(REPO, CODE_PATHS)
+    p = {"command": args.command, "trained_at": args.trained_at, "machine": args.machine, "wall_s": args.wall,
+         "load": args.load, "settings": args.settings}
+    if args.provenance_from:
+        try:
+            with open(args.provenance_from, encoding="utf-8") as f:
+                old = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--provenance-from {args.provenance_from}: {e}") from e
+        given = {k: v for k, v in p.items() if v is not None}
+        p = {k: old.get(k) for k in p}
+        p["trained_at"] = old.get("trained_at") or old.get("commit")
+        p.update(given)
+    if p["trained_at"] is None:  # run.sh's own call: trained here, at this code
+        p["trained_at"] = scored_at
+        p["machine"] = p["machine"] or f"{provenance.cpu_name()}, {os.cpu_count()} cores"
+    defaults = {"command": "bash examples/long_range/run.sh", "machine": "not recorded", "wall_s": "?",
+                "load": "?", "settings": ""}
+    return {**{k: p[k] if p[k] is not None else defaults[k] for k in defaults}, "trained_at": p["trained_at"],
+            "commit": scored_at}
+
+
 def report(args) -> int:
     rng = random.Random(0)
-    results = {"split": args.split, "n_docs": args.n_docs, "seeds": args.seeds,
-               "commit": provenance.git_stamp(REPO, CODE_PATHS),
-               "wall_s": args.wall, "load": args.load, "settings": args.settings, "variants": {}}
+    results = {"split": args.split, "n_docs": args.n_docs, "seeds": args.seeds, **provenance_of(args),
+               "variants": {}}
     for v in args.variants:
-        examples = scored_documents(os.path.join(args.outputs, v, "data.json"), args.split, args.n_docs)
+        data_json = os.path.join(args.outputs, v, "data.json")
+        examples = scored_documents(data_json, args.split, args.n_docs)
         rows = {}
         for row in args.rows:
             by_seed, hyps_by_seed = [], []
@@ -179,20 +313,26 @@ def report(args) -> int:
                 with open(os.path.join(args.outputs, v, f"{row}.seed{seed}.txt"), encoding="utf-8") as f:
                     hyps = f.read().split("\n")[: len(examples)]
                 if len(hyps) != len(examples):
-                    print(f"report.py: error: {f.name}: {len(hyps)} hypotheses for {len(examples)} documents",
-                          file=sys.stderr)
-                    return 2
+                    raise ConfigError(f"{f.name}: {len(hyps)} hypotheses for {len(examples)} documents")
                 by_seed.append([score_document(ex, h, v) for ex, h in zip(examples, hyps)])
                 hyps_by_seed.append(hyps)
-            rows[row] = cell(by_seed, rng)
+            rows[row] = cell(by_seed, rng, random.Random(f"{v}/{row}/seeds"))
             if v == "binding":
                 rows[row]["binding_choice"] = binding_choice(examples, hyps_by_seed)
             if v == "order":
                 rows[row]["order_choice"] = order_choice(examples, hyps_by_seed)
+        if v == "order":  # the reference row, right after the control (first where there is none)
+            fit = scored_documents(args.fit_data or data_json, "train", args.n_train)
+            ref = position_only_cell(examples, fit, args.n_train, v)
+            ref["rule_fitted_on"] += f" of {os.path.relpath(args.fit_data or data_json, REPO)}'s flags"
+            at = list(rows).index(CONTROL) + 1 if CONTROL in rows else 0
+            items = list(rows.items())
+            rows = dict(items[:at] + [(POSITION_ONLY, ref)] + items[at:])
         ctrl = rows.get(CONTROL)
         for row, c in rows.items():
-            c["beats_control"] = None if ctrl is None or row == CONTROL else (
-                c["exact"] - ctrl["exact"] >= 0.20 and c["exact_ci"][0] > ctrl["exact_ci"][1])
+            c["beats_control"] = None if ctrl is None or row == CONTROL else _beats(c, ctrl, "exact_ci")
+            c["beats_control_seeds"] = (None if ctrl is None or row == CONTROL
+                                        else _beats(c, ctrl, "exact_ci_seeds"))
             # a weaker, second reading: far-slot recall above the control's, intervals disjoint
             c["far_above_control"] = None if ctrl is None or row == CONTROL or not c["far_ci"] else (
                 c["far_ci"][0] > ctrl["far_ci"][1])
@@ -200,7 +340,7 @@ def report(args) -> int:
     os.makedirs(args.report_dir, exist_ok=True)
     with open(os.path.join(args.report_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
-    md = markdown(results, args.command)
+    md = markdown(results)
     with open(os.path.join(args.report_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(md)
     plot(results, os.path.join(args.report_dir, "exact_match.png"))
@@ -208,31 +348,53 @@ def report(args) -> int:
     return 0
 
 
-def markdown(r: dict, command: str) -> str:
+def markdown(r: dict) -> str:
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    ci = lambda lo_hi: f"[{pct(lo_hi[0])}, {pct(lo_hi[1])}]"  # noqa: E731
+    where = (f"trained and decoded at commit {r['trained_at']} on {r['machine']}" if r["trained_at"] != r["commit"]
+             else f"code at commit {r['commit']} on {r['machine']}")
+    scored = "" if r["trained_at"] == r["commit"] else f" Scored by report.py at commit {r['commit']}."
     out = ["# Long range: results (generated by report.py; do not edit by hand)", "",
-           f"Command: `{command}`, code at commit {r['commit']}; {r['wall_s']} s wall, load average {r['load']};",
-           f"{r['settings']}.", "",
+           f"Command: `{r['command']}`, {where}; {r['wall_s']} s wall, load average {r['load']};",
+           f"{r['settings']}.{scored}", "",
            f"Each cell: the mean over seeds {', '.join(map(str, r['seeds']))} on the same {r['n_docs']} "
-           f"{r['split']} documents, with a 95% bootstrap interval over documents ({BOOTSTRAP} resamples, "
-           "pooled over seeds). Exact = the whole summary right (every key, in order, no decoy); far slots: "
+           f"{r['split']} documents, with two 95% percentile bootstrap intervals ({BOOTSTRAP} resamples each). "
+           "\"documents\": resamples the documents, each drawn document bringing its hypotheses of every seed "
+           "(the trained models fixed: how the number moves with other test documents). \"seeds, documents\": "
+           "draws the seeds (with replacement, as many as were run), then the documents: it also moves with the "
+           "training seed (with 3 seeds, 10 distinct seed draws: a coarse interval). "
+           "Exact = the whole summary right (every key, in order, no decoy); far slots: "
            "binding's colour + animal (bound >= 1,024 words before the use), retrieval's slots of keys past "
            "word 1,024, count's counts of animals whose mentions span 1,024+ words, every order slot. "
-           "Beats control: exact "
-           ">= 20 points above local_8's, intervals disjoint (the issue's test); far slots above control: the "
-           "far-slot recall intervals disjoint, a weaker reading.", ""]
+           "Beats control: exact >= 20 points above local_8's and the two intervals disjoint (the issue's test), "
+           "read with each interval; far slots above control: the far-slot recall intervals (documents) "
+           "disjoint, a weaker reading.", ""]
     for v, rows in r["variants"].items():
         out += [f"## {v}", "",
-                "| row | exact match [95% CI] | per seed | beats control | slot recall "
+                "| row | exact match [95% CI: documents] | per seed | beats control "
+                "| [95% CI: seeds, documents] | beats control (seeds resampled too) | slot recall "
                 "| far-slot recall [95% CI] | far slots above control |",
-                "|---|---:|---|:-:|---:|---:|:-:|"]
+                "|---|---:|---|:-:|---:|:-:|---:|---:|:-:|"]
         yes_no = {None: "", True: "yes", False: "no"}
         for row, c in rows.items():
-            lo, hi = c["exact_ci"]
-            far = pct(c["far_recall"]) + (f" [{pct(c['far_ci'][0])}, {pct(c['far_ci'][1])}]" if c["far_ci"] else "")
-            out.append(f"| {LABELS.get(row, row)} | {pct(c['exact'])} [{pct(lo)}, {pct(hi)}] | "
+            far = pct(c["far_recall"]) + (f" {ci(c['far_ci'])}" if c["far_ci"] else "")
+            out.append(f"| {LABELS.get(row, row)} | {pct(c['exact'])} {ci(c['exact_ci'])} | "
                        f"{' / '.join(pct(x) for x in c['exact_per_seed'])} | {yes_no[c['beats_control']]} | "
+                       f"{ci(c['exact_ci_seeds'])} | {yes_no[c['beats_control_seeds']]} | "
                        f"{pct(c['slot_recall'])} | {far} | {yes_no[c['far_above_control']]} |")
+        if POSITION_ONLY in rows:
+            ref = rows[POSITION_ONLY]
+            bands = "; ".join(
+                f"{n} arrivals: thresholds at word {', '.join(f'{t:,}' for t in rule['thresholds'])} "
+                f"({pct(rule['train_exact'])} of {rule['n_docs']:,} training documents right)"
+                for n, rule in ref["rule"].items())
+            out += ["", f"Position only (no model, no seeds): each arrival is ranked by its own word offset alone, "
+                    f"never against another arrival; an arrival before the first threshold is called first, one "
+                    f"at or past the last threshold last. Fitted on {ref['rule_fitted_on']} (exact search for the "
+                    f"thresholds that put the most documents entirely right): {bands}. It is handed the animals "
+                    "(\"the right animals\" is 100% by construction), and two arrivals in one band count as wrong "
+                    "(no coin flip). Where a long row scores no higher, this table cannot tell it from a reader that "
+                    "only knows roughly where each arrival lies."]
         if any("binding_choice" in c for c in rows.values()):
             out += ["", "Binding or copying? When a row writes one of the document's bound animals, is it the right "
                     "one more often than a random pick among them?", "",
@@ -283,11 +445,10 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["extract"]:
         if len(argv) != 4:
-            print("report.py: error: usage: report.py extract GENERATE_OUT N HYPOTHESES", file=sys.stderr)
-            return 2
+            return report_error("usage: report.py extract GENERATE_OUT N HYPOTHESES", PROG)
         extract(argv[1], int(argv[2]), argv[3])
         return 0
-    p = argparse.ArgumentParser(prog="report.py", description=__doc__,
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--outputs", required=True)
     p.add_argument("--report-dir", required=True)
@@ -296,11 +457,26 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", required=True)
     p.add_argument("--rows", nargs="+", required=True)
     p.add_argument("--seeds", nargs="+", type=int, required=True)
-    p.add_argument("--command", default="bash examples/long_range/run.sh")
-    p.add_argument("--wall", default="?")
-    p.add_argument("--load", default="?")
-    p.add_argument("--settings", default="")
-    return report(p.parse_args(argv))
+    p.add_argument("--n-train", type=POSITIVE_INT, default=N_TRAIN,
+                   help=f"order: training documents the position-only rule is fitted on (run.sh's N_LONG; "
+                   f"default {N_TRAIN})")
+    p.add_argument("--fit-data", help="order: a data.json whose train split fits the position-only rule "
+                   "(default: the scored variant's own; regap.sh: the set its checkpoints trained on)")
+    p.add_argument("--command", help="the command that made the outputs (default: bash examples/long_range/run.sh)")
+    p.add_argument("--trained-at", help="the commit the outputs were made at (default: the scorer's, as in "
+                   "run.sh's own call)")
+    p.add_argument("--machine", help="where the outputs were made (default, when --trained-at is not given: "
+                   "this CPU and its cores)")
+    p.add_argument("--wall")
+    p.add_argument("--load")
+    p.add_argument("--settings")
+    p.add_argument("--provenance-from", help="a committed results.json whose command, commit, machine, wall "
+                   "time, load and settings the new table keeps (re-scoring its outputs); flags given win")
+    args = p.parse_args(argv)
+    try:
+        return report(args)
+    except UserError as e:
+        return report_error(e, PROG)
 
 
 if __name__ == "__main__":

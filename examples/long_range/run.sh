@@ -116,7 +116,7 @@ for v in $VARIANTS; do
     done
 done
 python "$LR_HERE/report.py" --outputs "$REPORT_DIR/outputs" --report-dir "$REPORT_DIR" --split "$SPLIT" \
-    --n-docs "$N_TEST" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
+    --n-docs "$N_TEST" --n-train "$N_LONG" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
     --command "bash $LR_HERE/run.sh" --wall "$(( $(date +%s) - start ))" \
     --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)" \
     --settings "SPLIT=$SPLIT VARIANTS=\"$VARIANTS\" ROWS=\"$ROWS\" SEEDS=\"$SEEDS\" MIN_KEYS=$MIN_KEYS MAX_KEYS=$MAX_KEYS N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG${MODEL_FLAGS:+ MODEL_FLAGS=\"$MODEL_FLAGS\"}${DATA_FLAGS:+ DATA_FLAGS=\"$DATA_FLAGS\"}${RESUME:+ RESUME=$RESUME} MAX_TOKENS=$MAX_TOKENS DEVICE=$DEVICE PRECISION=$PRECISION JOBS=$JOBS THREADS=$THREADS"
