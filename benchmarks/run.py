@@ -369,14 +369,15 @@ def make_hf_step(model, dictionary, mode, src, args, g):
     raise ValueError(f"{mode}: the HF archs run enc and train only")
 
 
+SSM_LABELS = ("s4d.layer", "s4d.kernel", "s4d.projection")
+
+
 def ssm_breakdown(model, step, device) -> dict:
     """One more encoder call under ``torch.profiler``, the S4D token mixer's own work summed from its
     labels (``lsg_fairseq.modules.s4d``): ``s4d.layer`` (every call), ``s4d.kernel`` (SSM kernel
-    generation) and ``s4d.projection`` (its k/q/output projections). conv = layer - kernel -
-    projections: padding mask, kernel layout and FFT, transposes, the input FFT, the product, the
-    inverse FFT, the gate. So ``kernel + conv`` is everything the SSM adds over a token mixer made of
-    linear layers. Times are the labels' host time on CPU, their device time on a GPU; the total is
-    the profiled call's own (the profiler's overhead is in both).
+    generation) and ``s4d.projection`` (its k/q/output projections); :func:`breakdown_from_rows`
+    does the arithmetic. So ``kernel + conv`` is everything the SSM adds over a token mixer made of
+    linear layers. The total is the profiled call's own (the profiler's overhead is in both).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -388,18 +389,31 @@ def ssm_breakdown(model, step, device) -> dict:
         step()
         sync(device)
         total = time.perf_counter() - t
-    totals = dict.fromkeys(("s4d.layer", "s4d.kernel", "s4d.projection"), 0.0)
-    for event in prof.key_averages():
-        if event.key in totals:
-            us = getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) if cuda \
-                else event.cpu_time_total
-            totals[event.key] = us / 1e6
+    return breakdown_from_rows(prof.key_averages(), cuda, total)
+
+
+def breakdown_from_rows(rows, cuda: bool, total: float) -> dict:
+    """The S4D split from profiler rows (``key_averages()``: ``key``, ``device_type``,
+    ``cpu_time_total``, ``device_time_total`` in us) of a call that took ``total`` seconds.
+
+    Only the host-side (CPU) rows of the labels count: their host time on CPU, their device time on
+    a GPU, and both include what nested labels ran (a CPU row's device time sums the kernels launched
+    inside it, children included). A GPU run also has "GPU user annotation" rows under the same keys,
+    which credit each kernel to the innermost label only: mixing them in would subtract the kernel
+    twice. conv = layer - kernel - projections: padding mask, kernel layout and FFT, transposes,
+    FFTs, product, gate (never below 0; a few us of jitter at most).
+    """
+    totals = dict.fromkeys(SSM_LABELS, 0.0)
+    for row in rows:
+        if row.key in totals and str(row.device_type).endswith("CPU"):
+            totals[row.key] += (row.device_time_total if cuda else row.cpu_time_total) / 1e6
     kernel, proj = totals["s4d.kernel"], totals["s4d.projection"]
-    conv = totals["s4d.layer"] - kernel - proj
-    return {"ssm_total_s": total, "ssm_kernel_s": kernel, "ssm_conv_s": conv,
+    conv = max(0.0, totals["s4d.layer"] - kernel - proj)
+    return {"ssm_total_s": total, "ssm_layer_s": totals["s4d.layer"], "ssm_kernel_s": kernel, "ssm_conv_s": conv,
             "ssm_proj_s": proj, "ssm_share": (kernel + conv) / total,
             "ssm_conv_is": "S4D.forward minus its k/q/output projections and the kernel (mask, transposes, "
-                           "FFTs, product, gate), from the s4d.* profiler labels"}
+                           "FFTs, product, gate), from the host-side rows of the s4d.* profiler labels "
+                           "(device time on a GPU)"}
 
 
 def sync(device):

@@ -339,3 +339,52 @@ def test_cpu_path_by_head_dim_smoke_times_both_paths(tmp_path):
     assert all(r["ratio"] > 0 and r["head"] == 16 for r in rows)
     text = out.read_text()
     assert "--smoke --repeat 1" in text and text.count("| tiny (d 64, 4 heads) | 16 |") == 2
+
+
+# ---------------------------------------------------------------- the S4D breakdown
+def _row(key, device, cpu_us, device_us):
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    return SimpleNamespace(key=key, device_type=getattr(DeviceType, device), cpu_time_total=cpu_us,
+                           device_time_total=device_us)
+
+
+def test_breakdown_of_a_gpu_trace_with_nested_labels(run_module):
+    """A CUDA trace as the profiler gives it: host-side rows whose device time includes the kernels
+    of nested labels (layer 100 us > kernel 60 + projections 25), and GPU user-annotation rows of the
+    same keys that credit each kernel to its innermost label only (layer 15). The split reads the
+    host-side rows; the first GPU reading let the annotation rows in and printed a negative conv."""
+    rows = [_row("s4d.layer", "CPU", 400.0, 100.0), _row("s4d.kernel", "CPU", 90.0, 60.0),
+            _row("s4d.projection", "CPU", 200.0, 25.0), _row("aten::mm", "CPU", 150.0, 25.0),
+            _row("s4d.layer", "CUDA", 0.0, 15.0), _row("s4d.kernel", "CUDA", 0.0, 60.0),
+            _row("s4d.projection", "CUDA", 0.0, 25.0)]
+    split = run_module.breakdown_from_rows(rows, cuda=True, total=0.0002)
+    assert split["ssm_layer_s"] == pytest.approx(100e-6) and split["ssm_kernel_s"] == pytest.approx(60e-6)
+    assert split["ssm_proj_s"] == pytest.approx(25e-6) and split["ssm_conv_s"] == pytest.approx(15e-6)
+    assert split["ssm_share"] == pytest.approx(75e-6 / 0.0002)
+    cpu = run_module.breakdown_from_rows(rows, cuda=False, total=0.001)  # host times on CPU
+    assert cpu["ssm_conv_s"] == pytest.approx(110e-6)
+    # the rows the first reading used (last one per key wins): a negative conv, now never
+    old = {r.key: r.device_time_total for r in rows if r.key.startswith("s4d.")}
+    assert old["s4d.layer"] - old["s4d.kernel"] - old["s4d.projection"] < 0
+    assert run_module.breakdown_from_rows(rows[4:], cuda=True, total=1.0)["ssm_conv_s"] == 0.0
+
+
+def test_breakdown_of_a_real_cpu_trace_adds_up(run_module):
+    """A profiled S4D layer (labels nested: kernel and projections inside the layer) on CPU."""
+    from lsg_fairseq.modules.s4d import S4D
+
+    layer = S4D(32, 16).eval()
+    layer.kernel_cache_mb = 0  # generate the kernels inside the profiled call
+    u = torch.randn(1, 512, 32)
+
+    def step():
+        with torch.no_grad():
+            return layer(u)
+
+    split = run_module.ssm_breakdown(layer, step, torch.device("cpu"))
+    parts = split["ssm_kernel_s"] + split["ssm_proj_s"] + split["ssm_conv_s"]
+    assert split["ssm_kernel_s"] > 0 and split["ssm_proj_s"] > 0 and split["ssm_conv_s"] > 0
+    assert parts == pytest.approx(split["ssm_layer_s"]) and split["ssm_layer_s"] <= split["ssm_total_s"]
