@@ -66,6 +66,7 @@ Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target che
 import argparse
 import datetime
 import gc
+import itertools
 import json
 import logging
 import multiprocessing as mp
@@ -161,6 +162,13 @@ def parse_args(argv=None):
     p.add_argument("--ssm-breakdown-max-length", type=int, default=65536,
                    help="locost enc: split out kernel generation / FFT convolution (one extra encoder "
                         "call) up to this length")
+    p.add_argument("--checkpoint-activations", action="store_true",
+                   help="every fairseq arch with --checkpoint-activations (e.g. train at 64K; the HF peers "
+                        "are unchanged)")
+    p.add_argument("--one-process", action="store_true",
+                   help="all rows in one process, one after the other, instead of one each (spawned with "
+                        "--device cuda, where each process start costs seconds; on CPU a row's peak RSS "
+                        "then may include what earlier rows left in the heap)")
     p.add_argument("--profile", action="store_true",
                    help="also write a torch.profiler op table of one call per measurement")
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
@@ -192,7 +200,10 @@ def model_argv(arch: str, length: int, args) -> list:
     ``linear`` and the int8 archs are variants of the lsg_norm / led rows)."""
     if arch in INT8_ARCHS:
         return model_argv(arch[:-len("_int8")], length, args)
-    return FAMILY_ROWS["lsg_norm" if arch == "linear" else arch](length, args)
+    argv = FAMILY_ROWS["lsg_norm" if arch == "linear" else arch](length, args)
+    if args.checkpoint_activations and "--checkpoint-activations" not in argv:
+        argv = argv + ["--checkpoint-activations"]
+    return argv
 
 
 def make_dictionary(size: int) -> Dictionary:
@@ -490,10 +501,60 @@ def _child(conn, arch, mode, length, args):
     conn.close()
 
 
+def _child_rows(conn, rows, args):
+    """``_child`` for several rows: each record is sent as soon as it is measured."""
+    for arch, mode, length in rows:
+        try:
+            rec = measure(arch, mode, length, args)
+            rec["status"] = "ok"
+        except Exception as e:  # noqa: BLE001  (reported in the results, the next row goes on)
+            rec = {"status": f"failed: {type(e).__name__}: {str(e)[:300]}"}
+            traceback.print_exc()
+        gc.collect()
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+        conn.send((arch, mode, length, rec))
+    conn.close()
+
+
+def run_rows(rows, args):
+    """The records of ``rows`` [(arch, mode, length)] in order, from one process (``--one-process``);
+    a row that times out or kills the process ends it, and it and the rows after it say so."""
+    ctx = mp.get_context(start_method(args))
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child_rows, args=(send, rows, args))
+    proc.start()
+    send.close()
+    for i, (arch, mode, length) in enumerate(rows):
+        base = {"arch": arch, "mode": mode, "length": length, "device": args.device}
+        status = None
+        if recv.poll(args.timeout):
+            try:
+                _, _, _, rec = recv.recv()
+                yield dict(base, **rec)
+                continue
+            except EOFError:
+                proc.join()
+                status = f"died (exit code {proc.exitcode}; out of memory?)"
+        else:
+            proc.kill()
+            status = f"timeout after {args.timeout:.0f} s"
+        for arch, mode, length in rows[i:]:
+            yield {"arch": arch, "mode": mode, "length": length, "device": args.device,
+                   "status": status if (arch, mode, length) == rows[i] else f"not run: {status} in an earlier row"}
+        break
+    proc.join()
+
+
+def skipped(arch, length, args):
+    """Why (arch, length) is not measured at all, or None."""
+    if arch == "bart" and length > args.max_full_length:
+        return f"skipped: full attention beyond --max-full-length {args.max_full_length}"
+    return None
+
+
 def run_one(arch, mode, length, args) -> dict:
     base = {"arch": arch, "mode": mode, "length": length, "device": args.device}
-    if arch == "bart" and length > args.max_full_length:
-        return dict(base, status=f"skipped: full attention beyond --max-full-length {args.max_full_length}")
     ctx = mp.get_context(start_method(args))
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, arch, mode, length, args))
@@ -594,21 +655,23 @@ def main(argv=None):
     print(f"# {run_meta['started']} {run_meta['device']} ({run_meta['cpu']}), torch {run_meta['torch']}, {cuda}"
           f"{args.threads} threads, load average {run_meta['load_average_start']}", flush=True)
     start = time.time()
-    for length in args.lengths:
-        for mode in args.modes:
-            for arch in args.arch:
-                if mode not in modes_of(arch, length, args):
-                    continue
-                rec = run_one(arch, mode, length, args)
-                records = [r for r in records if (r["arch"], r["mode"], r["length"]) != (arch, mode, length)]
-                records.append(rec)
-                if rec["status"] == "ok":
-                    msg = (f"{rec['median_s']:8.3f} s  peak {rec['peak_mb']:8.0f} MiB  "
-                           f"above weights {rec['activations_mb']:8.0f} MiB  ({len(rec['times_s'])} timed)")
-                else:
-                    msg = rec["status"]
-                print(f"{length:>7} {mode:<5} {arch:<16} {msg}", flush=True)
-                write_outputs(records, meta_runs + [run_meta], args, stem, plots=False)
+    plan = [(arch, mode, length) for length in args.lengths for mode in args.modes for arch in args.arch
+            if mode in modes_of(arch, length, args)]
+    skips = [dict(arch=a, mode=m, length=n, device=args.device, status=skipped(a, n, args))
+             for a, m, n in plan if skipped(a, n, args)]
+    plan = [(a, m, n) for a, m, n in plan if not skipped(a, n, args)]
+    measured = run_rows(plan, args) if args.one_process else (run_one(*row, args) for row in plan)
+    for rec in itertools.chain(skips, measured):  # each record written as soon as it comes
+        key = (rec["arch"], rec["mode"], rec["length"])
+        records = [r for r in records if (r["arch"], r["mode"], r["length"]) != key]
+        records.append(rec)
+        if rec["status"] == "ok":
+            msg = (f"{rec['median_s']:8.3f} s  peak {rec['peak_mb']:8.0f} MiB  "
+                   f"above weights {rec['activations_mb']:8.0f} MiB  ({len(rec['times_s'])} timed)")
+        else:
+            msg = rec["status"]
+        print(f"{rec['length']:>7} {rec['mode']:<5} {rec['arch']:<16} {msg}", flush=True)
+        write_outputs(records, meta_runs + [run_meta], args, stem, plots=False)
     run_meta["seconds"] = round(time.time() - start, 1)
     run_meta["load_average_end"] = load_average()
     meta_runs.append(run_meta)

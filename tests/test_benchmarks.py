@@ -307,12 +307,13 @@ def test_device_probe_runs_in_a_spawned_child(run_module, cuda_booby_trapped, tm
 
 
 def test_spawned_whole_tensor_and_hf_rows(tmp_path):
-    """Measurements in spawned children (as on a GPU), the layers' whole-tensor paths forced on CPU,
-    and the HF peers' rows (transformers' own BART with SDPA and LED)."""
+    """Measurements in a spawned child (as on a GPU; one for every row, --one-process, as
+    benchmarks/gpu_check.sh runs them), the layers' whole-tensor paths forced on CPU, and the HF
+    peers' rows (transformers' own BART with SDPA and LED)."""
     proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "benchmarks", "run.py"), "--smoke",
                            "--arch", "lsg_norm", "led", "locost", "hf_bart", "hf_led", "--modes", "enc",
-                           "--start-method", "spawn", "--layer-path", "whole", "--out", str(tmp_path),
-                           "--tag", "spawned", "--no-plots"],
+                           "--start-method", "spawn", "--one-process", "--layer-path", "whole",
+                           "--out", str(tmp_path), "--tag", "spawned", "--no-plots"],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "spawned.json") as f:

@@ -6,7 +6,8 @@ one. The layers, lowest first (README "Where things live"):
     lsg_text                      the fairseq-free text library (never imports lsg_fairseq)
     ops, checkpoint_io            pure tensor functions; the checkpoint error type
     modules, data, generation,    layers (torch modules), fairseq datasets, the generator,
-    checkpoint_policy             the --restore-file policy
+    checkpoint_policy,            the --restore-file policy, the device and precision policy
+    device_policy
     models, tasks, optim,         what fairseq registers, and the patches of fairseq internals
     fairseq_fixes, quantize
     convert                       HF <-> fairseq checkpoints
@@ -36,6 +37,7 @@ LAYERS = [
     ("lsg_fairseq.data", 2),
     ("lsg_fairseq.generation", 2),
     ("lsg_fairseq.checkpoint_policy", 2),
+    ("lsg_fairseq.device_policy", 2),
     ("lsg_fairseq.models", 3),
     ("lsg_fairseq.tasks", 3),
     ("lsg_fairseq.optim", 3),

@@ -1,0 +1,218 @@
+"""Conformance on a device: every reference fixture, converted, run on ``--device`` in float32,
+bfloat16 and float16, against the reference implementations' outputs and against this CPU's
+float32 result (``benchmarks/gpu_check.sh``, stage 1).
+
+For each fixture case (LSG-BART: ``bart_plain``, ``lsg_none``, ``lsg_norm``, ``lsg_pooling``;
+``led_w32`` with its first-token global mode; the LOCOST fixture) and each input set (long, mid,
+short), one row: the largest absolute difference of the encoder output (valid positions) and of
+the logits, float32 on the device against the reference's outputs (the fixture's own tolerance is
+1e-4) and against the CPU float32 result; bfloat16 and float16 as the relative error
+``|x - cpu| / |cpu|`` of the logits (their drift, no pass mark). On a GPU the layers take their
+whole-tensor paths; with ``--device cpu`` (the CI smoke) ``--layer-path whole`` forces them, so
+the comparison with the CPU result is not empty there either.
+
+    python benchmarks/device_conformance.py --device cuda --out /tmp/conformance.json
+    python benchmarks/device_conformance.py --device cpu --layer-path whole --fixtures ../shared/fixtures
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+# Where the fixtures live: the repository's copy first, then the shared folder beside the clone.
+FIXTURE_DIRS = (os.path.join(REPO, "tests", "data", "fixtures"), os.path.join(REPO, "..", "shared", "fixtures"))
+LSG_FOLDERS = ("bart_plain", "lsg_none", "lsg_norm", "lsg_pooling")
+TOLERANCE = 1e-4  # the fixtures' READMEs: float32, values O(1-15)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def find_fixtures(given=None) -> str:
+    for folder in ([given] if given else FIXTURE_DIRS):
+        if folder and os.path.isdir(os.path.join(folder, "lsg")):
+            return folder
+    raise SystemExit(f"device_conformance.py: error: no fixtures in {given or ' or '.join(FIXTURE_DIRS)}")
+
+
+def _load(model_pt: str):
+    from fairseq import checkpoint_utils
+
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([model_pt])
+    return models[0].eval()
+
+
+# ---------------------------------------------------------------- the cases: (name, model.pt, sets)
+# Each set: (name, run(model, device) -> (encoder_out (B, T, C) float32 numpy, logits float32 numpy),
+# valid (B, T) bool of the encoder rows to compare, reference encoder_out, reference logits).
+def lsg_cases(fixtures, work):
+    from lsg_fairseq.convert import convert
+
+    inputs = np.load(os.path.join(fixtures, "lsg", "inputs.npz"))
+    for name in LSG_FOLDERS:
+        model_pt = convert(os.path.join(fixtures, "lsg", name, "hf"), os.path.join(work, name))
+        expected = np.load(os.path.join(fixtures, "lsg", name, "outputs.npz"))
+        sets = []
+        for S in ("long", "mid", "short"):
+            if f"{S}_encoder_out" not in expected.files:
+                continue
+            ids, lengths, dec = (torch.from_numpy(inputs[f"{S}_{k}"]) for k in ("input_ids", "lengths", "decoder_input_ids"))
+            ref_enc = expected[f"{S}_encoder_out"]
+            G = ref_enc.shape[1] - ids.shape[1]  # global tokens first in the encoder output
+            valid = np.zeros(ref_enc.shape[:2], dtype=bool)
+            for i, n in enumerate(lengths.tolist()):
+                valid[i, :G + n] = True
+
+            def run(model, device, ids=ids, lengths=lengths, dec=dec):
+                enc = model.encoder(ids.to(device), src_lengths=lengths.to(device))
+                logits, _ = model(ids.to(device), lengths.to(device), dec.to(device))
+                return enc["encoder_out"][0].transpose(0, 1), logits
+
+            sets.append((S, run, valid, ref_enc, expected[f"{S}_logits"]))
+        yield f"lsg/{name}", model_pt, sets
+
+
+def led_cases(fixtures, work):
+    from lsg_fairseq.convert import convert
+
+    led = os.path.join(fixtures, "led")
+    model_pt = convert(os.path.join(led, "led_w32", "hf"), os.path.join(work, "led_w32"))
+    inputs = np.load(os.path.join(led, "inputs.npz"))
+    expected = np.load(os.path.join(led, "led_w32", "outputs.npz"))
+    sets = []
+    for S in ("long", "mid", "short"):
+        ids, lengths, dec = (torch.from_numpy(inputs[f"{S}_{k}"]) for k in ("input_ids", "lengths", "decoder_input_ids"))
+        valid = np.arange(ids.shape[1])[None, :] < lengths.numpy()[:, None]
+
+        def run(model, device, ids=ids, lengths=lengths, dec=dec):
+            enc = model.encoder(ids.to(device), lengths.to(device))  # default mode: first token global
+            logits, _ = model.decoder(dec.to(device), encoder_out=enc)
+            return enc["encoder_out"][0].transpose(0, 1), logits
+
+        sets.append((S, run, valid, expected[f"{S}_first_encoder_out"], expected[f"{S}_first_logits"]))
+    yield "led/led_w32", model_pt, sets
+
+
+def locost_cases(fixtures, work):
+    from lsg_fairseq.convert import convert
+
+    folder = os.path.join(fixtures, "locost")
+    model_pt = convert(os.path.join(folder, "model"), os.path.join(work, "locost"))
+    io = np.load(os.path.join(folder, "reference_io.npz"))
+    with open(os.path.join(work, "locost", "token_map.json")) as f:
+        token_map = json.load(f)
+    to_fairseq = {}
+    for index, hf in enumerate(token_map):
+        if index:  # index 0: the decoder start, a duplicate of HF id 0
+            to_fairseq.setdefault(hf, index)
+    mask = io["attention_mask"].astype(bool)
+    L = int(mask.sum(1).max())
+    src = np.vectorize(to_fairseq.get)(io["input_ids"][:, :L])
+    src[~mask[:, :L]] = 1  # fairseq's <pad>
+    prev = np.vectorize(to_fairseq.get)(io["decoder_input_ids"])
+    prev[:, 0] = 0  # the decoder start (HF row 0)
+    cols = np.array([to_fairseq[h] for h in range(io["logits"].shape[-1])])  # fairseq index of each HF id
+    src, prev, lengths = torch.from_numpy(src), torch.from_numpy(prev), torch.from_numpy(mask[:, :L].sum(1))
+
+    def run(model, device):
+        enc = model.encoder(src.to(device), lengths.to(device))
+        logits, _ = model.decoder(prev.to(device), encoder_out=enc)
+        return enc["encoder_out"][0].transpose(0, 1), logits[..., torch.from_numpy(cols).to(device)]
+
+    yield "locost", model_pt, [("long", run, mask[:, :L], io["encoder_last_hidden_state"][:, :L], io["logits"])]
+
+
+# ---------------------------------------------------------------- measuring
+def outputs(model, run, device, dtype, layer_path):
+    from lsg_fairseq.modules.paths import forced_path
+
+    model = model.to(device=device, dtype=dtype)
+    with torch.no_grad(), forced_path(model, layer_path):
+        enc, logits = run(model, device)
+    return enc.float().cpu().numpy(), logits.float().cpu().numpy()
+
+
+def max_abs(a, b, valid=None):
+    d = np.abs(a - b)
+    return float((d[valid] if valid is not None else d).max())
+
+
+def rel_err(a, b):
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+FAMILIES = {"lsg": lsg_cases, "led": led_cases, "locost": locost_cases}
+
+
+def check(fixtures, device, layer_path, dtypes, work, families=tuple(FAMILIES)):
+    rows = []
+    for cases in (FAMILIES[f] for f in families):
+        for name, model_pt, sets in cases(fixtures, work):
+            for S, run, valid, ref_enc, ref_logits in sets:
+                cpu_enc, cpu_logits = outputs(_load(model_pt), run, "cpu", torch.float32, "auto")
+                enc, logits = outputs(_load(model_pt), run, device, torch.float32, layer_path)
+                row = {"fixture": name, "set": S, "device": device,
+                       "enc_vs_reference": max_abs(enc, ref_enc, valid),
+                       "logits_vs_reference": max_abs(logits, ref_logits),
+                       "enc_vs_cpu": max_abs(enc, cpu_enc, valid), "logits_vs_cpu": max_abs(logits, cpu_logits)}
+                row["fp32_ok"] = bool(max(row["enc_vs_reference"], row["logits_vs_reference"]) <= TOLERANCE)
+                for tag in dtypes:
+                    if tag != "fp32":
+                        _, half_logits = outputs(_load(model_pt), run, device, DTYPES[tag], layer_path)
+                        row[f"{tag}_logits_rel_vs_cpu"] = rel_err(half_logits, cpu_logits)
+                rows.append(row)
+                print(f"{name:<16} {S:<5} fp32 vs reference {row['enc_vs_reference']:.1e} / "
+                      f"{row['logits_vs_reference']:.1e}, vs cpu {row['enc_vs_cpu']:.1e} / {row['logits_vs_cpu']:.1e}"
+                      + "".join(f", {t} {row[f'{t}_logits_rel_vs_cpu']:.1e}" for t in dtypes if t != "fp32"),
+                      flush=True)
+    return rows
+
+
+def markdown(rows, dtypes) -> str:
+    half = [t for t in dtypes if t != "fp32"]
+    head = ("| fixture | set | fp32 encoder vs reference | fp32 logits vs reference | fp32 encoder vs CPU | "
+            "fp32 logits vs CPU | " + " | ".join(f"{t} logits rel. vs CPU" for t in half) + " | within 1e-4 |")
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        out.append(f"| {r['fixture']} | {r['set']} | {r['enc_vs_reference']:.1e} | {r['logits_vs_reference']:.1e} | "
+                   f"{r['enc_vs_cpu']:.1e} | {r['logits_vs_cpu']:.1e} | "
+                   + "".join(f"{r[f'{t}_logits_rel_vs_cpu']:.1e} | " for t in half)
+                   + ("yes" if r["fp32_ok"] else "**NO**") + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layer-path", default="auto", choices=["auto", "whole", "cpu"])
+    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--fixtures", default=None, help="folder with lsg/, led/, locost/ (default: "
+                                                    + " or ".join(FIXTURE_DIRS) + ")")
+    p.add_argument("--out", required=True, help="JSON written here (the markdown beside it, .md)")
+    args = p.parse_args(argv)
+    fixtures = find_fixtures(args.fixtures)
+    import lsg_fairseq  # noqa: F401  (registers the models)
+
+    start = time.time()
+    with tempfile.TemporaryDirectory() as work:
+        rows = check(fixtures, args.device, args.layer_path, args.dtypes, work, args.families)
+    result = {"device": args.device, "layer_path": args.layer_path, "torch": torch.__version__,
+              "seconds": round(time.time() - start, 1), "rows": rows,
+              "all_fp32_within_tolerance": all(r["fp32_ok"] for r in rows)}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(markdown(rows, args.dtypes))
+    print(f"{len(rows)} rows, fp32 within {TOLERANCE:g} of the references: {result['all_fp32_within_tolerance']} "
+          f"({result['seconds']:.0f} s)")
+    return 0 if result["all_fp32_within_tolerance"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

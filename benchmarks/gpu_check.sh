@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The GPU check: one command that measures the project on one GPU in <= 9 minutes (issue 31).
+#
+#   bash ../shared/gpu/prepare.sh          # here, once: wheels for the GPU machine (carry .gpu)
+#   source .gpu/device_setup.sh && RESULTS=$OUT COMMIT=<hash> bash benchmarks/gpu_check.sh   # there
+#   DEV=cpu RESULTS=/tmp/check bash benchmarks/gpu_check.sh                # CI: the same stages, tiny
+#
+# Staged by value; each stage writes its results, and the report ($RESULTS/cuda.md, cuda.json) is
+# rewritten after every stage, so a call cut off by its time limit still leaves a table:
+#   1. conformance on every fixture: float32 on the device against the references and the CPU;
+#      bfloat16 and float16 drift (benchmarks/device_conformance.py);
+#   2. encoder forward at 16K and 64K: linear, bart, lsg_norm, led, locost (bf16, batch 1, base);
+#   3. fairseq-train smokes (30 updates, tiny archs) with --fp16 and --bf16: finite, decreasing loss,
+#      LOCOST's parameter group lines in the log;
+#   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
+#   5. while time is left: 4K rows, hf_bart / hf_led, generation at 16K (beam 4), LOCOST at 600K.
+# Benchmark rows run in one process per stage (run.py --one-process): spawning one per row cost
+# ~13 s each on the first GPU reading.
+#
+# Environment: DEV (cuda | cpu), RESULTS (default benchmarks/results), BUDGET_S (seconds for the
+# whole check, default 480: stages that would not fit are recorded as not run), COMMIT (the commit
+# measured, where the copy has no .git), PYTHON (default python).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEV=${DEV:-cuda}
+RESULTS=${RESULTS:-benchmarks/results}
+BUDGET_S=${BUDGET_S:-480}
+PYTHON=${PYTHON:-python}
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+work="$RESULTS/gpu_check"
+mkdir -p "$work"
+: > "$work/stages.tsv"
+start=$(date +%s)
+left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
+export PYTHONUNBUFFERED=1
+
+report() {
+    "$PYTHON" benchmarks/gpu_check_report.py --work "$work" --out "$RESULTS/cuda" > /dev/null \
+        || echo "gpu_check.sh: the report failed" >&2
+}
+
+# stage NAME MIN_SECONDS COMMAND...: runs COMMAND if MIN_SECONDS are left, within what is left
+stage() {
+    local name=$1 need=$2; shift 2
+    local t0 status remaining
+    remaining=$(left)
+    if [ "$remaining" -lt "$need" ]; then
+        printf '%s\tnot run: %ss left, needs %ss\t0\n' "$name" "$remaining" "$need" >> "$work/stages.tsv"
+        echo "== $name: not run ($remaining s left)"
+        return
+    fi
+    echo "== $name ($remaining s left)"
+    t0=$(date +%s)
+    timeout --kill-after=10 "$remaining" "$@" > "$work/$name.log" 2>&1
+    case $? in
+        0) status=ok ;;
+        124|137) status="cut off at the time limit" ;;
+        *) status="failed (see gpu_check/$name.log)" ;;
+    esac
+    printf '%s\t%s\t%s\n' "$name" "$status" "$(( $(date +%s) - t0 ))" >> "$work/stages.tsv"
+    tail -n 3 "$work/$name.log"
+    report
+}
+
+"$PYTHON" - "$DEV" "$COMMIT" > "$work/env.json" <<'EOF'
+import datetime, json, os, platform, sys
+import torch
+from lsg_text.provenance import cpu_name
+dev, commit = sys.argv[1:3]
+card = torch.cuda.get_device_name() if dev == "cuda" and torch.cuda.is_available() else f"CPU: {cpu_name()}"
+print(json.dumps({"device": dev, "card": card, "torch": torch.__version__, "cuda": torch.version.cuda,
+                  "python": platform.python_version(), "commit": commit, "cpu": cpu_name(),
+                  "load_average_start": [round(x, 2) for x in os.getloadavg()],
+                  "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}))
+EOF
+[ -s "$work/env.json" ] || { echo "gpu_check.sh: error: python with torch and lsg_fairseq is needed" >&2; exit 2; }
+if [ "$DEV" = cuda ]; then
+    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+        || { echo "gpu_check.sh: error: DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)" >&2; exit 2; }
+    bench=(benchmarks/run.py --device cuda --dtype bf16 --one-process --warmup 2 --repeat 5 --budget 3
+           --timeout 240 --max-full-length 65536 --out "$work" --no-plots)
+    conformance=(--device cuda)
+    L16=16384; L64=65536; L4=4096; L600=600000; UPDATES=30; TRAIN_TOKENS=4096; DOC_TOKENS=300
+elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
+    bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --smoke --out "$work" --no-plots)
+    conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
+    L16=256; L64=512; L4=128; L600=1024; UPDATES=4; TRAIN_TOKENS=400; DOC_TOKENS=80
+    export RUNS="locost_tiny:fp16 lsg_bart_tiny:bf16"  # one of each precision (a CPU's float16 is slow)
+else
+    echo "gpu_check.sh: error: DEV=$DEV: expected cuda or cpu" >&2; exit 2
+fi
+
+# 1. conformance
+stage conformance 60 "$PYTHON" benchmarks/device_conformance.py "${conformance[@]}" --out "$work/conformance.json"
+# 2. encoder forward
+stage enc 60 "$PYTHON" "${bench[@]}" --tag enc --modes enc --lengths "$L16" "$L64" \
+    --arch linear bart lsg_norm led locost
+# 3. fairseq-train smokes
+stage train_smoke 60 bash benchmarks/gpu_train_smoke.sh "$work/train_smoke" "$DEV" "$UPDATES" "$TRAIN_TOKENS" \
+    "$DOC_TOKENS"
+# 4. forward + backward
+stage train16k 40 "$PYTHON" "${bench[@]}" --tag train16k --modes train --lengths "$L16" \
+    --arch linear bart lsg_norm led locost
+stage train64k_ckpt 40 "$PYTHON" "${bench[@]}" --tag train64k_ckpt --modes train --lengths "$L64" \
+    --checkpoint-activations --arch linear lsg_norm led locost
+# 5. while time is left
+stage extra4k 40 "$PYTHON" "${bench[@]}" --tag extra4k --modes enc train --lengths "$L4" \
+    --arch linear bart lsg_norm led locost hf_bart hf_led
+stage peers16k 40 "$PYTHON" "${bench[@]}" --tag peers16k --modes enc train --lengths "$L16" --arch hf_bart hf_led
+stage gen16k 60 "$PYTHON" "${bench[@]}" --tag gen16k --modes gen --lengths "$L16" --beam 4 \
+    --arch linear lsg_norm led locost
+stage locost600k 60 "$PYTHON" "${bench[@]}" --tag locost600k --modes enc --lengths "$L600" --warmup 1 \
+    --repeat 1 --arch locost
+report
+echo "wrote $RESULTS/cuda.md and $RESULTS/cuda.json in $(( $(date +%s) - start )) s"

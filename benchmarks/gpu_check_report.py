@@ -1,0 +1,162 @@
+"""The GPU check's report: ``<out>.md`` and ``<out>.json`` from what the stages of
+``benchmarks/gpu_check.sh`` left in its work folder (pure Python, no torch: it is rerun after
+every stage, and a stage that did not run is reported as such).
+
+Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
+``conformance.json`` (+ ``.md``), ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
+JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``extra4k``, ``peers16k``,
+``gen16k``, ``locost600k``).
+
+    python benchmarks/gpu_check_report.py --work benchmarks/results/gpu_check --out benchmarks/results/cuda
+"""
+import argparse
+import json
+import os
+
+BENCH_STAGES = (
+    ("enc", "2. Encoder forward, no grad"),
+    ("train16k", "4a. Forward + backward of the whole model"),
+    ("train64k_ckpt", "4b. Forward + backward with --checkpoint-activations"),
+    ("extra4k", "5a. 4K tokens"),
+    ("peers16k", "5b. The HF peers at 16K"),
+    ("gen16k", "5c. Generation (beam 4, 128 new tokens, encoder included)"),
+    ("locost600k", "5d. LOCOST at the paper's longest inputs"),
+)
+ARCH_ORDER = ("linear", "bart", "hf_bart", "lsg_norm", "led", "hf_led", "locost", "locost_cold", "locost_ckpt")
+
+
+def _read(path, default=None):
+    if not os.path.exists(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
+def stages(work):
+    rows = []
+    path = os.path.join(work, "stages.tsv")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    name, status, seconds = line.rstrip("\n").split("\t")
+                    rows.append({"stage": name, "status": status, "seconds": int(seconds)})
+    return rows
+
+
+def _order(arch):
+    return (ARCH_ORDER.index(arch), arch) if arch in ARCH_ORDER else (len(ARCH_ORDER), arch)
+
+
+def bench_tables(records) -> str:
+    """Per mode: archs x lengths, ``ms (x lin, x bart) / MiB above the weights``."""
+    out = []
+    for mode in ("enc", "train", "gen"):
+        rs = [r for r in records if r["mode"] == mode]
+        if not rs:
+            continue
+        lengths = sorted({r["length"] for r in rs})
+        ok = {(r["arch"], r["length"]): r for r in rs if r["status"] == "ok"}
+        out.append(f"`{mode}`: milliseconds (ratio to `linear`, to `bart`) / peak MiB above the weights\n")
+        out.append("| arch | " + " | ".join(f"{n:,}" for n in lengths) + " |")
+        out.append("|---|" + "---:|" * len(lengths))
+        for arch in sorted({r["arch"] for r in rs}, key=_order):
+            cells = []
+            for n in lengths:
+                r = ok.get((arch, n))
+                if r is None:
+                    status = next((x["status"] for x in rs if (x["arch"], x["length"]) == (arch, n)), "not run")
+                    cells.append(status.split(":")[0])
+                    continue
+                ratios = [f"{r['median_s'] / ok[(ref, n)]['median_s']:.2f}x {name}"
+                          for ref, name in (("linear", "lin"), ("bart", "bart"))
+                          if ref != arch and (ref, n) in ok]
+                cells.append(f"{1e3 * r['median_s']:.3g}" + (f" ({', '.join(ratios)})" if ratios else "")
+                             + f" / {r['activations_mb']:,.0f}")
+            out.append(f"| {arch} | " + " | ".join(cells) + " |")
+        splits = [r for r in rs if "ssm_share" in r and r["status"] == "ok"]
+        if splits:
+            out.append("\nLOCOST's S4D layers in one more (profiled) call: ms of kernel generation, convolution "
+                       "(FFTs, layout, gate), projections; share of the call\n")
+            out.append("| arch | length | kernel | convolution | projections | kernel + convolution share |")
+            out.append("|---|---:|---:|---:|---:|---:|")
+            for r in splits:
+                out.append(f"| {r['arch']} | {r['length']:,} | {1e3 * r['ssm_kernel_s']:.3g} | "
+                           f"{1e3 * r['ssm_conv_s']:.3g} | {1e3 * r['ssm_proj_s']:.3g} | {100 * r['ssm_share']:.1f}% |")
+        out.append("")
+    return "\n".join(out)
+
+
+def smoke_table(runs) -> str:
+    out = ["| arch | precision | updates | loss first -> last | finite and falling | optimizer groups |",
+           "|---|---|---:|---|---|---|"]
+    for r in runs:
+        losses = f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}" if r["losses"] else "none"
+        groups = "<br>".join(g.replace("grouped_adam: ", "") for g in r["groups"]) or "none logged"
+        out.append(f"| {r['arch']} | {r['precision']} | {r['updates']} | {losses} | "
+                   f"{'yes' if r['fell'] else '**NO**'} | {groups} |")
+    return "\n".join(out) + "\n"
+
+
+def build(work):
+    env = _read(os.path.join(work, "env.json"), {})
+    result = {"env": env, "stages": stages(work), "conformance": _read(os.path.join(work, "conformance.json")),
+              "train_smoke": _read(os.path.join(work, "train_smoke", "train_smoke.json")), "benchmarks": {}}
+    for tag, _ in BENCH_STAGES:
+        part = _read(os.path.join(work, f"{tag}.json"))
+        if part is not None:
+            result["benchmarks"][tag] = {"records": part["records"], "runs": part["runs"]}
+    return result
+
+
+def markdown(result, work) -> str:
+    env = result["env"]
+    head = [f"# GPU check: {env.get('card', '?')} ({env.get('device', '?')})\n",
+            f"torch {env.get('torch')} (CUDA {env.get('cuda')}), Python {env.get('python')}, commit "
+            f"`{env.get('commit')}`, started {env.get('started')}, load average at start "
+            f"{env.get('load_average_start')}, host CPU {env.get('cpu')}. Command: `benchmarks/gpu_check.sh` "
+            "(each stage's log in `gpu_check/`). bf16, batch 1, base-size models unless a table says otherwise.\n",
+            "| stage | status | seconds |", "|---|---|---:|"]
+    head += [f"| {s['stage']} | {s['status']} | {s['seconds']} |" for s in result["stages"]]
+    out = ["\n".join(head), ""]
+    conf = result["conformance"]
+    out.append("## 1. Conformance on every fixture\n")
+    if conf:
+        out.append(f"float32 on `{conf['device']}` (layer path {conf['layer_path']}) against the reference "
+                   "implementations' outputs (max abs, tolerance 1e-4) and against this machine's CPU float32; "
+                   f"half precisions as the logits' relative error against the CPU. All float32 within 1e-4: "
+                   f"**{'yes' if conf['all_fp32_within_tolerance'] else 'NO'}**.\n")
+        with open(os.path.join(work, "conformance.md")) as f:
+            out.append(f.read())
+    else:
+        out.append("not measured\n")
+    for tag, title in BENCH_STAGES[:1]:
+        out.append(f"## {title}\n")
+        part = result["benchmarks"].get(tag)
+        out.append(bench_tables(part["records"]) if part else "not measured\n")
+    out.append("## 3. fairseq-train smokes (tiny archs, --optimizer grouped_adam)\n")
+    out.append(smoke_table(result["train_smoke"]) if result["train_smoke"] else "not measured\n")
+    for tag, title in BENCH_STAGES[1:]:
+        part = result["benchmarks"].get(tag)
+        out.append(f"## {title}\n")
+        out.append(bench_tables(part["records"]) if part else "not measured\n")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True, help="output stem: <out>.md and <out>.json")
+    args = p.parse_args(argv)
+    result = build(args.work)
+    text = markdown(result, args.work)
+    for suffix, content in ((".md", text), (".json", json.dumps(result, indent=1))):
+        tmp = args.out + suffix + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(content)
+        os.replace(tmp, args.out + suffix)
+    print(f"wrote {args.out}.md, {args.out}.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""benchmarks/gpu_check.sh, the one command that measures a GPU, run end to end on CPU at tiny sizes
+(DEV=cpu) so that it cannot rot while no GPU is at hand; and its report when the time runs out."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import BIN, REPO_ROOT
+
+STAGES = ["conformance", "enc", "train_smoke", "train16k", "train64k_ckpt", "extra4k", "peers16k", "gen16k",
+          "locost600k"]
+
+
+def gpu_check(results, **env):
+    full = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RESULTS=str(results), COMMIT="abc1234", **env)
+    return subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=REPO_ROOT, env=full, capture_output=True,
+                          text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    results = tmp_path_factory.mktemp("gpu_check")
+    proc = gpu_check(results, DEV="cpu")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(results / "cuda.json") as f:
+        return json.load(f), (results / "cuda.md").read_text()
+
+
+def test_every_stage_runs_and_is_reported(smoke):
+    result, md = smoke
+    assert [s["stage"] for s in result["stages"]] == STAGES
+    assert all(s["status"] == "ok" for s in result["stages"]), result["stages"]
+    env = result["env"]
+    assert env["device"] == "cpu" and env["commit"] == "abc1234" and len(env["load_average_start"]) == 3
+    assert env["torch"] and env["card"].startswith("CPU: ")
+    for heading in ("## 1. Conformance", "## 2. Encoder forward", "## 3. fairseq-train smokes",
+                    "## 4a. Forward + backward", "## 4b. Forward + backward with --checkpoint-activations",
+                    "## 5d. LOCOST"):
+        assert heading in md
+    assert "not measured" not in md
+
+
+def test_conformance_stage_compares_with_the_references(smoke):
+    conformance = smoke[0]["conformance"]
+    assert conformance["all_fp32_within_tolerance"] and conformance["layer_path"] == "whole"
+    assert {r["set"] for r in conformance["rows"]} == {"long", "mid", "short"}
+    for row in conformance["rows"]:
+        assert 0 < row["logits_vs_reference"] <= 1e-4 and 0 < row["enc_vs_cpu"] <= 1e-4  # paths differ a little
+        assert 1e-4 < row["bf16_logits_rel_vs_cpu"] < 0.1  # bfloat16 drifts, boundedly
+
+
+def test_benchmark_stages_measure_every_row_in_one_process(smoke):
+    benchmarks = smoke[0]["benchmarks"]
+    expected = {"enc": {"linear", "bart", "lsg_norm", "led", "locost"},
+                "train64k_ckpt": {"linear", "lsg_norm", "led", "locost"}, "peers16k": {"hf_bart", "hf_led"}}
+    for tag, archs in expected.items():
+        records = benchmarks[tag]["records"]
+        assert {r["arch"] for r in records} == archs and all(r["status"] == "ok" for r in records)
+        config = benchmarks[tag]["runs"][-1]["config"]
+        assert config["one_process"] and config["dtype"] == "bf16"
+    assert benchmarks["train64k_ckpt"]["runs"][-1]["config"]["checkpoint_activations"]
+    locost = next(r for r in benchmarks["enc"]["records"] if r["arch"] == "locost")
+    assert locost["ssm_conv_s"] >= 0 and 0 < locost["ssm_share"] < 1
+
+
+def test_train_smokes_fall_and_keep_locost_groups(smoke):
+    runs = {(r["arch"], r["precision"]): r for r in smoke[0]["train_smoke"]}
+    assert set(runs) == {("locost_tiny", "fp16"), ("lsg_bart_tiny", "bf16")}
+    assert all(r["finite"] and r["fell"] and r["updates"] == 4 for r in runs.values())
+    locost = runs["locost_tiny", "fp16"]
+    assert locost["non_flat_note"]  # --fp16 built per-tensor master copies ...
+    assert "grouped_adam: group ssm: 10 tensors, lr x0.1, weight decay 0.0" in locost["groups"]  # ... groups kept
+
+
+def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
+    proc = gpu_check(tmp_path, DEV="cpu", BUDGET_S="20")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "cuda.json").read_text())
+    assert [s["stage"] for s in result["stages"]] == STAGES
+    assert all(s["status"].startswith("not run: ") for s in result["stages"])
+    assert (tmp_path / "cuda.md").read_text().count("not measured") == 1 + 1 + 7  # conformance, smokes, benchmarks
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: DEV=cuda would run the whole check")
+def test_cuda_without_a_gpu_is_one_line(tmp_path):
+    proc = gpu_check(tmp_path, DEV="cuda")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == ("gpu_check.sh: error: DEV=cuda: torch sees no CUDA GPU here "
+                                                    "(DEV=cpu runs the tiny check)")
+
+
+def test_report_needs_no_torch():
+    code = ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_check_report; "
+            "assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
