@@ -21,6 +21,7 @@ from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
 from lsg_fairseq.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
 from lsg_fairseq.modules.paths import PathChoice, forced_path
 from lsg_fairseq.modules.s4d import S4D
+from lsg_fairseq.ops.ssm import next_fast_len
 from test_s4d import _direct_conv, _masked_batch, _perturbed_layer, _recurrent
 
 # ------------------------------------------------------------------------------ S4D values and gradients
@@ -51,8 +52,8 @@ def test_s4d_whole_path_equals_cpu_path_cached_cold_and_in_chunks(monkeypatch):
         cpu = layer(u, mask)
         _whole(layer)
         cached = layer(u, mask)
-        assert layer._whole_cache is not None and layer.cached_kernel_bytes() == 2 * 8 * 60 * 4
-        shorter = layer(u[:, :33], mask[:, :33])  # one cached set serves every shorter input
+        assert list(layer._spectra) == [120] and layer.cached_kernel_bytes() == 8 * 61 * 8  # (H F/2+1) complex64
+        shorter = layer(u[:, :33], mask[:, :33])  # another FFT size (72): another spectrum
         layer.kernel_cache_mb = 0
         layer.clear_kernel_cache()
         cold = layer(u, mask)
@@ -66,6 +67,53 @@ def test_s4d_whole_path_equals_cpu_path_cached_cold_and_in_chunks(monkeypatch):
     with torch.no_grad():
         layer.path = "cpu"
         assert torch.allclose(shorter, layer(u[:, :33], mask[:, :33]), atol=1e-5)
+
+
+def test_kernel_spectra_cache_by_fft_size_least_recently_used_out():
+    """Lengths that share an FFT size share one spectrum, lengths across sizes get their own, the
+    budget evicts the least recently used one, and every output equals the uncached layer's and
+    the dense reference's; a change of D (folded into the spectra) or of a kernel parameter
+    invalidates them."""
+    from test_s4d import _dense_reference
+
+    cached = _whole(_perturbed_layer(H=6, N=8)).eval()
+    plain = _whole(_perturbed_layer(H=6, N=8, kernel_cache_mb=0)).eval()
+    one = 6 * (next_fast_len(2 * 40) // 2 + 1) * 8  # bytes of the spectrum for 40 tokens (F = 80)
+    cached.kernel_cache_mb = 2.5 * one / 2 ** 20  # room for two spectra of about that size
+    lengths = [40, 39, 33, 40, 50, 25]  # F: 80, 80, 72, 80, 100, 50
+    with torch.no_grad():
+        for length in lengths:
+            u, mask = _masked_batch(6, length, length - 7)
+            out = cached(u, mask)
+            keep = ~mask[..., None]
+            assert torch.allclose(out * keep, plain(u, mask) * keep, atol=1e-5)
+            assert torch.allclose(out * keep, _dense_reference(cached, u, mask) * keep, atol=1e-5)
+            assert cached.cached_kernel_bytes() <= 2.5 * one
+        # 80 was used after 72, then 100 evicted 72, then 50 evicted the least recent of 80 and 100
+        assert list(cached._spectra) == [100, 50]
+        spectrum = cached._spectra[50]
+        u, mask = _masked_batch(6, 25, 20)
+        assert torch.equal(cached(u, mask), cached(u, mask)) and cached._spectra[50] is spectrum  # a hit
+        cached.D.add_(1.0)
+        plain.D.add_(1.0)
+        moved = cached(u, mask)
+        assert cached._spectra[50] is not spectrum and torch.allclose(moved, plain(u, mask), atol=1e-5)
+        cached.kernel.log_dt.add_(0.1)
+        plain.kernel.log_dt.add_(0.1)
+        assert torch.allclose(cached(u, mask), plain(u, mask), atol=1e-5)
+
+
+def test_spectra_budget_follows_the_device():
+    layer = S4D(4, 8).eval()
+    assert layer.kernel_cache_mb is None  # the arch default: sized for the device
+    with torch.no_grad():
+        assert layer.cache_budget(torch.device("cpu")) == s4d_module.KERNEL_CACHE_MB * 2 ** 20
+        assert layer.cache_budget(torch.device("meta")) == s4d_module.GPU_KERNEL_CACHE_MB * 2 ** 20
+        layer.kernel_cache_mb = 7.0  # --ssm-kernel-cache-mb overrides on every device
+        assert layer.cache_budget(torch.device("meta")) == 7 * 2 ** 20
+    assert layer.cache_budget(torch.device("cpu")) == 0  # autograd on: no cache
+    # 64K tokens of a base layer fit the GPU default
+    assert 768 * (next_fast_len(2 * 65536) // 2 + 1) * 8 <= s4d_module.GPU_KERNEL_CACHE_MB * 2 ** 20
 
 
 def test_whole_kernels_equal_the_naive_formula(monkeypatch):

@@ -38,7 +38,7 @@ from fairseq.models import (
 from lsg_fairseq.models.custom_encoder import wrap_layer
 from lsg_fairseq.modules.lean_ffn import LeanDropout
 from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
-from lsg_fairseq.modules.s4d import KERNEL_CACHE_MB, KERNEL_TAIL_TOL
+from lsg_fairseq.modules.s4d import KERNEL_TAIL_TOL
 from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
 from lsg_text.argtypes import FINITE_FLOAT, POSITIVE_INT, PROBABILITY, bool_flag, float_range, int_range
@@ -65,9 +65,11 @@ LOCOST_ARGS = [
                         "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
                         "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
     ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching the SSM kernels in eval "
-                                     "mode without autograd (time domain, each channel cut at its decay "
-                                     "length, shortest kernels first; the rest are generated in every call; "
-                                     "what they take: benchmarks/README.md). 0 disables"),
+                                     "mode without autograd: on CPU in the time domain (each channel cut at "
+                                     "its decay length, shortest kernels first; the rest are generated in "
+                                     "every call), on a GPU as spectra, one per FFT size (least recently "
+                                     "used out). Default: 30 on CPU, 512 on a GPU (a base layer's spectrum "
+                                     "at 64K tokens); what they take: benchmarks/README.md. 0 disables"),
     ("--ssm-kernel-tail-tol", float_range(0), "SSM kernel entries after every mode's term has decayed below this are "
                                      "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
                                      "0 computes every entry like the reference"),
@@ -331,7 +333,7 @@ def locost_base_architecture(args):
         args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
         decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
         relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=DT_MIN, ssm_dt_max=DT_MAX,
-        ssm_lr=0.0, ssm_kernel_cache_mb=KERNEL_CACHE_MB, ssm_kernel_tail_tol=KERNEL_TAIL_TOL, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
+        ssm_lr=0.0, ssm_kernel_cache_mb=None, ssm_kernel_tail_tol=KERNEL_TAIL_TOL, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
         checkpoint_activations=False, offload_activations=False,
     )
 

@@ -35,10 +35,12 @@ Where the time goes and what is done about it (the figures behind each choice: `
 
 On a GPU (``lsg_fairseq.modules.paths``) those pieces would each be a kernel launch, so the layer
 runs :meth:`S4D._whole_forward` instead: one blocked product for every channel's kernel, one batched
-FFT, nothing read back on the host.
+FFT, nothing read back on the host; in eval mode the kernels' *spectra* are cached per FFT size
+(:meth:`S4D.whole_spectrum`), so a repeated length costs no kernel generation and no kernel FFT.
 """
 import math
 import mmap
+from collections import OrderedDict
 from typing import Optional, Tuple
 
 import torch
@@ -65,10 +67,15 @@ from lsg_fairseq.ops.ssm import (
 # lsg_fairseq.optim.grouped_adam when it makes them (``param_group`` / ``optim_overrides``).
 SSM_PARAMETER_NAMES = ("log_dt", "inv_A_real", "A_imag", "B", "C")
 
-# Per-layer budget (MiB) of the eval-mode kernel cache (``--ssm-kernel-cache-mb``): every kernel of a
-# locost_base layer up to ~8K tokens, most of them at 16K, for a few percent of the encoder's time
-# there against keeping them all.
+# Per-layer budget (MiB) of the eval-mode kernel cache where ``--ssm-kernel-cache-mb`` is not given,
+# by device. On CPU (time-domain kernels, cut at their decay lengths): every kernel of a locost_base
+# layer up to ~8K tokens, most of them at 16K, for a few percent of the encoder's time there
+# against keeping them all.
 KERNEL_CACHE_MB = 30.0
+# On a GPU (the whole-tensor path's kernel spectra, one per FFT size): a locost_base layer's
+# spectrum for 64K tokens (FFT size 131,072: 768 x 65,537 complex64, 384 MiB), so the 12 layers
+# keep theirs (4.6 GiB) and a shorter bucket beside it.
+GPU_KERNEL_CACHE_MB = 512.0
 # Kernel entries after every mode's term has decayed below this are exact zeros instead of computed
 # (``--ssm-kernel-tail-tol``; their sum stays below M * tol, under float32 rounding of O(1) kernels).
 KERNEL_TAIL_TOL = 1e-10
@@ -227,11 +234,15 @@ class S4D(PathChoice, nn.Module):
     (``s4d_inference`` without autograd); on a GPU, :meth:`_whole_forward`: one kernel product and
     one batched FFT over every channel.
 
-    Kernel cache: in eval mode without autograd, the kernels (time domain, truncated per channel
-    group at the decay length) depend only on the SSM parameters, so the last set made is kept, as
-    much of it as fits in ``kernel_cache_mb`` MiB (see :meth:`kernel_groups`); it serves every shorter input and is
-    invalidated when a kernel parameter is modified in place, moved or replaced, or on
-    ``train()``/``eval()``. ``D`` is applied per call, so it is not part of the cache.
+    Kernel cache: in eval mode without autograd the kernels depend only on the parameters, so they
+    are kept within ``kernel_cache_mb`` MiB per layer (None: :data:`KERNEL_CACHE_MB` on CPU,
+    :data:`GPU_KERNEL_CACHE_MB` elsewhere), and invalidated when a parameter they depend on is
+    modified in place, moved or replaced, or on ``train()``/``eval()``. The CPU path keeps the last
+    set of time-domain kernels made (truncated per channel group at the decay length; it serves
+    every shorter input; ``D`` is applied per call, so it is not part of it; :meth:`kernel_groups`).
+    The whole-tensor path keeps kernel *spectra*, the rfft of the circular kernel with ``D``
+    folded in, one per FFT size, least recently used out (:meth:`whole_spectrum`): inputs of
+    different lengths share a spectrum when they share an FFT size.
     """
 
     def __init__(
@@ -240,7 +251,7 @@ class S4D(PathChoice, nn.Module):
         d_state: int = 64,
         dt_min: float = DT_MIN,
         dt_max: float = DT_MAX,
-        kernel_cache_mb: float = KERNEL_CACHE_MB,
+        kernel_cache_mb: Optional[float] = None,
         kernel_tail_tol: float = KERNEL_TAIL_TOL,
         kernel_recompute: bool = True,
         lr_scale: float = 1.0,
@@ -259,18 +270,19 @@ class S4D(PathChoice, nn.Module):
         # (length L', [(channel idx, n, kernels (2, g, n))]): the time-domain kernels made for L'
         self._cache = None
         self._cache_signature = None
-        # (length L', kernels (2, H, L')): the whole-tensor path's cache, same budget and invalidation
-        self._whole_cache = None
+        # {FFT size F: rfft of the circular kernel (H, F/2+1) complex64}: the whole-tensor path's
+        # cache, least recently used first
+        self._spectra = OrderedDict()
 
     # ---------------------------------------------------------------- kernels (+ cache)
-    def _signature(self):
-        ps = [getattr(self.kernel, n) for n in SSM_PARAMETER_NAMES]
+    def _signature(self, with_skip: bool = False):
+        ps = [getattr(self.kernel, n) for n in SSM_PARAMETER_NAMES] + ([self.D] if with_skip else [])
         return tuple((p.data_ptr(), p._version, p.device, p.dtype) for p in ps)
 
     def clear_kernel_cache(self):
         self._cache = None
         self._cache_signature = None
-        self._whole_cache = None
+        self._spectra = OrderedDict()
 
     def train(self, mode: bool = True):
         self.clear_kernel_cache()
@@ -281,12 +293,18 @@ class S4D(PathChoice, nn.Module):
         self.clear_kernel_cache()
         return super()._apply(fn, *args, **kwargs)
 
-    def _cache_enabled(self) -> bool:
-        return self.kernel_cache_mb > 0 and not self.training and not torch.is_grad_enabled()
+    def cache_budget(self, device: torch.device) -> float:
+        """Bytes the kernel cache may hold on ``device`` (0 outside eval mode without autograd)."""
+        if self.training or torch.is_grad_enabled():
+            return 0.0
+        mb = self.kernel_cache_mb
+        if mb is None:
+            mb = KERNEL_CACHE_MB if device.type == "cpu" else GPU_KERNEL_CACHE_MB
+        return mb * 2 ** 20
 
     def cached_kernel_bytes(self) -> int:
         """Bytes held by the kernel cache (0 when empty)."""
-        total = 0 if self._whole_cache is None else self._whole_cache[1].numel() * 4
+        total = sum(x.numel() * x.element_size() for x in self._spectra.values())
         if self._cache is None:
             return total
         return total + sum(k.numel() * k.element_size() for _, _, k in self._cache[1] if k is not None)
@@ -302,7 +320,8 @@ class S4D(PathChoice, nn.Module):
         slicing. A group not cached has ``k`` None: the convolution generates each channel chunk's
         kernel itself (bounded temporaries).
         """
-        use_cache = self._cache_enabled()
+        budget = self.cache_budget(self.D.device)
+        use_cache = budget > 0
         if use_cache:
             sig = self._signature()
             if sig != self._cache_signature:
@@ -316,7 +335,6 @@ class S4D(PathChoice, nn.Module):
         # The budget is filled with the shortest kernels first (a kernel's generation costs time in
         # proportion to its length plus a fixed part, so per MiB kept the short ones save the most),
         # splitting the group where it runs out; the rest is generated chunk by chunk by the caller.
-        budget = self.kernel_cache_mb * 2 ** 20 if use_cache else 0
         cached = {}  # group index -> how many of its channels are cached
         used = 0
         for i in sorted(range(len(groups)), key=lambda i: groups[i][1]):
@@ -339,25 +357,39 @@ class S4D(PathChoice, nn.Module):
             if m < len(idx):
                 entries.append((idx[m:], n, None))
         self._cache = (length, entries)
-        self._whole_cache = None  # one cache at a time (a layer runs one path)
+        self._spectra = OrderedDict()  # one cache at a time (a layer runs one path)
         return entries
 
-    def whole_kernels(self, length: int) -> Optional[torch.Tensor]:
-        """The whole-tensor path's cached kernels (2, H, L' >= L), made now if they fit in
-        ``kernel_cache_mb`` (eval mode without autograd); None: generate them per call."""
-        if not self._cache_enabled():
+    def whole_spectrum(self, fft_size: int) -> Optional[torch.Tensor]:
+        """The whole-tensor path's kernel spectrum for FFT size F: ``rfft`` of the circular kernel
+        (``D`` folded in), (H, F/2+1) complex64, from the cache or made now if it fits the budget
+        (eval mode without autograd); None: the caller makes it per call.
+
+        One spectrum serves every length L with ``next_fast_len(2L) == F``: it is made from the
+        kernels of length ``Lb = (F + 1) // 2 >= L`` (F >= 2 Lb - 1, so nothing wraps around), and
+        the lags from L to Lb only ever meet the zero padding of an input of length L or land on
+        outputs past L, which are cut off. Least recently used spectra leave first.
+        """
+        budget = self.cache_budget(self.D.device)
+        if budget <= 0:
             return None
-        sig = self._signature()
+        sig = self._signature(with_skip=True)
         if sig != self._cache_signature:
             self.clear_kernel_cache()
             self._cache_signature = sig
-        if self._whole_cache is not None and self._whole_cache[0] >= length:
-            return self._whole_cache[1]
-        if 2 * self.H * length * 4 > self.kernel_cache_mb * 2 ** 20:
+        hit = self._spectra.get(fft_size)
+        if hit is not None:
+            self._spectra.move_to_end(fft_size)
+            return hit
+        need = self.H * (fft_size // 2 + 1) * 8
+        if need > budget:
             return None
         self._cache = None  # one cache at a time (a layer runs one path)
-        self._whole_cache = (length, self.kernel(length, whole=True))
-        return self._whole_cache[1]
+        while self._spectra and self.cached_kernel_bytes() + need > budget:
+            self._spectra.popitem(last=False)
+        kernels = self.kernel((fft_size + 1) // 2, whole=True)  # (2 H Lb)
+        self._spectra[fft_size] = torch.fft.rfft(self._circular(kernels, slice(None), fft_size))  # (H F/2+1)
+        return self._spectra[fft_size]
 
     # ---------------------------------------------------------------- layer
     def forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -430,13 +462,15 @@ class S4D(PathChoice, nn.Module):
             kc = self._circular(self.kernel(L, whole=True), slice(None), fft_size)  # (H F)
             y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H)
         else:
-            cached = self.whole_kernels(L)  # (2 H L') or None
+            spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
             chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
             y = None if chunk == H else torch.empty(B, H, L, dtype=torch.float32, device=k.device)  # (B H L)
             for c0 in range(0, H, chunk):
                 ch = slice(c0, min(H, c0 + chunk))
-                kern = self.kernel(L, ch, whole=True) if cached is None else cached[:, ch, :L]  # (2 c L)
-                kh = torch.fft.rfft(self._circular(kern, ch, fft_size))  # (c F/2+1)
+                if spectrum is None:
+                    kh = torch.fft.rfft(self._circular(self.kernel(L, ch, whole=True), ch, fft_size))  # (c F/2+1)
+                else:
+                    kh = spectrum[ch]
                 xh = torch.fft.rfft(k[..., ch].float().transpose(1, 2), n=fft_size)  # (B c F/2+1)
                 yc = torch.fft.irfft(xh * kh, n=fft_size)[..., :L]  # (B c L)
                 if y is None:
