@@ -94,7 +94,7 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from lsg_fairseq.convert import families  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
 from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
-from lsg_fairseq.modules.paths import PATHS, forced_path  # noqa: E402
+from lsg_fairseq.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
 from report import HF_ARCHS, INT8_ARCHS, MODES  # noqa: E402
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -417,6 +417,7 @@ def measure(arch, mode, length, args) -> dict:
     params = sum(p.numel() for p in model.parameters())
     with forced_path(model, args.layer_path):
         rec = measure_model(model, dictionary, arch, mode, length, args, device)
+        rec["layer_path"] = paths_ran(model)  # as the layers took it: cpu, whole, flex (None: no such layer)
     rec["params"] = params
     if device.type == "cuda":
         rec["device_name"] = torch.cuda.get_device_name(device)
