@@ -95,7 +95,7 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 from lsg_fairseq.convert import families  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
 from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
-from lsg_fairseq.modules.paths import PATHS, forced_path  # noqa: E402
+from lsg_fairseq.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
 from report import HF_ARCHS, INT8_ARCHS, MODES  # noqa: E402
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -148,8 +148,8 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each measurement")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--layer-path", default="auto", choices=PATHS,
-                   help="force the CPU or the whole-tensor path of the layers that have both "
-                        "(default auto: whole tensors on GPU)")
+                   help="force one path of the layers that have several: cpu, whole or flex (default auto: "
+                        "flex for LSG/LED on CUDA without attention dropout, else whole tensors on GPU)")
     p.add_argument("--start-method", default="auto", choices=["auto", "fork", "spawn"],
                    help="how measurement processes start (auto: fork on CPU, spawn with --device cuda)")
     p.add_argument("--block-size", type=int, default=128)
@@ -442,6 +442,7 @@ def measure(arch, mode, length, args) -> dict:
     params = sum(p.numel() for p in model.parameters())
     with forced_path(model, args.layer_path):
         rec = measure_model(model, dictionary, arch, mode, length, args, device)
+        rec["layer_path"] = paths_ran(model)  # as the layers took it: cpu, whole, flex (None: no such layer)
     rec["params"] = params
     if device.type == "cuda":
         rec["device_name"] = torch.cuda.get_device_name(device)

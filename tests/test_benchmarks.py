@@ -329,6 +329,7 @@ def test_train_rows_of_the_peers_and_of_the_whole_tensor_path(run_module, arch):
     args = run_module.parse_args(["--smoke", "--arch", arch, "--layer-path", "whole"])
     rec = run_module.measure(arch, "train", 256, args)
     assert rec["median_s"] > 0 and rec["params"] > 0
+    assert rec["layer_path"] == ("whole" if arch == "locost" else None)  # the path the layers took
 
 
 def test_cpu_path_by_head_dim_smoke_times_both_paths(tmp_path):

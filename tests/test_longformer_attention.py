@@ -33,13 +33,10 @@ def dense_reference(attn, x, pad=None, glob=None):
     q, k, v = proj(attn.q_proj, x) / math.sqrt(d), proj(attn.k_proj, x), proj(attn.v_proj, x)
     qg, kg, vg = (proj(attn.q_proj_global, x) / math.sqrt(d), proj(attn.k_proj_global, x),
                   proj(attn.v_proj_global, x))
-    i = torch.arange(T)[:, None]
-    j = torch.arange(T)[None, :]
     out = torch.zeros(n, h, T, d, dtype=torch.float64)
     for b in range(n):
         R, G = real[b], glob[b]
-        # local query: globals anywhere, plus real non-global keys within |i - j| <= w
-        local_keys = G[None, :] | (R & ~G)[None, :] & ((i - j).abs() <= w)  # (T, T)
+        local_keys = reference_local_keys(R, G, w)  # (T, T)
         s = q[b] @ k[b].transpose(-1, -2)  # (h, T, T)
         p = torch.softmax(s.masked_fill(~local_keys, float("-inf")), dim=-1)
         o_local = p @ v[b]
@@ -51,6 +48,14 @@ def dense_reference(attn, x, pad=None, glob=None):
     out = out.transpose(1, 2).reshape(n, T, C)
     W = attn.out_proj
     return (out @ W.weight.double().t() + W.bias.double()).transpose(0, 1)
+
+
+def reference_local_keys(R, G, w):
+    """(T, T) bool, the keys of local query i: globals anywhere, plus real non-global keys within
+    |i - j| <= w; R real tokens, G global tokens (G within R), (T,) bool each."""
+    i = torch.arange(R.size(0))[:, None]
+    j = torch.arange(R.size(0))[None, :]
+    return G[None, :] | (R & ~G)[None, :] & ((i - j).abs() <= w)
 
 
 def make(window, block_size=None, C=16, h=4, seed=0):

@@ -46,29 +46,36 @@ def dense_reference(attn, x, key_padding_mask=None, gen=None):
                                          valid[G:], bs, sbs, sf, projs)
             else:
                 sk, sv, sok = k[:, :0], v[:, :0], torch.zeros(h, 0, dtype=torch.bool)
-            ns = sk.size(1)
             keys, vals = torch.cat([k, sk], 1), torch.cat([v, sv], 1)
-            allow = torch.zeros(h, S, S + ns, dtype=torch.bool)
-            allow[:, :G, :S] = valid  # global queries: everything
-            step = bs // sf
-            for i in range(t):
-                j = i // bs
-                row = G + i
-                allow[:, row, :G] = True
-                for kk in range((j - 1) * bs, (j + 2) * bs):
-                    if 0 <= kk < t:
-                        allow[:, row, G + kk] = valid[G + kk]
-                if use_sparse:
-                    window = list(range((j - 1) * step - sbs, (j - 1) * step)) + \
-                        list(range((j + 2) * step, (j + 2) * step + sbs))
-                    for p in window:
-                        if 0 <= p < ns:
-                            allow[:, row, S + p] = sok[:, p]
+            allow = reference_allow(G, t, bs, sbs, sf, valid, sok)
         scores = q @ keys.transpose(1, 2) / math.sqrt(d)
         scores = scores.masked_fill(~allow, NEG)
         o = torch.softmax(scores, -1) @ vals  # (h, S, d)
         outs.append(o.transpose(0, 1).reshape(S, C)[:T])
     return attn.out_proj(torch.stack(outs, 1))  # (T, n, C)
+
+
+def reference_allow(G, t, bs, sbs, sf, valid, sok):
+    """The LSG pattern of one row as a (h, S, S + ns) bool mask over [globals | tokens | sparse]:
+    valid (S,) real keys, sok (h, ns) valid sparse entries (ns = 0: no sparse keys)."""
+    h, ns = sok.shape
+    S = G + t
+    allow = torch.zeros(h, S, S + ns, dtype=torch.bool)
+    allow[:, :G, :S] = valid  # global queries: everything
+    step = bs // sf
+    for i in range(t):
+        j = i // bs
+        row = G + i
+        allow[:, row, :G] = True
+        for kk in range((j - 1) * bs, (j + 2) * bs):
+            if 0 <= kk < t:
+                allow[:, row, G + kk] = valid[G + kk]
+        window = list(range((j - 1) * step - sbs, (j - 1) * step)) + \
+            list(range((j + 2) * step, (j + 2) * step + sbs))
+        for p in window:
+            if 0 <= p < ns:
+                allow[:, row, S + p] = sok[:, p]
+    return allow
 
 
 def make(stype="norm", G=1, bs=4, sbs=4, sf=2, h=2, C=16, seed=0, **kw):

@@ -130,14 +130,16 @@ class LEDEncoder(LongInputEncoder):
     def prepare(self, src_tokens, pad, x, global_attention_mask=None):
         """``global_attention_mask`` (B x T bool, True = global), an input of ``forward``, overrides
         ``--global-attention``/``--global-token-ids`` for the call. The layers get the global
-        positions once for all as ``global_index`` (``ops.blocks.compact_indices``' form)."""
+        positions once for all as ``global_index`` (``ops.blocks.compact_indices``' form), and
+        ``block_masks``, where the flex path's block masks are kept from one layer to the next."""
         if global_attention_mask is not None and global_attention_mask.shape != src_tokens.shape:
             raise ValueError(
                 f"global_attention_mask has shape {tuple(global_attention_mask.shape)}, "
                 f"src_tokens {tuple(src_tokens.shape)}"
             )
         x, layer_mask, _ = super().prepare(src_tokens, pad, x)
-        return x, layer_mask, {"global_index": self.global_index(src_tokens, pad, global_attention_mask)}
+        return x, layer_mask, {"global_index": self.global_index(src_tokens, pad, global_attention_mask),
+                               "block_masks": {}}
 
     def global_index(self, src_tokens, pad, global_attention_mask=None):
         """(idx, valid) (B, Gm): the global positions of every row (None: no global token).

@@ -124,7 +124,8 @@ class LSGBARTEncoder(LongInputEncoder):
         if pad.any():
             x = x * (1 - torch.cat([no_pad, pad], dim=1).unsqueeze(-1).type_as(x))
         key_mask = torch.cat([no_pad, self._hidden(pad)], dim=1)  # (B, G + L), True = not attended
-        return x, key_mask if bool(key_mask.any()) else None, {}
+        # block_masks: the flex path's block mask, built by the first layer, reused by the others
+        return x, key_mask if bool(key_mask.any()) else None, {"block_masks": {}}
 
     def finish(self, x, pad):
         G = self.num_global_tokens

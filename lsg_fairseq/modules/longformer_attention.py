@@ -29,6 +29,10 @@ block's key set is 3w (HF's chunking computes 4w products per query and builds a
 
 Masks use ``finfo(dtype).min`` (not -inf), so that the rows of padding queries, which may see
 no valid key, stay finite; their outputs are unspecified (spec section 4) and dropped by callers.
+
+On CUDA without attention dropout the local rows run FlexAttention instead (``_local_flex``,
+``ops.flex``): the keys are the projection itself, the band and the globals a ``mask_mod``; no
+gather, no per-block mask, one block mask per forward for every layer of the same window.
 """
 import math
 from typing import Optional, Sequence, Tuple, Union
@@ -39,7 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lsg_fairseq.modules.padded_projection import padded_projection
-from lsg_fairseq.modules.paths import PathChoice
+from lsg_fairseq.modules.paths import CPU, FLEX, PathChoice
+from lsg_fairseq.ops import flex
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
     KEY_ALIGN,
@@ -106,8 +111,10 @@ class LongformerSelfAttention(PathChoice, nn.Module):
     LED encoder passes): a mask's positions must be read on the host, which a GPU pays as a
     synchronisation in every layer.
 
-    Two key paths (``lsg_fairseq.modules.paths``): strided windows on CPU (``_local_windows``), and
-    on whole tensors (GPU, attention dropout; ``_local``): one gather and one SDPA for all blocks.
+    Three key paths (``lsg_fairseq.modules.paths``): strided windows on CPU (``_local_windows``),
+    FlexAttention on CUDA without attention dropout (``_local_flex``), and on whole tensors
+    (attention dropout; ``_local``): one gather and one SDPA for all blocks. ``block_masks``, a dict
+    the encoder makes once per forward and hands to every layer, keeps flex's block masks.
 
     ``block_size`` (default w) only trades speed for memory: results do not depend on it.
     ``fold_global`` (class default True) lets few global rows skip the global key/value
@@ -181,6 +188,7 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         attn_mask: Optional[Tensor] = None,
         global_attention_mask: Optional[Tensor] = None,
         global_index: Optional[Tuple[Tensor, Tensor]] = None,
+        block_masks: Optional[dict] = None,
         **unused,
     ) -> Tuple[Tensor, None]:
         if attn_mask is not None:
@@ -205,8 +213,12 @@ class LongformerSelfAttention(PathChoice, nn.Module):
             glob = global_positions_mask(g_idx, g_valid, T)  # (n, T)
 
         x = query.transpose(0, 1)  # (n, T, C)
-        if not self.whole_tensors(x) and wa.supported(x, self.dropout if self.training else 0.0):
-            out = self._local_windows(x, real, glob, g_idx, g_valid)  # (n, T, C)
+        path = self.choose_attention_path(x, self.head_dim, self.dropout if self.training else 0.0)
+        if path in (CPU, FLEX):
+            if path == CPU:
+                out = self._local_windows(x, real, glob, g_idx, g_valid)  # (n, T, C)
+            else:
+                out = self._local_flex(x, real, glob, {} if block_masks is None else block_masks)  # (n, T, C)
             if glob is not None:
                 out = self._global_rows(x, out, real, g_idx, g_valid)
             return self.out_proj(out.transpose(0, 1)), None
@@ -269,6 +281,23 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         groups = wa.split_unmasked([wa.QueryGroup(0, nbq, bq, windows)], [m for _, _, m in sources])
         out = wa.window_attention(q, sources, groups, scale=d ** -0.5, inplace=True)  # over q
         return out[:, :T].reshape(n, T, C)
+
+    def _local_flex(self, x, real, glob, block_masks: dict) -> Tensor:
+        """Every query against its band and the row's globals in one flex call (local
+        projections); the keys are the projections as they come, nothing padded or gathered.
+        ``block_masks`` keeps the block mask for the next layers of the same window."""
+        n, T, C = x.shape
+        h, d, w = self.num_heads, self.head_dim, self.one_sided
+        q = self.q_proj(x).view(n, T, h, d).transpose(1, 2)  # (n, h, T, d)
+        k = self.k_proj(x).view(n, T, h, d).transpose(1, 2)
+        v = self.v_proj(x).view(n, T, h, d).transpose(1, 2)
+        if glob is None:
+            glob = torch.zeros_like(real)  # one mask_mod (one compiled kernel) with or without globals
+        tables = ("led", T, w)
+        if tables not in block_masks:
+            block_masks[tables] = flex.led_block_mask(w, real, glob, flex.led_mask_mod(w, real, glob))
+        out = flex.flex_attention(q, k, v, block_masks[tables], scale=d ** -0.5)  # (n, h, T, d)
+        return out.transpose(1, 2).reshape(n, T, C)
 
     def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int) -> Tensor:
         """Every query against its window and the row's global keys (local projections)."""

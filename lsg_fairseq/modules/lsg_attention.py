@@ -24,7 +24,7 @@ is accepted); padded keys are masked and padded outputs dropped.
 Numerics follow the reference: scores ``Q.K^T / sqrt(d)``, additive masks of exactly
 ``finfo(dtype).min`` (never -inf: a query always sees the global keys, so no row is fully
 masked), dropout on the probabilities. Memory is O(t * Kn), linear in t; nothing of size t x t is
-ever built. Two key paths compute the same softmax over the same keys:
+ever built. Three key paths compute the same softmax over the same keys:
 
 - CPU without attention dropout (``_lsg_windows``): the keys are projected into one buffer
   [globals | pad block | tokens | pad block], so every block's local window and sparse runs are
@@ -33,7 +33,10 @@ ever built. Two key paths compute the same softmax over the same keys:
   and attended in one call);
 - the whole-tensor path (GPU, ``lsg_fairseq.modules.paths``) and attention dropout
   (``_lsg_gathered``): per-block key sets gathered with one ``index_select`` and one
-  ``F.scaled_dot_product_attention`` for every block, with no host-device synchronisation.
+  ``F.scaled_dot_product_attention`` for every block, with no host-device synchronisation;
+- FlexAttention (CUDA without attention dropout, ``_lsg_flex``): the keys projected into one
+  buffer [tokens | globals | sparse sequence] and the LSG pattern as a ``mask_mod`` over it
+  (``ops.flex``): no per-block copy and no float mask; its block mask is built once per forward.
 
 The sparse sequences (Step A) are the pure functions of ``ops.sparse``.
 
@@ -53,8 +56,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lsg_fairseq.modules.padded_projection import padded_projection
-from lsg_fairseq.modules.paths import PathChoice
-from lsg_fairseq.ops import sparse
+from lsg_fairseq.modules.paths import CPU, FLEX, WHOLE, PathChoice
+from lsg_fairseq.ops import flex, sparse
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import (
     KEY_ALIGN,
@@ -135,7 +138,8 @@ class LSGSelfAttention(PathChoice, nn.Module):
 
     ``forward(query=x, key=x, value=x, key_padding_mask=m)`` with x of shape (T, B, C) where the
     first ``num_global_tokens`` time steps are the global tokens, and m (B, T) bool, True = pad
-    (or None). Returns ``(out (T, B, C), None)``.
+    (or None). Returns ``(out (T, B, C), None)``. ``block_masks``, a dict the encoder makes once
+    per forward and hands to every layer, keeps the flex path's block mask for the other layers.
     """
 
     def __init__(
@@ -202,6 +206,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
         key_padding_mask: Optional[Tensor] = None,
         need_weights: bool = False,
         attn_mask: Optional[Tensor] = None,
+        block_masks: Optional[dict] = None,
         **unused,
     ) -> Tuple[Tensor, None]:
         if attn_mask is not None:
@@ -235,17 +240,22 @@ class LSGSelfAttention(PathChoice, nn.Module):
             key_mask = torch.zeros(pad_mask.shape, dtype=q.dtype, device=q.device)
             key_mask.masked_fill_(pad_mask.bool(), torch.finfo(q.dtype).min)  # (n, S) additive
 
-        if L > 2 * bs and not self.whole_tensors(q) and wa.supported(q, self.dropout if self.training else 0.0):
+        path = self.choose_attention_path(q, d, self.dropout if self.training else 0.0)
+        if L <= 2 * bs:
+            self.ran = WHOLE  # plain attention over every key, whatever the path
+            k = self.k_proj(x).view(n, S, h, d)
+            v = self.v_proj(x).view(n, S, h, d)
+            mask = None if key_mask is None else key_mask[:, None, None, :]
+            out = self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
+            out = out.transpose(1, 2).reshape(n, S, C)  # (n, S, C)
+        elif path == CPU:
             out = self._lsg_windows(x, q, key_mask)  # (n, S, C)
+        elif path == FLEX:
+            out = self._lsg_flex(x, q, pad_mask, key_mask, {} if block_masks is None else block_masks)  # (n, S, C)
         else:
             k = self.k_proj(x).view(n, S, h, d)
             v = self.v_proj(x).view(n, S, h, d)
-            if L <= 2 * bs:
-                mask = None if key_mask is None else key_mask[:, None, None, :]
-                out = self._attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask)
-                out = out.transpose(1, 2).reshape(n, S, C)  # (n, S, C)
-            else:
-                out = self._lsg_gathered(q, k, v, key_mask)  # (n, S, C)
+            out = self._lsg_gathered(q, k, v, key_mask)  # (n, S, C)
         out = self.out_proj(out[:, :T])  # (n, T, C): adaptive padding dropped
         return out.transpose(0, 1), None  # (T, n, C)
 
@@ -314,6 +324,60 @@ class LSGSelfAttention(PathChoice, nn.Module):
         groups = wa.split_unmasked(groups, [m for _, _, m in sources])
         out = wa.window_attention(q, sources, groups, scale=d ** -0.5, inplace=True)  # (n, S, h, d): over q
         return out.view(n, S, h * d)
+
+    # ------------------------------------------------------------------ LSG path, FlexAttention
+    def _lsg_flex(self, x: Tensor, q: Tensor, pad_mask: Optional[Tensor], key_mask: Optional[Tensor],
+                  block_masks: dict) -> Tensor:
+        """Token queries in one flex call over the keys laid out as ``flex.LSGLayout``: [t tokens |
+        G globals | dead slots | ns sparse]; global queries in one SDPA over the first t + G.
+
+        x (n, S, C) the layer input and q (n, S, h, d) its queries, S = G + t, t a multiple of bs;
+        pad_mask (n, S) bool True = not attended and key_mask its additive form, or None. Returns
+        the attention output (n, S, C) before out_proj: the same softmax over the same keys as
+        :meth:`_lsg_gathered`. ``block_masks`` keeps the block tables for the next layers: they
+        depend on the shapes and the padding only.
+        """
+        n, S, h, d = q.shape
+        G, bs = self.num_global_tokens, self.block_size
+        t = S - G
+        ns = t // self.sparsity_factor if self.has_sparse else 0
+        layout = flex.LSGLayout(t, G, bs, bs // self.sparsity_factor, self.sparse_block_size, ns)
+        grad = torch.is_grad_enabled()
+        # without autograd the sparse sequence is written into the projections' buffer (no copy
+        # of the tokens); with it, appended by cat: writing into the buffer would change the
+        # token keys some sparse functions save for backward
+        pieces = [(slice(G, S), 0), (slice(0, G), t)]
+        length = t + G if grad else layout.length
+        k = padded_projection(self.k_proj, x, pieces, length).view(n, length, h, d)  # (n, t + G [+ ...], h, d)
+        v = padded_projection(self.v_proj, x, pieces, length).view(n, length, h, d)
+        key_ok = torch.ones(n, t + G, dtype=torch.bool, device=q.device) if pad_mask is None else \
+            ~torch.cat([pad_mask[:, G:], pad_mask[:, :G]], dim=1).bool()  # (n, t + G) tokens, globals
+        sparse_ok = None
+        if ns:
+            tok_mask = None if key_mask is None else key_mask[:, G:]  # (n, t)
+            sk, sv, sm = self._sparse(q, k[:, :t], v[:, :t], tok_mask)  # (n, ns, h, d), (n, 1|h, ns)
+            if grad:  # (.to: under autocast a sparse function may return float32; flex takes one dtype)
+                dead = k.new_zeros(n, layout.sparse_at - t - G, h, d)
+                k = torch.cat([k, dead, sk.to(k.dtype)], dim=1)  # (n, layout.length, h, d)
+                v = torch.cat([v, dead, sv.to(v.dtype)], dim=1)
+            else:
+                k[:, layout.sparse_at:], v[:, layout.sparse_at:] = sk, sv
+            sparse_ok = (torch.ones(n, h, ns, dtype=torch.bool, device=q.device) if sm is None
+                         else (sm == 0).expand(n, h, ns).contiguous())  # (n, h, ns) this layer's
+        mask_mod = flex.lsg_mask_mod(layout, key_ok, sparse_ok)
+        if layout not in block_masks:
+            block_masks[layout] = flex.lsg_block_mask(layout, key_ok, mask_mod)
+        block_mask = flex.with_mask_mod(block_masks[layout], mask_mod)
+
+        keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (n, h, layout.length, d)
+        out_tok = flex.flex_attention(q[:, G:].transpose(1, 2), keys, values, block_mask, scale=d ** -0.5)
+        glob_mask = None
+        if key_mask is not None:
+            glob_mask = torch.cat([key_mask[:, G:], key_mask[:, :G]], dim=1)[:, None, None, :]  # (n, 1, 1, t + G)
+        out_global = self._attend(q[:, :G].transpose(1, 2), keys[:, :, :t + G], values[:, :, :t + G], glob_mask)
+        out_tok = out_tok.transpose(1, 2).reshape(n, t, h * d)  # (n, t, C)
+        out_global = out_global.transpose(1, 2).reshape(n, G, h * d)
+        return torch.cat([out_global, out_tok], dim=1)  # (n, S, C)
 
     # ------------------------------------------------------------------ LSG path, gathered keys
     def _lsg_gathered(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Optional[Tensor]) -> Tensor:

@@ -8,28 +8,66 @@ all channels, one gathered key set per query block and one fused attention call,
 host-device synchronisation in the forward. Both paths compute the same function, and each is
 tested against the slow references with the other forced on CPU (``tests/test_whole_tensor_paths.py``).
 
-``path``: ``"auto"`` (the default: whole tensors on any device but the CPU), ``"whole"`` or ``"cpu"``
-to force one (tests, benchmarks, a CPU user who wants the simple path).
+The attentions (LSG, LED) have a third path, ``"flex"`` (``lsg_fairseq.ops.flex``): their patterns
+as FlexAttention masks, one fused kernel over the keys where they lie, no per-block key copies and
+no float masks. It cannot drop attention probabilities, runs backward on CUDA only, and needs a
+head dim of 16 or more; where it cannot run, the layer takes the whole-tensor path.
+
+``path``: ``"auto"`` (the default: the CPU paths on a CPU, flex on CUDA where it can run, else
+whole tensors), or ``"cpu"``, ``"whole"``, ``"flex"`` to force one (tests, benchmarks, a CPU user
+who wants the simple path); a layer without a flex path takes whole tensors for ``"flex"``.
+Each layer notes in ``ran`` the path its last call took (what benchmarks record).
 """
 from contextlib import contextmanager
+from typing import Optional
 
+import torch
 import torch.nn as nn
 from torch import Tensor
 
-AUTO, WHOLE, CPU = "auto", "whole", "cpu"
-PATHS = (AUTO, WHOLE, CPU)
+from lsg_fairseq.ops import flex
+
+AUTO, WHOLE, CPU, FLEX = "auto", "whole", "cpu", "flex"
+PATHS = (AUTO, WHOLE, CPU, FLEX)
+
+
+def attention_path(path: str, device_type: str, head_dim: int, dropout: float, grad: bool) -> str:
+    """The path an attention layer set to ``path`` runs: "cpu" (the strided-window kernels: CPU
+    tensors, no attention dropout), "flex" (``flex.supported``) or "whole"; ``dropout`` is the
+    attention dropout of this call (0 outside training), ``grad`` whether it builds a graph."""
+    if path == AUTO:
+        path = CPU if device_type == "cpu" else FLEX
+    if path == CPU and (device_type != "cpu" or dropout > 0):
+        return WHOLE
+    if path == FLEX and not flex.supported(device_type, head_dim, dropout, grad):
+        return WHOLE
+    return path
 
 
 class PathChoice:
-    """Mixin of the layers that have both paths; ``path`` is a plain attribute (not state)."""
+    """Mixin of the layers that have several paths; ``path`` is a plain attribute (not state)."""
 
     path = AUTO
+    ran: Optional[str] = None  # the path of the last call: "cpu", "whole" or "flex"
 
     def whole_tensors(self, x: Tensor) -> bool:
-        """Whether this call runs the whole-tensor path for input ``x``."""
-        if self.path == AUTO:
-            return x.device.type != "cpu"
-        return self.path == WHOLE
+        """Whether this call runs the whole-tensor path for input ``x`` (layers without flex)."""
+        whole = x.device.type != "cpu" if self.path == AUTO else self.path in (WHOLE, FLEX)
+        self.ran = WHOLE if whole else CPU
+        return whole
+
+    def choose_attention_path(self, x: Tensor, head_dim: int, dropout: float) -> str:
+        """:func:`attention_path` for a call of this layer (an ``nn.Module``) on ``x``."""
+        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        self.ran = attention_path(self.path, x.device.type, head_dim, dropout, grad)
+        return self.ran
+
+
+def paths_ran(model: nn.Module) -> Optional[str]:
+    """The paths the :class:`PathChoice` layers of ``model`` took in their last calls, e.g.
+    "flex" or "cpu+whole" (None: no such layer ran)."""
+    ran = sorted({m.ran for m in model.modules() if isinstance(m, PathChoice) and m.ran})
+    return "+".join(ran) or None
 
 
 @contextmanager
