@@ -4,8 +4,8 @@ every stage, and a stage that did not run is reported as such).
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
 ``conformance.json`` (+ ``.md``), ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
-JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``extra4k``, ``peers16k``,
-``gen16k``, ``locost600k``).
+JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``whole16k``, ``extra4k``,
+``peers16k``, ``gen16k``, ``locost600k``).
 
     python benchmarks/gpu_check_report.py --work benchmarks/results/gpu_check --out benchmarks/results/cuda
 """
@@ -17,10 +17,11 @@ BENCH_STAGES = (
     ("enc", "2. Encoder forward, no grad"),
     ("train16k", "4a. Forward + backward of the whole model"),
     ("train64k_ckpt", "4b. Forward + backward with --checkpoint-activations"),
-    ("extra4k", "5a. 4K tokens"),
-    ("peers16k", "5b. The HF peers at 16K"),
-    ("gen16k", "5c. Generation (beam 4, 128 new tokens, encoder included)"),
-    ("locost600k", "5d. LOCOST at the paper's longest inputs"),
+    ("whole16k", "5a. LSG and LED on the whole-tensor path (gathered keys; flex replaces it on CUDA)"),
+    ("extra4k", "5b. 4K tokens"),
+    ("peers16k", "5c. The HF peers at 16K"),
+    ("gen16k", "5d. Generation (beam 4, 128 new tokens, encoder included)"),
+    ("locost600k", "5e. LOCOST at the paper's longest inputs"),
 )
 ARCH_ORDER = ("linear", "bart", "hf_bart", "lsg_norm", "led", "hf_led", "locost", "locost_cold", "locost_ckpt")
 
@@ -74,15 +75,21 @@ def bench_tables(records) -> str:
                 cells.append(f"{1e3 * r['median_s']:.3g}" + (f" ({', '.join(ratios)})" if ratios else "")
                              + f" / {r['activations_mb']:,.0f}")
             out.append(f"| {arch} | " + " | ".join(cells) + " |")
+        paths = sorted({f"{r['arch']}: {r['layer_path']}" for r in rs if r.get("layer_path")})
+        if paths:
+            out.append("\nLayer paths taken: " + ", ".join(paths))
         splits = [r for r in rs if "ssm_share" in r and r["status"] == "ok"]
         if splits:
             out.append("\nLOCOST's S4D layers in one more (profiled) call: ms of kernel generation, convolution "
-                       "(FFTs, layout, gate), projections; share of the call\n")
-            out.append("| arch | length | kernel | convolution | projections | kernel + convolution share |")
-            out.append("|---|---:|---:|---:|---:|---:|")
+                       "(FFTs, layout, gate), projections; share of the call; MiB its kernel caches hold (made "
+                       "in the warm-up calls: inside the peak above)\n")
+            out.append("| arch | length | kernel | convolution | projections | kernel + convolution share | "
+                       "cache MiB |")
+            out.append("|---|---:|---:|---:|---:|---:|---:|")
             for r in splits:
                 out.append(f"| {r['arch']} | {r['length']:,} | {1e3 * r['ssm_kernel_s']:.3g} | "
-                           f"{1e3 * r['ssm_conv_s']:.3g} | {1e3 * r['ssm_proj_s']:.3g} | {100 * r['ssm_share']:.1f}% |")
+                           f"{1e3 * r['ssm_conv_s']:.3g} | {1e3 * r['ssm_proj_s']:.3g} | {100 * r['ssm_share']:.1f}% | "
+                           f"{r.get('ssm_cache_mb', 0):,.0f} |")
         out.append("")
     return "\n".join(out)
 

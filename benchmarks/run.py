@@ -466,6 +466,9 @@ def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
     peak = read_peak(device)
     rec = {"times_s": times, "median_s": statistics.median(times), "peak_mb": peak,
            "base_mb": base, "activations_mb": peak - base}
+    caches = [m.cached_kernel_bytes() for m in model.modules() if hasattr(m, "cached_kernel_bytes")]
+    if caches:  # LOCOST: its kernel caches, made after the peak was reset, are in the peak
+        rec["ssm_cache_mb"] = sum(caches) / 2 ** 20
     if mode == "gen":
         rec["new_tokens"] = out
         rec["new_tokens_per_s"] = out / rec["median_s"]

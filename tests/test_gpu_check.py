@@ -10,8 +10,8 @@ import torch
 
 from conftest import BIN, REPO_ROOT
 
-STAGES = ["conformance", "enc", "train_smoke", "train16k", "train64k_ckpt", "extra4k", "peers16k", "gen16k",
-          "locost600k"]
+STAGES = ["conformance", "enc", "train_smoke", "train16k", "train64k_ckpt", "whole16k", "extra4k", "peers16k",
+          "gen16k", "locost600k"]
 
 
 def gpu_check(results, **env):
@@ -38,7 +38,7 @@ def test_every_stage_runs_and_is_reported(smoke):
     assert env["torch"] and env["card"].startswith("CPU: ")
     for heading in ("## 1. Conformance", "## 2. Encoder forward", "## 3. fairseq-train smokes",
                     "## 4a. Forward + backward", "## 4b. Forward + backward with --checkpoint-activations",
-                    "## 5d. LOCOST"):
+                    "## 5e. LOCOST"):
         assert heading in md
     assert "not measured" not in md
 
@@ -55,15 +55,18 @@ def test_conformance_stage_compares_with_the_references(smoke):
 def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     benchmarks = smoke[0]["benchmarks"]
     expected = {"enc": {"linear", "bart", "lsg_norm", "led", "locost"},
-                "train64k_ckpt": {"linear", "lsg_norm", "led", "locost"}, "peers16k": {"hf_bart", "hf_led"}}
+                "train64k_ckpt": {"linear", "lsg_norm", "led", "locost"}, "peers16k": {"hf_bart", "hf_led"},
+                "whole16k": {"lsg_norm", "led"}}
     for tag, archs in expected.items():
         records = benchmarks[tag]["records"]
         assert {r["arch"] for r in records} == archs and all(r["status"] == "ok" for r in records)
         config = benchmarks[tag]["runs"][-1]["config"]
         assert config["one_process"] and config["dtype"] == "bf16"
     assert benchmarks["train64k_ckpt"]["runs"][-1]["config"]["checkpoint_activations"]
+    assert {r["layer_path"] for r in benchmarks["whole16k"]["records"]} == {"whole"}
     locost = next(r for r in benchmarks["enc"]["records"] if r["arch"] == "locost")
     assert locost["ssm_conv_s"] >= 0 and 0 < locost["ssm_share"] < 1
+    assert locost["ssm_cache_mb"] > 0  # kernels cached in the warm-up: the record says they are in its peak
 
 
 def test_train_smokes_fall_and_keep_locost_groups(smoke):
@@ -81,7 +84,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     result = json.loads((tmp_path / "cuda.json").read_text())
     assert [s["stage"] for s in result["stages"]] == STAGES
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
-    assert (tmp_path / "cuda.md").read_text().count("not measured") == 1 + 1 + 7  # conformance, smokes, benchmarks
+    assert (tmp_path / "cuda.md").read_text().count("not measured") == 1 + 1 + 8  # conformance, smokes, benchmarks
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: DEV=cuda would run the whole check")
