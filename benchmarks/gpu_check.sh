@@ -13,7 +13,8 @@
 #   3. fairseq-train smokes (30 updates, tiny archs) with --fp16 and --bf16: finite, decreasing loss,
 #      LOCOST's parameter group lines in the log;
 #   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
-#   5. while time is left: LSG and LED on the whole-tensor path (what flex replaces on CUDA) at 16K,
+#   5. while time is left: LOCOST with the fused (compiled) kernel generator at 16K, LSG and LED on
+#      the whole-tensor path (what flex replaces on CUDA) at 16K,
 #      4K rows, hf_bart / hf_led, generation at 16K (beam 4), LOCOST at 600K.
 # Benchmark rows run in one process per stage (run.py --one-process): spawning one per row cost
 # ~13 s each on the first GPU reading.
@@ -105,6 +106,8 @@ stage train16k 40 "$PYTHON" "${bench[@]}" --tag train16k --modes train --lengths
 stage train64k_ckpt 40 "$PYTHON" "${bench[@]}" --tag train64k_ckpt --modes train --lengths "$L64" \
     --checkpoint-activations --arch linear lsg_norm led locost
 # 5. while time is left
+stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \
+    --arch locost locost_cold
 stage whole16k 40 "$PYTHON" "${bench[@]}" --tag whole16k --modes enc train --lengths "$L16" --layer-path whole \
     --arch lsg_norm led
 stage extra4k 40 "$PYTHON" "${bench[@]}" --tag extra4k --modes enc train --lengths "$L4" \

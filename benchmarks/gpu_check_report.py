@@ -4,7 +4,7 @@ every stage, and a stage that did not run is reported as such).
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
 ``conformance.json`` (+ ``.md``), ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
-JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``whole16k``, ``extra4k``,
+JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``whole16k``, ``extra4k``,
 ``peers16k``, ``gen16k``, ``locost600k``).
 
     python benchmarks/gpu_check_report.py --work benchmarks/results/gpu_check --out benchmarks/results/cuda
@@ -17,11 +17,12 @@ BENCH_STAGES = (
     ("enc", "2. Encoder forward, no grad"),
     ("train16k", "4a. Forward + backward of the whole model"),
     ("train64k_ckpt", "4b. Forward + backward with --checkpoint-activations"),
-    ("whole16k", "5a. LSG and LED on the whole-tensor path (gathered keys; flex replaces it on CUDA)"),
-    ("extra4k", "5b. 4K tokens"),
-    ("peers16k", "5c. The HF peers at 16K"),
-    ("gen16k", "5d. Generation (beam 4, 128 new tokens, encoder included)"),
-    ("locost600k", "5e. LOCOST at the paper's longest inputs"),
+    ("fused16k", "5a. LOCOST with the fused (torch.compile'd) kernel generator, cached and not"),
+    ("whole16k", "5b. LSG and LED on the whole-tensor path (gathered keys; flex replaces it on CUDA)"),
+    ("extra4k", "5c. 4K tokens"),
+    ("peers16k", "5d. The HF peers at 16K"),
+    ("gen16k", "5e. Generation (beam 4, 128 new tokens, encoder included)"),
+    ("locost600k", "5f. LOCOST at the paper's longest inputs"),
 )
 ARCH_ORDER = ("linear", "bart", "hf_bart", "lsg_norm", "led", "hf_led", "locost", "locost_cold", "locost_ckpt")
 

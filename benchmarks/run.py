@@ -159,6 +159,8 @@ def parse_args(argv=None):
     p.add_argument("--attention-window", type=int, default=1024, help="LED full window W")
     p.add_argument("--locost-kernel-cache-mb", type=float, default=None,
                    help="--ssm-kernel-cache-mb for the locost arch (default: the arch's own default)")
+    p.add_argument("--locost-kernel-compile", action="store_true",
+                   help="the locost archs with --ssm-kernel-compile (the fused, torch.compile'd kernel generator)")
     p.add_argument("--ssm-breakdown-max-length", type=int, default=65536,
                    help="locost enc: split out kernel generation / FFT convolution (one extra encoder "
                         "call) up to this length")

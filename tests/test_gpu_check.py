@@ -10,8 +10,8 @@ import torch
 
 from conftest import BIN, REPO_ROOT
 
-STAGES = ["conformance", "enc", "train_smoke", "train16k", "train64k_ckpt", "whole16k", "extra4k", "peers16k",
-          "gen16k", "locost600k"]
+STAGES = ["conformance", "enc", "train_smoke", "train16k", "train64k_ckpt", "fused16k", "whole16k", "extra4k",
+          "peers16k", "gen16k", "locost600k"]
 
 
 def gpu_check(results, **env):
@@ -38,7 +38,7 @@ def test_every_stage_runs_and_is_reported(smoke):
     assert env["torch"] and env["card"].startswith("CPU: ")
     for heading in ("## 1. Conformance", "## 2. Encoder forward", "## 3. fairseq-train smokes",
                     "## 4a. Forward + backward", "## 4b. Forward + backward with --checkpoint-activations",
-                    "## 5e. LOCOST"):
+                    "## 5f. LOCOST"):
         assert heading in md
     assert "not measured" not in md
 
@@ -63,6 +63,7 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
         config = benchmarks[tag]["runs"][-1]["config"]
         assert config["one_process"] and config["dtype"] == "bf16"
     assert benchmarks["train64k_ckpt"]["runs"][-1]["config"]["checkpoint_activations"]
+    assert benchmarks["fused16k"]["runs"][-1]["config"]["locost_kernel_compile"]
     assert {r["layer_path"] for r in benchmarks["whole16k"]["records"]} == {"whole"}
     locost = next(r for r in benchmarks["enc"]["records"] if r["arch"] == "locost")
     assert locost["ssm_conv_s"] >= 0 and 0 < locost["ssm_share"] < 1
@@ -84,7 +85,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     result = json.loads((tmp_path / "cuda.json").read_text())
     assert [s["stage"] for s in result["stages"]] == STAGES
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
-    assert (tmp_path / "cuda.md").read_text().count("not measured") == 1 + 1 + 8  # conformance, smokes, benchmarks
+    assert (tmp_path / "cuda.md").read_text().count("not measured") == 1 + 1 + 9  # conformance, smokes, benchmarks
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: DEV=cuda would run the whole check")

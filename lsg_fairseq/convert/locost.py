@@ -448,6 +448,7 @@ class LOCOSTFamily(Family):
                 cache = 0.0 if cache_off else args.locost_kernel_cache_mb
                 return ([self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(length)]
                         + ([] if cache is None else ["--ssm-kernel-cache-mb", str(cache)])
-                        + (["--checkpoint-activations"] if checkpointed else []))
+                        + (["--checkpoint-activations"] if checkpointed else [])
+                        + (["--ssm-kernel-compile", "True"] if getattr(args, "locost_kernel_compile", False) else []))
             return argv
         return {"locost": row(), "locost_cold": row(cache_off=True), "locost_ckpt": row(checkpointed=True)}

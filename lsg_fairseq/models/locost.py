@@ -76,6 +76,9 @@ LOCOST_ARGS = [
     ("--ssm-kernel-recompute", bool_flag, "training: recompute the SSM kernel in backward instead of keeping its "
                                       "temporaries (a fraction of the memory, at the cost of a second kernel "
                                       "generation per step)"),
+    ("--ssm-kernel-compile", bool_flag, "GPU (whole-tensor) path: generate the SSM kernels with the fused, "
+                                    "torch.compile'd generator (ops.ssm.fused_circular_kernel; one compile per "
+                                    "new length) instead of eagerly"),
     ("--max-source-positions", POSITIVE_INT, "longest source the task feeds (the encoder itself has no limit)"),
     ("--max-target-positions", POSITIVE_INT, "longest target / generation length"),
 ]
@@ -114,7 +117,7 @@ class LOCOSTEncoder(FairseqEncoder):
                 args.d_model, args.d_state, args.d_ff, args.dropout, args.layer_norm_eps,
                 dt_min=args.ssm_dt_min, dt_max=args.ssm_dt_max, kernel_cache_mb=args.ssm_kernel_cache_mb,
                 kernel_tail_tol=args.ssm_kernel_tail_tol, kernel_recompute=bool_flag(getattr(args, "ssm_kernel_recompute", True)),
-                lr_scale=ssm_lr_scale,
+                lr_scale=ssm_lr_scale, kernel_compile=bool_flag(getattr(args, "ssm_kernel_compile", False)),
             )
             blocks.append(wrap_layer(block, args))
         self.block = nn.ModuleList(blocks)
@@ -333,7 +336,7 @@ def locost_base_architecture(args):
         args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
         decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
         relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=DT_MIN, ssm_dt_max=DT_MAX,
-        ssm_lr=0.0, ssm_kernel_cache_mb=None, ssm_kernel_tail_tol=KERNEL_TAIL_TOL, ssm_kernel_recompute=True, max_source_positions=4096, max_target_positions=1024,
+        ssm_lr=0.0, ssm_kernel_cache_mb=None, ssm_kernel_tail_tol=KERNEL_TAIL_TOL, ssm_kernel_recompute=True, ssm_kernel_compile=False, max_source_positions=4096, max_target_positions=1024,
         checkpoint_activations=False, offload_activations=False,
     )
 

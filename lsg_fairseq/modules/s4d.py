@@ -54,6 +54,7 @@ from lsg_fairseq.modules.precision import float32_region, fp16_in_play, within_f
 from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
 from lsg_fairseq.ops.ssm import (
     FFTConv,
+    fused_circular_kernel,
     channel_groups,
     circular_bidirectional_kernel,
     decay_lengths,
@@ -255,9 +256,13 @@ class S4D(PathChoice, nn.Module):
         kernel_tail_tol: float = KERNEL_TAIL_TOL,
         kernel_recompute: bool = True,
         lr_scale: float = 1.0,
+        kernel_compile: bool = False,
     ):
         super().__init__()
         self.H = d_model
+        # the whole-tensor path generates its circular kernels with ops.ssm.fused_circular_kernel
+        # (torch.compile) instead of eagerly: --ssm-kernel-compile, off until measured on a GPU
+        self.kernel_compile = kernel_compile
         self.kernel = S4DKernel(d_model, d_state, dt_min=dt_min, dt_max=dt_max, tail_tol=kernel_tail_tol,
                                 recompute=kernel_recompute, lr_scale=lr_scale)
         self.D = nn.Parameter(torch.randn(d_model))  # (H): skip term
@@ -387,8 +392,8 @@ class S4D(PathChoice, nn.Module):
         self._cache = None  # one cache at a time (a layer runs one path)
         while self._spectra and self.cached_kernel_bytes() + need > budget:
             self._spectra.popitem(last=False)
-        kernels = self.kernel((fft_size + 1) // 2, whole=True)  # (2 H Lb)
-        self._spectra[fft_size] = torch.fft.rfft(self._circular(kernels, slice(None), fft_size))  # (H F/2+1)
+        circular = self._whole_circular((fft_size + 1) // 2, fft_size)  # (H F) from kernels of length Lb
+        self._spectra[fft_size] = torch.fft.rfft(circular)  # (H F/2+1)
         return self._spectra[fft_size]
 
     # ---------------------------------------------------------------- layer
@@ -459,7 +464,7 @@ class S4D(PathChoice, nn.Module):
         """``(K * k) + D k`` of :meth:`_whole_forward`, (B, L, H) float32."""
         B, _, H = k.shape
         if torch.is_grad_enabled():
-            kc = self._circular(self.kernel(L, whole=True), slice(None), fft_size)  # (H F)
+            kc = self._whole_circular(L, fft_size)  # (H F)
             y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H)
         else:
             spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
@@ -468,7 +473,7 @@ class S4D(PathChoice, nn.Module):
             for c0 in range(0, H, chunk):
                 ch = slice(c0, min(H, c0 + chunk))
                 if spectrum is None:
-                    kh = torch.fft.rfft(self._circular(self.kernel(L, ch, whole=True), ch, fft_size))  # (c F/2+1)
+                    kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
                 else:
                     kh = spectrum[ch]
                 xh = torch.fft.rfft(k[..., ch].float().transpose(1, 2), n=fft_size)  # (B c F/2+1)
@@ -479,6 +484,19 @@ class S4D(PathChoice, nn.Module):
                     y[:, ch] = yc
             y = y.transpose(1, 2)  # (B L H)
         return y
+
+    def _whole_circular(self, length: int, fft_size: int, channels: slice = slice(None)) -> torch.Tensor:
+        """The whole-tensor path's circular kernels (h, F) of ``channels`` for inputs of ``length``,
+        ``D`` folded in: from :meth:`S4DKernel.forward` and :meth:`_circular`, or in one compiled
+        function (``kernel_compile``; recomputed in backward like the eager kernel)."""
+        if not self.kernel_compile:
+            return self._circular(self.kernel(length, channels, whole=True), channels, fft_size)
+        with record_function("s4d.kernel"), float32_region(self.D):
+            c_prime, dt_a = self.kernel.discretize(channels)
+            args = (c_prime, dt_a, length, fft_size, self.D[channels].float(), WHOLE_KERNEL_ELEMS)
+            if self.kernel.recompute and torch.is_grad_enabled() and c_prime.requires_grad:
+                return checkpoint(fused_circular_kernel(), *args, use_reentrant=False)  # (h F)
+            return fused_circular_kernel()(*args)  # (h F)
 
     def _circular(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """The circular bidirectional kernel (h, F) of kernels (2, h, L) with the D skip folded into

@@ -17,6 +17,9 @@ and the layer convolves its input with both kernels in one FFT: ``y[t] = sum_{s<
   only until every mode has decayed below a tolerance, channels grouped by that length;
 - :func:`next_fast_len`, :func:`circular_bidirectional_kernel`: FFT sizes and the two kernels laid
   out as one circular kernel (the skip ``D`` folded into lag 0);
+- :func:`blocked_circular_kernel`: the blocked product and that layout as one function, and
+  :func:`fused_circular_kernel`, its ``torch.compile`` (the fused generator: the exponentials, the
+  operands of the product and the layout become a few kernels around the one bmm);
 - :class:`FFTConv`: the FFT convolution for training, keeping only its input and kernel.
 """
 import math
@@ -201,6 +204,27 @@ def circular_bidirectional_kernel(k: torch.Tensor, fft_size: int, skip: Optional
         out[:, 0] += skip
     return out
 
+
+
+def blocked_circular_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, fft_size: int,
+                            skip: Optional[torch.Tensor] = None,
+                            max_chunk_elems: int = VANDERMONDE_CHUNK_ELEMS) -> torch.Tensor:
+    """``circular_bidirectional_kernel(vandermonde_blocked(...), fft_size, skip)``: (H, F) from C'
+    (2, H, M) and dtA (H, M), in the layout the FFT convolution reads."""
+    return circular_bidirectional_kernel(vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems), fft_size, skip)
+
+
+_FUSED = []
+
+
+def fused_circular_kernel():
+    """:func:`blocked_circular_kernel` compiled (made once per process, on first use; one compile per
+    new shape: ``dynamic=False``, as the shapes of a layer repeat). The float64 phase of
+    :func:`_exp_outer` is kept; its error against :func:`vandermonde_naive` is tested with the
+    eager function's bound."""
+    if not _FUSED:
+        _FUSED.append(torch.compile(blocked_circular_kernel, dynamic=False))
+    return _FUSED[0]
 
 
 class FFTConv(torch.autograd.Function):
