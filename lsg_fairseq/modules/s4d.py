@@ -456,34 +456,46 @@ class S4D(PathChoice, nn.Module):
         B, L, H = u.shape
         fft_size = next_fast_len(2 * L)
         k, q = self._kq(u, padding_mask)  # (B L H) each
+        if not torch.is_grad_enabled():
+            with float32_region(u):
+                gated = self._whole_gated_convolution(k, q, u, fft_size)  # (B L H) in u's dtype
+            return self._output(gated)
         with float32_region(u):
-            y = self._whole_convolution(k, L, fft_size)  # (B L H) float32
+            kc = self._whole_circular(L, fft_size)  # (H F)
+            y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H) float32; keeps k and kc only
         return self._output(self._gate(y, q, u))
 
-    def _whole_convolution(self, k: torch.Tensor, L: int, fft_size: int) -> torch.Tensor:
-        """``(K * k) + D k`` of :meth:`_whole_forward`, (B, L, H) float32."""
-        B, _, H = k.shape
-        if torch.is_grad_enabled():
-            kc = self._whole_circular(L, fft_size)  # (H F)
-            y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H)
-        else:
-            spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
-            chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
-            y = None if chunk == H else torch.empty(B, H, L, dtype=torch.float32, device=k.device)  # (B H L)
-            for c0 in range(0, H, chunk):
-                ch = slice(c0, min(H, c0 + chunk))
-                if spectrum is None:
-                    kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
-                else:
-                    kh = spectrum[ch]
-                xh = torch.fft.rfft(k[..., ch].float().transpose(1, 2), n=fft_size)  # (B c F/2+1)
-                yc = torch.fft.irfft(xh * kh, n=fft_size)[..., :L]  # (B c L)
-                if y is None:
-                    y = yc
-                else:
-                    y[:, ch] = yc
-            y = y.transpose(1, 2)  # (B L H)
-        return y
+    def _whole_gated_convolution(self, k: torch.Tensor, q: torch.Tensor, u: torch.Tensor, fft_size: int) -> torch.Tensor:
+        """``((K * k) + D k) q`` without autograd, (B, L, H) in u's dtype: a chunk of channels at a
+        time through float32 buffers made once per call. One copy casts, transposes and places k in
+        the FFT buffer (its zero padding is never written), the product with the spectrum is in
+        place, and one multiply takes the slice, transposes back, gates and casts.
+        """
+        B, L, H = k.shape
+        spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
+        chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
+        xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=k.device)  # (B c F)
+        spec = torch.empty(B, chunk, fft_size // 2 + 1, dtype=torch.complex64, device=k.device)  # (B c F/2+1)
+        yp = torch.empty(B, chunk, fft_size, dtype=torch.float32, device=k.device)  # (B c F)
+        out = torch.empty(B, L, H, dtype=u.dtype, device=u.device)  # (B L H)
+        clamp = fp16_in_play(u)
+        for c0 in range(0, H, chunk):
+            ch = slice(c0, min(H, c0 + chunk))
+            c = ch.stop - c0
+            if spectrum is None:
+                kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
+            else:
+                kh = spectrum[ch]
+            xc, sc, yc = xp[:, :c], spec[:, :c], yp[:, :c]
+            xc[..., :L].copy_(k[..., ch].transpose(1, 2))  # (B c L) float32
+            torch.fft.rfft(xc, out=sc)
+            torch.fft.irfft(sc.mul_(kh), n=fft_size, out=yc)  # (B c F)
+            y = yc[..., :L].transpose(1, 2)  # (B L c) view
+            if clamp:  # the gated product in float32, clamped before it meets a float16 op
+                out[..., ch].copy_(within_fp16(y * q[..., ch].float()))
+            else:
+                torch.mul(y, q[..., ch], out=out[..., ch])
+        return out
 
     def _whole_circular(self, length: int, fft_size: int, channels: slice = slice(None)) -> torch.Tensor:
         """The whole-tensor path's circular kernels (h, F) of ``channels`` for inputs of ``length``,
