@@ -8,7 +8,8 @@
 # Staged by value; each stage writes its results, and the report ($RESULTS/cuda.md, cuda.json) is
 # rewritten after every stage, so a call cut off by its time limit still leaves a table:
 #   1. conformance on every fixture: float32 on the device against the references and the CPU;
-#      bfloat16 and float16 drift (benchmarks/device_conformance.py);
+#      bfloat16 and float16 drift (benchmarks/device_conformance.py); LSG (every sparsity type) and
+#      LED on the flex path against the whole-tensor path, outputs and gradients (flex_gradcheck.py);
 #   2. encoder forward at 16K and 64K: linear, bart, lsg_norm, led, locost (bf16, batch 1, base);
 #   3. fairseq-train smokes (30 updates, tiny archs) with --fp16 and --bf16: finite, decreasing loss,
 #      LOCOST's parameter group lines in the log;
@@ -82,10 +83,12 @@ if [ "$DEV" = cuda ]; then
     bench=(benchmarks/run.py --device cuda --dtype bf16 --one-process --warmup 2 --repeat 5 --budget 3
            --timeout 240 --max-full-length 65536 --out "$work" --no-plots)
     conformance=(--device cuda)
+    flex=(--device cuda)
     L16=16384; L64=65536; L4=4096; L600=600000; UPDATES=30; TRAIN_TOKENS=4096; DOC_TOKENS=300
 elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --smoke --out "$work" --no-plots)
     conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
+    flex=(--device cpu --cases led)  # forward only there
     L16=256; L64=512; L4=128; L600=1024; UPDATES=4; TRAIN_TOKENS=400; DOC_TOKENS=80
     export RUNS="locost_tiny:fp16 lsg_bart_tiny:bf16"  # one of each precision (a CPU's float16 is slow)
 else
@@ -94,6 +97,7 @@ fi
 
 # 1. conformance
 stage conformance 60 "$PYTHON" benchmarks/device_conformance.py "${conformance[@]}" --out "$work/conformance.json"
+stage flex_grad 40 "$PYTHON" benchmarks/flex_gradcheck.py "${flex[@]}" --out "$work/flex_grad.json"
 # 2. encoder forward
 stage enc 60 "$PYTHON" "${bench[@]}" --tag enc --modes enc --lengths "$L16" "$L64" \
     --arch linear bart lsg_norm led locost

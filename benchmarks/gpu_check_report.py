@@ -3,7 +3,7 @@
 every stage, and a stage that did not run is reported as such).
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
-``conformance.json`` (+ ``.md``), ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
+``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
 JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``whole16k``, ``extra4k``,
 ``peers16k``, ``gen16k``, ``locost600k``).
 
@@ -109,6 +109,7 @@ def smoke_table(runs) -> str:
 def build(work):
     env = _read(os.path.join(work, "env.json"), {})
     result = {"env": env, "stages": stages(work), "conformance": _read(os.path.join(work, "conformance.json")),
+              "flex_grad": _read(os.path.join(work, "flex_grad.json")),
               "train_smoke": _read(os.path.join(work, "train_smoke", "train_smoke.json")), "benchmarks": {}}
     for tag, _ in BENCH_STAGES:
         part = _read(os.path.join(work, f"{tag}.json"))
@@ -136,6 +137,21 @@ def markdown(result, work) -> str:
                    f"**{'yes' if conf['all_fp32_within_tolerance'] else 'NO'}**.\n")
         with open(os.path.join(work, "conformance.md")) as f:
             out.append(f.read())
+    else:
+        out.append("not measured\n")
+    flex = result["flex_grad"]
+    out.append("## 1b. Flex against whole tensors (tiny models, float32, padded batch)\n")
+    if flex:
+        out.append(f"Largest difference relative to the whole-tensor path's largest entry, on `{flex['device']}`"
+                   + (", gradients of every parameter" if flex["backward"] else " (forward only: no flex backward "
+                      "on CPU)") + f"; tolerance {flex['tolerance']:g}.\n")
+        out.append("| case | path taken | encoder | logits | gradients | within |")
+        out.append("|---|---|---:|---:|---:|---|")
+        for r in flex["rows"]:
+            g = "-" if r["gradients"] is None else f"{r['gradients']:.1e}"
+            out.append(f"| {r['case']} | {r['ran']} | {r['encoder']:.1e} | {r['logits']:.1e} | {g} | "
+                       f"{'yes' if r['ok'] else '**NO**'} |")
+        out.append("")
     else:
         out.append("not measured\n")
     for tag, title in BENCH_STAGES[:1]:

@@ -10,7 +10,7 @@ import torch
 
 from conftest import BIN, REPO_ROOT
 
-STAGES = ["conformance", "enc", "train_smoke", "train16k", "train64k_ckpt", "fused16k", "whole16k", "extra4k",
+STAGES = ["conformance", "flex_grad", "enc", "train_smoke", "train16k", "train64k_ckpt", "fused16k", "whole16k", "extra4k",
           "peers16k", "gen16k", "locost600k"]
 
 
@@ -52,6 +52,13 @@ def test_conformance_stage_compares_with_the_references(smoke):
         assert 1e-4 < row["bf16_logits_rel_vs_cpu"] < 0.1  # bfloat16 drifts, boundedly
 
 
+def test_flex_stage_compares_with_the_whole_tensor_path(smoke):
+    flex = smoke[0]["flex_grad"]
+    assert flex["all_ok"] and not flex["backward"]  # CPU: forward only
+    assert [(r["case"], r["ran"]) for r in flex["rows"]] == [("led", "flex")]
+    assert 0 < flex["rows"][0]["encoder"] <= 1e-4  # two kernels: close, not bitwise
+
+
 def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     benchmarks = smoke[0]["benchmarks"]
     expected = {"enc": {"linear", "bart", "lsg_norm", "led", "locost"},
@@ -85,7 +92,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     result = json.loads((tmp_path / "cuda.json").read_text())
     assert [s["stage"] for s in result["stages"]] == STAGES
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
-    assert (tmp_path / "cuda.md").read_text().count("not measured") == 1 + 1 + 9  # conformance, smokes, benchmarks
+    assert (tmp_path / "cuda.md").read_text().count("not measured") == 1 + 1 + 1 + 9  # conformance, flex, smokes, benchmarks
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: DEV=cuda would run the whole check")

@@ -1,0 +1,99 @@
+"""LSG and LED on the flex path against the whole-tensor path on a device, forward and backward
+(``benchmarks/gpu_check.sh``, stage ``flex_grad``; issue 33's GPU gradient check).
+
+Tiny models (every LSG sparsity type, and LED with a global token id), float32, a padded batch:
+the encoder output, the logits and every parameter's gradient of the flex path against the
+whole-tensor path, which the CPU suite ties to the dense references
+(``tests/test_whole_tensor_paths.py``). On CPU flex has no backward: ``--device cpu`` (the CI
+smoke) compares the forward only.
+
+    python benchmarks/flex_gradcheck.py --device cuda --out /tmp/flex_grad.json
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOLERANCE = 1e-4  # float32 through two attention kernels; relative to each tensor's largest entry
+LSG = ["--block-size", "16", "--sparse-block-size", "16", "--sparsity-factor", "2", "--num-global-tokens", "2",
+       "--encoder-embed-dim", "64", "--encoder-attention-heads", "4"]  # head dim 16: flex's minimum
+CASES = {f"lsg_{t}": ["lsg_bart_tiny"] + LSG + ["--sparsity-type", t]
+         for t in ("none", "norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling")}
+CASES["led"] = ["led_tiny", "--attention-window", "16", "--global-token-ids", "7", "--encoder-embed-dim", "64",
+                "--encoder-attention-heads", "4"]
+
+
+def build(argv, folder):
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from conftest import build_task_and_model, write_toy_dict
+
+    arch, *flags = argv
+    _, model = build_task_and_model([write_toy_dict(folder), "--task", "long_document_summarization", "--arch", arch,
+                                     "--max-source-positions", "256", "--dropout", "0", "--attention-dropout", "0"]
+                                    + flags)
+    return model
+
+
+def run(model, path, device, grad):
+    from conftest import toy_batch
+
+    from lsg_fairseq.modules.paths import forced_path, paths_ran
+
+    src, lengths, prev = (t.to(device) for t in toy_batch(L=200, lengths=(200, 150)))
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(1)  # lsh draws its random projections: the same ones on both paths
+    with forced_path(model, path), torch.set_grad_enabled(grad):
+        enc = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        logits, _ = model(src, lengths, prev)
+        ran = paths_ran(model)
+        if grad:
+            logits.float().pow(2).mean().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return enc.detach(), logits.detach(), grads, ran
+
+
+def rel_max(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    import lsg_fairseq  # noqa: F401
+
+    grad = args.device != "cpu"
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.cases:
+            case = CASES[name]
+            torch.manual_seed(0)
+            model = build(case, folder).to(args.device).eval()
+            whole = run(model, "whole", args.device, grad)
+            flex = run(model, "flex", args.device, grad)
+            worst_grad = max((rel_max(flex[2][n], g) for n, g in whole[2].items()), default=0.0)
+            row = {"case": name, "ran": flex[3], "encoder": rel_max(flex[0], whole[0]),
+                   "logits": rel_max(flex[1], whole[1]), "gradients": worst_grad if grad else None,
+                   "tensors_with_gradients": len(flex[2])}
+            row["ok"] = flex[3] == "flex" and max(row["encoder"], row["logits"], worst_grad) <= TOLERANCE
+            rows.append(row)
+            print(f"{name:<16} ran {flex[3]}: encoder {row['encoder']:.1e}, logits {row['logits']:.1e}"
+                  + (f", gradients {worst_grad:.1e} ({len(flex[2])} tensors)" if grad else ", forward only"),
+                  flush=True)
+    result = {"device": args.device, "torch": torch.__version__, "backward": grad, "tolerance": TOLERANCE,
+              "rows": rows, "all_ok": all(r["ok"] for r in rows)}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"flex against whole tensors, {'forward and backward' if grad else 'forward'}: "
+          f"{'all within' if result['all_ok'] else 'NOT all within'} {TOLERANCE:g}")
+    return 0 if result["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
