@@ -1,4 +1,5 @@
 """Shared fixtures: paths to ../shared, and a tiny word-level binarized summarization set."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +11,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(REPO_ROOT, "..", "shared")
 SHARED_DATA = os.path.join(SHARED, "data")
 FIXTURES = os.path.join(SHARED, "fixtures")
+# The part of ../shared the tests read, in the repository (tests/data/README.md).
+TEST_DATA = os.path.join(REPO_ROOT, "tests", "data")
 BIN = os.path.dirname(sys.executable)
 
 
@@ -28,6 +31,21 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def make_test_data():
+    """scripts/make_test_data.py as a module: the one home of tests/data's format."""
+    path = os.path.join(REPO_ROOT, "scripts", "make_test_data.py")
+    spec = importlib.util.spec_from_file_location("make_test_data", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def locost_kernels():
+    """fixtures/locost/kernels_layer0.npz with every array of the reference's file (L, kernel_raw,
+    kernel_bidirectional, kernel_raw_fp64), the last two rebuilt bit for bit."""
+    return make_test_data().read_kernels(os.path.join(TEST_DATA, "fixtures", "locost", "kernels_layer0.npz"))
 
 
 def read_jsonl(path, limit=None):
