@@ -10,10 +10,12 @@ To change what tests/data holds: edit scripts/make_test_data.py, run it, commit 
 import hashlib
 import json
 import os
+import subprocess
 
 import numpy as np
+import pytest
 
-from conftest import SHARED, TEST_DATA, locost_kernels, make_test_data
+from conftest import BIN, REPO_ROOT, SHARED, TEST_DATA, locost_kernels, make_test_data
 
 with open(os.path.join(TEST_DATA, "manifest.json"), encoding="utf-8") as f:
     MANIFEST = json.load(f)
@@ -84,3 +86,35 @@ def test_manifest_matches_the_full_sets():
     if os.path.isdir(SHARED):
         _, manifest = make.build(SHARED)
         assert manifest == MANIFEST
+
+
+# ----------------------------------------------------------------------------- the full sets stay outside
+NEED_FULL_DATA = [  # (script, PART, the variable set to a missing path, others pointed at what exists)
+    ("scripts/demo.sh", None, "DATA", {}),
+    ("examples/lsg_summarization/run_small.sh", None, "DATA", {}),
+    ("examples/lsg_summarization/run_small.sh", "convert", "BART_HF", {"DATA": "documents/sumpubmed"}),
+    ("examples/locost/run_small.sh", "rouge", "DATA", {}),
+    ("examples/locost/run_small.sh", "book", "BOOK", {}),
+    ("examples/gsg_pretraining/run.sh", None, "GUTENBERG", {}),
+    ("examples/gsg_pretraining/run.sh", None, "FT_DATA", {"GUTENBERG": "valid_book"}),
+]
+
+
+@pytest.mark.parametrize("script, part, var, others", NEED_FULL_DATA)
+def test_an_example_without_its_full_data_says_where_in_one_line(tmp_path, script, part, var, others):
+    """Before any work: one line naming the missing path and the variable to set, exit 2."""
+    (tmp_path / "valid_book").mkdir()
+    (tmp_path / "valid_book" / "chesterton-thursday.txt").write_text("the gsg example's valid book\n")
+    env = dict(os.environ, PATH=os.pathsep.join([BIN, os.environ["PATH"]]), DEVICE="cpu", OUT=str(tmp_path / "out"))
+    env[var] = str(tmp_path / "nowhere")
+    for k, v in others.items():
+        env[k] = os.path.join(TEST_DATA, v) if v.startswith("documents/") else str(tmp_path / v)
+    if part:
+        env["PART"] = part
+    proc = subprocess.run(["bash", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    prog, _, message = lines[0].partition(": error: ")
+    assert prog.endswith(os.path.basename(script)) and message.startswith(str(tmp_path / "nowhere")), lines[0]
+    assert f"set {var}=" in message
+    assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")  # nothing done yet
