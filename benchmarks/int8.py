@@ -8,7 +8,7 @@ One seeded command, three measurements, written to ``<out>/int8.md`` and ``<out>
     the same model live in one process and are called alternately (``--repeat`` rounds of fp32,
     int8; no untimed warm-up); median per precision and the ratio fp32 / int8. The encoder outputs'
     difference is reported too.
-(b) logits on the converted conformance fixtures (shared/fixtures/lsg, led, locost; tiny random
+(b) logits on the converted conformance fixtures (tests/data/fixtures/lsg, led, locost; tiny random
     models, d 64): fp32 vs int8 teacher-forced logits, max |diff|, that over the largest |logit|,
     ||diff|| / ||logits|| and the share of positions whose argmax token is unchanged.
 (c) a trained model: the LSG-BART (norm) row of examples/long_context/run.sh (its ``$OUT`` folder,
@@ -45,7 +45,7 @@ from lsg_fairseq.quantize import quantize_int8  # noqa: E402
 from lsg_text.errors import report  # noqa: E402
 from run import cpu_name, load_average  # noqa: E402  (benchmarks/run.py: the same run metadata)
 
-FIXTURES = os.path.join(REPO, "..", "shared", "fixtures")
+FIXTURES = os.path.join(REPO, "tests", "data", "fixtures")
 ARCHS = {  # name: (fairseq arch, flags), the base shapes of benchmarks/run.py
     "lsg_norm": ("lsg_bart_base", ["--block-size", "128", "--sparse-block-size", "128", "--sparsity-factor", "4",
                                    "--sparsity-type", "norm", "--num-global-tokens", "1"]),

@@ -45,10 +45,10 @@ if [ -z "$DATA" ]; then
     step "done: tables in $OUT/report/results.md, plot $OUT/report/recall_vs_position.png, tensorboard logs in $OUT/tensorboard"
     exit 0
 fi
+# shellcheck source=scripts/need_data.sh
+source scripts/need_data.sh
+need_data DATA "$DATA"/{train,valid,test}.jsonl
 step "1/6 using $DATA"
-for split in train valid test; do
-    [ -f "$DATA/$split.jsonl" ] || { echo "DATA=$DATA: missing $DATA/$split.jsonl" >&2; exit 2; }
-done
 VOCAB=${VOCAB:-4000}
 MAX_LEN_B=${MAX_LEN_B:-$MAX_TGT}
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: paths to ../shared, and a tiny word-level binarized summarization set."""
+"""Shared fixtures: paths to the test data (tests/data), and a tiny word-level binarized summarization set."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -7,9 +8,13 @@ import sys
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What the tests read lives in the repository (tests/data/README.md: conformance fixtures and
+# document subsets, built from the full sets by scripts/make_test_data.py).
+TEST_DATA = os.path.join(REPO_ROOT, "tests", "data")
+FIXTURES = os.path.join(TEST_DATA, "fixtures")
+DOCUMENTS = os.path.join(TEST_DATA, "documents")
+# The full sets, where a checkout has them beside it: only tests/test_test_data.py looks there.
 SHARED = os.path.join(REPO_ROOT, "..", "shared")
-SHARED_DATA = os.path.join(SHARED, "data")
-FIXTURES = os.path.join(SHARED, "fixtures")
 BIN = os.path.dirname(sys.executable)
 
 
@@ -28,6 +33,21 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def make_test_data():
+    """scripts/make_test_data.py as a module: the one home of tests/data's format."""
+    path = os.path.join(REPO_ROOT, "scripts", "make_test_data.py")
+    spec = importlib.util.spec_from_file_location("make_test_data", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def locost_kernels():
+    """fixtures/locost/kernels_layer0.npz with every array of the reference's file (L, kernel_raw,
+    kernel_bidirectional, kernel_raw_fp64), the last two rebuilt bit for bit."""
+    return make_test_data().read_kernels(os.path.join(FIXTURES, "locost", "kernels_layer0.npz"))
 
 
 def read_jsonl(path, limit=None):
@@ -54,7 +74,7 @@ def word_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("word_data")
     raw, binarized = root / "raw", root / "bin"
     raw.mkdir()
-    src = os.path.join(SHARED_DATA, "sumpubmed")
+    src = os.path.join(DOCUMENTS, "sumpubmed")
     write_word_split(raw, "train", read_jsonl(os.path.join(src, "train.jsonl"), 12))
     write_word_split(raw, "valid", read_jsonl(os.path.join(src, "valid.jsonl"), 4))
     subprocess.run(

@@ -1,4 +1,4 @@
-"""Converter (led family) and conformance on shared/fixtures/led (HF LEDForConditionalGeneration).
+"""Converter (led family) and conformance on tests/data/fixtures/led (HF LEDForConditionalGeneration).
 
 spec/led.md sections 7-8 and fixtures/led/README.md: converted HF LED weights must give HF's
 encoder outputs and logits to 1e-4 (fp32, eval) with global attention first / multi / none.
@@ -14,11 +14,10 @@ import torch
 import lsg_fairseq  # noqa: F401
 from fairseq import checkpoint_utils
 
+from conftest import FIXTURES
 from lsg_fairseq.cli.convert import main as cli_main
 from lsg_fairseq.convert import ConversionError, convert
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(REPO, "..", "shared", "fixtures")
 LED = os.path.join(FIXTURES, "led")
 HF = os.path.join(LED, "led_w32", "hf")
 BART = os.path.join(FIXTURES, "lsg", "bart_plain", "hf")

@@ -1,6 +1,6 @@
 """Conformance: the LOCOST fixture converted to fairseq reproduces the reference's outputs.
 
-Fixture: ``../shared/fixtures/locost`` (README there). Tolerances from the README: encoder output
+Fixture: ``tests/data/fixtures/locost`` (README there). Tolerances from the README: encoder output
 and logits <= 1e-4 (fp32), layer-0 kernels <= 1e-5.
 """
 import json
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import lsg_fairseq  # noqa: F401
+from conftest import DOCUMENTS, FIXTURES
 from lsg_fairseq.convert import ConversionError, convert, detect_family
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE = os.path.join(REPO_ROOT, "..", "shared", "fixtures", "locost")
+FIXTURE = os.path.join(FIXTURES, "locost")
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def spm_locost(tmp_path_factory):
     import sentencepiece as spm
 
     root = tmp_path_factory.mktemp("spm_locost")
-    text_path = os.path.join(REPO_ROOT, "..", "shared", "data", "sumpubmed", "train.jsonl")
+    text_path = os.path.join(DOCUMENTS, "sumpubmed", "train.jsonl")
     with open(text_path, encoding="utf-8") as f:
         docs = [json.loads(next(f))["document"] for _ in range(20)]
     model = _io.BytesIO()

@@ -1,4 +1,4 @@
-"""Converter (bart family) against the reference fixtures in shared/fixtures/lsg (spec/lsg.md)."""
+"""Converter (bart family) against the reference fixtures in tests/data/fixtures/lsg (spec/lsg.md)."""
 import json
 import os
 import shutil
@@ -10,17 +10,15 @@ import torch
 import lsg_fairseq  # noqa: F401
 from fairseq import checkpoint_utils
 
+import conftest
 from lsg_fairseq.cli.convert import main as cli_main
 from lsg_fairseq.convert import ConversionError, convert
 from lsg_fairseq.convert.bart import extend_positions, init_global_embeddings
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURES = os.path.join(REPO, "..", "shared", "fixtures", "lsg")
+FIXTURES = os.path.join(conftest.FIXTURES, "lsg")
 FOLDERS = ["bart_plain", "lsg_none", "lsg_norm", "lsg_pooling"]
 LSG_AS_FIXTURES = dict(max_source_positions=1024, num_global_tokens=4, block_size=32,
                        sparse_block_size=32, sparsity_factor=2, sparsity_type="norm")
-
-pytestmark = pytest.mark.skipif(not os.path.isdir(FIXTURES), reason="shared/fixtures/lsg not found")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import BIN, REPO_ROOT, SHARED_DATA
+from conftest import BIN, DOCUMENTS, REPO_ROOT
 
 SCRIPTS = os.path.join(REPO_ROOT, "scripts")
 MAX_SRC = 2048
@@ -41,7 +41,7 @@ def pipeline(tmp_path_factory):
     jsonl = work / "jsonl"
     jsonl.mkdir()
     for split, n in (("train", 16), ("valid", 4), ("test", 3)):
-        with open(os.path.join(SHARED_DATA, "sumpubmed", f"{split}.jsonl")) as f, open(jsonl / f"{split}.jsonl", "w") as g:
+        with open(os.path.join(DOCUMENTS, "sumpubmed", f"{split}.jsonl")) as f, open(jsonl / f"{split}.jsonl", "w") as g:
             for _, line in zip(range(n), f):
                 g.write(line)
     run([py, f"{SCRIPTS}/jsonl_to_parallel.py", "--input-dir", jsonl, "--output-dir", work / "raw"], work)

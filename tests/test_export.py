@@ -1,4 +1,4 @@
-"""lsg-fairseq-export (the inverse of lsg-fairseq-convert) against the shared fixtures and HF's classes.
+"""lsg-fairseq-export (the inverse of lsg-fairseq-convert) against the fixtures in tests/data and HF's classes.
 
 - every fixture: HF -> fairseq -> HF gives the same tensors and an equivalent config;
 - bart / led: the exported folder loads with transformers' own classes and its logits equal the
@@ -25,10 +25,7 @@ from lsg_fairseq.cli.export import main as export_main
 from lsg_fairseq.convert import convert, export
 from lsg_fairseq.convert.common import load_hf_state_dict, save_checkpoint
 
-pytestmark = [
-    pytest.mark.usefixtures("single_thread"),
-    pytest.mark.skipif(not os.path.isdir(FIXTURES), reason="shared/fixtures not found"),
-]
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 SOURCES = {
     "bart_plain": "lsg/bart_plain/hf",
@@ -341,13 +338,13 @@ def trained_lsg(tmp_path_factory):
     """scripts/demo.sh in miniature: JSONL -> sentencepiece -> binarize -> fairseq-train lsg_bart_tiny."""
     import sys
 
-    from conftest import SHARED_DATA
+    from conftest import DOCUMENTS
     from test_end_to_end import SCRIPTS, run
 
     work = tmp_path_factory.mktemp("demo")
     (work / "jsonl").mkdir()
     for split, n in (("train", 6), ("valid", 2), ("test", 2)):
-        with open(os.path.join(SHARED_DATA, "sumpubmed", f"{split}.jsonl")) as f:
+        with open(os.path.join(DOCUMENTS, "sumpubmed", f"{split}.jsonl")) as f:
             (work / "jsonl" / f"{split}.jsonl").write_text("".join(line for _, line in zip(range(n), f)))
     run([sys.executable, f"{SCRIPTS}/jsonl_to_parallel.py", "--input-dir", work / "jsonl", "--output-dir", work / "raw"], work)
     run(["bash", f"{SCRIPTS}/spm_binarize.sh", "--raw-dir", work / "raw", "--out-dir", work, "--vocab-size", "400",

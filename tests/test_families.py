@@ -21,8 +21,6 @@ from test_layers import LAYERS, import_cycles, import_graph, side_effect_imports
 TOY = os.path.join(REPO_ROOT, "tests", "toy_family")
 BART_HF = os.path.join(FIXTURES, "lsg", "bart_plain", "hf")
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(BART_HF), reason="shared/fixtures not found")
-
 # Run inside the copy: every step of the recipe's promise, with plain asserts.
 _CHILD = r"""
 import json, os, sys

@@ -16,7 +16,7 @@ import pytest
 import lsg_fairseq  # noqa: F401
 from test_scripts import load_script
 from test_task import build as build_task
-from test_user_errors import BART_HF, LOCOST_HF, copy_folder, needs_fixtures
+from test_user_errors import BART_HF, LOCOST_HF, copy_folder
 
 # fixed for CI; LSG_FUZZ_SEED=N explores other draws locally
 SEED = int(os.environ.get("LSG_FUZZ_SEED", "14"))
@@ -87,7 +87,6 @@ def check_convert(argv, out, capsys, culprits):
     assert sorted(os.listdir(os.path.dirname(out))) == before  # no temp folder left behind
 
 
-@needs_fixtures
 @pytest.mark.parametrize("fixture", [BART_HF, LOCOST_HF], ids=["bart_safetensors", "locost_bin"])
 def test_fuzz_convert_damaged_source_files(tmp_path, capsys, fixture):
     rng = random.Random(SEED)
@@ -102,7 +101,6 @@ def test_fuzz_convert_damaged_source_files(tmp_path, capsys, fixture):
         shutil.rmtree(src)
 
 
-@needs_fixtures
 def test_fuzz_convert_flags(tmp_path, capsys):
     rng = random.Random(SEED + 1)
     for i in range(20):
@@ -122,8 +120,6 @@ SUMMARIZE_FLAGS = ["--beam", "--lenpen", "--max-len-b", "--min-len", "--no-repea
 def model_dir(tmp_path_factory):
     from lsg_fairseq.convert import convert
 
-    if not os.path.isdir(BART_HF):
-        pytest.skip("shared/fixtures not found")
     out = str(tmp_path_factory.mktemp("fuzz_model") / "model")
     convert(BART_HF, out)
     return out

@@ -19,9 +19,9 @@ from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationConfi
 from lsg_text import gsg
 from lsg_text.documents import chunk_sentences, document_sentences, get_sentence_splitter, read_documents
 
-from conftest import REPO_ROOT, SHARED, SHARED_DATA
+from conftest import DOCUMENTS, FIXTURES, REPO_ROOT
 
-GUTENBERG = os.path.join(SHARED_DATA, "gutenberg")
+GUTENBERG = os.path.join(DOCUMENTS, "gutenberg")
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "gsg_preprocess.py")
 TINY_BART = ["--arch", "bart_base", "--encoder-layers", "1", "--decoder-layers", "1",
              "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
@@ -110,7 +110,7 @@ def test_chunking_respects_word_budget():
 
 
 def test_script_jsonl_and_errors(tmp_path):
-    src = os.path.join(SHARED_DATA, "sumpubmed", "valid.jsonl")
+    src = os.path.join(DOCUMENTS, "sumpubmed", "valid.jsonl")
     sentences = {}
     for splitter in ("regex", "pysbd"):
         status, err = run_script("--format", "jsonl", "--input", f"train={src}", "--max-documents", "3",
@@ -146,7 +146,7 @@ def test_script_gpt2_tokenizer(tmp_path):
     """GPT-2 BPE (a converted BART folder's files): every stored sentence decodes back to itself."""
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
-    hf = os.path.join(SHARED, "fixtures", "lsg", "bart_plain", "hf")
+    hf = os.path.join(FIXTURES, "lsg", "bart_plain", "hf")
     # The converter's identity dict.txt: GPT-2 id i is dictionary index i (fairseq_notes §3).
     dict_txt = tmp_path / "dict.txt"
     dict_txt.write_text("".join(f"{i} 1\n" for i in range(4, 499)))
@@ -329,7 +329,7 @@ def test_fairseq_train_then_finetune(corpus_dir, tmp_path, caplog):
     # checkpoint (embedding sizes only match if both tasks add <mask> the same way).
     raw, binarized = tmp_path / "raw", tmp_path / "bin"
     raw.mkdir()
-    with open(os.path.join(SHARED_DATA, "squality", "train.jsonl")) as f:
+    with open(os.path.join(DOCUMENTS, "squality", "train.jsonl")) as f:
         examples = [json.loads(next(f)) for _ in range(3)]
     for split, exs in (("train", examples[:2]), ("valid", examples[2:])):
         for side, key in (("source", "document"), ("target", "summary")):

@@ -18,7 +18,7 @@ import torch
 from conftest import TOY_VOCAB, build_task_and_model, toy_batch, write_toy_dict
 from lsg_fairseq.quantize import quantize_int8, shared_weight_linears
 from lsg_text.errors import ConfigError
-from test_user_errors import BART_HF, copy_folder, needs_fixtures
+from test_user_errors import BART_HF, copy_folder
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
 
@@ -93,8 +93,6 @@ def test_refuses_models_it_cannot_quantize(tmp_path):
 def model_dirs(tmp_path_factory):
     from lsg_fairseq.convert import convert
 
-    if not os.path.isdir(BART_HF):
-        pytest.skip("shared/fixtures not found")
     root = tmp_path_factory.mktemp("quantize_models")
     out = {}
     for name, hf in (("bart_plain", BART_HF), ("lsg_norm", LSG_HF)):
@@ -114,7 +112,6 @@ def summarize(argv, capsys):
     return code, capsys.readouterr().err
 
 
-@needs_fixtures
 @pytest.mark.parametrize("name", ["bart_plain", "lsg_norm"])
 def test_summarize_int8_end_to_end(model_dirs, name, tmp_path, capsys):
     doc = tmp_path / "docs.txt"

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import FIXTURES, locost_kernels
 from lsg_fairseq.modules.s4d import S4D, S4DKernel
 from lsg_fairseq.ops.ssm import (
     FFTConv,
@@ -16,7 +17,7 @@ from lsg_fairseq.ops.ssm import (
     vandermonde_naive,
 )
 
-FIXTURE = "/work/shared/fixtures/locost"
+FIXTURE = f"{FIXTURES}/locost"
 
 
 def _perturbed_layer(H=8, N=8, seed=0, **kw):
@@ -95,7 +96,7 @@ def test_kernel_matches_reference_fixture():
     pre = "encoder.block.0.layer.0.ssm_layer."
     layer = S4D(64, 32)
     layer.load_state_dict({k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)})
-    ref = np.load(f"{FIXTURE}/kernels_layer0.npz")
+    ref = locost_kernels()
     k = layer.kernel(3000).detach().numpy()
     assert np.abs(k - ref["kernel_raw"]).max() < 1e-5
     assert np.abs(k - ref["kernel_raw_fp64"]).max() < 1e-5

@@ -14,10 +14,11 @@ import sys
 
 import pytest
 
+from conftest import DOCUMENTS
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO_ROOT, "scripts")
-DATA = os.path.join(REPO_ROOT, "..", "shared", "data")
-SUMPUBMED = os.path.join(DATA, "sumpubmed")
+SUMPUBMED = os.path.join(DOCUMENTS, "sumpubmed")
 N = 4  # examples per split: enough for line-count checks, small enough for a fast test file
 
 

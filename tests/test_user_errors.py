@@ -12,17 +12,14 @@ import pytest
 import torch
 
 import lsg_fairseq
-from conftest import fairseq_cli
+from conftest import FIXTURES, fairseq_cli
 from lsg_fairseq.cli import summarize
 from lsg_fairseq.cli.convert import main as convert_main
 from lsg_text.errors import ConfigError
 from test_task import build as build_task
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BART_HF = os.path.join(REPO, "..", "shared", "fixtures", "lsg", "bart_plain", "hf")
-LOCOST_HF = os.path.join(REPO, "..", "shared", "fixtures", "locost", "model")
-
-needs_fixtures = pytest.mark.skipif(not os.path.isdir(BART_HF), reason="shared/fixtures not found")
+BART_HF = os.path.join(FIXTURES, "lsg", "bart_plain", "hf")
+LOCOST_HF = os.path.join(FIXTURES, "locost", "model")
 
 
 def one_error_line(err: str, prog: str) -> str:
@@ -52,7 +49,6 @@ def run_convert(argv, capsys):
 
 
 # ----------------------------------------------------------------------------- weights files read defensively
-@needs_fixtures
 @pytest.mark.parametrize("damage,expected", [
     ("truncate", "cannot load weights: truncated or not in the expected format"),
     ("html", "cannot load weights: an HTML/XML page, not weights"),
@@ -76,7 +72,6 @@ def test_damaged_safetensors_named_and_nothing_written(tmp_path, capsys, damage,
     assert not (tmp_path / "out").exists() and os.listdir(tmp_path) == ["hf"]  # no temp folder left
 
 
-@needs_fixtures
 def test_html_page_saved_as_pytorch_model_bin(tmp_path, capsys):
     src = copy_folder(LOCOST_HF, tmp_path / "hf")
     weights = os.path.join(src, "pytorch_model.bin")
@@ -85,7 +80,6 @@ def test_html_page_saved_as_pytorch_model_bin(tmp_path, capsys):
     assert code == 2 and f"{weights}: cannot load weights: an HTML/XML page" in line
 
 
-@needs_fixtures
 def test_non_object_config_json_named(tmp_path, capsys):
     src = copy_folder(BART_HF, tmp_path / "hf")
     open(os.path.join(src, "config.json"), "w").write("[1, 2]")
@@ -94,7 +88,6 @@ def test_non_object_config_json_named(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- converter output folder
-@needs_fixtures
 def test_convert_refuses_non_empty_out_and_force_replaces_it_whole(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
@@ -115,7 +108,6 @@ def test_convert_refuses_non_empty_out_and_force_replaces_it_whole(tmp_path, cap
     assert from_pretrained(str(out)).bpe is not None  # the replaced folder is a working model
 
 
-@needs_fixtures
 def test_convert_into_an_empty_out_and_refuses_a_folder_holding_the_source(tmp_path, capsys):
     out = tmp_path / "empty"
     out.mkdir()
@@ -440,7 +432,6 @@ def _converted_in_child(point, src, out, extra):
     return r.returncode
 
 
-@needs_fixtures
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 def test_converter_killed_leaves_old_or_complete_new(tmp_path, point):
     from lsg_fairseq.convert import convert
@@ -481,7 +472,6 @@ def test_atomic_folder_failure_leaves_out_untouched(tmp_path):
     assert os.listdir(tmp_path) == ["out"]
 
 
-@needs_fixtures
 def test_unwritable_output_location_is_one_line(tmp_path, capsys):
     """An output under a regular file (as root, permissions cannot make a folder unwritable)."""
     blocker = tmp_path / "file.txt"

@@ -8,6 +8,7 @@
 # Knobs (environment): OUT (work dir), ARCH, VOCAB, CHUNK_WORDS (words per pseudo-document),
 # MAX_SRC / MAX_TGT (positions), GSG_UPDATES, FT_UPDATES, MAX_TOKENS, FT_DATA, THREADS, DEVICE
 # (auto|cpu|cuda, default auto) and PRECISION (fp32|bf16|fp16), see scripts/device_flags.sh.
+# FT_DATA and GUTENBERG are full data sets (../shared/data by default; not in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/${VENV:-.venv}/bin:$PATH"
@@ -30,6 +31,10 @@ quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|t
 
 # Held out as GSG validation (the data README's suggestion); every other book is training text.
 VALID_BOOK=chesterton-thursday.txt
+# shellcheck source=scripts/need_data.sh
+source scripts/need_data.sh
+need_data GUTENBERG "$GUTENBERG/$VALID_BOOK"
+need_data FT_DATA "$FT_DATA"/{train,valid}.jsonl
 TRAIN_BOOKS=$(ls "$GUTENBERG"/*.txt | grep -v "$VALID_BOOK" | paste -sd, -)
 
 step "1/6 summarization JSONL ($FT_DATA) -> parallel text"

@@ -13,7 +13,8 @@
 #   lsg-fairseq-summarize; prints the input length in pieces, the wall time and peak memory.
 #
 # Knobs (environment): OUT, DATA, PART, N_TEST (test meetings), VOCAB, MAX_SRC, MAX_TGT,
-# MAX_UPDATE, LR, MAX_LEN_B, NO_REPEAT, BOOK, THREADS.
+# MAX_UPDATE, LR, MAX_LEN_B, NO_REPEAT, BOOK, THREADS. DATA (QMSum) and BOOK come from the full data
+# sets (../shared/data by default; not in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/${VENV:-.venv}/bin:$PATH"
@@ -31,6 +32,10 @@ LR=${LR:-2e-3}
 MAX_LEN_B=${MAX_LEN_B:-256}
 NO_REPEAT=${NO_REPEAT:-3}
 BOOK=${BOOK:-../shared/data/gutenberg/melville-moby_dick.txt}
+# shellcheck source=scripts/need_data.sh
+source scripts/need_data.sh
+case $PART in all|rouge) need_data DATA "$DATA"/{train,valid,test}.jsonl ;; esac
+case $PART in all|book) need_data BOOK "$BOOK" ;; esac
 export OMP_NUM_THREADS=${THREADS:-$(nproc)}
 USER_DIR=$(lsg-fairseq-user-dir)
 start=$(date +%s)

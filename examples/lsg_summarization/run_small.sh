@@ -14,8 +14,9 @@
 #   weights, a few updates); it shows that the commands run, and how fast, at 16,384 tokens.
 #
 # Knobs (environment): OUT, DATA, PART, N_TRAIN/N_VALID/N_TEST (documents), VOCAB, MAX_SRC,
-# MAX_TGT, MAX_UPDATE, LR, MAX_LEN_B, NO_REPEAT, BART_HF (HF BART folder for part B), B_UPDATES,
-# THREADS.
+# MAX_TGT, MAX_UPDATE, LR, MAX_LEN_B, NO_REPEAT, BART_HF (HF BART folder for part B; default: the
+# fixture in tests/data), B_UPDATES, THREADS. DATA: the full SumPubMed set (../shared/data/sumpubmed
+# by default; not in the repository).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export PATH="$PWD/${VENV:-.venv}/bin:$PATH"
@@ -34,8 +35,12 @@ MAX_UPDATE=${MAX_UPDATE:-60}
 LR=${LR:-2e-3}
 MAX_LEN_B=${MAX_LEN_B:-512}
 NO_REPEAT=${NO_REPEAT:-3}
-BART_HF=${BART_HF:-../shared/fixtures/lsg/bart_plain/hf}
+BART_HF=${BART_HF:-tests/data/fixtures/lsg/bart_plain/hf}
 B_UPDATES=${B_UPDATES:-6}
+# shellcheck source=scripts/need_data.sh
+source scripts/need_data.sh
+need_data DATA "$DATA"/{train,valid,test}.jsonl  # both parts read it
+need_data BART_HF "$BART_HF/config.json"
 export OMP_NUM_THREADS=${THREADS:-$(nproc)}
 USER_DIR=$(lsg-fairseq-user-dir)
 start=$(date +%s)

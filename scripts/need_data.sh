@@ -1,0 +1,16 @@
+# Sourced by the examples that read the full data sets. Those live outside the repository
+# (../shared/data beside it by default; tests/data holds only the small part the tests read), so
+# an example that does not find one stops before any work: one line naming the missing path and
+# the variable that points there, exit 2.
+#
+#   need_data DATA "$DATA"/{train,valid,test}.jsonl
+need_data() {
+    local var=$1 path
+    shift
+    for path in "$@"; do
+        [ -e "$path" ] && continue
+        echo "${prog:-$0}: error: $(realpath -m "$path") not found: this example reads the full data set" \
+            "(tests/data has only the tests' part); put it there or set $var=/path/to/it" >&2
+        exit 2
+    done
+}
