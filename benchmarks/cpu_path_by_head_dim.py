@@ -29,7 +29,7 @@ CONFIGS = [
     ("d 256, 8 heads", 256, 8, 32, 256),
     ("base (d 768, 12 heads)", 768, 12, 128, 1024),
 ]
-SHAPES = [(30, 160), (4, 1024), (1, 4096)]  # (batch, tokens): ~4K tokens per batch, as --max-tokens 4200
+SHAPES = [(30, 160), (8, 512), (4, 1024), (2, 2048), (1, 4096)]  # (batch, tokens): ~4K tokens per batch, as --max-tokens 4200
 
 
 def layers(d, h, bs, window):

@@ -277,6 +277,10 @@ def test_models_build_one_block_mask_per_forward(arch, extra, builder, tmp_path,
 def test_path_rule():
     # auto: the CPU kernels on a CPU, flex on CUDA for inference and for training without dropout
     assert attention_path("auto", "cpu", 64, 0.0, grad=True) == CPU
+    # small heads on a CPU: one gathered call beats the strided windows (cpu_path_by_head_dim.md)
+    assert attention_path("auto", "cpu", 32, 0.0, grad=True) == WHOLE
+    assert attention_path("auto", "cpu", 16, 0.0, grad=False) == WHOLE
+    assert attention_path("cpu", "cpu", 16, 0.0, grad=True) == CPU  # forcing still forces
     assert attention_path("auto", "cuda", 64, 0.0, grad=False) == FLEX
     assert attention_path("auto", "cuda", 64, 0.0, grad=True) == FLEX
     assert attention_path("auto", "cuda", 64, 0.1, grad=True) == WHOLE  # attention dropout

@@ -13,9 +13,10 @@ as FlexAttention masks, one fused kernel over the keys where they lie, no per-bl
 no float masks. It cannot drop attention probabilities, runs backward on CUDA only, and needs a
 head dim of 16 or more; where it cannot run, the layer takes the whole-tensor path.
 
-``path``: ``"auto"`` (the default: the CPU paths on a CPU, flex on CUDA where it can run, else
-whole tensors), or ``"cpu"``, ``"whole"``, ``"flex"`` to force one (tests, benchmarks, a CPU user
-who wants the simple path); a layer without a flex path takes whole tensors for ``"flex"``.
+``path``: ``"auto"`` (the default: the CPU paths on a CPU, except the attentions' for heads under
+:data:`CPU_WINDOWS_MIN_HEAD_DIM` features; flex on CUDA where it can run, else whole tensors), or
+``"cpu"``, ``"whole"``, ``"flex"`` to force one (tests, benchmarks, a CPU user who wants the simple
+path); a layer without a flex path takes whole tensors for ``"flex"``.
 Each layer notes in ``ran`` the path its last call took (what benchmarks record).
 """
 from contextlib import contextmanager
@@ -29,6 +30,11 @@ from lsg_fairseq.ops import flex
 
 AUTO, WHOLE, CPU, FLEX = "auto", "whole", "cpu", "flex"
 PATHS = (AUTO, WHOLE, CPU, FLEX)
+# On a CPU the attentions' strided windows pay a fixed cost per small call, which heads of 16 or 32
+# features do not amortise: there one gathered call per query block (the whole-tensor path) was
+# faster, training, at every shape measured, and the windows from a head of 64 (base size) on
+# (benchmarks/results/cpu_path_by_head_dim.md).
+CPU_WINDOWS_MIN_HEAD_DIM = 64
 
 
 def attention_path(path: str, device_type: str, head_dim: int, dropout: float, grad: bool) -> str:
@@ -36,7 +42,10 @@ def attention_path(path: str, device_type: str, head_dim: int, dropout: float, g
     tensors, no attention dropout), "flex" (``flex.supported``) or "whole"; ``dropout`` is the
     attention dropout of this call (0 outside training), ``grad`` whether it builds a graph."""
     if path == AUTO:
-        path = CPU if device_type == "cpu" else FLEX
+        if device_type != "cpu":
+            path = FLEX
+        else:
+            path = CPU if head_dim >= CPU_WINDOWS_MIN_HEAD_DIM else WHOLE
     if path == CPU and (device_type != "cpu" or dropout > 0):
         return WHOLE
     if path == FLEX and not flex.supported(device_type, head_dim, dropout, grad):
