@@ -3,6 +3,7 @@
 Install torch first, pinned (an unpinned torch pulls several GB of CUDA packages on a CPU box):
     pip install torch==2.13.0 && pip install --no-build-isolation -e .
 """
+
 from setuptools import find_packages, setup
 
 setup(

@@ -22,6 +22,7 @@ reaches). Nothing else (projections of the sparse sequence, masks, edges, mergin
 
     python benchmarks/attention_floor.py                   # 16K and 4K, writes results/attention_floor.md
 """
+
 import argparse
 import datetime
 import json
@@ -48,8 +49,9 @@ def best_of(fn, rounds: int) -> float:
     return best
 
 
-def kernel_call(tokens: int, keys: int, queries_per_block: int, heads: int = 12, head_dim: int = 64,
-                buffer_elems: int = 1 << 21):
+def kernel_call(
+    tokens: int, keys: int, queries_per_block: int, heads: int = 12, head_dim: int = 64, buffer_elems: int = 1 << 21
+):
     """One layer's attention core at its best: every block of queries against ``keys`` keys held in
     a small reused buffer (cache-resident, as ``ops.window_attention`` gathers them without
     autograd; overlapping strided views of the whole source are slower: benchmarks/README.md), no mask,
@@ -64,7 +66,8 @@ def kernel_call(tokens: int, keys: int, queries_per_block: int, heads: int = 12,
     def call():
         for b0 in range(0, nb, chunk):
             b = min(chunk, nb - b0)
-            FLASH(q[b0:b0 + b], k[:b], v[:b], scale=head_dim ** -0.5)
+            FLASH(q[b0 : b0 + b], k[:b], v[:b], scale=head_dim**-0.5)
+
     return call
 
 
@@ -77,9 +80,13 @@ def measure(length: int, rounds: int, args) -> dict:
     gemm = lambda: torch.mm(x, w.t())  # noqa: E731
     lsg_keys = args.num_global_tokens + 2 * args.sparse_block_size + 3 * args.block_size
     led_keys = args.attention_window + 1
-    calls = {"linear": encoder, "gemm": gemm,
-             "lsg": kernel_call(length, lsg_keys, args.block_size),
-             "led64": kernel_call(length, led_keys, 64), "led256": kernel_call(length, led_keys, 256)}
+    calls = {
+        "linear": encoder,
+        "gemm": gemm,
+        "lsg": kernel_call(length, lsg_keys, args.block_size),
+        "led64": kernel_call(length, led_keys, 64),
+        "led256": kernel_call(length, led_keys, 256),
+    }
     best = {name: float("inf") for name in calls}
     for _ in range(rounds):  # interleaved: every call sees the same machine load
         for name, fn in calls.items():
@@ -92,27 +99,40 @@ def measure(length: int, rounds: int, args) -> dict:
         t_kernel = best["lsg"] if arch == "lsg_norm" else min(best["led64"], best["led256"])
         flops = 4 * length * keys * 768  # q k^T and p v, 12 heads x 64
         out["archs"][arch] = {
-            "keys_per_query": keys, "kernel_s_per_layer": t_kernel, "kernel_gflops": flops / t_kernel / 1e9,
+            "keys_per_query": keys,
+            "kernel_s_per_layer": t_kernel,
+            "kernel_gflops": flops / t_kernel / 1e9,
             "floor_ratio_kernel": 1 + layers * t_kernel / best["linear"],
-            "floor_ratio_products_at_gemm_rate": 1 + layers * flops / rate / best["linear"]}
+            "floor_ratio_products_at_gemm_rate": 1 + layers * flops / rate / best["linear"],
+        }
     return out
 
 
 def markdown(results, meta) -> str:
-    md = ["# Attention floor: the lowest encoder / `linear` ratio an exact attention can reach here", "",
-          f"`{meta['command']}` on {meta['cpu']}, {meta['threads']} threads, torch {meta['torch']}; "
-          f"load average {meta['load_start']} -> {meta['load_end']}; wall {meta['wall_s']:.0f} s. "
-          "Times: best of the interleaved rounds.", "",
-          "| length | arch | keys per query | kernel per layer | kernel rate | GEMM rate | `linear` encoder "
-          "| floor: 6 kernel calls | floor: products at GEMM rate, softmax free |",
-          "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    md = [
+        "# Attention floor: the lowest encoder / `linear` ratio an exact attention can reach here",
+        "",
+        f"`{meta['command']}` on {meta['cpu']}, {meta['threads']} threads, torch {meta['torch']}; "
+        f"load average {meta['load_start']} -> {meta['load_end']}; wall {meta['wall_s']:.0f} s. "
+        "Times: best of the interleaved rounds.",
+        "",
+        "| length | arch | keys per query | kernel per layer | kernel rate | GEMM rate | `linear` encoder "
+        "| floor: 6 kernel calls | floor: products at GEMM rate, softmax free |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
         for arch, a in r["archs"].items():
-            md.append(f"| {r['length']:,} | {arch} | {a['keys_per_query']:,} | {1e3 * a['kernel_s_per_layer']:.0f} ms "
-                      f"| {a['kernel_gflops']:.0f} GFLOP/s | {r['gemm_gflops']:.0f} GFLOP/s | {r['linear_s']:.2f} s "
-                      f"| **{a['floor_ratio_kernel']:.3f}x** | {a['floor_ratio_products_at_gemm_rate']:.3f}x |")
-    md += ["", "The issue's target is <= 1.25x. A floor above it cannot be met by any implementation built on "
-           "this kernel: the models add the sparse sequence, masks, edges and merging on top.", ""]
+            md.append(
+                f"| {r['length']:,} | {arch} | {a['keys_per_query']:,} | {1e3 * a['kernel_s_per_layer']:.0f} ms "
+                f"| {a['kernel_gflops']:.0f} GFLOP/s | {r['gemm_gflops']:.0f} GFLOP/s | {r['linear_s']:.2f} s "
+                f"| **{a['floor_ratio_kernel']:.3f}x** | {a['floor_ratio_products_at_gemm_rate']:.3f}x |"
+            )
+    md += [
+        "",
+        "The issue's target is <= 1.25x. A floor above it cannot be met by any implementation built on "
+        "this kernel: the models add the sparse sequence, masks, edges and merging on top.",
+        "",
+    ]
     return "\n".join(md)
 
 
@@ -130,10 +150,16 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     start, load = time.time(), [round(x, 2) for x in os.getloadavg()]
     results = [measure(n, args.rounds, args) for n in args.lengths]
-    meta = {"command": "python benchmarks/attention_floor.py " + " ".join(argv or sys.argv[1:]),
-            "cpu": run.cpu_name(), "threads": args.threads,
-            "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "load_start": load, "load_end": [round(x, 2) for x in os.getloadavg()], "wall_s": time.time() - start}
+    meta = {
+        "command": "python benchmarks/attention_floor.py " + " ".join(argv or sys.argv[1:]),
+        "cpu": run.cpu_name(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "load_start": load,
+        "load_end": [round(x, 2) for x in os.getloadavg()],
+        "wall_s": time.time() - start,
+    }
     with open(args.out + ".json", "w") as f:
         json.dump({"meta": meta, "results": results}, f, indent=1)
     text = markdown(results, meta)

@@ -14,6 +14,7 @@ the comparison with the CPU result is not empty there either.
     python benchmarks/device_conformance.py --device cuda --out /tmp/conformance.json
     python benchmarks/device_conformance.py --device cpu --layer-path whole --fixtures ../shared/fixtures
 """
+
 import argparse
 import json
 import os
@@ -34,7 +35,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def find_fixtures(given=None) -> str:
-    for folder in ([given] if given else FIXTURE_DIRS):
+    for folder in [given] if given else FIXTURE_DIRS:
         if folder and os.path.isdir(os.path.join(folder, "lsg")):
             return folder
     raise SystemExit(f"device_conformance.py: error: no fixtures in {given or ' or '.join(FIXTURE_DIRS)}")
@@ -61,12 +62,14 @@ def lsg_cases(fixtures, work):
         for S in ("long", "mid", "short"):
             if f"{S}_encoder_out" not in expected.files:
                 continue
-            ids, lengths, dec = (torch.from_numpy(inputs[f"{S}_{k}"]) for k in ("input_ids", "lengths", "decoder_input_ids"))
+            ids, lengths, dec = (
+                torch.from_numpy(inputs[f"{S}_{k}"]) for k in ("input_ids", "lengths", "decoder_input_ids")
+            )
             ref_enc = expected[f"{S}_encoder_out"]
             G = ref_enc.shape[1] - ids.shape[1]  # global tokens first in the encoder output
             valid = np.zeros(ref_enc.shape[:2], dtype=bool)
             for i, n in enumerate(lengths.tolist()):
-                valid[i, :G + n] = True
+                valid[i, : G + n] = True
 
             def run(model, device, ids=ids, lengths=lengths, dec=dec):
                 enc = model.encoder(ids.to(device), src_lengths=lengths.to(device))
@@ -86,7 +89,9 @@ def led_cases(fixtures, work):
     expected = np.load(os.path.join(led, "led_w32", "outputs.npz"))
     sets = []
     for S in ("long", "mid", "short"):
-        ids, lengths, dec = (torch.from_numpy(inputs[f"{S}_{k}"]) for k in ("input_ids", "lengths", "decoder_input_ids"))
+        ids, lengths, dec = (
+            torch.from_numpy(inputs[f"{S}_{k}"]) for k in ("input_ids", "lengths", "decoder_input_ids")
+        )
         valid = np.arange(ids.shape[1])[None, :] < lengths.numpy()[:, None]
 
         def run(model, device, ids=ids, lengths=lengths, dec=dec):
@@ -156,33 +161,45 @@ def check(fixtures, device, layer_path, dtypes, work, families=tuple(FAMILIES)):
             for S, run, valid, ref_enc, ref_logits in sets:
                 cpu_enc, cpu_logits = outputs(_load(model_pt), run, "cpu", torch.float32, "auto")
                 enc, logits = outputs(_load(model_pt), run, device, torch.float32, layer_path)
-                row = {"fixture": name, "set": S, "device": device,
-                       "enc_vs_reference": max_abs(enc, ref_enc, valid),
-                       "logits_vs_reference": max_abs(logits, ref_logits),
-                       "enc_vs_cpu": max_abs(enc, cpu_enc, valid), "logits_vs_cpu": max_abs(logits, cpu_logits)}
+                row = {
+                    "fixture": name,
+                    "set": S,
+                    "device": device,
+                    "enc_vs_reference": max_abs(enc, ref_enc, valid),
+                    "logits_vs_reference": max_abs(logits, ref_logits),
+                    "enc_vs_cpu": max_abs(enc, cpu_enc, valid),
+                    "logits_vs_cpu": max_abs(logits, cpu_logits),
+                }
                 row["fp32_ok"] = bool(max(row["enc_vs_reference"], row["logits_vs_reference"]) <= TOLERANCE)
                 for tag in dtypes:
                     if tag != "fp32":
                         _, half_logits = outputs(_load(model_pt), run, device, DTYPES[tag], layer_path)
                         row[f"{tag}_logits_rel_vs_cpu"] = rel_err(half_logits, cpu_logits)
                 rows.append(row)
-                print(f"{name:<16} {S:<5} fp32 vs reference {row['enc_vs_reference']:.1e} / "
-                      f"{row['logits_vs_reference']:.1e}, vs cpu {row['enc_vs_cpu']:.1e} / {row['logits_vs_cpu']:.1e}"
-                      + "".join(f", {t} {row[f'{t}_logits_rel_vs_cpu']:.1e}" for t in dtypes if t != "fp32"),
-                      flush=True)
+                print(
+                    f"{name:<16} {S:<5} fp32 vs reference {row['enc_vs_reference']:.1e} / "
+                    f"{row['logits_vs_reference']:.1e}, vs cpu {row['enc_vs_cpu']:.1e} / {row['logits_vs_cpu']:.1e}"
+                    + "".join(f", {t} {row[f'{t}_logits_rel_vs_cpu']:.1e}" for t in dtypes if t != "fp32"),
+                    flush=True,
+                )
     return rows
 
 
 def markdown(rows, dtypes) -> str:
     half = [t for t in dtypes if t != "fp32"]
-    head = ("| fixture | set | fp32 encoder vs reference | fp32 logits vs reference | fp32 encoder vs CPU | "
-            "fp32 logits vs CPU | " + " | ".join(f"{t} logits rel. vs CPU" for t in half) + " | within 1e-4 |")
+    head = (
+        "| fixture | set | fp32 encoder vs reference | fp32 logits vs reference | fp32 encoder vs CPU | "
+        "fp32 logits vs CPU | " + " | ".join(f"{t} logits rel. vs CPU" for t in half) + " | within 1e-4 |"
+    )
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        out.append(f"| {r['fixture']} | {r['set']} | {r['enc_vs_reference']:.1e} | {r['logits_vs_reference']:.1e} | "
-                   f"{r['enc_vs_cpu']:.1e} | {r['logits_vs_cpu']:.1e} | "
-                   + "".join(f"{r[f'{t}_logits_rel_vs_cpu']:.1e} | " for t in half)
-                   + ("yes" if r["fp32_ok"] else "**NO**") + " |")
+        out.append(
+            f"| {r['fixture']} | {r['set']} | {r['enc_vs_reference']:.1e} | {r['logits_vs_reference']:.1e} | "
+            f"{r['enc_vs_cpu']:.1e} | {r['logits_vs_cpu']:.1e} | "
+            + "".join(f"{r[f'{t}_logits_rel_vs_cpu']:.1e} | " for t in half)
+            + ("yes" if r["fp32_ok"] else "**NO**")
+            + " |"
+        )
     return "\n".join(out) + "\n"
 
 
@@ -192,8 +209,9 @@ def main(argv=None):
     p.add_argument("--layer-path", default="auto", choices=["auto", "whole", "cpu"])
     p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
-    p.add_argument("--fixtures", default=None, help="folder with lsg/, led/, locost/ (default: "
-                                                    + " or ".join(FIXTURE_DIRS) + ")")
+    p.add_argument(
+        "--fixtures", default=None, help="folder with lsg/, led/, locost/ (default: " + " or ".join(FIXTURE_DIRS) + ")"
+    )
     p.add_argument("--out", required=True, help="JSON written here (the markdown beside it, .md)")
     args = p.parse_args(argv)
     fixtures = find_fixtures(args.fixtures)
@@ -202,15 +220,22 @@ def main(argv=None):
     start = time.time()
     with tempfile.TemporaryDirectory() as work:
         rows = check(fixtures, args.device, args.layer_path, args.dtypes, work, args.families)
-    result = {"device": args.device, "layer_path": args.layer_path, "torch": torch.__version__,
-              "seconds": round(time.time() - start, 1), "rows": rows,
-              "all_fp32_within_tolerance": all(r["fp32_ok"] for r in rows)}
+    result = {
+        "device": args.device,
+        "layer_path": args.layer_path,
+        "torch": torch.__version__,
+        "seconds": round(time.time() - start, 1),
+        "rows": rows,
+        "all_fp32_within_tolerance": all(r["fp32_ok"] for r in rows),
+    }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
         f.write(markdown(rows, args.dtypes))
-    print(f"{len(rows)} rows, fp32 within {TOLERANCE:g} of the references: {result['all_fp32_within_tolerance']} "
-          f"({result['seconds']:.0f} s)")
+    print(
+        f"{len(rows)} rows, fp32 within {TOLERANCE:g} of the references: {result['all_fp32_within_tolerance']} "
+        f"({result['seconds']:.0f} s)"
+    )
     return 0 if result["all_fp32_within_tolerance"] else 1
 
 

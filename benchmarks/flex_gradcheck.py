@@ -9,6 +9,7 @@ smoke) compares the forward only.
 
     python benchmarks/flex_gradcheck.py --device cuda --out /tmp/flex_grad.json
 """
+
 import argparse
 import json
 import os
@@ -19,12 +20,35 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE = 1e-4  # float32 through two attention kernels; relative to each tensor's largest entry
-LSG = ["--block-size", "16", "--sparse-block-size", "16", "--sparsity-factor", "2", "--num-global-tokens", "2",
-       "--encoder-embed-dim", "64", "--encoder-attention-heads", "4"]  # head dim 16: flex's minimum
-CASES = {f"lsg_{t}": ["lsg_bart_tiny"] + LSG + ["--sparsity-type", t]
-         for t in ("none", "norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling")}
-CASES["led"] = ["led_tiny", "--attention-window", "16", "--global-token-ids", "7", "--encoder-embed-dim", "64",
-                "--encoder-attention-heads", "4"]
+LSG = [
+    "--block-size",
+    "16",
+    "--sparse-block-size",
+    "16",
+    "--sparsity-factor",
+    "2",
+    "--num-global-tokens",
+    "2",
+    "--encoder-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "4",
+]  # head dim 16: flex's minimum
+CASES = {
+    f"lsg_{t}": ["lsg_bart_tiny"] + LSG + ["--sparsity-type", t]
+    for t in ("none", "norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling")
+}
+CASES["led"] = [
+    "led_tiny",
+    "--attention-window",
+    "16",
+    "--global-token-ids",
+    "7",
+    "--encoder-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "4",
+]
 
 
 def build(argv, folder):
@@ -32,9 +56,22 @@ def build(argv, folder):
     from conftest import build_task_and_model, write_toy_dict
 
     arch, *flags = argv
-    _, model = build_task_and_model([write_toy_dict(folder), "--task", "long_document_summarization", "--arch", arch,
-                                     "--max-source-positions", "256", "--dropout", "0", "--attention-dropout", "0"]
-                                    + flags)
+    _, model = build_task_and_model(
+        [
+            write_toy_dict(folder),
+            "--task",
+            "long_document_summarization",
+            "--arch",
+            arch,
+            "--max-source-positions",
+            "256",
+            "--dropout",
+            "0",
+            "--attention-dropout",
+            "0",
+        ]
+        + flags
+    )
     return model
 
 
@@ -78,20 +115,35 @@ def main(argv=None):
             whole = run(model, "whole", args.device, grad)
             flex = run(model, "flex", args.device, grad)
             worst_grad = max((rel_max(flex[2][n], g) for n, g in whole[2].items()), default=0.0)
-            row = {"case": name, "ran": flex[3], "encoder": rel_max(flex[0], whole[0]),
-                   "logits": rel_max(flex[1], whole[1]), "gradients": worst_grad if grad else None,
-                   "tensors_with_gradients": len(flex[2])}
+            row = {
+                "case": name,
+                "ran": flex[3],
+                "encoder": rel_max(flex[0], whole[0]),
+                "logits": rel_max(flex[1], whole[1]),
+                "gradients": worst_grad if grad else None,
+                "tensors_with_gradients": len(flex[2]),
+            }
             row["ok"] = flex[3] == "flex" and max(row["encoder"], row["logits"], worst_grad) <= TOLERANCE
             rows.append(row)
-            print(f"{name:<16} ran {flex[3]}: encoder {row['encoder']:.1e}, logits {row['logits']:.1e}"
-                  + (f", gradients {worst_grad:.1e} ({len(flex[2])} tensors)" if grad else ", forward only"),
-                  flush=True)
-    result = {"device": args.device, "torch": torch.__version__, "backward": grad, "tolerance": TOLERANCE,
-              "rows": rows, "all_ok": all(r["ok"] for r in rows)}
+            print(
+                f"{name:<16} ran {flex[3]}: encoder {row['encoder']:.1e}, logits {row['logits']:.1e}"
+                + (f", gradients {worst_grad:.1e} ({len(flex[2])} tensors)" if grad else ", forward only"),
+                flush=True,
+            )
+    result = {
+        "device": args.device,
+        "torch": torch.__version__,
+        "backward": grad,
+        "tolerance": TOLERANCE,
+        "rows": rows,
+        "all_ok": all(r["ok"] for r in rows),
+    }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"flex against whole tensors, {'forward and backward' if grad else 'forward'}: "
-          f"{'all within' if result['all_ok'] else 'NOT all within'} {TOLERANCE:g}")
+    print(
+        f"flex against whole tensors, {'forward and backward' if grad else 'forward'}: "
+        f"{'all within' if result['all_ok'] else 'NOT all within'} {TOLERANCE:g}"
+    )
     return 0 if result["all_ok"] else 1
 
 

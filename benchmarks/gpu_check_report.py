@@ -9,6 +9,7 @@ JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``
 
     python benchmarks/gpu_check_report.py --work benchmarks/results/gpu_check --out benchmarks/results/cuda
 """
+
 import argparse
 import json
 import os
@@ -70,47 +71,66 @@ def bench_tables(records) -> str:
                     status = next((x["status"] for x in rs if (x["arch"], x["length"]) == (arch, n)), "not run")
                     cells.append(status.split(":")[0])
                     continue
-                ratios = [f"{r['median_s'] / ok[(ref, n)]['median_s']:.2f}x {name}"
-                          for ref, name in (("linear", "lin"), ("bart", "bart"))
-                          if ref != arch and (ref, n) in ok]
-                cells.append(f"{1e3 * r['median_s']:.3g}" + (f" ({', '.join(ratios)})" if ratios else "")
-                             + f" / {r['activations_mb']:,.0f}")
+                ratios = [
+                    f"{r['median_s'] / ok[(ref, n)]['median_s']:.2f}x {name}"
+                    for ref, name in (("linear", "lin"), ("bart", "bart"))
+                    if ref != arch and (ref, n) in ok
+                ]
+                cells.append(
+                    f"{1e3 * r['median_s']:.3g}"
+                    + (f" ({', '.join(ratios)})" if ratios else "")
+                    + f" / {r['activations_mb']:,.0f}"
+                )
             out.append(f"| {arch} | " + " | ".join(cells) + " |")
         paths = sorted({f"{r['arch']}: {r['layer_path']}" for r in rs if r.get("layer_path")})
         if paths:
             out.append("\nLayer paths taken: " + ", ".join(paths))
         splits = [r for r in rs if "ssm_share" in r and r["status"] == "ok"]
         if splits:
-            out.append("\nLOCOST's S4D layers in one more (profiled) call: ms of kernel generation, convolution "
-                       "(FFTs, layout, gate), projections; share of the call; MiB its kernel caches hold (made "
-                       "in the warm-up calls: inside the peak above)\n")
-            out.append("| arch | length | kernel | convolution | projections | kernel + convolution share | "
-                       "cache MiB |")
+            out.append(
+                "\nLOCOST's S4D layers in one more (profiled) call: ms of kernel generation, convolution "
+                "(FFTs, layout, gate), projections; share of the call; MiB its kernel caches hold (made "
+                "in the warm-up calls: inside the peak above)\n"
+            )
+            out.append(
+                "| arch | length | kernel | convolution | projections | kernel + convolution share | cache MiB |"
+            )
             out.append("|---|---:|---:|---:|---:|---:|---:|")
             for r in splits:
-                out.append(f"| {r['arch']} | {r['length']:,} | {1e3 * r['ssm_kernel_s']:.3g} | "
-                           f"{1e3 * r['ssm_conv_s']:.3g} | {1e3 * r['ssm_proj_s']:.3g} | {100 * r['ssm_share']:.1f}% | "
-                           f"{r.get('ssm_cache_mb', 0):,.0f} |")
+                out.append(
+                    f"| {r['arch']} | {r['length']:,} | {1e3 * r['ssm_kernel_s']:.3g} | "
+                    f"{1e3 * r['ssm_conv_s']:.3g} | {1e3 * r['ssm_proj_s']:.3g} | {100 * r['ssm_share']:.1f}% | "
+                    f"{r.get('ssm_cache_mb', 0):,.0f} |"
+                )
         out.append("")
     return "\n".join(out)
 
 
 def smoke_table(runs) -> str:
-    out = ["| arch | precision | updates | loss first -> last | finite and falling | optimizer groups |",
-           "|---|---|---:|---|---|---|"]
+    out = [
+        "| arch | precision | updates | loss first -> last | finite and falling | optimizer groups |",
+        "|---|---|---:|---|---|---|",
+    ]
     for r in runs:
         losses = f"{r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}" if r["losses"] else "none"
         groups = "<br>".join(g.replace("grouped_adam: ", "") for g in r["groups"]) or "none logged"
-        out.append(f"| {r['arch']} | {r['precision']} | {r['updates']} | {losses} | "
-                   f"{'yes' if r['fell'] else '**NO**'} | {groups} |")
+        out.append(
+            f"| {r['arch']} | {r['precision']} | {r['updates']} | {losses} | "
+            f"{'yes' if r['fell'] else '**NO**'} | {groups} |"
+        )
     return "\n".join(out) + "\n"
 
 
 def build(work):
     env = _read(os.path.join(work, "env.json"), {})
-    result = {"env": env, "stages": stages(work), "conformance": _read(os.path.join(work, "conformance.json")),
-              "flex_grad": _read(os.path.join(work, "flex_grad.json")),
-              "train_smoke": _read(os.path.join(work, "train_smoke", "train_smoke.json")), "benchmarks": {}}
+    result = {
+        "env": env,
+        "stages": stages(work),
+        "conformance": _read(os.path.join(work, "conformance.json")),
+        "flex_grad": _read(os.path.join(work, "flex_grad.json")),
+        "train_smoke": _read(os.path.join(work, "train_smoke", "train_smoke.json")),
+        "benchmarks": {},
+    }
     for tag, _ in BENCH_STAGES:
         part = _read(os.path.join(work, f"{tag}.json"))
         if part is not None:
@@ -120,21 +140,26 @@ def build(work):
 
 def markdown(result, work) -> str:
     env = result["env"]
-    head = [f"# GPU check: {env.get('card', '?')} ({env.get('device', '?')})\n",
-            f"torch {env.get('torch')} (CUDA {env.get('cuda')}), Python {env.get('python')}, commit "
-            f"`{env.get('commit')}`, started {env.get('started')}, load average at start "
-            f"{env.get('load_average_start')}, host CPU {env.get('cpu')}. Command: `benchmarks/gpu_check.sh` "
-            "(each stage's log in `gpu_check/`). bf16, batch 1, base-size models unless a table says otherwise.\n",
-            "| stage | status | seconds |", "|---|---|---:|"]
+    head = [
+        f"# GPU check: {env.get('card', '?')} ({env.get('device', '?')})\n",
+        f"torch {env.get('torch')} (CUDA {env.get('cuda')}), Python {env.get('python')}, commit "
+        f"`{env.get('commit')}`, started {env.get('started')}, load average at start "
+        f"{env.get('load_average_start')}, host CPU {env.get('cpu')}. Command: `benchmarks/gpu_check.sh` "
+        "(each stage's log in `gpu_check/`). bf16, batch 1, base-size models unless a table says otherwise.\n",
+        "| stage | status | seconds |",
+        "|---|---|---:|",
+    ]
     head += [f"| {s['stage']} | {s['status']} | {s['seconds']} |" for s in result["stages"]]
     out = ["\n".join(head), ""]
     conf = result["conformance"]
     out.append("## 1. Conformance on every fixture\n")
     if conf:
-        out.append(f"float32 on `{conf['device']}` (layer path {conf['layer_path']}) against the reference "
-                   "implementations' outputs (max abs, tolerance 1e-4) and against this machine's CPU float32; "
-                   f"half precisions as the logits' relative error against the CPU. All float32 within 1e-4: "
-                   f"**{'yes' if conf['all_fp32_within_tolerance'] else 'NO'}**.\n")
+        out.append(
+            f"float32 on `{conf['device']}` (layer path {conf['layer_path']}) against the reference "
+            "implementations' outputs (max abs, tolerance 1e-4) and against this machine's CPU float32; "
+            f"half precisions as the logits' relative error against the CPU. All float32 within 1e-4: "
+            f"**{'yes' if conf['all_fp32_within_tolerance'] else 'NO'}**.\n"
+        )
         with open(os.path.join(work, "conformance.md")) as f:
             out.append(f.read())
     else:
@@ -142,15 +167,19 @@ def markdown(result, work) -> str:
     flex = result["flex_grad"]
     out.append("## 1b. Flex against whole tensors (tiny models, float32, padded batch)\n")
     if flex:
-        out.append(f"Largest difference relative to the whole-tensor path's largest entry, on `{flex['device']}`"
-                   + (", gradients of every parameter" if flex["backward"] else " (forward only: no flex backward "
-                      "on CPU)") + f"; tolerance {flex['tolerance']:g}.\n")
+        out.append(
+            f"Largest difference relative to the whole-tensor path's largest entry, on `{flex['device']}`"
+            + (", gradients of every parameter" if flex["backward"] else " (forward only: no flex backward on CPU)")
+            + f"; tolerance {flex['tolerance']:g}.\n"
+        )
         out.append("| case | path taken | encoder | logits | gradients | within |")
         out.append("|---|---|---:|---:|---:|---|")
         for r in flex["rows"]:
             g = "-" if r["gradients"] is None else f"{r['gradients']:.1e}"
-            out.append(f"| {r['case']} | {r['ran']} | {r['encoder']:.1e} | {r['logits']:.1e} | {g} | "
-                       f"{'yes' if r['ok'] else '**NO**'} |")
+            out.append(
+                f"| {r['case']} | {r['ran']} | {r['encoder']:.1e} | {r['logits']:.1e} | {g} | "
+                f"{'yes' if r['ok'] else '**NO**'} |"
+            )
         out.append("")
     else:
         out.append("not measured\n")

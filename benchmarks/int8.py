@@ -20,6 +20,7 @@ One seeded command, three measurements, written to ``<out>/int8.md`` and ``<out>
     python benchmarks/int8.py --parts c --long-context DIR --append    # (c) only, merged into int8.json
     python benchmarks/int8.py --lengths 512 --arch-size tiny --parts a b --out /tmp/x   # seconds (a check)
 """
+
 import argparse
 import copy
 import datetime
@@ -47,13 +48,41 @@ from run import cpu_name, load_average  # noqa: E402  (benchmarks/run.py: the sa
 
 FIXTURES = os.path.join(REPO, "tests", "data", "fixtures")
 ARCHS = {  # name: (fairseq arch, flags), the base shapes of benchmarks/run.py
-    "lsg_norm": ("lsg_bart_base", ["--block-size", "128", "--sparse-block-size", "128", "--sparsity-factor", "4",
-                                   "--sparsity-type", "norm", "--num-global-tokens", "1"]),
+    "lsg_norm": (
+        "lsg_bart_base",
+        [
+            "--block-size",
+            "128",
+            "--sparse-block-size",
+            "128",
+            "--sparsity-factor",
+            "4",
+            "--sparsity-type",
+            "norm",
+            "--num-global-tokens",
+            "1",
+        ],
+    ),
     "led": ("led_base", ["--attention-window", "1024"]),
 }
-TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-        "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128", "--encoder-attention-heads", "4",
-        "--decoder-attention-heads", "4"]
+TINY = [
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "64",
+    "--decoder-embed-dim",
+    "64",
+    "--encoder-ffn-embed-dim",
+    "128",
+    "--decoder-ffn-embed-dim",
+    "128",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+]
 
 
 def parse_args(argv=None):
@@ -63,8 +92,13 @@ def parse_args(argv=None):
     p.add_argument("--arch-size", choices=("base", "tiny"), default="base", help="tiny: a quick check of the script")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per precision (alternating)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parts", nargs="+", choices=("a", "b", "c"), default=["a", "b", "c"],
-                   help="which measurements; c needs --long-context (default: all, c only if given)")
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("a", "b", "c"),
+        default=["a", "b", "c"],
+        help="which measurements; c needs --long-context (default: all, c only if given)",
+    )
     p.add_argument("--append", action="store_true", help="keep the other parts of an existing <out>/<tag>.json")
     p.add_argument("--report-only", action="store_true", help="rewrite <out>/<tag>.md from <out>/<tag>.json")
     p.add_argument("--long-context", help="$OUT of examples/long_context/run.sh with an lsg_norm row, for (c)")
@@ -78,13 +112,19 @@ def parse_args(argv=None):
 def diff_stats(a: torch.Tensor, b: torch.Tensor) -> dict:
     """fp32 ``a`` vs int8 ``b``: max |a-b|, that over max |a|, ||a-b|| / ||a||."""
     d = (a - b).abs()
-    return {"max_abs": float(d.max()), "max_abs_over_max": float(d.max() / a.abs().max()),
-            "rel_l2": float((a - b).norm() / a.norm())}
+    return {
+        "max_abs": float(d.max()),
+        "max_abs_over_max": float(d.max() / a.abs().max()),
+        "rel_l2": float((a - b).norm() / a.norm()),
+    }
 
 
 def logit_stats(a: torch.Tensor, b: torch.Tensor) -> dict:
-    return dict(diff_stats(a, b), argmax_agree=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
-                positions=int(a.shape[0] * a.shape[1]))
+    return dict(
+        diff_stats(a, b),
+        argmax_agree=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
+        positions=int(a.shape[0] * a.shape[1]),
+    )
 
 
 # ---------------------------------------------------------------------------------- (a) speed
@@ -94,10 +134,22 @@ def build(arch: str, length: int, size: str):
     for i in range((100 if size == "tiny" else 50265) - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
     task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    ns = options.parse_args_and_arch(options.get_training_parser(), [
-        "/nonexistent", "--task", "translation", "--arch", fairseq_arch, "--max-target-positions", "1024",
-        "--max-source-positions", str(max(length, 1024 if arch != "led" else 16384))] + flags
-        + (TINY if size == "tiny" else []))
+    ns = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [
+            "/nonexistent",
+            "--task",
+            "translation",
+            "--arch",
+            fairseq_arch,
+            "--max-target-positions",
+            "1024",
+            "--max-source-positions",
+            str(max(length, 1024 if arch != "led" else 16384)),
+        ]
+        + flags
+        + (TINY if size == "tiny" else []),
+    )
     torch.manual_seed(0)
     return ARCH_MODEL_REGISTRY[fairseq_arch].build_model(ns, task).eval(), dictionary
 
@@ -123,10 +175,20 @@ def speed(arch: str, length: int, args) -> dict:
             times[name].append(t)
     ref, out = outs["fp32"], outs["int8"]
     fp32, q = statistics.median(times["fp32"]), statistics.median(times["int8"])
-    rec = {"arch": arch, "length": length, "fp32_s": fp32, "int8_s": q, "speedup": fp32 / q,
-           "times_s": times, "encoder_out": diff_stats(ref, out)}
-    print(f"{arch:<9} {length:>6}  fp32 {fp32:7.2f} s  int8 {q:7.2f} s  x{fp32 / q:.2f}  "
-          f"enc max|d| {rec['encoder_out']['max_abs']:.3g}", flush=True)
+    rec = {
+        "arch": arch,
+        "length": length,
+        "fp32_s": fp32,
+        "int8_s": q,
+        "speedup": fp32 / q,
+        "times_s": times,
+        "encoder_out": diff_stats(ref, out),
+    }
+    print(
+        f"{arch:<9} {length:>6}  fp32 {fp32:7.2f} s  int8 {q:7.2f} s  x{fp32 / q:.2f}  "
+        f"enc max|d| {rec['encoder_out']['max_abs']:.3g}",
+        flush=True,
+    )
     return rec
 
 
@@ -137,11 +199,17 @@ def fixture_cases():
     led_inputs = np.load(os.path.join(FIXTURES, "led", "inputs.npz"))
 
     def sets(data, names):
-        return [(S, *(torch.from_numpy(data[f"{S}_{k}"]) for k in ("input_ids", "lengths", "decoder_input_ids")))
-                for S in names]
+        return [
+            (S, *(torch.from_numpy(data[f"{S}_{k}"]) for k in ("input_ids", "lengths", "decoder_input_ids")))
+            for S in names
+        ]
+
     for name in ("bart_plain", "lsg_none", "lsg_norm", "lsg_pooling"):
-        yield name, os.path.join(FIXTURES, "lsg", name, "hf"), sets(
-            lsg_inputs, ["mid", "short"] if name == "bart_plain" else ["long", "mid", "short"])
+        yield (
+            name,
+            os.path.join(FIXTURES, "lsg", name, "hf"),
+            sets(lsg_inputs, ["mid", "short"] if name == "bart_plain" else ["long", "mid", "short"]),
+        )
     yield "led_w32", os.path.join(FIXTURES, "led", "led_w32", "hf"), sets(led_inputs, ["long", "mid", "short"])
     yield "locost", os.path.join(FIXTURES, "locost", "model"), None  # inputs need the converted token map
 
@@ -176,11 +244,19 @@ def fixtures(args) -> list:
                 with torch.no_grad():
                     a, _ = model(src, lengths, prev)
                     b, _ = int8(src, lengths, prev)
-                rec = dict(fixture=name, inputs=S, source_lengths=lengths.tolist(), max_logit=float(a.abs().max()),
-                           **logit_stats(a, b))
+                rec = dict(
+                    fixture=name,
+                    inputs=S,
+                    source_lengths=lengths.tolist(),
+                    max_logit=float(a.abs().max()),
+                    **logit_stats(a, b),
+                )
                 records.append(rec)
-                print(f"{name:<11} {S:<9} max|d| {rec['max_abs']:.3f} ({rec['max_abs_over_max']:.1%} of max) "
-                      f"rel {rec['rel_l2']:.2%}  argmax agree {rec['argmax_agree']:.1%}", flush=True)
+                print(
+                    f"{name:<11} {S:<9} max|d| {rec['max_abs']:.3f} ({rec['max_abs_over_max']:.1%} of max) "
+                    f"rel {rec['rel_l2']:.2%}  argmax agree {rec['argmax_agree']:.1%}",
+                    flush=True,
+                )
     return records
 
 
@@ -191,15 +267,23 @@ def long_context(args) -> dict:
     spm = os.path.join(out, "long", "spm", "spm.model")
     for path in (ckpt, spm):
         if not os.path.isfile(path):
-            sys.exit(report(f"--long-context {out}: no {path}; run `ARCHS=lsg_norm EXTRAPOLATION=0 "
-                            f"OUT={out} bash examples/long_context/run.sh` first", "int8.py"))
+            sys.exit(
+                report(
+                    f"--long-context {out}: no {path}; run `ARCHS=lsg_norm EXTRAPOLATION=0 "
+                    f"OUT={out} bash examples/long_context/run.sh` first",
+                    "int8.py",
+                )
+            )
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=REPO)
     result = {"checkpoint": ckpt, "rows": {}}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = os.path.join(tmp, "model")  # what summarize reads: checkpoint, dict.txt, spm.model
         os.makedirs(model_dir)
-        for src, name in ((ckpt, "model.pt"), (spm, "spm.model"), (os.path.join(out, "long", "spm", "dict.txt"),
-                                                                    "dict.txt")):
+        for src, name in (
+            (ckpt, "model.pt"),
+            (spm, "spm.model"),
+            (os.path.join(out, "long", "spm", "dict.txt"), "dict.txt"),
+        ):
             os.symlink(os.path.abspath(src), os.path.join(model_dir, name))
         sources = os.path.join(out, "long", "raw", "test.source")
         refs = os.path.join(out, "long", "raw", "test.target")
@@ -214,9 +298,27 @@ def long_context(args) -> dict:
         summaries = {}
         for precision in ("fp32", "int8"):
             hyp = os.path.join(tmp, f"{precision}.txt")
-            cmd = [sys.executable, "-m", "lsg_fairseq.cli.summarize", model_dir, "--input-lines", sources,
-                   "--output", hyp, "--beam", "1", "--max-len-b", "60", "--no-repeat-ngram-size", "0",
-                   "--batch-size", "8", "--quiet", "--quantize", precision if precision == "int8" else "none"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "lsg_fairseq.cli.summarize",
+                model_dir,
+                "--input-lines",
+                sources,
+                "--output",
+                hyp,
+                "--beam",
+                "1",
+                "--max-len-b",
+                "60",
+                "--no-repeat-ngram-size",
+                "0",
+                "--batch-size",
+                "8",
+                "--quiet",
+                "--quantize",
+                precision if precision == "int8" else "none",
+            ]
             start = time.perf_counter()
             subprocess.run(cmd, env=env, check=True, capture_output=True)
             wall = time.perf_counter() - start
@@ -226,20 +328,49 @@ def long_context(args) -> dict:
             with open(gen, "w") as f:
                 f.writelines(f"D-{i}\t0.0\t{s}\n" for i, s in enumerate(summaries[precision]))
             scripts = os.path.join(REPO, "scripts")
-            subprocess.run([sys.executable, os.path.join(scripts, "key_recall.py"), "--jsonl", jsonl,
-                            "--generate-output", gen, "--spm-model", spm, "--name", precision,
-                            "--json", os.path.join(tmp, f"{precision}.recall.json")],
-                           env=env, check=True, capture_output=True)
-            subprocess.run([sys.executable, os.path.join(scripts, "generate_to_rouge.py"), "--generate-output", gen,
-                            "--ref-file", refs, "--output-dir", os.path.join(tmp, precision)],
-                           env=env, check=True, capture_output=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    os.path.join(scripts, "key_recall.py"),
+                    "--jsonl",
+                    jsonl,
+                    "--generate-output",
+                    gen,
+                    "--spm-model",
+                    spm,
+                    "--name",
+                    precision,
+                    "--json",
+                    os.path.join(tmp, f"{precision}.recall.json"),
+                ],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
+            subprocess.run(
+                [
+                    sys.executable,
+                    os.path.join(scripts, "generate_to_rouge.py"),
+                    "--generate-output",
+                    gen,
+                    "--ref-file",
+                    refs,
+                    "--output-dir",
+                    os.path.join(tmp, precision),
+                ],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             with open(os.path.join(tmp, f"{precision}.recall.json")) as f:
                 recall = json.load(f)
             with open(os.path.join(tmp, precision, "rouge.json")) as f:
                 rouge = json.load(f)
             result["rows"][precision] = {"wall_s": wall, "recall": recall, "rouge": rouge}
-            print(f"long_context {precision}: {wall:.0f} s, recall {recall['recall']:.1%}, "
-                  f"ROUGE-2 {rouge['rouge2']:.2f}", flush=True)
+            print(
+                f"long_context {precision}: {wall:.0f} s, recall {recall['recall']:.1%}, ROUGE-2 {rouge['rouge2']:.2f}",
+                flush=True,
+            )
         result["documents"] = len(summaries["fp32"])
         result["identical_summaries"] = sum(a == b for a, b in zip(summaries["fp32"], summaries["int8"]))
     return result
@@ -249,47 +380,69 @@ def long_context(args) -> dict:
 def markdown(results) -> str:
     speeds, fixture_rows, lc = results["speed"], results["fixtures"], results["long_context"]
     meta = results["runs"][0]
-    lines = [f"# fp32 vs dynamic int8 (`--quantize int8`), {meta['cpu']}, {meta['threads']} threads, "
-             f"torch {meta['torch']} (quantized engine {meta['quantized_engine']})", "",
-             "Generated by benchmarks/int8.py (seeded; what is measured and how: its docstring). Runs:", ""]
+    lines = [
+        f"# fp32 vs dynamic int8 (`--quantize int8`), {meta['cpu']}, {meta['threads']} threads, "
+        f"torch {meta['torch']} (quantized engine {meta['quantized_engine']})",
+        "",
+        "Generated by benchmarks/int8.py (seeded; what is measured and how: its docstring). Runs:",
+        "",
+    ]
     for run in results["runs"]:
-        lines.append(f"- `{run['command']}`: started {run['started']}, wall {run['wall_s']:.0f} s, load average "
-                     f"(1/5/15 min) {run['load_average_start']} -> {run['load_average_end']}")
+        lines.append(
+            f"- `{run['command']}`: started {run['started']}, wall {run['wall_s']:.0f} s, load average "
+            f"(1/5/15 min) {run['load_average_start']} -> {run['load_average_end']}"
+        )
     lines.append("")
     if speeds:
-        lines += ["## (a) Encoder forward, batch 1, no grad (median of "
-                  f"{meta['repeat']}, fp32 and int8 alternating in one process, random weights)", "",
-                  "| arch | tokens | fp32 s | int8 s | speed-up | encoder out: max abs diff | rel. L2 diff |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## (a) Encoder forward, batch 1, no grad (median of "
+            f"{meta['repeat']}, fp32 and int8 alternating in one process, random weights)",
+            "",
+            "| arch | tokens | fp32 s | int8 s | speed-up | encoder out: max abs diff | rel. L2 diff |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in speeds:
             e = r["encoder_out"]
-            lines.append(f"| {r['arch']} | {r['length']:,} | {r['fp32_s']:.2f} | {r['int8_s']:.2f} | "
-                         f"**{r['speedup']:.2f}x** | {e['max_abs']:.3g} | {e['rel_l2']:.2%} |")
+            lines.append(
+                f"| {r['arch']} | {r['length']:,} | {r['fp32_s']:.2f} | {r['int8_s']:.2f} | "
+                f"**{r['speedup']:.2f}x** | {e['max_abs']:.3g} | {e['rel_l2']:.2%} |"
+            )
         lines.append("")
     if fixture_rows:
-        lines += ["## (b) Logits on the converted conformance fixtures (tiny random models, d 64, vocab 500)", "",
-                  "| fixture | inputs | max abs logit | max abs diff | diff / max | rel. L2 diff | argmax agrees |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## (b) Logits on the converted conformance fixtures (tiny random models, d 64, vocab 500)",
+            "",
+            "| fixture | inputs | max abs logit | max abs diff | diff / max | rel. L2 diff | argmax agrees |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
         for r in fixture_rows:
-            lines.append(f"| {r['fixture']} | {r['inputs']} {r['source_lengths']} | {r['max_logit']:.1f} | "
-                         f"{r['max_abs']:.3f} | {r['max_abs_over_max']:.1%} | {r['rel_l2']:.2%} | "
-                         f"{r['argmax_agree']:.1%} of {r['positions']} |")
+            lines.append(
+                f"| {r['fixture']} | {r['inputs']} {r['source_lengths']} | {r['max_logit']:.1f} | "
+                f"{r['max_abs']:.3f} | {r['max_abs_over_max']:.1%} | {r['rel_l2']:.2%} | "
+                f"{r['argmax_agree']:.1%} of {r['positions']} |"
+            )
         lines.append("")
     if lc:
-        lines += [f"## (c) Trained LSG-BART (norm) of examples/long_context, {lc['documents']} test documents "
-                  "of 3.6K-4K pieces", "",
-                  "`python -m lsg_fairseq.cli.summarize MODEL --beam 1 --max-len-b 60 --no-repeat-ngram-size 0 "
-                  "--batch-size 8 [--quantize int8]`, scored by scripts/key_recall.py and "
-                  "scripts/generate_to_rouge.py. The model: `ARCHS=lsg_norm EXTRAPOLATION=0 OUT=DIR bash "
-                  "examples/long_context/run.sh` (its full recipe, 500 + 800 updates), DIR = `--long-context`. "
-                  "Wall: the whole command (start, load, 120 summaries), one run each, fp32 first.", "",
-                  "| precision | key recall | recall, keys >= 1,024 | ROUGE-1 | ROUGE-2 | ROUGE-L | wall s (one run) |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## (c) Trained LSG-BART (norm) of examples/long_context, {lc['documents']} test documents "
+            "of 3.6K-4K pieces",
+            "",
+            "`python -m lsg_fairseq.cli.summarize MODEL --beam 1 --max-len-b 60 --no-repeat-ngram-size 0 "
+            "--batch-size 8 [--quantize int8]`, scored by scripts/key_recall.py and "
+            "scripts/generate_to_rouge.py. The model: `ARCHS=lsg_norm EXTRAPOLATION=0 OUT=DIR bash "
+            "examples/long_context/run.sh` (its full recipe, 500 + 800 updates), DIR = `--long-context`. "
+            "Wall: the whole command (start, load, 120 summaries), one run each, fp32 first.",
+            "",
+            "| precision | key recall | recall, keys >= 1,024 | ROUGE-1 | ROUGE-2 | ROUGE-L | wall s (one run) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for name, row in lc["rows"].items():
             rec, rg = row["recall"], row["rouge"]
             beyond = rec["recall_beyond"]
-            lines.append(f"| {name} | {rec['recall']:.1%} | {'n/a' if beyond is None else f'{beyond:.1%}'} | "
-                         f"{rg['rouge1']:.2f} | {rg['rouge2']:.2f} | {rg['rougeL']:.2f} | {row['wall_s']:.0f} |")
+            lines.append(
+                f"| {name} | {rec['recall']:.1%} | {'n/a' if beyond is None else f'{beyond:.1%}'} | "
+                f"{rg['rouge1']:.2f} | {rg['rouge2']:.2f} | {rg['rougeL']:.2f} | {row['wall_s']:.0f} |"
+            )
         lines += ["", f"Identical summaries fp32 vs int8: {lc['identical_summaries']} of {lc['documents']}.", ""]
     return "\n".join(lines)
 
@@ -297,10 +450,16 @@ def markdown(results) -> str:
 def main(argv=None):
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    meta = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python benchmarks/int8.py " + " ".join(sys.argv[1:] if argv is None else argv),
-            "load_average_start": load_average(), "cpu": cpu_name(), "threads": args.threads,
-            "torch": torch.__version__, "quantized_engine": torch.backends.quantized.engine, "repeat": args.repeat}
+    meta = {
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python benchmarks/int8.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "load_average_start": load_average(),
+        "cpu": cpu_name(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "quantized_engine": torch.backends.quantized.engine,
+        "repeat": args.repeat,
+    }
     stem = os.path.join(args.out, args.tag)
     if args.report_only:
         with open(stem + ".json") as f, open(stem + ".md", "w") as g:

@@ -7,26 +7,52 @@ A record is a dict with ``arch``, ``mode``, ``length``, ``status`` ("ok" or why 
 ``median_s``, ``peak_mb`` (absolute peak, MiB) and ``activations_mb`` (peak above the resident
 weights, MiB); ``gen`` records add ``new_tokens_per_s``, LOCOST ``enc`` records the ``ssm_*`` split.
 """
+
 import math
 
 SPARSITY_TYPES = ("norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling", "none")
 INT8_ARCHS = ("lsg_norm_int8", "led_int8")
 HF_ARCHS = ("hf_bart", "hf_led")  # the peers: transformers' own encoders (run.py --arch names them)
-ALL_ARCHS = ("bart",) + tuple(f"lsg_{t}" for t in SPARSITY_TYPES) + (
-    "linear", "led", "locost", "locost_cold", "locost_ckpt") + INT8_ARCHS + HF_ARCHS
+ALL_ARCHS = (
+    ("bart",)
+    + tuple(f"lsg_{t}" for t in SPARSITY_TYPES)
+    + ("linear", "led", "locost", "locost_cold", "locost_ckpt")
+    + INT8_ARCHS
+    + HF_ARCHS
+)
 MODES = ("enc", "train", "gen")
 # What each arch is expected to do as the length grows (for the growth check).
-EXPECTED_GROWTH = {"bart": "-> 2 (attention L^2 dominates at long L)", "linear": "1",
-                   "led": "1", "locost": "1 (+ log L from the FFT)", "locost_cold": "1 (+ log L from the FFT)",
-                   "locost_ckpt": "1 (+ log L from the FFT)"}
+EXPECTED_GROWTH = {
+    "bart": "-> 2 (attention L^2 dominates at long L)",
+    "linear": "1",
+    "led": "1",
+    "locost": "1 (+ log L from the FFT)",
+    "locost_cold": "1 (+ log L from the FFT)",
+    "locost_ckpt": "1 (+ log L from the FFT)",
+}
 # One colour per arch in the plots: the main five distinct, the other LSG types (dashed) in muted tones.
-ARCH_COLORS = {"bart": "black", "lsg_norm": "tab:blue", "linear": "tab:gray", "led": "tab:green",
-               "locost": "tab:red", "locost_cold": "tab:orange", "locost_ckpt": "tab:purple",
-               "lsg_pooling": "tab:cyan", "lsg_stride": "tab:olive", "lsg_block_stride": "tab:pink",
-               "lsg_lsh": "tab:brown", "lsg_bos_pooling": "steelblue", "lsg_none": "lightskyblue",
-               "lsg_norm_int8": "navy", "led_int8": "darkgreen"}
-TITLES = {"enc": "Encoder forward, no grad", "train": "Forward + backward, whole model",
-          "gen": "Generation (beam search, incl. encoder)"}
+ARCH_COLORS = {
+    "bart": "black",
+    "lsg_norm": "tab:blue",
+    "linear": "tab:gray",
+    "led": "tab:green",
+    "locost": "tab:red",
+    "locost_cold": "tab:orange",
+    "locost_ckpt": "tab:purple",
+    "lsg_pooling": "tab:cyan",
+    "lsg_stride": "tab:olive",
+    "lsg_block_stride": "tab:pink",
+    "lsg_lsh": "tab:brown",
+    "lsg_bos_pooling": "steelblue",
+    "lsg_none": "lightskyblue",
+    "lsg_norm_int8": "navy",
+    "led_int8": "darkgreen",
+}
+TITLES = {
+    "enc": "Encoder forward, no grad",
+    "train": "Forward + backward, whole model",
+    "gen": "Generation (beam search, incl. encoder)",
+}
 # The references every time and memory cell is divided by (same mode and length), and their short names.
 REFERENCES = (("bart", "bart"), ("linear", "lin"))
 # LOCOST encoder time over the linear floor at 16K when issue 13 was opened: 20.4 s / 8.93 s = 2.284.
@@ -79,10 +105,18 @@ def growth_rows(records):
             t = [(r["length"], r["median_s"]) for r in rs]
             m = [(r["length"], r["activations_mb"]) for r in rs]
             last = lambda pts: slope(pts[-2:])  # noqa: E731
-            rows.append({"arch": arch, "mode": mode, "lengths": [r["length"] for r in rs],
-                         "time_all": slope(t), "time_last": last(t),
-                         "mem_all": slope(m), "mem_last": last(m),
-                         "expected": EXPECTED_GROWTH.get(arch, "1")})
+            rows.append(
+                {
+                    "arch": arch,
+                    "mode": mode,
+                    "lengths": [r["length"] for r in rs],
+                    "time_all": slope(t),
+                    "time_last": last(t),
+                    "mem_all": slope(m),
+                    "mem_last": last(m),
+                    "expected": EXPECTED_GROWTH.get(arch, "1"),
+                }
+            )
     return rows
 
 
@@ -91,13 +125,17 @@ def fmt(x, spec=".2f"):
 
 
 def growth_markdown(rows):
-    out = ["| arch | mode | lengths | time exponent (all) | time exponent (last pair) | "
-           "memory exponent (all) | memory exponent (last pair) | expected |",
-           "|---|---|---|---:|---:|---:|---:|---|"]
+    out = [
+        "| arch | mode | lengths | time exponent (all) | time exponent (last pair) | "
+        "memory exponent (all) | memory exponent (last pair) | expected |",
+        "|---|---|---|---:|---:|---:|---:|---|",
+    ]
     for g in rows:
         lens = ", ".join(f"{n // 1024}K" for n in g["lengths"])
-        out.append(f"| {g['arch']} | {g['mode']} | {lens} | {fmt(g['time_all'])} | {fmt(g['time_last'])} | "
-                   f"{fmt(g['mem_all'])} | {fmt(g['mem_last'])} | {g['expected']} |")
+        out.append(
+            f"| {g['arch']} | {g['mode']} | {lens} | {fmt(g['time_all'])} | {fmt(g['time_last'])} | "
+            f"{fmt(g['mem_all'])} | {fmt(g['mem_last'])} | {g['expected']} |"
+        )
     return "\n".join(out)
 
 
@@ -156,22 +194,38 @@ def tables_markdown(records):
     for mode in MODES:
         if not any(r["mode"] == mode for r in records):
             continue
-        out += [f"### {TITLES[mode]}", "",
-                "Time, seconds (ratio to full-attention `bart` and to the `linear` floor, same length and mode):",
-                "", head, rule]
+        out += [
+            f"### {TITLES[mode]}",
+            "",
+            "Time, seconds (ratio to full-attention `bart` and to the `linear` floor, same length and mode):",
+            "",
+            head,
+            rule,
+        ]
         out += _arch_rows(records, archs, lengths, mode, lambda r: time_cell(records, r))
-        out += ["", "Peak memory, MiB: above the resident weights (ratio to `bart` and to `linear`, above the "
-                "weights too) / absolute peak:", "", head, rule]
+        out += [
+            "",
+            "Peak memory, MiB: above the resident weights (ratio to `bart` and to `linear`, above the "
+            "weights too) / absolute peak:",
+            "",
+            head,
+            rule,
+        ]
         out += _arch_rows(records, archs, lengths, mode, lambda r: memory_cell(records, r))
         out.append("")
     ssm = [r for a in ("locost", "locost_cold") for r in ok(records, a, "enc") if "ssm_share" in r]
     if ssm:
-        out += ["### LOCOST encoder: SSM kernel generation + FFT convolution", "",
-                "| arch | length | encoder s (this call) | kernel generation s | FFT convolution etc. s | share |",
-                "|---|---:|---:|---:|---:|---:|"]
+        out += [
+            "### LOCOST encoder: SSM kernel generation + FFT convolution",
+            "",
+            "| arch | length | encoder s (this call) | kernel generation s | FFT convolution etc. s | share |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for r in ssm:
-            out.append(f"| {r['arch']} | {r['length']:,} | {r['ssm_total_s']:.3g} | {r['ssm_kernel_s']:.3g} | "
-                       f"{r['ssm_conv_s']:.3g} | {100 * r['ssm_share']:.1f}% |")
+            out.append(
+                f"| {r['arch']} | {r['length']:,} | {r['ssm_total_s']:.3g} | {r['ssm_kernel_s']:.3g} | "
+                f"{r['ssm_conv_s']:.3g} | {100 * r['ssm_share']:.1f}% |"
+            )
         out.append(f"\n(FFT convolution etc. = {ssm[-1]['ssm_conv_is']})\n")
     return "\n".join(out)
 
@@ -218,24 +272,44 @@ def target_checks(records, main_lsg="lsg_norm"):
     # ---- issue 13
     for arch in (main_lsg, "led"):
         for n in (4096, 16384):
-            check(13, f"`{arch}` encoder forward at {n // 1024}K <= 1.25x `linear`",
-                  [(arch, "enc", n), ("linear", "enc", n)],
-                  lambda a, lin: (f"{a['median_s']:.2f} s / {lin['median_s']:.2f} s = "
-                                  f"{a['median_s'] / lin['median_s']:.2f}x",
-                                  a["median_s"] / lin["median_s"] <= 1.25))
+            check(
+                13,
+                f"`{arch}` encoder forward at {n // 1024}K <= 1.25x `linear`",
+                [(arch, "enc", n), ("linear", "enc", n)],
+                lambda a, lin: (
+                    f"{a['median_s']:.2f} s / {lin['median_s']:.2f} s = {a['median_s'] / lin['median_s']:.2f}x",
+                    a["median_s"] / lin["median_s"] <= 1.25,
+                ),
+            )
     for arch in (main_lsg, "led"):
-        check(13, f"`{arch}` forward+backward peak memory above the weights at 16K <= 0.6x `bart`'s",
-              [(arch, "train", 16384), ("bart", "train", 16384)],
-              lambda a, b: (f"{a['activations_mb']:,.0f} MiB / {b['activations_mb']:,.0f} MiB = "
-                            f"{a['activations_mb'] / b['activations_mb']:.2f}x",
-                            a["activations_mb"] / b["activations_mb"] <= 0.6))
-    check(13, "`locost` encoder forward at 16K: peak RSS <= 2.0 GB", [("locost", "enc", 16384)],
-          lambda r: (f"{r['peak_mb'] / GIB:.2f} GiB ({r['peak_mb']:,.0f} MiB; "
-                     f"{r['activations_mb']:,.0f} MiB above the weights)", r["peak_mb"] <= 2.0 * GIB))
-    check(13, "`locost` encoder forward at 16K <= 2.284x `linear` (the ratio before: 20.4 s / 8.93 s)",
-          [("locost", "enc", 16384), ("linear", "enc", 16384)],
-          lambda r, lin: (f"{r['median_s']:.2f} s / {lin['median_s']:.2f} s = {r['median_s'] / lin['median_s']:.3f}x",
-                          r["median_s"] / lin["median_s"] <= LOCOST_LINEAR_RATIO_BEFORE))
+        check(
+            13,
+            f"`{arch}` forward+backward peak memory above the weights at 16K <= 0.6x `bart`'s",
+            [(arch, "train", 16384), ("bart", "train", 16384)],
+            lambda a, b: (
+                f"{a['activations_mb']:,.0f} MiB / {b['activations_mb']:,.0f} MiB = "
+                f"{a['activations_mb'] / b['activations_mb']:.2f}x",
+                a["activations_mb"] / b["activations_mb"] <= 0.6,
+            ),
+        )
+    check(
+        13,
+        "`locost` encoder forward at 16K: peak RSS <= 2.0 GB",
+        [("locost", "enc", 16384)],
+        lambda r: (
+            f"{r['peak_mb'] / GIB:.2f} GiB ({r['peak_mb']:,.0f} MiB; {r['activations_mb']:,.0f} MiB above the weights)",
+            r["peak_mb"] <= 2.0 * GIB,
+        ),
+    )
+    check(
+        13,
+        "`locost` encoder forward at 16K <= 2.284x `linear` (the ratio before: 20.4 s / 8.93 s)",
+        [("locost", "enc", 16384), ("linear", "enc", 16384)],
+        lambda r, lin: (
+            f"{r['median_s']:.2f} s / {lin['median_s']:.2f} s = {r['median_s'] / lin['median_s']:.3f}x",
+            r["median_s"] / lin["median_s"] <= LOCOST_LINEAR_RATIO_BEFORE,
+        ),
+    )
     target = "`locost` forward+backward at 16K without activation checkpointing completes within 16 GB peak"
     r = lookup(records, "locost", "train", 16384)
     if r is None:
@@ -243,41 +317,73 @@ def target_checks(records, main_lsg="lsg_norm"):
     elif r["status"] != "ok":  # died (out of memory) or timed out: the target is "completes"
         add(13, target, r["status"][:120], MISSED)
     else:
-        add(13, target, f"{r['peak_mb'] / GIB:.2f} GiB peak, {r['median_s']:.1f} s",
-            MET if r["peak_mb"] <= 16 * GIB else MISSED)
+        add(
+            13,
+            target,
+            f"{r['peak_mb'] / GIB:.2f} GiB peak, {r['median_s']:.1f} s",
+            MET if r["peak_mb"] <= 16 * GIB else MISSED,
+        )
 
     # ---- kept from issues 3, 4, 6
-    check(3, f"`{main_lsg}` peak memory above weights, 4K -> 16K growth <= 4.5x",
-          [(main_lsg, "enc", 4096), (main_lsg, "enc", 16384)],
-          lambda a, b: (f"{a['activations_mb']:,.0f} -> {b['activations_mb']:,.0f} MiB = "
-                        f"{b['activations_mb'] / a['activations_mb']:.2f}x",
-                        b["activations_mb"] / a["activations_mb"] <= 4.5))
-    for arch, what in (("locost", "kernels cached per FFT size, as inference runs"),
-                       ("locost_cold", "cache off: kernels generated in the call")):
+    check(
+        3,
+        f"`{main_lsg}` peak memory above weights, 4K -> 16K growth <= 4.5x",
+        [(main_lsg, "enc", 4096), (main_lsg, "enc", 16384)],
+        lambda a, b: (
+            f"{a['activations_mb']:,.0f} -> {b['activations_mb']:,.0f} MiB = "
+            f"{b['activations_mb'] / a['activations_mb']:.2f}x",
+            b["activations_mb"] / a["activations_mb"] <= 4.5,
+        ),
+    )
+    for arch, what in (
+        ("locost", "kernels cached per FFT size, as inference runs"),
+        ("locost_cold", "cache off: kernels generated in the call"),
+    ):
         r = find(records, arch, "enc", 16384)
         target = f"LOCOST 16K ({what}): SSM kernel generation + FFT convolution <= 15% of encoder forward"
         if r is None or "ssm_share" not in r:
             add(4, target, _absent(records, (arch, "enc", 16384)) or "no SSM split in the record", NOT_MEASURED)
         else:
-            add(4, target, f"({r['ssm_kernel_s']:.2f} + {r['ssm_conv_s']:.2f}) s / {r['ssm_total_s']:.2f} s = "
-                f"{100 * r['ssm_share']:.1f}%", MET if r["ssm_share"] <= 0.15 else MISSED)
-    check(4, "LOCOST 262,144 tokens encoder forward within 16 GB peak RSS", [("locost", "enc", 262144)],
-          lambda r: (f"{r['peak_mb'] / GIB:.2f} GiB peak, {r['median_s']:.1f} s", r["peak_mb"] <= 16 * GIB))
+            add(
+                4,
+                target,
+                f"({r['ssm_kernel_s']:.2f} + {r['ssm_conv_s']:.2f}) s / {r['ssm_total_s']:.2f} s = "
+                f"{100 * r['ssm_share']:.1f}%",
+                MET if r["ssm_share"] <= 0.15 else MISSED,
+            )
+    check(
+        4,
+        "LOCOST 262,144 tokens encoder forward within 16 GB peak RSS",
+        [("locost", "enc", 262144)],
+        lambda r: (f"{r['peak_mb'] / GIB:.2f} GiB peak, {r['median_s']:.1f} s", r["peak_mb"] <= 16 * GIB),
+    )
     rs = ok(records, "locost", "enc")
     e = slope([(x["length"], x["activations_mb"]) for x in rs])
     if e is None:
         add(4, "LOCOST encoder memory growth ~linear (exponent <= 1.15)", "fewer than 2 ok lengths", NOT_MEASURED)
     else:
-        add(4, "LOCOST encoder memory growth ~linear (exponent <= 1.15)",
-            f"exponent {e:.2f} over " + ", ".join(f"{x['length'] // 1024}K" for x in rs), MET if e <= 1.15 else MISSED)
+        add(
+            4,
+            "LOCOST encoder memory growth ~linear (exponent <= 1.15)",
+            f"exponent {e:.2f} over " + ", ".join(f"{x['length'] // 1024}K" for x in rs),
+            MET if e <= 1.15 else MISSED,
+        )
     rs = ok(records, "led", "enc")
     e = slope([(x["length"], x["activations_mb"]) for x in rs][-2:])
     if e is None:
-        add(6, "LED encoder memory linear in L (exponent of the last pair <= 1.15)", "fewer than 2 ok lengths",
-            NOT_MEASURED)
+        add(
+            6,
+            "LED encoder memory linear in L (exponent of the last pair <= 1.15)",
+            "fewer than 2 ok lengths",
+            NOT_MEASURED,
+        )
     else:
-        add(6, "LED encoder memory linear in L (exponent of the last pair <= 1.15)",
-            f"{e:.2f} ({rs[-2]['length'] // 1024}K -> {rs[-1]['length'] // 1024}K)", MET if e <= 1.15 else MISSED)
+        add(
+            6,
+            "LED encoder memory linear in L (exponent of the last pair <= 1.15)",
+            f"{e:.2f} ({rs[-2]['length'] // 1024}K -> {rs[-1]['length'] // 1024}K)",
+            MET if e <= 1.15 else MISSED,
+        )
     return rows
 
 
@@ -290,15 +396,28 @@ def checks_markdown(checks):
 # ---------------------------------------------------------------------------------- the report
 def report_markdown(records, meta_runs, growth, checks):
     last = meta_runs[-1] if meta_runs else {}
-    loads = "; ".join(f"{m['started']}: {m['load_average_start']} -> {m.get('load_average_end')}"
-                      for m in meta_runs)
-    md = [f"# Benchmark results ({last.get('device')}, {last.get('cpu')}, {last.get('threads')} threads, "
-          f"torch {last.get('torch')}, {last.get('dtype')}, batch 1)", "",
-          f"Load average (1/5/15 min) at start -> end of each run: {loads}", "",
-          tables_markdown(records), "### Growth exponents (log-log slope)", "", growth_markdown(growth), ""]
+    loads = "; ".join(f"{m['started']}: {m['load_average_start']} -> {m.get('load_average_end')}" for m in meta_runs)
+    md = [
+        f"# Benchmark results ({last.get('device')}, {last.get('cpu')}, {last.get('threads')} threads, "
+        f"torch {last.get('torch')}, {last.get('dtype')}, batch 1)",
+        "",
+        f"Load average (1/5/15 min) at start -> end of each run: {loads}",
+        "",
+        tables_markdown(records),
+        "### Growth exponents (log-log slope)",
+        "",
+        growth_markdown(growth),
+        "",
+    ]
     if checks:
-        md += ["### Targets", "", "Issue 13's targets first, then the earlier issues' that still apply "
-               "(GB read as GiB).", "", checks_markdown(checks), ""]
+        md += [
+            "### Targets",
+            "",
+            "Issue 13's targets first, then the earlier issues' that still apply (GB read as GiB).",
+            "",
+            checks_markdown(checks),
+            "",
+        ]
     return "\n".join(md)
 
 
@@ -311,23 +430,28 @@ def plot(records, path_stem):
     modes = [m for m in MODES if any(r["mode"] == m and r["status"] == "ok" for r in records)]
     archs = sorted({r["arch"] for r in records}, key=arch_order)
     paths = []
-    for what, key, ylabel in (("time", "median_s", "seconds"), ("memory", "activations_mb",
-                                                                "peak MiB above weights")):
+    for what, key, ylabel in (("time", "median_s", "seconds"), ("memory", "activations_mb", "peak MiB above weights")):
         fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.4), squeeze=False)
         for ax, mode in zip(axes[0], modes):
             for arch in archs:
                 rs = ok(records, arch, mode)
                 if not rs:
                     continue
-                style = ":" if arch.endswith("_int8") else (
-                    "--" if arch.startswith("lsg_") and arch != "lsg_norm" else "-")
+                style = (
+                    ":" if arch.endswith("_int8") else ("--" if arch.startswith("lsg_") and arch != "lsg_norm" else "-")
+                )
                 color = ARCH_COLORS.get(arch)  # the same in every panel and plot
-                ax.plot([r["length"] for r in rs], [max(r[key], 1e-3) for r in rs], style,
-                        marker="o", label=arch, color=color)
+                ax.plot(
+                    [r["length"] for r in rs],
+                    [max(r[key], 1e-3) for r in rs],
+                    style,
+                    marker="o",
+                    label=arch,
+                    color=color,
+                )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_title({"enc": "encoder forward (no grad)", "train": "forward + backward",
-                          "gen": "generation"}[mode])
+            ax.set_title({"enc": "encoder forward (no grad)", "train": "forward + backward", "gen": "generation"}[mode])
             ax.set_xlabel("input tokens")
             ax.set_ylabel(ylabel)
             ax.grid(True, which="both", alpha=0.3)

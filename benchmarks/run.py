@@ -63,6 +63,7 @@ Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target che
     python benchmarks/run.py --device cuda --dtype bf16 --tag cuda --max-full-length 65536 --warmup 2 \
         --repeat 5 --lengths 4096 16384 65536 --arch bart linear lsg_norm led locost locost_cold hf_bart hf_led
 """
+
 import argparse
 import datetime
 import gc
@@ -119,68 +120,117 @@ def default_archs():
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--arch", nargs="+", default=None, choices=ALL_ARCHS, metavar="ARCH",
-                   help=f"architectures (default: all, the int8 ones only where lsg_fairseq.quantize "
-                        f"exists): {', '.join(ALL_ARCHS)}")
+    p.add_argument(
+        "--arch",
+        nargs="+",
+        default=None,
+        choices=ALL_ARCHS,
+        metavar="ARCH",
+        help=f"architectures (default: all, the int8 ones only where lsg_fairseq.quantize "
+        f"exists): {', '.join(ALL_ARCHS)}",
+    )
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
-    p.add_argument("--secondary-modes", nargs="*", default=["enc"], choices=MODES,
-                   help="modes run by the LSG sparsity types other than --main-lsg (default: enc only, "
-                        "to keep the suite short)")
-    p.add_argument("--train-every-arch-at", type=int, nargs="*", default=[16384], metavar="LENGTH",
-                   help="lengths at which the secondary LSG types run train too, so that every arch has a "
-                        "train row there (default: 16384; none: give the flag no value)")
+    p.add_argument(
+        "--secondary-modes",
+        nargs="*",
+        default=["enc"],
+        choices=MODES,
+        help="modes run by the LSG sparsity types other than --main-lsg (default: enc only, to keep the suite short)",
+    )
+    p.add_argument(
+        "--train-every-arch-at",
+        type=int,
+        nargs="*",
+        default=[16384],
+        metavar="LENGTH",
+        help="lengths at which the secondary LSG types run train too, so that every arch has a "
+        "train row there (default: 16384; none: give the flag no value)",
+    )
     p.add_argument("--main-lsg", default="lsg_norm", help="the LSG arch that runs every mode")
-    p.add_argument("--max-full-length", type=int, default=16384,
-                   help="longest input for full-attention bart (quadratic time)")
+    p.add_argument(
+        "--max-full-length", type=int, default=16384, help="longest input for full-attention bart (quadratic time)"
+    )
     p.add_argument("--target-len", type=int, default=256, help="teacher-forced target tokens (train)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per hypothesis (gen)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
     p.add_argument("--repeat", type=int, default=3, help="timed calls (median reported)")
-    p.add_argument("--budget", type=float, default=12.0,
-                   help="stop repeating once this many seconds were timed (at least one call)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=12.0,
+        help="stop repeating once this many seconds were timed (at least one call)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a measurement is killed")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads in each measurement")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--layer-path", default="auto", choices=PATHS,
-                   help="force one path of the layers that have several: cpu, whole or flex (default auto: "
-                        "flex for LSG/LED on CUDA without attention dropout, else whole tensors on GPU)")
-    p.add_argument("--start-method", default="auto", choices=["auto", "fork", "spawn"],
-                   help="how measurement processes start (auto: fork on CPU, spawn with --device cuda)")
+    p.add_argument(
+        "--layer-path",
+        default="auto",
+        choices=PATHS,
+        help="force one path of the layers that have several: cpu, whole or flex (default auto: "
+        "flex for LSG/LED on CUDA without attention dropout, else whole tensors on GPU)",
+    )
+    p.add_argument(
+        "--start-method",
+        default="auto",
+        choices=["auto", "fork", "spawn"],
+        help="how measurement processes start (auto: fork on CPU, spawn with --device cuda)",
+    )
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--sparse-block-size", type=int, default=128)
     p.add_argument("--sparsity-factor", type=int, default=4)
     p.add_argument("--num-global-tokens", type=int, default=1)
     p.add_argument("--attention-window", type=int, default=1024, help="LED full window W")
-    p.add_argument("--locost-kernel-cache-mb", type=float, default=None,
-                   help="--ssm-kernel-cache-mb for the locost arch (default: the arch's own default)")
-    p.add_argument("--locost-kernel-compile", action="store_true",
-                   help="the locost archs with --ssm-kernel-compile (the fused, torch.compile'd kernel generator)")
-    p.add_argument("--ssm-breakdown-max-length", type=int, default=65536,
-                   help="locost enc: split out kernel generation / FFT convolution (one extra encoder "
-                        "call) up to this length")
-    p.add_argument("--checkpoint-activations", action="store_true",
-                   help="every fairseq arch with --checkpoint-activations (e.g. train at 64K; the HF peers "
-                        "are unchanged)")
-    p.add_argument("--one-process", action="store_true",
-                   help="all rows in one process, one after the other, instead of one each (spawned with "
-                        "--device cuda, where each process start costs seconds; on CPU a row's peak RSS "
-                        "then may include what earlier rows left in the heap)")
-    p.add_argument("--profile", action="store_true",
-                   help="also write a torch.profiler op table of one call per measurement")
+    p.add_argument(
+        "--locost-kernel-cache-mb",
+        type=float,
+        default=None,
+        help="--ssm-kernel-cache-mb for the locost arch (default: the arch's own default)",
+    )
+    p.add_argument(
+        "--locost-kernel-compile",
+        action="store_true",
+        help="the locost archs with --ssm-kernel-compile (the fused, torch.compile'd kernel generator)",
+    )
+    p.add_argument(
+        "--ssm-breakdown-max-length",
+        type=int,
+        default=65536,
+        help="locost enc: split out kernel generation / FFT convolution (one extra encoder call) up to this length",
+    )
+    p.add_argument(
+        "--checkpoint-activations",
+        action="store_true",
+        help="every fairseq arch with --checkpoint-activations (e.g. train at 64K; the HF peers are unchanged)",
+    )
+    p.add_argument(
+        "--one-process",
+        action="store_true",
+        help="all rows in one process, one after the other, instead of one each (spawned with "
+        "--device cuda, where each process start costs seconds; on CPU a row's peak RSS "
+        "then may include what earlier rows left in the heap)",
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="also write a torch.profiler op table of one call per measurement"
+    )
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
     p.add_argument("--tag", default=None, help="output file stem (default: the device name)")
     p.add_argument("--append", action="store_true", help="merge into an existing <tag>.json")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--report-only", action="store_true",
-                   help="measure nothing: redraw <tag>.md and the plots from <tag>.json")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny models, one 256-token length, 1 timed call: checks the plumbing (CI)")
+    p.add_argument(
+        "--report-only", action="store_true", help="measure nothing: redraw <tag>.md and the plots from <tag>.json"
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny models, one 256-token length, 1 timed call: checks the plumbing (CI)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.arch = args.arch or [a for a in default_archs() if a in SMOKE_ARCHS + INT8_ARCHS]
@@ -201,7 +251,7 @@ def model_argv(arch: str, length: int, args) -> list:
     """fairseq arch name + flags for one benchmark arch at one input length (its family's row;
     ``linear`` and the int8 archs are variants of the lsg_norm / led rows)."""
     if arch in INT8_ARCHS:
-        return model_argv(arch[:-len("_int8")], length, args)
+        return model_argv(arch[: -len("_int8")], length, args)
     argv = FAMILY_ROWS["lsg_norm" if arch == "linear" else arch](length, args)
     if args.checkpoint_activations and "--checkpoint-activations" not in argv:
         argv = argv + ["--checkpoint-activations"]
@@ -239,18 +289,37 @@ def build_hf_model(arch: str, length: int, args):
     """HF transformers' own BART (SDPA) or LED of bart_base's sizes (tiny ones with --smoke)."""
     import transformers  # imported here: run.py must import (and run every other arch) without it
 
-    sizes = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
-                 decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, vocab_size=50265)
+    sizes = dict(
+        d_model=768,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=12,
+        decoder_attention_heads=12,
+        encoder_ffn_dim=3072,
+        decoder_ffn_dim=3072,
+        vocab_size=50265,
+    )
     if args.smoke:
-        sizes.update(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                     decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=100)
+        sizes.update(
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            vocab_size=100,
+        )
     if arch == "hf_bart":
         config = transformers.BartConfig(max_position_embeddings=max(length, 1024), **sizes)
         model = transformers.BartForConditionalGeneration._from_config(config, attn_implementation="sdpa")
     else:
-        config = transformers.LEDConfig(max_encoder_position_embeddings=max(length, 16384),
-                                        max_decoder_position_embeddings=1024,
-                                        attention_window=args.attention_window, **sizes)
+        config = transformers.LEDConfig(
+            max_encoder_position_embeddings=max(length, 16384),
+            max_decoder_position_embeddings=1024,
+            attention_window=args.attention_window,
+            **sizes,
+        )
         model = transformers.LEDForConditionalGeneration(config)
     return model, make_dictionary(sizes["vocab_size"])
 
@@ -262,8 +331,10 @@ def build_model(arch: str, length: int, args):
     vocab = 100 if args.smoke else (32128 if arch.startswith("locost") else 50265)
     dictionary = make_dictionary(vocab)
     parser = options.get_training_parser()
-    ns = options.parse_args_and_arch(parser, ["/nonexistent", "--task", "translation", "--arch",
-                                              fairseq_arch, "--max-target-positions", "1024"] + flags)
+    ns = options.parse_args_and_arch(
+        parser,
+        ["/nonexistent", "--task", "translation", "--arch", fairseq_arch, "--max-target-positions", "1024"] + flags,
+    )
     model = ARCH_MODEL_REGISTRY[fairseq_arch].build_model(ns, _Task(dictionary))
     if arch == "linear":
         for layer in model.encoder.layers:
@@ -293,7 +364,7 @@ def reset_peak(device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated() / 2 ** 20
+        return torch.cuda.memory_allocated() / 2**20
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
@@ -305,7 +376,7 @@ def reset_peak(device) -> float:
 def read_peak(device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() / 2 ** 20
+        return torch.cuda.max_memory_allocated() / 2**20
     return _status_kb("VmHWM") / 1024
 
 
@@ -327,6 +398,7 @@ def make_step(model, dictionary, mode, length, args, device):
         def step():
             with torch.no_grad():
                 return model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+
         return step
     if mode == "train":
         model.train()
@@ -340,16 +412,19 @@ def make_step(model, dictionary, mode, length, args, device):
             loss.backward()
             model.zero_grad(set_to_none=True)
             return loss
+
         return step
     if mode == "gen":
         model.eval()
-        generator = SequenceGenerator([model], dictionary, beam_size=args.beam, max_len_a=0,
-                                      max_len_b=args.new_tokens, min_len=args.new_tokens)
+        generator = SequenceGenerator(
+            [model], dictionary, beam_size=args.beam, max_len_a=0, max_len_b=args.new_tokens, min_len=args.new_tokens
+        )
         sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
 
         def step():
             hyps = generator.generate([model], sample)
             return hyps[0][0]["tokens"].numel() - 1  # new tokens of the best hypothesis (eos dropped)
+
         return step
     raise ValueError(mode)
 
@@ -367,6 +442,7 @@ def make_hf_step(model, dictionary, mode, src, args, g):
         def step():
             with torch.no_grad():
                 return model.get_encoder()(**kwargs).last_hidden_state
+
         return step
     if mode == "train":
         model.train()
@@ -378,6 +454,7 @@ def make_hf_step(model, dictionary, mode, src, args, g):
             loss.backward()
             model.zero_grad(set_to_none=True)
             return loss
+
         return step
     raise ValueError(f"{mode}: the HF archs run enc and train only")
 
@@ -422,11 +499,17 @@ def breakdown_from_rows(rows, cuda: bool, total: float) -> dict:
             totals[row.key] += (row.device_time_total if cuda else row.cpu_time_total) / 1e6
     kernel, proj = totals["s4d.kernel"], totals["s4d.projection"]
     conv = max(0.0, totals["s4d.layer"] - kernel - proj)
-    return {"ssm_total_s": total, "ssm_layer_s": totals["s4d.layer"], "ssm_kernel_s": kernel, "ssm_conv_s": conv,
-            "ssm_proj_s": proj, "ssm_share": (kernel + conv) / total,
-            "ssm_conv_is": "S4D.forward minus its k/q/output projections and the kernel (mask, transposes, "
-                           "FFTs, product, gate), from the host-side rows of the s4d.* profiler labels "
-                           "(device time on a GPU)"}
+    return {
+        "ssm_total_s": total,
+        "ssm_layer_s": totals["s4d.layer"],
+        "ssm_kernel_s": kernel,
+        "ssm_conv_s": conv,
+        "ssm_proj_s": proj,
+        "ssm_share": (kernel + conv) / total,
+        "ssm_conv_is": "S4D.forward minus its k/q/output projections and the kernel (mask, transposes, "
+        "FFTs, product, gate), from the host-side rows of the s4d.* profiler labels "
+        "(device time on a GPU)",
+    }
 
 
 def sync(device):
@@ -466,11 +549,16 @@ def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
         if sum(times) >= args.budget:
             break
     peak = read_peak(device)
-    rec = {"times_s": times, "median_s": statistics.median(times), "peak_mb": peak,
-           "base_mb": base, "activations_mb": peak - base}
+    rec = {
+        "times_s": times,
+        "median_s": statistics.median(times),
+        "peak_mb": peak,
+        "base_mb": base,
+        "activations_mb": peak - base,
+    }
     caches = [m.cached_kernel_bytes() for m in model.modules() if hasattr(m, "cached_kernel_bytes")]
     if caches:  # LOCOST: its kernel caches, made after the peak was reset, are in the peak
-        rec["ssm_cache_mb"] = sum(caches) / 2 ** 20
+        rec["ssm_cache_mb"] = sum(caches) / 2**20
     if mode == "gen":
         rec["new_tokens"] = out
         rec["new_tokens_per_s"] = out / rec["median_s"]
@@ -546,8 +634,13 @@ def run_rows(rows, args):
             proc.kill()
             status = f"timeout after {args.timeout:.0f} s"
         for arch, mode, length in rows[i:]:
-            yield {"arch": arch, "mode": mode, "length": length, "device": args.device,
-                   "status": status if (arch, mode, length) == rows[i] else f"not run: {status} in an earlier row"}
+            yield {
+                "arch": arch,
+                "mode": mode,
+                "length": length,
+                "device": args.device,
+                "status": status if (arch, mode, length) == rows[i] else f"not run: {status} in an earlier row",
+            }
         break
     proc.join()
 
@@ -593,8 +686,11 @@ def start_method(args) -> str:
 def _probe(conn, device):
     import torch  # noqa: F811  (the spawned child's own)
 
-    info = {"available": device == "cpu" or torch.cuda.is_available(), "torch": torch.__version__,
-            "cuda": torch.version.cuda}
+    info = {
+        "available": device == "cpu" or torch.cuda.is_available(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
     if device == "cuda" and info["available"]:
         info["name"] = torch.cuda.get_device_name()
     conn.send(info)
@@ -651,20 +747,38 @@ def main(argv=None):
     device = probe_device(args)
     if not device["available"]:
         sys.exit(report_error(f"--device {args.device}: no such device visible to torch", "run.py"))
-    run_meta = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                "argv": sys.argv[1:] if argv is None else argv, "load_average_start": load_average(),
-                "device": device["name"], "cuda": device["cuda"],
-                "cpu": cpu_name(), "threads": args.threads, "torch": device["torch"],
-                "dtype": args.dtype, "layer_path": args.layer_path,
-                "config": {k: v for k, v in vars(args).items() if k not in ("out",)}}
+    run_meta = {
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "load_average_start": load_average(),
+        "device": device["name"],
+        "cuda": device["cuda"],
+        "cpu": cpu_name(),
+        "threads": args.threads,
+        "torch": device["torch"],
+        "dtype": args.dtype,
+        "layer_path": args.layer_path,
+        "config": {k: v for k, v in vars(args).items() if k not in ("out",)},
+    }
     cuda = f"CUDA {run_meta['cuda']}, " if run_meta["cuda"] else ""
-    print(f"# {run_meta['started']} {run_meta['device']} ({run_meta['cpu']}), torch {run_meta['torch']}, {cuda}"
-          f"{args.threads} threads, load average {run_meta['load_average_start']}", flush=True)
+    print(
+        f"# {run_meta['started']} {run_meta['device']} ({run_meta['cpu']}), torch {run_meta['torch']}, {cuda}"
+        f"{args.threads} threads, load average {run_meta['load_average_start']}",
+        flush=True,
+    )
     start = time.time()
-    plan = [(arch, mode, length) for length in args.lengths for mode in args.modes for arch in args.arch
-            if mode in modes_of(arch, length, args)]
-    skips = [dict(arch=a, mode=m, length=n, device=args.device, status=skipped(a, n, args))
-             for a, m, n in plan if skipped(a, n, args)]
+    plan = [
+        (arch, mode, length)
+        for length in args.lengths
+        for mode in args.modes
+        for arch in args.arch
+        if mode in modes_of(arch, length, args)
+    ]
+    skips = [
+        dict(arch=a, mode=m, length=n, device=args.device, status=skipped(a, n, args))
+        for a, m, n in plan
+        if skipped(a, n, args)
+    ]
     plan = [(a, m, n) for a, m, n in plan if not skipped(a, n, args)]
     measured = run_rows(plan, args) if args.one_process else (run_one(*row, args) for row in plan)
     for rec in itertools.chain(skips, measured):  # each record written as soon as it comes
@@ -672,8 +786,10 @@ def main(argv=None):
         records = [r for r in records if (r["arch"], r["mode"], r["length"]) != key]
         records.append(rec)
         if rec["status"] == "ok":
-            msg = (f"{rec['median_s']:8.3f} s  peak {rec['peak_mb']:8.0f} MiB  "
-                   f"above weights {rec['activations_mb']:8.0f} MiB  ({len(rec['times_s'])} timed)")
+            msg = (
+                f"{rec['median_s']:8.3f} s  peak {rec['peak_mb']:8.0f} MiB  "
+                f"above weights {rec['activations_mb']:8.0f} MiB  ({len(rec['times_s'])} timed)"
+            )
         else:
             msg = rec["status"]
         print(f"{rec['length']:>7} {rec['mode']:<5} {rec['arch']:<16} {msg}", flush=True)
@@ -687,8 +803,11 @@ def main(argv=None):
     if checks:
         print("\n## Targets\n")
         print(report.checks_markdown(checks))
-    print(f"\nwrote {stem}.json, {stem}.md" + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png")
-          + f" in {run_meta['seconds']:.0f} s")
+    print(
+        f"\nwrote {stem}.json, {stem}.md"
+        + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png")
+        + f" in {run_meta['seconds']:.0f} s"
+    )
 
 
 def write_outputs(records, meta_runs, args, stem, plots=True):

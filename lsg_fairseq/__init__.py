@@ -8,6 +8,7 @@ installs the fixes to fairseq/torch internals in :mod:`lsg_fairseq.fairseq_fixes
 package that patches anything; it also allowlists what fairseq checkpoints contain so that
 ``torch.load`` works under torch >= 2.6).
 """
+
 import os
 
 from lsg_fairseq import fairseq_fixes

@@ -4,6 +4,7 @@ fairseq's ``import_user_module`` only auto-imports ``tasks/`` and ``models/`` th
 ``--user-dir`` is seen; a plain ``import lsg_fairseq`` (hub, tests, converter) must register the
 same things, so the package's entry point (its ``__init__``) imports its sub-packages itself.
 """
+
 import importlib
 import os
 

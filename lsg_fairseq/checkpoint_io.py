@@ -7,6 +7,7 @@ rename, folder fsync): fairseq's own saves and copies (and so the converter's an
 go through it once :mod:`lsg_fairseq.fairseq_fixes.atomic_checkpoints` is installed. Nothing here
 patches fairseq.
 """
+
 from fairseq.file_io import PathManager
 
 from lsg_text.errors import UserError

@@ -10,6 +10,7 @@ task in the same process keeps fairseq's behaviour.
   match"; we say which ``--arch`` it was saved with, or how many positions its table holds and
   how to extend it.
 """
+
 import os
 
 import torch

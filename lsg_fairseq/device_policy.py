@@ -18,6 +18,7 @@ through the task hook of :mod:`lsg_fairseq.fairseq_fixes.run_hooks`, so it holds
 generation step into a one-line refusal naming the batch's length and the flags that shrink it
 (fairseq's trainer would log the OOM, skip the batch and go on, batch after batch).
 """
+
 import contextlib
 import logging
 
@@ -46,18 +47,24 @@ def vet_run(cfg, command: str) -> None:
     if flat_fp16 and optimizer == "grouped_adam":
         common.fp16_no_flatten_grads = True
         flat_fp16 = False
-        logger.info("--optimizer grouped_adam with --fp16: float32 master copies kept per tensor "
-                    "(--fp16-no-flatten-grads), so that its parameter groups survive")
+        logger.info(
+            "--optimizer grouped_adam with --fp16: float32 master copies kept per tensor "
+            "(--fp16-no-flatten-grads), so that its parameter groups survive"
+        )
     if torch.cuda.is_available() and not common.cpu:
         return
     where = "--cpu is given" if common.cpu else f"torch {torch.__version__} sees no CUDA GPU"
     if common.amp:
-        raise ConfigError(f"--amp: fairseq's --amp is CUDA float16 autocast, and here ({where}) it would "
-                          "train in float32 without a word; drop it, or use --bf16 for half precision on a CPU")
+        raise ConfigError(
+            f"--amp: fairseq's --amp is CUDA float16 autocast, and here ({where}) it would "
+            "train in float32 without a word; drop it, or use --bf16 for half precision on a CPU"
+        )
     if flat_fp16:
-        raise ConfigError(f"--fp16: fairseq's fp16 trainer keeps its float32 master weights in one flat "
-                          f"CUDA tensor, and here {where}; use --bf16 for half precision on a CPU "
-                          "(or add --fp16-no-flatten-grads)")
+        raise ConfigError(
+            f"--fp16: fairseq's fp16 trainer keeps its float32 master weights in one flat "
+            f"CUDA tensor, and here {where}; use --bf16 for half precision on a CPU "
+            "(or add --fp16-no-flatten-grads)"
+        )
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -103,4 +110,5 @@ def explain_out_of_memory(sample, stage: str):
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DeviceMemoryError(
             f"device memory ran out in {stage} on a batch of {describe_batch(sample)}: {shrink}, or shorten "
-            f"the inputs with --max-source-positions ({first.replace('out of memory', 'OOM')})") from e
+            f"the inputs with --max-source-positions ({first.replace('out of memory', 'OOM')})"
+        ) from e

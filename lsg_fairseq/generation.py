@@ -17,6 +17,7 @@
 The tasks' ``build_generator`` passes this class to fairseq's, so ``fairseq-generate``,
 ``--eval-rouge``, the hub and ``lsg-fairseq-summarize`` all generate through it.
 """
+
 import math
 
 import torch
@@ -49,8 +50,12 @@ _ABSENT = object()
 
 def _beam_state(models):
     """The instance values of the beam attributes of every module of ``models``."""
-    return [(module, name, module.__dict__.get(name, _ABSENT))
-            for model in models for module in model.modules() for name in _BEAM_ATTRIBUTES]
+    return [
+        (module, name, module.__dict__.get(name, _ABSENT))
+        for model in models
+        for module in model.modules()
+        for name in _BEAM_ATTRIBUTES
+    ]
 
 
 def _restore(state) -> None:

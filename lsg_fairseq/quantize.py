@@ -19,6 +19,7 @@ Three things that are not just "call quantize_dynamic":
 - ``torch.ao.quantization`` warns that it is deprecated in favour of torchao (torch 2.13 still
   ships it and it works); torchao is not a dependency here, so the warnings are silenced.
 """
+
 import warnings
 
 import torch
@@ -32,8 +33,7 @@ def shared_weight_linears(model: nn.Module) -> set:
     seen = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         seen[id(p)] = seen.get(id(p), 0) + 1
-    return {name for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and seen.get(id(m.weight), 0) > 1}
+    return {name for name, m in model.named_modules() if isinstance(m, nn.Linear) and seen.get(id(m.weight), 0) > 1}
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -44,12 +44,14 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     """
     devices = {p.device.type for p in model.parameters()}
     if devices - {"cpu"}:
-        raise ConfigError(f"--quantize int8 runs on the CPU only; the model is on {sorted(devices - {'cpu'})[0]} "
-                          "(use --device cpu)")
+        raise ConfigError(
+            f"--quantize int8 runs on the CPU only; the model is on {sorted(devices - {'cpu'})[0]} (use --device cpu)"
+        )
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     if dtypes - {torch.float32}:
-        raise ConfigError(f"--quantize int8 needs an fp32 model, not {sorted(map(str, dtypes - {torch.float32}))[0]} "
-                          "(drop --fp16)")
+        raise ConfigError(
+            f"--quantize int8 needs an fp32 model, not {sorted(map(str, dtypes - {torch.float32}))[0]} (drop --fp16)"
+        )
     tied = shared_weight_linears(model)
     names = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in tied]
     for m in model.modules():
@@ -62,5 +64,6 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         warnings.filterwarnings("ignore", message=".*quantize_per_tensor.*", category=UserWarning)
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-        return quantize_dynamic(model, {name: per_channel_dynamic_qconfig for name in names},
-                                dtype=torch.qint8, inplace=True)
+        return quantize_dynamic(
+            model, {name: per_channel_dynamic_qconfig for name in names}, dtype=torch.qint8, inplace=True
+        )

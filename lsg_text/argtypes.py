@@ -6,6 +6,7 @@ integer >= 1, got '0'``, instead of deep in a model build) and, through :meth:`R
 check of a value that arrives already typed: a JSON option (``--eval-rouge-args``) or a
 checkpoint's cfg. Every numeric flag of the plugin uses one of these.
 """
+
 import argparse
 import math
 from typing import Optional
@@ -58,8 +59,9 @@ def int_range(lo: Optional[int] = None, hi: Optional[int] = None) -> Range:
     return Range(True, lo, hi)
 
 
-def float_range(lo: Optional[float] = None, hi: Optional[float] = None, lo_open: bool = False,
-                hi_open: bool = False) -> Range:
+def float_range(
+    lo: Optional[float] = None, hi: Optional[float] = None, lo_open: bool = False, hi_open: bool = False
+) -> Range:
     """A finite float ``lo <= x (<= hi)`` (``lo < x`` with ``lo_open``, ``x < hi`` with ``hi_open``)."""
     return Range(False, lo, hi, lo_open, hi_open)
 

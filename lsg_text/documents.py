@@ -14,6 +14,7 @@ A document is a list of paragraphs; paragraphs are split into sentences with the
 Book-length documents are cut into pseudo-documents of consecutive sentences
 (:func:`chunk_sentences`), as LOCOST/PEGASUS-X train on windows of long texts.
 """
+
 import json
 from typing import Callable, Iterable, Iterator, List
 

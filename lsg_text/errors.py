@@ -8,6 +8,7 @@ Each refusal of the plugin is an instance of :class:`UserError` (``DataError``, 
 and keeps its traceback. (fairseq's own commands reach :func:`report` through
 ``lsg_fairseq.fairseq_fixes.one_line_errors``.)
 """
+
 import argparse
 import sys
 

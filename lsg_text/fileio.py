@@ -160,13 +160,15 @@ def atomic_outputs(paths: Sequence[str], inputs: Sequence[str] = ()) -> Iterator
         opened = iter(handles)
         yield [sys.stdout if path == "-" else next(opened) for path in paths]
 
+
 def _same_or_inside(path: str, folder: str) -> bool:
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return path == folder or os.path.commonpath([path, folder]) == folder
 
 
-def refuse_clobber(outputs: Sequence[str], inputs: Sequence[str], what: str = "output",
-                   verb: str = "overwrite the input") -> None:
+def refuse_clobber(
+    outputs: Sequence[str], inputs: Sequence[str], what: str = "output", verb: str = "overwrite the input"
+) -> None:
     """Raise a :class:`DataError` when an output path is one of the inputs (or holds one).
 
     ``outputs`` and ``inputs`` are ``(flag, path)``-free plain paths; ``"-"`` (stdout/stdin) is
@@ -299,8 +301,10 @@ def check_utf8(path: str, what: str = "") -> None:
                 # e.start counts from the decoder's pending bytes (at most 3) plus this chunk
                 at = offset + e.start - len(e.object) + len(chunk)
                 line = lines + chunk.count(b"\n", 0, max(at - offset, 0)) + 1
-                raise DataError(f"{prefix}{path}: not UTF-8 text (byte offset {at}, line {line}: {e.reason}); "
-                                "convert it to UTF-8 text") from None
+                raise DataError(
+                    f"{prefix}{path}: not UTF-8 text (byte offset {at}, line {line}: {e.reason}); "
+                    "convert it to UTF-8 text"
+                ) from None
             offset += len(chunk)
             lines += chunk.count(b"\n")
         try:
@@ -334,8 +338,7 @@ def unpaired_outputs(inputs: Sequence[str], outputs: Sequence[str]) -> Optional[
     """The refusal of ``--inputs``/``--outputs`` lists of different lengths (None when paired)."""
     if len(inputs) == len(outputs):
         return None
-    return (f"--inputs has {len(inputs)} paths but --outputs has {len(outputs)}; "
-            "give one output per input")
+    return f"--inputs has {len(inputs)} paths but --outputs has {len(outputs)}; give one output per input"
 
 
 def progress(iterable, desc: str, total=None, unit: str = "line"):

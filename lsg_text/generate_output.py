@@ -34,9 +34,7 @@ class GeneratedExample:
         return self.detokenized if self.detokenized is not None else self.hypothesis
 
 
-def parse_generate_output(
-    lines: Iterable[str], path: str = "<generate output>"
-) -> Dict[int, GeneratedExample]:
+def parse_generate_output(lines: Iterable[str], path: str = "<generate output>") -> Dict[int, GeneratedExample]:
     """``{id: GeneratedExample}`` from fairseq-generate output; only the best (first) hypothesis
     of each id is kept. Raises :class:`DataError` naming ``path:line`` on a malformed H-/D- line."""
     examples: Dict[int, GeneratedExample] = {}
@@ -66,9 +64,7 @@ def parse_generate_output(
 
 
 def hypotheses_and_references(
-    examples: Dict[int, GeneratedExample],
-    references: Optional[List[str]] = None,
-    path: str = "<generate output>",
+    examples: Dict[int, GeneratedExample], references: Optional[List[str]] = None, path: str = "<generate output>"
 ) -> Tuple[List[int], List[str], List[str]]:
     """``(ids, hypotheses, references)`` sorted by id.
 
@@ -87,9 +83,7 @@ def hypotheses_and_references(
     else:
         too_big = [i for i in ids if i >= len(references)]
         if too_big:
-            raise DataError(
-                f"{path}: ids {_short(too_big)} exceed the {len(references)} lines of the reference file"
-            )
+            raise DataError(f"{path}: ids {_short(too_big)} exceed the {len(references)} lines of the reference file")
         refs = [references[i] for i in ids]
     return ids, [examples[i].best_hypothesis for i in ids], refs
 

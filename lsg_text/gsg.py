@@ -21,6 +21,7 @@ stemming) computed with counts instead of one scorer call per sentence pair (a b
 document has thousands of pairs). ``tests/test_gsg.py`` checks it against ``rouge-score``.
 No torch, no fairseq: numpy only.
 """
+
 import math
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -59,8 +60,7 @@ class _DocumentCounts:
     """
 
     def __init__(self, sentences_words: Sequence[Sequence[int]]):
-        lengths = np.fromiter((len(s) for s in sentences_words), dtype=np.int64,
-                              count=len(sentences_words))
+        lengths = np.fromiter((len(s) for s in sentences_words), dtype=np.int64, count=len(sentences_words))
         self.n = len(lengths)
         self.sent_len = lengths
         self.doc_len = int(lengths.sum())
@@ -152,8 +152,7 @@ def select_gap_sentences(
         raise ValueError(f"score noise must be >= 0, got {score_noise}")
     if score_noise > 0 and strategy != "ind_orig":
         raise ValueError(
-            f"score noise is defined for ind_orig selection only (PEGASUS dynamic_rouge), "
-            f"not {strategy!r}"
+            f"score noise is defined for ind_orig selection only (PEGASUS dynamic_rouge), not {strategy!r}"
         )
     if (strategy == "random" or score_noise > 0) and rng is None:
         raise ValueError(f"GSG selection {strategy!r} with score_noise={score_noise} needs an rng")
@@ -254,9 +253,7 @@ def gsg_example(
     and their ``actions``.
     """
     if len(sentences_words) != len(sentences_tokens):
-        raise ValueError(
-            f"{len(sentences_words)} word-id sentences but {len(sentences_tokens)} token sentences"
-        )
+        raise ValueError(f"{len(sentences_words)} word-id sentences but {len(sentences_tokens)} token sentences")
     if ratio_max is not None:
         if rng is None:
             raise ValueError("a stochastic ratio (ratio_max) needs an rng")

@@ -58,9 +58,7 @@ def check_gpt2_files(
             encoder = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{encoder_flag}: {encoder_json} is not a JSON file ({e})") from None
-    if not isinstance(encoder, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()
-    ):
+    if not isinstance(encoder, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()):
         raise DataError(f"{encoder_flag}: {encoder_json} must be a JSON object mapping token -> integer id")
     if len(set(encoder.values())) != len(encoder):
         raise DataError(f"{encoder_flag}: {encoder_json} maps two tokens to the same id")
@@ -101,14 +99,7 @@ def gpt2_encode_line(encoder, line: str) -> List[int]:
 def sentencepiece_special_kwargs() -> Dict[str, object]:
     """Trainer options that put fairseq's four specials at ids 0..3 (see the module docstring)."""
     return dict(
-        bos_id=0,
-        pad_id=1,
-        eos_id=2,
-        unk_id=3,
-        bos_piece="<s>",
-        pad_piece="<pad>",
-        eos_piece="</s>",
-        unk_piece="<unk>",
+        bos_id=0, pad_id=1, eos_id=2, unk_id=3, bos_piece="<s>", pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>"
     )
 
 

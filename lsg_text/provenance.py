@@ -1,5 +1,6 @@
 """Which code and which machine produced a committed table: the last commit that touched the code an
 experiment runs, and the CPU's name."""
+
 import platform
 import subprocess
 from typing import Sequence

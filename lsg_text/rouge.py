@@ -5,6 +5,7 @@ sentence-split (:func:`split_sentences`) and joined with newlines first. Everyth
 a plain Python float (numpy scalars in fairseq meters end up in checkpoints and break
 ``weights_only`` loading, fairseq#5603).
 """
+
 from typing import Dict, Iterable, List
 
 from lsg_text.sentences import split_sentences

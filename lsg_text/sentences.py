@@ -1,4 +1,5 @@
 """Offline sentence splitting (no downloads), shared by ROUGE-Lsum and GSG selection."""
+
 import re
 from typing import List
 
@@ -7,8 +8,28 @@ from typing import List
 # only needs consistent boundaries on both sides, and GSG needs speed on book-length input.
 _BOUNDARY = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 _ABBREVIATIONS = {
-    "mr.", "mrs.", "ms.", "dr.", "prof.", "sr.", "jr.", "st.", "vs.", "etc.", "e.g.", "i.e.",
-    "fig.", "figs.", "al.", "no.", "approx.", "ca.", "cf.", "eq.", "vol.", "pp.",
+    "mr.",
+    "mrs.",
+    "ms.",
+    "dr.",
+    "prof.",
+    "sr.",
+    "jr.",
+    "st.",
+    "vs.",
+    "etc.",
+    "e.g.",
+    "i.e.",
+    "fig.",
+    "figs.",
+    "al.",
+    "no.",
+    "approx.",
+    "ca.",
+    "cf.",
+    "eq.",
+    "vol.",
+    "pp.",
 }
 
 

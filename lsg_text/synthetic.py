@@ -40,33 +40,73 @@ Determinism: split ``s`` with seed ``n`` uses ``random.Random(f"lsg-synthetic/{n
 (string seeds are hashed with SHA-512, independent of PYTHONHASHSEED), so the same arguments
 give byte-identical files on any machine.
 """
+
 import random
 import re
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Tuple
 
-COLOURS = (
-    "red", "blue", "green", "yellow", "purple", "orange", "black", "white", "grey", "brown", "pink", "silver",
-)
+COLOURS = ("red", "blue", "green", "yellow", "purple", "orange", "black", "white", "grey", "brown", "pink", "silver")
 ANIMALS = (
-    "fox", "owl", "bear", "wolf", "deer", "hare", "otter", "eagle", "badger", "heron", "lynx", "moose",
-    "raven", "seal", "tiger", "camel",
+    "fox",
+    "owl",
+    "bear",
+    "wolf",
+    "deer",
+    "hare",
+    "otter",
+    "eagle",
+    "badger",
+    "heron",
+    "lynx",
+    "moose",
+    "raven",
+    "seal",
+    "tiger",
+    "camel",
 )
 CITIES = (
-    "Paris", "Lisbon", "Oslo", "Cairo", "Lima", "Dublin", "Vienna", "Prague", "Madrid", "Athens", "Quito",
-    "Tokyo", "Nairobi", "Boston", "Sydney", "Berlin",
+    "Paris",
+    "Lisbon",
+    "Oslo",
+    "Cairo",
+    "Lima",
+    "Dublin",
+    "Vienna",
+    "Prague",
+    "Madrid",
+    "Athens",
+    "Quito",
+    "Tokyo",
+    "Nairobi",
+    "Boston",
+    "Sydney",
+    "Berlin",
 )
 NAMES = (
-    "Nora", "Pim", "Otto", "Lena", "Ivo", "Mira", "Tess", "Bram", "Cato", "Edda", "Finn", "Hana", "Juno",
-    "Kai", "Lars", "Rosa",
+    "Nora",
+    "Pim",
+    "Otto",
+    "Lena",
+    "Ivo",
+    "Mira",
+    "Tess",
+    "Bram",
+    "Cato",
+    "Edda",
+    "Finn",
+    "Hana",
+    "Juno",
+    "Kai",
+    "Lars",
+    "Rosa",
 )
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 KEY_TEMPLATE = "The {colour} {animal} visited {city} on {weekday}."
 KEY_TOKENS = len(KEY_TEMPLATE.split())  # 7
 KEY_SENTENCE_RE = re.compile(
-    r"The (%s) (%s) visited (%s) on (%s)\."
-    % tuple("|".join(words) for words in (COLOURS, ANIMALS, CITIES, WEEKDAYS))
+    r"The (%s) (%s) visited (%s) on (%s)\." % tuple("|".join(words) for words in (COLOURS, ANIMALS, CITIES, WEEKDAYS))
 )
 
 BIND_TEMPLATE = "The {colour} {animal} is called {name}."
@@ -81,29 +121,104 @@ VARIANTS = ("retrieval", "binding", "count", "order")
 
 # Filler: people doing ordinary things. None of these words is a key word (checked in tests).
 _SUBJECTS = (
-    "the farmer", "a teacher", "the old sailor", "my neighbour", "the young doctor", "a quiet student",
-    "the baker", "the mayor", "a tired worker", "the painter", "her brother", "the driver", "a stranger",
-    "the nurse", "our cook", "the clerk", "his aunt", "the gardener", "a child", "the captain",
+    "the farmer",
+    "a teacher",
+    "the old sailor",
+    "my neighbour",
+    "the young doctor",
+    "a quiet student",
+    "the baker",
+    "the mayor",
+    "a tired worker",
+    "the painter",
+    "her brother",
+    "the driver",
+    "a stranger",
+    "the nurse",
+    "our cook",
+    "the clerk",
+    "his aunt",
+    "the gardener",
+    "a child",
+    "the captain",
 )
 _VERBS = (
-    "carried", "found", "cleaned", "repaired", "sold", "bought", "painted", "watched", "opened",
-    "closed", "moved", "counted", "dropped", "lifted", "washed", "hid", "borrowed", "returned",
-    "wrapped", "checked", "measured", "forgot", "kept", "shared",
+    "carried",
+    "found",
+    "cleaned",
+    "repaired",
+    "sold",
+    "bought",
+    "painted",
+    "watched",
+    "opened",
+    "closed",
+    "moved",
+    "counted",
+    "dropped",
+    "lifted",
+    "washed",
+    "hid",
+    "borrowed",
+    "returned",
+    "wrapped",
+    "checked",
+    "measured",
+    "forgot",
+    "kept",
+    "shared",
 )
 _OBJECTS = (
-    "a wooden box", "the heavy door", "some fresh bread", "an empty basket", "the long letter",
-    "a small key", "the broken chair", "two old books", "a glass jar", "the new map", "a warm coat",
-    "the tall ladder", "some dry wood", "a paper bag", "the tin spoon", "three clay pots",
-    "a thin rope", "the metal bucket", "a loaf of rye", "the cotton sheets",
+    "a wooden box",
+    "the heavy door",
+    "some fresh bread",
+    "an empty basket",
+    "the long letter",
+    "a small key",
+    "the broken chair",
+    "two old books",
+    "a glass jar",
+    "the new map",
+    "a warm coat",
+    "the tall ladder",
+    "some dry wood",
+    "a paper bag",
+    "the tin spoon",
+    "three clay pots",
+    "a thin rope",
+    "the metal bucket",
+    "a loaf of rye",
+    "the cotton sheets",
 )
 _PLACES = (
-    "near the river", "in the small garden", "behind the market", "under the bridge", "at the station",
-    "inside the barn", "by the fence", "on the hill", "next to the school", "in the kitchen",
-    "outside the church", "along the road", "at the harbour", "in the cellar", "across the square",
+    "near the river",
+    "in the small garden",
+    "behind the market",
+    "under the bridge",
+    "at the station",
+    "inside the barn",
+    "by the fence",
+    "on the hill",
+    "next to the school",
+    "in the kitchen",
+    "outside the church",
+    "along the road",
+    "at the harbour",
+    "in the cellar",
+    "across the square",
 )
 _TIMES = (
-    "in the morning", "after lunch", "before dinner", "late at night", "during the storm",
-    "at dawn", "after the meeting", "before the rain", "at noon", "in the evening", "once again",
+    "in the morning",
+    "after lunch",
+    "before dinner",
+    "late at night",
+    "during the storm",
+    "at dawn",
+    "after the meeting",
+    "before the rain",
+    "at noon",
+    "in the evening",
+    "once again",
 )
 _TEMPLATES = (
     "{S} {V} {O} {P}.",
@@ -149,7 +264,8 @@ class SyntheticConfig:
             )
         arrive = len(ARRIVE_TEMPLATE.split())
         if self.variant == "order" and self.min_tokens + 1 - arrive * self.max_keys - FILLER_SHORTFALL < (
-                (self.max_keys - 1) * (self.min_gap + 20) + 1):
+            (self.max_keys - 1) * (self.min_gap + 20) + 1
+        ):
             raise ValueError(
                 f"min_tokens={self.min_tokens} is too small for {self.max_keys} arrivals {self.min_gap} words apart "
                 f"(at least {(self.max_keys - 1) * (self.min_gap + 20) + arrive * self.max_keys + FILLER_SHORTFALL})"
@@ -165,9 +281,7 @@ class SyntheticConfig:
         if self.max_tokens <= self.min_tokens:
             raise ValueError(f"max_tokens={self.max_tokens} must be > min_tokens={self.min_tokens}")
         if not 1 <= self.min_keys <= self.max_keys <= len(ANIMALS):
-            raise ValueError(
-                f"need 1 <= min_keys <= max_keys <= {len(ANIMALS)}, got {self.min_keys}, {self.max_keys}"
-            )
+            raise ValueError(f"need 1 <= min_keys <= max_keys <= {len(ANIMALS)}, got {self.min_keys}, {self.max_keys}")
         if not 1 <= self.min_paragraph <= self.max_paragraph:
             raise ValueError(
                 f"need 1 <= min_paragraph <= max_paragraph, got {self.min_paragraph}, {self.max_paragraph}"
@@ -244,9 +358,14 @@ def chance_recall() -> float:
 def _filler_sentence(rng: random.Random) -> str:
     template = rng.choice(_TEMPLATES)
     text = template.format(
-        S=rng.choice(_SUBJECTS), s=rng.choice(_SUBJECTS), V=rng.choice(_VERBS), O=rng.choice(_OBJECTS),
+        S=rng.choice(_SUBJECTS),
+        s=rng.choice(_SUBJECTS),
+        V=rng.choice(_VERBS),
+        O=rng.choice(_OBJECTS),
         P=rng.choice(_PLACES),
-        T=rng.choice(_TIMES), v2=rng.choice(_VERBS), o2=rng.choice(_OBJECTS),
+        T=rng.choice(_TIMES),
+        v2=rng.choice(_VERBS),
+        o2=rng.choice(_OBJECTS),
     )
     return text[0].upper() + text[1:]
 
@@ -311,8 +430,12 @@ def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, spli
     n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
     animals = rng.sample(ANIMALS, n_keys)  # distinct, so every key sentence is unique
     facts = [
-        {"colour": _colour(rng, a, split, cfg), "animal": a, "city": rng.choice(CITIES),
-         "weekday": rng.choice(WEEKDAYS)}
+        {
+            "colour": _colour(rng, a, split, cfg),
+            "animal": a,
+            "city": rng.choice(CITIES),
+            "weekday": rng.choice(WEEKDAYS),
+        }
         for a in animals
     ]
     # Filler up to the drawn length minus the keys, so the document has target_len or target_len - 1 tokens.
@@ -374,8 +497,11 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
             b["weekday"] = rng.choice([w for w in WEEKDAYS if w != decoy["weekday"]])
             specials.append([USE_TEMPLATE.format(**b), "use", i])
         elif cfg.even_mentions:  # bind + two sentences, as often as a key's name
-            again = {"name": b["name"], "city": rng.choice([c for c in CITIES if c != decoy["city"]]),
-                     "weekday": rng.choice(WEEKDAYS)}
+            again = {
+                "name": b["name"],
+                "city": rng.choice([c for c in CITIES if c != decoy["city"]]),
+                "weekday": rng.choice(WEEKDAYS),
+            }
             specials.append([DECOY_TEMPLATE.format(**again), "decoy2", i])
     filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
     total = sum(len(f.split()) for f in filler)
@@ -391,8 +517,12 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
     sentences, offsets = _assemble(filler, specials, at)
     keys = sorted(
         (
-            {**{f: bound[i][f] for f in FIELDS}, "name": bound[i]["name"], "token_offset": offsets[("use", i)],
-             "bind_offset": offsets[("bind", i)]}
+            {
+                **{f: bound[i][f] for f in FIELDS},
+                "name": bound[i]["name"],
+                "token_offset": offsets[("use", i)],
+                "bind_offset": offsets[("bind", i)],
+            }
             for i in range(n_keys)
         ),
         key=lambda k: k["token_offset"],
@@ -415,8 +545,15 @@ def make_count_example(rng: random.Random, cfg: SyntheticConfig, example_id: str
     at = {(a, j): rng.randint(0, total) for _, a, j in specials}
     sentences, offsets = _assemble(filler, specials, at)
     keys = sorted(
-        ({"animal": a, "count": c, "token_offset": min(offsets[(a, j)] for j in range(c)),
-          "mentions": sorted(offsets[(a, j)] for j in range(c))} for a, c in counts.items()),
+        (
+            {
+                "animal": a,
+                "count": c,
+                "token_offset": min(offsets[(a, j)] for j in range(c)),
+                "mentions": sorted(offsets[(a, j)] for j in range(c)),
+            }
+            for a, c in counts.items()
+        ),
         key=lambda k: k["token_offset"],
     )
     summary = " ".join(COUNT_TEMPLATE.format(**k) for k in keys)
@@ -466,8 +603,12 @@ def make_order_example(rng: random.Random, cfg: SyntheticConfig, example_id: str
     sentences, offsets = _assemble(filler, specials, at)
     keys = [{"animal": a, "token_offset": offsets[("arrive", i)]} for i, a in enumerate(animals)]
     assert all(b["token_offset"] - a["token_offset"] >= cfg.min_gap for a, b in zip(keys, keys[1:])), example_id
-    return {"id": example_id, "document": _paragraphs(rng, cfg, sentences), "summary": order_summary(animals),
-            "keys": keys}
+    return {
+        "id": example_id,
+        "document": _paragraphs(rng, cfg, sentences),
+        "summary": order_summary(animals),
+        "keys": keys,
+    }
 
 
 def make_split(split: str, n: int, seed: int, cfg: SyntheticConfig) -> Iterator[Dict]:

@@ -35,21 +35,26 @@ PROG = "generate_to_rouge.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("mode 1: fairseq-generate output")
     g.add_argument("--generate-output", metavar="FILE", help="fairseq-generate stdout ('-' = stdin)")
-    g.add_argument(
-        "--ref-file", metavar="FILE", help="raw references, line i = example id i (default: the T- lines)"
-    )
+    g.add_argument("--ref-file", metavar="FILE", help="raw references, line i = example id i (default: the T- lines)")
     g.add_argument("--output-dir", metavar="DIR", help="where hyp.txt, ref.txt and rouge.json are written")
     g.add_argument("--source-file", metavar="FILE", help="raw sources, line i = example id i (for --lead-words)")
-    g.add_argument("--lead-words", metavar="N", type=POSITIVE_INT, nargs="+", default=[],
-                   help="also score lead-N baselines: the first N words of each example's source")
+    g.add_argument(
+        "--lead-words",
+        metavar="N",
+        type=POSITIVE_INT,
+        nargs="+",
+        default=[],
+        help="also score lead-N baselines: the first N words of each example's source",
+    )
     g.add_argument("--name", default="model", help="label of the model's row in --table")
-    g.add_argument("--table", action="store_true",
-                   help="print a table (model, lead baselines, words per summary) instead of the JSON")
+    g.add_argument(
+        "--table",
+        action="store_true",
+        help="print a table (model, lead baselines, words per summary) instead of the JSON",
+    )
     g = p.add_argument_group("mode 2: score two files")
     g.add_argument("--hyp", metavar="FILE", help="hypotheses, one per line")
     g.add_argument("--ref", metavar="FILE", help="references, one per line (same count as --hyp)")
@@ -66,9 +71,7 @@ def _read_lines(path: str, flag: str):
 def score_files(args) -> dict:
     hyp_n, ref_n = count_lines(require_file(args.hyp, "--hyp")), count_lines(require_file(args.ref, "--ref"))
     if hyp_n != ref_n:
-        raise DataError(
-            f"line counts differ: --hyp {args.hyp} has {hyp_n} lines, --ref {args.ref} has {ref_n}"
-        )
+        raise DataError(f"line counts differ: --hyp {args.hyp} has {hyp_n} lines, --ref {args.ref} has {ref_n}")
     if hyp_n == 0:
         raise DataError(f"--hyp {args.hyp} and --ref {args.ref} are empty")
     return rouge_corpus(_read_lines(args.hyp, "--hyp"), _read_lines(args.ref, "--ref"))
@@ -98,8 +101,9 @@ def score_generate_output(args) -> dict:
         sources = _read_lines(args.source_file, "--source-file")
         missing = [i for i in ids if i >= len(sources)]
         if missing:
-            raise DataError(f"--source-file {args.source_file} has {len(sources)} lines; example id "
-                            f"{missing[0]} has none")
+            raise DataError(
+                f"--source-file {args.source_file} has {len(sources)} lines; example id {missing[0]} has none"
+            )
         for n in args.lead_words:
             if n < 1:
                 raise DataError(f"--lead-words must be >= 1 (got {n})")
@@ -131,8 +135,12 @@ def table(report, name: str) -> str:
     """Model row, lead-N rows and the reference length, one line each."""
     rows = [(name, report)] + list(report.get("lead_baselines", {}).items())
     keys = ("rouge1", "rouge2", "rougeL", "rougeLsum")
-    out = [f"{row:16s} n={r['n']} " + " ".join(f"{k}={r[k]:.2f}" for k in keys)
-           + f"  ({r['words_per_summary']:.0f} words/summary)" for row, r in rows]
+    out = [
+        f"{row:16s} n={r['n']} "
+        + " ".join(f"{k}={r[k]:.2f}" for k in keys)
+        + f"  ({r['words_per_summary']:.0f} words/summary)"
+        for row, r in rows
+    ]
     out.append(f"{'reference':16s} ({report['reference_words_per_summary']:.0f} words/summary)")
     return "\n".join(out)
 

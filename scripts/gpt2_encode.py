@@ -61,14 +61,10 @@ def _encode_example(item):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--encoder-json", required=True, help="local encoder.json (or HF vocab.json)")
     p.add_argument(
-        "--vocab-bpe",
-        required=True,
-        help="local vocab.bpe (or HF merges.txt), with its '#version' header line",
+        "--vocab-bpe", required=True, help="local vocab.bpe (or HF merges.txt), with its '#version' header line"
     )
     p.add_argument("--inputs", nargs="+", default=["-"], help="text files read in parallel ('-' = stdin)")
     p.add_argument("--outputs", nargs="+", default=["-"], help="one output per input ('-' = stdout)")
@@ -106,9 +102,7 @@ def main(argv=None) -> int:
 
         stats = {"PASS": 0, "EMPTY": 0}
         with contextlib.ExitStack() as stack:
-            ins = [
-                sys.stdin if p == "-" else stack.enter_context(open(p, encoding="utf-8")) for p in args.inputs
-            ]
+            ins = [sys.stdin if p == "-" else stack.enter_context(open(p, encoding="utf-8")) for p in args.inputs]
             outs = stack.enter_context(atomic_outputs(args.outputs, inputs=list(args.inputs)))
             items = enumerate(zip(*ins), start=1)
             if args.workers > 1:

@@ -22,6 +22,7 @@ Example (Gutenberg books -> ~4K-word documents):
         --input valid=../shared/data/gutenberg/chesterton-thursday.txt \\
         --spm-model spm/spm.model --output-dir data-bin/gsg
 """
+
 import argparse
 import os
 import shutil
@@ -45,26 +46,69 @@ PROG = "gsg_preprocess.py"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", action="append", required=True, metavar="SPLIT=FILE[,FILE...]",
-                   help="input files of one split (repeatable), e.g. train=a.txt,b.txt valid=c.txt")
+    p.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="SPLIT=FILE[,FILE...]",
+        help="input files of one split (repeatable), e.g. train=a.txt,b.txt valid=c.txt",
+    )
     p.add_argument("--format", choices=DOCUMENT_FORMATS, required=True, help="how documents are delimited (see above)")
-    p.add_argument("--document-field", default="document", help="JSON field holding the text for --format jsonl (default: document)")
+    p.add_argument(
+        "--document-field",
+        default="document",
+        help="JSON field holding the text for --format jsonl (default: document)",
+    )
     p.add_argument("--output-dir", required=True, help="where <split>.gsg.*.npy and dict.txt are written")
-    p.add_argument("--chunk-words", type=NON_NEGATIVE_INT, default=0,
-                   help="cut documents into runs of consecutive sentences of at most this many words (0: keep whole; ~4000 for books)")
-    p.add_argument("--min-sentences", type=POSITIVE_INT, default=2,
-                   help="drop (pseudo-)documents with fewer sentences: one sentence leaves nothing to condition on (default: 2)")
-    p.add_argument("--max-sentence-words", type=POSITIVE_INT, default=200,
-                   help="cut longer 'sentences' (verse, lists without punctuation) into pieces of this many words (default: 200)")
-    p.add_argument("--sentence-splitter", choices=SENTENCE_SPLITTERS, default="regex",
-                   help="regex: fast, the one ROUGE-Lsum uses; pysbd: slower, also splits lower-cased text (SumPubMed) (default: regex)")
+    p.add_argument(
+        "--chunk-words",
+        type=NON_NEGATIVE_INT,
+        default=0,
+        help="cut documents into runs of consecutive sentences of at most this many words (0: keep whole; ~4000 for books)",
+    )
+    p.add_argument(
+        "--min-sentences",
+        type=POSITIVE_INT,
+        default=2,
+        help="drop (pseudo-)documents with fewer sentences: one sentence leaves nothing to condition on (default: 2)",
+    )
+    p.add_argument(
+        "--max-sentence-words",
+        type=POSITIVE_INT,
+        default=200,
+        help="cut longer 'sentences' (verse, lists without punctuation) into pieces of this many words (default: 200)",
+    )
+    p.add_argument(
+        "--sentence-splitter",
+        choices=SENTENCE_SPLITTERS,
+        default="regex",
+        help="regex: fast, the one ROUGE-Lsum uses; pysbd: slower, also splits lower-cased text (SumPubMed) (default: regex)",
+    )
     p.add_argument("--spm-model", default=None, help="sentencepiece model (tokenizer: sentencepiece)")
-    p.add_argument("--gpt2-encoder-json", default=None, help="GPT-2 encoder.json (tokenizer: gpt2; needs --gpt2-vocab-bpe and --dict)")
+    p.add_argument(
+        "--gpt2-encoder-json",
+        default=None,
+        help="GPT-2 encoder.json (tokenizer: gpt2; needs --gpt2-vocab-bpe and --dict)",
+    )
     p.add_argument("--gpt2-vocab-bpe", default=None, help="GPT-2 vocab.bpe (tokenizer: gpt2)")
-    p.add_argument("--dict", default=None,
-                   help="fairseq dict.txt mapping tokens to ids (default: dict.txt beside --spm-model; built from the first split for whitespace)")
-    p.add_argument("--nwords", type=POSITIVE_INT, default=8000, help="whitespace tokenizer without --dict: keep this many most frequent words (default: 8000)")
-    p.add_argument("--max-documents", type=POSITIVE_INT, default=None, metavar="N", help="keep only the first N (pseudo-)documents of each split")
+    p.add_argument(
+        "--dict",
+        default=None,
+        help="fairseq dict.txt mapping tokens to ids (default: dict.txt beside --spm-model; built from the first split for whitespace)",
+    )
+    p.add_argument(
+        "--nwords",
+        type=POSITIVE_INT,
+        default=8000,
+        help="whitespace tokenizer without --dict: keep this many most frequent words (default: 8000)",
+    )
+    p.add_argument(
+        "--max-documents",
+        type=POSITIVE_INT,
+        default=None,
+        metavar="N",
+        help="keep only the first N (pseudo-)documents of each split",
+    )
     return p
 
 
@@ -137,7 +181,9 @@ def read_split(files, args):
     docs, dropped = [], 0
     for path in files:
         for paragraphs in read_documents(path, args.format, args.document_field):
-            for chunk in chunk_sentences(document_sentences(paragraphs, args.max_sentence_words, split), args.chunk_words):
+            for chunk in chunk_sentences(
+                document_sentences(paragraphs, args.max_sentence_words, split), args.chunk_words
+            ):
                 if len(chunk) < args.min_sentences:
                     dropped += 1
                     continue
@@ -159,7 +205,10 @@ def main(argv=None) -> int:
             split_docs[split], dropped = read_split(files, args)
             if not split_docs[split]:
                 raise DataError(f"split {split!r}: no document with >= {args.min_sentences} sentences in {files}")
-            print(f"{split}: {len(split_docs[split])} documents ({dropped} with < {args.min_sentences} sentences dropped)", file=sys.stderr)
+            print(
+                f"{split}: {len(split_docs[split])} documents ({dropped} with < {args.min_sentences} sentences dropped)",
+                file=sys.stderr,
+            )
         dictionary, dict_path, encode = build_encoder(args, next(iter(split_docs.values())))
         os.makedirs(args.output_dir, exist_ok=True)
         out_dict = os.path.join(args.output_dir, "dict.txt")
@@ -175,9 +224,12 @@ def main(argv=None) -> int:
                 n_unk += sum(t == dictionary.unk() for sent in tokens for t in sent)
                 writer.add_document(tokens, doc)
             stats = writer.save(corpus_prefix(args.output_dir, split))
-            print(f"{split}: {stats['documents']} documents, {stats['sentences']} sentences, {stats['tokens']} tokens "
-                  f"({100.0 * n_unk / max(stats['tokens'], 1):.2f}% <unk>), {stats['words']} ROUGE words "
-                  f"-> {corpus_prefix(args.output_dir, split)}.*.npy", file=sys.stderr)
+            print(
+                f"{split}: {stats['documents']} documents, {stats['sentences']} sentences, {stats['tokens']} tokens "
+                f"({100.0 * n_unk / max(stats['tokens'], 1):.2f}% <unk>), {stats['words']} ROUGE words "
+                f"-> {corpus_prefix(args.output_dir, split)}.*.npy",
+                file=sys.stderr,
+            )
         print(f"done in {time.time() - t0:.1f}s; dictionary: {out_dict} ({len(dictionary)} symbols)", file=sys.stderr)
     except DataError as e:
         return report(str(e), PROG)

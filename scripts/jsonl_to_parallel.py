@@ -16,23 +16,14 @@ import sys
 
 from lsg_text.argtypes import POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import (
-    DataError,
-    atomic_outputs,
-    count_lines,
-    progress,
-    require_dir,
-    require_file,
-)
+from lsg_text.fileio import DataError, atomic_outputs, count_lines, progress, require_dir, require_file
 from lsg_text.jsonl import flatten, read_jsonl
 
 PROG = "jsonl_to_parallel.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input-dir", help="folder holding {split}.jsonl for every split in --splits")
     p.add_argument(
         "--input",
@@ -43,10 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--output-dir", required=True, help="where {split}.source/.target are written")
     p.add_argument(
-        "--splits",
-        nargs="+",
-        default=["train", "valid", "test"],
-        help="splits to convert (default: train valid test)",
+        "--splits", nargs="+", default=["train", "valid", "test"], help="splits to convert (default: train valid test)"
     )
     p.add_argument(
         "--max-examples",
@@ -55,12 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="keep only the first N examples of each split",
     )
-    p.add_argument(
-        "--document-field", default="document", help="JSON field of the source text (default: document)"
-    )
-    p.add_argument(
-        "--summary-field", default="summary", help="JSON field of the target text (default: summary)"
-    )
+    p.add_argument("--document-field", default="document", help="JSON field of the source text (default: document)")
+    p.add_argument("--summary-field", default="summary", help="JSON field of the target text (default: summary)")
     p.add_argument(
         "--newline-token",
         default=None,
@@ -93,17 +77,12 @@ def resolve_inputs(args) -> dict:
         raise DataError("give --input-dir DIR or at least one --input SPLIT=FILE")
     require_dir(args.input_dir, "--input-dir")
     splits = list(dict.fromkeys(args.splits))  # a split named twice is converted once
-    return {
-        s: require_file(os.path.join(args.input_dir, f"{s}.jsonl"), f"--input-dir (split {s!r})")
-        for s in splits
-    }
+    return {s: require_file(os.path.join(args.input_dir, f"{s}.jsonl"), f"--input-dir (split {s!r})") for s in splits}
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.newline_token is not None and (
-        not args.newline_token or any(c.isspace() for c in args.newline_token)
-    ):
+    if args.newline_token is not None and (not args.newline_token or any(c.isspace() for c in args.newline_token)):
         return report(f"--newline-token must be a single token without spaces, got {args.newline_token!r}", PROG)
     try:
         inputs = resolve_inputs(args)
@@ -118,9 +97,7 @@ def main(argv=None) -> int:
             for i, (split, path) in enumerate(inputs.items()):
                 files = handles[i * len(exts) : (i + 1) * len(exts)]
                 n = 0
-                for lineno, ex in progress(
-                    read_jsonl(path, fields, args.max_examples), desc=split, unit="doc"
-                ):
+                for lineno, ex in progress(read_jsonl(path, fields, args.max_examples), desc=split, unit="doc"):
                     files[0].write(flatten(ex[args.document_field], args.newline_token) + "\n")
                     files[1].write(flatten(ex[args.summary_field], args.newline_token) + "\n")
                     if args.write_ids:
@@ -139,10 +116,7 @@ def main(argv=None) -> int:
     except DataError as e:
         return report(str(e), PROG)
     for split, n in counts.items():
-        print(
-            f"{split}: {n} examples -> {os.path.join(args.output_dir, split)}.{{source,target}}",
-            file=sys.stderr,
-        )
+        print(f"{split}: {n} examples -> {os.path.join(args.output_dir, split)}.{{source,target}}", file=sys.stderr)
     return 0
 
 

@@ -32,16 +32,17 @@ PROG = "key_recall.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jsonl", required=True, help="the synthetic split with its 'keys' (e.g. test.jsonl)")
-    p.add_argument("--generate-output", required=True,
-                   help="fairseq-generate stdout on that split (ids = line numbers of --jsonl)")
+    p.add_argument(
+        "--generate-output", required=True, help="fairseq-generate stdout on that split (ids = line numbers of --jsonl)"
+    )
     p.add_argument("--spm-model", help="sentencepiece model: positions in pieces (+1 for <s>) instead of words")
     p.add_argument("--no-bos", action="store_true", help="with --spm-model: no <s> before the source (LOCOST)")
     p.add_argument("--bin-size", type=POSITIVE_INT, default=512, help="width of the position bins (default: 512)")
-    p.add_argument("--beyond", type=int, default=1024,
-                   help="also report recall of the keys at positions >= this (default: 1024)")
+    p.add_argument(
+        "--beyond", type=int, default=1024, help="also report recall of the keys at positions >= this (default: 1024)"
+    )
     p.add_argument("--name", default="model", help="label stored in the report")
     p.add_argument("--json", help="write the report here (atomically)")
     return p
@@ -82,8 +83,10 @@ def recall_report(examples, hypotheses, positions, bin_size: int, beyond: int, n
         "chance": chance_recall(),
         "fields": {f: rate(v) for f, v in fields.items()},
         "bin_size": bin_size,
-        "bins": [{"start": b * bin_size, "end": (b + 1) * bin_size, "facts": bins[b][1], "recall": rate(bins[b])}
-                 for b in sorted(bins)],
+        "bins": [
+            {"start": b * bin_size, "end": (b + 1) * bin_size, "facts": bins[b][1], "recall": rate(bins[b])}
+            for b in sorted(bins)
+        ],
     }
 
 
@@ -95,15 +98,19 @@ def main(argv=None) -> int:
         examples = []
         for _, ex in read_jsonl(args.jsonl, fields=("document", "summary")):
             if not isinstance(ex.get("keys"), list):
-                raise DataError(f"{args.jsonl}: example {len(examples)} has no 'keys' list "
-                                "(not a scripts/make_synthetic_data.py file)")
+                raise DataError(
+                    f"{args.jsonl}: example {len(examples)} has no 'keys' list "
+                    "(not a scripts/make_synthetic_data.py file)"
+                )
             examples.append(ex)
         with open(args.generate_output, encoding="utf-8") as f:
             generated = parse_generate_output(f, args.generate_output)
         extra = sorted(i for i in generated if i >= len(examples))
         if extra:
-            raise DataError(f"{args.generate_output}: example id {extra[0]} but --jsonl has {len(examples)} "
-                            "examples (another split?)")
+            raise DataError(
+                f"{args.generate_output}: example id {extra[0]} but --jsonl has {len(examples)} "
+                "examples (another split?)"
+            )
         hyps = [generated[i].best_hypothesis if i in generated else None for i in range(len(examples))]
         sp = None
         if args.spm_model:
@@ -118,9 +125,11 @@ def main(argv=None) -> int:
         with atomic_outputs([args.json]) as (f,):
             json.dump(rep, f, indent=1)
     far = rep["recall_beyond"]
-    print(f"{args.name}: key recall {100 * rep['recall']:.1f}% over {rep['keys']} keys; at positions >= "
-          f"{args.beyond}: {'n/a' if far is None else f'{100 * far:.1f}%'} ({rep['keys_beyond']} keys); "
-          f"chance {100 * rep['chance']:.1f}%")
+    print(
+        f"{args.name}: key recall {100 * rep['recall']:.1f}% over {rep['keys']} keys; at positions >= "
+        f"{args.beyond}: {'n/a' if far is None else f'{100 * far:.1f}%'} ({rep['keys_beyond']} keys); "
+        f"chance {100 * rep['chance']:.1f}%"
+    )
     return 0
 
 

@@ -27,12 +27,8 @@ PROG = "make_synthetic_data.py"
 
 def build_parser() -> argparse.ArgumentParser:
     d = SyntheticConfig()
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--output-dir", required=True, help="where train.jsonl, valid.jsonl and test.jsonl are written"
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output-dir", required=True, help="where train.jsonl, valid.jsonl and test.jsonl are written")
     p.add_argument("--train", type=NON_NEGATIVE_INT, default=300, help="training documents (default: 300)")
     p.add_argument("--valid", type=NON_NEGATIVE_INT, default=20, help="validation documents (default: 20)")
     p.add_argument("--test", type=NON_NEGATIVE_INT, default=20, help="test documents (default: 20)")
@@ -60,19 +56,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.max_keys,
         help=f"most key sentences per document (default: {d.max_keys})",
     )
-    p.add_argument("--variant", choices=VARIANTS, default=d.variant,
-                   help=f"retrieval: key sentences restated; binding: name bound early, used late; count: "
-                   f"mentions counted; order: order of arrival (lsg_text/synthetic.py; default: {d.variant})")
-    p.add_argument("--min-gap", type=NON_NEGATIVE_INT, default=d.min_gap,
-                   help=f"binding: words from a name's binding to its use; order: between consecutive arrivals; "
-                   f"at least (default: {d.min_gap})")
-    p.add_argument("--holdout", action="store_true",
-                   help="retrieval, binding: train and valid/test draw their (colour, animal) pairs from "
-                   "disjoint sets; order: their sets of arriving animals")
-    p.add_argument("--decoy-names", type=NON_NEGATIVE_INT, default=d.decoy_names,
-                   help=f"binding: bound names that are never used, only avoid (default: {d.decoy_names})")
-    p.add_argument("--even-mentions", action="store_true",
-                   help="binding: each decoy name avoids twice, so it occurs as often as a key's name")
+    p.add_argument(
+        "--variant",
+        choices=VARIANTS,
+        default=d.variant,
+        help=f"retrieval: key sentences restated; binding: name bound early, used late; count: "
+        f"mentions counted; order: order of arrival (lsg_text/synthetic.py; default: {d.variant})",
+    )
+    p.add_argument(
+        "--min-gap",
+        type=NON_NEGATIVE_INT,
+        default=d.min_gap,
+        help=f"binding: words from a name's binding to its use; order: between consecutive arrivals; "
+        f"at least (default: {d.min_gap})",
+    )
+    p.add_argument(
+        "--holdout",
+        action="store_true",
+        help="retrieval, binding: train and valid/test draw their (colour, animal) pairs from "
+        "disjoint sets; order: their sets of arriving animals",
+    )
+    p.add_argument(
+        "--decoy-names",
+        type=NON_NEGATIVE_INT,
+        default=d.decoy_names,
+        help=f"binding: bound names that are never used, only avoid (default: {d.decoy_names})",
+    )
+    p.add_argument(
+        "--even-mentions",
+        action="store_true",
+        help="binding: each decoy name avoids twice, so it occurs as often as a key's name",
+    )
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1, help="random seed (default: 1)")
     return p
 
@@ -81,9 +95,15 @@ def config_from_args(args: argparse.Namespace) -> SyntheticConfig:
     """The generator's config from parsed flags (also how examples/long_range/report.py regenerates
     the documents it scores)."""
     return SyntheticConfig(
-        min_tokens=args.min_tokens, max_tokens=args.max_tokens, min_keys=args.min_keys, max_keys=args.max_keys,
-        variant=args.variant, min_gap=args.min_gap, holdout=args.holdout,
-        decoy_names=args.decoy_names, even_mentions=args.even_mentions,
+        min_tokens=args.min_tokens,
+        max_tokens=args.max_tokens,
+        min_keys=args.min_keys,
+        max_keys=args.max_keys,
+        variant=args.variant,
+        min_gap=args.min_gap,
+        holdout=args.holdout,
+        decoy_names=args.decoy_names,
+        even_mentions=args.even_mentions,
     )
 
 

@@ -43,8 +43,14 @@ PROG = "make_test_data.py"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: the HF checkpoint folders the tests convert, and the files left out of them
-HF_FOLDERS = ["fixtures/lsg/bart_plain/hf", "fixtures/lsg/lsg_none/hf", "fixtures/lsg/lsg_norm/hf",
-              "fixtures/lsg/lsg_pooling/hf", "fixtures/led/led_w32/hf", "fixtures/locost/model"]
+HF_FOLDERS = [
+    "fixtures/lsg/bart_plain/hf",
+    "fixtures/lsg/lsg_none/hf",
+    "fixtures/lsg/lsg_norm/hf",
+    "fixtures/lsg/lsg_pooling/hf",
+    "fixtures/led/led_w32/hf",
+    "fixtures/locost/model",
+]
 NOT_READ = {"tokenizer.json"}  # the converter reads vocab.json + merges.txt, never this
 #: other files copied whole: meta.json for its checkpoint_keys (tests/test_export.py)
 WHOLE = ["fixtures/locost/meta.json", "data/gutenberg/blake-poems.txt", "data/gutenberg/shakespeare-macbeth.txt"]
@@ -67,7 +73,7 @@ FP64 = "rebuilt: kernel_raw (as float64) + kernel_raw_fp64_minus_raw"
 
 def in_repo(rel: str) -> str:
     """Where a file of ../shared goes in tests/data: fixtures/ stays, data/ becomes documents/."""
-    return "documents/" + rel[len("data/"):] if rel.startswith("data/") else rel
+    return "documents/" + rel[len("data/") :] if rel.startswith("data/") else rel
 
 
 def sha256(data: bytes) -> str:
@@ -75,15 +81,20 @@ def sha256(data: bytes) -> str:
 
 
 def array_record(a: np.ndarray, how: str, source: np.ndarray) -> dict:
-    return {"dtype": a.dtype.str, "shape": list(a.shape), "sha256": sha256(np.ascontiguousarray(a).tobytes()),
-            "how": how, "from_sha256": sha256(np.ascontiguousarray(source).tobytes())}
+    return {
+        "dtype": a.dtype.str,
+        "shape": list(a.shape),
+        "sha256": sha256(np.ascontiguousarray(a).tobytes()),
+        "how": how,
+        "from_sha256": sha256(np.ascontiguousarray(source).tobytes()),
+    }
 
 
 def padding_zeroed(a: np.ndarray, lengths, first: int = 0) -> np.ndarray:
     """``a`` (..., B, T, C) with row i's positions from ``first + lengths[i]`` on set to 0."""
     out = a.copy()
     for i, n in enumerate(lengths):
-        out[..., i, first + int(n):, :] = 0
+        out[..., i, first + int(n) :, :] = 0
     return out
 
 
@@ -120,6 +131,7 @@ def npz_bytes(arrays: Dict[str, np.ndarray]) -> bytes:
 # ----------------------------------------------------------------------------- what goes where
 def npz_files(shared: str) -> Iterator[Tuple[str, Dict[str, Tuple[np.ndarray, str, np.ndarray]]]]:
     """(source path, {array: (stored array, how, source array)}) for every .npz the tests read."""
+
     def load(rel):
         with np.load(os.path.join(shared, rel)) as f:
             return dict(f)
@@ -145,8 +157,9 @@ def npz_files(shared: str) -> Iterator[Tuple[str, Dict[str, Tuple[np.ndarray, st
 
     io_ = load("fixtures/locost/reference_io.npz")
     lengths = io_["attention_mask"].sum(1)
-    arrays = {k: (io_[k], COPY, io_[k]) for k in ("input_ids", "attention_mask", "decoder_input_ids", "logits",
-                                                   "ssm0_input")}  # ssm0_input: padded positions are input
+    arrays = {
+        k: (io_[k], COPY, io_[k]) for k in ("input_ids", "attention_mask", "decoder_input_ids", "logits", "ssm0_input")
+    }  # ssm0_input: padded positions are input
     for k in ("encoder_last_hidden_state", "ssm0_output"):
         arrays[k] = (padding_zeroed(io_[k], lengths), PADDING_ZEROED, io_[k])
     yield "fixtures/locost/reference_io.npz", arrays  # encoder_hidden_after_block0: not read
@@ -154,9 +167,14 @@ def npz_files(shared: str) -> Iterator[Tuple[str, Dict[str, Tuple[np.ndarray, st
     kernels = load("fixtures/locost/kernels_layer0.npz")
     raw, fp64 = kernels["kernel_raw"], kernels["kernel_raw_fp64"]
     difference = fp64 - raw.astype(np.float64)
-    yield "fixtures/locost/kernels_layer0.npz", {
-        "L": (kernels["L"], COPY, kernels["L"]), "kernel_raw": (raw, COPY, raw),
-        "kernel_raw_fp64_minus_raw": (difference, FP64_DIFFERENCE, fp64)}
+    yield (
+        "fixtures/locost/kernels_layer0.npz",
+        {
+            "L": (kernels["L"], COPY, kernels["L"]),
+            "kernel_raw": (raw, COPY, raw),
+            "kernel_raw_fp64_minus_raw": (difference, FP64_DIFFERENCE, fp64),
+        },
+    )
 
 
 def whole_files(shared: str) -> List[str]:
@@ -185,12 +203,19 @@ def build(shared: str) -> Tuple[Dict[str, bytes], dict]:
         if len(lines) < n:
             raise DataError(f"{os.path.join(shared, rel)}: {len(lines)} lines, the tests read {n}")
         files[in_repo(rel)] = subset = b"".join(lines[:n])
-        manifest[in_repo(rel)] = {"from": rel, "from_sha256": sha256(data), "how": f"first {n} lines",
-                                  "sha256": sha256(subset)}
+        manifest[in_repo(rel)] = {
+            "from": rel,
+            "from_sha256": sha256(data),
+            "how": f"first {n} lines",
+            "sha256": sha256(subset),
+        }
     for rel, arrays in npz_files(shared):
         files[rel] = npz_bytes({k: a for k, (a, _, _) in arrays.items()})
-        manifest[rel] = {"from": rel, "from_sha256": sha256(source(rel)),
-                         "arrays": {k: array_record(a, how, src) for k, (a, how, src) in arrays.items()}}
+        manifest[rel] = {
+            "from": rel,
+            "from_sha256": sha256(source(rel)),
+            "arrays": {k: array_record(a, how, src) for k, (a, how, src) in arrays.items()},
+        }
     kernels_rel = "fixtures/locost/kernels_layer0.npz"
     with np.load(os.path.join(shared, kernels_rel)) as ref:
         rebuilt = read_kernels(io.BytesIO(files[kernels_rel]))
@@ -208,11 +233,17 @@ def manifest_json(manifest: dict) -> bytes:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shared", default=os.path.join(REPO, "..", "shared"),
-                   help="the full sets: fixtures/{lsg,led,locost} and data/{sumpubmed,squality,gutenberg} "
-                   "(default: ../shared beside the repository)")
-    p.add_argument("--out", default=os.path.join(REPO, "tests", "data"),
-                   help="where the files and manifest.json go; README.md files there are kept (default: tests/data)")
+    p.add_argument(
+        "--shared",
+        default=os.path.join(REPO, "..", "shared"),
+        help="the full sets: fixtures/{lsg,led,locost} and data/{sumpubmed,squality,gutenberg} "
+        "(default: ../shared beside the repository)",
+    )
+    p.add_argument(
+        "--out",
+        default=os.path.join(REPO, "tests", "data"),
+        help="where the files and manifest.json go; README.md files there are kept (default: tests/data)",
+    )
     return p
 
 

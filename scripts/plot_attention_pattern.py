@@ -40,8 +40,12 @@ def build_attention(args):
     torch.manual_seed(args.seed)
     if args.model == "lsg":
         return LSGSelfAttention(
-            args.dim, args.heads, num_global_tokens=args.num_global_tokens, block_size=args.block_size,
-            sparse_block_size=args.sparse_block_size, sparsity_factor=args.sparsity_factor,
+            args.dim,
+            args.heads,
+            num_global_tokens=args.num_global_tokens,
+            block_size=args.block_size,
+            sparse_block_size=args.sparse_block_size,
+            sparsity_factor=args.sparsity_factor,
             sparsity_type=args.sparsity_type,
         ).eval()
     attn = LongformerSelfAttention(args.dim, args.heads, args.attention_window).eval()
@@ -74,7 +78,7 @@ def attended(attn, x, queries, head, glob=None) -> torch.Tensor:
                 continue
             # projections run batch-first on the (internally padded) input: (1, S, C), S >= T
             g = g.reshape(g.size(1), attn.num_heads, -1).abs().sum(dim=-1)  # (S, h)
-            g = g if head == "all" else g[:, int(head): int(head) + 1]
+            g = g if head == "all" else g[:, int(head) : int(head) + 1]
             seen[row] |= (g.sum(dim=1) != 0)[:T]  # padding positions dropped
     return seen
 
@@ -122,13 +126,19 @@ def pattern(args, attn, queries) -> torch.Tensor:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--model", choices=["lsg", "led"], default="lsg")
     p.add_argument("--length", type=POSITIVE_INT, default=512, help="input tokens (without LSG global tokens)")
-    p.add_argument("--query", type=NON_NEGATIVE_INT, default=None,
-                   help="token position of the highlighted query (default: middle of the input)")
+    p.add_argument(
+        "--query",
+        type=NON_NEGATIVE_INT,
+        default=None,
+        help="token position of the highlighted query (default: middle of the input)",
+    )
     p.add_argument("--head", default="0", help="head index, or 'all' for the union over heads")
     p.add_argument("--block-size", type=POSITIVE_INT, default=32)
     p.add_argument("--sparse-block-size", type=NON_NEGATIVE_INT, default=32)
@@ -139,8 +149,11 @@ def parse_args(argv=None):
     p.add_argument("--global-positions", default="0", help="LED: comma-separated global token positions")
     p.add_argument("--heads", type=POSITIVE_INT, default=4, help="heads of the tiny module drawn")
     p.add_argument("--dim", type=POSITIVE_INT, default=32, help="width of the tiny module drawn")
-    p.add_argument("--no-matrix", action="store_true",
-                   help="draw only the chosen query's row (the matrix costs one backward per query)")
+    p.add_argument(
+        "--no-matrix",
+        action="store_true",
+        help="draw only the chosen query's row (the matrix costs one backward per query)",
+    )
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
     p.add_argument("--out", required=True, help="PNG path")
     args = p.parse_args(argv)
@@ -162,11 +175,15 @@ def parse_args(argv=None):
 
 def title(args) -> str:
     if args.model == "lsg":
-        return (f"LSG: block {args.block_size}, sparse block {args.sparse_block_size}, factor "
-                f"{args.sparsity_factor}, {args.sparsity_type}, {args.num_global_tokens} global, "
-                f"{args.length} tokens, head {args.head}")
-    return (f"LED: window {args.attention_window} (w = {args.attention_window // 2}), globals at "
-            f"{args.global_positions}, {args.length} tokens")
+        return (
+            f"LSG: block {args.block_size}, sparse block {args.sparse_block_size}, factor "
+            f"{args.sparsity_factor}, {args.sparsity_type}, {args.num_global_tokens} global, "
+            f"{args.length} tokens, head {args.head}"
+        )
+    return (
+        f"LED: window {args.attention_window} (w = {args.attention_window // 2}), globals at "
+        f"{args.global_positions}, {args.length} tokens"
+    )
 
 
 def main(argv=None):
@@ -193,8 +210,13 @@ def main(argv=None):
     cmap = ListedColormap(COLOURS)
 
     panels = 1 if args.no_matrix else 2
-    fig, axes = plt.subplots(panels, 1, figsize=(8, 1.6 + (6.4 if panels == 2 else 0)),
-                             gridspec_kw={"height_ratios": [5, 1] if panels == 2 else [1]}, squeeze=False)
+    fig, axes = plt.subplots(
+        panels,
+        1,
+        figsize=(8, 1.6 + (6.4 if panels == 2 else 0)),
+        gridspec_kw={"height_ratios": [5, 1] if panels == 2 else [1]},
+        squeeze=False,
+    )
     if panels == 2:
         ax = axes[0][0]
         ax.imshow(cats.numpy(), cmap=cmap, vmin=0, vmax=3, interpolation="nearest", aspect="auto")
@@ -209,14 +231,17 @@ def main(argv=None):
     ax.set_ylabel(f"query {args.query}", rotation=0, ha="right", va="center")
     if panels == 1:
         ax.set_title(title(args), fontsize=9)
-    handles = [Patch(color=COLOURS[c], label=f"{NAMES[c]} ({counts[NAMES[c]]} keys for query {args.query})")
-               for c in (LOCAL, SPARSE, GLOBAL)]
+    handles = [
+        Patch(color=COLOURS[c], label=f"{NAMES[c]} ({counts[NAMES[c]]} keys for query {args.query})")
+        for c in (LOCAL, SPARSE, GLOBAL)
+    ]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     fig.savefig(args.out, dpi=90)
-    print(f"wrote {args.out}: query {args.query} attends to " +
-          ", ".join(f"{v} {k}" for k, v in counts.items()) + " keys")
+    print(
+        f"wrote {args.out}: query {args.query} attends to " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " keys"
+    )
 
 
 if __name__ == "__main__":

@@ -24,14 +24,10 @@ BATCH = 256  # lines handed to sentencepiece's C++ encoder at once (it threads o
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="sentencepiece model (PREFIX.model from spm_train.py)")
     p.add_argument("--inputs", nargs="+", default=["-"], help="text files ('-' = stdin); default: stdin")
-    p.add_argument(
-        "--outputs", nargs="+", default=["-"], help="one output per input ('-' = stdout); default: stdout"
-    )
+    p.add_argument("--outputs", nargs="+", default=["-"], help="one output per input ('-' = stdout); default: stdout")
     p.add_argument(
         "--output-format",
         choices=["piece", "id"],

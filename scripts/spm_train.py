@@ -37,15 +37,9 @@ PROG = "spm_train.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument(
-        "--inputs", nargs="+", required=True, help="text files, one document (or sentence) per line"
-    )
-    p.add_argument(
-        "--model-prefix", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab"
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--inputs", nargs="+", required=True, help="text files, one document (or sentence) per line")
+    p.add_argument("--model-prefix", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab")
     p.add_argument(
         "--vocab-size",
         type=int_range(5),
@@ -60,9 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="bpe",
         help="sentencepiece algorithm (default: bpe)",
     )
-    p.add_argument(
-        "--dict", default=None, help="fairseq dictionary to write (default: dict.txt beside PREFIX.model)"
-    )
+    p.add_argument("--dict", default=None, help="fairseq dictionary to write (default: dict.txt beside PREFIX.model)")
     p.add_argument(
         "--character-coverage",
         type=float_range(0, 1, lo_open=True),
@@ -162,7 +154,9 @@ def main(argv=None) -> int:
             hint = ""
             if "Vocabulary size" in str(e):
                 hint = " (lower --vocab-size or pass --soft-vocab-limit"
-                hint += ", or use --model-type bpe, which grows up to whole words)" if args.model_type == "unigram" else ")"
+                hint += (
+                    ", or use --model-type bpe, which grows up to whole words)" if args.model_type == "unigram" else ")"
+                )
             raise DataError(f"sentencepiece training failed: {e}{hint}") from None
         sp = load_sentencepiece(tmp_prefix + ".model", flag="--model-prefix")
         with atomic_outputs([dict_path]) as (f,):

@@ -1,4 +1,5 @@
 """Shared fixtures: paths to the test data (tests/data), and a tiny word-level binarized summarization set."""
+
 import importlib.util
 import json
 import os
@@ -78,10 +79,26 @@ def word_data(tmp_path_factory):
     write_word_split(raw, "train", read_jsonl(os.path.join(src, "train.jsonl"), 12))
     write_word_split(raw, "valid", read_jsonl(os.path.join(src, "valid.jsonl"), 4))
     subprocess.run(
-        [fairseq_cli("fairseq-preprocess"), "--source-lang", "source", "--target-lang", "target",
-         "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"),
-         "--destdir", str(binarized), "--joined-dictionary", "--nwordssrc", "2000", "--workers", "1"],
-        check=True, capture_output=True,
+        [
+            fairseq_cli("fairseq-preprocess"),
+            "--source-lang",
+            "source",
+            "--target-lang",
+            "target",
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            str(raw / "valid"),
+            "--destdir",
+            str(binarized),
+            "--joined-dictionary",
+            "--nwordssrc",
+            "2000",
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
     )
     return binarized
 

@@ -2,6 +2,7 @@
 and leaves no half-written output. Cases tested elsewhere are listed in README "Bad inputs"; this
 file holds the ones no other test covers.
 """
+
 import json
 import os
 import subprocess
@@ -26,9 +27,22 @@ def binarize(tmp_path, splits, name="bin"):
     from fairseq import options
     from fairseq_cli import preprocess
 
-    preprocess.main(options.get_preprocessing_parser().parse_args(
-        ["-s", "source", "-t", "target", *args, "--destdir", str(tmp_path / name), "--joined-dictionary",
-         "--workers", "1"]))
+    preprocess.main(
+        options.get_preprocessing_parser().parse_args(
+            [
+                "-s",
+                "source",
+                "-t",
+                "target",
+                *args,
+                "--destdir",
+                str(tmp_path / name),
+                "--joined-dictionary",
+                "--workers",
+                "1",
+            ]
+        )
+    )
     return tmp_path / name
 
 
@@ -49,7 +63,9 @@ def test_mismatched_binarized_sides_named(tmp_path):
     task, _, _ = build_task(data)
     with pytest.raises(ValueError) as e:
         task.load_dataset("train")
-    assert f"{data}/train.source-target.source has 3 examples but {data}/train.source-target.target has 2" in str(e.value)
+    assert f"{data}/train.source-target.source has 3 examples but {data}/train.source-target.target has 2" in str(
+        e.value
+    )
 
 
 def test_empty_binarized_split_named(tmp_path):
@@ -65,10 +81,12 @@ def test_empty_binarized_split_named(tmp_path):
 def test_non_utf8_jsonl_named_and_nothing_written(tmp_path, capsys):
     in_dir, out_dir = tmp_path / "in", tmp_path / "out"
     in_dir.mkdir()
-    (in_dir / "train.jsonl").write_bytes(json.dumps({"document": "d", "summary": "s"}).encode() + b"\n"
-                                         + b'{"document": "caf\xe9", "summary": "s"}\n')
-    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(in_dir), "--output-dir", str(out_dir),
-                                                   "--splits", "train"])
+    (in_dir / "train.jsonl").write_bytes(
+        json.dumps({"document": "d", "summary": "s"}).encode() + b"\n" + b'{"document": "caf\xe9", "summary": "s"}\n'
+    )
+    rc = load_script("jsonl_to_parallel.py").main(
+        ["--input-dir", str(in_dir), "--output-dir", str(out_dir), "--splits", "train"]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and f"{in_dir / 'train.jsonl'}:2: not UTF-8 text (byte 17 of the line" in err
     assert files_in(out_dir) == []
@@ -79,8 +97,9 @@ def test_empty_jsonl_split_named_and_nothing_written(tmp_path, capsys):
     in_dir.mkdir()
     (in_dir / "train.jsonl").write_text(json.dumps({"document": "d", "summary": "s"}) + "\n")
     (in_dir / "valid.jsonl").write_text("")
-    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(in_dir), "--output-dir", str(out_dir),
-                                                   "--splits", "train", "valid"])
+    rc = load_script("jsonl_to_parallel.py").main(
+        ["--input-dir", str(in_dir), "--output-dir", str(out_dir), "--splits", "train", "valid"]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and f"{in_dir / 'valid.jsonl'}: no examples" in err
     assert files_in(out_dir) == []  # train was fine, yet not written alone
@@ -92,12 +111,26 @@ def two_spm_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("spm")
     train = load_script("spm_train.py")
     out = {}
-    for name, words in (("a", "alpha beta gamma delta epsilon zeta eta theta"),
-                        ("b", "one two three four five six seven eight nine ten")):
+    for name, words in (
+        ("a", "alpha beta gamma delta epsilon zeta eta theta"),
+        ("b", "one two three four five six seven eight nine ten"),
+    ):
         text = root / f"{name}.txt"
         text.write_text("".join(f"{words} {i} {words[::-1]}\n" for i in range(200)))
-        assert train.main(["--inputs", str(text), "--model-prefix", str(root / name / "spm"),
-                           "--vocab-size", "60", "--soft-vocab-limit"]) == 0
+        assert (
+            train.main(
+                [
+                    "--inputs",
+                    str(text),
+                    "--model-prefix",
+                    str(root / name / "spm"),
+                    "--vocab-size",
+                    "60",
+                    "--soft-vocab-limit",
+                ]
+            )
+            == 0
+        )
         out[name] = root / name
     return out
 
@@ -106,8 +139,9 @@ def test_non_utf8_text_to_spm_encode_named_and_nothing_written(two_spm_models, t
     src = tmp_path / "train.source"
     src.write_bytes(b"alpha beta\ncaf\xe9 gamma\n")
     dst = tmp_path / "enc" / "train.source"
-    rc = load_script("spm_encode.py").main(["--model", str(two_spm_models["a"] / "spm.model"),
-                                            "--inputs", str(src), "--outputs", str(dst)])
+    rc = load_script("spm_encode.py").main(
+        ["--model", str(two_spm_models["a"] / "spm.model"), "--inputs", str(src), "--outputs", str(dst)]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and f"{src}: not UTF-8 text" in err
     assert files_in(tmp_path / "enc") == []
@@ -146,9 +180,17 @@ def test_spm_model_not_matching_dictionary_refused_by_eval_rouge(two_spm_models,
     data = tmp_path / "bin"
     data.mkdir()
     (data / "dict.txt").write_text((two_spm_models["a"] / "dict.txt").read_text())
-    with pytest.raises(Exception, match=r"--eval-rouge-sentencepiece-model .*spm\.model does not match the target dictionary"):
-        build_task(data, "--eval-rouge", "--eval-rouge-bpe", "sentencepiece",
-                   "--eval-rouge-sentencepiece-model", str(two_spm_models["b"] / "spm.model"))
+    with pytest.raises(
+        Exception, match=r"--eval-rouge-sentencepiece-model .*spm\.model does not match the target dictionary"
+    ):
+        build_task(
+            data,
+            "--eval-rouge",
+            "--eval-rouge-bpe",
+            "sentencepiece",
+            "--eval-rouge-sentencepiece-model",
+            str(two_spm_models["b"] / "spm.model"),
+        )
 
 
 # ----------------------------------------------------------------------------- model flags
@@ -188,12 +230,42 @@ def tiny_checkpoint(word_data, tmp_path_factory):
     from fairseq.trainer import Trainer
 
     d = tmp_path_factory.mktemp("tiny_ckpt")
-    argv = [str(word_data), "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(),
-            "--arch", "lsg_bart_tiny", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-            "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "1",
-            "--decoder-layers", "1", "--block-size", "16", "--sparse-block-size", "16",
-            "--max-source-positions", "128", "--max-target-positions", "64",
-            "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "1e-3", "--cpu"]
+    argv = [
+        str(word_data),
+        "--task",
+        "long_document_summarization",
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        "--arch",
+        "lsg_bart_tiny",
+        "--encoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "32",
+        "--decoder-embed-dim",
+        "16",
+        "--decoder-ffn-embed-dim",
+        "32",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--block-size",
+        "16",
+        "--sparse-block-size",
+        "16",
+        "--max-source-positions",
+        "128",
+        "--max-target-positions",
+        "64",
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--cpu",
+    ]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
@@ -208,11 +280,31 @@ def test_generate_wrapper_needs_no_user_dir_or_task(word_data, tiny_checkpoint, 
     """`lsg-fairseq-generate` = fairseq-generate with the plugin's --user-dir and task filled in."""
     from lsg_fairseq.cli import fairseq_wrappers
 
-    argv = [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--beam", "1",
-            "--max-len-b", "4", "--max-source-positions", "128", "--max-target-positions", "64",
-            "--truncate-target", "--batch-size", "2", "--cpu"]
-    assert fairseq_wrappers.plugin_argv(argv, "x")[-4:] == ["--user-dir", lsg_fairseq.user_dir(),
-                                                          "--task", "long_document_summarization"]
+    argv = [
+        str(word_data),
+        "--path",
+        tiny_checkpoint,
+        "--gen-subset",
+        "valid",
+        "--beam",
+        "1",
+        "--max-len-b",
+        "4",
+        "--max-source-positions",
+        "128",
+        "--max-target-positions",
+        "64",
+        "--truncate-target",
+        "--batch-size",
+        "2",
+        "--cpu",
+    ]
+    assert fairseq_wrappers.plugin_argv(argv, "x")[-4:] == [
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        "--task",
+        "long_document_summarization",
+    ]
     monkeypatch.setattr("sys.argv", ["lsg-fairseq-generate"])
     fairseq_wrappers.generate(argv)
     out = capsys.readouterr().out
@@ -243,8 +335,19 @@ def test_generate_missing_gen_subset_is_one_line(word_data, tiny_checkpoint, tmp
     assert e.value.code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(f"lsg-fairseq-generate: error: {expected}")
     assert "--gen-subset" in err.strip().splitlines()[-1]
-    proc = subprocess.run([fairseq_cli("fairseq-generate"), *argv, "--user-dir", lsg_fairseq.user_dir(),
-                           "--task", "long_document_summarization"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            fairseq_cli("fairseq-generate"),
+            *argv,
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--task",
+            "long_document_summarization",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1].startswith(f"fairseq-generate: error: {expected}")
 
@@ -272,8 +375,23 @@ def test_interactive_wrapper_needs_no_user_dir_or_task(word_data, tiny_checkpoin
 
     (tmp_path / "docs.txt").write_text("the patients were treated\nresults show a decrease\n")
     monkeypatch.setattr("sys.argv", ["lsg-fairseq-interactive"])
-    fairseq_wrappers.interactive([str(word_data), "--path", tiny_checkpoint, "--input", str(tmp_path / "docs.txt"),
-                                  "--beam", "1", "--max-len-b", "4", "--max-source-positions", "128",
-                                  "--max-target-positions", "64", "--cpu"])
+    fairseq_wrappers.interactive(
+        [
+            str(word_data),
+            "--path",
+            tiny_checkpoint,
+            "--input",
+            str(tmp_path / "docs.txt"),
+            "--beam",
+            "1",
+            "--max-len-b",
+            "4",
+            "--max-source-positions",
+            "128",
+            "--max-target-positions",
+            "64",
+            "--cpu",
+        ]
+    )
     out = capsys.readouterr().out
     assert [line.split("\t")[0] for line in out.splitlines() if line.startswith("H-")] == ["H-0", "H-1"]

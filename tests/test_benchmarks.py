@@ -2,6 +2,7 @@
 
 No timing is asserted anywhere (speed targets live in the benchmark's own report as ratios).
 """
+
 import importlib.util
 import json
 import shutil
@@ -34,17 +35,32 @@ def is_png(path):
 
 
 def test_benchmark_smoke_writes_every_record_and_output(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "benchmarks", "run.py"), "--smoke",
-                           "--out", str(tmp_path), "--tag", "smoke"],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "benchmarks", "run.py"),
+            "--smoke",
+            "--out",
+            str(tmp_path),
+            "--tag",
+            "smoke",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "smoke.json") as f:
         result = json.load(f)
     records = result["records"]
     every_mode = ("bart", "lsg_norm", "linear", "led", "locost")
-    expected = {(a, m) for a in every_mode for m in ("enc", "train", "gen")} \
-        | {("lsg_pooling", "enc"), ("lsg_pooling", "train"),  # a secondary LSG type: train at --train-every-arch-at
-           ("locost_cold", "enc"), ("locost_ckpt", "train")}
+    expected = {(a, m) for a in every_mode for m in ("enc", "train", "gen")} | {
+        ("lsg_pooling", "enc"),
+        ("lsg_pooling", "train"),  # a secondary LSG type: train at --train-every-arch-at
+        ("locost_cold", "enc"),
+        ("locost_ckpt", "train"),
+    }
     int8 = importlib.util.find_spec("lsg_fairseq.quantize") is not None
     if int8:  # the int8 archs join the default list once lsg_fairseq.quantize exists
         expected |= {("lsg_norm_int8", "enc"), ("led_int8", "enc")}
@@ -115,16 +131,30 @@ def report():
 def rec(arch, mode, length, s=1.0, act=100.0, peak=None, status="ok", **extra):
     if status != "ok":
         return {"arch": arch, "mode": mode, "length": length, "status": status}
-    return dict({"arch": arch, "mode": mode, "length": length, "status": "ok", "median_s": s,
-                 "activations_mb": act, "peak_mb": peak if peak is not None else act + 800.0}, **extra)
+    return dict(
+        {
+            "arch": arch,
+            "mode": mode,
+            "length": length,
+            "status": "ok",
+            "median_s": s,
+            "activations_mb": act,
+            "peak_mb": peak if peak is not None else act + 800.0,
+        },
+        **extra,
+    )
 
 
 def test_cells_show_ratios_to_bart_and_linear(report):
-    records = [rec("bart", "enc", 4096, 4.16, 240), rec("linear", "enc", 4096, 2.07, 214),
-               rec("lsg_norm", "enc", 4096, 3.08, 335, peak=1143), rec("led", "enc", 65536, 60.4, 2837),
-               rec("linear", "enc", 65536, 35.7, 2133),
-               rec("lsg_norm", "gen", 4096, 12.6, 364, new_tokens_per_s=10.2),
-               rec("bart", "gen", 4096, 13.6, 256, new_tokens_per_s=9.4)]
+    records = [
+        rec("bart", "enc", 4096, 4.16, 240),
+        rec("linear", "enc", 4096, 2.07, 214),
+        rec("lsg_norm", "enc", 4096, 3.08, 335, peak=1143),
+        rec("led", "enc", 65536, 60.4, 2837),
+        rec("linear", "enc", 65536, 35.7, 2133),
+        rec("lsg_norm", "gen", 4096, 12.6, 364, new_tokens_per_s=10.2),
+        rec("bart", "gen", 4096, 13.6, 256, new_tokens_per_s=9.4),
+    ]
     r = {(x["arch"], x["mode"], x["length"]): x for x in records}
     assert report.time_cell(records, r["lsg_norm", "enc", 4096]) == "3.08 (0.74x bart, 1.49x lin)"
     assert report.memory_cell(records, r["lsg_norm", "enc", 4096]) == "335 (1.40x bart, 1.57x lin) / 1,143"
@@ -138,10 +168,14 @@ def test_cells_show_ratios_to_bart_and_linear(report):
 
 def test_targets_met_missed_and_not_measured(report, tmp_path):
     records = [
-        rec("linear", "enc", 4096, 2.0), rec("lsg_norm", "enc", 4096, 2.4),  # 1.20x: met
-        rec("linear", "enc", 16384, 8.0), rec("lsg_norm", "enc", 16384, 12.0),  # 1.50x: missed
-        rec("led", "enc", 4096, 2.6, 300), rec("led", "enc", 16384, status="died (exit code -9; out of memory?)"),
-        rec("bart", "train", 16384, 150, 8000), rec("lsg_norm", "train", 16384, 60, 4000),  # 0.50x: met
+        rec("linear", "enc", 4096, 2.0),
+        rec("lsg_norm", "enc", 4096, 2.4),  # 1.20x: met
+        rec("linear", "enc", 16384, 8.0),
+        rec("lsg_norm", "enc", 16384, 12.0),  # 1.50x: missed
+        rec("led", "enc", 4096, 2.6, 300),
+        rec("led", "enc", 16384, status="died (exit code -9; out of memory?)"),
+        rec("bart", "train", 16384, 150, 8000),
+        rec("lsg_norm", "train", 16384, 60, 4000),  # 0.50x: met
         rec("led", "train", 16384, 70, 6000),  # 0.75x: missed
         rec("locost", "enc", 16384, 18.0, 900, peak=1900),  # 1.86 GiB: met; 2.25x linear: met
         rec("locost", "train", 16384, status="died (exit code -9; out of memory?)"),  # missed
@@ -189,8 +223,23 @@ def plot():
 
 
 def lsg_args(plot, *flags):
-    return plot.parse_args(["--out", "unused.png", "--length", "256", "--block-size", "16",
-                            "--sparse-block-size", "16", "--heads", "2", "--dim", "16", *flags])
+    return plot.parse_args(
+        [
+            "--out",
+            "unused.png",
+            "--length",
+            "256",
+            "--block-size",
+            "16",
+            "--sparse-block-size",
+            "16",
+            "--heads",
+            "2",
+            "--dim",
+            "16",
+            *flags,
+        ]
+    )
 
 
 def test_lsg_local_only_pattern_is_the_block_window(plot):
@@ -203,7 +252,7 @@ def test_lsg_local_only_pattern_is_the_block_window(plot):
         b = (q - G) // bs
         expect = torch.full((G + 256,), plot.NONE)
         lo, hi = max(0, (b - 1) * bs), min(256, (b + 2) * bs)
-        expect[G + lo:G + hi] = plot.LOCAL
+        expect[G + lo : G + hi] = plot.LOCAL
         expect[:G] = plot.GLOBAL
         assert torch.equal(row, expect)
     glob = plot.pattern(args, attn, [0])[0]
@@ -223,9 +272,24 @@ def test_lsg_sparse_keys_lie_outside_the_local_window(plot, stype, per_entry):
 
 
 def test_led_pattern_is_the_band_plus_globals(plot):
-    args = plot.parse_args(["--model", "led", "--out", "unused.png", "--length", "200",
-                            "--attention-window", "40", "--global-positions", "0,150",
-                            "--heads", "2", "--dim", "16"])
+    args = plot.parse_args(
+        [
+            "--model",
+            "led",
+            "--out",
+            "unused.png",
+            "--length",
+            "200",
+            "--attention-window",
+            "40",
+            "--global-positions",
+            "0,150",
+            "--heads",
+            "2",
+            "--dim",
+            "16",
+        ]
+    )
     attn = plot.build_attention(args)
     cats = plot.pattern(args, attn, [3, 100, 150])
     j = torch.arange(200)
@@ -238,18 +302,42 @@ def test_led_pattern_is_the_band_plus_globals(plot):
 
 def test_plot_script_writes_a_png(tmp_path):
     out = tmp_path / "pattern.png"
-    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "scripts", "plot_attention_pattern.py"),
-                           "--length", "128", "--block-size", "16", "--sparse-block-size", "16",
-                           "--sparsity-type", "pooling", "--out", str(out)],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "scripts", "plot_attention_pattern.py"),
+            "--length",
+            "128",
+            "--block-size",
+            "16",
+            "--sparse-block-size",
+            "16",
+            "--sparsity-type",
+            "pooling",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert is_png(out)
     assert "48 local" in proc.stdout and "1 global" in proc.stdout
 
 
 # ---------------------------------------------------------------------------------- GPU plumbing
-CUDA_CALLS = ("_lazy_init", "init", "is_available", "device_count", "get_device_name", "current_device",
-              "synchronize", "set_device")
+CUDA_CALLS = (
+    "_lazy_init",
+    "init",
+    "is_available",
+    "device_count",
+    "get_device_name",
+    "current_device",
+    "synchronize",
+    "set_device",
+)
 
 
 @pytest.fixture
@@ -262,6 +350,7 @@ def run_module(monkeypatch):
 @pytest.fixture
 def cuda_booby_trapped(monkeypatch):
     """Every way this process could initialise CUDA raises (spawned children import torch afresh)."""
+
     def touched(*a, **kw):
         raise AssertionError("the benchmark's parent process called CUDA")
 
@@ -284,15 +373,42 @@ def test_parent_never_initialises_cuda(run_module, cuda_booby_trapped, monkeypat
 
     def fake_run_one(arch, mode, length, args):
         seen.append(run_module.start_method(args))
-        return {"arch": arch, "mode": mode, "length": length, "device": "cuda", "status": "ok",
-                "times_s": [0.1], "median_s": 0.1, "peak_mb": 10.0, "base_mb": 1.0, "activations_mb": 9.0,
-                "params": 1}
+        return {
+            "arch": arch,
+            "mode": mode,
+            "length": length,
+            "device": "cuda",
+            "status": "ok",
+            "times_s": [0.1],
+            "median_s": 0.1,
+            "peak_mb": 10.0,
+            "base_mb": 1.0,
+            "activations_mb": 9.0,
+            "params": 1,
+        }
 
-    monkeypatch.setattr(run_module, "probe_device",
-                        lambda args: {"available": True, "name": "Fake GPU", "torch": "x", "cuda": "13.0"})
+    monkeypatch.setattr(
+        run_module, "probe_device", lambda args: {"available": True, "name": "Fake GPU", "torch": "x", "cuda": "13.0"}
+    )
     monkeypatch.setattr(run_module, "run_one", fake_run_one)
-    run_module.main(["--device", "cuda", "--arch", "bart", "linear", "--modes", "enc", "--lengths", "1024",
-                     "--out", str(tmp_path), "--tag", "t", "--no-plots"])
+    run_module.main(
+        [
+            "--device",
+            "cuda",
+            "--arch",
+            "bart",
+            "linear",
+            "--modes",
+            "enc",
+            "--lengths",
+            "1024",
+            "--out",
+            str(tmp_path),
+            "--tag",
+            "t",
+            "--no-plots",
+        ]
+    )
     assert seen == ["spawn", "spawn"]
     with open(tmp_path / "t.json") as f:
         assert json.load(f)["runs"][-1]["device"] == "Fake GPU"
@@ -310,11 +426,35 @@ def test_spawned_whole_tensor_and_hf_rows(tmp_path):
     """Measurements in a spawned child (as on a GPU; one for every row, --one-process, as
     benchmarks/gpu_check.sh runs them), the layers' whole-tensor paths forced on CPU, and the HF
     peers' rows (transformers' own BART with SDPA and LED)."""
-    proc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "benchmarks", "run.py"), "--smoke",
-                           "--arch", "lsg_norm", "led", "locost", "hf_bart", "hf_led", "--modes", "enc",
-                           "--start-method", "spawn", "--one-process", "--layer-path", "whole",
-                           "--out", str(tmp_path), "--tag", "spawned", "--no-plots"],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO_ROOT, "benchmarks", "run.py"),
+            "--smoke",
+            "--arch",
+            "lsg_norm",
+            "led",
+            "locost",
+            "hf_bart",
+            "hf_led",
+            "--modes",
+            "enc",
+            "--start-method",
+            "spawn",
+            "--one-process",
+            "--layer-path",
+            "whole",
+            "--out",
+            str(tmp_path),
+            "--tag",
+            "spawned",
+            "--no-plots",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(tmp_path / "spawned.json") as f:
         result = json.load(f)
@@ -349,8 +489,9 @@ def _row(key, device, cpu_us, device_us):
 
     from torch.autograd import DeviceType
 
-    return SimpleNamespace(key=key, device_type=getattr(DeviceType, device), cpu_time_total=cpu_us,
-                           device_time_total=device_us)
+    return SimpleNamespace(
+        key=key, device_type=getattr(DeviceType, device), cpu_time_total=cpu_us, device_time_total=device_us
+    )
 
 
 def test_breakdown_of_a_gpu_trace_with_nested_labels(run_module):
@@ -358,10 +499,15 @@ def test_breakdown_of_a_gpu_trace_with_nested_labels(run_module):
     of nested labels (layer 100 us > kernel 60 + projections 25), and GPU user-annotation rows of the
     same keys that credit each kernel to its innermost label only (layer 15). The split reads the
     host-side rows; the first GPU reading let the annotation rows in and printed a negative conv."""
-    rows = [_row("s4d.layer", "CPU", 400.0, 100.0), _row("s4d.kernel", "CPU", 90.0, 60.0),
-            _row("s4d.projection", "CPU", 200.0, 25.0), _row("aten::mm", "CPU", 150.0, 25.0),
-            _row("s4d.layer", "CUDA", 0.0, 15.0), _row("s4d.kernel", "CUDA", 0.0, 60.0),
-            _row("s4d.projection", "CUDA", 0.0, 25.0)]
+    rows = [
+        _row("s4d.layer", "CPU", 400.0, 100.0),
+        _row("s4d.kernel", "CPU", 90.0, 60.0),
+        _row("s4d.projection", "CPU", 200.0, 25.0),
+        _row("aten::mm", "CPU", 150.0, 25.0),
+        _row("s4d.layer", "CUDA", 0.0, 15.0),
+        _row("s4d.kernel", "CUDA", 0.0, 60.0),
+        _row("s4d.projection", "CUDA", 0.0, 25.0),
+    ]
     split = run_module.breakdown_from_rows(rows, cuda=True, total=0.0002)
     assert split["ssm_layer_s"] == pytest.approx(100e-6) and split["ssm_kernel_s"] == pytest.approx(60e-6)
     assert split["ssm_proj_s"] == pytest.approx(25e-6) and split["ssm_conv_s"] == pytest.approx(15e-6)

@@ -4,6 +4,7 @@ Stock fairseq 0.12 sets ``tpu=True`` whenever bf16 is on and then calls ``xm.xla
 None (fairseq#4696). With the plugin imported, fairseq's own trainer runs bf16 updates; checked on
 CPU here (a GPU run was not available to this test suite).
 """
+
 import math
 
 import pytest
@@ -14,15 +15,50 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 import lsg_fairseq
 from lsg_fairseq.fairseq_fixes._wrap import original
 
-TINY = ["--arch", "lsg_bart_tiny", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-        "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "1", "--decoder-layers", "1",
-        "--block-size", "16", "--sparse-block-size", "16", "--max-source-positions", "128",
-        "--max-target-positions", "64", "--truncate-target"]
+TINY = [
+    "--arch",
+    "lsg_bart_tiny",
+    "--encoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "16",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--block-size",
+    "16",
+    "--sparse-block-size",
+    "16",
+    "--max-source-positions",
+    "128",
+    "--max-target-positions",
+    "64",
+    "--truncate-target",
+]
 
 
 def argv(data, *flags):
-    return [str(data), "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(), *TINY,
-            "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "1e-2", "--cpu", *flags]
+    return [
+        str(data),
+        "--task",
+        "long_document_summarization",
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        *TINY,
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-2",
+        "--cpu",
+        *flags,
+    ]
 
 
 def test_stock_parser_would_take_the_tpu_path(word_data):
@@ -34,13 +70,15 @@ def test_stock_parser_would_take_the_tpu_path(word_data):
     assert asked.tpu is True  # an explicit --tpu is kept
 
 
-@pytest.mark.parametrize("flag,optimizer", [("--memory-efficient-bf16", "MemoryEfficientFP16Optimizer"),
-                                            ("--bf16", "FP16Optimizer")])
+@pytest.mark.parametrize(
+    "flag,optimizer", [("--memory-efficient-bf16", "MemoryEfficientFP16Optimizer"), ("--bf16", "FP16Optimizer")]
+)
 def test_bf16_training_steps_on_cpu(word_data, flag, optimizer):
     from fairseq.trainer import Trainer
 
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(),
-                                                                     argv(word_data, flag)))
+    cfg = convert_namespace_to_omegaconf(
+        options.parse_args_and_arch(options.get_training_parser(), argv(word_data, flag))
+    )
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
     torch.manual_seed(0)

@@ -10,6 +10,7 @@ bytes written" and "renamed into place". Stock fairseq's copy never fsyncs: ther
 announces itself half-way through the copy's ``os.sendfile`` (how ``shutil.copyfile`` copies on
 Linux), the window in which stock fairseq's ``checkpoint_last.pt`` is half-written.
 """
+
 import os
 import signal
 import subprocess
@@ -60,8 +61,11 @@ def _kill_during_write(tmp_path, mode, src, dst):
     marker = tmp_path / "writing"
     script = tmp_path / "child.py"
     script.write_text(KILL_CHILD.format(repo=REPO_ROOT))
-    proc = subprocess.Popen([sys.executable, str(script), mode, str(src), str(dst), str(marker)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mode, str(src), str(dst), str(marker)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 120
     while not marker.exists():
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
@@ -154,19 +158,64 @@ def data_dir(tmp_path_factory):
     return str(d)
 
 
-LSG_TINY = ["--arch", "lsg_bart_tiny", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-            "--encoder-layers", "1", "--decoder-layers", "1", "--block-size", "8", "--sparse-block-size", "8",
-            "--max-target-positions", "32"]
-LOCOST_TINY = ["--arch", "locost_tiny", "--d-model", "16", "--d-state", "8", "--d-ff", "32", "--d-kv", "8",
-               "--encoder-layers", "1", "--decoder-layers", "1", "--max-target-positions", "32"]
+LSG_TINY = [
+    "--arch",
+    "lsg_bart_tiny",
+    "--encoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--block-size",
+    "8",
+    "--sparse-block-size",
+    "8",
+    "--max-target-positions",
+    "32",
+]
+LOCOST_TINY = [
+    "--arch",
+    "locost_tiny",
+    "--d-model",
+    "16",
+    "--d-state",
+    "8",
+    "--d-ff",
+    "32",
+    "--d-kv",
+    "8",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--max-target-positions",
+    "32",
+]
 
 
 def build_trainer(data_dir, save_dir, *flags):
     from fairseq.trainer import Trainer
 
-    argv = [data_dir, "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(),
-            "--criterion", "cross_entropy", "--optimizer", "adam", "--lr", "1e-3", "--cpu",
-            "--save-dir", str(save_dir), *flags]
+    argv = [
+        data_dir,
+        "--task",
+        "long_document_summarization",
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--cpu",
+        "--save-dir",
+        str(save_dir),
+        *flags,
+    ]
     args = options.parse_args_and_arch(options.get_training_parser(), argv)
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
@@ -215,8 +264,9 @@ def test_corrupt_checkpoint_named_on_restore(data_dir, saved, tmp_path):
     data = open(saved["lsg64"], "rb").read()
     bad = tmp_path / "bad.pt"
     bad.write_bytes(data[: len(data) - 100])  # a copy cut short by a kill
-    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
-                                 "--restore-file", str(bad))
+    cfg, trainer = build_trainer(
+        data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64", "--restore-file", str(bad)
+    )
     with pytest.raises(CheckpointError, match=r"bad\.pt: truncated or corrupt checkpoint"):
         checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
 
@@ -235,31 +285,72 @@ def test_other_load_errors_get_the_file_name(tmp_path):
 
 
 def test_missing_restore_file_refused_not_trained_from_scratch(data_dir, tmp_path):
-    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
-                                 "--restore-file", str(tmp_path / "typo.pt"))
+    cfg, trainer = build_trainer(
+        data_dir,
+        tmp_path / "run",
+        *LSG_TINY,
+        "--max-source-positions",
+        "64",
+        "--restore-file",
+        str(tmp_path / "typo.pt"),
+    )
     with pytest.raises(FileNotFoundError, match=r"--restore-file .*typo\.pt: no such file.*from scratch"):
         checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
 
 
 def test_missing_restore_file_trains_from_scratch_without_the_hooks(word_data, tmp_path):
     """fairseq's own load_checkpoint (no task hooks) takes a typo for "start fresh"."""
-    cfg, trainer = build_trainer(str(word_data), tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
-                                 "--truncate-target", "--restore-file", str(tmp_path / "typo.pt"))
+    cfg, trainer = build_trainer(
+        str(word_data),
+        tmp_path / "run",
+        *LSG_TINY,
+        "--max-source-positions",
+        "64",
+        "--truncate-target",
+        "--restore-file",
+        str(tmp_path / "typo.pt"),
+    )
     extra_state, epoch_itr = original(checkpoint_utils, "load_checkpoint")(cfg.checkpoint, trainer)
     assert extra_state is None and epoch_itr.epoch == 1 and trainer.get_num_updates() == 0
 
 
-STOCK_TRANSFORMER = ["--task", "translation", "--source-lang", "source", "--target-lang", "target",
-                     "--arch", "transformer", "--encoder-layers", "1", "--decoder-layers", "1",
-                     "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-                     "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-                     "--max-source-positions", "8192", "--max-target-positions", "1024"]  # SumPubMed documents
+STOCK_TRANSFORMER = [
+    "--task",
+    "translation",
+    "--source-lang",
+    "source",
+    "--target-lang",
+    "target",
+    "--arch",
+    "transformer",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--max-source-positions",
+    "8192",
+    "--max-target-positions",
+    "1024",
+]  # SumPubMed documents
 
 
 def test_stock_task_keeps_fairseq_restore_behaviour(word_data, tmp_path):
     """The refusal is this plugin's policy: a translation run in the same process starts fresh."""
-    cfg, trainer = build_trainer(str(word_data), tmp_path / "run", *STOCK_TRANSFORMER,
-                                 "--restore-file", str(tmp_path / "x.pt"))
+    cfg, trainer = build_trainer(
+        str(word_data), tmp_path / "run", *STOCK_TRANSFORMER, "--restore-file", str(tmp_path / "x.pt")
+    )
     assert type(trainer.task).__name__ == "TranslationTask"
     extra_state, epoch_itr = checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)  # the hooked one
     assert extra_state is None and epoch_itr.epoch == 1
@@ -267,8 +358,9 @@ def test_stock_task_keeps_fairseq_restore_behaviour(word_data, tmp_path):
 
 def test_other_arch_checkpoint_on_restore_named(data_dir, saved, tmp_path):
     other = saved["locost"]
-    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
-                                 "--restore-file", other)
+    cfg, trainer = build_trainer(
+        data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64", "--restore-file", other
+    )
     with pytest.raises(CheckpointError) as e:
         checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
     msg = str(e.value)
@@ -279,8 +371,9 @@ def test_other_arch_checkpoint_on_restore_named(data_dir, saved, tmp_path):
 
 def test_max_source_positions_above_position_table_named(data_dir, saved, tmp_path):
     short = saved["lsg64"]
-    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "256",
-                                 "--restore-file", short)
+    cfg, trainer = build_trainer(
+        data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "256", "--restore-file", short
+    )
     with pytest.raises(CheckpointError) as e:
         checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
     msg = str(e.value)
@@ -291,8 +384,16 @@ def test_max_source_positions_above_position_table_named(data_dir, saved, tmp_pa
 def test_matching_checkpoint_still_restores(data_dir, saved, tmp_path):
     """The checks must not refuse what fairseq accepts: same arch and size restores fine."""
     good = saved["lsg64"]
-    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, "--max-source-positions", "64",
-                                 "--restore-file", good, "--reset-dataloader")
+    cfg, trainer = build_trainer(
+        data_dir,
+        tmp_path / "run",
+        *LSG_TINY,
+        "--max-source-positions",
+        "64",
+        "--restore-file",
+        good,
+        "--reset-dataloader",
+    )
     torch.nn.init.zeros_(trainer.model.encoder.global_embeddings.weight)
     trainer.load_checkpoint(good)
     saved = torch.load(good, weights_only=False)["model"]["encoder.global_embeddings.weight"]
@@ -302,8 +403,16 @@ def test_matching_checkpoint_still_restores(data_dir, saved, tmp_path):
 def test_fairseq_save_checkpoint_writes_every_file_atomically(word_data, tmp_path, fsynced):
     """fairseq's own save_checkpoint (first file, then copies to best/last) goes through the patches."""
     save_dir = tmp_path / "ckpt"
-    cfg, trainer = build_trainer(str(word_data), save_dir, *LSG_TINY, "--max-source-positions", "64",
-                                 "--truncate-target", "--save-interval-updates", "1")
+    cfg, trainer = build_trainer(
+        str(word_data),
+        save_dir,
+        *LSG_TINY,
+        "--max-source-positions",
+        "64",
+        "--truncate-target",
+        "--save-interval-updates",
+        "1",
+    )
     epoch_itr = trainer.get_train_iterator(epoch=1)
     epoch_itr.next_epoch_itr(shuffle=False)  # as fairseq-train does before its first save
     synced = fsynced  # from here on

@@ -3,6 +3,7 @@
 spec/led.md sections 7-8 and fixtures/led/README.md: converted HF LED weights must give HF's
 encoder outputs and logits to 1e-4 (fp32, eval) with global attention first / multi / none.
 """
+
 import json
 import os
 import shutil
@@ -36,19 +37,19 @@ def converted(tmp_path_factory):
 
 def load(folder, **overrides):
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [os.path.join(folder, "model.pt")], arg_overrides=overrides or None)
+        [os.path.join(folder, "model.pt")], arg_overrides=overrides or None
+    )
     return models[0].eval(), cfg
 
 
 def inputs(S):
     data = np.load(os.path.join(LED, "inputs.npz"))
-    return {k[len(S) + 1:]: torch.from_numpy(data[k]) for k in data.files if k.startswith(S + "_")}
+    return {k[len(S) + 1 :]: torch.from_numpy(data[k]) for k in data.files if k.startswith(S + "_")}
 
 
 def run(model, x, glob=None, all_hiddens=False):
     with torch.no_grad():
-        enc = model.encoder(x["input_ids"], x["lengths"], return_all_hiddens=all_hiddens,
-                            global_attention_mask=glob)
+        enc = model.encoder(x["input_ids"], x["lengths"], return_all_hiddens=all_hiddens, global_attention_mask=glob)
         logits, _ = model.decoder(x["decoder_input_ids"], encoder_out=enc)
     return enc, logits
 
@@ -98,11 +99,11 @@ def test_layer_outputs_and_left_padding(converted):
     # left padding: pad-aware positions, and "first" picks the first REAL token
     ids, n1 = x["input_ids"], int(x["lengths"][1])
     left = torch.full_like(ids[1:], 1)
-    left[0, ids.size(1) - n1:] = ids[1, :n1]
+    left[0, ids.size(1) - n1 :] = ids[1, :n1]
     with torch.no_grad():
         out = model.encoder(left, x["lengths"][1:])["encoder_out"][0][:, 0]  # (T, C)
     ref = enc["encoder_out"][0][:n1, 1]
-    assert (out[ids.size(1) - n1:] - ref).abs().max() <= 1e-5
+    assert (out[ids.size(1) - n1 :] - ref).abs().max() <= 1e-5
 
 
 def test_weight_level_facts(converted):
@@ -119,9 +120,14 @@ def test_weight_level_facts(converted):
     for n in range(2):
         src = f"led.encoder.layers.{n}.self_attn."
         dst = f"encoder.layers.{n}.self_attn."
-        for hf_name, name in [("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"),
-                              ("query_global", "q_proj_global"), ("key_global", "k_proj_global"),
-                              ("value_global", "v_proj_global")]:
+        for hf_name, name in [
+            ("query", "q_proj"),
+            ("key", "k_proj"),
+            ("value", "v_proj"),
+            ("query_global", "q_proj_global"),
+            ("key_global", "k_proj_global"),
+            ("value_global", "v_proj_global"),
+        ]:
             for p in ("weight", "bias"):
                 assert torch.equal(sd[f"{dst}{name}.{p}"], hf[f"{src}longformer_self_attn.{hf_name}.{p}"])
         assert torch.equal(sd[f"{dst}out_proj.weight"], hf[f"{src}output.weight"])
@@ -154,8 +160,9 @@ def test_bart_to_led(tmp_path):
     led = torch.load(os.path.join(out, "model.pt"), weights_only=True)
     bart = torch.load(os.path.join(bart_out, "model.pt"), weights_only=True)["model"]
     sd = led["model"]
-    assert set(sd) == set(bart) | {f"encoder.layers.{n}.self_attn.{p}_proj_global.{w}"
-                                   for n in range(2) for p in "qkv" for w in ("weight", "bias")}
+    assert set(sd) == set(bart) | {
+        f"encoder.layers.{n}.self_attn.{p}_proj_global.{w}" for n in range(2) for p in "qkv" for w in ("weight", "bias")
+    }
     for n in range(2):
         for p in "qkv":
             for w in ("weight", "bias"):
@@ -231,13 +238,16 @@ def edit_config(src, **changes):
         json.dump(config, f)
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"attention_window": [32, 31]}, "attention_window must be a positive even integer"),
-    ({"attention_window": [32, 32, 32]}, "attention_window has 3 entries but the encoder has 2"),
-    ({"attention_window": 0}, "attention_window must be a positive even integer"),
-    ({"max_encoder_position_embeddings": 2048}, "encoder position table has 1024 positions"),
-    ({"encoder_ffn_dim": 96}, "shape mismatch.*fc1"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"attention_window": [32, 31]}, "attention_window must be a positive even integer"),
+        ({"attention_window": [32, 32, 32]}, "attention_window has 3 entries but the encoder has 2"),
+        ({"attention_window": 0}, "attention_window must be a positive even integer"),
+        ({"max_encoder_position_embeddings": 2048}, "encoder position table has 1024 positions"),
+        ({"encoder_ffn_dim": 96}, "shape mismatch.*fc1"),
+    ],
+)
 def test_refuses_bad_configs(tmp_path, changes, message):
     src = copy_hf(str(tmp_path / "src"))
     edit_config(src, **changes)
@@ -276,8 +286,20 @@ def test_refuses_bad_weights_and_options(tmp_path):
 
 def test_cli(tmp_path, capsys):
     out = str(tmp_path / "cli")
-    cli_main([BART, out, "--to", "led", "--attention-window", "8", "--max-source-positions", "600",
-              "--global-token-ids", "2"])
+    cli_main(
+        [
+            BART,
+            out,
+            "--to",
+            "led",
+            "--attention-window",
+            "8",
+            "--max-source-positions",
+            "600",
+            "--global-token-ids",
+            "2",
+        ]
+    )
     assert capsys.readouterr().out.strip() == os.path.join(out, "model.pt")
     model, cfg = load(out)
     assert cfg.model.arch == "led_base" and cfg.model.global_token_ids == "2"

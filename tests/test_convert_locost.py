@@ -3,6 +3,7 @@
 Fixture: ``tests/data/fixtures/locost`` (README there). Tolerances from the README: encoder output
 and logits <= 1e-4 (fp32), layer-0 kernels <= 1e-5.
 """
+
 import json
 import os
 
@@ -164,10 +165,12 @@ def test_refusals(tmp_path):
     src = tmp_path / "bad"
     src.mkdir()
     cfg = json.load(open(os.path.join(FIXTURE, "model", "config.json")))
-    for key, value, match in [("num_ssm_heads", 2, "num_ssm_heads"),
-                              ("tie_word_embeddings", False, "tie_word_embeddings"),
-                              ("feed_forward_proj", "relu", "feed_forward_proj"),
-                              ("d_state", 33, "d_state")]:
+    for key, value, match in [
+        ("num_ssm_heads", 2, "num_ssm_heads"),
+        ("tie_word_embeddings", False, "tie_word_embeddings"),
+        ("feed_forward_proj", "relu", "feed_forward_proj"),
+        ("d_state", 33, "d_state"),
+    ]:
         bad = dict(cfg, **{key: value})
         (src / "config.json").write_text(json.dumps(bad))
         with pytest.raises(ConversionError, match=match):
@@ -199,8 +202,15 @@ def spm_locost(tmp_path_factory):
         docs = [json.loads(next(f))["document"] for _ in range(20)]
     model = _io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter([s for d in docs for s in d.split(". ")]), model_writer=model, vocab_size=120, model_type="unigram",
-        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2,
+        sentence_iterator=iter([s for d in docs for s in d.split(". ")]),
+        model_writer=model,
+        vocab_size=120,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        minloglevel=2,
     )
     src = root / "hf"
     src.mkdir()

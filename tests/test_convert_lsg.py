@@ -1,4 +1,5 @@
 """Converter (bart family) against the reference fixtures in tests/data/fixtures/lsg (spec/lsg.md)."""
+
 import json
 import os
 import shutil
@@ -17,8 +18,14 @@ from lsg_fairseq.convert.bart import extend_positions, init_global_embeddings
 
 FIXTURES = os.path.join(conftest.FIXTURES, "lsg")
 FOLDERS = ["bart_plain", "lsg_none", "lsg_norm", "lsg_pooling"]
-LSG_AS_FIXTURES = dict(max_source_positions=1024, num_global_tokens=4, block_size=32,
-                       sparse_block_size=32, sparsity_factor=2, sparsity_type="norm")
+LSG_AS_FIXTURES = dict(
+    max_source_positions=1024,
+    num_global_tokens=4,
+    block_size=32,
+    sparse_block_size=32,
+    sparsity_factor=2,
+    sparsity_type="norm",
+)
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +153,16 @@ def test_fairseq_checkpoint_warm_start(converted, tmp_path):
     longer = str(tmp_path / "longer")
     convert(converted["lsg_norm"], longer, max_source_positions=4096)
     more = str(tmp_path / "more")
-    cli_main([os.path.join(converted["lsg_norm"], "model.pt"), more, "--max-source-positions",
-              "4096", "--num-global-tokens", "8"])
+    cli_main(
+        [
+            os.path.join(converted["lsg_norm"], "model.pt"),
+            more,
+            "--max-source-positions",
+            "4096",
+            "--num-global-tokens",
+            "8",
+        ]
+    )
     base, _ = load(converted["lsg_norm"])
     m1, _ = load(longer)
     m2, _ = load(more)
@@ -230,14 +245,17 @@ def test_refuses_nonzero_final_logits_bias(tmp_path):
 @pytest.mark.parametrize("length", [0, 1 << 21])
 def test_refuses_unachievable_max_length(tmp_path, length):
     with pytest.raises(ConversionError, match="not achievable"):
-        convert(os.path.join(FIXTURES, "bart_plain", "hf"), str(tmp_path / "out"),
-                to="lsg_bart", max_source_positions=length)
+        convert(
+            os.path.join(FIXTURES, "bart_plain", "hf"),
+            str(tmp_path / "out"),
+            to="lsg_bart",
+            max_source_positions=length,
+        )
 
 
 def test_refuses_bad_lsg_options(tmp_path):
     with pytest.raises(ConversionError, match="--sparsity-factor"):
-        convert(os.path.join(FIXTURES, "bart_plain", "hf"), str(tmp_path / "out"),
-                block_size=32, sparsity_factor=3)
+        convert(os.path.join(FIXTURES, "bart_plain", "hf"), str(tmp_path / "out"), block_size=32, sparsity_factor=3)
     with pytest.raises(ConversionError, match="--to bart cannot keep"):
         convert(os.path.join(FIXTURES, "lsg_norm", "hf"), str(tmp_path / "out2"), to="bart")
 

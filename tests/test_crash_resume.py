@@ -6,6 +6,7 @@ the lr scheduler, the update count and the position inside the epoch (``iteratio
 so the updates after the checkpoint are recomputed exactly as the killed run computed them
 (dropout off, fixed seed: fairseq reseeds each update with seed + num_updates).
 """
+
 import json
 import os
 import signal
@@ -46,17 +47,65 @@ train_cli.cli_main()
 
 def train_cmd(data, save_dir):
     return [
-        os.path.join(BIN, "fairseq-train"), str(data), "--user-dir", lsg_fairseq.user_dir(),
-        "--task", "long_document_summarization", "--arch", "lsg_bart_tiny",
-        "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-embed-dim", "16",
-        "--decoder-ffn-embed-dim", "32", "--encoder-layers", "1", "--decoder-layers", "1",
-        "--block-size", "16", "--sparse-block-size", "16",
-        "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target",
-        "--dropout", "0", "--attention-dropout", "0", "--criterion", "cross_entropy",
-        "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "1", "--max-update", str(MAX_UPDATE),
-        "--save-interval-updates", str(SAVE_EVERY), "--validate-interval-updates", str(SAVE_EVERY),
-        "--no-epoch-checkpoints", "--save-dir", str(save_dir), "--cpu", "--num-workers", "0",
-        "--log-format", "json", "--log-interval", "1", "--seed", "1",
+        os.path.join(BIN, "fairseq-train"),
+        str(data),
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        "--task",
+        "long_document_summarization",
+        "--arch",
+        "lsg_bart_tiny",
+        "--encoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "32",
+        "--decoder-embed-dim",
+        "16",
+        "--decoder-ffn-embed-dim",
+        "32",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--block-size",
+        "16",
+        "--sparse-block-size",
+        "16",
+        "--max-source-positions",
+        "128",
+        "--max-target-positions",
+        "64",
+        "--truncate-target",
+        "--dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--batch-size",
+        "1",
+        "--max-update",
+        str(MAX_UPDATE),
+        "--save-interval-updates",
+        str(SAVE_EVERY),
+        "--validate-interval-updates",
+        str(SAVE_EVERY),
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        str(save_dir),
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--seed",
+        "1",
     ]
 
 
@@ -92,8 +141,13 @@ def test_sigkill_mid_epoch_then_same_command_resumes(word_data, tmp_path):
     log_path, marker, script = tmp_path / "killed.log", tmp_path / "stalled", tmp_path / "stalling_train.py"
     script.write_text(STALLING_TRAIN)
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, str(script), str(marker), str(KILL_AFTER), *cmd[1:]],
-                                stdout=log, stderr=subprocess.STDOUT, env=env(), cwd=tmp_path)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(marker), str(KILL_AFTER), *cmd[1:]],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env(),
+            cwd=tmp_path,
+        )
         deadline = time.time() + 240
         while not marker.exists():
             assert proc.poll() is None, log_path.read_text()[-3000:]

@@ -3,6 +3,7 @@
 The flags for every combination, the refusals, and one bf16 training + generation through
 examples/long_context/common.sh's ``train`` on CPU (the half-precision path a GPU run takes too).
 """
+
 import os
 import subprocess
 
@@ -16,8 +17,9 @@ SHOW = 'source scripts/device_flags.sh; echo "$DEVICE|${TRAIN_DEVICE_FLAGS[*]}|$
 
 def flags(path_first=BIN, **env):
     full = dict(os.environ, PATH=f"{path_first}:{os.environ['PATH']}", **env)
-    return subprocess.run(["bash", "-euo", "pipefail", "-c", SHOW], cwd=REPO_ROOT, env=full,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", SHOW], cwd=REPO_ROOT, env=full, capture_output=True, text=True
+    )
 
 
 def fake_python(folder, answer: str) -> str:
@@ -37,17 +39,21 @@ def seen_gpu(tmp_path):
 def test_cuda_is_refused_where_torch_sees_no_gpu(tmp_path):
     proc = flags(path_first=fake_python(tmp_path, "torch 2.13.0+cpu"), DEVICE="cuda")
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip().endswith("error: DEVICE=cuda: torch 2.13.0+cpu sees no CUDA GPU here; use "
-                                        "DEVICE=cpu (or auto)")
+    assert proc.stderr.strip().endswith(
+        "error: DEVICE=cuda: torch 2.13.0+cpu sees no CUDA GPU here; use DEVICE=cpu (or auto)"
+    )
 
 
-@pytest.mark.parametrize("device,precision,expected", [
-    ("cpu", "fp32", "cpu|--cpu|--cpu"),
-    ("cpu", "bf16", "cpu|--cpu --bf16|--cpu --bf16"),
-    ("cuda", "fp32", "cuda||"),
-    ("cuda", "bf16", "cuda|--bf16|--bf16"),
-    ("cuda", "fp16", "cuda|--fp16|--fp16"),
-])
+@pytest.mark.parametrize(
+    "device,precision,expected",
+    [
+        ("cpu", "fp32", "cpu|--cpu|--cpu"),
+        ("cpu", "bf16", "cpu|--cpu --bf16|--cpu --bf16"),
+        ("cuda", "fp32", "cuda||"),
+        ("cuda", "bf16", "cuda|--bf16|--bf16"),
+        ("cuda", "fp16", "cuda|--fp16|--fp16"),
+    ],
+)
 def test_flags_for_each_device_and_precision(device, precision, expected, seen_gpu):
     proc = flags(path_first=seen_gpu if device == "cuda" else BIN, DEVICE=device, PRECISION=precision)
     assert proc.returncode == 0, proc.stderr
@@ -57,13 +63,20 @@ def test_flags_for_each_device_and_precision(device, precision, expected, seen_g
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: DEVICE=cuda is valid here")
 def test_cuda_without_a_gpu_is_refused_before_any_work(tmp_path):
     """DEVICE=cuda where torch sees no GPU: one line, exit 2, from the demo itself (nothing made)."""
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", DEVICE="cuda", OUT=str(tmp_path / "demo"),
-               VENV=os.path.dirname(BIN))
-    proc = subprocess.run(["bash", "scripts/demo.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    env = dict(
+        os.environ,
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        DEVICE="cuda",
+        OUT=str(tmp_path / "demo"),
+        VENV=os.path.dirname(BIN),
+    )
+    proc = subprocess.run(
+        ["bash", "scripts/demo.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr.strip() == (f"demo.sh: error: DEVICE=cuda: torch {torch.__version__} sees no CUDA GPU "
-                                   "here; use DEVICE=cpu (or auto)")
+    assert proc.stderr.strip() == (
+        f"demo.sh: error: DEVICE=cuda: torch {torch.__version__} sees no CUDA GPU here; use DEVICE=cpu (or auto)"
+    )
     assert not (tmp_path / "demo").exists()
 
 
@@ -74,11 +87,14 @@ def test_auto_picks_the_gpu_when_torch_sees_one():
     assert flags().stdout == proc.stdout  # auto and fp32 are the defaults
 
 
-@pytest.mark.parametrize("env,message", [
-    ({"DEVICE": "cpu", "PRECISION": "fp16"}, "PRECISION=fp16 needs DEVICE=cuda (on CPU use PRECISION=bf16)"),
-    ({"DEVICE": "tpu"}, "DEVICE=tpu: expected auto, cpu or cuda"),
-    ({"PRECISION": "half"}, "PRECISION=half: expected fp32, bf16 or fp16"),
-])
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"DEVICE": "cpu", "PRECISION": "fp16"}, "PRECISION=fp16 needs DEVICE=cuda (on CPU use PRECISION=bf16)"),
+        ({"DEVICE": "tpu"}, "DEVICE=tpu: expected auto, cpu or cuda"),
+        ({"PRECISION": "half"}, "PRECISION=half: expected fp32, bf16 or fp16"),
+    ],
+)
 def test_bad_values_are_refused_in_one_line(env, message):
     proc = flags(**env)
     assert proc.returncode == 2 and proc.stdout == ""
@@ -98,8 +114,9 @@ def test_bf16_training_and_generation_through_the_example_recipe(word_data, tmp_
             "${{GENERATE_DEVICE_FLAGS[@]}}" > "$OUT/generate.out" 2> "$OUT/generate.err"
     """
     env = dict(os.environ, OUT=str(tmp_path), VENV=os.path.dirname(BIN), DEVICE="cpu", PRECISION="bf16")
-    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:] + open(tmp_path / "runs/bf16/train.log").read()[-3000:]
     state = torch.load(tmp_path / "runs/bf16/checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["cfg"]["common"]["bf16"] is True

@@ -5,6 +5,7 @@ fairseq's flat ``--fp16`` path calls ``torch.cuda.current_device()`` only to key
 with that call answered on CPU (``flat_on_cpu``) the path runs here, which shows the upstream
 behaviour the policy exists for: one flat, untagged float32 tensor, so LOCOST's SSM group is gone.
 """
+
 import os
 import subprocess
 import sys
@@ -21,15 +22,49 @@ from lsg_fairseq import device_policy
 from lsg_fairseq.optim.grouped_adam import GroupedAdam
 from lsg_text.errors import ConfigError
 
-LOCOST_TINY = ["--arch", "locost_tiny", "--d-model", "16", "--d-ff", "32", "--d-kv", "4", "--d-state", "8",
-               "--encoder-layers", "1", "--decoder-layers", "1", "--max-source-positions", "128",
-               "--max-target-positions", "64"]
+LOCOST_TINY = [
+    "--arch",
+    "locost_tiny",
+    "--d-model",
+    "16",
+    "--d-ff",
+    "32",
+    "--d-kv",
+    "4",
+    "--d-state",
+    "8",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--max-source-positions",
+    "128",
+    "--max-target-positions",
+    "64",
+]
 
 
 def training_cfg(data, *flags, optimizer="grouped_adam"):
-    argv = [str(data), "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(), *LOCOST_TINY,
-            "--criterion", "cross_entropy", "--optimizer", optimizer, "--lr", "1e-3", "--ssm-lr", "1e-4",
-            "--weight-decay", "0.01", "--cpu", *flags]
+    argv = [
+        str(data),
+        "--task",
+        "long_document_summarization",
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        *LOCOST_TINY,
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        optimizer,
+        "--lr",
+        "1e-3",
+        "--ssm-lr",
+        "1e-4",
+        "--weight-decay",
+        "0.01",
+        "--cpu",
+        *flags,
+    ]
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
 
 
@@ -38,8 +73,10 @@ def groups_of(cfg):
     task = tasks.setup_task(cfg.task)
     torch.manual_seed(0)
     trainer = Trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
-    return {g.get("group_name", "default"): (len(g["params"]), g["lr"], g["weight_decay"])
-            for g in trainer.optimizer.optimizer.param_groups}
+    return {
+        g.get("group_name", "default"): (len(g["params"]), g["lr"], g["weight_decay"])
+        for g in trainer.optimizer.optimizer.param_groups
+    }
 
 
 @pytest.fixture
@@ -66,8 +103,7 @@ def gpu_machine(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
 
-@pytest.mark.parametrize("flags", [["--fp16"], ["--memory-efficient-fp16"], ["--bf16"], ["--amp"]],
-                         ids=lambda f: f[0])
+@pytest.mark.parametrize("flags", [["--fp16"], ["--memory-efficient-fp16"], ["--bf16"], ["--amp"]], ids=lambda f: f[0])
 def test_ssm_group_survives_every_precision(tmp_path, flat_on_cpu, gpu_machine, flags):
     """After vet_run (what fairseq-train calls first), the SSM parameters keep their own lr and no
     weight decay; without it --fp16 would take the flat path (flat_on_cpu lets it run here)."""
@@ -81,11 +117,16 @@ def test_ssm_group_survives_every_precision(tmp_path, flat_on_cpu, gpu_machine, 
     assert groups["ssm"][0] == 5  # log_dt, inv_A_real, A_imag, B, C of the one encoder layer
 
 
-@pytest.mark.parametrize("flags,optimizer,settled", [
-    (["--fp16"], "grouped_adam", True), (["--fp16"], "adam", False),
-    (["--memory-efficient-fp16"], "grouped_adam", False), (["--bf16"], "grouped_adam", False)])
-def test_vet_run_settles_non_flat_grads_for_grouped_adam_fp16_only(tmp_path, gpu_machine, flags, optimizer,
-                                                                  settled):
+@pytest.mark.parametrize(
+    "flags,optimizer,settled",
+    [
+        (["--fp16"], "grouped_adam", True),
+        (["--fp16"], "adam", False),
+        (["--memory-efficient-fp16"], "grouped_adam", False),
+        (["--bf16"], "grouped_adam", False),
+    ],
+)
+def test_vet_run_settles_non_flat_grads_for_grouped_adam_fp16_only(tmp_path, gpu_machine, flags, optimizer, settled):
     cfg = training_cfg(write_toy_dict(tmp_path), *flags, optimizer=optimizer)
     cfg.common.cpu = False
     device_policy.vet_run(cfg, "fairseq_cli.generate")  # not training: nothing to settle
@@ -94,21 +135,51 @@ def test_vet_run_settles_non_flat_grads_for_grouped_adam_fp16_only(tmp_path, gpu
     assert cfg.common.fp16_no_flatten_grads is settled
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--fp16", "--optimizer", "adam"], "--fp16: fairseq's fp16 trainer keeps its float32 master weights in one "
-                                        "flat CUDA tensor, and here --cpu is given; use --bf16 for half "
-                                        "precision on a CPU (or add --fp16-no-flatten-grads)"),
-    (["--amp", "--optimizer", "adam"], "--amp: fairseq's --amp is CUDA float16 autocast, and here (--cpu is "
-                                       "given) it would train in float32 without a word; drop it, or use --bf16 "
-                                       "for half precision on a CPU"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (
+            ["--fp16", "--optimizer", "adam"],
+            "--fp16: fairseq's fp16 trainer keeps its float32 master weights in one "
+            "flat CUDA tensor, and here --cpu is given; use --bf16 for half "
+            "precision on a CPU (or add --fp16-no-flatten-grads)",
+        ),
+        (
+            ["--amp", "--optimizer", "adam"],
+            "--amp: fairseq's --amp is CUDA float16 autocast, and here (--cpu is "
+            "given) it would train in float32 without a word; drop it, or use --bf16 "
+            "for half precision on a CPU",
+        ),
+    ],
+)
 def test_gpu_precisions_are_refused_on_cpu_in_one_line(word_data, tmp_path, flags, message):
     """fairseq-train itself: one line, exit 2, before any work (no checkpoint folder)."""
     proc = subprocess.run(
-        [fairseq_cli("fairseq-train"), str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--task",
-         "long_document_summarization", *LOCOST_TINY, "--truncate-target", "--lr", "1e-3", "--max-tokens", "2000",
-         "--max-update", "1", "--cpu", "--save-dir", str(tmp_path / "ck"), *flags],
-        capture_output=True, text=True, timeout=300, env=dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}"))
+        [
+            fairseq_cli("fairseq-train"),
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--task",
+            "long_document_summarization",
+            *LOCOST_TINY,
+            "--truncate-target",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "2000",
+            "--max-update",
+            "1",
+            "--cpu",
+            "--save-dir",
+            str(tmp_path / "ck"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}"),
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == f"fairseq-train: error: {message}"
     assert not (tmp_path / "ck").exists()
@@ -120,15 +191,18 @@ def raise_oom(*args, **kwargs):
 
 
 def test_out_of_memory_in_a_step_is_explained():
-    sample = {"net_input": {"src_tokens": torch.ones(3, 16384, dtype=torch.long)},
-              "target": torch.ones(3, 200, dtype=torch.long)}
+    sample = {
+        "net_input": {"src_tokens": torch.ones(3, 16384, dtype=torch.long)},
+        "target": torch.ones(3, 200, dtype=torch.long),
+    }
     with pytest.raises(device_policy.DeviceMemoryError) as e:
         with device_policy.explain_out_of_memory(sample, "training"):
             raise_oom()
     assert str(e.value) == (
         "device memory ran out in training on a batch of 3 documents of up to 16,384 source tokens (200 target "
         "tokens): lower --max-tokens (or --batch-size), pass --checkpoint-activations (activations recomputed in "
-        "backward), or shorten the inputs with --max-source-positions (CUDA OOM. Tried to allocate 24.00 GiB)")
+        "backward), or shorten the inputs with --max-source-positions (CUDA OOM. Tried to allocate 24.00 GiB)"
+    )
     # fairseq's trainer skips a batch whose RuntimeError says "out of memory" and saves crash.pt for
     # anything but a RuntimeError: this one it re-raises as it is
     assert isinstance(e.value, RuntimeError) and "out of memory" not in str(e.value)
@@ -150,28 +224,72 @@ def test_fairseq_train_out_of_memory_is_one_line_and_writes_nothing(word_data, t
     from lsg_fairseq.models.locost import LOCOSTModel
 
     monkeypatch.setattr(LOCOSTModel, "forward", raise_oom)
-    code, err = run_in_process(train.cli_main, [
-        "fairseq-train", str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization",
-        *LOCOST_TINY, "--truncate-target", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "2000",
-        "--max-update", "2", "--cpu", "--save-dir", str(tmp_path / "ck")], monkeypatch, capsys)
+    code, err = run_in_process(
+        train.cli_main,
+        [
+            "fairseq-train",
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--task",
+            "long_document_summarization",
+            *LOCOST_TINY,
+            "--truncate-target",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "2000",
+            "--max-update",
+            "2",
+            "--cpu",
+            "--save-dir",
+            str(tmp_path / "ck"),
+        ],
+        monkeypatch,
+        capsys,
+    )
     assert code == 2
     assert err[-1].startswith("fairseq-train: error: device memory ran out in training on a batch of ")
     assert "--checkpoint-activations" in err[-1] and "CUDA OOM. Tried to allocate" in err[-1]
     assert os.listdir(tmp_path / "ck") == []
 
 
-def test_generate_out_of_memory_is_one_line_and_leaves_no_partial_results(word_data, tmp_path, monkeypatch,
-                                                                        capsys):
+def test_generate_out_of_memory_is_one_line_and_leaves_no_partial_results(word_data, tmp_path, monkeypatch, capsys):
     """lsg-fairseq-generate --results-path: the run stops at its second batch with one line, and
     the half-written generate-valid.txt is removed."""
     from lsg_fairseq.cli import fairseq_wrappers
     from lsg_fairseq.models.locost import LOCOSTEncoder
 
     ck = tmp_path / "ck"
-    subprocess.run([fairseq_cli("fairseq-train"), str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--task",
-                    "long_document_summarization", *LOCOST_TINY, "--truncate-target", "--optimizer", "adam",
-                    "--lr", "1e-3", "--max-tokens", "2000", "--max-update", "1", "--cpu", "--save-dir", str(ck),
-                    "--no-epoch-checkpoints"], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            fairseq_cli("fairseq-train"),
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--task",
+            "long_document_summarization",
+            *LOCOST_TINY,
+            "--truncate-target",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "2000",
+            "--max-update",
+            "1",
+            "--cpu",
+            "--save-dir",
+            str(ck),
+            "--no-epoch-checkpoints",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     real_encode = LOCOSTEncoder.forward
     calls = []
 
@@ -183,12 +301,36 @@ def test_generate_out_of_memory_is_one_line_and_leaves_no_partial_results(word_d
 
     monkeypatch.setattr(LOCOSTEncoder, "forward", encoder_once)
     out = tmp_path / "results"
-    code, err = run_in_process(lambda: fairseq_wrappers.generate(), [
-        "lsg-fairseq-generate", str(word_data), "--path", str(ck / "checkpoint_last.pt"), "--gen-subset", "valid",
-        "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target", "--beam", "1",
-        "--max-len-b", "4", "--batch-size", "2", "--cpu", "--results-path", str(out)], monkeypatch, capsys)
+    code, err = run_in_process(
+        lambda: fairseq_wrappers.generate(),
+        [
+            "lsg-fairseq-generate",
+            str(word_data),
+            "--path",
+            str(ck / "checkpoint_last.pt"),
+            "--gen-subset",
+            "valid",
+            "--max-source-positions",
+            "128",
+            "--max-target-positions",
+            "64",
+            "--truncate-target",
+            "--beam",
+            "1",
+            "--max-len-b",
+            "4",
+            "--batch-size",
+            "2",
+            "--cpu",
+            "--results-path",
+            str(out),
+        ],
+        monkeypatch,
+        capsys,
+    )
     assert code == 2 and len(calls) == 2
-    assert err[-1].startswith("lsg-fairseq-generate: error: device memory ran out in generation on a batch of 2 "
-                              "documents")
+    assert err[-1].startswith(
+        "lsg-fairseq-generate: error: device memory ran out in generation on a batch of 2 documents"
+    )
     assert "--beam" in err[-1]
     assert os.listdir(out) == []  # generate-valid.txt held the first batch: removed

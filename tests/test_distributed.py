@@ -11,6 +11,7 @@ argv a launcher would give; they are forked from one driver that has imported fa
 that the six processes (2 archs x (2 ranks + 1 reference)) do not each pay the ~5 s import on a
 2-core CI box.
 """
+
 import json
 import os
 import signal
@@ -65,11 +66,44 @@ sys.exit(1 if failed else 0)
 
 UPDATES = 4
 ARCHS = {
-    "lsg_bart": ["--arch", "lsg_bart_tiny", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-                 "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "1",
-                 "--decoder-layers", "1", "--block-size", "16", "--sparse-block-size", "16", "--attention-dropout", "0"],
-    "locost": ["--arch", "locost_tiny", "--d-model", "16", "--d-state", "8", "--d-ff", "32", "--d-kv", "8",
-               "--encoder-layers", "1", "--decoder-layers", "1"],
+    "lsg_bart": [
+        "--arch",
+        "lsg_bart_tiny",
+        "--encoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "32",
+        "--decoder-embed-dim",
+        "16",
+        "--decoder-ffn-embed-dim",
+        "32",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--block-size",
+        "16",
+        "--sparse-block-size",
+        "16",
+        "--attention-dropout",
+        "0",
+    ],
+    "locost": [
+        "--arch",
+        "locost_tiny",
+        "--d-model",
+        "16",
+        "--d-state",
+        "8",
+        "--d-ff",
+        "32",
+        "--d-kv",
+        "8",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+    ],
 }
 
 
@@ -81,12 +115,42 @@ def free_port() -> int:
 
 def common(data, arch, save_dir):
     return [
-        str(data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization",
-        *ARCHS[arch], "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target",
-        "--dropout", "0", "--criterion", "cross_entropy",
-        "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "2", "--max-update", str(UPDATES),
-        "--disable-validation", "--no-epoch-checkpoints", "--save-dir", str(save_dir),
-        "--cpu", "--num-workers", "0", "--log-format", "json", "--log-interval", "1", "--seed", "1",
+        str(data),
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        "--task",
+        "long_document_summarization",
+        *ARCHS[arch],
+        "--max-source-positions",
+        "128",
+        "--max-target-positions",
+        "64",
+        "--truncate-target",
+        "--dropout",
+        "0",
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--batch-size",
+        "2",
+        "--max-update",
+        str(UPDATES),
+        "--disable-validation",
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        str(save_dir),
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--seed",
+        "1",
     ]
 
 
@@ -107,23 +171,45 @@ def test_two_gloo_processes_equal_one_process_with_update_freq_2(word_data, tmp_
     runs = []
     for arch in ARCHS:
         port = free_port()
-        runs.append({"argv": common(word_data, arch, tmp_path / arch / "single") + ["--update-freq", "2"],
-                     "log": str(tmp_path / f"{arch}.single.log")})
+        runs.append(
+            {
+                "argv": common(word_data, arch, tmp_path / arch / "single") + ["--update-freq", "2"],
+                "log": str(tmp_path / f"{arch}.single.log"),
+            }
+        )
         for rank in (0, 1):
-            runs.append({
-                "argv": common(word_data, arch, tmp_path / arch / "ddp") + [
-                    "--distributed-world-size", "2", "--distributed-rank", str(rank),
-                    "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-                    "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"],
-                "log": str(tmp_path / f"{arch}.rank{rank}.log"),
-            })
+            runs.append(
+                {
+                    "argv": common(word_data, arch, tmp_path / arch / "ddp")
+                    + [
+                        "--distributed-world-size",
+                        "2",
+                        "--distributed-rank",
+                        str(rank),
+                        "--distributed-init-method",
+                        f"tcp://127.0.0.1:{port}",
+                        "--distributed-no-spawn",
+                        "--distributed-backend",
+                        "gloo",
+                        "--ddp-backend",
+                        "legacy_ddp",
+                    ],
+                    "log": str(tmp_path / f"{arch}.rank{rank}.log"),
+                }
+            )
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(repo=REPO_ROOT))
     env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
     env["OMP_NUM_THREADS"] = "1"
     # own session: a hung rank (gloo waits forever for a dead peer) is killed with the driver
-    proc = subprocess.Popen([sys.executable, str(driver), json.dumps(runs)], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), json.dumps(runs)],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         _, driver_err = proc.communicate(timeout=600)
     except subprocess.TimeoutExpired:
@@ -136,8 +222,10 @@ def test_two_gloo_processes_equal_one_process_with_update_freq_2(word_data, tmp_
     report = {}
     for arch in ARCHS:
         rank0 = logs[str(tmp_path / f"{arch}.rank0.log")]
-        assert "distributed init (rank 0)" in rank0 and "distributed init (rank 1)" in logs[
-            str(tmp_path / f"{arch}.rank1.log")]
+        assert (
+            "distributed init (rank 0)" in rank0
+            and "distributed init (rank 1)" in logs[str(tmp_path / f"{arch}.rank1.log")]
+        )
         assert "training on 2 devices" in rank0
         single, ddp = losses(tmp_path / f"{arch}.single.log"), losses(tmp_path / f"{arch}.rank0.log")
         assert sorted(single) == sorted(ddp) == list(range(1, UPDATES + 1))
@@ -145,11 +233,15 @@ def test_two_gloo_processes_equal_one_process_with_update_freq_2(word_data, tmp_
             # bsz is the examples per update summed over ranks (2 x 2) or over the two micro-batches
             assert single[n][1] == ddp[n][1] == 4
             assert abs(single[n][0] - ddp[n][0]) <= 1e-3, (arch, n, single[n], ddp[n])  # logs keep 3 decimals
-        a, b = weights(tmp_path / arch / "single/checkpoint_last.pt"), weights(tmp_path / arch / "ddp/checkpoint_last.pt")
+        a, b = (
+            weights(tmp_path / arch / "single/checkpoint_last.pt"),
+            weights(tmp_path / arch / "ddp/checkpoint_last.pt"),
+        )
         assert a.keys() == b.keys()
         diff = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
-        moved = max((a[k].float() - w.float()).abs().max().item()
-                    for k, w in weights_at_init(arch, word_data, tmp_path).items())
+        moved = max(
+            (a[k].float() - w.float()).abs().max().item() for k, w in weights_at_init(arch, word_data, tmp_path).items()
+        )
         report[arch] = (diff, moved)
         assert diff < 1e-5, (arch, diff)  # float summation order only
         assert moved > 1e-3, (arch, moved)  # and training did change the weights
@@ -161,8 +253,7 @@ def weights_at_init(arch, data, tmp_path):
     from fairseq import options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    args = options.parse_args_and_arch(options.get_training_parser(),
-                                       common(data, arch, tmp_path / "init"))
+    args = options.parse_args_and_arch(options.get_training_parser(), common(data, arch, tmp_path / "init"))
     cfg = convert_namespace_to_omegaconf(args)
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)

@@ -4,6 +4,7 @@ JSONL -> scripts (parallel text, sentencepiece, preprocess) -> fairseq-train (RO
 tensorboard) -> resume -> fairseq-generate -> ROUGE report -> lsg-fairseq-summarize on an input
 longer than 1,024 tokens. No environment variable makes checkpoints loadable: the plugin does.
 """
+
 import json
 import os
 import shutil
@@ -18,9 +19,22 @@ SCRIPTS = os.path.join(REPO_ROOT, "scripts")
 MAX_SRC = 2048
 
 TINY = [
-    "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
 ]
 
 
@@ -41,50 +55,173 @@ def pipeline(tmp_path_factory):
     jsonl = work / "jsonl"
     jsonl.mkdir()
     for split, n in (("train", 16), ("valid", 4), ("test", 3)):
-        with open(os.path.join(DOCUMENTS, "sumpubmed", f"{split}.jsonl")) as f, open(jsonl / f"{split}.jsonl", "w") as g:
+        with (
+            open(os.path.join(DOCUMENTS, "sumpubmed", f"{split}.jsonl")) as f,
+            open(jsonl / f"{split}.jsonl", "w") as g,
+        ):
             for _, line in zip(range(n), f):
                 g.write(line)
     run([py, f"{SCRIPTS}/jsonl_to_parallel.py", "--input-dir", jsonl, "--output-dir", work / "raw"], work)
     # 2. sentencepiece (trained offline on the training split) and encoding
-    run([py, f"{SCRIPTS}/spm_train.py", "--inputs", work / "raw/train.source", work / "raw/train.target",
-         "--model-prefix", work / "spm/spm", "--vocab-size", "600", "--soft-vocab-limit"], work)
+    run(
+        [
+            py,
+            f"{SCRIPTS}/spm_train.py",
+            "--inputs",
+            work / "raw/train.source",
+            work / "raw/train.target",
+            "--model-prefix",
+            work / "spm/spm",
+            "--vocab-size",
+            "600",
+            "--soft-vocab-limit",
+        ],
+        work,
+    )
     for split in ("train", "valid", "test"):
-        run([py, f"{SCRIPTS}/spm_encode.py", "--model", work / "spm/spm.model",
-             "--inputs", work / f"raw/{split}.source", work / f"raw/{split}.target",
-             "--outputs", work / f"bpe/{split}.source", work / f"bpe/{split}.target"], work)
+        run(
+            [
+                py,
+                f"{SCRIPTS}/spm_encode.py",
+                "--model",
+                work / "spm/spm.model",
+                "--inputs",
+                work / f"raw/{split}.source",
+                work / f"raw/{split}.target",
+                "--outputs",
+                work / f"bpe/{split}.source",
+                work / f"bpe/{split}.target",
+            ],
+            work,
+        )
     # 3. binarize with the sentencepiece-consistent dictionary
-    run(["bash", f"{SCRIPTS}/preprocess.sh", "--trainpref", work / "bpe/train", "--validpref", work / "bpe/valid",
-         "--testpref", work / "bpe/test", "--destdir", work / "bin", "--dict", work / "spm/dict.txt"], work)
+    run(
+        [
+            "bash",
+            f"{SCRIPTS}/preprocess.sh",
+            "--trainpref",
+            work / "bpe/train",
+            "--validpref",
+            work / "bpe/valid",
+            "--testpref",
+            work / "bpe/test",
+            "--destdir",
+            work / "bin",
+            "--dict",
+            work / "spm/dict.txt",
+        ],
+        work,
+    )
     # 4. train a few updates with ROUGE validation and tensorboard
     train_cmd = [
-        "fairseq-train", work / "bin", "--user-dir", os.path.join(REPO_ROOT, "lsg_fairseq"),
-        "--task", "long_document_summarization", "--arch", "bart_base", *TINY,
-        "--max-source-positions", str(MAX_SRC), "--max-target-positions", "512", "--truncate-target",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "6000", "--required-batch-size-multiple", "1",
-        "--max-update", "4", "--validate-interval-updates", "4", "--save-interval-updates", "4",
-        "--eval-rouge", "--eval-rouge-bpe", "sentencepiece", "--eval-rouge-sentencepiece-model", work / "spm/spm.model",
-        "--eval-rouge-args", '{"beam": 2, "max_len_b": 20, "no_repeat_ngram_size": 3}',
-        "--best-checkpoint-metric", "rougeL", "--maximize-best-checkpoint-metric",
-        "--tensorboard-logdir", work / "tb", "--save-dir", work / "ckpt", "--cpu", "--num-workers", "0",
-        "--log-format", "simple", "--log-interval", "1", "--seed", "1",
+        "fairseq-train",
+        work / "bin",
+        "--user-dir",
+        os.path.join(REPO_ROOT, "lsg_fairseq"),
+        "--task",
+        "long_document_summarization",
+        "--arch",
+        "bart_base",
+        *TINY,
+        "--max-source-positions",
+        str(MAX_SRC),
+        "--max-target-positions",
+        "512",
+        "--truncate-target",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "6000",
+        "--required-batch-size-multiple",
+        "1",
+        "--max-update",
+        "4",
+        "--validate-interval-updates",
+        "4",
+        "--save-interval-updates",
+        "4",
+        "--eval-rouge",
+        "--eval-rouge-bpe",
+        "sentencepiece",
+        "--eval-rouge-sentencepiece-model",
+        work / "spm/spm.model",
+        "--eval-rouge-args",
+        '{"beam": 2, "max_len_b": 20, "no_repeat_ngram_size": 3}',
+        "--best-checkpoint-metric",
+        "rougeL",
+        "--maximize-best-checkpoint-metric",
+        "--tensorboard-logdir",
+        work / "tb",
+        "--save-dir",
+        work / "ckpt",
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "1",
+        "--seed",
+        "1",
     ]
     train_log = run(train_cmd, work)
     # 5. resume from checkpoint_last.pt (torch >= 2.6 weights_only loading, no env var)
     resume_cmd = [c if c != "4" else "6" for c in train_cmd]
     resume_log = run(resume_cmd, work)
     # 6. generate with beam search and score
-    gen_log = run([
-        "fairseq-generate", work / "bin", "--user-dir", os.path.join(REPO_ROOT, "lsg_fairseq"),
-        "--task", "long_document_summarization", "--path", work / "ckpt/checkpoint_best.pt",
-        "--gen-subset", "test", "--beam", "3", "--max-len-b", "30", "--no-repeat-ngram-size", "3",
-        "--max-source-positions", str(MAX_SRC), "--max-target-positions", "512", "--truncate-target",
-        "--bpe", "sentencepiece",
-        "--sentencepiece-model", work / "spm/spm.model", "--batch-size", "2", "--cpu",
-    ], work)
+    gen_log = run(
+        [
+            "fairseq-generate",
+            work / "bin",
+            "--user-dir",
+            os.path.join(REPO_ROOT, "lsg_fairseq"),
+            "--task",
+            "long_document_summarization",
+            "--path",
+            work / "ckpt/checkpoint_best.pt",
+            "--gen-subset",
+            "test",
+            "--beam",
+            "3",
+            "--max-len-b",
+            "30",
+            "--no-repeat-ngram-size",
+            "3",
+            "--max-source-positions",
+            str(MAX_SRC),
+            "--max-target-positions",
+            "512",
+            "--truncate-target",
+            "--bpe",
+            "sentencepiece",
+            "--sentencepiece-model",
+            work / "spm/spm.model",
+            "--batch-size",
+            "2",
+            "--cpu",
+        ],
+        work,
+    )
     (work / "gen.out").write_text(gen_log)
-    rouge_out = run([py, f"{SCRIPTS}/generate_to_rouge.py", "--generate-output", work / "gen.out",
-                     "--ref-file", work / "raw/test.target", "--output-dir", work / "eval"], work)
+    rouge_out = run(
+        [
+            py,
+            f"{SCRIPTS}/generate_to_rouge.py",
+            "--generate-output",
+            work / "gen.out",
+            "--ref-file",
+            work / "raw/test.target",
+            "--output-dir",
+            work / "eval",
+        ],
+        work,
+    )
     return dict(work=work, train_log=train_log, resume_log=resume_log, gen_log=gen_log, rouge_out=rouge_out)
 
 
@@ -131,8 +268,21 @@ def test_summarize_command_reads_past_1024_tokens(pipeline, tmp_path):
     model_dir = model_folder(work, tmp_path)
     docs = (work / "raw/test.source").read_text().splitlines()[:2]
     (tmp_path / "docs.txt").write_text("\n".join(docs) + "\n")
-    out = run([os.path.join(BIN, "lsg-fairseq-summarize"), model_dir, "--input-lines", tmp_path / "docs.txt",
-               "--output", tmp_path / "sum.txt", "--beam", "2", "--max-len-b", "10"], tmp_path)
+    out = run(
+        [
+            os.path.join(BIN, "lsg-fairseq-summarize"),
+            model_dir,
+            "--input-lines",
+            tmp_path / "docs.txt",
+            "--output",
+            tmp_path / "sum.txt",
+            "--beam",
+            "2",
+            "--max-len-b",
+            "10",
+        ],
+        tmp_path,
+    )
     summaries = (tmp_path / "sum.txt").read_text().splitlines()
     assert len(summaries) == 2 and all(s.strip() for s in summaries)
     assert "[2/2]" in out
@@ -144,7 +294,9 @@ def test_summarize_command_reads_past_1024_tokens(pipeline, tmp_path):
     hub = from_pretrained(str(model_dir))
     tokens = hub.encode(docs[0])
     assert len(tokens) == MAX_SRC
-    assert tokens[0].item() == hub.task.source_dictionary.bos() and tokens[-1].item() == hub.task.source_dictionary.eos()
+    assert (
+        tokens[0].item() == hub.task.source_dictionary.bos() and tokens[-1].item() == hub.task.source_dictionary.eos()
+    )
     first, second = hub.sample(docs[:1], beam=2, max_len_b=5), hub.sample(docs[:1], beam=1, max_len_b=5)
     assert len(first) == len(second) == 1  # beam 2 then beam 1 used to crash (fairseq#3893)
 
@@ -166,8 +318,23 @@ def test_hub_ignores_training_batch_limits_and_takes_max_source_positions(pipeli
     assert len(hub.sample([doc], beam=1, max_len_b=3)) == 1  # used to fail: lengths exceed max_tokens
 
     (tmp_path / "doc.txt").write_text(doc + "\n")
-    run([os.path.join(BIN, "lsg-fairseq-summarize"), model_dir, "--input-lines", tmp_path / "doc.txt",
-         "--output", tmp_path / "s.txt", "--beam", "1", "--max-len-b", "3", "--max-source-positions", "512"], tmp_path)
+    run(
+        [
+            os.path.join(BIN, "lsg-fairseq-summarize"),
+            model_dir,
+            "--input-lines",
+            tmp_path / "doc.txt",
+            "--output",
+            tmp_path / "s.txt",
+            "--beam",
+            "1",
+            "--max-len-b",
+            "3",
+            "--max-source-positions",
+            "512",
+        ],
+        tmp_path,
+    )
     assert len((tmp_path / "s.txt").read_text().splitlines()) == 1
     hub.set_max_source_positions(512)
     assert len(hub.encode(doc)) == 512

@@ -7,6 +7,7 @@
   and keys match the published format field by field;
 - refusals: unknown arch, weights HF cannot hold, non-empty output without --force (exit 2, no output).
 """
+
 import json
 import os
 import shutil
@@ -37,9 +38,24 @@ SOURCES = {
 }
 # written by whichever transformers version saved the folder; not part of the model
 VERSION_KEYS = {"_name_or_path", "transformers_version", "torch_dtype", "dtype"}
-TINY = ["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "64", "--decoder-embed-dim", "64",
-        "--encoder-ffn-embed-dim", "128", "--decoder-ffn-embed-dim", "128",
-        "--encoder-attention-heads", "4", "--decoder-attention-heads", "4"]
+TINY = [
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "2",
+    "--encoder-embed-dim",
+    "64",
+    "--decoder-embed-dim",
+    "64",
+    "--encoder-ffn-embed-dim",
+    "128",
+    "--decoder-ffn-embed-dim",
+    "128",
+    "--encoder-attention-heads",
+    "4",
+    "--decoder-attention-heads",
+    "4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +126,9 @@ def test_round_trip_weights_and_config(round_trips, name):
     gen = os.path.join(src, "generation_config.json")
     if os.path.exists(gen):
         ga, gb = read_json(gen), read_json(os.path.join(hf, "generation_config.json"))
-        assert {k: v for k, v in ga.items() if k.endswith("token_id")} == {k: v for k, v in gb.items() if k.endswith("token_id")}
+        assert {k: v for k, v in ga.items() if k.endswith("token_id")} == {
+            k: v for k, v in gb.items() if k.endswith("token_id")
+        }
     if os.path.exists(os.path.join(src, "vocab.json")):
         assert read_json(os.path.join(src, "vocab.json")) == read_json(os.path.join(hf, "vocab.json"))
         merges = [open(os.path.join(d, "merges.txt"), encoding="utf-8").read().strip().splitlines() for d in (src, hf)]
@@ -151,21 +169,60 @@ def test_exported_folder_converts_back_to_same_outputs(round_trips, name, tmp_pa
 def test_lsg_export_matches_published_format(tmp_path):
     """A model trained here (not a converted one) exports to the reference's LSG-BART format:
     the config has the published fields, the weights the published names and shapes."""
-    argv = ["--arch", "lsg_bart_base", *TINY, "--max-source-positions", "1024", "--max-target-positions", "256",
-            "--num-global-tokens", "3", "--block-size", "16", "--sparse-block-size", "16", "--sparsity-factor", "4",
-            "--sparsity-type", "pooling", "--mask-first-token", "true", "--dropout", "0.2"]
+    argv = [
+        "--arch",
+        "lsg_bart_base",
+        *TINY,
+        "--max-source-positions",
+        "1024",
+        "--max-target-positions",
+        "256",
+        "--num-global-tokens",
+        "3",
+        "--block-size",
+        "16",
+        "--sparse-block-size",
+        "16",
+        "--sparsity-factor",
+        "4",
+        "--sparsity-type",
+        "pooling",
+        "--mask-first-token",
+        "true",
+        "--dropout",
+        "0.2",
+    ]
     path, model = toy_checkpoint(tmp_path / "run", argv)
     hf = str(tmp_path / "hf")
     export(path, hf)
     published = os.path.join(FIXTURES, "lsg", "lsg_norm", "hf")
     ref_cfg, cfg = read_json(os.path.join(published, "config.json")), read_json(os.path.join(hf, "config.json"))
     assert set(ref_cfg) - VERSION_KEYS == set(cfg) - VERSION_KEYS
-    for key in ("architectures", "auto_map", "base_model_prefix", "adaptive", "model_type", "lsh_num_pre_rounds",
-                "pass_global_tokens_to_decoder", "pool_with_global", "activation_function", "scale_embedding",
-                "bos_token_id", "pad_token_id", "eos_token_id", "decoder_start_token_id"):
+    for key in (
+        "architectures",
+        "auto_map",
+        "base_model_prefix",
+        "adaptive",
+        "model_type",
+        "lsh_num_pre_rounds",
+        "pass_global_tokens_to_decoder",
+        "pool_with_global",
+        "activation_function",
+        "scale_embedding",
+        "bos_token_id",
+        "pad_token_id",
+        "eos_token_id",
+        "decoder_start_token_id",
+    ):
         assert cfg[key] == ref_cfg[key], key
-    assert (cfg["num_global_tokens"], cfg["block_size"], cfg["sparse_block_size"], cfg["sparsity_factor"],
-            cfg["sparsity_type"], cfg["mask_first_token"]) == (3, 16, 16, 4, "pooling", True)
+    assert (
+        cfg["num_global_tokens"],
+        cfg["block_size"],
+        cfg["sparse_block_size"],
+        cfg["sparsity_factor"],
+        cfg["sparsity_type"],
+        cfg["mask_first_token"],
+    ) == (3, 16, 16, 4, "pooling", True)
     assert cfg["max_position_embeddings"] == 1024 and cfg["vocab_size"] == TOY_VOCAB and cfg["dropout"] == 0.2
     ref_sd, sd = load_hf_state_dict(published), load_hf_state_dict(hf)
     assert sorted(ref_sd) == sorted(sd)
@@ -174,7 +231,11 @@ def test_lsg_export_matches_published_format(tmp_path):
             assert sd[k].shape == v.shape, k
     assert sd["model.encoder.global_embeddings.weight"].shape == (512, 64)
     # one max_position_embeddings: the 256-position decoder table is tiled to 1024, its rows unchanged
-    assert sd["model.encoder.embed_positions.weight"].shape == sd["model.decoder.embed_positions.weight"].shape == (1026, 64)
+    assert (
+        sd["model.encoder.embed_positions.weight"].shape
+        == sd["model.decoder.embed_positions.weight"].shape
+        == (1026, 64)
+    )
     assert torch.equal(sd["model.decoder.embed_positions.weight"][:258], model.decoder.embed_positions.weight)
     assert torch.equal(sd["model.decoder.embed_positions.weight"][258:514], model.decoder.embed_positions.weight[2:])
 
@@ -192,9 +253,14 @@ def test_locost_export_matches_reference_format(round_trips):
     meta = read_json(os.path.join(FIXTURES, "locost", "meta.json"))
     sd = torch.load(os.path.join(hf, "pytorch_model.bin"), weights_only=True)
     assert sorted(sd) == sorted(meta["checkpoint_keys"])
-    assert all(sd[k].data_ptr() == sd["shared.weight"].data_ptr()
-               for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"))
-    assert set(read_json(os.path.join(ref, "config.json"))) - VERSION_KEYS == set(read_json(os.path.join(hf, "config.json"))) - VERSION_KEYS
+    assert all(
+        sd[k].data_ptr() == sd["shared.weight"].data_ptr()
+        for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+    )
+    assert (
+        set(read_json(os.path.join(ref, "config.json"))) - VERSION_KEYS
+        == set(read_json(os.path.join(hf, "config.json"))) - VERSION_KEYS
+    )
 
 
 # ----------------------------------------------------------------------------- transformers
@@ -203,8 +269,17 @@ def test_bart_export_loads_in_transformers(tmp_path):
     same logits on a 1,500-token input, encoder longer than the decoder (2,048 vs 256 positions)."""
     from transformers import BartForConditionalGeneration
 
-    argv = ["--arch", "bart_base", *TINY, "--max-source-positions", "2048", "--max-target-positions", "256",
-            "--activation-fn", "gelu"]
+    argv = [
+        "--arch",
+        "bart_base",
+        *TINY,
+        "--max-source-positions",
+        "2048",
+        "--max-target-positions",
+        "256",
+        "--activation-fn",
+        "gelu",
+    ]
     path, model = toy_checkpoint(tmp_path / "run", argv, seed=3)
     hf_dir = str(tmp_path / "hf")
     export(path, hf_dir)
@@ -273,12 +348,15 @@ def _unknown_arch(state):
     state["cfg"]["model"].arch = state["cfg"]["model"]._name = "transformer_tiny"
 
 
-@pytest.mark.parametrize("edit,message", [
-    (_untie, "decoder.output_projection.weight differs"),
-    (_classification_head, "cannot hold: classification_heads.mnli.dense.weight"),
-    (_pre_ln, "--encoder/--decoder-normalize-before"),
-    (_unknown_arch, "arch 'transformer_tiny' has no HuggingFace format"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (_untie, "decoder.output_projection.weight differs"),
+        (_classification_head, "cannot hold: classification_heads.mnli.dense.weight"),
+        (_pre_ln, "--encoder/--decoder-normalize-before"),
+        (_unknown_arch, "arch 'transformer_tiny' has no HuggingFace format"),
+    ],
+)
 def test_refuses_what_hf_cannot_hold(round_trips, tmp_path, capsys, edit, message):
     src = edited_copy(round_trips["bart_plain"][1], tmp_path / "src", edit)
     code, err = run_cli([src, tmp_path / "hf"], capsys)
@@ -296,6 +374,7 @@ def test_locost_duplicate_rows(round_trips, tmp_path, capsys):
             emb[index] += 1
             for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
                 state["model"][k] = emb
+
         return edit
 
     # the task's <mask> (index 501) shares HF id 2 with <unk>: a trained <mask> row cannot be held
@@ -346,15 +425,72 @@ def trained_lsg(tmp_path_factory):
     for split, n in (("train", 6), ("valid", 2), ("test", 2)):
         with open(os.path.join(DOCUMENTS, "sumpubmed", f"{split}.jsonl")) as f:
             (work / "jsonl" / f"{split}.jsonl").write_text("".join(line for _, line in zip(range(n), f)))
-    run([sys.executable, f"{SCRIPTS}/jsonl_to_parallel.py", "--input-dir", work / "jsonl", "--output-dir", work / "raw"], work)
-    run(["bash", f"{SCRIPTS}/spm_binarize.sh", "--raw-dir", work / "raw", "--out-dir", work, "--vocab-size", "400",
-         "--", "--soft-vocab-limit"], work)
-    run(["fairseq-train", work / "bin", "--user-dir", os.path.join(os.path.dirname(SCRIPTS), "lsg_fairseq"),
-         "--task", "long_document_summarization", "--arch", "lsg_bart_tiny",
-         "--max-source-positions", "1024", "--max-target-positions", "128", "--truncate-target",
-         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "1e-3",
-         "--max-tokens", "4200", "--required-batch-size-multiple", "1", "--max-update", "2",
-         "--save-dir", work / "ckpt", "--no-epoch-checkpoints", "--cpu", "--num-workers", "0", "--seed", "1"], work)
+    run(
+        [
+            sys.executable,
+            f"{SCRIPTS}/jsonl_to_parallel.py",
+            "--input-dir",
+            work / "jsonl",
+            "--output-dir",
+            work / "raw",
+        ],
+        work,
+    )
+    run(
+        [
+            "bash",
+            f"{SCRIPTS}/spm_binarize.sh",
+            "--raw-dir",
+            work / "raw",
+            "--out-dir",
+            work,
+            "--vocab-size",
+            "400",
+            "--",
+            "--soft-vocab-limit",
+        ],
+        work,
+    )
+    run(
+        [
+            "fairseq-train",
+            work / "bin",
+            "--user-dir",
+            os.path.join(os.path.dirname(SCRIPTS), "lsg_fairseq"),
+            "--task",
+            "long_document_summarization",
+            "--arch",
+            "lsg_bart_tiny",
+            "--max-source-positions",
+            "1024",
+            "--max-target-positions",
+            "128",
+            "--truncate-target",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "4200",
+            "--required-batch-size-multiple",
+            "1",
+            "--max-update",
+            "2",
+            "--save-dir",
+            work / "ckpt",
+            "--no-epoch-checkpoints",
+            "--cpu",
+            "--num-workers",
+            "0",
+            "--seed",
+            "1",
+        ],
+        work,
+    )
     return work
 
 
@@ -370,19 +506,29 @@ def test_trained_lsg_bart_exports(trained_lsg, tmp_path):
     state = torch.load(ckpt, weights_only=False)
     assert state["last_optimizer_state"] and state["optimizer_history"][-1]["num_updates"] == 2
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-m", "lsg_fairseq.cli.export", str(ckpt), str(out)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lsg_fairseq.cli.export", str(ckpt), str(out)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "spm.model" in proc.stderr  # says why there is no vocab.json/merges.txt
     assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors", "spm.model"]
     cfg = read_json(out / "config.json")
     assert cfg["architectures"] == ["LSGBartForConditionalGeneration"] and cfg["max_position_embeddings"] == 1024
-    assert (cfg["block_size"], cfg["sparse_block_size"], cfg["sparsity_factor"], cfg["num_global_tokens"]) == (32, 32, 2, 1)
+    assert (cfg["block_size"], cfg["sparse_block_size"], cfg["sparsity_factor"], cfg["num_global_tokens"]) == (
+        32,
+        32,
+        2,
+        1,
+    )
     hf_sd = load_hf_state_dict(str(out))
     model, task = load_fairseq(str(ckpt))
     assert sum(v.numel() for k, v in hf_sd.items() if k != "final_logits_bias" and "embed_positions" not in k) == sum(
-        v.numel() for k, v in model.state_dict().items()
-        if "version" not in k and "embed_positions" not in k and k not in ("decoder.embed_tokens.weight", "decoder.output_projection.weight"))
+        v.numel()
+        for k, v in model.state_dict().items()
+        if "version" not in k
+        and "embed_positions" not in k
+        and k not in ("decoder.embed_tokens.weight", "decoder.output_projection.weight")
+    )
 
     # sentencepiece ids are the HF ids: they equal fairseq's indices for the same pieces
     sp = spm.SentencePieceProcessor(model_file=str(out / "spm.model"))
@@ -398,7 +544,9 @@ def test_trained_lsg_bart_exports(trained_lsg, tmp_path):
     src = torch.tensor([[d.bos()] + ids + [d.eos()]])
     prev = torch.tensor([[d.eos(), d.bos()] + ids[:6]])
     with torch.no_grad():
-        assert torch.equal(model(src, torch.tensor([src.size(1)]), prev)[0], back(src, torch.tensor([src.size(1)]), prev)[0])
+        assert torch.equal(
+            model(src, torch.tensor([src.size(1)]), prev)[0], back(src, torch.tensor([src.size(1)]), prev)[0]
+        )
 
 
 def test_locost_trained_here_exports(trained_lsg, tmp_path):
@@ -408,8 +556,13 @@ def test_locost_trained_here_exports(trained_lsg, tmp_path):
     path, model = toy_checkpoint(tmp_path / "run", ["--arch", "locost_tiny"], data=trained_lsg / "bin")
     hf = tmp_path / "hf"
     export(path, str(hf))
-    assert sorted(os.listdir(hf)) == ["added_tokens.json", "config.json", "generation_config.json",
-                                      "pytorch_model.bin", "spiece.model"]
+    assert sorted(os.listdir(hf)) == [
+        "added_tokens.json",
+        "config.json",
+        "generation_config.json",
+        "pytorch_model.bin",
+        "spiece.model",
+    ]
     n = len(model.encoder.embed_tokens.weight)
     cfg = read_json(hf / "config.json")
     assert (cfg["decoder_start_token_id"], cfg["pad_token_id"], cfg["eos_token_id"], cfg["vocab_size"]) == (0, 1, 2, n)

@@ -4,6 +4,7 @@ Each fix's own tests run the original function (kept by the patch) to show the u
 the installed one: weights-only loading and one-line errors here, atomic checkpoints, load errors
 and restore hooks in test_checkpoint_io.py, bf16 in test_bf16.py.
 """
+
 import argparse
 import ast
 import os
@@ -22,9 +23,14 @@ from lsg_fairseq import fairseq_fixes
 from lsg_text.errors import ConfigError
 from lsg_fairseq.fairseq_fixes._wrap import original
 
-PATCHED = [(checkpoint_utils, "torch_persistent_save"), (checkpoint_utils, "load_checkpoint_to_cpu"),
-           (checkpoint_utils, "load_checkpoint"), (PathManager, "copy"), (options, "parse_args_and_arch"),
-           (distributed_utils, "call_main")]
+PATCHED = [
+    (checkpoint_utils, "torch_persistent_save"),
+    (checkpoint_utils, "load_checkpoint_to_cpu"),
+    (checkpoint_utils, "load_checkpoint"),
+    (PathManager, "copy"),
+    (options, "parse_args_and_arch"),
+    (distributed_utils, "call_main"),
+]
 
 
 def test_install_is_idempotent_and_keeps_the_originals():
@@ -65,10 +71,18 @@ def test_nothing_outside_fairseq_fixes_patches_fairseq_or_torch():
             imported = _upstream_names(tree)
             for node in ast.walk(tree):
                 targets = node.targets if isinstance(node, ast.Assign) else []
-                hit = [t for t in targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
-                       and t.value.id in imported]
-                if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args
-                        and isinstance(node.args[0], ast.Name) and node.args[0].id in imported):
+                hit = [
+                    t
+                    for t in targets
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in imported
+                ]
+                if (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "id", None) == "setattr"
+                    and node.args
+                    and isinstance(node.args[0], ast.Name)
+                    and node.args[0].id in imported
+                ):
                     hit.append(node)
                 offenders += [f"{os.path.relpath(path, package)}:{h.lineno}" for h in hit]
     assert offenders == []
@@ -78,15 +92,20 @@ def test_weights_only_load_needs_the_allowlist(tmp_path):
     """fairseq#5603/#5610: torch >= 2.6 refuses what every legacy-arch fairseq checkpoint holds."""
     path = str(tmp_path / "legacy.pt")
     torch.save({"cfg": {"model": argparse.Namespace(arch="bart_base")}, "model": {}}, path)
-    stock = subprocess.run([sys.executable, "-c", "import sys, torch; torch.load(sys.argv[1])", path],
-                           capture_output=True, text=True, timeout=300)
+    stock = subprocess.run(
+        [sys.executable, "-c", "import sys, torch; torch.load(sys.argv[1])", path],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert stock.returncode != 0 and "argparse.Namespace" in stock.stderr  # torch alone, no plugin
     assert torch.load(path)["cfg"]["model"].arch == "bart_base"  # weights_only, with the allowlist
 
 
 def test_call_main_prints_our_refusals_as_one_line(tmp_path, capsys, monkeypatch):
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(
-        options.get_training_parser(), [str(tmp_path), "--arch", "transformer", "--cpu"]))
+    cfg = convert_namespace_to_omegaconf(
+        options.parse_args_and_arch(options.get_training_parser(), [str(tmp_path), "--arch", "transformer", "--cpu"])
+    )
 
     def main(cfg):
         raise ConfigError("--block-size must be >= 1, got 0")

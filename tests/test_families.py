@@ -7,6 +7,7 @@ into a copy of the package, and the copy converts an HF BART folder to the toy f
 ``lsg-fairseq-convert``, whose ``--to`` and flags come from the family), exports it, converts the
 export back (detected as the toy's own), and ``benchmarks/run.py --smoke`` runs its row.
 """
+
 import json
 import os
 import shutil
@@ -77,8 +78,11 @@ def toy_repo(tmp_path_factory):
                 assert not (root / rel).exists(), f"{rel} would replace a file: the recipe only adds files"
                 shutil.copyfile(os.path.join(folder, name), root / rel)
                 added.append(rel)
-    assert sorted(added) == ["lsg_fairseq/convert/local_bart.py", "lsg_fairseq/models/local_bart.py",
-                             "lsg_fairseq/modules/local_attention.py"]
+    assert sorted(added) == [
+        "lsg_fairseq/convert/local_bart.py",
+        "lsg_fairseq/models/local_bart.py",
+        "lsg_fairseq/modules/local_attention.py",
+    ]
     return root
 
 
@@ -107,21 +111,50 @@ def test_toy_family_converts_exports_and_converts_back(toy_repo, tmp_path):
 
 def test_toy_family_on_the_command_line(toy_repo, tmp_path):
     out = tmp_path / "cli"
-    proc = run(toy_repo, [sys.executable, "-m", "lsg_fairseq.cli.convert", BART_HF, str(out), "--to", "local_bart",
-                          "--local-window", "4"])
+    proc = run(
+        toy_repo,
+        [
+            sys.executable,
+            "-m",
+            "lsg_fairseq.cli.convert",
+            BART_HF,
+            str(out),
+            "--to",
+            "local_bart",
+            "--local-window",
+            "4",
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(out / "model.pt")
-    proc = run(toy_repo, [sys.executable, "-m", "lsg_fairseq.cli.convert", BART_HF, str(tmp_path / "bad"),
-                          "--local-window", "4"])  # a BART source without --to: BART's, which has no window
+    proc = run(
+        toy_repo,
+        [sys.executable, "-m", "lsg_fairseq.cli.convert", BART_HF, str(tmp_path / "bad"), "--local-window", "4"],
+    )  # a BART source without --to: BART's, which has no window
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == (
         "lsg-fairseq-convert: error: unknown option(s) for the bart family: local_window "
-        "(local-window BART options need --to local_bart)")
+        "(local-window BART options need --to local_bart)"
+    )
 
 
 def test_toy_family_benchmarks(toy_repo, tmp_path):
-    proc = run(toy_repo, [sys.executable, os.path.join(toy_repo, "benchmarks", "run.py"), "--smoke", "--arch",
-                          "local_bart", "--out", str(tmp_path), "--tag", "toy", "--no-plots"])
+    proc = run(
+        toy_repo,
+        [
+            sys.executable,
+            os.path.join(toy_repo, "benchmarks", "run.py"),
+            "--smoke",
+            "--arch",
+            "local_bart",
+            "--out",
+            str(tmp_path),
+            "--tag",
+            "toy",
+            "--no-plots",
+        ],
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads((tmp_path / "toy.json").read_text())["records"]
     assert {(r["arch"], r["mode"], r["status"]) for r in records} == {
-        ("local_bart", mode, "ok") for mode in ("enc", "train", "gen")}
+        ("local_bart", mode, "ok") for mode in ("enc", "train", "gen")
+    }

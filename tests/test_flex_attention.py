@@ -8,6 +8,7 @@
   (every sparsity type, padding, global tokens), then once each with the compiled kernel;
 - one block mask per encoder forward, shared by the layers; the path rule.
 """
+
 import types
 
 import pytest
@@ -92,11 +93,14 @@ def _lsg_pieces(stype, G, bs, sbs, sf, t, lengths, hide_first=False, h=2):
 
 
 @pytest.mark.parametrize("stype", TYPES)
-@pytest.mark.parametrize("G,bs,sbs,sf,t,lengths,hide_first", [
-    (2, 4, 4, 2, 32, (32, 21), True),
-    (1, 8, 4, 4, 48, (40, 48), False),
-    (3, 6, 3, 3, 42, (42, 25), False),  # odd step
-])
+@pytest.mark.parametrize(
+    "G,bs,sbs,sf,t,lengths,hide_first",
+    [
+        (2, 4, 4, 2, 32, (32, 21), True),
+        (1, 8, 4, 4, 48, (40, 48), False),
+        (3, 6, 3, 3, 42, (42, 25), False),  # odd step
+    ],
+)
 def test_lsg_mask_mod_equals_the_reference_mask(stype, G, bs, sbs, sf, t, lengths, hide_first):
     attn, key_ok, sparse_ok, valid, ns = _lsg_pieces(stype, G, bs, sbs, sf, t, lengths, hide_first)
     layout = flex.LSGLayout(t, G, bs, bs // sf, sbs, ns)
@@ -113,13 +117,16 @@ def test_lsg_mask_mod_equals_the_reference_mask(stype, G, bs, sbs, sf, t, length
 
 
 @pytest.mark.parametrize("stype", ["none", "norm", "stride"])
-@pytest.mark.parametrize("tile,bs,sbs,sf,t,lengths", [
-    (4, 4, 4, 2, 40, (40, 40)),  # tiles = blocks: local windows are whole tiles
-    (4, 8, 8, 2, 64, (64, 37)),
-    (8, 4, 4, 1, 40, (40, 23)),  # tiles of two blocks
-    (16, 4, 8, 4, 64, (64, 50)),
-    (128, 4, 4, 2, 32, (32, 21)),  # flex's tile: one tile
-])
+@pytest.mark.parametrize(
+    "tile,bs,sbs,sf,t,lengths",
+    [
+        (4, 4, 4, 2, 40, (40, 40)),  # tiles = blocks: local windows are whole tiles
+        (4, 8, 8, 2, 64, (64, 37)),
+        (8, 4, 4, 1, 40, (40, 23)),  # tiles of two blocks
+        (16, 4, 8, 4, 64, (64, 50)),
+        (128, 4, 4, 2, 32, (32, 21)),  # flex's tile: one tile
+    ],
+)
 def test_lsg_block_tables_keep_exactly_the_mask(stype, tile, bs, sbs, sf, t, lengths, monkeypatch):
     monkeypatch.setattr(flex, "BLOCK", tile)
     G = 2
@@ -246,17 +253,46 @@ def test_led_compiled_flex_matches_dense_reference():
 
 
 # ----------------------------------------------------------------------------- models: one block mask per forward
-@pytest.mark.parametrize("arch,extra,builder", [
-    ("lsg_bart_tiny", ["--block-size", "8", "--sparse-block-size", "8", "--sparsity-factor", "2",
-                       "--sparsity-type", "norm", "--num-global-tokens", "2"], "lsg_block_mask"),
-    ("led_tiny", ["--attention-window", "8", "--global-token-ids", "7"], "led_block_mask"),
-])
+@pytest.mark.parametrize(
+    "arch,extra,builder",
+    [
+        (
+            "lsg_bart_tiny",
+            [
+                "--block-size",
+                "8",
+                "--sparse-block-size",
+                "8",
+                "--sparsity-factor",
+                "2",
+                "--sparsity-type",
+                "norm",
+                "--num-global-tokens",
+                "2",
+            ],
+            "lsg_block_mask",
+        ),
+        ("led_tiny", ["--attention-window", "8", "--global-token-ids", "7"], "led_block_mask"),
+    ],
+)
 def test_models_build_one_block_mask_per_forward(arch, extra, builder, tmp_path, dense_kernel, monkeypatch):
     """Two encoder layers, one block mask per encoder forward; the same encoder output as the
     CPU path (head dim 16: the tiny archs' 64 / 4)."""
     data = write_toy_dict(tmp_path)
-    _, model = build_task_and_model([data, "--task", "long_document_summarization", "--arch", arch,
-                                     "--max-source-positions", "64", "--dropout", "0"] + extra)
+    _, model = build_task_and_model(
+        [
+            data,
+            "--task",
+            "long_document_summarization",
+            "--arch",
+            arch,
+            "--max-source-positions",
+            "64",
+            "--dropout",
+            "0",
+        ]
+        + extra
+    )
     built = []
     original = getattr(flex, builder)
     monkeypatch.setattr(flex, builder, lambda *a: built.append(1) or original(*a))

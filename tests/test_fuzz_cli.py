@@ -6,6 +6,7 @@ The property, for every draw: the command exits 0 with valid output, or exits 2 
 other than SystemExit fails the test), never partial output. Commands run in-process (a fresh
 interpreter per draw would cost the fairseq import each time); ~1 minute in all.
 """
+
 import json
 import os
 import random
@@ -53,7 +54,7 @@ def random_bytes(rng, n=None):
     if kind == 0:
         return bytes(rng.randrange(256) for _ in range(n))
     if kind == 1:  # printable-ish text, sometimes valid UTF-8
-        return "".join(rng.choice("ab c\n{}\":,[]0é\t") for _ in range(n)).encode("utf-8")
+        return "".join(rng.choice('ab c\n{}":,[]0é\t') for _ in range(n)).encode("utf-8")
     return b"<!DOCTYPE html><html>" + bytes(rng.randrange(256) for _ in range(n // 4))
 
 
@@ -67,9 +68,17 @@ def damaged_copies(rng, folder):
 
 
 # ----------------------------------------------------------------------------- lsg-fairseq-convert
-CONVERT_FLAGS = ["--max-source-positions", "--max-target-positions", "--num-global-tokens", "--block-size",
-                 "--sparse-block-size", "--sparsity-factor", "--global-positional-stride", "--seed",
-                 "--lsh-num-pre-rounds"]
+CONVERT_FLAGS = [
+    "--max-source-positions",
+    "--max-target-positions",
+    "--num-global-tokens",
+    "--block-size",
+    "--sparse-block-size",
+    "--sparsity-factor",
+    "--global-positional-stride",
+    "--seed",
+    "--lsh-num-pre-rounds",
+]
 
 
 def check_convert(argv, out, capsys, culprits):
@@ -112,8 +121,15 @@ def test_fuzz_convert_flags(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- lsg-fairseq-summarize
-SUMMARIZE_FLAGS = ["--beam", "--lenpen", "--max-len-b", "--min-len", "--no-repeat-ngram-size",
-                   "--max-source-positions", "--batch-size"]
+SUMMARIZE_FLAGS = [
+    "--beam",
+    "--lenpen",
+    "--max-len-b",
+    "--min-len",
+    "--no-repeat-ngram-size",
+    "--max-source-positions",
+    "--batch-size",
+]
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +180,13 @@ def test_fuzz_summarize_random_documents(model_dir, tmp_path, capsys):
         errors = rng.choice([[], ["--errors", "replace"]])
         text = doc.read_bytes().decode("utf-8", "replace")
         n_docs = 1 if len(mode) == 1 else len(text.split("\n")) - (1 if text.endswith("\n") else 0)
-        check_summarize([model_dir, *mode, *errors, "--beam", "1", "--max-len-b", "3"], str(tmp_path / "out.txt"),
-                        n_docs, capsys, [str(doc)])
+        check_summarize(
+            [model_dir, *mode, *errors, "--beam", "1", "--max-len-b", "3"],
+            str(tmp_path / "out.txt"),
+            n_docs,
+            capsys,
+            [str(doc)],
+        )
 
 
 def test_fuzz_summarize_damaged_model_files(model_dir, tmp_path, capsys):
@@ -176,22 +197,49 @@ def test_fuzz_summarize_damaged_model_files(model_dir, tmp_path, capsys):
         damaged = copy_folder(model_dir, tmp_path / f"m{i}")
         with open(os.path.join(damaged, name), "wb") as f:
             f.write(data)
-        check_summarize([damaged, str(doc), "--beam", "1", "--max-len-b", "3"], str(tmp_path / "out.txt"), 1,
-                        capsys, [os.path.join(damaged, name), damaged])
+        check_summarize(
+            [damaged, str(doc), "--beam", "1", "--max-len-b", "3"],
+            str(tmp_path / "out.txt"),
+            1,
+            capsys,
+            [os.path.join(damaged, name), damaged],
+        )
         shutil.rmtree(damaged)
 
 
 # ----------------------------------------------------------------------------- fairseq-train model/task flags
 TRAIN_FLAGS = {
-    "lsg_bart_tiny": ["--block-size", "--sparse-block-size", "--sparsity-factor", "--num-global-tokens",
-                      "--lsh-num-pre-rounds"],
+    "lsg_bart_tiny": [
+        "--block-size",
+        "--sparse-block-size",
+        "--sparsity-factor",
+        "--num-global-tokens",
+        "--lsh-num-pre-rounds",
+    ],
     "led_tiny": ["--attention-window", "--global-token-ids"],
-    "locost_tiny": ["--d-state", "--d-model", "--dropout", "--ssm-dt-min", "--ssm-dt-max", "--layer-norm-eps",
-                    "--relative-attention-num-buckets", "--ssm-kernel-tail-tol"],
+    "locost_tiny": [
+        "--d-state",
+        "--d-model",
+        "--dropout",
+        "--ssm-dt-min",
+        "--ssm-dt-max",
+        "--layer-norm-eps",
+        "--relative-attention-num-buckets",
+        "--ssm-kernel-tail-tol",
+    ],
 }
 WINDOWS = ["16", "33", "0", "-2", "16,16", "16,16,16", "a,b", "[8, 8]", ""]
-ROUGE_ARGS = ['{"beam": 2}', '{"beam": 0}', '{"beam_size": 2}', "{", "null", '{"lenpen": "x"}',
-              '{"max_len_b": 3, "min_len": 5}', '{"sampling": true, "sampling_topk": 3}', "[]"]
+ROUGE_ARGS = [
+    '{"beam": 2}',
+    '{"beam": 0}',
+    '{"beam_size": 2}',
+    "{",
+    "null",
+    '{"lenpen": "x"}',
+    '{"max_len_b": 3, "min_len": 5}',
+    '{"sampling": true, "sampling_topk": 3}',
+    "[]",
+]
 
 
 def test_fuzz_train_flags(word_data, capsys):
@@ -230,7 +278,10 @@ def random_jsonl_line(rng):
     if kind == 1:
         return random_bytes(rng, rng.randrange(1, 40)) + b"\n"
     if kind == 2:
-        return json.dumps({"document": rng.choice([None, 3, [], {}, "", " ", "a\u0000b"]), "summary": "s"}).encode() + b"\n"
+        return (
+            json.dumps({"document": rng.choice([None, 3, [], {}, "", " ", "a\u0000b"]), "summary": "s"}).encode()
+            + b"\n"
+        )
     if kind == 3:
         return b"\xef\xbb\xbf" + json.dumps(good).encode() + b"\n"
     if kind == 4:
@@ -302,8 +353,22 @@ def test_fuzz_generate_damaged_checkpoint_and_flags(word_data, tiny_checkpoint, 
         else:  # our task's flags with random values
             for flag in rng.sample(["--max-source-positions", "--max-target-positions"], rng.randrange(1, 3)):
                 flags += [flag, rng.choice(["-1", "0", "1", "64", "128", "100000"])]
-        argv = [str(word_data), "--path", path, "--gen-subset", "valid", "--beam", "1", "--max-len-b", "3",
-                "--truncate-target", "--batch-size", "2", "--cpu", *flags]
+        argv = [
+            str(word_data),
+            "--path",
+            path,
+            "--gen-subset",
+            "valid",
+            "--beam",
+            "1",
+            "--max-len-b",
+            "3",
+            "--truncate-target",
+            "--batch-size",
+            "2",
+            "--cpu",
+            *flags,
+        ]
         code, out, err = outcome(fairseq_wrappers.generate, argv, capsys)
         # a limit above the checkpoint's tables is refused naming the flag to lower (even when not typed)
         culprits = [path, "--max-source-positions", "--max-target-positions"]
@@ -327,8 +392,17 @@ def test_fuzz_spm_and_gpt2_encode_random_text(model_dir, two_spm_models, tmp_pat
             argv = ["--model", str(two_spm_models["a"] / "spm.model"), "--inputs", str(src), "--outputs", str(dst)]
         else:
             prog, fn = "gpt2_encode.py", gpt2_encode.main
-            argv = ["--encoder-json", os.path.join(model_dir, "encoder.json"), "--vocab-bpe",
-                    os.path.join(model_dir, "vocab.bpe"), "--keep-empty", "--inputs", str(src), "--outputs", str(dst)]
+            argv = [
+                "--encoder-json",
+                os.path.join(model_dir, "encoder.json"),
+                "--vocab-bpe",
+                os.path.join(model_dir, "vocab.bpe"),
+                "--keep-empty",
+                "--inputs",
+                str(src),
+                "--outputs",
+                str(dst),
+            ]
         if rng.random() < 0.25:  # an output that is the input
             argv[-1] = str(src)
         before = src.read_bytes()
@@ -337,7 +411,9 @@ def test_fuzz_spm_and_gpt2_encode_random_text(model_dir, two_spm_models, tmp_pat
         assert src.read_bytes() == before  # an input is never written
         if line is None:
             text = before.decode("utf-8")
-            assert dst.read_text(encoding="utf-8").count("\n") == len(text.split("\n")) - (text.endswith("\n") or text == "")
+            assert dst.read_text(encoding="utf-8").count("\n") == len(text.split("\n")) - (
+                text.endswith("\n") or text == ""
+            )
         else:
             assert not dst.exists()
 

@@ -1,5 +1,6 @@
 """The task's generator: the CPU n-gram blocker (fairseq#5206) against a brute-force reference, and
 the beam state it owns (fairseq#3893), restored after every call, an interrupted one included."""
+
 import math
 from argparse import Namespace
 
@@ -19,7 +20,7 @@ def brute_force_banned(tokens, step, n):
         hist = row[: step + 1]
         out = set()
         if len(hist) >= n:
-            prefix = hist[len(hist) - (n - 1):] if n > 1 else []
+            prefix = hist[len(hist) - (n - 1) :] if n > 1 else []
             for i in range(len(hist) - n + 1):
                 if hist[i : i + n - 1] == prefix:
                     out.add(hist[i + n - 1])
@@ -54,12 +55,48 @@ def test_stock_cpu_blocker_misses_repeats():
 
 # ---------------------------------------------------------------------------- the task's generator
 TINY_ARCHS = {
-    "bart": ["--arch", "bart_base", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
-             "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
-             "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--max-source-positions", "64",
-             "--max-target-positions", "32"],
-    "locost": ["--arch", "locost_tiny", "--d-model", "16", "--d-state", "8", "--d-ff", "32", "--d-kv", "8",
-               "--encoder-layers", "1", "--decoder-layers", "1", "--max-target-positions", "32"],
+    "bart": [
+        "--arch",
+        "bart_base",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--encoder-embed-dim",
+        "16",
+        "--decoder-embed-dim",
+        "16",
+        "--encoder-ffn-embed-dim",
+        "32",
+        "--decoder-ffn-embed-dim",
+        "32",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
+        "--max-source-positions",
+        "64",
+        "--max-target-positions",
+        "32",
+    ],
+    "locost": [
+        "--arch",
+        "locost_tiny",
+        "--d-model",
+        "16",
+        "--d-state",
+        "8",
+        "--d-ff",
+        "32",
+        "--d-kv",
+        "8",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--max-target-positions",
+        "32",
+    ],
 }
 
 
@@ -75,8 +112,12 @@ def build(toy_dir, family):
 
 def beam_state(model):
     """Every instance attribute that set_beam_size may set, by module name."""
-    return {(name, attr): module.__dict__[attr] for name, module in model.named_modules()
-            for attr in ("beam_size", "reorder_encoder_out") if attr in module.__dict__}
+    return {
+        (name, attr): module.__dict__[attr]
+        for name, module in model.named_modules()
+        for attr in ("beam_size", "reorder_encoder_out")
+        if attr in module.__dict__
+    }
 
 
 def sample(n=3):

@@ -1,5 +1,6 @@
 """benchmarks/gpu_check.sh, the one command that measures a GPU, run end to end on CPU at tiny sizes
 (DEV=cpu) so that it cannot rot while no GPU is at hand; and its report when the time runs out."""
+
 import json
 import os
 import subprocess
@@ -10,14 +11,27 @@ import torch
 
 from conftest import BIN, REPO_ROOT
 
-STAGES = ["conformance", "flex_grad", "enc", "train_smoke", "train16k", "train64k_ckpt", "fused16k", "whole16k", "extra4k",
-          "peers16k", "gen16k", "locost600k"]
+STAGES = [
+    "conformance",
+    "flex_grad",
+    "enc",
+    "train_smoke",
+    "train16k",
+    "train64k_ckpt",
+    "fused16k",
+    "whole16k",
+    "extra4k",
+    "peers16k",
+    "gen16k",
+    "locost600k",
+]
 
 
 def gpu_check(results, **env):
     full = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", RESULTS=str(results), COMMIT="abc1234", **env)
-    return subprocess.run(["bash", "benchmarks/gpu_check.sh"], cwd=REPO_ROOT, env=full, capture_output=True,
-                          text=True, timeout=900)
+    return subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"], cwd=REPO_ROOT, env=full, capture_output=True, text=True, timeout=900
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +50,14 @@ def test_every_stage_runs_and_is_reported(smoke):
     env = result["env"]
     assert env["device"] == "cpu" and env["commit"] == "abc1234" and len(env["load_average_start"]) == 3
     assert env["torch"] and env["card"].startswith("CPU: ")
-    for heading in ("## 1. Conformance", "## 2. Encoder forward", "## 3. fairseq-train smokes",
-                    "## 4a. Forward + backward", "## 4b. Forward + backward with --checkpoint-activations",
-                    "## 5f. LOCOST"):
+    for heading in (
+        "## 1. Conformance",
+        "## 2. Encoder forward",
+        "## 3. fairseq-train smokes",
+        "## 4a. Forward + backward",
+        "## 4b. Forward + backward with --checkpoint-activations",
+        "## 5f. LOCOST",
+    ):
         assert heading in md
     assert "not measured" not in md
 
@@ -61,9 +80,12 @@ def test_flex_stage_compares_with_the_whole_tensor_path(smoke):
 
 def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     benchmarks = smoke[0]["benchmarks"]
-    expected = {"enc": {"linear", "bart", "lsg_norm", "led", "locost"},
-                "train64k_ckpt": {"linear", "lsg_norm", "led", "locost"}, "peers16k": {"hf_bart", "hf_led"},
-                "whole16k": {"lsg_norm", "led"}}
+    expected = {
+        "enc": {"linear", "bart", "lsg_norm", "led", "locost"},
+        "train64k_ckpt": {"linear", "lsg_norm", "led", "locost"},
+        "peers16k": {"hf_bart", "hf_led"},
+        "whole16k": {"lsg_norm", "led"},
+    }
     for tag, archs in expected.items():
         records = benchmarks[tag]["records"]
         assert {r["arch"] for r in records} == archs and all(r["status"] == "ok" for r in records)
@@ -92,18 +114,20 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     result = json.loads((tmp_path / "cuda.json").read_text())
     assert [s["stage"] for s in result["stages"]] == STAGES
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
-    assert (tmp_path / "cuda.md").read_text().count("not measured") == 1 + 1 + 1 + 9  # conformance, flex, smokes, benchmarks
+    assert (tmp_path / "cuda.md").read_text().count(
+        "not measured"
+    ) == 1 + 1 + 1 + 9  # conformance, flex, smokes, benchmarks
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: DEV=cuda would run the whole check")
 def test_cuda_without_a_gpu_is_one_line(tmp_path):
     proc = gpu_check(tmp_path, DEV="cuda")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == ("gpu_check.sh: error: DEV=cuda: torch sees no CUDA GPU here "
-                                                    "(DEV=cpu runs the tiny check)")
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "gpu_check.sh: error: DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)"
+    )
 
 
 def test_report_needs_no_torch():
-    code = ("import sys; sys.path.insert(0, 'benchmarks'); import gpu_check_report; "
-            "assert 'torch' not in sys.modules")
+    code = "import sys; sys.path.insert(0, 'benchmarks'); import gpu_check_report; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)

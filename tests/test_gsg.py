@@ -1,4 +1,5 @@
 """Gap-sentence selection and masking (lsg_text/gsg.py) against slow references."""
+
 import itertools
 import random
 
@@ -97,10 +98,20 @@ def test_ties_prefer_earlier_sentences():
     assert gsg.select_gap_sentences(word_ids(sentences), 0.4) == [0, 1]
 
 
-@pytest.mark.parametrize("n,ratio,expected", [
-    (1, 0.2, 1), (4, 0.2, 1), (5, 0.2, 1), (10, 0.2, 2), (10, 0.3, 3), (7, 0.5, 3),
-    (3, 1.0, 3), (3, 0.0, 1), (0, 0.2, 0),
-])
+@pytest.mark.parametrize(
+    "n,ratio,expected",
+    [
+        (1, 0.2, 1),
+        (4, 0.2, 1),
+        (5, 0.2, 1),
+        (10, 0.2, 2),
+        (10, 0.3, 3),
+        (7, 0.5, 3),
+        (3, 1.0, 3),
+        (3, 0.0, 1),
+        (0, 0.2, 0),
+    ],
+)
 def test_ratio_and_minimum(n, ratio, expected):
     assert gsg.num_gap_sentences(n, ratio) == expected
     sentences = [[i, 100 + i] for i in range(n)]
@@ -113,8 +124,7 @@ def test_ratio_and_minimum(n, ratio, expected):
 def test_lead_and_random_selection():
     sentences = [[i] for i in range(20)]
     assert gsg.select_gap_sentences(sentences, 0.2, "lead") == [0, 1, 2, 3]
-    draws = {tuple(gsg.select_gap_sentences(sentences, 0.2, "random", rng=np.random.default_rng(s)))
-             for s in range(10)}
+    draws = {tuple(gsg.select_gap_sentences(sentences, 0.2, "random", rng=np.random.default_rng(s))) for s in range(10)}
     assert len(draws) > 1  # actually random
     with pytest.raises(ValueError, match="needs an rng"):
         gsg.select_gap_sentences(sentences, 0.2, "random")
@@ -126,8 +136,9 @@ def test_score_noise_changes_selection_but_zero_noise_does_not():
     ids = word_ids(sentences)
     clean = gsg.select_gap_sentences(ids, 0.2)
     assert gsg.select_gap_sentences(ids, 0.2, score_noise=0.0, rng=np.random.default_rng(1)) == clean
-    noisy = {tuple(gsg.select_gap_sentences(ids, 0.2, score_noise=0.5, rng=np.random.default_rng(s)))
-             for s in range(10)}
+    noisy = {
+        tuple(gsg.select_gap_sentences(ids, 0.2, score_noise=0.5, rng=np.random.default_rng(s))) for s in range(10)
+    }
     assert any(sel != tuple(clean) for sel in noisy)
     with pytest.raises(ValueError, match="ind_orig selection only"):
         gsg.select_gap_sentences(ids, 0.2, "seq", score_noise=0.1, rng=np.random.default_rng(0))
@@ -141,13 +152,12 @@ def _doc(n):
     return words, tokens
 
 
-@pytest.mark.parametrize("probs,action", [
-    ((1, 0, 0, 0), MASK), ((0, 1, 0, 0), REMOVE), ((0, 0, 1, 0), KEEP), ((0, 0, 0, 1), RANDOM),
-])
+@pytest.mark.parametrize(
+    "probs,action", [((1, 0, 0, 0), MASK), ((0, 1, 0, 0), REMOVE), ((0, 0, 1, 0), KEEP), ((0, 0, 0, 1), RANDOM)]
+)
 def test_mask_options(probs, action):
     words, tokens = _doc(10)
-    ex = gsg.gsg_example(words, tokens, ratio=0.2, mask_token=7, mask_probs=probs,
-                         rng=np.random.default_rng(0))
+    ex = gsg.gsg_example(words, tokens, ratio=0.2, mask_token=7, mask_probs=probs, rng=np.random.default_rng(0))
     assert ex["selected"] == [1, 3] and ex["actions"] == [action, action]
     assert ex["target"] == [11, 12, 31, 32]  # document order
     unselected = [t for i in range(10) if i not in (1, 3) for t in tokens[i]]
@@ -181,16 +191,23 @@ def test_bad_mask_probs_rejected(bad):
 
 
 def test_random_replacement_in_one_sentence_document_falls_back_to_mask():
-    ex = gsg.gsg_example([[1]], [[5, 6]], ratio=0.2, mask_token=7, mask_probs=(0, 0, 0, 1),
-                         rng=np.random.default_rng(0))
+    ex = gsg.gsg_example(
+        [[1]], [[5, 6]], ratio=0.2, mask_token=7, mask_probs=(0, 0, 0, 1), rng=np.random.default_rng(0)
+    )
     assert ex["source"] == [7] and ex["target"] == [5, 6]
 
 
 def test_stochastic_ratio_range():
     words = [[i] for i in range(100)]
     tokens = [[i] for i in range(100)]
-    counts = [len(gsg.gsg_example(words, tokens, ratio=0.15, ratio_max=0.45, mask_token=0,
-                                  rng=np.random.default_rng(s))["selected"]) for s in range(50)]
+    counts = [
+        len(
+            gsg.gsg_example(words, tokens, ratio=0.15, ratio_max=0.45, mask_token=0, rng=np.random.default_rng(s))[
+                "selected"
+            ]
+        )
+        for s in range(50)
+    ]
     assert min(counts) >= 15 and max(counts) <= 45 and len(set(counts)) > 5
 
 
@@ -199,8 +216,7 @@ def test_determinism_per_seed():
     sentences = random_document(rng, 50)
     ids = word_ids(sentences)
     tokens = [[hash(s) % 1000, i] for i, s in enumerate(sentences)]
-    kwargs = dict(ratio=0.2, ratio_max=0.4, score_noise=0.3, mask_token=1,
-                  mask_probs=(0.4, 0.3, 0.2, 0.1))
+    kwargs = dict(ratio=0.2, ratio_max=0.4, score_noise=0.3, mask_token=1, mask_probs=(0.4, 0.3, 0.2, 0.1))
     a = gsg.gsg_example(ids, tokens, rng=np.random.default_rng([5, 1]), **kwargs)
     b = gsg.gsg_example(ids, tokens, rng=np.random.default_rng([5, 1]), **kwargs)
     c = gsg.gsg_example(ids, tokens, rng=np.random.default_rng([5, 2]), **kwargs)

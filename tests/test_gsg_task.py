@@ -1,5 +1,6 @@
 """The GSG data path end to end: raw text -> scripts/gsg_preprocess.py -> on-the-fly dataset ->
 ``fairseq-train --task gap_sentence_generation`` (then fine-tuning with the summarization task)."""
+
 import contextlib
 import importlib.util
 import io
@@ -23,9 +24,26 @@ from conftest import DOCUMENTS, FIXTURES, REPO_ROOT
 
 GUTENBERG = os.path.join(DOCUMENTS, "gutenberg")
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "gsg_preprocess.py")
-TINY_BART = ["--arch", "bart_base", "--encoder-layers", "1", "--decoder-layers", "1",
-             "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-             "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]
+TINY_BART = [
+    "--arch",
+    "bart_base",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "16",
+    "--decoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+]
 
 
 def _load_script():
@@ -64,10 +82,22 @@ def fairseq_train(argv):
 def corpus_dir(tmp_path_factory):
     """Blake's poems (train) and the start of Macbeth (valid), ~300-word pseudo-documents."""
     out = tmp_path_factory.mktemp("gsg")
-    status, err = run_script("--format", "file", "--chunk-words", "300", "--max-documents", "12",
-                             "--input", f"train={GUTENBERG}/blake-poems.txt",
-                             "--input", f"valid={GUTENBERG}/shakespeare-macbeth.txt",
-                             "--output-dir", str(out), "--nwords", "1500")
+    status, err = run_script(
+        "--format",
+        "file",
+        "--chunk-words",
+        "300",
+        "--max-documents",
+        "12",
+        "--input",
+        f"train={GUTENBERG}/blake-poems.txt",
+        "--input",
+        f"valid={GUTENBERG}/shakespeare-macbeth.txt",
+        "--output-dir",
+        str(out),
+        "--nwords",
+        "1500",
+    )
     assert status == 0, err
     return out
 
@@ -75,8 +105,16 @@ def corpus_dir(tmp_path_factory):
 def load(corpus_dir, split="train", **overrides):
     d = Dictionary.load(str(corpus_dir / "dict.txt"))
     mask = d.add_symbol("<mask>")
-    options = dict(ratio=0.2, ratio_max=None, strategy="ind_orig", score_noise=0.0,
-                   mask_probs=(1, 0, 0, 0), seed=1, max_source_positions=1024, max_target_positions=512)
+    options = dict(
+        ratio=0.2,
+        ratio_max=None,
+        strategy="ind_orig",
+        score_noise=0.0,
+        mask_probs=(1, 0, 0, 0),
+        seed=1,
+        max_source_positions=1024,
+        max_target_positions=512,
+    )
     options.update(overrides)
     ds = GapSentenceDataset(GSGCorpus(corpus_prefix(str(corpus_dir), split)), d, mask_token=mask, **options)
     return ds, d, mask
@@ -89,16 +127,26 @@ def test_document_formats(tmp_path):
     (tmp_path / "lines.txt").write_text("One doc. Two sentences.\n\nSecond doc here.\n")
     (tmp_path / "blank.txt").write_text("First doc, line\nwrapped. Next one.\n\n\nDoc two.\n")
     (tmp_path / "d.jsonl").write_text(json.dumps({"document": "Para one. Yes.\nPara two", "summary": "x"}) + "\n")
-    assert list(read_documents(str(tmp_path / "lines.txt"), "lines")) == [["One doc. Two sentences."], ["Second doc here."]]
-    assert list(read_documents(str(tmp_path / "blank.txt"), "blank")) == [["First doc, line wrapped. Next one."], ["Doc two."]]
-    assert list(read_documents(str(tmp_path / "blank.txt"), "file")) == [["First doc, line wrapped. Next one.", "Doc two."]]
+    assert list(read_documents(str(tmp_path / "lines.txt"), "lines")) == [
+        ["One doc. Two sentences."],
+        ["Second doc here."],
+    ]
+    assert list(read_documents(str(tmp_path / "blank.txt"), "blank")) == [
+        ["First doc, line wrapped. Next one."],
+        ["Doc two."],
+    ]
+    assert list(read_documents(str(tmp_path / "blank.txt"), "file")) == [
+        ["First doc, line wrapped. Next one.", "Doc two."]
+    ]
     assert list(read_documents(str(tmp_path / "d.jsonl"), "jsonl")) == [["Para one. Yes.", "Para two"]]
     assert document_sentences(["Para one. Yes.", "Para two"], 200) == ["Para one.", "Yes.", "Para two"]
     assert document_sentences(["a b c d e"], 2) == ["a b", "c d", "e"]
     lower = ["the gene is expressed. in particular, it binds dna."]
     assert len(document_sentences(lower, 200)) == 1  # the regex splitter wants a capital
     assert document_sentences(lower, 200, get_sentence_splitter("pysbd")) == [
-        "the gene is expressed.", "in particular, it binds dna."]
+        "the gene is expressed.",
+        "in particular, it binds dna.",
+    ]
 
 
 def test_chunking_respects_word_budget():
@@ -113,17 +161,31 @@ def test_script_jsonl_and_errors(tmp_path):
     src = os.path.join(DOCUMENTS, "sumpubmed", "valid.jsonl")
     sentences = {}
     for splitter in ("regex", "pysbd"):
-        status, err = run_script("--format", "jsonl", "--input", f"train={src}", "--max-documents", "3",
-                                 "--sentence-splitter", splitter, "--output-dir", str(tmp_path / splitter))
+        status, err = run_script(
+            "--format",
+            "jsonl",
+            "--input",
+            f"train={src}",
+            "--max-documents",
+            "3",
+            "--sentence-splitter",
+            splitter,
+            "--output-dir",
+            str(tmp_path / splitter),
+        )
         assert status == 0, err
         corpus = GSGCorpus(corpus_prefix(str(tmp_path / splitter), "train"))
         assert len(corpus) == 3 and (corpus.doc_tokens > 500).all()
         sentences[splitter] = int(corpus.doc_offsets[-1])
     # SumPubMed is lower-cased: pysbd finds ~2.7x more sentences (713 vs 262) than the regex splitter
     assert sentences["pysbd"] > 2 * sentences["regex"]
-    status, err = run_script("--format", "jsonl", "--input", f"train={tmp_path}/missing.jsonl", "--output-dir", str(tmp_path))
+    status, err = run_script(
+        "--format", "jsonl", "--input", f"train={tmp_path}/missing.jsonl", "--output-dir", str(tmp_path)
+    )
     assert status == 2 and "file not found" in err
-    status, err = run_script("--format", "lines", "--input", f"train={src}", "--min-sentences", "0", "--output-dir", str(tmp_path))
+    status, err = run_script(
+        "--format", "lines", "--input", f"train={src}", "--min-sentences", "0", "--output-dir", str(tmp_path)
+    )
     assert status == 2 and "argument --min-sentences: must be an integer >= 1, got '0'" in err
 
 
@@ -150,10 +212,24 @@ def test_script_gpt2_tokenizer(tmp_path):
     # The converter's identity dict.txt: GPT-2 id i is dictionary index i (fairseq_notes §3).
     dict_txt = tmp_path / "dict.txt"
     dict_txt.write_text("".join(f"{i} 1\n" for i in range(4, 499)))
-    status, err = run_script("--format", "file", "--chunk-words", "300", "--max-documents", "2",
-                             "--input", f"train={GUTENBERG}/blake-poems.txt", "--output-dir", str(tmp_path / "out"),
-                             "--gpt2-encoder-json", f"{hf}/vocab.json", "--gpt2-vocab-bpe", f"{hf}/merges.txt",
-                             "--dict", str(dict_txt))
+    status, err = run_script(
+        "--format",
+        "file",
+        "--chunk-words",
+        "300",
+        "--max-documents",
+        "2",
+        "--input",
+        f"train={GUTENBERG}/blake-poems.txt",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--gpt2-encoder-json",
+        f"{hf}/vocab.json",
+        "--gpt2-vocab-bpe",
+        f"{hf}/merges.txt",
+        "--dict",
+        str(dict_txt),
+    )
     assert status == 0, err
     corpus, sentences = _first_documents(tmp_path / "out")
     bpe = get_encoder(f"{hf}/vocab.json", f"{hf}/merges.txt")
@@ -161,9 +237,18 @@ def test_script_gpt2_tokenizer(tmp_path):
     assert len(tokens) == len(sentences)
     for toks, sentence in zip(tokens, sentences):
         assert bpe.decode(toks.tolist()) == " " + sentence  # leading space: sentences join cleanly
-    status, err = run_script("--format", "file", "--input", f"train={GUTENBERG}/blake-poems.txt",
-                             "--output-dir", str(tmp_path / "out2"), "--gpt2-encoder-json", f"{hf}/vocab.json",
-                             "--gpt2-vocab-bpe", f"{hf}/merges.txt")
+    status, err = run_script(
+        "--format",
+        "file",
+        "--input",
+        f"train={GUTENBERG}/blake-poems.txt",
+        "--output-dir",
+        str(tmp_path / "out2"),
+        "--gpt2-encoder-json",
+        f"{hf}/vocab.json",
+        "--gpt2-vocab-bpe",
+        f"{hf}/merges.txt",
+    )
     assert status == 2 and "--dict is required" in err
 
 
@@ -172,12 +257,31 @@ def test_script_sentencepiece_tokenizer(tmp_path):
     import sentencepiece as spm
 
     status = _load_lead_script("spm_train.py").main(
-        ["--inputs", os.path.join(GUTENBERG, "blake-poems.txt"), "--model-prefix", str(tmp_path / "spm" / "spm"),
-         "--vocab-size", "300", "--soft-vocab-limit"])
+        [
+            "--inputs",
+            os.path.join(GUTENBERG, "blake-poems.txt"),
+            "--model-prefix",
+            str(tmp_path / "spm" / "spm"),
+            "--vocab-size",
+            "300",
+            "--soft-vocab-limit",
+        ]
+    )
     assert status == 0
-    status, err = run_script("--format", "file", "--chunk-words", "300", "--max-documents", "2",
-                             "--input", f"train={GUTENBERG}/blake-poems.txt", "--output-dir", str(tmp_path / "out"),
-                             "--spm-model", str(tmp_path / "spm" / "spm.model"))
+    status, err = run_script(
+        "--format",
+        "file",
+        "--chunk-words",
+        "300",
+        "--max-documents",
+        "2",
+        "--input",
+        f"train={GUTENBERG}/blake-poems.txt",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--spm-model",
+        str(tmp_path / "spm" / "spm.model"),
+    )
     assert status == 0, err
     assert (tmp_path / "out" / "dict.txt").read_text() == (tmp_path / "spm" / "dict.txt").read_text()
     corpus, sentences = _first_documents(tmp_path / "out")
@@ -258,8 +362,10 @@ def test_dataloader_workers_give_the_same_batches(corpus_dir):
     ds.set_epoch(3)
     loader = torch.utils.data.DataLoader(ds, batch_size=4, collate_fn=ds.collater, num_workers=2)
     in_workers = [b["net_input"]["src_tokens"] for b in loader]
-    here = [ds.collater([ds[i] for i in range(j, min(j + 4, len(ds)))])["net_input"]["src_tokens"]
-            for j in range(0, len(ds), 4)]
+    here = [
+        ds.collater([ds[i] for i in range(j, min(j + 4, len(ds)))])["net_input"]["src_tokens"]
+        for j in range(0, len(ds), 4)
+    ]
     assert len(in_workers) == len(here) == 3
     assert all(torch.equal(a, b) for a, b in zip(in_workers, here))
 
@@ -276,12 +382,15 @@ def test_truncation_keeps_eos_and_is_counted(corpus_dir):
     assert ds.src_sizes.max() <= 64 and (ds.num_tokens_vec(np.arange(len(ds))) <= 64).all()
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("gsg_ratio", 0.0, "--gsg-ratio must be in"),
-    ("gsg_ratio_max", 0.1, "--gsg-ratio-max must be in"),
-    ("gsg_keep_prob", 0.5, "must sum to 1"),
-    ("gsg_score_noise", -1.0, "--gsg-score-noise must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("gsg_ratio", 0.0, "--gsg-ratio must be in"),
+        ("gsg_ratio_max", 0.1, "--gsg-ratio-max must be in"),
+        ("gsg_keep_prob", 0.5, "must sum to 1"),
+        ("gsg_score_noise", -1.0, "--gsg-score-noise must be >= 0"),
+    ],
+)
 def test_config_validation(field, value, message):
     cfg = GapSentenceGenerationConfig(seed=1)
     setattr(cfg, field, value)
@@ -309,17 +418,56 @@ def test_throughput(corpus_dir):
 def test_fairseq_train_then_finetune(corpus_dir, tmp_path, caplog):
     """A few GSG updates, then the checkpoint fine-tunes with long_document_summarization."""
     caplog.set_level(logging.INFO)
-    common = ["--user-dir", lsg_fairseq.user_dir(), "--cpu", "--optimizer", "adam", "--lr", "1e-3",
-              "--max-tokens", "2048", "--max-source-positions", "256", "--max-target-positions", "64",
-              "--log-format", "json", "--log-interval", "1", "--num-workers", "0", "--no-epoch-checkpoints",
-              # fairseq drops a last batch smaller than this multiple when it is the only one
-              "--required-batch-size-multiple", "1", *TINY_BART]
-    fairseq_train([str(corpus_dir), "--task", "gap_sentence_generation", "--gsg-selection", "seq",
-                   "--gsg-mask-prob", "0.5", "--gsg-remove-prob", "0.5", "--max-update", "3",
-                   "--save-dir", str(tmp_path / "ck"), *common])
+    common = [
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        "--cpu",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "2048",
+        "--max-source-positions",
+        "256",
+        "--max-target-positions",
+        "64",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--num-workers",
+        "0",
+        "--no-epoch-checkpoints",
+        # fairseq drops a last batch smaller than this multiple when it is the only one
+        "--required-batch-size-multiple",
+        "1",
+        *TINY_BART,
+    ]
+    fairseq_train(
+        [
+            str(corpus_dir),
+            "--task",
+            "gap_sentence_generation",
+            "--gsg-selection",
+            "seq",
+            "--gsg-mask-prob",
+            "0.5",
+            "--gsg-remove-prob",
+            "0.5",
+            "--max-update",
+            "3",
+            "--save-dir",
+            str(tmp_path / "ck"),
+            *common,
+        ]
+    )
     log = caplog.text
-    valid = [json.loads(r.getMessage()) for r in caplog.records
-             if r.getMessage().startswith("{") and '"valid_loss"' in r.getMessage()]
+    valid = [
+        json.loads(r.getMessage())
+        for r in caplog.records
+        if r.getMessage().startswith("{") and '"valid_loss"' in r.getMessage()
+    ]
     assert valid and float(valid[-1]["valid_loss"]) > 0 and "gsg_src_trunc" in log
     state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", weights_only=False)
     assert state["optimizer_history"][-1]["num_updates"] == 3
@@ -338,15 +486,47 @@ def test_fairseq_train_then_finetune(corpus_dir, tmp_path, caplog):
     from fairseq import options
     from fairseq_cli import preprocess
 
-    preprocess.main(options.get_preprocessing_parser().parse_args(
-        ["--source-lang", "source", "--target-lang", "target", "--trainpref", str(raw / "train"),
-         "--validpref", str(raw / "valid"), "--destdir", str(binarized), "--srcdict", dict_txt,
-         "--tgtdict", dict_txt, "--workers", "1"]))
+    preprocess.main(
+        options.get_preprocessing_parser().parse_args(
+            [
+                "--source-lang",
+                "source",
+                "--target-lang",
+                "target",
+                "--trainpref",
+                str(raw / "train"),
+                "--validpref",
+                str(raw / "valid"),
+                "--destdir",
+                str(binarized),
+                "--srcdict",
+                dict_txt,
+                "--tgtdict",
+                dict_txt,
+                "--workers",
+                "1",
+            ]
+        )
+    )
     caplog.clear()
-    fairseq_train([str(binarized), "--task", "long_document_summarization", "--truncate-target",
-                   "--restore-file", str(tmp_path / "ck" / "checkpoint_last.pt"), "--reset-optimizer",
-                   "--reset-dataloader", "--reset-meters", "--max-update", "2",
-                   "--save-dir", str(tmp_path / "ck2"), *common])
+    fairseq_train(
+        [
+            str(binarized),
+            "--task",
+            "long_document_summarization",
+            "--truncate-target",
+            "--restore-file",
+            str(tmp_path / "ck" / "checkpoint_last.pt"),
+            "--reset-optimizer",
+            "--reset-dataloader",
+            "--reset-meters",
+            "--max-update",
+            "2",
+            "--save-dir",
+            str(tmp_path / "ck2"),
+            *common,
+        ]
+    )
     assert "Loaded checkpoint" in caplog.text
     tuned = torch.load(tmp_path / "ck2" / "checkpoint_last.pt", weights_only=False)
     assert tuned["optimizer_history"][-1]["num_updates"] == 2
@@ -359,12 +539,42 @@ def test_fairseq_train_then_finetune(corpus_dir, tmp_path, caplog):
 @pytest.mark.parametrize("arch", ["lsg_bart_tiny", "locost_tiny"])
 def test_plugin_tiny_archs_train_on_gsg(corpus_dir, tmp_path, arch):
     """The task is architecture-agnostic: the plugin's long-input models pretrain on it."""
-    fairseq_train([str(corpus_dir), "--user-dir", lsg_fairseq.user_dir(), "--task", "gap_sentence_generation",
-                   "--arch", arch, "--cpu", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "512",
-                   "--max-source-positions", "128", "--max-target-positions", "32", "--max-update", "1",
-                   "--gsg-remove-prob", "1", "--gsg-mask-prob", "0", "--num-workers", "0",
-                   "--required-batch-size-multiple", "1", "--no-epoch-checkpoints", "--disable-validation",
-                   "--save-dir", str(tmp_path)])
+    fairseq_train(
+        [
+            str(corpus_dir),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--task",
+            "gap_sentence_generation",
+            "--arch",
+            arch,
+            "--cpu",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--max-tokens",
+            "512",
+            "--max-source-positions",
+            "128",
+            "--max-target-positions",
+            "32",
+            "--max-update",
+            "1",
+            "--gsg-remove-prob",
+            "1",
+            "--gsg-mask-prob",
+            "0",
+            "--num-workers",
+            "0",
+            "--required-batch-size-multiple",
+            "1",
+            "--no-epoch-checkpoints",
+            "--disable-validation",
+            "--save-dir",
+            str(tmp_path),
+        ]
+    )
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
     assert state["optimizer_history"][-1]["num_updates"] == 1
     assert state["cfg"]["model"].arch == arch

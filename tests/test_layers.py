@@ -20,6 +20,7 @@ import made for its side effects (registration, fixes) is ``import lsg_fairseq``
 sub-package the imports form no cycle either (``convert/__init__`` -> ``convert.hf_export`` ->
 ``convert/__init__`` was one): every module can be read after the ones it imports.
 """
+
 import ast
 import os
 
@@ -112,14 +113,17 @@ def side_effect_imports(path: str):
     """Imports none of whose bound names is used, except ``import lsg_fairseq`` (the entry point)."""
     tree, imports = imports_of(path)
     used = used_names(tree)
-    return [f"line {line}: {target}" for line, target, bound in imports
-            if target != "lsg_fairseq" and not set(bound) & used]
+    return [
+        f"line {line}: {target}" for line, target, bound in imports if target != "lsg_fairseq" and not set(bound) & used
+    ]
 
 
 def import_graph(modules=MODULES) -> dict:
     """{module: the modules of ours it imports}, imports inside functions included."""
-    return {module: {target for _, target, _ in imports_of(path, modules)[1] if target in modules and target != module}
-            for module, path in modules.items()}
+    return {
+        module: {target for _, target, _ in imports_of(path, modules)[1] if target in modules and target != module}
+        for module, path in modules.items()
+    }
 
 
 def import_cycles(graph: dict) -> list:
@@ -172,17 +176,21 @@ def test_no_import_only_for_side_effects(module):
 def test_the_checks_can_fail(tmp_path):
     """An ops module importing an optimizer for its registration and an unused model is caught twice."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import lsg_fairseq.optim.grouped_adam  # registers an optimizer\n"
-                   "from lsg_fairseq.models import lsg_bart\n"
-                   "from lsg_fairseq.ops.blocks import KEY_ALIGN\n"
-                   "print(KEY_ALIGN)\n")
+    bad.write_text(
+        "import lsg_fairseq.optim.grouped_adam  # registers an optimizer\n"
+        "from lsg_fairseq.models import lsg_bart\n"
+        "from lsg_fairseq.ops.blocks import KEY_ALIGN\n"
+        "print(KEY_ALIGN)\n"
+    )
     assert upward_imports("lsg_fairseq.ops.bad", str(bad)) == [
         "line 1: lsg_fairseq.optim.grouped_adam (layer 3; lsg_fairseq.ops.bad is layer 1)",
         "line 2: lsg_fairseq.models.lsg_bart (layer 3; lsg_fairseq.ops.bad is layer 1)",
     ]
     assert upward_imports("lsg_fairseq.cli.bad", str(bad)) == []
-    assert side_effect_imports(str(bad)) == ["line 1: lsg_fairseq.optim.grouped_adam",
-                                             "line 2: lsg_fairseq.models.lsg_bart"]
+    assert side_effect_imports(str(bad)) == [
+        "line 1: lsg_fairseq.optim.grouped_adam",
+        "line 2: lsg_fairseq.models.lsg_bart",
+    ]
 
 
 def test_no_import_cycle():
@@ -197,8 +205,10 @@ def test_the_cycle_check_can_fail(tmp_path):
     a.write_text("from lsg_fairseq.convert import b\n\n\ndef run():\n    return b.VALUE\n")
     b.write_text("VALUE = 1\n\n\ndef later():\n    from lsg_fairseq.convert.a import run\n    return run()\n")
     modules = {"lsg_fairseq.convert.a": str(a), "lsg_fairseq.convert.b": str(b)}
-    assert import_graph(modules) == {"lsg_fairseq.convert.a": {"lsg_fairseq.convert.b"},
-                                     "lsg_fairseq.convert.b": {"lsg_fairseq.convert.a"}}
+    assert import_graph(modules) == {
+        "lsg_fairseq.convert.a": {"lsg_fairseq.convert.b"},
+        "lsg_fairseq.convert.b": {"lsg_fairseq.convert.a"},
+    }
     assert import_cycles(import_graph(modules)) == [["lsg_fairseq.convert.a", "lsg_fairseq.convert.b"]]
     b.write_text("VALUE = 1\n")
     assert import_cycles(import_graph(modules)) == []

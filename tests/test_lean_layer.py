@@ -1,5 +1,6 @@
 """--lean-activations: the encoder layers of LSG-BART and LED keep less for backward and give the
 same outputs and gradients as fairseq's own layer forward."""
+
 import pytest
 import torch
 import torch.nn as nn
@@ -26,7 +27,8 @@ def test_ffn_recompute_activation_matches_autograd(bias, activation):
     for a, b in zip(torch.autograd.grad(fast, params, go), torch.autograd.grad(slow, params, go)):
         assert torch.allclose(a, b, atol=1e-12)
     assert torch.autograd.gradcheck(
-        lambda x, w1, w2: ffn_recompute_activation(x, _Lin(w1), _Lin(w2), activation), (x, fc1.weight, fc2.weight))
+        lambda x, w1, w2: ffn_recompute_activation(x, _Lin(w1), _Lin(w2), activation), (x, fc1.weight, fc2.weight)
+    )
 
 
 class _Lin:
@@ -72,9 +74,25 @@ ARCH_FLAGS = {
 
 
 def build(data_dir, arch, *flags):
-    argv = [data_dir, "--task", "long_document_summarization", "--arch", arch,
-            "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--max-source-positions", "512",
-            "--max-target-positions", "64"] + ARCH_FLAGS[arch] + list(flags)
+    argv = (
+        [
+            data_dir,
+            "--task",
+            "long_document_summarization",
+            "--arch",
+            arch,
+            "--encoder-embed-dim",
+            "32",
+            "--encoder-ffn-embed-dim",
+            "64",
+            "--max-source-positions",
+            "512",
+            "--max-target-positions",
+            "64",
+        ]
+        + ARCH_FLAGS[arch]
+        + list(flags)
+    )
     return build_task_and_model(argv)[1]
 
 
@@ -82,8 +100,10 @@ def build(data_dir, arch, *flags):
 def test_lean_training_step_equals_fairseq_forward(arch, data_dir):
     # dropout off (lean dropout draws its bool mask differently): lean and fairseq's forward must
     # give the same outputs and gradients, and lean must keep less for backward
-    models = {lean: build(data_dir, arch, "--dropout", "0", "--lean-activations", lean).double().train()
-              for lean in ("true", "false")}
+    models = {
+        lean: build(data_dir, arch, "--dropout", "0", "--lean-activations", lean).double().train()
+        for lean in ("true", "false")
+    }
     assert all(layer.lean for layer in models["true"].encoder.layers)
     assert not any(layer.lean for layer in models["false"].encoder.layers)
     src, lengths, prev = toy_batch(L=60, lengths=(60, 41))

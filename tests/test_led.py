@@ -1,4 +1,5 @@
 """led model: fairseq wiring of the Longformer encoder (global modes, padding, flags, training)."""
+
 import pytest
 import torch
 
@@ -10,7 +11,6 @@ from lsg_fairseq.models.led import LEDModel
 from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
 
 
-
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
 
 
@@ -20,9 +20,23 @@ def data_dir(tmp_path_factory):
 
 
 def build(data_dir, *flags, seed=0):
-    argv = [data_dir, "--task", "long_document_summarization", "--arch", "led_tiny",
-            "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--attention-window", "8",
-            "--max-source-positions", "512", "--max-target-positions", "64"] + list(flags)
+    argv = [
+        data_dir,
+        "--task",
+        "long_document_summarization",
+        "--arch",
+        "led_tiny",
+        "--encoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "64",
+        "--attention-window",
+        "8",
+        "--max-source-positions",
+        "512",
+        "--max-target-positions",
+        "64",
+    ] + list(flags)
     task, model = build_task_and_model(argv, seed)
     return model.eval(), task
 
@@ -45,8 +59,9 @@ def test_layout_windows_and_state_dict(data_dir):
     assert [layer.self_attn.one_sided for layer in layers] == [2, 6]
     sd = model.state_dict()
     extra = sorted(k for k in sd if "_global" in k)
-    assert extra == sorted(f"encoder.layers.{i}.self_attn.{p}_proj_global.{w}"
-                           for i in range(2) for p in "qkv" for w in ("weight", "bias"))
+    assert extra == sorted(
+        f"encoder.layers.{i}.self_attn.{p}_proj_global.{w}" for i in range(2) for p in "qkv" for w in ("weight", "bias")
+    )
     assert "encoder.global_token_ids" not in sd  # a non-persistent buffer
     assert sd["encoder.embed_positions.weight"].shape == (514, 32)
     src, lengths, prev = batch()
@@ -88,8 +103,9 @@ def test_explicit_mask_overrides_mode(data_dir):
     assert (encode(first, src, lengths) - encode(none, src, lengths)).abs().max() > 1e-3
     multi = on.clone()
     multi[0, 20] = True
-    assert (encode(first, src, lengths, global_attention_mask=multi)[0]
-            - encode(first, src, lengths)[0]).abs().max() > 1e-3
+    assert (
+        encode(first, src, lengths, global_attention_mask=multi)[0] - encode(first, src, lengths)[0]
+    ).abs().max() > 1e-3
     with pytest.raises(ValueError, match="global_attention_mask has shape"):
         first.encoder(src, lengths, global_attention_mask=on[:, :10])
 
@@ -138,10 +154,13 @@ def test_beam_search_generation(data_dir):
     assert all(h[0]["tokens"][-1].item() == 2 for h in hyps)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--attention-window", "8,8,8"], "--attention-window has 3 entries but the encoder has 2"),
-    (["--global-token-ids", "3,600"], "--global-token-ids"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--attention-window", "8,8,8"], "--attention-window has 3 entries but the encoder has 2"),
+        (["--global-token-ids", "3,600"], "--global-token-ids"),
+    ],
+)
 def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):
     """What depends on other settings (layers, dictionary size) is refused when the model is built."""
     from lsg_text.errors import ConfigError
@@ -150,12 +169,15 @@ def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):
         build(data_dir, *flags)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--attention-window", "7"], "argument --attention-window: must be a positive even integer"),
-    (["--attention-window", "0"], "argument --attention-window: must be a positive even integer"),
-    (["--attention-window", "8,x"], "argument --attention-window: must be an int or a comma-separated list"),
-    (["--global-token-ids", "3,a"], "argument --global-token-ids: must be comma-separated dictionary ids >= 0"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--attention-window", "7"], "argument --attention-window: must be a positive even integer"),
+        (["--attention-window", "0"], "argument --attention-window: must be a positive even integer"),
+        (["--attention-window", "8,x"], "argument --attention-window: must be an int or a comma-separated list"),
+        (["--global-token-ids", "3,a"], "argument --global-token-ids: must be comma-separated dictionary ids >= 0"),
+    ],
+)
 def test_invalid_values_refused_when_parsed(data_dir, flags, message, capsys):
     with pytest.raises(SystemExit) as e:
         build(data_dir, *flags)
@@ -179,4 +201,3 @@ def test_archs_defaults():
     large = Namespace()
     led_large_architecture(large)
     assert (large.encoder_embed_dim, large.encoder_layers, large.max_target_positions) == (1024, 12, 1024)
-

@@ -1,4 +1,5 @@
 """locost model wiring: incremental == full decoding, generation, padding, SSM optimizer groups, CLI."""
+
 import os
 import subprocess
 import sys
@@ -13,8 +14,24 @@ import lsg_fairseq  # noqa: F401  (registers the model, task, optimizer)
 from lsg_fairseq.models.locost import LOCOSTModel
 from lsg_fairseq.optim.grouped_adam import GroupedAdam, GroupedAdamConfig
 
-TINY = ["--arch", "locost_tiny", "--d-model", "32", "--d-state", "8", "--d-ff", "48", "--d-kv", "8",
-        "--decoder-attention-heads", "4", "--dropout", "0", "--max-source-positions", "512"]
+TINY = [
+    "--arch",
+    "locost_tiny",
+    "--d-model",
+    "32",
+    "--d-state",
+    "8",
+    "--d-ff",
+    "48",
+    "--d-kv",
+    "8",
+    "--decoder-attention-heads",
+    "4",
+    "--dropout",
+    "0",
+    "--max-source-positions",
+    "512",
+]
 BIN = os.path.dirname(sys.executable)
 
 
@@ -22,9 +39,22 @@ def build(data, *extra, arch=TINY, seed=0):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
-        [str(data), "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(),
-         "--criterion", "cross_entropy", "--optimizer", "grouped_adam", "--lr", "0.001", "--cpu",
-         *arch, *extra],
+        [
+            str(data),
+            "--task",
+            "long_document_summarization",
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--criterion",
+            "cross_entropy",
+            "--optimizer",
+            "grouped_adam",
+            "--lr",
+            "0.001",
+            "--cpu",
+            *arch,
+            *extra,
+        ],
     )
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
@@ -300,10 +330,12 @@ def test_checkpoint_activations_same_gradients(word_data):
         net = sample["net_input"]
         model.train()
         # short slices keep this cheap; the blocks see the same shapes either way
-        logits, _ = model(net["src_tokens"][:, :64], net["src_lengths"].clamp(max=64),
-                          net["prev_output_tokens"][:, :16])
-        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), sample["target"][:, :16],
-                                                 ignore_index=task.tgt_dict.pad())
+        logits, _ = model(
+            net["src_tokens"][:, :64], net["src_lengths"].clamp(max=64), net["prev_output_tokens"][:, :16]
+        )
+        loss = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), sample["target"][:, :16], ignore_index=task.tgt_dict.pad()
+        )
         loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
@@ -311,9 +343,10 @@ def test_checkpoint_activations_same_gradients(word_data):
         assert torch.allclose(grads[0][n], grads[1][n], atol=1e-5), n
 
 
-@pytest.mark.parametrize("flag,value,match", [
-    ("--d-state", "7", "--d-state must be even"), ("--ssm-dt-min", "0.5", "--ssm-dt-min <= --ssm-dt-max"),
-])
+@pytest.mark.parametrize(
+    "flag,value,match",
+    [("--d-state", "7", "--d-state must be even"), ("--ssm-dt-min", "0.5", "--ssm-dt-min <= --ssm-dt-max")],
+)
 def test_bad_flags_refused(word_data, flag, value, match):
     """Refused at build: what a single value's range cannot say (parity, an order between flags)."""
     from lsg_text.errors import ConfigError
@@ -322,12 +355,15 @@ def test_bad_flags_refused(word_data, flag, value, match):
         build(word_data, flag, value)
 
 
-@pytest.mark.parametrize("flag,value,match", [
-    ("--d-model", "0", "argument --d-model: must be an integer >= 1"),
-    ("--dropout", "1.5", "argument --dropout: must be a number in [0, 1)"),
-    ("--ssm-kernel-tail-tol", "-1", "argument --ssm-kernel-tail-tol: must be a number >= 0"),
-    ("--relative-attention-num-buckets", "2", "argument --relative-attention-num-buckets: must be an integer >= 4"),
-])
+@pytest.mark.parametrize(
+    "flag,value,match",
+    [
+        ("--d-model", "0", "argument --d-model: must be an integer >= 1"),
+        ("--dropout", "1.5", "argument --dropout: must be a number in [0, 1)"),
+        ("--ssm-kernel-tail-tol", "-1", "argument --ssm-kernel-tail-tol: must be a number >= 0"),
+        ("--relative-attention-num-buckets", "2", "argument --relative-attention-num-buckets: must be an integer >= 4"),
+    ],
+)
 def test_out_of_range_flags_refused_when_parsed(word_data, flag, value, match, capsys):
     with pytest.raises(SystemExit) as e:
         build(word_data, flag, value)
@@ -337,8 +373,21 @@ def test_out_of_range_flags_refused_when_parsed(word_data, flag, value, match, c
 def test_ssm_lr_with_an_optimizer_that_ignores_it_is_refused(word_data):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
-        parser, [str(word_data), "--task", "long_document_summarization", "--optimizer", "adam",
-                 "--lr", "0.001", "--ssm-lr", "0.01", "--cpu", *TINY])
+        parser,
+        [
+            str(word_data),
+            "--task",
+            "long_document_summarization",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+            "--ssm-lr",
+            "0.01",
+            "--cpu",
+            *TINY,
+        ],
+    )
     task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
     with pytest.raises(ValueError, match="grouped_adam"):
         task.build_model(convert_namespace_to_omegaconf(args).model)
@@ -349,14 +398,56 @@ def test_train_then_generate_cli(word_data, tmp_path):
     both through fairseq's own command-line entry points, in one interpreter (saves an import)."""
     save = tmp_path / "ckpt"
     common = ["--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization", "--cpu"]
-    train = ["fairseq-train", str(word_data), *common, *TINY,
-             "--criterion", "cross_entropy", "--optimizer", "grouped_adam", "--lr", "0.001", "--ssm-lr", "0.002",
-             "--weight-decay", "0.01", "--max-tokens", "2048", "--max-update", "2", "--disable-validation",
-             "--required-batch-size-multiple", "1", "--checkpoint-activations", "--save-dir", str(save),
-             "--no-epoch-checkpoints", "--log-format", "simple", "--num-workers", "0"]
-    generate = ["fairseq-generate", str(word_data), *common, "--path", str(save / "checkpoint_last.pt"),
-                "--gen-subset", "valid", "--beam", "2", "--max-len-b", "5", "--batch-size", "2",
-                "--max-source-positions", "512", "--num-workers", "0"]
+    train = [
+        "fairseq-train",
+        str(word_data),
+        *common,
+        *TINY,
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        "grouped_adam",
+        "--lr",
+        "0.001",
+        "--ssm-lr",
+        "0.002",
+        "--weight-decay",
+        "0.01",
+        "--max-tokens",
+        "2048",
+        "--max-update",
+        "2",
+        "--disable-validation",
+        "--required-batch-size-multiple",
+        "1",
+        "--checkpoint-activations",
+        "--save-dir",
+        str(save),
+        "--no-epoch-checkpoints",
+        "--log-format",
+        "simple",
+        "--num-workers",
+        "0",
+    ]
+    generate = [
+        "fairseq-generate",
+        str(word_data),
+        *common,
+        "--path",
+        str(save / "checkpoint_last.pt"),
+        "--gen-subset",
+        "valid",
+        "--beam",
+        "2",
+        "--max-len-b",
+        "5",
+        "--batch-size",
+        "2",
+        "--max-source-positions",
+        "512",
+        "--num-workers",
+        "0",
+    ]
     script = (
         "import sys\n"
         "from fairseq_cli import train, generate\n"
@@ -397,6 +488,7 @@ def test_gated_gelu_ffn_gradcheck_float64():
     def fn(*a):
         torch.manual_seed(3)
         return GatedGeluFFN.apply(*a, 0.4)
+
     assert torch.autograd.gradcheck(fn, (h, w0, w1, wo))
 
 

@@ -1,4 +1,5 @@
 """examples/long_context: key-recall scoring, the tiny archs' init, and the whole experiment (smoke)."""
+
 import importlib.util
 import json
 import os
@@ -28,18 +29,23 @@ def load_script(name):
 
 
 def test_key_hits_slot_by_slot_in_rank_order():
-    refs = [dict(colour="red", animal="fox", city="Paris", weekday="Monday"),
-            dict(colour="blue", animal="owl", city="Lima", weekday="Friday")]
+    refs = [
+        dict(colour="red", animal="fox", city="Paris", weekday="Monday"),
+        dict(colour="blue", animal="owl", city="Lima", weekday="Friday"),
+    ]
     hyp = "The red fox visited Oslo on Monday. The blue owl visited Lima on Friday."
-    assert key_hits(refs, hyp) == [dict(colour=True, animal=True, city=False, weekday=True),
-                                   dict(colour=True, animal=True, city=True, weekday=True)]
+    assert key_hits(refs, hyp) == [
+        dict(colour=True, animal=True, city=False, weekday=True),
+        dict(colour=True, animal=True, city=True, weekday=True),
+    ]
     # ranks matter: the same sentences swapped are misses; a missing sentence scores nothing
     swapped = "The blue owl visited Lima on Friday. The red fox visited Paris on Monday."
     assert sum(sum(h.values()) for h in key_hits(refs, swapped)) == 0
     assert key_hits(refs, "The red fox visited Paris on Monday.")[1] == dict.fromkeys(FIELDS, False)
     # any word in a slot parses (a wrong word is a miss, not an unparsed sentence)
     assert parse_key_sentences("The zzz fox visited Paris on Mondayy.") == [
-        dict(colour="zzz", animal="fox", city="Paris", weekday="Mondayy")]
+        dict(colour="zzz", animal="fox", city="Paris", weekday="Mondayy")
+    ]
     assert 0.08 < chance_recall() < 0.09
 
 
@@ -63,8 +69,23 @@ def test_key_recall_script_bins_and_positions(tmp_path):
     gen.write_text("\n".join(lines) + "\n")
     out = tmp_path / "recall.json"
     mod = load_script("key_recall.py")
-    assert mod.main(["--jsonl", str(jsonl), "--generate-output", str(gen), "--bin-size", "500",
-                     "--beyond", "1000", "--json", str(out)]) == 0
+    assert (
+        mod.main(
+            [
+                "--jsonl",
+                str(jsonl),
+                "--generate-output",
+                str(gen),
+                "--bin-size",
+                "500",
+                "--beyond",
+                "1000",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rep = json.loads(out.read_text())
     keys = [(k["token_offset"], i, r) for i, ex in enumerate(examples) for r, k in enumerate(ex["keys"])]
     hit = [(off, i == 0 or (i >= 2 and r == 0)) for off, i, r in keys]
@@ -100,9 +121,9 @@ def test_tiny_archs_start_from_fan_in_weights(tmp_path, arch):
     model = _build(tmp_path, arch)
     q = model.decoder.layers[0].encoder_attn.q_proj.weight
     emb = model.encoder.embed_tokens.weight
-    assert abs(q.std().item() - 64 ** -0.5) < 0.01, q.std()
-    assert abs(emb[4:].std().item() - 64 ** -0.5) < 0.01
+    assert abs(q.std().item() - 64**-0.5) < 0.01, q.std()
+    assert abs(emb[4:].std().item() - 64**-0.5) < 0.01
     fc2 = model.encoder.layers[0].fc2.weight  # fan_in 256
-    assert abs(fc2.std().item() - 256 ** -0.5) < 0.005
+    assert abs(fc2.std().item() - 256**-0.5) < 0.005
     bert = _build(tmp_path, arch, "--weight-init", "bert")
     assert abs(bert.decoder.layers[0].encoder_attn.q_proj.weight.std().item() - 0.02) < 0.002

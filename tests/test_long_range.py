@@ -1,6 +1,7 @@
 """examples/long_range: the binding variant, exact match, the control row, the report's statistics,
 the experiment end to end (smoke), and the claim CI holds: LSG reads far keys that BART truncated to
 1,024 cannot."""
+
 import importlib.util
 import json
 import os
@@ -29,8 +30,9 @@ from lsg_text.synthetic import (
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(REPO, "examples", "long_range")
-BINDING = SyntheticConfig(variant="binding", min_tokens=1300, max_tokens=1600, min_keys=2, max_keys=3,
-                          min_gap=1024, holdout=True)
+BINDING = SyntheticConfig(
+    variant="binding", min_tokens=1300, max_tokens=1600, min_keys=2, max_keys=3, min_gap=1024, holdout=True
+)
 
 
 def load_report():
@@ -57,10 +59,14 @@ def test_binding_joins_two_far_sentences_and_skips_decoys(binding_examples):
         assert offsets == sorted(offsets) and 2 <= len(ex["keys"]) <= 3
         for k in ex["keys"]:
             assert k["token_offset"] - k["bind_offset"] >= 1024
-            assert " ".join(words[k["bind_offset"]:k["bind_offset"] + 6]) == \
-                f"The {k['colour']} {k['animal']} is called {k['name']}."
-            assert " ".join(words[k["token_offset"]:k["token_offset"] + 5]) == \
-                f"{k['name']} visited {k['city']} on {k['weekday']}."
+            assert (
+                " ".join(words[k["bind_offset"] : k["bind_offset"] + 6])
+                == f"The {k['colour']} {k['animal']} is called {k['name']}."
+            )
+            assert (
+                " ".join(words[k["token_offset"] : k["token_offset"] + 5])
+                == f"{k['name']} visited {k['city']} on {k['weekday']}."
+            )
             # the summary's sentence occurs nowhere in the document: it has to be put together
             assert f"The {k['colour']} {k['animal']} visited" not in ex["document"]
             decoys = [s for s in sentences if s.startswith(f"{k['name']} avoided ")]
@@ -69,7 +75,8 @@ def test_binding_joins_two_far_sentences_and_skips_decoys(binding_examples):
         bound = [s.split()[-1] for s in sentences if " is called " in s]
         assert len(bound) == len(ex["keys"]) + 1 and set(bound) <= set(NAMES)
         assert ex["summary"] == " ".join(
-            f"The {k['colour']} {k['animal']} visited {k['city']} on {k['weekday']}." for k in ex["keys"])
+            f"The {k['colour']} {k['animal']} visited {k['city']} on {k['weekday']}." for k in ex["keys"]
+        )
         assert exact_match(ex["summary"], ex["summary"])
 
 
@@ -77,8 +84,18 @@ def test_decoy_names_with_even_mentions_leave_no_name_standing_out():
     """--decoy-names N --even-mentions: N never-used bound names, each mentioned three times (bound,
     avoided twice) like a key's name (bound, avoided, visited): only "visited" marks the key's name."""
     from collections import Counter
-    cfg = SyntheticConfig(variant="binding", min_tokens=1300, max_tokens=1600, min_keys=1, max_keys=1,
-                          min_gap=1024, holdout=True, decoy_names=4, even_mentions=True)
+
+    cfg = SyntheticConfig(
+        variant="binding",
+        min_tokens=1300,
+        max_tokens=1600,
+        min_keys=1,
+        max_keys=1,
+        min_gap=1024,
+        holdout=True,
+        decoy_names=4,
+        even_mentions=True,
+    )
     for ex in make_split("valid", 20, seed=3, cfg=cfg):
         words = [w.strip(".,") for w in ex["document"].split()]
         bound = [s.split()[-1] for s in _sentences(ex["document"]) if " is called " in s]
@@ -89,18 +106,43 @@ def test_decoy_names_with_even_mentions_leave_no_name_standing_out():
         assert ex["document"].count(" visited ") + ex["document"].startswith(f"{key['name']} visited") >= 1
         assert sum(1 for s in _sentences(ex["document"]) if " visited " in f" {s} ") == 1
     with pytest.raises(ValueError, match="decoy_names"):
-        SyntheticConfig(variant="binding", min_tokens=3000, max_tokens=3500, min_keys=1, max_keys=3,
-                        decoy_names=len(NAMES)).validate()
+        SyntheticConfig(
+            variant="binding", min_tokens=3000, max_tokens=3500, min_keys=1, max_keys=3, decoy_names=len(NAMES)
+        ).validate()
 
 
 def test_committed_outputs_rescore_to_the_committed_table(tmp_path):
     """report.py regenerates the documents from outputs/<variant>/data.json: any change to the generator's
     draws (a new option must keep its default's) would move the committed main table."""
     out = tmp_path / "r"
-    subprocess.run([sys.executable, os.path.join(HERE, "report.py"), "--outputs", os.path.join(HERE, "outputs"),
-                    "--report-dir", str(out), "--variants", "retrieval", "binding", "--rows", "local_8",
-                    "bart_1024", "full_4096", "lsg_norm", "led", "locost", "--seeds", "1", "2", "3",
-                    "--n-docs", "50"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(HERE, "report.py"),
+            "--outputs",
+            os.path.join(HERE, "outputs"),
+            "--report-dir",
+            str(out),
+            "--variants",
+            "retrieval",
+            "binding",
+            "--rows",
+            "local_8",
+            "bart_1024",
+            "full_4096",
+            "lsg_norm",
+            "led",
+            "locost",
+            "--seeds",
+            "1",
+            "2",
+            "3",
+            "--n-docs",
+            "50",
+        ],
+        check=True,
+        capture_output=True,
+    )
     with open(os.path.join(HERE, "results.json")) as f:
         committed = json.load(f)["variants"]
     assert json.loads((out / "results.json").read_text())["variants"] == committed
@@ -112,9 +154,32 @@ def test_committed_order_outputs_rescore_to_the_committed_table(tmp_path, folder
     regenerate the committed numbers, the position-only row included (fitted on the 1,500 training
     documents the long stage trained on, regenerated from the same flags: no training)."""
     here = os.path.join(HERE, folder)
-    assert load_report().main(["--outputs", os.path.join(here, "outputs"), "--report-dir", str(tmp_path),
-                               "--variants", "order", "--rows", "local_8", "bart_1024", "full_4096", "lsg_norm",
-                               "led", "locost", "--seeds", "1", "2", "3", "--n-docs", "50"]) == 0
+    assert (
+        load_report().main(
+            [
+                "--outputs",
+                os.path.join(here, "outputs"),
+                "--report-dir",
+                str(tmp_path),
+                "--variants",
+                "order",
+                "--rows",
+                "local_8",
+                "bart_1024",
+                "full_4096",
+                "lsg_norm",
+                "led",
+                "locost",
+                "--seeds",
+                "1",
+                "2",
+                "3",
+                "--n-docs",
+                "50",
+            ]
+        )
+        == 0
+    )
     with open(os.path.join(here, "results.json")) as f:
         committed = json.load(f)["variants"]
     assert json.loads((tmp_path / "results.json").read_text())["variants"] == committed
@@ -123,7 +188,10 @@ def test_committed_order_outputs_rescore_to_the_committed_table(tmp_path, folder
     ref = rows["position_only"]
     if folder == "order3":
         assert [r for r, c in rows.items() if c["beats_control"] and r != "position_only"] == [
-            "lsg_norm", "led", "locost"]
+            "lsg_norm",
+            "led",
+            "locost",
+        ]
         # the README's reading: position alone beats the control too, and no long row is above the rule's
         # interval, so the gap cannot tell these rows from a reader that only knows where arrivals lie
         assert ref["beats_control"] is True
@@ -165,8 +233,10 @@ def test_binding_is_deterministic_and_validated():
 
 
 def test_exact_match_needs_every_key_in_order_and_nothing_else():
-    keys = [dict(colour="red", animal="fox", city="Paris", weekday="Monday"),
-            dict(colour="blue", animal="owl", city="Lima", weekday="Friday")]
+    keys = [
+        dict(colour="red", animal="fox", city="Paris", weekday="Monday"),
+        dict(colour="blue", animal="owl", city="Lima", weekday="Friday"),
+    ]
     right = "The red fox visited Paris on Monday. The blue owl visited Lima on Friday."
     assert exact_match(right, right) and exact_match(right, "  " + right.replace(" ", "  "))
     assert not exact_match(right, right.replace("Lima", "Oslo"))  # a decoy's city
@@ -179,8 +249,23 @@ def test_exact_match_needs_every_key_in_order_and_nothing_else():
 
 def _outputs(tmp_path, variant, rows, keys=3):
     """A hand-made outputs/ folder: data.json of 12 small documents and hypotheses per row/seed."""
-    flags = ["--variant", variant, "--holdout", "--min-gap", "300", "--min-keys", "2", "--max-keys", str(keys),
-             "--min-tokens", "600", "--max-tokens", "900", "--seed", "3"]
+    flags = [
+        "--variant",
+        variant,
+        "--holdout",
+        "--min-gap",
+        "300",
+        "--min-keys",
+        "2",
+        "--max-keys",
+        str(keys),
+        "--min-tokens",
+        "600",
+        "--max-tokens",
+        "900",
+        "--seed",
+        "3",
+    ]
     folder = tmp_path / "outputs" / variant
     folder.mkdir(parents=True)
     (folder / "data.json").write_text(json.dumps({"flags": flags}))
@@ -193,17 +278,43 @@ def _outputs(tmp_path, variant, rows, keys=3):
 
 
 def test_report_scores_raw_outputs_and_compares_with_the_control(tmp_path):
-    docs = _outputs(tmp_path, "binding", {
-        "local_8": lambda d, s: "",
-        "lsg_norm": lambda d, s: d["summary"],
-        # seed 1 right on every other document, seed 2 wrong on all: far slots missed
-        "led": lambda d, s: d["summary"] if s == 1 and int(d["id"].split("-")[-1]) % 2 == 0 else
-        d["summary"].replace(d["keys"][0]["animal"], "zebra"),
-    })
+    docs = _outputs(
+        tmp_path,
+        "binding",
+        {
+            "local_8": lambda d, s: "",
+            "lsg_norm": lambda d, s: d["summary"],
+            # seed 1 right on every other document, seed 2 wrong on all: far slots missed
+            "led": lambda d, s: (
+                d["summary"]
+                if s == 1 and int(d["id"].split("-")[-1]) % 2 == 0
+                else d["summary"].replace(d["keys"][0]["animal"], "zebra")
+            ),
+        },
+    )
     report = load_report()
-    assert report.main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "rep"),
-                        "--variants", "binding", "--rows", "local_8", "lsg_norm", "led", "--seeds", "1", "2",
-                        "--n-docs", "12"]) == 0
+    assert (
+        report.main(
+            [
+                "--outputs",
+                str(tmp_path / "outputs"),
+                "--report-dir",
+                str(tmp_path / "rep"),
+                "--variants",
+                "binding",
+                "--rows",
+                "local_8",
+                "lsg_norm",
+                "led",
+                "--seeds",
+                "1",
+                "2",
+                "--n-docs",
+                "12",
+            ]
+        )
+        == 0
+    )
     res = json.loads((tmp_path / "rep" / "results.json").read_text())["variants"]["binding"]
     assert res["lsg_norm"]["exact"] == 1.0 and res["lsg_norm"]["exact_ci"] == [1.0, 1.0]
     assert res["local_8"]["exact"] == 0.0 and res["local_8"]["slot_recall"] == 0.0
@@ -220,8 +331,9 @@ def test_report_scores_raw_outputs_and_compares_with_the_control(tmp_path):
     assert res["lsg_norm"]["binding_choice"]["right_among_bound"] == 1.0
     assert res["local_8"]["binding_choice"]["bound_animal_written"] == 0.0
     pick = res["lsg_norm"]["binding_choice"]["random_bound_pick"]
-    assert pick == pytest.approx(sum(1 / (len(d["keys"]) + 1) * len(d["keys"]) for d in docs)
-                                 / sum(len(d["keys"]) for d in docs))
+    assert pick == pytest.approx(
+        sum(1 / (len(d["keys"]) + 1) * len(d["keys"]) for d in docs) / sum(len(d["keys"]) for d in docs)
+    )
     md = (tmp_path / "rep" / "results.md").read_text()
     assert "| LSG-BART (norm) at 4,096 | 100.0% [100.0%, 100.0%] | 100.0% / 100.0% | yes |" in md
     assert "do not edit by hand" in md
@@ -231,9 +343,27 @@ def test_report_refuses_missing_hypotheses(tmp_path, capsys):
     _outputs(tmp_path, "retrieval", {"local_8": lambda d, s: "", "lsg_norm": lambda d, s: d["summary"]})
     path = tmp_path / "outputs" / "retrieval" / "lsg_norm.seed2.txt"
     path.write_text("\n".join(path.read_text().split("\n")[:5]))
-    assert load_report().main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "rep"),
-                               "--variants", "retrieval", "--rows", "local_8", "lsg_norm", "--seeds", "1", "2",
-                               "--n-docs", "12"]) == 2
+    assert (
+        load_report().main(
+            [
+                "--outputs",
+                str(tmp_path / "outputs"),
+                "--report-dir",
+                str(tmp_path / "rep"),
+                "--variants",
+                "retrieval",
+                "--rows",
+                "local_8",
+                "lsg_norm",
+                "--seeds",
+                "1",
+                "2",
+                "--n-docs",
+                "12",
+            ]
+        )
+        == 2
+    )
     assert "lsg_norm.seed2.txt: 5 hypotheses for 12 documents" in capsys.readouterr().err
 
 
@@ -242,8 +372,19 @@ def test_control_row_cannot_mix_beyond_its_window(tmp_path):
     a token within 4 positions (per layer) changes."""
     from conftest import build_task_and_model, write_toy_dict
 
-    argv = [write_toy_dict(tmp_path), "--task", "long_document_summarization", "--arch", "led_tiny",
-            "--max-source-positions", "4096", "--attention-window", "8", "--global-attention", "none"]
+    argv = [
+        write_toy_dict(tmp_path),
+        "--task",
+        "long_document_summarization",
+        "--arch",
+        "led_tiny",
+        "--max-source-positions",
+        "4096",
+        "--attention-window",
+        "8",
+        "--global-attention",
+        "none",
+    ]
     model = build_task_and_model(argv)[1].eval()
     layers = len(model.encoder.layers)
     tokens = torch.randint(4, 40, (1, 600))
@@ -272,8 +413,10 @@ def test_reach_of_the_rows_one_layer(monkeypatch):
     moves when the shape does (a sparsity factor of 32 takes LSG past the binding's 1,024-word gap)."""
     monkeypatch.chdir(REPO)  # arch_flags is read from examples/long_context/common.sh
     reach = load_reach()
-    got = {row: reach.measure(row, 2048, [1100], seed=1)["one_layer_reach"] for row in
-           ("local_8", "led", "lsg_norm", "lsg_wide", "full_4096", "locost")}
+    got = {
+        row: reach.measure(row, 2048, [1100], seed=1)["one_layer_reach"]
+        for row in ("local_8", "led", "lsg_norm", "lsg_wide", "full_4096", "locost")
+    }
     assert got["local_8"] == 4 and got["led"] == 16
     assert 2 * 32 <= got["lsg_norm"] < 2 * 32 + 2 * 32 < reach.FAR
     # from 1100 to position 1 (0 is left out: LED's global); lsg_wide's 128 sparse keys of 32 tokens reach it
@@ -351,8 +494,14 @@ def test_order_flow_and_position_readout_on_hand_made_encoders(monkeypatch):
     d.add_symbol("\u2581arrived")
     d.add_symbol("\u2581found")
     filler = [f"\u2581f{i % 50}" for i in range(1400)]
-    pieces = (filler[:20] + [w.format("fox") for w in arrive] + filler[20:1200] + [w.format("owl") for w in arrive]
-              + filler[1200:] + ["</s>"])
+    pieces = (
+        filler[:20]
+        + [w.format("fox") for w in arrive]
+        + filler[20:1200]
+        + [w.format("owl") for w in arrive]
+        + filler[1200:]
+        + ["</s>"]
+    )
     tokens = torch.tensor([d.index(p) for p in pieces])
     table = torch.randn(len(d), 16, generator=torch.Generator().manual_seed(1))
     arrived = d.index("\u2581arrived")
@@ -372,18 +521,25 @@ def test_order_flow_and_position_readout_on_hand_made_encoders(monkeypatch):
     monkeypatch.setattr(flow, "encode", local)
     assert flow.probe_order(None, d, tokens, 0, 1)["use"] == 0
     data = [{"source": tokens[: 900 + 40 * i]} for i in range(6)]
-    monkeypatch.setattr(flow, "encode", lambda model, toks: torch.cat(
-        [table[toks], torch.arange(len(toks), dtype=torch.float)[:, None]], 1))
+    monkeypatch.setattr(
+        flow,
+        "encode",
+        lambda model, toks: torch.cat([table[toks], torch.arange(len(toks), dtype=torch.float)[:, None]], 1),
+    )
     assert flow.position_readout(None, data, 6, 4096) == pytest.approx(1.0, abs=1e-6)
     monkeypatch.setattr(flow, "encode", lambda model, toks: table[toks])
     assert flow.position_readout(None, data, 6, 4096) < 0.2
 
 
 def _run(tmp_path, **env):
-    env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
-               VENV=os.path.dirname(os.path.dirname(sys.executable)), **env)
-    r = subprocess.run(["bash", os.path.join(HERE, "run.sh")], env=env, capture_output=True, text=True,
-                       timeout=900)
+    env = dict(
+        os.environ,
+        OUT=str(tmp_path / "out"),
+        REPORT_DIR=str(tmp_path / "report"),
+        VENV=os.path.dirname(os.path.dirname(sys.executable)),
+        **env,
+    )
+    r = subprocess.run(["bash", os.path.join(HERE, "run.sh")], env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((tmp_path / "report" / "results.json").read_text())
 
@@ -402,16 +558,50 @@ def test_long_range_experiment_smoke(tmp_path):
     assert (tmp_path / "report" / "outputs" / "order" / "local_8.seed2.txt").exists()
     assert "order_choice" in res["variants"]["order"]["locost"]
     again = tmp_path / "again"
-    assert load_report().main(["--outputs", str(tmp_path / "report" / "outputs"), "--report-dir", str(again),
-                               "--variants", "order", "--rows", "local_8", "locost",
-                               "--seeds", "2", "--n-docs", "4", "--n-train", "8"]) == 0
+    assert (
+        load_report().main(
+            [
+                "--outputs",
+                str(tmp_path / "report" / "outputs"),
+                "--report-dir",
+                str(again),
+                "--variants",
+                "order",
+                "--rows",
+                "local_8",
+                "locost",
+                "--seeds",
+                "2",
+                "--n-docs",
+                "4",
+                "--n-train",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert json.loads((again / "results.json").read_text())["variants"] == res["variants"]
     ckpt = tmp_path / "out" / "runs" / "order.locost.s2" / "checkpoint_last.pt"
-    r = subprocess.run(["bash", os.path.join(HERE, "regap.sh"), str(tmp_path / "out" / "order" / "long"),
-                        str(tmp_path / "regap"), f"locost={ckpt}"], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, N="3", WORK=str(tmp_path / "work"), N_TRAIN="8",
-                                FIT_DATA=str(tmp_path / "report" / "outputs" / "order" / "data.json"),
-                                VENV=os.path.dirname(os.path.dirname(sys.executable))))
+    r = subprocess.run(
+        [
+            "bash",
+            os.path.join(HERE, "regap.sh"),
+            str(tmp_path / "out" / "order" / "long"),
+            str(tmp_path / "regap"),
+            f"locost={ckpt}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(
+            os.environ,
+            N="3",
+            WORK=str(tmp_path / "work"),
+            N_TRAIN="8",
+            FIT_DATA=str(tmp_path / "report" / "outputs" / "order" / "data.json"),
+            VENV=os.path.dirname(os.path.dirname(sys.executable)),
+        ),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     regap = json.loads((tmp_path / "regap" / "results.json").read_text())["variants"]["order"]
     assert regap["position_only"]["rule"] == res["variants"]["order"]["position_only"]["rule"]  # FIT_DATA's
@@ -419,8 +609,10 @@ def test_long_range_experiment_smoke(tmp_path):
     assert len((tmp_path / "regap" / "outputs" / "order" / "locost.seed1.txt").read_text().split("\n")) == 4
     assert 0 <= regap["exact"] <= 1
     docs = [json.loads(line) for line in open(tmp_path / "work" / "jsonl" / "valid.jsonl")]
-    assert len(docs) == 3 and min(b["token_offset"] - a["token_offset"] for d in docs
-                                  for a, b in zip(d["keys"], d["keys"][1:])) < 1024  # placed anywhere
+    assert (
+        len(docs) == 3
+        and min(b["token_offset"] - a["token_offset"] for d in docs for a, b in zip(d["keys"], d["keys"][1:])) < 1024
+    )  # placed anywhere
 
 
 def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
@@ -428,18 +620,39 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     one-key retrieval and recipe with a few hundred updates; LSG recalls the facts of keys past token
     1,024, BART truncated to 1,024 tokens stays near chance (8.8%) there. The same run is the smoke
     test of examples/long_context/run.sh: its extrapolation rows run with a couple of updates."""
-    env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "report"),
-               VENV=os.path.dirname(os.path.dirname(sys.executable)), ARCHS="bart_1024 lsg_norm",
-               N_SHORT="1500", N_MID="100", N_LONG="200", N_TEST="20", U_SHORT="250", U_LONG="100", U_EXTRA="2")
-    r = subprocess.run(["bash", os.path.join(REPO, "examples", "long_context", "run.sh")], env=env,
-                       capture_output=True, text=True, timeout=900)
+    env = dict(
+        os.environ,
+        OUT=str(tmp_path / "out"),
+        REPORT_DIR=str(tmp_path / "report"),
+        VENV=os.path.dirname(os.path.dirname(sys.executable)),
+        ARCHS="bart_1024 lsg_norm",
+        N_SHORT="1500",
+        N_MID="100",
+        N_LONG="200",
+        N_TEST="20",
+        U_SHORT="250",
+        U_LONG="100",
+        U_EXTRA="2",
+    )
+    r = subprocess.run(
+        ["bash", os.path.join(REPO, "examples", "long_context", "run.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "report" / "results.json").read_text())
     rows = {row["name"]: row for row in res["rows"]}
     assert rows["lsg_norm"]["recall_beyond_1024"] >= 0.6, rows["lsg_norm"]
     assert rows["bart_1024"]["recall_beyond_1024"] <= 0.25, rows["bart_1024"]
     assert [x["name"] for x in res["extrapolation"]] == [
-        "x_a_truncated", "x_b_tiled_full", "x_c_lsg", "x_d_lsg_global_tuned", "x_e_lsg_fine_tuned"]
+        "x_a_truncated",
+        "x_b_tiled_full",
+        "x_c_lsg",
+        "x_d_lsg_global_tuned",
+        "x_e_lsg_fine_tuned",
+    ]
     for row in res["rows"] + res["extrapolation"]:
         assert row["recall"] is not None and 0 <= row["recall"] <= 1 and row["rouge1"] is not None
     for row in res["rows"]:
@@ -450,13 +663,26 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     # the committed hypotheses re-score to the table's number
     lsg = tmp_path / "report" / "outputs" / "lsg_norm.out"
     rescored = tmp_path / "rescored.json"
-    subprocess.run([sys.executable, os.path.join(REPO, "scripts", "key_recall.py"), "--jsonl",
-                    str(tmp_path / "out" / "long" / "jsonl" / "test.jsonl"), "--generate-output", str(lsg),
-                    "--spm-model", str(tmp_path / "out" / "long" / "spm" / "spm.model"), "--json", str(rescored)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "scripts", "key_recall.py"),
+            "--jsonl",
+            str(tmp_path / "out" / "long" / "jsonl" / "test.jsonl"),
+            "--generate-output",
+            str(lsg),
+            "--spm-model",
+            str(tmp_path / "out" / "long" / "spm" / "spm.model"),
+            "--json",
+            str(rescored),
+        ],
+        check=True,
+        capture_output=True,
+    )
     assert json.loads(rescored.read_text())["recall_beyond"] == rows["lsg_norm"]["recall_beyond_1024"]
     assert sorted(p.name for p in (tmp_path / "report" / "outputs").iterdir()) == sorted(
-        f"{n}.out" for n in ["bart_1024", "lsg_norm"] + [x["name"] for x in res["extrapolation"]])
+        f"{n}.out" for n in ["bart_1024", "lsg_norm"] + [x["name"] for x in res["extrapolation"]]
+    )
 
 
 def test_count_variant_aggregates_mentions_spread_over_the_document():
@@ -468,7 +694,7 @@ def test_count_variant_aggregates_mentions_spread_over_the_document():
         assert firsts == sorted(firsts)
         for k in ex["keys"]:
             assert 1 <= k["count"] <= MAX_COUNT and len(k["mentions"]) == k["count"]
-            assert [i for i in range(len(words) - 1) if words[i:i + 2] == ["A", k["animal"]]] == k["mentions"]
+            assert [i for i in range(len(words) - 1) if words[i : i + 2] == ["A", k["animal"]]] == k["mentions"]
         assert ex["summary"] == " ".join(f"The {k['animal']} was seen {k['count']} times." for k in ex["keys"])
         assert sum(len(k["mentions"]) for k in ex["keys"]) == sum(1 for w in words if w == "seen.")
     # the count's words never occur in filler
@@ -478,7 +704,9 @@ def test_count_variant_aggregates_mentions_spread_over_the_document():
     assert sum(any(k["mentions"][-1] - k["mentions"][0] >= 1024 for k in ex["keys"]) for ex in examples) >= 10
     keys = [{"animal": "fox", "count": 3}, {"animal": "owl", "count": 1}]
     assert count_hits(keys, "The fox was seen 3 times. The owl was seen 2 times.") == [
-        {"animal": True, "count": True}, {"animal": True, "count": False}]
+        {"animal": True, "count": True},
+        {"animal": True, "count": False},
+    ]
     assert count_hits(keys, "The owl was seen 1 times.")[1] == {"animal": False, "count": False}
 
 
@@ -509,7 +737,8 @@ def test_order_variant_needs_the_relation_of_far_arrivals():
     assert order_hits(keys, right) == [{"animal": True}] * 3
     assert order_hits(keys, "The owl arrived before the fox.") == [{"animal": False}] * 3
     assert order_hits(keys, "The fox arrived before the bear.") == [{"animal": True}, {"animal": False}] + [
-        {"animal": False}]
+        {"animal": False}
+    ]
 
 
 def _arrivals(*offsets):
@@ -524,7 +753,7 @@ def test_position_only_rule_ranks_each_arrival_by_its_own_offset():
     report = load_report()
     train = [_arrivals(100 + i, 1500 + i, 2900 + i) for i in range(0, 300, 10)]
     rule = report.fit_position_rule(train)
-    (t1, t2), = [r["thresholds"] for r in rule.values()]
+    ((t1, t2),) = [r["thresholds"] for r in rule.values()]
     assert list(rule) == [3] and rule[3]["train_exact"] == 1.0 and rule[3]["n_docs"] == 30
     assert 390 < t1 <= 1500 and 1790 < t2 <= 2900
     right, wrong, late = (_arrivals(300, 2000, 3200), _arrivals(50, 300, 3000), _arrivals(1700, 2950, 3300))
@@ -534,6 +763,7 @@ def test_position_only_rule_ranks_each_arrival_by_its_own_offset():
     assert scores[2]["slots"] == [False, False, True]
     # 2 arrivals: one threshold; the search is exact (every threshold tried by brute force agrees)
     import random
+
     rng = random.Random(4)
     docs = [_arrivals(a, a + rng.randint(1, 2000)) for a in (rng.randint(0, 2000) for _ in range(200))]
     fitted = report.fit_position_rule(docs)[2]
@@ -550,6 +780,7 @@ def test_seed_resampled_interval_widens_with_seed_variance():
     """Seed 1 right on every document, seed 2 wrong on every one: every document's pooled score is 0.5,
     so the document bootstrap sees no spread, and only the interval that also draws seeds does."""
     import random
+
     report = load_report()
     right = [{"exact": 1.0, "slots": [True], "far": [True]}] * 20
     wrong = [{"exact": 0.0, "slots": [False], "far": [False]}] * 20
@@ -562,17 +793,44 @@ def test_seed_resampled_interval_widens_with_seed_variance():
 
 def test_report_tells_order_from_copying(tmp_path):
     swap = lambda d, s: "The {1} arrived before the {0}.".format(*(k["animal"] for k in d["keys"]))  # noqa: E731
-    docs = _outputs(tmp_path, "order", {"local_8": lambda d, s: swap(d, s) if s == 1 else d["summary"],
-                                        "locost": lambda d, s: d["summary"]}, keys=2)
+    docs = _outputs(
+        tmp_path,
+        "order",
+        {"local_8": lambda d, s: swap(d, s) if s == 1 else d["summary"], "locost": lambda d, s: d["summary"]},
+        keys=2,
+    )
     report = load_report()
-    assert report.main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "rep"),
-                        "--variants", "order", "--rows", "local_8", "locost", "--seeds", "1", "2",
-                        "--n-docs", "12", "--n-train", "200", "--trained-at", "abc1234", "--machine", "a toaster"]) == 0
+    assert (
+        report.main(
+            [
+                "--outputs",
+                str(tmp_path / "outputs"),
+                "--report-dir",
+                str(tmp_path / "rep"),
+                "--variants",
+                "order",
+                "--rows",
+                "local_8",
+                "locost",
+                "--seeds",
+                "1",
+                "2",
+                "--n-docs",
+                "12",
+                "--n-train",
+                "200",
+                "--trained-at",
+                "abc1234",
+                "--machine",
+                "a toaster",
+            ]
+        )
+        == 0
+    )
     results = json.loads((tmp_path / "rep" / "results.json").read_text())
     res = results["variants"]["order"]
     assert len(docs) == 12 and res["locost"]["exact"] == 1.0 and res["local_8"]["exact"] == 0.5
-    assert res["local_8"]["order_choice"] == {"right_animals": 1.0, "right_order_among_those": 0.5,
-                                              "random_order": 0.5}
+    assert res["local_8"]["order_choice"] == {"right_animals": 1.0, "right_order_among_those": 0.5, "random_order": 0.5}
     assert res["local_8"]["slot_recall"] == 0.5 and res["locost"]["far_recall"] == 1.0
     assert res["locost"]["beats_control"] is True
     # the control's seeds disagree completely (0% and 100%): with seeds resampled its interval is [0, 1]
@@ -582,8 +840,15 @@ def test_report_tells_order_from_copying(tmp_path):
     ref = res["position_only"]
     train = report.scored_documents(str(tmp_path / "outputs" / "order" / "data.json"), "train", 200)
     assert ref["rule"] == {str(n): r for n, r in report.fit_position_rule(train).items()}
-    expected = [float(all(report._band(k["token_offset"], ref["rule"][str(len(d["keys"]))]["thresholds"]) == i
-                          for i, k in enumerate(d["keys"]))) for d in docs]
+    expected = [
+        float(
+            all(
+                report._band(k["token_offset"], ref["rule"][str(len(d["keys"]))]["thresholds"]) == i
+                for i, k in enumerate(d["keys"])
+            )
+        )
+        for d in docs
+    ]
     assert ref["exact"] == pytest.approx(sum(expected) / 12) and ref["exact_per_seed"] == [ref["exact"]]
     # where the run came from, and who scored it
     assert (results["trained_at"], results["machine"]) == ("abc1234", "a toaster")
@@ -591,11 +856,33 @@ def test_report_tells_order_from_copying(tmp_path):
     assert "trained and decoded at commit abc1234 on a toaster" in md and "Scored by report.py at commit" in md
     assert "| position only: each arrival ranked by its own word offset (no model) |" in md
     # re-scoring keeps the run's stamp
-    assert report.main(["--outputs", str(tmp_path / "outputs"), "--report-dir", str(tmp_path / "again"),
-                        "--variants", "order", "--rows", "local_8", "locost", "--seeds", "1", "2",
-                        "--n-docs", "12", "--n-train", "200",
-                        "--provenance-from", str(tmp_path / "rep" / "results.json")]) == 0
+    assert (
+        report.main(
+            [
+                "--outputs",
+                str(tmp_path / "outputs"),
+                "--report-dir",
+                str(tmp_path / "again"),
+                "--variants",
+                "order",
+                "--rows",
+                "local_8",
+                "locost",
+                "--seeds",
+                "1",
+                "2",
+                "--n-docs",
+                "12",
+                "--n-train",
+                "200",
+                "--provenance-from",
+                str(tmp_path / "rep" / "results.json"),
+            ]
+        )
+        == 0
+    )
     again = json.loads((tmp_path / "again" / "results.json").read_text())
     assert {k: again[k] for k in ("trained_at", "machine", "command")} == {
-        k: results[k] for k in ("trained_at", "machine", "command")}
+        k: results[k] for k in ("trained_at", "machine", "command")
+    }
     assert again["variants"] == results["variants"]

@@ -4,6 +4,7 @@ The reference is written from spec/led.md section 4 directly: one (T x T) key se
 float64 softmax; the module's blocked path must give the same valid outputs for odd lengths,
 padding, per-row global counts, every block size and windows wider than the input.
 """
+
 import math
 
 import pytest
@@ -31,8 +32,7 @@ def dense_reference(attn, x, pad=None, glob=None):
         return (inp @ layer.weight.double().t() + layer.bias.double()).view(n, T, h, d).transpose(1, 2)
 
     q, k, v = proj(attn.q_proj, x) / math.sqrt(d), proj(attn.k_proj, x), proj(attn.v_proj, x)
-    qg, kg, vg = (proj(attn.q_proj_global, x) / math.sqrt(d), proj(attn.k_proj_global, x),
-                  proj(attn.v_proj_global, x))
+    qg, kg, vg = (proj(attn.q_proj_global, x) / math.sqrt(d), proj(attn.k_proj_global, x), proj(attn.v_proj_global, x))
     out = torch.zeros(n, h, T, d, dtype=torch.float64)
     for b in range(n):
         R, G = real[b], glob[b]

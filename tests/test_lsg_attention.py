@@ -1,4 +1,5 @@
 """LSG attention (block-sparse fast path) against a slow dense reference with an explicit mask."""
+
 import math
 
 import pytest
@@ -16,8 +17,7 @@ TYPES = ["none", "norm", "pooling", "stride", "block_stride", "bos_pooling", "ls
 def dense_reference(attn, x, key_padding_mask=None, gen=None):
     """Dense softmax attention over [tokens + sparse entries] with the LSG pattern as a mask."""
     T, n, C = x.shape
-    G, bs, sbs, sf = attn.num_global_tokens, attn.block_size, attn.sparse_block_size, \
-        attn.sparsity_factor
+    G, bs, sbs, sf = attn.num_global_tokens, attn.block_size, attn.sparse_block_size, attn.sparsity_factor
     h, d = attn.num_heads, attn.head_dim
     L = T - G
     t = L if L <= 2 * bs else -(-L // bs) * bs
@@ -28,8 +28,10 @@ def dense_reference(attn, x, key_padding_mask=None, gen=None):
     projs = None
     if attn.sparsity_type == "lsh" and L > 2 * bs:
         c = min(bs, sbs)
-        projs = [(size, torch.randn(1, h, 1, d, size // 2, generator=gen)[0])  # (h, 1, d, size/2)
-                 for size in [c] * attn.lsh_num_pre_rounds + [c // sf]]
+        projs = [
+            (size, torch.randn(1, h, 1, d, size // 2, generator=gen)[0])  # (h, 1, d, size/2)
+            for size in [c] * attn.lsh_num_pre_rounds + [c // sf]
+        ]
     outs = []
     for b in range(n):
         q = attn.q_proj(xp[:, b]).view(S, h, d).transpose(0, 1)  # (h, S, d)
@@ -42,8 +44,7 @@ def dense_reference(attn, x, key_padding_mask=None, gen=None):
         else:
             use_sparse = attn.sparsity_type != "none" and sbs > 0
             if use_sparse:
-                sk, sv, sok = ref_sparse(attn.sparsity_type, q[:, G], k[:, G:], v[:, G:],
-                                         valid[G:], bs, sbs, sf, projs)
+                sk, sv, sok = ref_sparse(attn.sparsity_type, q[:, G], k[:, G:], v[:, G:], valid[G:], bs, sbs, sf, projs)
             else:
                 sk, sv, sok = k[:, :0], v[:, :0], torch.zeros(h, 0, dtype=torch.bool)
             keys, vals = torch.cat([k, sk], 1), torch.cat([v, sv], 1)
@@ -70,8 +71,7 @@ def reference_allow(G, t, bs, sbs, sf, valid, sok):
         for kk in range((j - 1) * bs, (j + 2) * bs):
             if 0 <= kk < t:
                 allow[:, row, G + kk] = valid[G + kk]
-        window = list(range((j - 1) * step - sbs, (j - 1) * step)) + \
-            list(range((j + 2) * step, (j + 2) * step + sbs))
+        window = list(range((j - 1) * step - sbs, (j - 1) * step)) + list(range((j + 2) * step, (j + 2) * step + sbs))
         for p in window:
             if 0 <= p < ns:
                 allow[:, row, S + p] = sok[:, p]
@@ -80,8 +80,9 @@ def reference_allow(G, t, bs, sbs, sf, valid, sok):
 
 def make(stype="norm", G=1, bs=4, sbs=4, sf=2, h=2, C=16, seed=0, **kw):
     torch.manual_seed(seed)
-    attn = LSGSelfAttention(C, h, num_global_tokens=G, block_size=bs, sparse_block_size=sbs,
-                            sparsity_factor=sf, sparsity_type=stype, **kw)
+    attn = LSGSelfAttention(
+        C, h, num_global_tokens=G, block_size=bs, sparse_block_size=sbs, sparsity_factor=sf, sparsity_type=stype, **kw
+    )
     with torch.no_grad():  # non-trivial biases
         for p in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
             p.bias.normal_()
@@ -118,8 +119,9 @@ def test_matches_dense_reference(stype, G, L, lengths, layer_path):
     assert torch.allclose(fast[keep], slow[keep], atol=1e-5), (fast - slow)[keep].abs().max()
 
 
-@pytest.mark.parametrize("bs,sbs,sf", [(4, 2, 2), (4, 3, 4), (6, 3, 2), (6, 2, 3), (8, 6, 4),
-                                       (2, 2, 1), (4, 1, 4), (6, 5, 3)])
+@pytest.mark.parametrize(
+    "bs,sbs,sf", [(4, 2, 2), (4, 3, 4), (6, 3, 2), (6, 2, 3), (8, 6, 4), (2, 2, 1), (4, 1, 4), (6, 5, 3)]
+)
 @pytest.mark.parametrize("stype", ["pooling", "stride", "block_stride", "bos_pooling"])
 def test_odd_and_unaligned_windows(bs, sbs, sf, stype, layer_path):
     # includes odd steps, step == 1 and 4*sbs <= 3*step: where the reference's arithmetic breaks
@@ -180,7 +182,7 @@ def test_short_inputs_are_full_attention(stype, L):
     attn = make(stype, G=2, bs=8, sbs=8, sf=2)
     x = torch.randn(2 + L, 2, 16)
     mask = torch.zeros(2, 2 + L, dtype=torch.bool)
-    mask[1, 2 + L // 2:] = True
+    mask[1, 2 + L // 2 :] = True
     with torch.no_grad():
         out = attn(x, x, x, key_padding_mask=mask)[0]
         ref = full_attention(attn, x, mask)
@@ -275,7 +277,7 @@ def test_memory_is_linear_no_square_tensor():
     class Track(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            for o in (out if isinstance(out, (tuple, list)) else [out]):
+            for o in out if isinstance(out, (tuple, list)) else [out]:
                 if isinstance(o, torch.Tensor):
                     biggest.append(o.numel())
             return out
@@ -294,19 +296,21 @@ def test_float16_runs_without_nan():
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(block_size=8, sparsity_factor=3), "must divide"),
-    (dict(block_size=8, sparse_block_size=2, sparsity_factor=2), "must be >="),
-    (dict(num_global_tokens=0), r"\[1, 512\]"),
-    (dict(num_global_tokens=513), r"\[1, 512\]"),
-    (dict(block_size=0), "block_size must be >= 1"),
-    (dict(sparsity_type="bogus"), "not a known sparsity type"),
-    (dict(sparsity_type=None), "not a known sparsity type"),  # the reference's None is mapped by the converter
-    (dict(block_size=8, sparse_block_size=6, sparsity_factor=2, sparsity_type="norm"), "chunks"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(block_size=8, sparsity_factor=3), "must divide"),
+        (dict(block_size=8, sparse_block_size=2, sparsity_factor=2), "must be >="),
+        (dict(num_global_tokens=0), r"\[1, 512\]"),
+        (dict(num_global_tokens=513), r"\[1, 512\]"),
+        (dict(block_size=0), "block_size must be >= 1"),
+        (dict(sparsity_type="bogus"), "not a known sparsity type"),
+        (dict(sparsity_type=None), "not a known sparsity type"),  # the reference's None is mapped by the converter
+        (dict(block_size=8, sparse_block_size=6, sparsity_factor=2, sparsity_type="norm"), "chunks"),
+    ],
+)
 def test_invalid_hyper_parameters(kwargs, message):
-    cfg = dict(block_size=8, sparse_block_size=8, sparsity_factor=2, sparsity_type="norm",
-               num_global_tokens=1)
+    cfg = dict(block_size=8, sparse_block_size=8, sparsity_factor=2, sparsity_type="norm", num_global_tokens=1)
     cfg.update(kwargs)
     with pytest.raises(ValueError, match=message):
         check_lsg_config(**cfg)

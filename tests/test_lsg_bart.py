@@ -1,4 +1,5 @@
 """lsg_bart model: fairseq wiring of the LSG encoder (globals, masks, flags, decoding)."""
+
 import pytest
 import torch
 
@@ -8,17 +9,31 @@ from conftest import TOY_VOCAB as VOCAB, build_task_and_model, toy_batch, write_
 from lsg_fairseq.models.lsg_bart import LSGBARTModel
 
 
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return write_toy_dict(tmp_path_factory.mktemp("lsg_bart_data"))
 
 
 def build(data_dir, *flags, seed=0):
-    argv = [data_dir, "--task", "long_document_summarization", "--arch", "lsg_bart_tiny",
-            "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--block-size", "8",
-            "--sparse-block-size", "8", "--max-source-positions", "512",
-            "--max-target-positions", "64"] + list(flags)
+    argv = [
+        data_dir,
+        "--task",
+        "long_document_summarization",
+        "--arch",
+        "lsg_bart_tiny",
+        "--encoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "64",
+        "--block-size",
+        "8",
+        "--sparse-block-size",
+        "8",
+        "--max-source-positions",
+        "512",
+        "--max-target-positions",
+        "64",
+    ] + list(flags)
     task, model = build_task_and_model(argv, seed)
     return model.eval(), task
 
@@ -93,8 +108,9 @@ def test_incremental_decoding_equals_full_decoding(data_dir):
         enc = model.encoder(src, src_lengths=lengths)
         full, _ = model.decoder(prev, encoder_out=enc)
         state = {}
-        steps = [model.decoder(prev[:, : i + 1], encoder_out=enc, incremental_state=state)[0]
-                 for i in range(prev.size(1))]
+        steps = [
+            model.decoder(prev[:, : i + 1], encoder_out=enc, incremental_state=state)[0] for i in range(prev.size(1))
+        ]
     inc = torch.cat(steps, dim=1)
     assert torch.allclose(full, inc, atol=1e-5), (full - inc).abs().max()
 
@@ -113,8 +129,9 @@ def test_beam_search_generation(data_dir):
 def test_pass_global_tokens_to_decoder_false_pools_global0(data_dir):
     base, _ = build(data_dir, "--num-global-tokens", "3")
     pooled, _ = build(data_dir, "--num-global-tokens", "3", "--pass-global-tokens-to-decoder", "false")
-    dropped, _ = build(data_dir, "--num-global-tokens", "3", "--pass-global-tokens-to-decoder",
-                       "false", "--pool-with-global", "false")
+    dropped, _ = build(
+        data_dir, "--num-global-tokens", "3", "--pass-global-tokens-to-decoder", "false", "--pool-with-global", "false"
+    )
     pooled.load_state_dict(base.state_dict())
     dropped.load_state_dict(base.state_dict())
     src, lengths, prev = batch()
@@ -149,12 +166,17 @@ def test_mask_first_token_hides_it_everywhere(data_dir):
     assert torch.allclose(la, lb, atol=1e-6)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--sparsity-factor", "3"], "--sparsity-factor"),
-    (["--sparse-block-size", "2", "--sparsity-factor", "2"], "--sparse-block-size"),
-    (["--mask-first-token", "--pass-global-tokens-to-decoder", "false", "--pool-with-global", "false"],
-     "--pool-with-global"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--sparsity-factor", "3"], "--sparsity-factor"),
+        (["--sparse-block-size", "2", "--sparsity-factor", "2"], "--sparse-block-size"),
+        (
+            ["--mask-first-token", "--pass-global-tokens-to-decoder", "false", "--pool-with-global", "false"],
+            "--pool-with-global",
+        ),
+    ],
+)
 def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):
     """Combinations only the model build can judge (single values are refused when parsed)."""
     from lsg_text.errors import ConfigError
@@ -163,13 +185,16 @@ def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):
         build(data_dir, *flags)
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--num-global-tokens", "0"], "argument --num-global-tokens: must be an integer in [1, 512], got '0'"),
-    (["--num-global-tokens", "600"], "argument --num-global-tokens: must be an integer in [1, 512], got '600'"),
-    (["--block-size", "0"], "argument --block-size: must be an integer >= 1, got '0'"),
-    (["--block-size", "-3"], "argument --block-size: must be an integer >= 1, got '-3'"),
-    (["--sparse-block-size", "x"], "argument --sparse-block-size: must be an integer >= 0, got 'x'"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--num-global-tokens", "0"], "argument --num-global-tokens: must be an integer in [1, 512], got '0'"),
+        (["--num-global-tokens", "600"], "argument --num-global-tokens: must be an integer in [1, 512], got '600'"),
+        (["--block-size", "0"], "argument --block-size: must be an integer >= 1, got '0'"),
+        (["--block-size", "-3"], "argument --block-size: must be an integer >= 1, got '-3'"),
+        (["--sparse-block-size", "x"], "argument --sparse-block-size: must be an integer >= 0, got 'x'"),
+    ],
+)
 def test_out_of_range_values_refused_when_parsed(data_dir, flags, message, capsys):
     with pytest.raises(SystemExit) as e:
         build(data_dir, *flags)

@@ -3,6 +3,7 @@
 The import checks run in fresh interpreters: this test process has long imported fairseq and
 torch, so only a new ``sys.modules`` can show what importing ``lsg_text`` pulls in.
 """
+
 import json
 import os
 import pkgutil
@@ -89,9 +90,26 @@ def test_script_help_from_another_folder_without_fairseq(tmp_path, name):
 def test_script_runs_from_another_folder(tmp_path):
     """A real run (not just --help) with relative paths resolved against the caller's folder."""
     r = subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, "make_synthetic_data.py"), "--output-dir", "synth",
-         "--train", "2", "--valid", "1", "--test", "1", "--min-tokens", "200", "--max-tokens", "300"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        [
+            sys.executable,
+            os.path.join(SCRIPTS, "make_synthetic_data.py"),
+            "--output-dir",
+            "synth",
+            "--train",
+            "2",
+            "--valid",
+            "1",
+            "--test",
+            "1",
+            "--min-tokens",
+            "200",
+            "--max-tokens",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(os.listdir(tmp_path / "synth")) == ["test.jsonl", "train.jsonl", "valid.jsonl"]
@@ -154,9 +172,22 @@ def test_stale_temps_of_the_same_path_only_are_removed(tmp_path):
 def test_encoders_refuse_unpaired_inputs_and_outputs(tmp_path, script):
     src = tmp_path / "a.txt"
     src.write_text("x\n")
-    r = subprocess.run([sys.executable, os.path.join(SCRIPTS, script), "--inputs", str(src), str(src),
-                        "--outputs", str(tmp_path / "a.out")] + (["--model", "m"] if script == "spm_encode.py" else ["--encoder-json", "e", "--vocab-bpe", "v"]),
-                       capture_output=True, text=True, cwd=str(tmp_path), timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(SCRIPTS, script),
+            "--inputs",
+            str(src),
+            str(src),
+            "--outputs",
+            str(tmp_path / "a.out"),
+        ]
+        + (["--model", "m"] if script == "spm_encode.py" else ["--encoder-json", "e", "--vocab-bpe", "v"]),
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=120,
+    )
     assert r.returncode == 2
     assert r.stderr.strip().endswith("--inputs has 2 paths but --outputs has 1; give one output per input")
     assert os.listdir(tmp_path) == ["a.txt"]  # nothing written

@@ -5,6 +5,7 @@ pass during the forward goes through ``saved_tensors_hooks``; with checkpointing
 input is kept and the layer is recomputed in backward. (test_locost.py and test_led.py also check
 gradient equality for their archs on their own fixtures.)
 """
+
 import pytest
 import torch
 from conftest import TOY_VOCAB as VOCAB, build_task_and_model, write_toy_dict
@@ -14,15 +15,64 @@ import lsg_fairseq  # noqa: F401
 L = 1024  # source tokens: long enough that activations dwarf the tiny weights
 
 ARCHS = {
-    "lsg_bart": ["--arch", "lsg_bart_tiny", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-                 "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--block-size", "32",
-                 "--sparse-block-size", "32", "--dropout", "0", "--attention-dropout", "0",
-                 "--max-source-positions", str(L)],
-    "led": ["--arch", "led_tiny", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
-            "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64", "--attention-window", "32",
-            "--dropout", "0", "--attention-dropout", "0", "--max-source-positions", str(L)],
-    "locost": ["--arch", "locost_tiny", "--d-model", "32", "--d-state", "16", "--d-ff", "64", "--d-kv", "8",
-               "--dropout", "0", "--max-source-positions", str(L)],
+    "lsg_bart": [
+        "--arch",
+        "lsg_bart_tiny",
+        "--encoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "64",
+        "--decoder-embed-dim",
+        "32",
+        "--decoder-ffn-embed-dim",
+        "64",
+        "--block-size",
+        "32",
+        "--sparse-block-size",
+        "32",
+        "--dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--max-source-positions",
+        str(L),
+    ],
+    "led": [
+        "--arch",
+        "led_tiny",
+        "--encoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "64",
+        "--decoder-embed-dim",
+        "32",
+        "--decoder-ffn-embed-dim",
+        "64",
+        "--attention-window",
+        "32",
+        "--dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--max-source-positions",
+        str(L),
+    ],
+    "locost": [
+        "--arch",
+        "locost_tiny",
+        "--d-model",
+        "32",
+        "--d-state",
+        "16",
+        "--d-ff",
+        "64",
+        "--d-kv",
+        "8",
+        "--dropout",
+        "0",
+        "--max-source-positions",
+        str(L),
+    ],
 }
 
 
@@ -35,8 +85,7 @@ def data_dir(tmp_path_factory):
 
 
 def build(data_dir, arch, *extra):
-    argv = [data_dir, "--task", "long_document_summarization", *ARCHS[arch], "--max-target-positions", "64",
-            *extra]
+    argv = [data_dir, "--task", "long_document_summarization", *ARCHS[arch], "--max-target-positions", "64", *extra]
     return build_task_and_model(argv)[1].train()
 
 

@@ -7,6 +7,7 @@ casts back. Checked on CPU, on both layer paths (``lsg_fairseq.modules.paths``):
 float32, a bf16/fp16 model's logits stay close to the float32 model's, gradients are finite, and
 fairseq's own ``--bf16`` trainer steps every arch.
 """
+
 import math
 
 import pytest
@@ -18,8 +19,18 @@ from lsg_fairseq.modules.paths import forced_path
 
 ARCHS = {
     "bart_tiny": [],
-    "lsg_bart_tiny": ["--block-size", "8", "--sparse-block-size", "8", "--sparsity-factor", "2",
-                      "--sparsity-type", "norm", "--num-global-tokens", "2"],
+    "lsg_bart_tiny": [
+        "--block-size",
+        "8",
+        "--sparse-block-size",
+        "8",
+        "--sparsity-factor",
+        "2",
+        "--sparsity-type",
+        "norm",
+        "--num-global-tokens",
+        "2",
+    ],
     "led_tiny": ["--attention-window", "8"],
     "locost_tiny": [],
 }
@@ -48,9 +59,11 @@ def half_supported(dtype) -> bool:
         return False
 
 
-CASES = [(arch, torch.bfloat16, path) for arch in ("lsg_bart_tiny", "led_tiny", "locost_tiny") for path in ("cpu", "whole")] \
-    + [(arch, torch.float16, "whole") for arch in ("lsg_bart_tiny", "led_tiny", "locost_tiny")] \
-    + [("bart_tiny", torch.bfloat16, "cpu")]  # (fp16 on the CPU paths: same kernels as bf16 there)
+CASES = (
+    [(arch, torch.bfloat16, path) for arch in ("lsg_bart_tiny", "led_tiny", "locost_tiny") for path in ("cpu", "whole")]
+    + [(arch, torch.float16, "whole") for arch in ("lsg_bart_tiny", "led_tiny", "locost_tiny")]
+    + [("bart_tiny", torch.bfloat16, "cpu")]
+)  # (fp16 on the CPU paths: same kernels as bf16 there)
 
 
 @pytest.mark.parametrize("arch,dtype,path", CASES, ids=[f"{a}-{str(d)[6:]}-{p}" for a, d, p in CASES])
@@ -58,8 +71,20 @@ def test_half_precision_model_matches_float32_and_runs_ffts_in_float32(arch, dty
     if not half_supported(dtype):
         pytest.skip(f"this torch build has no CPU {dtype} matmul")
     data = write_toy_dict(tmp_path)
-    _, model = build_task_and_model([data, "--task", "long_document_summarization", "--arch", arch,
-                                     "--max-source-positions", "64", "--dropout", "0"] + ARCHS[arch])
+    _, model = build_task_and_model(
+        [
+            data,
+            "--task",
+            "long_document_summarization",
+            "--arch",
+            arch,
+            "--max-source-positions",
+            "64",
+            "--dropout",
+            "0",
+        ]
+        + ARCHS[arch]
+    )
     src, lengths, prev = toy_batch(L=45, lengths=(45, 30))
     model.train()
     with forced_path(model, path):
@@ -82,17 +107,55 @@ def test_half_precision_model_matches_float32_and_runs_ffts_in_float32(arch, dty
         assert not ffts.seen
 
 
-WORD_TINY = ["--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-embed-dim", "16",
-             "--decoder-ffn-embed-dim", "32", "--encoder-layers", "1", "--decoder-layers", "1",
-             "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target"]
+WORD_TINY = [
+    "--encoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "16",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--max-source-positions",
+    "128",
+    "--max-target-positions",
+    "64",
+    "--truncate-target",
+]
 
 
-@pytest.mark.parametrize("arch,flags", [
-    ("led_tiny", WORD_TINY + ["--attention-window", "16"]),
-    ("locost_tiny", ["--d-model", "16", "--d-ff", "32", "--d-kv", "4", "--d-state", "8", "--encoder-layers", "1",
-                     "--decoder-layers", "1", "--max-source-positions", "128", "--max-target-positions", "64",
-                     "--truncate-target"]),
-])
+@pytest.mark.parametrize(
+    "arch,flags",
+    [
+        ("led_tiny", WORD_TINY + ["--attention-window", "16"]),
+        (
+            "locost_tiny",
+            [
+                "--d-model",
+                "16",
+                "--d-ff",
+                "32",
+                "--d-kv",
+                "4",
+                "--d-state",
+                "8",
+                "--encoder-layers",
+                "1",
+                "--decoder-layers",
+                "1",
+                "--max-source-positions",
+                "128",
+                "--max-target-positions",
+                "64",
+                "--truncate-target",
+            ],
+        ),
+    ],
+)
 def test_fairseq_bf16_trainer_steps_every_arch(word_data, arch, flags):
     """fairseq's own trainer with --bf16 (FP16Optimizer, bf16 weights and fp32 master copies);
     lsg_bart_tiny: tests/test_bf16.py."""
@@ -101,9 +164,24 @@ def test_fairseq_bf16_trainer_steps_every_arch(word_data, arch, flags):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
 
-    argv = [str(word_data), "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(),
-            "--arch", arch, *flags, "--criterion", "cross_entropy", "--optimizer", "adam",
-            "--lr", "1e-2", "--cpu", "--bf16"]
+    argv = [
+        str(word_data),
+        "--task",
+        "long_document_summarization",
+        "--user-dir",
+        lsg_fairseq.user_dir(),
+        "--arch",
+        arch,
+        *flags,
+        "--criterion",
+        "cross_entropy",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "1e-2",
+        "--cpu",
+        "--bf16",
+    ]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")

@@ -54,14 +54,13 @@ def test_look_around_matches_indices(backward, forward):
             else:
                 assert bool((out[:, j, k] == -9.0).all())
     # block j's own tokens sit at offset backward*bs of its window
-    assert torch.equal(out[:, :, backward * bs:(backward + 1) * bs], B.blocks(x, bs, dim=1))
+    assert torch.equal(out[:, :, backward * bs : (backward + 1) * bs], B.blocks(x, bs, dim=1))
 
 
 def test_look_around_bool_mask():
     m = torch.tensor([[False, False, True, False]])  # (1, 4) -> 2 blocks of 2
     out = B.look_around(B.blocks(m, 2, dim=1), 1, 1, pad_value=True, dim=1)
-    assert out.tolist() == [[[True, True, False, False, True, False],
-                             [False, False, True, False, True, True]]]
+    assert out.tolist() == [[[True, True, False, False, True, False], [False, False, True, False, True, True]]]
 
 
 def test_relative_positions():
@@ -105,7 +104,7 @@ def _reference_sparse_blocks(x, bs, sbs, sf):
         x = x[..., :-1, :, :]
     u = (size - bs * 3 // sf) // 2 + odd_offset
     u_ = u + odd_offset
-    return torch.cat([x[..., u - sbs:u, :], x[..., -u_:-u_ + sbs, :]], dim=-2)
+    return torch.cat([x[..., u - sbs : u, :], x[..., -u_ : -u_ + sbs, :]], dim=-2)
 
 
 def test_sparse_window_matches_reference_on_its_valid_domain():
@@ -137,9 +136,9 @@ def test_clamp_index_and_blocks():
 
 
 def test_compact_indices():
-    flags = torch.tensor([[False, True, False, True, True],
-                          [True, False, False, False, False],
-                          [False, False, False, False, False]])
+    flags = torch.tensor(
+        [[False, True, False, True, True], [True, False, False, False, False], [False, False, False, False, False]]
+    )
     index, valid = B.compact_indices(flags)
     assert index.shape == (3, 3)
     assert valid.tolist() == [[True, True, True], [True, False, False], [False, False, False]]

@@ -1,5 +1,6 @@
 """padded_projection: the no-grad path (rows written with addmm(out=)) against the obvious
 pad-and-concatenate construction, and the autograd path's gradients."""
+
 import pytest
 import torch
 import torch.nn as nn
@@ -12,12 +13,14 @@ def reference(proj, x, pieces, length):
     out = y.new_zeros(x.size(0), length, y.size(2))
     for rows, offset in pieces:
         part = y[:, rows]
-        out[:, offset:offset + part.size(1)] = part
+        out[:, offset : offset + part.size(1)] = part
     return out
 
 
-PIECES = [([(slice(0, 2), 0), (slice(2, 9), 5)], 16),  # LSG: [globals | pad | tokens | pad]
-          ([(slice(0, 9), 3)], 15)]  # LED: [pad | tokens | pad]
+PIECES = [
+    ([(slice(0, 2), 0), (slice(2, 9), 5)], 16),  # LSG: [globals | pad | tokens | pad]
+    ([(slice(0, 9), 3)], 15),
+]  # LED: [pad | tokens | pad]
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -6,6 +6,7 @@ guarded value itself, computed naively in half, is inf) and compares the half fo
 float32 one. CPU autocast (float16 and bfloat16) stands in for fairseq's ``--amp`` (CUDA float16
 autocast); ``model.half()`` is fairseq's ``--fp16``.
 """
+
 import pytest
 import torch
 

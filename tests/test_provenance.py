@@ -1,4 +1,5 @@
 """lsg_text.provenance: the commit a committed table is stamped with."""
+
 import subprocess
 
 from lsg_text.provenance import git_stamp

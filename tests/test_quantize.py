@@ -9,6 +9,7 @@ and BLAS paths, while a layer quantized wrongly (a dropped bias, a transposed we
 output projection) is off by 30% or more. benchmarks/results/int8.md has the same comparison on
 the converted conformance fixtures and on a trained model.
 """
+
 import copy
 import os
 
@@ -33,8 +34,18 @@ LSG_HF = os.path.join(os.path.dirname(BART_HF), "..", "lsg_norm", "hf")
 
 
 def build(folder, arch):
-    argv = [write_toy_dict(folder), "--task", "long_document_summarization", "--arch", arch,
-            "--max-source-positions", "512", "--max-target-positions", "64", *ARCHS[arch]]
+    argv = [
+        write_toy_dict(folder),
+        "--task",
+        "long_document_summarization",
+        "--arch",
+        arch,
+        "--max-source-positions",
+        "512",
+        "--max-target-positions",
+        "64",
+        *ARCHS[arch],
+    ]
     return build_task_and_model(argv)[1].eval()
 
 
@@ -47,7 +58,7 @@ def forward(model, src, lengths, prev):
         enc = model.encoder(src, src_lengths=lengths)
         logits, _ = model.decoder(prev, encoder_out=enc)
     out = enc["encoder_out"][0]  # (G + T, B, C): LSG puts its global tokens first
-    return out[out.shape[0] - src.shape[1]:], logits
+    return out[out.shape[0] - src.shape[1] :], logits
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -60,7 +71,7 @@ def test_int8_close_to_fp32(tmp_path, arch):
     enc, logits = forward(model, src, lengths, prev)
     enc8, logits8 = forward(int8, src, lengths, prev)
     assert logits8.shape == logits.shape == (2, 7, TOY_VOCAB)
-    real = (torch.arange(src.shape[1])[:, None] < lengths[None, :])  # (T, B): compare real positions only
+    real = torch.arange(src.shape[1])[:, None] < lengths[None, :]  # (T, B): compare real positions only
     assert 0 < rel(enc[real], enc8[real]) < RTOL
     assert 0 < rel(logits, logits8) < RTOL
 
@@ -115,23 +126,45 @@ def summarize(argv, capsys):
 @pytest.mark.parametrize("name", ["bart_plain", "lsg_norm"])
 def test_summarize_int8_end_to_end(model_dirs, name, tmp_path, capsys):
     doc = tmp_path / "docs.txt"
-    doc.write_text("the patients were treated with a new drug and the results show a decrease\n"
-                   "a second document about the weather in the mountains\n")
+    doc.write_text(
+        "the patients were treated with a new drug and the results show a decrease\n"
+        "a second document about the weather in the mountains\n"
+    )
     outputs = {}
     for quantize in ("none", "int8"):
         out = tmp_path / f"{quantize}.txt"
-        code, err = summarize([model_dirs[name], "--input-lines", str(doc), "--output", str(out), "--beam", "2",
-                               "--max-len-b", "6", "--batch-size", "2", "--quiet", "--quantize", quantize], capsys)
+        code, err = summarize(
+            [
+                model_dirs[name],
+                "--input-lines",
+                str(doc),
+                "--output",
+                str(out),
+                "--beam",
+                "2",
+                "--max-len-b",
+                "6",
+                "--batch-size",
+                "2",
+                "--quiet",
+                "--quantize",
+                quantize,
+            ],
+            capsys,
+        )
         assert code == 0, err
         outputs[quantize] = out.read_text().split("\n")
     assert len(outputs["int8"]) == len(outputs["none"]) == 3  # two summaries and the final newline
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--quantize", "int4"], "argument --quantize: invalid choice: 'int4'"),
-    (["--quantize", "int8", "--device", "cuda"], "--quantize int8 runs on the CPU only"),
-    (["--quantize", "int8", "--device", "cuda", "--fp16"], "--quantize int8 runs on the CPU only"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--quantize", "int4"], "argument --quantize: invalid choice: 'int4'"),
+        (["--quantize", "int8", "--device", "cuda"], "--quantize int8 runs on the CPU only"),
+        (["--quantize", "int8", "--device", "cuda", "--fp16"], "--quantize int8 runs on the CPU only"),
+    ],
+)
 def test_summarize_refuses_bad_quantize_flags(tmp_path, capsys, argv, message):
     model_dir = tmp_path / "model"
     model_dir.mkdir()

@@ -1,6 +1,7 @@
 """README figures have a committed source: every percentage quoted in the sections that report an
 experiment appears in a committed table that the paragraph (or an earlier one of its section) links
 to (as the same number: 67% is not 67.3%), and the demo output names the commit it came from."""
+
 import os
 import re
 import subprocess
@@ -73,8 +74,9 @@ def test_quoted_figures_are_in_the_linked_committed_tables(readme):
 def test_unsourced_figures_are_caught(tmp_path, monkeypatch):
     """The check itself: a figure its linked table lacks is reported, one the table has is not."""
     (tmp_path / "t.md").write_text("| a | 12.5% [10.0%, 15.0%] |\n")
-    (tmp_path / "README.md").write_text("## Results\n\nSee [t](t.md): 12.5% [10.0, 15.0].\n\nThen 13.0%.\n\n"
-                                        "## Other\n\n99.0%\n")
+    (tmp_path / "README.md").write_text(
+        "## Results\n\nSee [t](t.md): 12.5% [10.0, 15.0].\n\nThen 13.0%.\n\n## Other\n\n99.0%\n"
+    )
     monkeypatch.setattr(__import__(__name__), "REPO", str(tmp_path))
     monkeypatch.setitem(CHECKED, "README.md", ("## Results",))
     assert [(h, x) for h, x, _ in unsourced("README.md")] == [("## Results", 13.0)]

@@ -1,4 +1,5 @@
 """S4D layer (LOCOST's token mixer): every fast path against a slow, obviously-correct reference."""
+
 import math
 
 import numpy as np
@@ -72,11 +73,21 @@ def test_blocked_vandermonde_equals_naive_formula(length):
     b = torch.view_as_complex(k.B.double())
     c = torch.view_as_complex(k.C.double())
     l = torch.arange(length, dtype=torch.float64)
-    manual = torch.stack([
-        2 * (c[i, :, :, None] * b[..., None] * (torch.exp(dt[:, None] * a) - 1)[..., None] / a[..., None]
-             * torch.exp(dt[:, None, None] * a[..., None] * l)).sum(1).real
-        for i in range(2)
-    ])
+    manual = torch.stack(
+        [
+            2
+            * (
+                c[i, :, :, None]
+                * b[..., None]
+                * (torch.exp(dt[:, None] * a) - 1)[..., None]
+                / a[..., None]
+                * torch.exp(dt[:, None, None] * a[..., None] * l)
+            )
+            .sum(1)
+            .real
+            for i in range(2)
+        ]
+    )
     assert (fast.double() - manual).abs().max() < 2e-6 * max(1.0, manual.abs().max().item())
 
 
@@ -95,7 +106,7 @@ def test_kernel_matches_reference_fixture():
     sd = torch.load(f"{FIXTURE}/model/pytorch_model.bin", map_location="cpu")
     pre = "encoder.block.0.layer.0.ssm_layer."
     layer = S4D(64, 32)
-    layer.load_state_dict({k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)})
+    layer.load_state_dict({k[len(pre) :]: v for k, v in sd.items() if k.startswith(pre)})
     ref = locost_kernels()
     k = layer.kernel(3000).detach().numpy()
     assert np.abs(k - ref["kernel_raw"]).max() < 1e-5
@@ -176,7 +187,7 @@ def test_training_forward_and_gradients_equal_direct_conv(length, layer_path):
     layer = _perturbed_layer(H=6, N=8).train()
     u = torch.randn(2, length, 6, requires_grad=True)
     mask = torch.zeros(2, length, dtype=torch.bool)
-    mask[1, (length + 1) // 2:] = True
+    mask[1, (length + 1) // 2 :] = True
     w = torch.randn(2, length, 6)
     grads = []
     for fn in (lambda: layer(u, mask), lambda: _direct_conv(layer, u, mask)):
@@ -317,7 +328,7 @@ def test_cache_budget_is_a_bound_filled_shortest_first():
     assert torch.allclose(full, _dense_reference(layer, u), atol=1e-4)
     lengths = sorted(n for _, n, _ in layer._cache[1] for _ in range(1))
     for budget in (need - 1, need // 2, need // 4):
-        tight = _perturbed_layer(H=H, N=8, kernel_cache_mb=budget / 2 ** 20).eval()
+        tight = _perturbed_layer(H=H, N=8, kernel_cache_mb=budget / 2**20).eval()
         with torch.no_grad():
             out = tight(u)
         assert torch.allclose(out, full, atol=1e-6)
@@ -328,7 +339,7 @@ def test_cache_budget_is_a_bound_filled_shortest_first():
         left = [n for _, n, k in entries if k is None]
         assert left and max(kept) <= min(left)  # the shortest kernels are the ones kept
     smallest = 2 * min(lengths) * 4
-    none = _perturbed_layer(H=H, N=8, kernel_cache_mb=(smallest - 1) / 2 ** 20).eval()
+    none = _perturbed_layer(H=H, N=8, kernel_cache_mb=(smallest - 1) / 2**20).eval()
     with torch.no_grad():
         assert torch.allclose(none(u), full, atol=1e-6)
     assert none._cache is None and none.cached_kernel_bytes() == 0
@@ -384,7 +395,7 @@ def test_per_channel_decay_lengths_are_honest_and_kernel_unchanged():
     zeros = 0
     for h in range(48):
         if n[h] < L:
-            assert exact[:, h, int(n[h]):].abs().max() < k.M * 1e-10 * 1.01  # the cut-off tail was tiny
+            assert exact[:, h, int(n[h]) :].abs().max() < k.M * 1e-10 * 1.01  # the cut-off tail was tiny
         cut = int(n[h] / 0.8) + 1  # its group computes at most 1/0.8 of its own length
         assert torch.equal(fast[:, h, cut:], torch.zeros_like(fast[:, h, cut:]))
         zeros += (fast[:, h] == 0).sum().item()
@@ -456,8 +467,9 @@ def test_channel_chunked_inference_equals_full():
         layer.clear_kernel_cache()
         layer.kernel_cache_mb = 0
         cold = layer(u, mask)  # kernels generated chunk by chunk
-        assert torch.allclose(full, _dense_reference(layer, u, mask) * (~mask).unsqueeze(-1) + full * mask.unsqueeze(-1),
-                              atol=1e-4)
+        assert torch.allclose(
+            full, _dense_reference(layer, u, mask) * (~mask).unsqueeze(-1) + full * mask.unsqueeze(-1), atol=1e-4
+        )
     assert torch.allclose(full, chunked, atol=1e-6) and torch.allclose(full, cold, atol=1e-6)
 
 
@@ -500,7 +512,7 @@ def test_fixture_kernel_with_and_without_tail_skipping():
     ref = {}
     for tol in (1e-10, 0.0):
         layer = S4D(64, 32, kernel_tail_tol=tol)
-        layer.load_state_dict({k[len(pre):]: v for k, v in sd.items() if k.startswith(pre)})
+        layer.load_state_dict({k[len(pre) :]: v for k, v in sd.items() if k.startswith(pre)})
         with torch.no_grad():
             ref[tol] = layer.kernel(3000)
             if tol > 0:

@@ -23,10 +23,7 @@ N = 4  # examples per split: enough for line-count checks, small enough for a fa
 
 
 def run_script(name, *args, check=True):
-    cmd = (["bash"] if name.endswith(".sh") else [sys.executable]) + [
-        os.path.join(SCRIPTS, name),
-        *map(str, args),
-    ]
+    cmd = (["bash"] if name.endswith(".sh") else [sys.executable]) + [os.path.join(SCRIPTS, name), *map(str, args)]
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable}, cwd=REPO_ROOT
     )
@@ -57,14 +54,7 @@ def pipeline(tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
     raw, spm_dir, enc, binarized = root / "raw", root / "spm", root / "enc", root / "bin"
     run_script(
-        "jsonl_to_parallel.py",
-        "--input-dir",
-        SUMPUBMED,
-        "--output-dir",
-        raw,
-        "--max-examples",
-        N,
-        "--write-ids",
+        "jsonl_to_parallel.py", "--input-dir", SUMPUBMED, "--output-dir", raw, "--max-examples", N, "--write-ids"
     )
     run_script(
         "spm_train.py",
@@ -111,16 +101,10 @@ def pipeline(tmp_path_factory):
 
 def test_jsonl_to_parallel_one_example_per_line(pipeline):
     raw = pipeline["raw"]
-    assert files_in(raw) == sorted(
-        f"{s}.{e}" for s in ("train", "valid", "test") for e in ("source", "target", "id")
-    )
+    assert files_in(raw) == sorted(f"{s}.{e}" for s in ("train", "valid", "test") for e in ("source", "target", "id"))
     with open(os.path.join(SUMPUBMED, "train.jsonl"), encoding="utf-8") as f:
         originals = [json.loads(next(f)) for _ in range(N)]
-    src, tgt, ids = (
-        read_lines(raw / "train.source"),
-        read_lines(raw / "train.target"),
-        read_lines(raw / "train.id"),
-    )
+    src, tgt, ids = (read_lines(raw / "train.source"), read_lines(raw / "train.target"), read_lines(raw / "train.id"))
     assert len(src) == len(tgt) == len(ids) == N
     for ex, s, t, i in zip(originals, src, tgt, ids):
         assert "\n" in ex["document"]  # paragraphs in the JSONL ...
@@ -184,9 +168,7 @@ def test_jsonl_to_parallel_keeps_old_outputs_on_error(tmp_path, capsys):
 
 def test_jsonl_to_parallel_missing_input_dir(tmp_path, capsys):
     missing = tmp_path / "no_such_dir"
-    rc = load_script("jsonl_to_parallel.py").main(
-        ["--input-dir", str(missing), "--output-dir", str(tmp_path / "out")]
-    )
+    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(missing), "--output-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 2 and "--input-dir" in err and str(missing) in err and "not found" in err
     assert not (tmp_path / "out").exists()
@@ -194,9 +176,7 @@ def test_jsonl_to_parallel_missing_input_dir(tmp_path, capsys):
 
 def test_jsonl_to_parallel_missing_split_file(tmp_path, capsys):
     (tmp_path / "train.jsonl").write_text('{"document": "d", "summary": "s"}\n')
-    rc = load_script("jsonl_to_parallel.py").main(
-        ["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")]
-    )
+    rc = load_script("jsonl_to_parallel.py").main(["--input-dir", str(tmp_path), "--output-dir", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert rc == 2 and str(tmp_path / "valid.jsonl") in err
     assert not (tmp_path / "out").exists()
@@ -216,9 +196,7 @@ def test_spm_dict_matches_model_ids(pipeline):
     # fairseq index == sentencepiece id for every piece
     assert all(d.index(sp.id_to_piece(i)) == i for i in range(4, sp.get_piece_size()))
     assert (d.bos(), d.pad(), d.eos(), d.unk()) == (0, 1, 2, 3)
-    assert (pipeline["spm"] / "spm.vocab").exists() and not [
-        f for f in files_in(pipeline["spm"]) if f.startswith(".")
-    ]
+    assert (pipeline["spm"] / "spm.vocab").exists() and not [f for f in files_in(pipeline["spm"]) if f.startswith(".")]
 
 
 def test_spm_encode_round_trip_through_fairseq(pipeline):
@@ -275,9 +253,7 @@ def test_preprocess_writes_binarized_splits(pipeline):
     names = files_in(pipeline["bin"])
     for split in ("train", "valid"):
         for side in ("source", "target"):
-            assert (
-                f"{split}.source-target.{side}.bin" in names and f"{split}.source-target.{side}.idx" in names
-            )
+            assert f"{split}.source-target.{side}.bin" in names and f"{split}.source-target.{side}.idx" in names
     assert "dict.source.txt" in names and "dict.target.txt" in names
     assert not [n for n in files_in(pipeline["bin"].parent) if n.startswith(".bin.tmp")]
 
@@ -287,11 +263,25 @@ def test_spm_binarize_equals_the_three_steps_run_by_hand(pipeline, tmp_path):
     encoding as spm_train.py + spm_encode.py run separately, binaries for all three splits and the
     sentencepiece model next to them."""
     out = tmp_path / "out"
-    run_script("spm_binarize.sh", "--raw-dir", pipeline["raw"], "--out-dir", out, "--vocab-size", 600,
-               "--", "--character-coverage", 1.0, "--threads", 1)
+    run_script(
+        "spm_binarize.sh",
+        "--raw-dir",
+        pipeline["raw"],
+        "--out-dir",
+        out,
+        "--vocab-size",
+        600,
+        "--",
+        "--character-coverage",
+        1.0,
+        "--threads",
+        1,
+    )
     for split in ("train", "valid"):
         for side in ("source", "target"):
-            assert (out / "spm-enc" / f"{split}.{side}").read_text() == (pipeline["enc"] / f"{split}.{side}").read_text()
+            assert (out / "spm-enc" / f"{split}.{side}").read_text() == (
+                pipeline["enc"] / f"{split}.{side}"
+            ).read_text()
     names = files_in(out / "bin")
     for split in ("train", "valid", "test"):
         for side in ("source", "target"):
@@ -300,8 +290,16 @@ def test_spm_binarize_equals_the_three_steps_run_by_hand(pipeline, tmp_path):
     (pipeline["raw"].parent / "partial").mkdir()
     for side in ("source", "target"):
         (pipeline["raw"].parent / "partial" / f"train.{side}").write_text("a\n")
-    proc = run_script("spm_binarize.sh", "--raw-dir", pipeline["raw"].parent / "partial", "--out-dir", out,
-                      "--vocab-size", 600, check=False)
+    proc = run_script(
+        "spm_binarize.sh",
+        "--raw-dir",
+        pipeline["raw"].parent / "partial",
+        "--out-dir",
+        out,
+        "--vocab-size",
+        600,
+        check=False,
+    )
     assert proc.returncode == 2 and "missing" in proc.stderr and "valid.source" in proc.stderr
     assert "usage: spm_binarize.sh" in run_script("spm_binarize.sh", "--help").stdout
 
@@ -309,9 +307,7 @@ def test_spm_binarize_equals_the_three_steps_run_by_hand(pipeline, tmp_path):
 def test_preprocess_mismatched_line_counts(tmp_path):
     (tmp_path / "train.source").write_text("a\nb\nc\n")
     (tmp_path / "train.target").write_text("a\nb")  # last line without newline still counts
-    proc = run_script(
-        "preprocess.sh", "--trainpref", tmp_path / "train", "--destdir", tmp_path / "bin", check=False
-    )
+    proc = run_script("preprocess.sh", "--trainpref", tmp_path / "train", "--destdir", tmp_path / "bin", check=False)
     assert proc.returncode == 2
     assert f"{tmp_path}/train.source has 3 lines, {tmp_path}/train.target has 2 lines" in proc.stderr
     assert not (tmp_path / "bin").exists()
@@ -406,9 +402,7 @@ def test_gpt2_encode_drops_empty_without_keep_empty(tiny_gpt2, capsys):
     ]
     assert main(args + ["--outputs", str(folder / "a.ids"), str(folder / "b.ids")]) == 0
     # Lines 2 and 3 each have an empty side: both examples are dropped from both outputs.
-    assert read_lines(folder / "a.ids") == [str(enc["the"])] and read_lines(folder / "b.ids") == [
-        str(enc["a"])
-    ]
+    assert read_lines(folder / "a.ids") == [str(enc["the"])] and read_lines(folder / "b.ids") == [str(enc["a"])]
     assert "dropped 2" in capsys.readouterr().err
 
 
@@ -544,8 +538,17 @@ def test_generate_to_rouge_lead_baselines_and_table(tmp_path, capsys):
     (tmp_path / "gen.out").write_text(GENERATE_OUTPUT)
     # id 0's source starts with its reference, id 1's with half of it, id 2's with nothing of it
     (tmp_path / "src").write_text("a b c d\nthe dog ran far\nzzz yyy xxx\n")
-    argv = ["--generate-output", str(tmp_path / "gen.out"), "--output-dir", str(tmp_path / "eval"),
-            "--source-file", str(tmp_path / "src"), "--lead-words", "2", "3"]
+    argv = [
+        "--generate-output",
+        str(tmp_path / "gen.out"),
+        "--output-dir",
+        str(tmp_path / "eval"),
+        "--source-file",
+        str(tmp_path / "src"),
+        "--lead-words",
+        "2",
+        "3",
+    ]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
     assert read_lines(tmp_path / "eval" / "lead2.txt") == ["a b", "the dog", "zzz yyy"]
@@ -567,13 +570,7 @@ def test_generate_to_rouge_lead_baselines_and_table(tmp_path, capsys):
 def test_generate_output_parser_falls_back_to_h_and_uses_ref_file(tmp_path):
     from lsg_text.generate_output import hypotheses_and_references, parse_generate_output
 
-    lines = [
-        "H-3\t-1.5\tonly tokens",
-        "T-3\tt three",
-        "H-0\t-0.1\tzero",
-        "D-0\t-0.1\tZero decoded",
-        "T-0\tt zero",
-    ]
+    lines = ["H-3\t-1.5\tonly tokens", "T-3\tt three", "H-0\t-0.1\tzero", "D-0\t-0.1\tZero decoded", "T-0\tt zero"]
     examples = parse_generate_output(lines)
     ids, hyps, refs = hypotheses_and_references(examples)
     assert (ids, hyps, refs) == ([0, 3], ["Zero decoded", "only tokens"], ["t zero", "t three"])
@@ -585,30 +582,13 @@ def test_generate_to_rouge_two_files_and_mismatch(tmp_path, capsys):
     main = load_script("generate_to_rouge.py").main
     (tmp_path / "h").write_text("the cat sat\n")
     (tmp_path / "r").write_text("the cat ran\n")
-    assert (
-        main(["--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"), "--json", str(tmp_path / "r.json")])
-        == 0
-    )
+    assert main(["--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r"), "--json", str(tmp_path / "r.json")]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
-    assert (
-        report["n"] == 1
-        and report["rouge2"] == pytest.approx(50.0)
-        and report["rouge1"] == pytest.approx(200 / 3)
-    )
+    assert report["n"] == 1 and report["rouge2"] == pytest.approx(50.0) and report["rouge1"] == pytest.approx(200 / 3)
     capsys.readouterr()
     (tmp_path / "r2").write_text("a\nb\n")
     assert (
-        main(
-            [
-                "--hyp",
-                str(tmp_path / "h"),
-                "--ref",
-                str(tmp_path / "r2"),
-                "--json",
-                str(tmp_path / "bad.json"),
-            ]
-        )
-        == 2
+        main(["--hyp", str(tmp_path / "h"), "--ref", str(tmp_path / "r2"), "--json", str(tmp_path / "bad.json")]) == 2
     )
     err = capsys.readouterr().err
     assert f"--hyp {tmp_path / 'h'} has 1 lines, --ref {tmp_path / 'r2'} has 2" in err

@@ -1,5 +1,6 @@
 """ops.sparse (LSG's sparse sequences, token-major) against loops written from spec/lsg.md
 section 4 Step A, one sparsity type at a time, with and without padding."""
+
 import math
 
 import pytest
@@ -58,8 +59,7 @@ def ref_sparse(stype, q0, k, v, valid, bs, sbs, sf, projs=None):
         for hh in range(h):
             for p in range(ns):
                 g = list(range(p * sf, (p + 1) * sf))
-                s = torch.stack([k[hh, i] @ q0[hh] / math.sqrt(d) + (0 if valid[i] else NEG)
-                                 for i in g])
+                s = torch.stack([k[hh, i] @ q0[hh] / math.sqrt(d) + (0 if valid[i] else NEG) for i in g])
                 w = torch.softmax(s, 0)
                 sk[hh, p] = sum(w[r] * k[hh, i] for r, i in enumerate(g))
                 sv[hh, p] = sum(w[r] * v[hh, i] for r, i in enumerate(g))
@@ -75,8 +75,11 @@ def ref_sparse(stype, q0, k, v, valid, bs, sbs, sf, projs=None):
                 bucket = torch.zeros(codes.shape[:-1], dtype=torch.long)
             else:
                 bucket = torch.cat([codes, -codes], -1).argmax(-1)  # (h, t/c, c_in)
-            nk, nv, nw = (torch.zeros(h, t // c, size, d), torch.zeros(h, t // c, size, d),
-                          torch.zeros(h, t // c, size, 1))
+            nk, nv, nw = (
+                torch.zeros(h, t // c, size, d),
+                torch.zeros(h, t // c, size, d),
+                torch.zeros(h, t // c, size, 1),
+            )
             for hh in range(h):
                 for ci in range(t // c):
                     for i in range(kc.size(2)):
@@ -95,7 +98,9 @@ def ref_sparse(stype, q0, k, v, valid, bs, sbs, sf, projs=None):
 
 def _lsh_projections(gen, h, d, chunk, sf, pre_rounds):
     """The random projections lsh draws from ``gen``, in its order: (buckets, (h, 1, d, buckets/2))."""
-    return [(size, torch.randn(1, h, 1, d, size // 2, generator=gen)[0]) for size in [chunk] * pre_rounds + [chunk // sf]]
+    return [
+        (size, torch.randn(1, h, 1, d, size // 2, generator=gen)[0]) for size in [chunk] * pre_rounds + [chunk // sf]
+    ]
 
 
 def _by_chunk(x, chunk_entries):
@@ -106,7 +111,11 @@ def _by_chunk(x, chunk_entries):
 
 
 CONFIGS = [  # (bs, sbs, sf): the benchmark's shape in small, sbs < bs, sf == sbs (lsh -> bos_pooling)
-    (8, 8, 2), (8, 4, 4), (16, 8, 2), (8, 8, 8)]
+    (8, 8, 2),
+    (8, 4, 4),
+    (16, 8, 2),
+    (8, 8, 8),
+]
 
 
 @pytest.mark.parametrize("stype", TYPES)
@@ -114,24 +123,35 @@ CONFIGS = [  # (bs, sbs, sf): the benchmark's shape in small, sbs < bs, sf == sb
 @pytest.mark.parametrize("padded", [False, True])
 def test_matches_loops_from_the_spec(stype, bs, sbs, sf, padded):
     n, t, h, d = 2, 4 * 16, 3, 4
-    g = torch.Generator().manual_seed(hash((stype, bs, sbs, sf, padded)) % 2 ** 31)
+    g = torch.Generator().manual_seed(hash((stype, bs, sbs, sf, padded)) % 2**31)
     k, v = torch.randn(n, t, h, d, generator=g), torch.randn(n, t, h, d, generator=g)
     q0 = torch.randn(n, h, d, generator=g)
     valid = torch.ones(n, t, dtype=torch.bool)
     if padded:
-        valid[1, t - 21:] = False  # whole chunks of padding and a cut one
+        valid[1, t - 21 :] = False  # whole chunks of padding and a cut one
     mask = None if not padded and stype != "lsh" else torch.zeros(n, t).masked_fill(~valid, NEG)
     chunk, pre = min(bs, sbs), 1
     gen = torch.Generator().manual_seed(3)
-    sk, sv, sm = sparse.sparse_sequence(stype, q0, k, v, mask, block_size=bs, sparse_block_size=sbs,
-                                        sparsity_factor=sf, lsh_num_pre_rounds=pre, generator=gen)
+    sk, sv, sm = sparse.sparse_sequence(
+        stype,
+        q0,
+        k,
+        v,
+        mask,
+        block_size=bs,
+        sparse_block_size=sbs,
+        sparsity_factor=sf,
+        lsh_num_pre_rounds=pre,
+        generator=gen,
+    )
     ns = t // sf
     assert sk.shape == sv.shape == (n, ns, h, d)
     projs = _lsh_projections(torch.Generator().manual_seed(3), h, d, chunk, sf, pre) if stype == "lsh" else None
     order_matters = sbs % max(chunk // sf, 1) != 0
     for r in range(n):
-        rk, rv, ok = ref_sparse(stype, q0[r], k[r].transpose(0, 1), v[r].transpose(0, 1), valid[r], bs, sbs, sf,
-                                projs)  # (h, ns, d), ok (h, ns)
+        rk, rv, ok = ref_sparse(
+            stype, q0[r], k[r].transpose(0, 1), v[r].transpose(0, 1), valid[r], bs, sbs, sf, projs
+        )  # (h, ns, d), ok (h, ns)
         got_ok = torch.ones(h, ns, dtype=torch.bool) if sm is None else (sm[r] == 0).expand(h, ns)
         for hh in range(h):
             if stype == "norm" and not order_matters:
@@ -139,12 +159,15 @@ def test_matches_loops_from_the_spec(stype, bs, sbs, sf, padded):
                 # chunk's remaining slots is not): compare those sets, sorted
                 e = chunk // sf
                 for c0 in range(0, ns, e):
-                    mine, ref = got_ok[hh, c0:c0 + e], ok[hh, c0:c0 + e]
+                    mine, ref = got_ok[hh, c0 : c0 + e], ok[hh, c0 : c0 + e]
                     assert mine.sum() == ref.sum()
-                    for a, b in ((sk[r, c0:c0 + e, hh][mine], rk[hh, c0:c0 + e][ref]),
-                                 (sv[r, c0:c0 + e, hh][mine], rv[hh, c0:c0 + e][ref])):
-                        assert torch.allclose(_by_chunk(a, len(a)) if len(a) else a,
-                                              _by_chunk(b, len(b)) if len(b) else b, atol=1e-5)
+                    for a, b in (
+                        (sk[r, c0 : c0 + e, hh][mine], rk[hh, c0 : c0 + e][ref]),
+                        (sv[r, c0 : c0 + e, hh][mine], rv[hh, c0 : c0 + e][ref]),
+                    ):
+                        assert torch.allclose(
+                            _by_chunk(a, len(a)) if len(a) else a, _by_chunk(b, len(b)) if len(b) else b, atol=1e-5
+                        )
                 continue
             assert torch.equal(got_ok[hh], ok[hh])
             real = ok[hh]

@@ -4,6 +4,7 @@ Among them fairseq's own activation-checkpointing test, which passes ``--restore
 such file) to mean "start fresh": the plugin's refusal of a missing restore file once made it fail
 in any process that had imported the plugin; it now holds for this plugin's tasks only.
 """
+
 import json
 import os
 import subprocess
@@ -16,10 +17,20 @@ SCRIPT = os.path.join(REPO_ROOT, "tests", "stock_fairseq", "scenarios.py")
 
 def run_scenarios(folder, *flags, **env_vars):
     folder.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
-               **env_vars)
-    proc = subprocess.run([sys.executable, SCRIPT, str(folder / "results.json"), *flags], cwd=folder,
-                          capture_output=True, text=True, env=env, timeout=900)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([REPO_ROOT, os.environ.get("PYTHONPATH", "")]),
+        **env_vars,
+    )
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, str(folder / "results.json"), *flags],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((folder / "results.json").read_text())
 

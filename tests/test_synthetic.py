@@ -50,9 +50,7 @@ def test_script_is_deterministic(tmp_path):
         assert a != (tmp_path / "c" / f"{split}.jsonl").read_bytes()  # other seed: other data
         assert len(a.decode().splitlines()) == n
     # Splits differ from each other even with one seed.
-    first = lambda split: json.loads((tmp_path / "a" / f"{split}.jsonl").read_text().splitlines()[0])[
-        "document"
-    ]  # noqa: E731
+    first = lambda split: json.loads((tmp_path / "a" / f"{split}.jsonl").read_text().splitlines()[0])["document"]  # noqa: E731
     assert first("train") != first("valid") != first("test")
 
 
@@ -103,14 +101,14 @@ def test_small_vocabulary(train_examples):
 
 
 def test_bad_sizes_are_rejected(tmp_path, capsys):
-    assert (
-        load_main()(["--output-dir", str(tmp_path / "o"), "--min-tokens", "500", "--max-tokens", "400"]) == 2
-    )
+    assert load_main()(["--output-dir", str(tmp_path / "o"), "--min-tokens", "500", "--max-tokens", "400"]) == 2
     assert "--max-tokens" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("keys,decoys,even,gap", [(1, 4, True, 0), (3, 1, False, 0), (2, 3, False, 50), (1, 2, True, 300)])
+@pytest.mark.parametrize(
+    "keys,decoys,even,gap", [(1, 4, True, 0), (3, 1, False, 0), (2, 3, False, 50), (1, 2, True, 300)]
+)
 def test_binding_sizes_that_validate_generate(keys, decoys, even, gap):
     # validate() is the only guard before make_binding_example draws positions: a size it lets through
     # must never end in randint's "empty range" (1 key, 4 even decoy names at 120 words once did)
@@ -119,8 +117,16 @@ def test_binding_sizes_that_validate_generate(keys, decoys, even, gap):
     from lsg_text.synthetic import make_binding_example
 
     def config(min_tokens):
-        return SyntheticConfig(min_tokens=min_tokens, max_tokens=min_tokens + 20, min_keys=1, max_keys=keys,
-                               variant="binding", min_gap=gap, decoy_names=decoys, even_mentions=even)
+        return SyntheticConfig(
+            min_tokens=min_tokens,
+            max_tokens=min_tokens + 20,
+            min_keys=1,
+            max_keys=keys,
+            variant="binding",
+            min_gap=gap,
+            decoy_names=decoys,
+            even_mentions=even,
+        )
 
     lowest = next(n for n in range(20, 2000) if _valid(config(n)))
     assert not _valid(config(lowest - 1))

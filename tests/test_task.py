@@ -1,4 +1,5 @@
 """long_document_summarization: truncation, padding side, special tokens, ROUGE, beam-size regression."""
+
 import os
 
 import pytest
@@ -9,11 +10,28 @@ import lsg_fairseq  # noqa: F401  (registers the task)
 from lsg_text.rouge import rouge_example
 
 TINY_BART = [
-    "--arch", "bart_base", "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
-    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
-    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--dropout", "0", "--attention-dropout", "0",
+    "--arch",
+    "bart_base",
+    "--encoder-layers",
+    "1",
+    "--decoder-layers",
+    "1",
+    "--encoder-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "32",
+    "--encoder-ffn-embed-dim",
+    "64",
+    "--decoder-ffn-embed-dim",
+    "64",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--dropout",
+    "0",
+    "--attention-dropout",
+    "0",
 ]
 
 
@@ -21,8 +39,20 @@ def build(data, *extra, arch=TINY_BART):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(
         parser,
-        [str(data), "--task", "long_document_summarization", "--user-dir", lsg_fairseq.user_dir(),
-         "--criterion", "cross_entropy", "--optimizer", "adam", "--cpu", *arch, *extra],
+        [
+            str(data),
+            "--task",
+            "long_document_summarization",
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--criterion",
+            "cross_entropy",
+            "--optimizer",
+            "adam",
+            "--cpu",
+            *arch,
+            *extra,
+        ],
     )
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -92,9 +122,22 @@ def test_empty_source_refused_with_index(tmp_path):
     (raw / "train.source").write_text("a b c\n\nd e f\n")
     (raw / "train.target").write_text("a\nb\nc\n")
     subprocess.run(
-        [fairseq_cli("fairseq-preprocess"), "-s", "source", "-t", "target", "--trainpref", str(raw / "train"),
-         "--destdir", str(tmp_path / "bin"), "--joined-dictionary", "--workers", "1"],
-        check=True, capture_output=True,
+        [
+            fairseq_cli("fairseq-preprocess"),
+            "-s",
+            "source",
+            "-t",
+            "target",
+            "--trainpref",
+            str(raw / "train"),
+            "--destdir",
+            str(tmp_path / "bin"),
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
     )
     task, _, _ = build(tmp_path / "bin")
     with pytest.raises(ValueError, match=r"train\.source-target\.source: 1 empty source line\(s\) at example index 1"):
@@ -136,8 +179,12 @@ def test_training_forward_after_rouge_validation_is_unchanged(word_data, n):
     """
     _, plain_model, plain_criterion = build(word_data)
     task, model, criterion = build(
-        word_data, "--eval-rouge", "--eval-rouge-bpe", "none",
-        "--eval-rouge-args", '{"beam": 2, "max_len_b": 8, "no_repeat_ngram_size": 3}',
+        word_data,
+        "--eval-rouge",
+        "--eval-rouge-bpe",
+        "none",
+        "--eval-rouge-args",
+        '{"beam": 2, "max_len_b": 8, "no_repeat_ngram_size": 3}',
     )
     task.load_dataset("valid")
     sample = batch(task, "valid", n)

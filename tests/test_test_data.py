@@ -7,6 +7,7 @@ gives it, the LOCOST kernels rebuild bit for bit, and the manifest agrees with i
 
 To change what tests/data holds: edit scripts/make_test_data.py, run it, commit data and manifest.
 """
+
 import hashlib
 import json
 import os
@@ -82,7 +83,7 @@ def test_manifest_matches_the_full_sets():
             assert (a["how"] == make.COPY) == (a["sha256"] == a["from_sha256"]), (rel, name)
     with np.load(os.path.join(TEST_DATA, "fixtures", "locost", "reference_io.npz")) as io:
         n = io["attention_mask"].sum(1)
-        assert n.tolist() == [3000, 1234] and not io["ssm0_output"][1, n[1]:].any()
+        assert n.tolist() == [3000, 1234] and not io["ssm0_output"][1, n[1] :].any()
     if os.path.isdir(SHARED):
         _, manifest = make.build(SHARED)
         assert manifest == MANIFEST

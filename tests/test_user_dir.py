@@ -1,4 +1,5 @@
 """`--user-dir`: fairseq wants a path; the helper prints one that works from anywhere."""
+
 import os
 import subprocess
 
@@ -6,7 +7,9 @@ from conftest import BIN, REPO_ROOT
 
 
 def test_user_dir_helper_prints_the_package_folder(tmp_path):
-    out = subprocess.run([os.path.join(BIN, "lsg-fairseq-user-dir")], cwd=tmp_path, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [os.path.join(BIN, "lsg-fairseq-user-dir")], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
     path = out.stdout.strip()
     assert os.path.isabs(path) and os.path.basename(path) == "lsg_fairseq"
     assert os.path.samefile(path, os.path.join(REPO_ROOT, "lsg_fairseq"))
@@ -16,7 +19,9 @@ def _choices(flag, value):
     # An invalid choice makes argparse list every registered one, plugin's included.
     out = subprocess.run(
         [os.path.join(BIN, "fairseq-train"), REPO_ROOT, "--user-dir", "lsg_fairseq", flag, value],
-        cwd=REPO_ROOT, capture_output=True, text=True,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode != 0 and "invalid choice" in out.stderr
     return out.stderr

@@ -2,6 +2,7 @@
 is skipped silently; outputs are all-or-nothing and never clobber an input. One test per class of the
 issue's table (README "Bad inputs"); the random-input properties are in test_fuzz_cli.py.
 """
+
 import os
 import shutil
 import signal
@@ -49,12 +50,15 @@ def run_convert(argv, capsys):
 
 
 # ----------------------------------------------------------------------------- weights files read defensively
-@pytest.mark.parametrize("damage,expected", [
-    ("truncate", "cannot load weights: truncated or not in the expected format"),
-    ("html", "cannot load weights: an HTML/XML page, not weights"),
-    ("empty", "cannot load weights: empty"),
-    ("lfs", "cannot load weights: a Git LFS pointer"),
-])
+@pytest.mark.parametrize(
+    "damage,expected",
+    [
+        ("truncate", "cannot load weights: truncated or not in the expected format"),
+        ("html", "cannot load weights: an HTML/XML page, not weights"),
+        ("empty", "cannot load weights: empty"),
+        ("lfs", "cannot load weights: a Git LFS pointer"),
+    ],
+)
 def test_damaged_safetensors_named_and_nothing_written(tmp_path, capsys, damage, expected):
     src = copy_folder(BART_HF, tmp_path / "hf")
     weights = os.path.join(src, "model.safetensors")
@@ -128,16 +132,25 @@ def fake_model_folder(folder, files):
     return folder
 
 
-@pytest.mark.parametrize("files,expected", [
-    ({"tokenizer.txt": "gpt2\n", "encoder.json": "{}", "vocab.bpe": "#version: 0.2\n", "spm.model": "stale"},
-     "tokenizer.txt says gpt2 but {d} also holds spm.model"),
-    ({"tokenizer.txt": "sentencepiece\n", "encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"},
-     "tokenizer.txt says sentencepiece but {d} holds none of"),
-    ({"tokenizer.txt": "gpt2\n", "encoder.json": "{}"}, "tokenizer.txt says gpt2 but vocab.bpe is missing in {d}"),
-    ({"tokenizer.txt": "wordpiece\n"}, "tokenizer.txt: names tokenizer 'wordpiece'"),
-    ({"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n", "spm.model": "stale"},
-     "{d}: holds both GPT-2 BPE files (encoder.json, vocab.bpe) and spm.model, and no tokenizer.txt"),
-])
+@pytest.mark.parametrize(
+    "files,expected",
+    [
+        (
+            {"tokenizer.txt": "gpt2\n", "encoder.json": "{}", "vocab.bpe": "#version: 0.2\n", "spm.model": "stale"},
+            "tokenizer.txt says gpt2 but {d} also holds spm.model",
+        ),
+        (
+            {"tokenizer.txt": "sentencepiece\n", "encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"},
+            "tokenizer.txt says sentencepiece but {d} holds none of",
+        ),
+        ({"tokenizer.txt": "gpt2\n", "encoder.json": "{}"}, "tokenizer.txt says gpt2 but vocab.bpe is missing in {d}"),
+        ({"tokenizer.txt": "wordpiece\n"}, "tokenizer.txt: names tokenizer 'wordpiece'"),
+        (
+            {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n", "spm.model": "stale"},
+            "{d}: holds both GPT-2 BPE files (encoder.json, vocab.bpe) and spm.model, and no tokenizer.txt",
+        ),
+    ],
+)
 def test_summarize_refuses_tokenizer_files_contradicting_the_record(tmp_path, capsys, files, expected):
     model_dir = fake_model_folder(tmp_path / "model", files)
     (tmp_path / "doc.txt").write_text("a document\n")
@@ -166,22 +179,27 @@ def test_summarize_errors_replace_reads_bad_bytes(tmp_path):
     (tmp_path / "lines.txt").write_bytes(b"\xef\xbb\xbfone doc\ntwo\x0cdoc \xff\n")
     args = summarize.build_parser().parse_args(["m", str(tmp_path / "doc.txt"), "--errors", "replace"])
     assert summarize.read_documents(args)[1] == ["caf\ufffd au lait"]
-    args = summarize.build_parser().parse_args(["m", "--input-lines", str(tmp_path / "lines.txt"), "--errors", "replace"])
+    args = summarize.build_parser().parse_args(
+        ["m", "--input-lines", str(tmp_path / "lines.txt"), "--errors", "replace"]
+    )
     # BOM dropped; a form feed is no document boundary (only \n is)
     assert summarize.read_documents(args)[1] == ["one doc", "two\x0cdoc \ufffd"]
 
 
-@pytest.mark.parametrize("flags,expected", [
-    (["--beam", "0"], "argument --beam: must be an integer >= 1, got '0'"),
-    (["--max-len-b", "-1"], "argument --max-len-b: must be an integer >= 1, got '-1'"),
-    (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got '0'"),
-    (["--lenpen", "nan"], "argument --lenpen: must be a number in [-10, 10], got 'nan'"),
-    (["--lenpen", "1e3"], "argument --lenpen: must be a number in [-10, 10], got '1e3'"),
-    (["--max-source-positions", "1"], "argument --max-source-positions: must be an integer >= 2, got '1'"),
-    (["--min-len", "9", "--max-len-b", "5"], "--min-len 9 is above --max-len-b 5"),
-    (["--fp16"], "--fp16 needs a GPU (--device cuda)"),
-    (["--device", "tpu9"], "--device tpu9: not a torch device"),
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--beam", "0"], "argument --beam: must be an integer >= 1, got '0'"),
+        (["--max-len-b", "-1"], "argument --max-len-b: must be an integer >= 1, got '-1'"),
+        (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got '0'"),
+        (["--lenpen", "nan"], "argument --lenpen: must be a number in [-10, 10], got 'nan'"),
+        (["--lenpen", "1e3"], "argument --lenpen: must be a number in [-10, 10], got '1e3'"),
+        (["--max-source-positions", "1"], "argument --max-source-positions: must be an integer >= 2, got '1'"),
+        (["--min-len", "9", "--max-len-b", "5"], "--min-len 9 is above --max-len-b 5"),
+        (["--fp16"], "--fp16 needs a GPU (--device cuda)"),
+        (["--device", "tpu9"], "--device tpu9: not a torch device"),
+    ],
+)
 def test_summarize_flag_ranges(tmp_path, capsys, flags, expected):
     model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
     (tmp_path / "doc.txt").write_text("a document\n")
@@ -211,12 +229,47 @@ def test_summarize_never_writes_over_an_input(tmp_path, capsys, which):
 
 
 # ----------------------------------------------------------------------------- fairseq-train flags and resumes
-TRAIN = ["--task", "long_document_summarization", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-         "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--encoder-layers", "2",
-         "--decoder-layers", "1", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-         "--max-source-positions", "128", "--max-target-positions", "64", "--criterion", "cross_entropy",
-         "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "4096", "--max-update", "1", "--cpu",
-         "--no-epoch-checkpoints", "--disable-validation", "--num-workers", "0", "--log-format", "none"]
+TRAIN = [
+    "--task",
+    "long_document_summarization",
+    "--encoder-embed-dim",
+    "16",
+    "--encoder-ffn-embed-dim",
+    "32",
+    "--decoder-embed-dim",
+    "16",
+    "--decoder-ffn-embed-dim",
+    "32",
+    "--encoder-layers",
+    "2",
+    "--decoder-layers",
+    "1",
+    "--encoder-attention-heads",
+    "2",
+    "--decoder-attention-heads",
+    "2",
+    "--max-source-positions",
+    "128",
+    "--max-target-positions",
+    "64",
+    "--criterion",
+    "cross_entropy",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "1e-3",
+    "--max-tokens",
+    "4096",
+    "--max-update",
+    "1",
+    "--cpu",
+    "--no-epoch-checkpoints",
+    "--disable-validation",
+    "--num-workers",
+    "0",
+    "--log-format",
+    "none",
+]
 
 
 def fairseq_train(argv, capsys, monkeypatch):
@@ -238,44 +291,99 @@ def data_with_splits(word_data, dest, splits):
     return dest
 
 
-@pytest.mark.parametrize("kept,flags,missing,hint", [
-    (("train",), [], "valid", "--disable-validation"),  # fairseq-train's default --valid-subset valid
-    (("train", "valid"), ["--valid-subset", "test"], "test", "--valid-subset"),
-    (("valid",), ["--disable-validation"], "train", "--train-subset"),
-])
+@pytest.mark.parametrize(
+    "kept,flags,missing,hint",
+    [
+        (("train",), [], "valid", "--disable-validation"),  # fairseq-train's default --valid-subset valid
+        (("train", "valid"), ["--valid-subset", "test"], "test", "--valid-subset"),
+        (("valid",), ["--disable-validation"], "train", "--train-subset"),
+    ],
+)
 def test_fairseq_train_missing_split_is_one_line(word_data, tmp_path, capsys, monkeypatch, kept, flags, missing, hint):
     """fairseq's own error is a traceback: FileNotFoundError "Dataset not found: valid (bin)"."""
     data = data_with_splits(word_data, tmp_path / "data", kept)
     argv = [a for a in TRAIN if a != "--disable-validation"] + flags
-    code, err = fairseq_train([str(data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
-                               "--save-dir", str(tmp_path / "ck"), *argv], capsys, monkeypatch)
+    code, err = fairseq_train(
+        [
+            str(data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--arch",
+            "lsg_bart_tiny",
+            "--save-dir",
+            str(tmp_path / "ck"),
+            *argv,
+        ],
+        capsys,
+        monkeypatch,
+    )
     line = one_error_line(err, "fairseq-train")
     assert code == 2 and f"{data}: no {missing!r} split" in line and hint in line
     assert f"splits there: {', '.join(sorted(kept))}" in line
     assert not (tmp_path / "ck" / "checkpoint_last.pt").exists()
 
 
-@pytest.mark.parametrize("arch,flags,expected", [
-    ("lsg_bart_tiny", ["--block-size", "0"], "argument --block-size: must be an integer >= 1, got '0'"),
-    ("lsg_bart_tiny", ["--block-size", "-8"], "argument --block-size: must be an integer >= 1, got '-8'"),
-    ("led_tiny", ["--attention-window", "33"], "argument --attention-window: must be a positive even integer"),
-    ("led_tiny", ["--attention-window", "0"], "argument --attention-window: must be a positive even integer"),
-    ("locost_tiny", ["--d-state", "0"], "argument --d-state: must be an integer >= 2, got '0'"),
-])
+@pytest.mark.parametrize(
+    "arch,flags,expected",
+    [
+        ("lsg_bart_tiny", ["--block-size", "0"], "argument --block-size: must be an integer >= 1, got '0'"),
+        ("lsg_bart_tiny", ["--block-size", "-8"], "argument --block-size: must be an integer >= 1, got '-8'"),
+        ("led_tiny", ["--attention-window", "33"], "argument --attention-window: must be a positive even integer"),
+        ("led_tiny", ["--attention-window", "0"], "argument --attention-window: must be a positive even integer"),
+        ("locost_tiny", ["--d-state", "0"], "argument --d-state: must be an integer >= 2, got '0'"),
+    ],
+)
 def test_train_flag_out_of_range_refused_when_parsed(word_data, tmp_path, capsys, monkeypatch, arch, flags, expected):
-    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", arch, *TRAIN,
-                               "--save-dir", str(tmp_path / "ck"), *flags], capsys, monkeypatch)
+    code, err = fairseq_train(
+        [
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--arch",
+            arch,
+            *TRAIN,
+            "--save-dir",
+            str(tmp_path / "ck"),
+            *flags,
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 2 and "Traceback" not in err
     assert err.splitlines()[-1] == f"fairseq-train: error: {expected}" or expected in err.splitlines()[-1]
 
 
-@pytest.mark.parametrize("arch,flags,expected", [
-    ("lsg_bart_tiny", ["--block-size", "16", "--sparsity-factor", "3"], "--sparsity-factor (3) must divide --block-size (16)"),
-    ("led_tiny", ["--attention-window", "16,16,16"], "--attention-window has 3 entries but the encoder has 2 layers"),
-])
+@pytest.mark.parametrize(
+    "arch,flags,expected",
+    [
+        (
+            "lsg_bart_tiny",
+            ["--block-size", "16", "--sparsity-factor", "3"],
+            "--sparsity-factor (3) must divide --block-size (16)",
+        ),
+        (
+            "led_tiny",
+            ["--attention-window", "16,16,16"],
+            "--attention-window has 3 entries but the encoder has 2 layers",
+        ),
+    ],
+)
 def test_train_cross_flag_errors_are_one_line(word_data, tmp_path, capsys, monkeypatch, arch, flags, expected):
-    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", arch, *TRAIN,
-                               "--save-dir", str(tmp_path / "ck"), *flags], capsys, monkeypatch)
+    code, err = fairseq_train(
+        [
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--arch",
+            arch,
+            *TRAIN,
+            "--save-dir",
+            str(tmp_path / "ck"),
+            *flags,
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 2
     assert expected in one_error_line(err, "fairseq-train")
 
@@ -285,9 +393,24 @@ def test_train_resume_from_damaged_checkpoint_last_is_one_line(word_data, tmp_pa
     save_dir = tmp_path / "ck"
     save_dir.mkdir()
     (save_dir / "checkpoint_last.pt").write_bytes(content)
-    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
-                               *TRAIN, "--block-size", "16", "--sparse-block-size", "16", "--save-dir",
-                               str(save_dir)], capsys, monkeypatch)
+    code, err = fairseq_train(
+        [
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--arch",
+            "lsg_bart_tiny",
+            *TRAIN,
+            "--block-size",
+            "16",
+            "--sparse-block-size",
+            "16",
+            "--save-dir",
+            str(save_dir),
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 2
     assert f"{save_dir / 'checkpoint_last.pt'}: truncated or corrupt checkpoint" in one_error_line(err, "fairseq-train")
 
@@ -296,9 +419,24 @@ def test_train_resume_from_foreign_torch_file_is_one_line(word_data, tmp_path, c
     save_dir = tmp_path / "ck"
     save_dir.mkdir()
     torch.save({"encoder.weight": torch.zeros(2)}, save_dir / "checkpoint_last.pt")  # e.g. an HF .bin
-    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
-                               *TRAIN, "--block-size", "16", "--sparse-block-size", "16", "--save-dir",
-                               str(save_dir)], capsys, monkeypatch)
+    code, err = fairseq_train(
+        [
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--arch",
+            "lsg_bart_tiny",
+            *TRAIN,
+            "--block-size",
+            "16",
+            "--sparse-block-size",
+            "16",
+            "--save-dir",
+            str(save_dir),
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 2
     line = one_error_line(err, "fairseq-train")
     assert f"{save_dir / 'checkpoint_last.pt'}: a torch file but not a fairseq checkpoint" in line
@@ -308,9 +446,25 @@ def test_real_fairseq_train_process_prints_one_line(word_data, tmp_path):
     """The console script itself (the hook is installed by --user-dir's import, not by the tests)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
-        [fairseq_cli("fairseq-train"), str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch",
-         "lsg_bart_tiny", *TRAIN, "--save-dir", str(tmp_path / "ck"), "--block-size", "16", "--sparsity-factor", "3"],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            fairseq_cli("fairseq-train"),
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--arch",
+            "lsg_bart_tiny",
+            *TRAIN,
+            "--save-dir",
+            str(tmp_path / "ck"),
+            "--block-size",
+            "16",
+            "--sparsity-factor",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "--sparsity-factor (3) must divide --block-size (16)" in one_error_line(proc.stderr, "fairseq-train")
@@ -333,8 +487,9 @@ def test_truncate_target_counts_instead(word_data):
     task, _, _ = build_task(word_data, "--max-target-positions", "8", "--truncate-target")
     task.load_dataset("train")
     ds = task.dataset("train")
-    batches = task.get_batch_iterator(ds, max_tokens=100000, max_positions=task.max_positions(),
-                                      ignore_invalid_inputs=True).next_epoch_itr(shuffle=False)
+    batches = task.get_batch_iterator(
+        ds, max_tokens=100000, max_positions=task.max_positions(), ignore_invalid_inputs=True
+    ).next_epoch_itr(shuffle=False)
     assert sum(len(b["id"]) for b in batches) == 12  # nothing skipped
     assert task.truncation_counts["train"]["target"] == 12
 
@@ -354,15 +509,34 @@ def test_max_tokens_below_one_document_refused_with_flag_named(word_data):
     assert "raise --max-tokens to at least" in msg
 
 
-@pytest.mark.parametrize("flags,expected", [
-    (["--max-target-positions", "8"], "examples have a target longer than 8 tokens"),
-    (["--truncate-target", "--max-tokens", "40"], "--max-tokens 40 is smaller than one example"),
-])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--max-target-positions", "8"], "examples have a target longer than 8 tokens"),
+        (["--truncate-target", "--max-tokens", "40"], "--max-tokens 40 is smaller than one example"),
+    ],
+)
 def test_fairseq_train_refuses_instead_of_skipping(word_data, tmp_path, capsys, monkeypatch, flags, expected):
     """The README pipeline's failure: fairseq skipped every training example, then "The dataset is empty"."""
-    code, err = fairseq_train([str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny",
-                               *TRAIN, "--block-size", "16", "--sparse-block-size", "16", "--save-dir",
-                               str(tmp_path / "ck"), *flags], capsys, monkeypatch)
+    code, err = fairseq_train(
+        [
+            str(word_data),
+            "--user-dir",
+            lsg_fairseq.user_dir(),
+            "--arch",
+            "lsg_bart_tiny",
+            *TRAIN,
+            "--block-size",
+            "16",
+            "--sparse-block-size",
+            "16",
+            "--save-dir",
+            str(tmp_path / "ck"),
+            *flags,
+        ],
+        capsys,
+        monkeypatch,
+    )
     assert code == 2
     line = one_error_line(err, "fairseq-train")
     assert f"{word_data}/train: 12 of 12" in line and expected in line
@@ -370,16 +544,19 @@ def test_fairseq_train_refuses_instead_of_skipping(word_data, tmp_path, capsys, 
 
 
 # ----------------------------------------------------------------------------- option dictionaries
-@pytest.mark.parametrize("value,expected", [
-    ('{"beam_size": 0, "max_len": 5}', "--eval-rouge-args: unknown key(s) 'beam_size', 'max_len'; known: beam,"),
-    ('{"beam": 0}', "--eval-rouge-args: beam must be an integer >= 1, got 0"),
-    ('{"beam": 2.5}', "--eval-rouge-args: beam must be an integer, got 2.5"),
-    ('{"lenpen": "1"}', '--eval-rouge-args: lenpen must be a number, got "1"'),
-    ('{"sampling": 1}', "--eval-rouge-args: sampling must be true or false, got 1"),
-    ('{"min_len": 9, "max_len_b": 5}', "--eval-rouge-args: min_len 9 is above max_len_b 5"),
-    ("{beam: 4}", "--eval-rouge-args: not valid JSON (Expecting property name enclosed in double quotes)"),
-    ("[4]", "--eval-rouge-args: expected a JSON object, got list"),
-])
+@pytest.mark.parametrize(
+    "value,expected",
+    [
+        ('{"beam_size": 0, "max_len": 5}', "--eval-rouge-args: unknown key(s) 'beam_size', 'max_len'; known: beam,"),
+        ('{"beam": 0}', "--eval-rouge-args: beam must be an integer >= 1, got 0"),
+        ('{"beam": 2.5}', "--eval-rouge-args: beam must be an integer, got 2.5"),
+        ('{"lenpen": "1"}', '--eval-rouge-args: lenpen must be a number, got "1"'),
+        ('{"sampling": 1}', "--eval-rouge-args: sampling must be true or false, got 1"),
+        ('{"min_len": 9, "max_len_b": 5}', "--eval-rouge-args: min_len 9 is above max_len_b 5"),
+        ("{beam: 4}", "--eval-rouge-args: not valid JSON (Expecting property name enclosed in double quotes)"),
+        ("[4]", "--eval-rouge-args: expected a JSON object, got list"),
+    ],
+)
 def test_eval_rouge_args_validated(word_data, value, expected):
     with pytest.raises(ConfigError) as e:
         build_task(word_data, "--eval-rouge-args", value)
@@ -427,8 +604,12 @@ def _converted_in_child(point, src, out, extra):
     child on a lock another thread held, which hung the suite."""
     import json
 
-    r = subprocess.run([sys.executable, "-c", _CHILD, point, KILL_POINTS[point], src, out, json.dumps(extra)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _CHILD, point, KILL_POINTS[point], src, out, json.dumps(extra)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return r.returncode
 
 
@@ -483,7 +664,18 @@ def test_unwritable_output_location_is_one_line(tmp_path, capsys):
     capsys.readouterr()
     (tmp_path / "doc.txt").write_text("a short document\n")
     with pytest.raises(SystemExit) as e:
-        summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--beam", "1", "--max-len-b", "3", "--quiet",
-                        "--output", str(blocker / "summaries.txt")])
+        summarize.main(
+            [
+                str(model_dir),
+                str(tmp_path / "doc.txt"),
+                "--beam",
+                "1",
+                "--max-len-b",
+                "3",
+                "--quiet",
+                "--output",
+                str(blocker / "summaries.txt"),
+            ]
+        )
     assert e.value.code == 2
     assert f"--output {blocker}" in one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")

@@ -8,6 +8,7 @@
   have no data, so any ``.item()``, ``.tolist()``, ``.cpu()``, ``bool(tensor)`` or data-dependent
   shape (``nonzero``, boolean indexing) raises there.
 """
+
 import collections
 
 import pytest
@@ -79,7 +80,7 @@ def test_kernel_spectra_cache_by_fft_size_least_recently_used_out():
     cached = _whole(_perturbed_layer(H=6, N=8)).eval()
     plain = _whole(_perturbed_layer(H=6, N=8, kernel_cache_mb=0)).eval()
     one = 6 * (next_fast_len(2 * 40) // 2 + 1) * 8  # bytes of the spectrum for 40 tokens (F = 80)
-    cached.kernel_cache_mb = 2.5 * one / 2 ** 20  # room for two spectra of about that size
+    cached.kernel_cache_mb = 2.5 * one / 2**20  # room for two spectra of about that size
     lengths = [40, 39, 33, 40, 50, 25]  # F: 80, 80, 72, 80, 100, 50
     with torch.no_grad():
         for length in lengths:
@@ -107,13 +108,13 @@ def test_spectra_budget_follows_the_device():
     layer = S4D(4, 8).eval()
     assert layer.kernel_cache_mb is None  # the arch default: sized for the device
     with torch.no_grad():
-        assert layer.cache_budget(torch.device("cpu")) == s4d_module.KERNEL_CACHE_MB * 2 ** 20
-        assert layer.cache_budget(torch.device("meta")) == s4d_module.GPU_KERNEL_CACHE_MB * 2 ** 20
+        assert layer.cache_budget(torch.device("cpu")) == s4d_module.KERNEL_CACHE_MB * 2**20
+        assert layer.cache_budget(torch.device("meta")) == s4d_module.GPU_KERNEL_CACHE_MB * 2**20
         layer.kernel_cache_mb = 7.0  # --ssm-kernel-cache-mb overrides on every device
-        assert layer.cache_budget(torch.device("meta")) == 7 * 2 ** 20
+        assert layer.cache_budget(torch.device("meta")) == 7 * 2**20
     assert layer.cache_budget(torch.device("cpu")) == 0  # autograd on: no cache
     # 64K tokens of a base layer fit the GPU default
-    assert 768 * (next_fast_len(2 * 65536) // 2 + 1) * 8 <= s4d_module.GPU_KERNEL_CACHE_MB * 2 ** 20
+    assert 768 * (next_fast_len(2 * 65536) // 2 + 1) * 8 <= s4d_module.GPU_KERNEL_CACHE_MB * 2**20
 
 
 def test_whole_kernels_equal_the_naive_formula(monkeypatch):
@@ -127,8 +128,18 @@ def test_whole_kernels_equal_the_naive_formula(monkeypatch):
 
 # ------------------------------------------------------------------------------ whole models, both paths
 TINY = {
-    "lsg_bart_tiny": ["--block-size", "8", "--sparse-block-size", "8", "--sparsity-factor", "2",
-                      "--sparsity-type", "norm", "--num-global-tokens", "2"],
+    "lsg_bart_tiny": [
+        "--block-size",
+        "8",
+        "--sparse-block-size",
+        "8",
+        "--sparsity-factor",
+        "2",
+        "--sparsity-type",
+        "norm",
+        "--num-global-tokens",
+        "2",
+    ],
     "led_tiny": ["--attention-window", "8", "--global-token-ids", "7"],
     "locost_tiny": [],
 }
@@ -140,8 +151,20 @@ def test_models_give_the_same_outputs_and_gradients_on_both_paths(arch, tmp_path
     whole-tensor ones (padding in the batch; LED with a global token id, i.e. the synchronising
     global selection, and LSG with sparse tokens)."""
     data = write_toy_dict(tmp_path)
-    task, model = build_task_and_model([data, "--task", "long_document_summarization", "--arch", arch,
-                                        "--max-source-positions", "64", "--dropout", "0"] + TINY[arch])
+    task, model = build_task_and_model(
+        [
+            data,
+            "--task",
+            "long_document_summarization",
+            "--arch",
+            arch,
+            "--max-source-positions",
+            "64",
+            "--dropout",
+            "0",
+        ]
+        + TINY[arch]
+    )
     src, lengths, prev = toy_batch(L=45, lengths=(45, 30))
     results = {}
     for path in ("cpu", "whole"):
@@ -155,8 +178,7 @@ def test_models_give_the_same_outputs_and_gradients_on_both_paths(arch, tmp_path
             model.zero_grad()
             logits = model(src, lengths, prev)[0]
             logits.float().logsumexp(-1).sum().backward()
-            results[path] = [enc, logits.detach()] + [p.grad.clone() for p in model.parameters()
-                                                      if p.grad is not None]
+            results[path] = [enc, logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
     assert len(results["cpu"]) == len(results["whole"]) > 10
     for a, b in zip(results["cpu"], results["whole"]):  # (encoder outputs at padding are unspecified)
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
@@ -177,9 +199,30 @@ def test_forced_path_restores_what_was_set():
 # ------------------------------------------------------------------------------ launches
 # Ops that only make a view, and the profiler's labels: no kernel runs for them; the rest are
 # counted as launches.
-VIEWS = {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "unsqueeze", "squeeze",
-         "slice", "select", "alias", "as_strided", "detach", "split", "narrow", "view_as_real",
-         "view_as_complex", "unbind", "_reshape_alias", "_record_function_enter_new", "_record_function_exit"}
+VIEWS = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "transpose",
+    "t",
+    "permute",
+    "expand",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "select",
+    "alias",
+    "as_strided",
+    "detach",
+    "split",
+    "narrow",
+    "view_as_real",
+    "view_as_complex",
+    "unbind",
+    "_reshape_alias",
+    "_record_function_enter_new",
+    "_record_function_exit",
+}
 
 
 class OpCounter(TorchDispatchMode):
@@ -241,8 +284,9 @@ class LSGRun:
 
     @staticmethod
     def make(device):
-        return _whole(LSGSelfAttention(64, 4, block_size=128, sparse_block_size=128, sparsity_factor=4,
-                                       sparsity_type="norm")).to(device)
+        return _whole(
+            LSGSelfAttention(64, 4, block_size=128, sparse_block_size=128, sparsity_factor=4, sparsity_type="norm")
+        ).to(device)
 
     @staticmethod
     def make_input(length, device):
@@ -322,8 +366,15 @@ def test_s4d_whole_path_never_reads_device_values(training):
 
 @pytest.mark.parametrize("stype", SPARSITY_TYPES)
 def test_lsg_whole_path_never_reads_device_values(stype):
-    layer = _whole(LSGSelfAttention(64, 4, num_global_tokens=2, block_size=16, sparse_block_size=16,
-                                    sparsity_factor=4, sparsity_type=stype)).to("meta").train()
+    layer = (
+        _whole(
+            LSGSelfAttention(
+                64, 4, num_global_tokens=2, block_size=16, sparse_block_size=16, sparsity_factor=4, sparsity_type=stype
+            )
+        )
+        .to("meta")
+        .train()
+    )
     x = torch.randn(2 + 200, 2, 64, device="meta", requires_grad=True)
     _runs_on_meta(layer, x, key_padding_mask=torch.zeros(2, 202, dtype=torch.bool, device="meta"))
 
@@ -334,17 +385,29 @@ def test_led_whole_path_never_reads_device_values(globals_per_row):
     x = torch.randn(300, 2, 64, device="meta", requires_grad=True)
     index = None
     if globals_per_row:
-        index = (torch.zeros(2, globals_per_row, dtype=torch.long, device="meta"),
-                 torch.ones(2, globals_per_row, dtype=torch.bool, device="meta"))
-    _runs_on_meta(layer, x, key_padding_mask=torch.zeros(2, 300, dtype=torch.bool, device="meta"),
-                  global_index=index)
+        index = (
+            torch.zeros(2, globals_per_row, dtype=torch.long, device="meta"),
+            torch.ones(2, globals_per_row, dtype=torch.bool, device="meta"),
+        )
+    _runs_on_meta(layer, x, key_padding_mask=torch.zeros(2, 300, dtype=torch.bool, device="meta"), global_index=index)
 
 
 def test_led_encoder_finds_the_first_token_on_the_device(tmp_path):
     """The LED encoder's default global selection (first real token) reads nothing on the host."""
     data = write_toy_dict(tmp_path)
-    _, model = build_task_and_model([data, "--task", "long_document_summarization", "--arch", "led_tiny",
-                                     "--max-source-positions", "64", "--attention-window", "8"])
+    _, model = build_task_and_model(
+        [
+            data,
+            "--task",
+            "long_document_summarization",
+            "--arch",
+            "led_tiny",
+            "--max-source-positions",
+            "64",
+            "--attention-window",
+            "8",
+        ]
+    )
     src = torch.full((2, 40), 5, dtype=torch.long, device="meta")
     pad = torch.zeros(2, 40, dtype=torch.bool, device="meta")
     idx, valid = model.encoder.global_index(src, pad)
@@ -354,8 +417,14 @@ def test_led_encoder_finds_the_first_token_on_the_device(tmp_path):
 def test_meta_tensors_catch_every_kind_of_sync():
     """What the tests above rely on: each way of reading a device value fails on meta."""
     x = torch.randn(4, device="meta")
-    for read in (lambda: x.sum().item(), lambda: bool(x.any()), lambda: x.tolist(), lambda: x.cpu(),
-                 lambda: x[x > 0], lambda: int(x.max())):
+    for read in (
+        lambda: x.sum().item(),
+        lambda: bool(x.any()),
+        lambda: x.tolist(),
+        lambda: x.cpu(),
+        lambda: x[x > 0],
+        lambda: int(x.max()),
+    ):
         with pytest.raises((RuntimeError, NotImplementedError)):
             read()
 
@@ -371,8 +440,9 @@ def test_fused_generator_matches_the_naive_formula_and_the_eager_layer():
     fused.kernel_compile = True
     c_prime, dt_a = eager.kernel.discretize()
     with torch.no_grad():
-        naive = circular_bidirectional_kernel(vandermonde_naive(c_prime.to(torch.complex128), dt_a.to(torch.complex128),
-                                                                50), 100, eager.D.double())
+        naive = circular_bidirectional_kernel(
+            vandermonde_naive(c_prime.to(torch.complex128), dt_a.to(torch.complex128), 50), 100, eager.D.double()
+        )
         got = fused_circular_kernel()(c_prime, dt_a, 50, 100, eager.D.float())
     assert got.dtype == torch.float32 and (got.double() - naive).abs().max() < 1e-5
     u, mask = _masked_batch(6, 50, 41)

@@ -1,5 +1,6 @@
 """ops.window_attention (strided key windows, fused CPU kernel, log-sum-exp merge) against a naive
 gather + softmax written from its definition, outputs and gradients."""
+
 import math
 
 import pytest
@@ -29,8 +30,13 @@ def naive(q, sources, groups, scale):
                 K, V, Mk = torch.cat(ks), torch.cat(vs), torch.cat(ms, dim=1)  # (Kn, h, d), (h, Kn)
                 rows = slice(g.start + b * g.size, g.start + (b + 1) * g.size)
                 s = torch.einsum("mhd,khd->hmk", q[r, rows], K) * scale + Mk[:, None, :]
-                allowed = torch.cat([torch.ones(g.size, w.length, dtype=torch.bool) if w.allowed is None
-                                     else w.allowed for w in g.windows], dim=1)  # (M, Kn)
+                allowed = torch.cat(
+                    [
+                        torch.ones(g.size, w.length, dtype=torch.bool) if w.allowed is None else w.allowed
+                        for w in g.windows
+                    ],
+                    dim=1,
+                )  # (M, Kn)
                 s = s.masked_fill(~allowed, torch.finfo(s.dtype).min)
                 out[r, rows] = torch.einsum("hmk,khd->mhd", torch.softmax(s, -1), V)
     return out
@@ -53,19 +59,36 @@ def make_sources(n, h, d, sizes, masked, dtype=torch.float64, seed=0):
 CASES = {
     # LSG-like: globals (stride 0), a 3-block local window (overlapping), two sparse runs with
     # a stride that does not divide their length, everything masked somewhere
-    "lsg": dict(S=2 + 5 * 4, sizes=[2, 7 * 4, 5 * 2 + 10], masked=[0, 1, 3],
-                groups=[QueryGroup(0, 1, 2, [Window(0, 0, 0, 2), Window(1, 4, 4, 20)]),
-                        QueryGroup(2, 5, 4, [Window(0, 0, 0, 2), Window(1, 0, 4, 12),
-                                             Window(2, 0, 2, 3), Window(2, 9, 2, 3)])]),
+    "lsg": dict(
+        S=2 + 5 * 4,
+        sizes=[2, 7 * 4, 5 * 2 + 10],
+        masked=[0, 1, 3],
+        groups=[
+            QueryGroup(0, 1, 2, [Window(0, 0, 0, 2), Window(1, 4, 4, 20)]),
+            QueryGroup(2, 5, 4, [Window(0, 0, 0, 2), Window(1, 0, 4, 12), Window(2, 0, 2, 3), Window(2, 9, 2, 3)]),
+        ],
+    ),
     # LED-like: a band of 5 blocks of 3, no masks at all
-    "band": dict(S=4 * 3, sizes=[8 * 3], masked=[0],
-                 groups=[QueryGroup(0, 4, 3, [Window(0, 0, 3, 15)])]),
+    "band": dict(S=4 * 3, sizes=[8 * 3], masked=[0], groups=[QueryGroup(0, 4, 3, [Window(0, 0, 3, 15)])]),
     # LED's exact band: triangular edges (per-pair ``allowed``), a key-masked middle
-    "edges": dict(S=4 * 3, sizes=[4 * 3 + 8, 2], masked=[1, 0],
-                  groups=[QueryGroup(0, 4, 3, [Window(0, 0, 3, 3, torch.ones(3, 3, dtype=torch.bool).triu()),
-                                               Window(0, 3, 3, 2),
-                                               Window(0, 5, 3, 3, torch.ones(3, 3, dtype=torch.bool).tril(-1)),
-                                               Window(1, 0, 0, 2)])]),
+    "edges": dict(
+        S=4 * 3,
+        sizes=[4 * 3 + 8, 2],
+        masked=[1, 0],
+        groups=[
+            QueryGroup(
+                0,
+                4,
+                3,
+                [
+                    Window(0, 0, 3, 3, torch.ones(3, 3, dtype=torch.bool).triu()),
+                    Window(0, 3, 3, 2),
+                    Window(0, 5, 3, 3, torch.ones(3, 3, dtype=torch.bool).tril(-1)),
+                    Window(1, 0, 0, 2),
+                ],
+            )
+        ],
+    ),
 }
 
 
@@ -106,8 +129,10 @@ def test_fully_masked_window_gets_zero_weight():
 def test_gradcheck_float64():
     h, d = 2, 3
     srcs = make_sources(1, h, d, [3 * 3, 2], [1, 0])
-    groups = [QueryGroup(0, 1, 2, [Window(1, 0, 0, 2), Window(0, 0, 0, 9)]),
-              QueryGroup(2, 2, 3, [Window(1, 0, 0, 2), Window(0, 0, 3, 6)])]
+    groups = [
+        QueryGroup(0, 1, 2, [Window(1, 0, 0, 2), Window(0, 0, 0, 9)]),
+        QueryGroup(2, 2, 3, [Window(1, 0, 0, 2), Window(0, 0, 3, 6)]),
+    ]
     q = torch.randn(1, 8, h, d, dtype=torch.float64, requires_grad=True)
     k0, v0, m0 = srcs[0]
     k1, v1, _ = srcs[1]
@@ -135,8 +160,7 @@ def test_bfloat16_close_to_float32():
     q = torch.randn(2, 16, h, d)
     groups = [QueryGroup(0, 4, 4, [Window(0, 0, 4, 12)])]
     ref = window_attention(q, srcs, groups)
-    low = window_attention(q.bfloat16(), [(k.bfloat16(), v.bfloat16(), m.bfloat16()) for k, v, m in srcs],
-                           groups)
+    low = window_attention(q.bfloat16(), [(k.bfloat16(), v.bfloat16(), m.bfloat16()) for k, v, m in srcs], groups)
     assert low.dtype == torch.bfloat16 and torch.allclose(low.float(), ref, atol=3e-2)
 
 
@@ -149,7 +173,7 @@ def test_backward_in_chunks_of_blocks():
     k, v, m = srcs[0]
     k.requires_grad_(), v.requires_grad_()
     groups = [QueryGroup(0, 8, M, [Window(0, 0, 2, 18)])]  # 8 blocks x 18 keys of a 32-key source
-    scale = d ** -0.5
+    scale = d**-0.5
     go = torch.randn(1, 8 * M, h, d, dtype=torch.float64)
     fast = torch.autograd.grad(window_attention(q, srcs, groups, scale), [q, k, v], go)
     slow = torch.autograd.grad(naive(q, srcs, groups, scale), [q, k, v], go)
@@ -179,8 +203,9 @@ def test_inference_parts():
     tri = torch.ones(2, 2, dtype=torch.bool).triu()
     g = QueryGroup(0, 1, 2, [Window(0, 0, 0, 1), Window(0, 0, 1, 6), Window(1, 0, 1, 2), Window(0, 0, 1, 3)])
     assert [[w.length for w in c] for c in wa._parts(g, srcs)] == [[1, 6, 3], [2]]
-    g = QueryGroup(0, 1, 2, [Window(0, 0, 0, 1), Window(0, 0, 1, 13), Window(0, 0, 1, 2, tri),
-                             Window(1, 0, 1, 2, masked=False)])
+    g = QueryGroup(
+        0, 1, 2, [Window(0, 0, 0, 1), Window(0, 0, 1, 13), Window(0, 0, 1, 2, tri), Window(1, 0, 1, 2, masked=False)]
+    )
     assert [[w.length for w in c] for c in wa._parts(g, srcs)] == [[13], [1, 2], [2]]
 
 
@@ -216,7 +241,7 @@ def test_split_unmasked_keeps_outputs_trims_padding_and_drops_clean_masks():
             a = window_attention(q.requires_grad_(grad), srcs, groups)
             b = window_attention(q, srcs, split)
         assert torch.allclose(a, b, atol=1e-13)
-    assert torch.allclose(b, naive(q.detach(), srcs, groups, d ** -0.5), atol=1e-12)
+    assert torch.allclose(b, naive(q.detach(), srcs, groups, d**-0.5), atol=1e-12)
 
 
 def test_split_unmasked_cuts_allowed_with_the_window_and_keeps_all_masked_runs():
@@ -235,7 +260,9 @@ def test_split_unmasked_cuts_allowed_with_the_window_and_keeps_all_masked_runs()
     q = torch.randn(1, 14, h, d, dtype=torch.float64)
     with torch.no_grad():
         a, b = window_attention(q, srcs, groups), window_attention(q, srcs, split)
-    assert torch.allclose(a[:, :12], b[:, :12], atol=1e-13) and torch.allclose(a[:, :12], naive(q, srcs, groups, d ** -0.5)[:, :12], atol=1e-12)
+    assert torch.allclose(a[:, :12], b[:, :12], atol=1e-13) and torch.allclose(
+        a[:, :12], naive(q, srcs, groups, d**-0.5)[:, :12], atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -6,6 +6,7 @@
 Prints one line per selection strategy: examples/s, source tokens/s and the mean source/target
 lengths. One process, no DataLoader workers: fairseq's --num-workers N multiplies it.
 """
+
 import argparse
 import os
 import time
@@ -29,12 +30,22 @@ def main(argv=None):
     d = Dictionary.load(os.path.join(args.data, "dict.txt"))
     mask = d.add_symbol("<mask>")
     corpus = GSGCorpus(corpus_prefix(args.data, args.split))
-    print(f"{args.split}: {len(corpus)} documents, mean {corpus.doc_tokens.mean():.0f} tokens "
-          f"(min {corpus.doc_tokens.min()}, max {corpus.doc_tokens.max()})")
+    print(
+        f"{args.split}: {len(corpus)} documents, mean {corpus.doc_tokens.mean():.0f} tokens "
+        f"(min {corpus.doc_tokens.min()}, max {corpus.doc_tokens.max()})"
+    )
     for strategy in gsg.SELECTION_STRATEGIES:
         ds = GapSentenceDataset(
-            corpus, d, mask_token=mask, ratio=0.2, ratio_max=None, strategy=strategy, score_noise=0.0,
-            mask_probs=(1, 0, 0, 0), seed=1, max_source_positions=args.max_source_positions,
+            corpus,
+            d,
+            mask_token=mask,
+            ratio=0.2,
+            ratio_max=None,
+            strategy=strategy,
+            score_noise=0.0,
+            mask_probs=(1, 0, 0, 0),
+            seed=1,
+            max_source_positions=args.max_source_positions,
             max_target_positions=args.max_target_positions,
         )
         n, src_tokens, tgt_tokens = 0, 0, 0
@@ -47,8 +58,10 @@ def main(argv=None):
                 src_tokens += int(batch["net_input"]["src_lengths"].sum())
                 tgt_tokens += batch["ntokens"]
         dt = time.perf_counter() - t0
-        print(f"{strategy:9s} {n / dt:8.1f} examples/s  {src_tokens / dt / 1e3:8.1f}K source tokens/s  "
-              f"mean source {src_tokens / n:.0f}, target {tgt_tokens / n:.0f} tokens")
+        print(
+            f"{strategy:9s} {n / dt:8.1f} examples/s  {src_tokens / dt / 1e3:8.1f}K source tokens/s  "
+            f"mean source {src_tokens / n:.0f}, target {tgt_tokens / n:.0f} tokens"
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ layer's cross-attention (mean over heads) is read, and the script reports
 
     python examples/long_context/attention_probe.py CHECKPOINT DATA_BIN [--split valid] [-n 8]
 """
+
 import argparse
 import json
 import math
@@ -34,13 +35,15 @@ def main(argv=None):
     from fairseq import checkpoint_utils
 
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [args.checkpoint], arg_overrides={"data": args.data_bin})
+        [args.checkpoint], arg_overrides={"data": args.data_bin}
+    )
     model = models[0].eval()
     task.load_dataset(args.split)
     ds = task.dataset(args.split)
     d = task.source_dictionary
     key_words = set()
     from lsg_text.synthetic import CHOICES
+
     for words in CHOICES.values():
         key_words |= {"\u2581" + w for w in words}
     key_ids = torch.tensor(sorted(d.index(w) for w in key_words if d.index(w) != d.unk()))
@@ -55,7 +58,7 @@ def main(argv=None):
         # key sentences: the 7 pieces starting 3 before each "visited" ("The colour animal visited ...")
         in_key = torch.zeros_like(src, dtype=torch.bool)
         for j in (src == visited).nonzero().flatten().tolist():
-            in_key[max(0, j - 3): j + 4] = True
+            in_key[max(0, j - 3) : j + 4] = True
         enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
         enc_out = enc["encoder_out"][0].detach().requires_grad_(True)  # a leaf: its .grad is kept
         enc["encoder_out"] = [enc_out]
@@ -77,9 +80,13 @@ def main(argv=None):
             ent += -(a.clamp_min(1e-12) * a.clamp_min(1e-12).log()).sum().item()
             n_pos += 1
     src_len = src.numel()
-    out = {"mass_on_keys": mass / n_pos if n_pos else None, "entropy": ent / n_pos if n_pos else None,
-           "uniform_entropy": math.log(src_len), "grad_to_encoder": grad_norm / max(args.n, 1),
-           "fact_positions": n_pos}
+    out = {
+        "mass_on_keys": mass / n_pos if n_pos else None,
+        "entropy": ent / n_pos if n_pos else None,
+        "uniform_entropy": math.log(src_len),
+        "grad_to_encoder": grad_norm / max(args.n, 1),
+        "fact_positions": n_pos,
+    }
     print(json.dumps(out))
 
 

@@ -5,6 +5,7 @@ Each row's hypotheses (the H-/D- lines of fairseq-generate) are copied to ``outp
 to the table, so the committed numbers can be re-scored without training: regenerate the test
 documents (run.sh's data step, seeded) and run ``scripts/key_recall.py --generate-output outputs/<row>.out``.
 """
+
 import argparse
 import json
 import os
@@ -16,8 +17,15 @@ from lsg_text.provenance import git_stamp
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # what run.sh runs: a commit that touches none of these does not change the table
-CODE_PATHS = ("examples/long_context/run.sh", "examples/long_context/common.sh", "examples/long_context/report.py",
-              "examples/long_context/attention_probe.py", "lsg_text", "lsg_fairseq", "scripts")
+CODE_PATHS = (
+    "examples/long_context/run.sh",
+    "examples/long_context/common.sh",
+    "examples/long_context/report.py",
+    "examples/long_context/attention_probe.py",
+    "lsg_text",
+    "lsg_fairseq",
+    "scripts",
+)
 
 LABELS = {
     "local_8": "control: +-4-token window, no global (cannot mix)",
@@ -75,7 +83,9 @@ def row(out, name, cost: bool):
         "recall_before_1024": near_recall,
         "recall_beyond_1024": rec.get("recall_beyond"),
         "keys_beyond_1024": rec.get("keys_beyond"),
-        "rouge1": rouge.get("rouge1"), "rouge2": rouge.get("rouge2"), "rougeL": rouge.get("rougeL"),
+        "rouge1": rouge.get("rouge1"),
+        "rouge2": rouge.get("rouge2"),
+        "rougeL": rouge.get("rougeL"),
         "attention_on_keys": probe.get("mass_on_keys"),
         "bins": rec.get("bins", []),
         "chance": rec.get("chance"),
@@ -90,16 +100,20 @@ def fmt(x, f="{:.1f}"):
 
 
 def table(rows, cost: bool):
-    head = "| model | key recall, keys < 1,024 | key recall, keys >= 1,024 | all keys | ROUGE-1/2/L | attention on keys |"
+    head = (
+        "| model | key recall, keys < 1,024 | key recall, keys >= 1,024 | all keys | ROUGE-1/2/L | attention on keys |"
+    )
     sep = "|---|---:|---:|---:|---|---:|"
     if cost:
         head += " train wall (s) | peak RSS (GiB) |"
         sep += "---:|---:|"
     lines = [head, sep]
     for r in rows:
-        line = (f"| {LABELS.get(r['name'], r['name'])} | {pct(r['recall_before_1024'])} | "
-                f"{pct(r['recall_beyond_1024'])} | {pct(r['recall'])} | "
-                f"{fmt(r['rouge1'])} / {fmt(r['rouge2'])} / {fmt(r['rougeL'])} | {pct(r['attention_on_keys'])} |")
+        line = (
+            f"| {LABELS.get(r['name'], r['name'])} | {pct(r['recall_before_1024'])} | "
+            f"{pct(r['recall_beyond_1024'])} | {pct(r['recall'])} | "
+            f"{fmt(r['rouge1'])} / {fmt(r['rouge2'])} / {fmt(r['rougeL'])} | {pct(r['attention_on_keys'])} |"
+        )
         if cost:
             line += f" {fmt(r.get('train_wall_s'), '{:.0f}')} | {fmt(r.get('peak_rss_gib'), '{:.2f}')} |"
         lines.append(line)
@@ -172,14 +186,30 @@ def main(argv=None):
         "Train wall / peak RSS: both stages (short + long documents), fairseq-train's own process.",
     ]
     if x_rows:
-        md += ["", "## Extrapolation (LSG paper sections 4-5, small scale)", "",
-               "BART trained at 1,024 tokens on short then mid-length documents only (keys within 1,024), then",
-               "evaluated on the same 4K-token test documents:", "", table(x_rows, cost=False)]
+        md += [
+            "",
+            "## Extrapolation (LSG paper sections 4-5, small scale)",
+            "",
+            "BART trained at 1,024 tokens on short then mid-length documents only (keys within 1,024), then",
+            "evaluated on the same 4K-token test documents:",
+            "",
+            table(x_rows, cost=False),
+        ]
     with open(os.path.join(args.report_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(args.report_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump({"settings": args.settings, "commit": commit, "load": args.load, "wall_s": args.wall,
-                   "rows": main_rows, "extrapolation": x_rows}, f, indent=1)
+        json.dump(
+            {
+                "settings": args.settings,
+                "commit": commit,
+                "load": args.load,
+                "wall_s": args.wall,
+                "rows": main_rows,
+                "extrapolation": x_rows,
+            },
+            f,
+            indent=1,
+        )
     plot(main_rows, os.path.join(args.report_dir, "recall_vs_position.png"), chance)
     if x_rows:
         plot(x_rows, os.path.join(args.report_dir, "extrapolation_recall_vs_position.png"), chance)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """What `make demo` prints: recall beyond token 1,024, long model vs truncated baseline, and one
 test document whose far keys the long model restated exactly (reads run.sh's $OUT)."""
+
 import argparse
 import json
 import os
@@ -26,12 +27,18 @@ def main(argv=None):
     m, b = rows[args.model], rows[args.baseline]
     examples = [json.loads(line) for line in open(os.path.join(args.out, "long", "jsonl", "test.jsonl"))]
     print(f"Key facts recalled on {len(examples)} test documents of ~4K tokens (chance {pct(m['chance'])}):")
-    print(f"  keys beyond token 1,024 ({m['keys_beyond_1024']}): {args.model} at 4,096 tokens "
-          f"{pct(m['recall_beyond_1024'])}  |  {args.baseline} {pct(b['recall_beyond_1024'])}")
-    print(f"  keys before token 1,024:      {args.model} {pct(m['recall_before_1024'])}  |  "
-          f"{args.baseline} {pct(b['recall_before_1024'])}")
-    print(f"  ROUGE-1/2/L: {args.model} {m['rouge1']:.1f}/{m['rouge2']:.1f}/{m['rougeL']:.1f}  |  "
-          f"{args.baseline} {b['rouge1']:.1f}/{b['rouge2']:.1f}/{b['rougeL']:.1f}")
+    print(
+        f"  keys beyond token 1,024 ({m['keys_beyond_1024']}): {args.model} at 4,096 tokens "
+        f"{pct(m['recall_beyond_1024'])}  |  {args.baseline} {pct(b['recall_beyond_1024'])}"
+    )
+    print(
+        f"  keys before token 1,024:      {args.model} {pct(m['recall_before_1024'])}  |  "
+        f"{args.baseline} {pct(b['recall_before_1024'])}"
+    )
+    print(
+        f"  ROUGE-1/2/L: {args.model} {m['rouge1']:.1f}/{m['rouge2']:.1f}/{m['rougeL']:.1f}  |  "
+        f"{args.baseline} {b['rouge1']:.1f}/{b['rouge2']:.1f}/{b['rougeL']:.1f}"
+    )
 
     def hyps(name):
         with open(os.path.join(args.out, "eval", name, "generate.out"), encoding="utf-8") as f:
@@ -40,7 +47,8 @@ def main(argv=None):
     hyp, base = hyps(args.model), hyps(args.baseline)
     for i, ex in enumerate(examples):  # a document with a key past ~1,100 words, restated exactly
         if any(k["token_offset"] > 1100 for k in ex["keys"]) and all(
-                all(h.values()) for h in key_hits(ex["keys"], hyp.get(i) or "")):
+            all(h.values()) for h in key_hits(ex["keys"], hyp.get(i) or "")
+        ):
             offsets = ", ".join(str(k["token_offset"]) for k in ex["keys"])
             print(f"example: test document {i}, key sentences at words {offsets}")
             print(f"  reference:   {ex['summary']}")

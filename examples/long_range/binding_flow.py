@@ -62,26 +62,30 @@ def load(checkpoint: str, bin_dir: str, split: str):
 def encode(model, tokens: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         out = model.encoder(tokens[None], src_lengths=torch.tensor([tokens.numel()]))["encoder_out"][0][:, 0]
-    return out[out.size(0) - tokens.numel():]  # LSG puts its global tokens in front
+    return out[out.size(0) - tokens.numel() :]  # LSG puts its global tokens in front
 
 
 def probe_document(model, dictionary, tokens: torch.Tensor, key: dict, far: int = FAR) -> dict:
     """The key's binding and use sites in ``tokens``, the bound animal swapped: changes per site."""
     piece = [dictionary[int(t)] for t in tokens]
     name, animal = "\u2581" + key["name"], "\u2581" + key["animal"]
-    bind = next(i for i in range(3, len(piece) - 1)
-                if piece[i] == "\u2581called" and piece[i + 1] == name and piece[i - 2] == animal)
+    bind = next(
+        i
+        for i in range(3, len(piece) - 1)
+        if piece[i] == "\u2581called" and piece[i + 1] == name and piece[i - 2] == animal
+    )
     use = next(i for i in range(1, len(piece)) if piece[i] == "\u2581visited" and piece[i - 1] == name) - 1
     present = set(piece)
-    other = next(a for a in ANIMALS
-                 if "\u2581" + a not in present and dictionary.index("\u2581" + a) != dictionary.unk())
+    other = next(
+        a for a in ANIMALS if "\u2581" + a not in present and dictionary.index("\u2581" + a) != dictionary.unk()
+    )
     changed = tokens.clone()
     changed[bind - 2] = dictionary.index("\u2581" + other)
     delta = (encode(model, tokens) - encode(model, changed)).norm(dim=-1)
     near_name = torch.zeros(len(piece), dtype=torch.bool)
     for i, p in enumerate(piece):
         if p == name:  # every sentence of this name: "is called Nora", "Nora avoided ...", "Nora visited ..."
-            near_name[max(0, i - 6):i + 6] = True
+            near_name[max(0, i - 6) : i + 6] = True
     baseline_at = ((torch.arange(len(piece)) - bind).abs() >= far) & ~near_name
     baseline = float(delta[baseline_at].median())
     return {"use": float(delta[use]), "baseline": baseline, "bind": float(delta[bind - 2]), "gap": use - bind}
@@ -98,11 +102,15 @@ def probe_order(model, dictionary, tokens: torch.Tensor, source: int, watched: i
     delta = (encode(model, tokens) - encode(model, changed)).norm(dim=-1)
     near = torch.zeros(len(piece), dtype=torch.bool)
     for i in verbs:
-        near[max(0, i - 6):i + 6] = True
+        near[max(0, i - 6) : i + 6] = True
     baseline_at = ((torch.arange(len(piece)) - verbs[source]).abs() >= far) & ~near
     watch = verbs[watched] - 1  # the animal: "The fox arrived."
-    return {"use": float(delta[watch]), "baseline": float(delta[baseline_at].median()),
-            "bind": float(delta[verbs[source]]), "gap": abs(watch - verbs[source])}
+    return {
+        "use": float(delta[watch]),
+        "baseline": float(delta[baseline_at].median()),
+        "bind": float(delta[verbs[source]]),
+        "gap": abs(watch - verbs[source]),
+    }
 
 
 def position_readout(model, dataset, n: int, limit: int, stride: int = 8) -> float:
@@ -122,8 +130,12 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True, help="the binding set's long/ folder (bin/, jsonl/)")
     p.add_argument("--checkpoints", nargs="+", required=True, metavar="ROW=PATH")
     p.add_argument("--split", default="valid", choices=("valid", "test"))
-    p.add_argument("--far", type=int, default=FAR,
-                   help="baseline positions are at least this many tokens from the binding (0 on the short set)")
+    p.add_argument(
+        "--far",
+        type=int,
+        default=FAR,
+        help="baseline positions are at least this many tokens from the binding (0 on the short set)",
+    )
     p.add_argument("--variant", default="binding", choices=("binding", "order"))
     p.add_argument("--out", help="write OUT.md and OUT.json (else print the table)")
     args = p.parse_args(argv)
@@ -154,10 +166,13 @@ def main(argv=None) -> int:
                     except StopIteration:  # its binding or its use lies past the encoder's limit
                         continue
             if not per_doc:
-                p.error(f"{spec}: no key of {args.split}.jsonl has its binding and use within the encoder's "
-                        f"{limit} tokens")
-            ratios = [d["use"] / d["baseline"] if d["baseline"] > 0 else float("inf" if d["use"] > 0 else "nan")
-                      for d in per_doc]
+                p.error(
+                    f"{spec}: no key of {args.split}.jsonl has its binding and use within the encoder's {limit} tokens"
+                )
+            ratios = [
+                d["use"] / d["baseline"] if d["baseline"] > 0 else float("inf" if d["use"] > 0 else "nan")
+                for d in per_doc
+            ]
             finite = [r for r in ratios if r == r]
             rows[row] = {
                 "keys": len(per_doc),
@@ -166,15 +181,18 @@ def main(argv=None) -> int:
                 "use_over_bind_median": statistics.median(d["use"] / d["bind"] for d in per_doc),
                 "median_gap_tokens": statistics.median(d["gap"] for d in per_doc),
                 # once per checkpoint: where a token is does not depend on the probe
-                "position_r2": position_readout(model, dataset, len(per_doc), limit) if probe == probes[0]
-                and args.variant == "order" else None,
+                "position_r2": position_readout(model, dataset, len(per_doc), limit)
+                if probe == probes[0] and args.variant == "order"
+                else None,
                 "per_doc": per_doc,
             }
-            print(f"{row}: {({k: v for k, v in rows[row].items() if k != 'per_doc'})}", file=sys.stderr)
+            print(f"{row}: { ({k: v for k, v in rows[row].items() if k != 'per_doc'}) }", file=sys.stderr)
     head = provenance.git_stamp(REPO, CODE_PATHS)
-    change = {"binding": "the key's bound animal swapped for one not in the document",
-              "order": "one arrival taken away ('arrived' -> 'found'), the other's animal watched (forward: the "
-                       "later one; backward: the earlier one)"}[args.variant]
+    change = {
+        "binding": "the key's bound animal swapped for one not in the document",
+        "order": "one arrival taken away ('arrived' -> 'found'), the other's animal watched (forward: the "
+        "later one; backward: the earlier one)",
+    }[args.variant]
     order = args.variant == "order"
     lines = [
         f"{args.variant.capitalize()} flow, {args.split} split of `{args.data}`: {change}; L2 change of the "
@@ -188,8 +206,10 @@ def main(argv=None) -> int:
     for row, r in rows.items():
         ratio = "-" if r["use_over_baseline_median"] is None else f"{r['use_over_baseline_median']:.2f}"
         r2 = "" if not order else " - |" if r["position_r2"] is None else f" {r['position_r2']:.2f} |"
-        lines.append(f"| `{row}` | {r['keys']} | {100 * r['use_moved_share']:.0f}% | {ratio} "
-                     f"| {r['use_over_bind_median']:.1e} |{r2}")
+        lines.append(
+            f"| `{row}` | {r['keys']} | {100 * r['use_moved_share']:.0f}% | {ratio} "
+            f"| {r['use_over_bind_median']:.1e} |{r2}"
+        )
     text = "\n".join(lines) + "\n"
     if args.out:
         with open(args.out + ".md", "w") as f:

@@ -139,10 +139,20 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     p.add_argument("--length", type=int, default=4096)
-    p.add_argument("--probes", type=int, nargs="+", default=[1100, 2048, 2999],
-                   help="positions of the changed token (several: block layouts differ by offset)")
-    p.add_argument("--also", nargs="+", default=[], metavar="ROW:FLAGS",
-                   help="more rows: a row's flags with FLAGS after them, e.g. 'lsg_norm:--sparsity-factor 32'")
+    p.add_argument(
+        "--probes",
+        type=int,
+        nargs="+",
+        default=[1100, 2048, 2999],
+        help="positions of the changed token (several: block layouts differ by offset)",
+    )
+    p.add_argument(
+        "--also",
+        nargs="+",
+        default=[],
+        metavar="ROW:FLAGS",
+        help="more rows: a row's flags with FLAGS after them, e.g. 'lsg_norm:--sparsity-factor 32'",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="write OUT.md and OUT.json (else print the table)")
     args = p.parse_args(argv)
@@ -164,8 +174,9 @@ def main(argv=None) -> int:
         with open(args.out + ".md", "w") as f:
             f.write(text)
         with open(args.out + ".json", "w") as f:
-            json.dump({"results": results, "length": args.length, "probes": args.probes, "seed": args.seed}, f,
-                      indent=1)
+            json.dump(
+                {"results": results, "length": args.length, "probes": args.probes, "seed": args.seed}, f, indent=1
+            )
     print(text)
     return 0
 

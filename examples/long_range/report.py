@@ -31,6 +31,7 @@ the table cannot tell it from a reader that only knows roughly where each arriva
                                           # re-score committed outputs, keeping the run's stamp
     python examples/long_range/report.py extract GENERATE_OUT N HYPOTHESES   # run.sh's per-run step
 """
+
 import argparse
 import bisect
 import importlib.util
@@ -112,8 +113,11 @@ def score_document(example: dict, hypothesis: str, variant: str) -> dict:
             far += [h["count"]] if key["mentions"][-1] - key["mentions"][0] >= FAR_WORDS else []
         elif key["token_offset"] >= FAR_WORDS:
             far += [h[f] for f in FIELDS]
-    return {"exact": float(exact_match(example["summary"], hypothesis)),
-            "slots": [x for h in hits for x in h.values()], "far": far}
+    return {
+        "exact": float(exact_match(example["summary"], hypothesis)),
+        "slots": [x for h in hits for x in h.values()],
+        "far": far,
+    }
 
 
 _BOUND_RE = re.compile(r"The \S+ (\S+) is called \S+\.")
@@ -135,8 +139,11 @@ def binding_choice(examples, hyps_by_seed) -> dict:
                     written += 1
                     right += generated[i]["animal"] == key["animal"]
                     baseline.append(1 / len(bound))
-    return {"bound_animal_written": written / slots, "right_among_bound": right / written if written else None,
-            "random_bound_pick": statistics.mean(baseline) if baseline else None}
+    return {
+        "bound_animal_written": written / slots,
+        "right_among_bound": right / written if written else None,
+        "random_bound_pick": statistics.mean(baseline) if baseline else None,
+    }
 
 
 def order_choice(examples, hyps_by_seed) -> dict:
@@ -153,8 +160,11 @@ def order_choice(examples, hyps_by_seed) -> dict:
                 right += order == truth
                 baseline.append(1 / math.factorial(len(truth)))
     n = sum(len(h) for h in hyps_by_seed)
-    return {"right_animals": named / n, "right_order_among_those": right / named if named else None,
-            "random_order": statistics.mean(baseline) if baseline else None}
+    return {
+        "right_animals": named / n,
+        "right_order_among_those": right / named if named else None,
+        "random_order": statistics.mean(baseline) if baseline else None,
+    }
 
 
 def _band(position: int, thresholds) -> int:
@@ -171,8 +181,7 @@ def _fit_level(docs, i: int):
     lows = sorted(d[i - 1] for d in docs)
     highs = sorted(d[i] for d in docs)
     # kept(t) = #{d: d[i-1] < t <= d[i]} = #{d[i] >= t} - #{d[i-1] >= t}, since d[i-1] < d[i]
-    kept = {t: (len(highs) - bisect.bisect_left(highs, t)) - (len(lows) - bisect.bisect_left(lows, t))
-            for t in highs}
+    kept = {t: (len(highs) - bisect.bisect_left(highs, t)) - (len(lows) - bisect.bisect_left(lows, t)) for t in highs}
     best = (0, [])
     for t in sorted(kept, key=lambda t: (-kept[t], t)):
         if kept[t] <= best[0]:
@@ -212,8 +221,10 @@ def position_rule_scores(examples, rule: dict) -> list:
     for ex in examples:
         n = len(ex["keys"])
         if n not in rule:
-            raise ConfigError(f"position-only rule: no training document has {n} arrivals "
-                              f"(fitted for {sorted(rule)}; see --fit-data and --n-train)")
+            raise ConfigError(
+                f"position-only rule: no training document has {n} arrivals "
+                f"(fitted for {sorted(rule)}; see --fit-data and --n-train)"
+            )
         hits = [_band(k["token_offset"], rule[n]["thresholds"]) == i for i, k in enumerate(ex["keys"])]
         scores.append({"exact": float(all(hits)), "slots": hits, "far": hits})
     return scores
@@ -245,14 +256,26 @@ def cell(scores_by_seed, rng: random.Random, seed_rng: random.Random) -> dict:
         docs = [seed_rng.randrange(n) for _ in range(n)]
         seed_boot.append(statistics.mean(s[d]["exact"] for s in seeds for d in docs))
     per_seed = [statistics.mean(d["exact"] for d in s) for s in scores_by_seed]
-    return {"exact": exact, "exact_ci": exact_ci, "exact_ci_seeds": interval(seed_boot) if k > 1 else exact_ci,
-            "exact_per_seed": per_seed, "slot_recall": slots, "far_recall": far,
-            "far_ci": interval(b[2] for b in boot)}
+    return {
+        "exact": exact,
+        "exact_ci": exact_ci,
+        "exact_ci_seeds": interval(seed_boot) if k > 1 else exact_ci,
+        "exact_per_seed": per_seed,
+        "slot_recall": slots,
+        "far_recall": far,
+        "far_ci": interval(b[2] for b in boot),
+    }
 
 
 # what the experiment runs: a commit that touches none of these (a README, say) does not change it
-CODE_PATHS = ("examples/long_range/run.sh", "examples/long_range/report.py", "examples/long_context/common.sh",
-              "lsg_text", "lsg_fairseq", "scripts")  # not the generated tables and outputs
+CODE_PATHS = (
+    "examples/long_range/run.sh",
+    "examples/long_range/report.py",
+    "examples/long_context/common.sh",
+    "lsg_text",
+    "lsg_fairseq",
+    "scripts",
+)  # not the generated tables and outputs
 
 
 def position_only_cell(examples, fit_examples, n_train: int, variant: str) -> dict:
@@ -260,12 +283,18 @@ def position_only_cell(examples, fit_examples, n_train: int, variant: str) -> di
     ``examples`` like a row with one seed (its own bootstrap streams: the model rows' intervals are the
     same with or without it). It is handed the animals: "the right animals" is 100% by construction."""
     rule = fit_position_rule(fit_examples)
-    c = cell([position_rule_scores(examples, rule)], random.Random(f"{variant}/{POSITION_ONLY}"),
-             random.Random(f"{variant}/{POSITION_ONLY}/seeds"))
+    c = cell(
+        [position_rule_scores(examples, rule)],
+        random.Random(f"{variant}/{POSITION_ONLY}"),
+        random.Random(f"{variant}/{POSITION_ONLY}/seeds"),
+    )
     c["rule"] = {str(n): r for n, r in rule.items()}
     c["rule_fitted_on"] = f"the first {n_train:,} train documents"
-    c["order_choice"] = {"right_animals": 1.0, "right_order_among_those": c["exact"],
-                         "random_order": statistics.mean(1 / math.factorial(len(ex["keys"])) for ex in examples)}
+    c["order_choice"] = {
+        "right_animals": 1.0,
+        "right_order_among_those": c["exact"],
+        "random_order": statistics.mean(1 / math.factorial(len(ex["keys"])) for ex in examples),
+    }
     return c
 
 
@@ -278,8 +307,14 @@ def provenance_of(args) -> dict:
     """Where the table's outputs came from: the run's command, commit, machine, wall time and load
     (``--provenance-from`` a committed results.json when re-scoring its outputs), and the scorer's commit."""
     scored_at = provenance.git_stamp(REPO, CODE_PATHS)
-    p = {"command": args.command, "trained_at": args.trained_at, "machine": args.machine, "wall_s": args.wall,
-         "load": args.load, "settings": args.settings}
+    p = {
+        "command": args.command,
+        "trained_at": args.trained_at,
+        "machine": args.machine,
+        "wall_s": args.wall,
+        "load": args.load,
+        "settings": args.settings,
+    }
     if args.provenance_from:
         try:
             with open(args.provenance_from, encoding="utf-8") as f:
@@ -293,16 +328,23 @@ def provenance_of(args) -> dict:
     if p["trained_at"] is None:  # run.sh's own call: trained here, at this code
         p["trained_at"] = scored_at
         p["machine"] = p["machine"] or f"{provenance.cpu_name()}, {os.cpu_count()} cores"
-    defaults = {"command": "bash examples/long_range/run.sh", "machine": "not recorded", "wall_s": "?",
-                "load": "?", "settings": ""}
-    return {**{k: p[k] if p[k] is not None else defaults[k] for k in defaults}, "trained_at": p["trained_at"],
-            "commit": scored_at}
+    defaults = {
+        "command": "bash examples/long_range/run.sh",
+        "machine": "not recorded",
+        "wall_s": "?",
+        "load": "?",
+        "settings": "",
+    }
+    return {
+        **{k: p[k] if p[k] is not None else defaults[k] for k in defaults},
+        "trained_at": p["trained_at"],
+        "commit": scored_at,
+    }
 
 
 def report(args) -> int:
     rng = random.Random(0)
-    results = {"split": args.split, "n_docs": args.n_docs, "seeds": args.seeds, **provenance_of(args),
-               "variants": {}}
+    results = {"split": args.split, "n_docs": args.n_docs, "seeds": args.seeds, **provenance_of(args), "variants": {}}
     for v in args.variants:
         data_json = os.path.join(args.outputs, v, "data.json")
         examples = scored_documents(data_json, args.split, args.n_docs)
@@ -331,11 +373,11 @@ def report(args) -> int:
         ctrl = rows.get(CONTROL)
         for row, c in rows.items():
             c["beats_control"] = None if ctrl is None or row == CONTROL else _beats(c, ctrl, "exact_ci")
-            c["beats_control_seeds"] = (None if ctrl is None or row == CONTROL
-                                        else _beats(c, ctrl, "exact_ci_seeds"))
+            c["beats_control_seeds"] = None if ctrl is None or row == CONTROL else _beats(c, ctrl, "exact_ci_seeds")
             # a weaker, second reading: far-slot recall above the control's, intervals disjoint
-            c["far_above_control"] = None if ctrl is None or row == CONTROL or not c["far_ci"] else (
-                c["far_ci"][0] > ctrl["far_ci"][1])
+            c["far_above_control"] = (
+                None if ctrl is None or row == CONTROL or not c["far_ci"] else (c["far_ci"][0] > ctrl["far_ci"][1])
+            )
         results["variants"][v] = rows
     os.makedirs(args.report_dir, exist_ok=True)
     with open(os.path.join(args.report_dir, "results.json"), "w", encoding="utf-8") as f:
@@ -351,67 +393,97 @@ def report(args) -> int:
 def markdown(r: dict) -> str:
     pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     ci = lambda lo_hi: f"[{pct(lo_hi[0])}, {pct(lo_hi[1])}]"  # noqa: E731
-    where = (f"trained and decoded at commit {r['trained_at']} on {r['machine']}" if r["trained_at"] != r["commit"]
-             else f"code at commit {r['commit']} on {r['machine']}")
+    where = (
+        f"trained and decoded at commit {r['trained_at']} on {r['machine']}"
+        if r["trained_at"] != r["commit"]
+        else f"code at commit {r['commit']} on {r['machine']}"
+    )
     scored = "" if r["trained_at"] == r["commit"] else f" Scored by report.py at commit {r['commit']}."
-    out = ["# Long range: results (generated by report.py; do not edit by hand)", "",
-           f"Command: `{r['command']}`, {where}; {r['wall_s']} s wall, load average {r['load']};",
-           f"{r['settings']}.{scored}", "",
-           f"Each cell: the mean over seeds {', '.join(map(str, r['seeds']))} on the same {r['n_docs']} "
-           f"{r['split']} documents, with two 95% percentile bootstrap intervals ({BOOTSTRAP} resamples each). "
-           "\"documents\": resamples the documents, each drawn document bringing its hypotheses of every seed "
-           "(the trained models fixed: how the number moves with other test documents). \"seeds, documents\": "
-           "draws the seeds (with replacement, as many as were run), then the documents: it also moves with the "
-           "training seed (with 3 seeds, 10 distinct seed draws: a coarse interval). "
-           "Exact = the whole summary right (every key, in order, no decoy); far slots: "
-           "binding's colour + animal (bound >= 1,024 words before the use), retrieval's slots of keys past "
-           "word 1,024, count's counts of animals whose mentions span 1,024+ words, every order slot. "
-           "Beats control: exact >= 20 points above local_8's and the two intervals disjoint (the issue's test), "
-           "read with each interval; far slots above control: the far-slot recall intervals (documents) "
-           "disjoint, a weaker reading.", ""]
+    out = [
+        "# Long range: results (generated by report.py; do not edit by hand)",
+        "",
+        f"Command: `{r['command']}`, {where}; {r['wall_s']} s wall, load average {r['load']};",
+        f"{r['settings']}.{scored}",
+        "",
+        f"Each cell: the mean over seeds {', '.join(map(str, r['seeds']))} on the same {r['n_docs']} "
+        f"{r['split']} documents, with two 95% percentile bootstrap intervals ({BOOTSTRAP} resamples each). "
+        '"documents": resamples the documents, each drawn document bringing its hypotheses of every seed '
+        '(the trained models fixed: how the number moves with other test documents). "seeds, documents": '
+        "draws the seeds (with replacement, as many as were run), then the documents: it also moves with the "
+        "training seed (with 3 seeds, 10 distinct seed draws: a coarse interval). "
+        "Exact = the whole summary right (every key, in order, no decoy); far slots: "
+        "binding's colour + animal (bound >= 1,024 words before the use), retrieval's slots of keys past "
+        "word 1,024, count's counts of animals whose mentions span 1,024+ words, every order slot. "
+        "Beats control: exact >= 20 points above local_8's and the two intervals disjoint (the issue's test), "
+        "read with each interval; far slots above control: the far-slot recall intervals (documents) "
+        "disjoint, a weaker reading.",
+        "",
+    ]
     for v, rows in r["variants"].items():
-        out += [f"## {v}", "",
-                "| row | exact match [95% CI: documents] | per seed | beats control "
-                "| [95% CI: seeds, documents] | beats control (seeds resampled too) | slot recall "
-                "| far-slot recall [95% CI] | far slots above control |",
-                "|---|---:|---|:-:|---:|:-:|---:|---:|:-:|"]
+        out += [
+            f"## {v}",
+            "",
+            "| row | exact match [95% CI: documents] | per seed | beats control "
+            "| [95% CI: seeds, documents] | beats control (seeds resampled too) | slot recall "
+            "| far-slot recall [95% CI] | far slots above control |",
+            "|---|---:|---|:-:|---:|:-:|---:|---:|:-:|",
+        ]
         yes_no = {None: "", True: "yes", False: "no"}
         for row, c in rows.items():
             far = pct(c["far_recall"]) + (f" {ci(c['far_ci'])}" if c["far_ci"] else "")
-            out.append(f"| {LABELS.get(row, row)} | {pct(c['exact'])} {ci(c['exact_ci'])} | "
-                       f"{' / '.join(pct(x) for x in c['exact_per_seed'])} | {yes_no[c['beats_control']]} | "
-                       f"{ci(c['exact_ci_seeds'])} | {yes_no[c['beats_control_seeds']]} | "
-                       f"{pct(c['slot_recall'])} | {far} | {yes_no[c['far_above_control']]} |")
+            out.append(
+                f"| {LABELS.get(row, row)} | {pct(c['exact'])} {ci(c['exact_ci'])} | "
+                f"{' / '.join(pct(x) for x in c['exact_per_seed'])} | {yes_no[c['beats_control']]} | "
+                f"{ci(c['exact_ci_seeds'])} | {yes_no[c['beats_control_seeds']]} | "
+                f"{pct(c['slot_recall'])} | {far} | {yes_no[c['far_above_control']]} |"
+            )
         if POSITION_ONLY in rows:
             ref = rows[POSITION_ONLY]
             bands = "; ".join(
                 f"{n} arrivals: thresholds at word {', '.join(f'{t:,}' for t in rule['thresholds'])} "
                 f"({pct(rule['train_exact'])} of {rule['n_docs']:,} training documents right)"
-                for n, rule in ref["rule"].items())
-            out += ["", f"Position only (no model, no seeds): each arrival is ranked by its own word offset alone, "
-                    f"never against another arrival; an arrival before the first threshold is called first, one "
-                    f"at or past the last threshold last. Fitted on {ref['rule_fitted_on']} (exact search for the "
-                    f"thresholds that put the most documents entirely right): {bands}. It is handed the animals "
-                    "(\"the right animals\" is 100% by construction), and two arrivals in one band count as wrong "
-                    "(no coin flip). Where a long row scores no higher, this table cannot tell it from a reader that "
-                    "only knows roughly where each arrival lies."]
+                for n, rule in ref["rule"].items()
+            )
+            out += [
+                "",
+                f"Position only (no model, no seeds): each arrival is ranked by its own word offset alone, "
+                f"never against another arrival; an arrival before the first threshold is called first, one "
+                f"at or past the last threshold last. Fitted on {ref['rule_fitted_on']} (exact search for the "
+                f"thresholds that put the most documents entirely right): {bands}. It is handed the animals "
+                '("the right animals" is 100% by construction), and two arrivals in one band count as wrong '
+                "(no coin flip). Where a long row scores no higher, this table cannot tell it from a reader that "
+                "only knows roughly where each arrival lies.",
+            ]
         if any("binding_choice" in c for c in rows.values()):
-            out += ["", "Binding or copying? When a row writes one of the document's bound animals, is it the right "
-                    "one more often than a random pick among them?", "",
-                    "| row | a bound animal written | right among those | random pick among bound |",
-                    "|---|---:|---:|---:|"]
+            out += [
+                "",
+                "Binding or copying? When a row writes one of the document's bound animals, is it the right "
+                "one more often than a random pick among them?",
+                "",
+                "| row | a bound animal written | right among those | random pick among bound |",
+                "|---|---:|---:|---:|",
+            ]
             for row, c in rows.items():
                 b = c["binding_choice"]
-                out.append(f"| {LABELS.get(row, row)} | {pct(b['bound_animal_written'])} | "
-                           f"{pct(b['right_among_bound'])} | {pct(b['random_bound_pick'])} |")
+                out.append(
+                    f"| {LABELS.get(row, row)} | {pct(b['bound_animal_written'])} | "
+                    f"{pct(b['right_among_bound'])} | {pct(b['random_bound_pick'])} |"
+                )
         if any("order_choice" in c for c in rows.values()):
-            out += ["", "Order, or copying? Of the summaries naming exactly the document's arriving animals, how many "
-                    "put them in the right order, against a random order?", "",
-                    "| row | the right animals | right order among those | random order |", "|---|---:|---:|---:|"]
+            out += [
+                "",
+                "Order, or copying? Of the summaries naming exactly the document's arriving animals, how many "
+                "put them in the right order, against a random order?",
+                "",
+                "| row | the right animals | right order among those | random order |",
+                "|---|---:|---:|---:|",
+            ]
             for row, c in rows.items():
                 o = c["order_choice"]
-                out.append(f"| {LABELS.get(row, row)} | {pct(o['right_animals'])} | "
-                           f"{pct(o['right_order_among_those'])} | {pct(o['random_order'])} |")
+                out.append(
+                    f"| {LABELS.get(row, row)} | {pct(o['right_animals'])} | "
+                    f"{pct(o['right_order_among_those'])} | {pct(o['random_order'])} |"
+                )
         out.append("")
     return "\n".join(out)
 
@@ -430,8 +502,10 @@ def plot(r: dict, path: str) -> None:
         rows = r["variants"][v]
         names = list(rows)
         ys = [100 * rows[n]["exact"] for n in names]
-        err = [[y - 100 * rows[n]["exact_ci"][0] for n, y in zip(names, ys)],
-               [100 * rows[n]["exact_ci"][1] - y for n, y in zip(names, ys)]]
+        err = [
+            [y - 100 * rows[n]["exact_ci"][0] for n, y in zip(names, ys)],
+            [100 * rows[n]["exact_ci"][1] - y for n, y in zip(names, ys)],
+        ]
         ax.bar(names, ys, yerr=err, capsize=4, color=["grey" if n == CONTROL else "tab:blue" for n in names])
         ax.set_title(f"{v}: exact match, 95% CI ({r['split']})")
         ax.set_ylim(0, 100)
@@ -448,8 +522,7 @@ def main(argv=None) -> int:
             return report_error("usage: report.py extract GENERATE_OUT N HYPOTHESES", PROG)
         extract(argv[1], int(argv[2]), argv[3])
         return 0
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--outputs", required=True)
     p.add_argument("--report-dir", required=True)
     p.add_argument("--split", default="test", choices=["test", "valid"])
@@ -457,21 +530,33 @@ def main(argv=None) -> int:
     p.add_argument("--variants", nargs="+", required=True)
     p.add_argument("--rows", nargs="+", required=True)
     p.add_argument("--seeds", nargs="+", type=int, required=True)
-    p.add_argument("--n-train", type=POSITIVE_INT, default=N_TRAIN,
-                   help=f"order: training documents the position-only rule is fitted on (run.sh's N_LONG; "
-                   f"default {N_TRAIN})")
-    p.add_argument("--fit-data", help="order: a data.json whose train split fits the position-only rule "
-                   "(default: the scored variant's own; regap.sh: the set its checkpoints trained on)")
+    p.add_argument(
+        "--n-train",
+        type=POSITIVE_INT,
+        default=N_TRAIN,
+        help=f"order: training documents the position-only rule is fitted on (run.sh's N_LONG; default {N_TRAIN})",
+    )
+    p.add_argument(
+        "--fit-data",
+        help="order: a data.json whose train split fits the position-only rule "
+        "(default: the scored variant's own; regap.sh: the set its checkpoints trained on)",
+    )
     p.add_argument("--command", help="the command that made the outputs (default: bash examples/long_range/run.sh)")
-    p.add_argument("--trained-at", help="the commit the outputs were made at (default: the scorer's, as in "
-                   "run.sh's own call)")
-    p.add_argument("--machine", help="where the outputs were made (default, when --trained-at is not given: "
-                   "this CPU and its cores)")
+    p.add_argument(
+        "--trained-at", help="the commit the outputs were made at (default: the scorer's, as in run.sh's own call)"
+    )
+    p.add_argument(
+        "--machine",
+        help="where the outputs were made (default, when --trained-at is not given: this CPU and its cores)",
+    )
     p.add_argument("--wall")
     p.add_argument("--load")
     p.add_argument("--settings")
-    p.add_argument("--provenance-from", help="a committed results.json whose command, commit, machine, wall "
-                   "time, load and settings the new table keeps (re-scoring its outputs); flags given win")
+    p.add_argument(
+        "--provenance-from",
+        help="a committed results.json whose command, commit, machine, wall "
+        "time, load and settings the new table keeps (re-scoring its outputs); flags given win",
+    )
     args = p.parse_args(argv)
     try:
         return report(args)

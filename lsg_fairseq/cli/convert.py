@@ -10,6 +10,7 @@ source's settings, else the architecture's). OUT_DIR appears complete or not at 
 temp folder beside it); a non-empty OUT_DIR is refused unless ``--force``, which replaces it as a
 whole.
 """
+
 import argparse
 import logging
 import sys
@@ -27,21 +28,35 @@ def build_parser() -> argparse.ArgumentParser:
         "lsg-fairseq checkpoint into a fairseq model folder (model.pt + dict.txt + tokenizer files).",
     )
     p.add_argument("src", metavar="SRC_DIR", help="HF model folder, or a fairseq model.pt / its folder")
-    p.add_argument("out", metavar="OUT_DIR", help="output folder (created; must be absent or empty "
-                   "unless --force)")
-    p.add_argument("--force", action="store_true",
-                   help="replace a non-empty OUT_DIR as a whole (only once the new one is complete)")
-    p.add_argument("--to", choices=list(known), metavar="FAMILY",
-                   help=f"target model family: {', '.join(known)} (default: the source's own, or the family "
-                   "that the options given ask for, e.g. LSG options on a BART source)")
+    p.add_argument("out", metavar="OUT_DIR", help="output folder (created; must be absent or empty unless --force)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a non-empty OUT_DIR as a whole (only once the new one is complete)",
+    )
+    p.add_argument(
+        "--to",
+        choices=list(known),
+        metavar="FAMILY",
+        help=f"target model family: {', '.join(known)} (default: the source's own, or the family "
+        "that the options given ask for, e.g. LSG options on a BART source)",
+    )
     # the lengths' range is checked by the converter, for this command and the Python API alike
     base = ", ".join(f"{name} {arch_defaults(f.arch('base')).max_source_positions}" for name, f in known.items())
-    p.add_argument("--max-source-positions", type=int, metavar="N",
-                   help="encoder max length; position tables are tiled (default: the source's, or the target "
-                   f"architecture's when a BART source gets a new encoder; base sizes: {base})")
-    p.add_argument("--max-target-positions", type=int, metavar="N",
-                   help="decoder max length; its position table is tiled or cut (default: the "
-                   "source's decoder length; BART -> LSG: the new encoder length, as the reference)")
+    p.add_argument(
+        "--max-source-positions",
+        type=int,
+        metavar="N",
+        help="encoder max length; position tables are tiled (default: the source's, or the target "
+        f"architecture's when a BART source gets a new encoder; base sizes: {base})",
+    )
+    p.add_argument(
+        "--max-target-positions",
+        type=int,
+        metavar="N",
+        help="decoder max length; its position table is tiled or cut (default: the "
+        "source's decoder length; BART -> LSG: the new encoder length, as the reference)",
+    )
     for family in known.values():
         family.add_args(p)
     return p

@@ -8,6 +8,7 @@ bart -> BartForConditionalGeneration, led -> LEDForConditionalGeneration, lsg_ba
 format of the LSG authors, locost -> the reference LOCOST format. Refusals exit with status 2 and
 leave HF_DIR untouched.
 """
+
 import argparse
 import logging
 import sys
@@ -19,8 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Export an lsg-fairseq model (model.pt from lsg-fairseq-convert, or a training run's "
         "checkpoint_best.pt) to a HuggingFace folder. Optimizer state is dropped.",
     )
-    p.add_argument("src", metavar="CKPT_OR_MODEL_DIR",
-                   help="fairseq checkpoint, or a folder holding model.pt (else checkpoint_best.pt)")
+    p.add_argument(
+        "src",
+        metavar="CKPT_OR_MODEL_DIR",
+        help="fairseq checkpoint, or a folder holding model.pt (else checkpoint_best.pt)",
+    )
     p.add_argument("out", metavar="HF_DIR", help="output folder (created; must be empty unless --force)")
     p.add_argument("--force", action="store_true", help="replace HF_DIR if it exists and is not empty")
     return p

@@ -13,6 +13,7 @@ and they refuse a missing ``--path`` file up front with a message naming it. The
 ``fairseq-generate`` itself calls its ``main`` where no plugin can catch them (lsg_fairseq.fairseq_fixes.one_line_errors).
 Every other flag is fairseq's (``lsg-fairseq-generate --help``).
 """
+
 import os
 import sys
 
@@ -42,8 +43,7 @@ def plugin_argv(argv, prog: str):
         given = os.path.abspath(_flag_value(argv, "--user-dir") or "")
         if given != user_dir():
             # The same code under two module names registers everything twice (fairseq_notes §1).
-            print(f"{prog}: note: --user-dir {given} is not this installation's plugin ({user_dir()})",
-                  file=sys.stderr)
+            print(f"{prog}: note: --user-dir {given} is not this installation's plugin ({user_dir()})", file=sys.stderr)
     else:
         argv += ["--user-dir", user_dir()]
     if not _has_flag(argv, "--task") and "-h" not in argv and "--help" not in argv:
@@ -84,6 +84,10 @@ if __name__ == "__main__":
     # python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} ...
     command = sys.argv[1] if len(sys.argv) > 1 else ""
     if command not in ("generate", "interactive"):
-        sys.exit(report("usage: python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} [fairseq flags]",
-                        "lsg_fairseq.cli.fairseq_wrappers"))
+        sys.exit(
+            report(
+                "usage: python -m lsg_fairseq.cli.fairseq_wrappers {generate|interactive} [fairseq flags]",
+                "lsg_fairseq.cli.fairseq_wrappers",
+            )
+        )
     {"generate": generate, "interactive": interactive}[command](sys.argv[2:])

@@ -10,6 +10,7 @@ than the model's ``max_source_positions`` are truncated with a warning, never re
 be UTF-8 (``--errors replace`` turns bad bytes into U+FFFD); ``--output`` is written only when every
 summary is done, and never over an input or a file of MODEL_DIR.
 """
+
 import argparse
 import os
 import sys
@@ -27,27 +28,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="*", help="text files, one document each (default: stdin, one document per line)")
     p.add_argument("--input-lines", help="a text file with one document per line (instead of FILES/stdin)")
     p.add_argument("--output", help="write summaries here, one per line (default: stdout)")
-    p.add_argument("--errors", choices=("strict", "replace"), default="strict",
-                   help="non-UTF-8 bytes in the inputs: strict = refuse, naming the file and byte offset "
-                   "(default); replace = read them as U+FFFD")
+    p.add_argument(
+        "--errors",
+        choices=("strict", "replace"),
+        default="strict",
+        help="non-UTF-8 bytes in the inputs: strict = refuse, naming the file and byte offset "
+        "(default); replace = read them as U+FFFD",
+    )
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name inside MODEL_DIR (default: model.pt)")
     g = GENERATION_SETTINGS  # the ranges --eval-rouge-args checks too
     p.add_argument("--beam", type=g["beam"], default=4, help="beam size (default: %(default)s; 1 = greedy)")
-    p.add_argument("--lenpen", type=g["lenpen"], default=1.0, help=f"length penalty, {g['lenpen'].expected} (default: %(default)s)")
-    p.add_argument("--max-len-b", type=g["max_len_b"], default=256, help="maximum summary length in tokens (default: %(default)s)")
-    p.add_argument("--min-len", type=g["min_len"], default=1, help="minimum summary length in tokens (default: %(default)s)")
-    p.add_argument("--no-repeat-ngram-size", type=g["no_repeat_ngram_size"], default=3,
-                   help="ban repeated n-grams of this size (0 = off; default: %(default)s)")
-    p.add_argument("--max-source-positions", type=int_range(2), default=None,
-                   help="read up to N >= 2 source tokens (default: the checkpoint's); above a position table "
-                   "(BART/LSG/LED) the load is refused, LOCOST has no table and reads any length")
+    p.add_argument(
+        "--lenpen", type=g["lenpen"], default=1.0, help=f"length penalty, {g['lenpen'].expected} (default: %(default)s)"
+    )
+    p.add_argument(
+        "--max-len-b", type=g["max_len_b"], default=256, help="maximum summary length in tokens (default: %(default)s)"
+    )
+    p.add_argument(
+        "--min-len", type=g["min_len"], default=1, help="minimum summary length in tokens (default: %(default)s)"
+    )
+    p.add_argument(
+        "--no-repeat-ngram-size",
+        type=g["no_repeat_ngram_size"],
+        default=3,
+        help="ban repeated n-grams of this size (0 = off; default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-source-positions",
+        type=int_range(2),
+        default=None,
+        help="read up to N >= 2 source tokens (default: the checkpoint's); above a position table "
+        "(BART/LSG/LED) the load is refused, LOCOST has no table and reads any length",
+    )
     p.add_argument("--batch-size", type=POSITIVE_INT, default=1, help="documents per generation batch (default: 1)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--fp16", action="store_true", help="run the model in half precision (GPU only)")
-    p.add_argument("--quantize", choices=("none", "int8"), default="none",
-                   help="int8 = dynamic int8 linear layers (CPU only; PyTorch's own quantization): a faster "
-                   "encoder, logits change by a few percent (measured: benchmarks/results/int8.md); "
-                   "none = fp32 as trained (default)")
+    p.add_argument(
+        "--quantize",
+        choices=("none", "int8"),
+        default="none",
+        help="int8 = dynamic int8 linear layers (CPU only; PyTorch's own quantization): a faster "
+        "encoder, logits change by a few percent (measured: benchmarks/results/int8.md); "
+        "none = fp32 as trained (default)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
@@ -59,8 +82,10 @@ def _decode(data: bytes, name: str, errors: str) -> str:
         text = data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{name}: not UTF-8 text (byte offset {e.start}, line {line}: {e.reason}); convert "
-                        "it to UTF-8, or pass --errors replace") from None  # same words as read_text
+        raise DataError(
+            f"{name}: not UTF-8 text (byte offset {e.start}, line {line}: {e.reason}); convert "
+            "it to UTF-8, or pass --errors replace"
+        ) from None  # same words as read_text
     return text[1:] if text.startswith("\ufeff") else text  # a BOM is not content
 
 
@@ -166,8 +191,13 @@ def write_summaries(hub, docs, args, start) -> None:
         for i in range(0, len(docs), args.batch_size):
             chunk = docs[i : i + args.batch_size]
             summaries = hub.sample(
-                chunk, beam=args.beam, lenpen=args.lenpen, max_len_a=0, max_len_b=args.max_len_b,
-                min_len=args.min_len, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                chunk,
+                beam=args.beam,
+                lenpen=args.lenpen,
+                max_len_a=0,
+                max_len_b=args.max_len_b,
+                min_len=args.min_len,
+                no_repeat_ngram_size=args.no_repeat_ngram_size,
             )
             for summary in summaries:
                 out.write(summary.replace("\n", " ") + "\n")

@@ -1,4 +1,5 @@
 """``lsg-fairseq-user-dir``: print the path to pass to fairseq's ``--user-dir``."""
+
 import argparse
 import os
 

@@ -28,6 +28,7 @@ The families are the modules of this package (``bart.py``: BART and LSG-BART, ``
 ``locost.py``), each a :class:`~.registry.Family` holding both directions; ``common.py`` is the
 plumbing they share.
 """
+
 import os
 
 from lsg_fairseq.convert.common import ConversionError, ExportError, read_checkpoint
@@ -41,8 +42,16 @@ from lsg_fairseq.convert.registry import (
     register_family,
 )
 
-__all__ = ["ConversionError", "ExportError", "Family", "convert", "detect_family", "export", "families",
-           "register_family"]
+__all__ = [
+    "ConversionError",
+    "ExportError",
+    "Family",
+    "convert",
+    "detect_family",
+    "export",
+    "families",
+    "register_family",
+]
 
 
 def detect_family(src: str, **options) -> Family:

@@ -34,6 +34,7 @@ conversion does for the decoder (spec/lsg.md section 6 step 4).
 Deliberate fix of the reference (spec section 9): position extension always gives exactly
 M + 2 rows (the reference's repeat count falls short when k*P < M < k*(P+2)).
 """
+
 import json
 import logging
 import os
@@ -54,8 +55,14 @@ from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, SENTENCEPIECE_
 logger = logging.getLogger(__name__)
 
 BART_MODELS = ("bart", "plain_bart")  # fairseq's BART and the plugin's bart_tiny (same weights)
-HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_accurate",
-                  "gelu_fast": "gelu_accurate", "tanh": "tanh", "linear": "linear"}
+HF_ACTIVATIONS = {
+    "gelu": "gelu",
+    "relu": "relu",
+    "gelu_new": "gelu_accurate",
+    "gelu_fast": "gelu_accurate",
+    "tanh": "tanh",
+    "linear": "linear",
+}
 # fairseq activation_fn -> HF activation_function (gelu_accurate -> gelu_new, the first HF name)
 FAIRSEQ_ACTIVATIONS = {fs: hf for hf, fs in reversed(HF_ACTIVATIONS.items())}
 LSG_OPTION_NAMES = C.option_names(LSGBARTModel.add_lsg_args)  # the LSG flags' one home is the model
@@ -83,8 +90,12 @@ LSG_AUTO_MAP = {
 # ----------------------------------------------------------------------------- weights and configs
 def is_lsg_config(config: dict) -> bool:
     archs = config.get("architectures") or []
-    return (config.get("base_model_prefix") == "lsg" or any(str(a).startswith("LSG") for a in archs)
-            or "block_size" in config and "num_global_tokens" in config)
+    return (
+        config.get("base_model_prefix") == "lsg"
+        or any(str(a).startswith("LSG") for a in archs)
+        or "block_size" in config
+        and "num_global_tokens" in config
+    )
 
 
 def extend_positions(table: torch.Tensor, max_positions: int) -> torch.Tensor:
@@ -129,8 +140,9 @@ def order_positions(positions: torch.Tensor, stride: int, generator: torch.Gener
     return positions.reshape(-1, m, d).transpose(0, 1).reshape(-1, d)  # (512, d)
 
 
-def init_global_embeddings(enc_positions: torch.Tensor, embed_tokens: torch.Tensor, bos_id: int,
-                           mask_id: int, stride: int, seed: int) -> torch.Tensor:
+def init_global_embeddings(
+    enc_positions: torch.Tensor, embed_tokens: torch.Tensor, bos_id: int, mask_id: int, stride: int, seed: int
+) -> torch.Tensor:
     """The reference's global-token initialisation (spec section 6 step 3), [512, d]."""
     generator = torch.Generator().manual_seed(seed)
     ordered = order_positions(enc_positions[2:].float(), stride, generator)
@@ -143,24 +155,25 @@ def hf_to_fairseq_state(hf: Dict[str, torch.Tensor], src: str) -> Dict[str, torc
     """HF Bart(ForConditionalGeneration) names -> fairseq BART names (fairseq_notes 3.1-3.3)."""
     sd = {}
     for key, value in hf.items():
-        sd[key[len("model."):] if key.startswith("model.") else key] = value
+        sd[key[len("model.") :] if key.startswith("model.") else key] = value
     bias = sd.pop("final_logits_bias", None)
     if bias is not None and bool((bias != 0).any()):
         raise C.ConversionError(
             f"{src}: final_logits_bias is not zero (max |b| = {bias.abs().max():.3g}); fairseq "
             "BART has no output bias, so the converted model would differ"
         )
-    candidates = [k for k in ("shared.weight", "encoder.embed_tokens.weight",
-                              "decoder.embed_tokens.weight", "lm_head.weight") if k in sd]
+    candidates = [
+        k
+        for k in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+        if k in sd
+    ]
     if not candidates:
         raise C.ConversionError(f"{src}: no token embedding (model.shared.weight) in the weights")
     shared = sd[candidates[0]]
     for k in candidates:
         t = sd.pop(k)
         if t.shape != shared.shape or not torch.equal(t, shared):
-            raise C.ConversionError(
-                f"{src}: {k} differs from {candidates[0]}; only tied BART embeddings are supported"
-            )
+            raise C.ConversionError(f"{src}: {k} differs from {candidates[0]}; only tied BART embeddings are supported")
     sd["encoder.embed_tokens.weight"] = shared
     sd["decoder.embed_tokens.weight"] = shared
     sd["decoder.output_projection.weight"] = shared
@@ -171,8 +184,16 @@ def hf_to_fairseq_state(hf: Dict[str, torch.Tensor], src: str) -> Dict[str, torc
 
 def model_values(config: dict, src: str) -> dict:
     """fairseq hyper-parameters reproducing an HF BART config's shapes (and embedding scaling)."""
-    for key in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
-                "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "vocab_size"):
+    for key in (
+        "d_model",
+        "encoder_layers",
+        "decoder_layers",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "vocab_size",
+    ):
         if key not in config:
             raise C.ConversionError(f"{src}/config.json: missing field {key!r}")
     if config.get("normalize_before") or config.get("add_final_layer_norm"):
@@ -182,17 +203,19 @@ def model_values(config: dict, src: str) -> dict:
         raise C.ConversionError(f"{src}/config.json: activation_function {act!r} has no fairseq equivalent")
     for key, expected in (("pad_token_id", 1), ("bos_token_id", 0), ("eos_token_id", 2)):
         if config.get(key, expected) != expected:
-            raise C.ConversionError(
-                f"{src}/config.json: {key} = {config[key]}; fairseq dictionaries need {expected}"
-            )
+            raise C.ConversionError(f"{src}/config.json: {key} = {config[key]}; fairseq dictionaries need {expected}")
     d = config["d_model"]
     return dict(
-        encoder_embed_dim=d, decoder_embed_dim=d,
-        encoder_layers=config["encoder_layers"], decoder_layers=config["decoder_layers"],
+        encoder_embed_dim=d,
+        decoder_embed_dim=d,
+        encoder_layers=config["encoder_layers"],
+        decoder_layers=config["decoder_layers"],
         encoder_attention_heads=config["encoder_attention_heads"],
         decoder_attention_heads=config["decoder_attention_heads"],
-        encoder_ffn_embed_dim=config["encoder_ffn_dim"], decoder_ffn_embed_dim=config["decoder_ffn_dim"],
-        activation_fn=HF_ACTIVATIONS[act], dropout=config.get("dropout", 0.1),
+        encoder_ffn_embed_dim=config["encoder_ffn_dim"],
+        decoder_ffn_embed_dim=config["decoder_ffn_dim"],
+        activation_fn=HF_ACTIVATIONS[act],
+        dropout=config.get("dropout", 0.1),
         attention_dropout=config.get("attention_dropout", 0.0),
         activation_dropout=config.get("activation_dropout", 0.0),
         no_scale_embedding=not config.get("scale_embedding", False),
@@ -218,8 +241,11 @@ def is_bart_source(source: SourceInfo) -> bool:
     folder of LSG-BART has LSG fields, another family's names its own architecture)."""
     if source.hf_config is not None:
         archs = source.hf_config.get("architectures") or []
-        return (source.model_type == "bart" and not is_lsg_config(source.hf_config)
-                and all(str(a).startswith("Bart") for a in archs))
+        return (
+            source.model_type == "bart"
+            and not is_lsg_config(source.hf_config)
+            and all(str(a).startswith("Bart") for a in archs)
+        )
     return source.model in BART_MODELS
 
 
@@ -245,16 +271,33 @@ def tokenizer_writer(checkpoint: C.Checkpoint, tokenizer_class: str, max_length:
     if encoder_json and merges:
         with open(encoder_json, encoding="utf-8") as f:
             vocab = hf_vocab(json.load(f), d)
-        specials = {"bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>",
-                    "pad_token": "<pad>", "sep_token": "</s>", "unk_token": "<unk>"}
+        specials = {
+            "bos_token": "<s>",
+            "cls_token": "<s>",
+            "eos_token": "</s>",
+            "mask_token": "<mask>",
+            "pad_token": "<pad>",
+            "sep_token": "</s>",
+            "unk_token": "<unk>",
+        }
 
         def write(folder):
             C.write_json(folder, "vocab.json", vocab)
             shutil.copyfile(merges, os.path.join(folder, "merges.txt"))  # has the "#version" header HF skips
             C.write_json(folder, "special_tokens_map.json", specials)
-            C.write_json(folder, "tokenizer_config.json", dict(
-                specials, add_prefix_space=False, errors="replace", trim_offsets=True,
-                model_max_length=max_length, tokenizer_class=tokenizer_class))
+            C.write_json(
+                folder,
+                "tokenizer_config.json",
+                dict(
+                    specials,
+                    add_prefix_space=False,
+                    errors="replace",
+                    trim_offsets=True,
+                    model_max_length=max_length,
+                    tokenizer_class=tokenizer_class,
+                ),
+            )
+
         return write
     if spm_path:
         import sentencepiece as spm
@@ -264,17 +307,26 @@ def tokenizer_writer(checkpoint: C.Checkpoint, tokenizer_class: str, max_length:
         same_ids = all(sp.id_to_piece(i) == d[i] for i in range(4, min(sp.get_piece_size(), len(d))))
         logger.warning(
             "%s: a sentencepiece vocabulary, which HF's BART tokenizer files (byte-level BPE) cannot "
-            "represent; copied as %s%s", spm_path, SENTENCEPIECE_MODEL,
+            "represent; copied as %s%s",
+            spm_path,
+            SENTENCEPIECE_MODEL,
             ": its piece ids are the model's token ids (add <s>=0 and </s>=2 around sp.encode(text))"
-            if same_ids else " with dict.txt: token id = line number + 4 in dict.txt, not the piece id")
+            if same_ids
+            else " with dict.txt: token id = line number + 4 in dict.txt, not the piece id",
+        )
 
         def write(folder):
             shutil.copyfile(spm_path, os.path.join(folder, SENTENCEPIECE_MODEL))
             if not same_ids:
                 d.save(os.path.join(folder, "dict.txt"))
+
         return write
-    logger.warning("%s: no tokenizer files (%s, or %s) beside the checkpoint or in its data folder; the HF "
-                   "folder has none", checkpoint.path, " + ".join(GPT2_FILES), SENTENCEPIECE_MODEL)
+    logger.warning(
+        "%s: no tokenizer files (%s, or %s) beside the checkpoint or in its data folder; the HF folder has none",
+        checkpoint.path,
+        " + ".join(GPT2_FILES),
+        SENTENCEPIECE_MODEL,
+    )
     return lambda folder: None
 
 
@@ -306,8 +358,10 @@ class BartFamily(Family):
 
     def why_not(self, source):
         if source.hf_config is not None and source.model_type == "bart" and is_lsg_config(source.hf_config):
-            return (f"{source.path} is an LSG-BART folder; --to {self.name} cannot keep its LSG settings and global "
-                    "tokens (use --to lsg_bart)")
+            return (
+                f"{source.path} is an LSG-BART folder; --to {self.name} cannot keep its LSG settings and global "
+                "tokens (use --to lsg_bart)"
+            )
         return None
 
     def arch_for(self, config: dict) -> str:
@@ -420,10 +474,14 @@ class BartFamily(Family):
         if not g("share_all_embeddings", False):
             problems.append("separate encoder/decoder embeddings (no --share-all-embeddings); HF ties them")
         if g("encoder_embed_dim") != g("decoder_embed_dim"):
-            problems.append(f"--encoder-embed-dim {g('encoder_embed_dim')} != --decoder-embed-dim {g('decoder_embed_dim')}")
+            problems.append(
+                f"--encoder-embed-dim {g('encoder_embed_dim')} != --decoder-embed-dim {g('decoder_embed_dim')}"
+            )
         if g("activation_fn", "relu") not in FAIRSEQ_ACTIVATIONS:
             problems.append(f"--activation-fn {g('activation_fn')} (HF: {', '.join(sorted(FAIRSEQ_ACTIVATIONS))})")
-        if g("no_token_positional_embeddings", False) or not (g("encoder_learned_pos", False) and g("decoder_learned_pos", False)):
+        if g("no_token_positional_embeddings", False) or not (
+            g("encoder_learned_pos", False) and g("decoder_learned_pos", False)
+        ):
             problems.append("sinusoidal or no positions (HF BART/LED have learned positions)")
         if g("adaptive_softmax_cutoff", None):
             problems.append("--adaptive-softmax-cutoff")
@@ -436,7 +494,11 @@ class BartFamily(Family):
         if enc_pos.size(0) - 2 != P or dec_pos.size(0) - 2 != P:
             logger.warning(
                 "encoder/decoder positions %d/%d: HF holds one max_position_embeddings, so the shorter table is "
-                "tiled to %d (positions it held are unchanged)", enc_pos.size(0) - 2, dec_pos.size(0) - 2, P)
+                "tiled to %d (positions it held are unchanged)",
+                enc_pos.size(0) - 2,
+                dec_pos.size(0) - 2,
+                P,
+            )
             enc_pos, dec_pos = extend_positions(enc_pos, P), extend_positions(dec_pos, P)
         return sd, enc_pos, dec_pos
 
@@ -452,8 +514,11 @@ class BartFamily(Family):
             )
         for key in ("encoder.version", "decoder.version"):
             sd.pop(key, None)
-        required = ("encoder.embed_tokens.weight", "encoder.embed_positions.weight",
-                    "decoder.embed_positions.weight") + self.required_keys
+        required = (
+            "encoder.embed_tokens.weight",
+            "encoder.embed_positions.weight",
+            "decoder.embed_positions.weight",
+        ) + self.required_keys
         missing = [k for k in required if k not in sd]
         if missing:
             raise C.ExportError(f"{checkpoint.path}: missing {', '.join(missing)}")
@@ -466,7 +531,8 @@ class BartFamily(Family):
                     "embeddings (one shared.weight), so it cannot hold separate ones"
                 )
         sd, enc_pos, dec_pos = self.to_hf_layout(
-            sd, sd.pop("encoder.embed_positions.weight"), sd.pop("decoder.embed_positions.weight"))
+            sd, sd.pop("encoder.embed_positions.weight"), sd.pop("decoder.embed_positions.weight")
+        )
         hf = {f"{self.hf_prefix}{k}": v for k, v in sd.items()}
         hf[f"{self.hf_prefix}shared.weight"] = emb
         hf[f"{self.hf_prefix}encoder.embed_positions.weight"] = enc_pos
@@ -480,7 +546,9 @@ class BartFamily(Family):
         g, d = checkpoint.get, checkpoint.dictionary
         V, dim = hf[f"{self.hf_prefix}shared.weight"].shape
         if len(d) != V:
-            raise C.ExportError(f"{checkpoint.path}: the dictionary has {len(d)} symbols but the embedding has {V} rows")
+            raise C.ExportError(
+                f"{checkpoint.path}: the dictionary has {len(d)} symbols but the embedding has {V} rows"
+            )
         config = {
             "activation_dropout": float(g("activation_dropout", 0.0)),
             "activation_function": FAIRSEQ_ACTIVATIONS[g("activation_fn")],
@@ -513,7 +581,8 @@ class BartFamily(Family):
     def hf_config_fields(self, checkpoint: C.Checkpoint, config: dict, hf: Dict[str, torch.Tensor]) -> dict:
         """Hook: the config fields of this family's HF config class (BartConfig's here)."""
         return dict(
-            model_type="bart", forced_eos_token_id=checkpoint.dictionary.eos(),
+            model_type="bart",
+            forced_eos_token_id=checkpoint.dictionary.eos(),
             num_hidden_layers=config["encoder_layers"],
             id2label={"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"},
             label2id={"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2},
@@ -530,8 +599,9 @@ class BartFamily(Family):
 
         problems = self.hf_limits(checkpoint)
         if problems:
-            raise C.ExportError(f"{checkpoint.path} (arch {checkpoint.arch}): HF's format cannot hold "
-                                + "; ".join(problems))
+            raise C.ExportError(
+                f"{checkpoint.path} (arch {checkpoint.arch}): HF's format cannot hold " + "; ".join(problems)
+            )
         hf = self.hf_state(checkpoint)
         config = self.hf_config(checkpoint, hf)
         write_tokenizer = tokenizer_writer(checkpoint, self.tokenizer_class, self.max_length(config))
@@ -541,13 +611,16 @@ class BartFamily(Family):
             C.write_json(folder, "config.json", config)
             C.write_json(folder, "generation_config.json", generation_config(config))
             write_tokenizer(folder)
+
         return write
 
     # ------------------------------------------------------------- benchmarks/run.py
     def benchmarks(self):
         """``bart``: full attention, the quadratic reference."""
+
         def argv(length, args):
             return [self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(max(length, 1024))]
+
         return {"bart": argv}
 
 
@@ -578,16 +651,32 @@ class LSGBartFamily(BartFamily):
         return is_bart_source(source) and bool(set(options) & (set(LSG_OPTION_NAMES) | {"max_source_positions"}))
 
     def add_args(self, parser):
-        LSGBARTModel.add_lsg_args(parser.add_argument_group(
-            f"{self.option_label} options (default: the source's settings, else the reference's)"))
+        LSGBARTModel.add_lsg_args(
+            parser.add_argument_group(
+                f"{self.option_label} options (default: the source's settings, else the reference's)"
+            )
+        )
         init = parser.add_argument_group("BART -> LSG initialisation (spec lsg.md section 6)")
-        init.add_argument("--global-positional-stride", type=POSITIVE_INT, metavar="N",
-                          help=f"position stride of the global-token init (default {GLOBAL_POSITIONAL_STRIDE})")
-        init.add_argument("--seed", type=NON_NEGATIVE_INT,
-                          help=f"seed of the random parts of the init (default {INIT_SEED})")
+        init.add_argument(
+            "--global-positional-stride",
+            type=POSITIVE_INT,
+            metavar="N",
+            help=f"position stride of the global-token init (default {GLOBAL_POSITIONAL_STRIDE})",
+        )
+        init.add_argument(
+            "--seed", type=NON_NEGATIVE_INT, help=f"seed of the random parts of the init (default {INIT_SEED})"
+        )
 
-    def convert(self, source, out, max_source_positions=None, max_target_positions=None,
-                global_positional_stride=GLOBAL_POSITIONAL_STRIDE, seed=INIT_SEED, **options):
+    def convert(
+        self,
+        source,
+        out,
+        max_source_positions=None,
+        max_target_positions=None,
+        global_positional_stride=GLOBAL_POSITIONAL_STRIDE,
+        seed=INIT_SEED,
+        **options,
+    ):
         init = dict(stride=global_positional_stride, seed=seed)
         return super().convert(source, out, max_source_positions, max_target_positions, init, **options)
 
@@ -616,8 +705,12 @@ class LSGBartFamily(BartFamily):
                 raise C.ConversionError(f"{src}: LSG config but no model.encoder.global_embeddings.weight")
         else:
             sd["encoder.global_embeddings.weight"] = init_global_embeddings(
-                enc_pos, sd["encoder.embed_tokens.weight"], config.get("bos_token_id", 0),
-                _mask_id(src, C.read_hf_vocab(src), V), **init)
+                enc_pos,
+                sd["encoder.embed_tokens.weight"],
+                config.get("bos_token_id", 0),
+                _mask_id(src, C.read_hf_vocab(src), V),
+                **init,
+            )
         glob = sd["encoder.global_embeddings.weight"]
         if glob.shape != (MAX_GLOBAL_TOKENS, config["d_model"]):
             raise C.ConversionError(
@@ -650,8 +743,8 @@ class LSGBartFamily(BartFamily):
         # the dictionary as the task builds it: <mask> appended, as on every model row count
         d = LongDocumentSummarizationTask.load_dictionary(os.path.join(src_dir, "dict.txt"))
         sd["encoder.global_embeddings.weight"] = init_global_embeddings(
-            sd["encoder.embed_positions.weight"], sd["encoder.embed_tokens.weight"], d.bos(), d.index("<mask>"),
-            **init)
+            sd["encoder.embed_positions.weight"], sd["encoder.embed_tokens.weight"], d.bos(), d.index("<mask>"), **init
+        )
 
     def hf_config_fields(self, checkpoint, config, hf):
         fields = super().hf_config_fields(checkpoint, config, hf)
@@ -663,11 +756,25 @@ class LSGBartFamily(BartFamily):
 
     def benchmarks(self):
         """``lsg_<type>``: one row per sparsity type (run.py's --block-size ... flags)."""
+
         def row(sparsity_type):
             def argv(length, args):
-                return [self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(max(length, 1024)),
-                        "--block-size", str(args.block_size), "--sparse-block-size", str(args.sparse_block_size),
-                        "--sparsity-factor", str(args.sparsity_factor), "--sparsity-type", sparsity_type,
-                        "--num-global-tokens", str(args.num_global_tokens)]
+                return [
+                    self.arch("tiny" if args.smoke else "base"),
+                    "--max-source-positions",
+                    str(max(length, 1024)),
+                    "--block-size",
+                    str(args.block_size),
+                    "--sparse-block-size",
+                    str(args.sparse_block_size),
+                    "--sparsity-factor",
+                    str(args.sparsity_factor),
+                    "--sparsity-type",
+                    sparsity_type,
+                    "--num-global-tokens",
+                    str(args.num_global_tokens),
+                ]
+
             return argv
+
         return {f"lsg_{t}": row(t) for t in SPARSITY_TYPES}

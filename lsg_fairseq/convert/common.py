@@ -19,6 +19,7 @@ fairseq -> HF: :func:`read_checkpoint` gives a family the :class:`Checkpoint` to
 model cfg, the dictionary as the task loads it, where its tokenizer files are); ``write_json``
 and ``dtype_name`` write what HF writes.
 """
+
 import argparse
 import json
 import logging
@@ -61,8 +62,9 @@ def read_json(path: str, kind=None):
     except OSError as e:
         raise ConversionError(f"{path}: cannot read ({e.strerror})") from None
     if kind is not None and not isinstance(value, kind):
-        raise ConversionError(f"{path}: expected a JSON {'object' if kind is dict else kind.__name__}, "
-                              f"got {type(value).__name__}")
+        raise ConversionError(
+            f"{path}: expected a JSON {'object' if kind is dict else kind.__name__}, got {type(value).__name__}"
+        )
     return value
 
 
@@ -116,7 +118,7 @@ def load_hf_state_dict(src: str) -> Dict[str, torch.Tensor]:
             return _load_safetensors(single)
         weight_map = read_json(index, dict).get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-            raise ConversionError(f"{index}: no \"weight_map\" object of tensor name -> file name")
+            raise ConversionError(f'{index}: no "weight_map" object of tensor name -> file name')
         state = {}
         for name in sorted(set(weight_map.values())):
             path = os.path.join(src, name)
@@ -127,8 +129,7 @@ def load_hf_state_dict(src: str) -> Dict[str, torch.Tensor]:
     if os.path.exists(binary):
         return _load_torch_bin(binary)
     raise ConversionError(
-        f"{src}: no weights found (expected model.safetensors, model.safetensors.index.json "
-        "or pytorch_model.bin)"
+        f"{src}: no weights found (expected model.safetensors, model.safetensors.index.json or pytorch_model.bin)"
     )
 
 
@@ -163,9 +164,7 @@ def check_bart_vocab(vocab: Dict[str, int], vocab_size: int, src: str) -> None:
         if vocab.get(tok) != i:
             raise ConversionError(f"{src}/vocab.json: {tok} has id {vocab.get(tok)}, fairseq needs {i}")
     if len(ids) != vocab_size:
-        raise ConversionError(
-            f"{src}/vocab.json has {len(ids)} tokens but the model has {vocab_size} embedding rows"
-        )
+        raise ConversionError(f"{src}/vocab.json has {len(ids)} tokens but the model has {vocab_size} embedding rows")
     if vocab.get("<mask>", vocab_size - 1) != vocab_size - 1:
         raise ConversionError(f"{src}/vocab.json: <mask> must be the last id ({vocab_size - 1})")
 
@@ -262,8 +261,11 @@ def load_strict(model, state: Dict[str, torch.Tensor]) -> None:
     target = model.state_dict()
     missing = sorted(set(target) - set(state))
     unexpected = sorted(set(state) - set(target))
-    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(target[k].shape)}"
-              for k in sorted(set(state) & set(target)) if state[k].shape != target[k].shape]
+    shapes = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(target[k].shape)}"
+        for k in sorted(set(state) & set(target))
+        if state[k].shape != target[k].shape
+    ]
     if missing or unexpected or shapes:
         lines = []
         if missing:

@@ -22,6 +22,7 @@ fairseq -> HF: the same names back, the position tables without fairseq's two un
 the LED config fields. HF LED takes global attention per call (``global_attention_mask``), so
 ``--global-attention`` / ``--global-token-ids`` are said in the log, not written.
 """
+
 import logging
 import re
 from typing import Dict
@@ -76,7 +77,7 @@ def hf_led_to_fairseq_state(hf: Dict[str, torch.Tensor], src: str) -> Dict[str, 
     for key, value in hf.items():
         if key.startswith("model."):
             raise C.ConversionError(f"{src}: key {key!r} looks like BART, not LED (expected 'led.' prefix)")
-        unprefixed[key[len("led."):] if key.startswith("led.") else key] = value
+        unprefixed[key[len("led.") :] if key.startswith("led.") else key] = value
     # embeddings (tied), final_logits_bias check, versions
     sd = hf_to_fairseq_state(rename_attention(unprefixed, HF_ATTENTION_NAMES, src), src)
     for side in ("encoder", "decoder"):
@@ -98,8 +99,7 @@ def bart_to_led_state(sd: Dict[str, torch.Tensor], max_source_positions: int) ->
             marker = f".self_attn.{proj}."
             if key.startswith("encoder.layers.") and marker in key:
                 sd[key.replace(marker, f".self_attn.{proj}_global.")] = sd[key].clone()
-    sd["encoder.embed_positions.weight"] = extend_positions(sd["encoder.embed_positions.weight"],
-                                                            max_source_positions)
+    sd["encoder.embed_positions.weight"] = extend_positions(sd["encoder.embed_positions.weight"], max_source_positions)
     return sd
 
 
@@ -134,9 +134,12 @@ class LEDFamily(BartFamily):
 
     def add_args(self, parser):
         window = C.arch_defaults(self.arch("base")).attention_window
-        LEDModel.add_led_args(parser.add_argument_group(
-            f"{self.label} options (HF LED sources, or BART sources with --to {self.name}; default: the source's, "
-            f"window {window} for BART -> LED)"))
+        LEDModel.add_led_args(
+            parser.add_argument_group(
+                f"{self.label} options (HF LED sources, or BART sources with --to {self.name}; default: the source's, "
+                f"window {window} for BART -> LED)"
+            )
+        )
 
     # ------------------------------------------------------------- HF -> fairseq
     def state_from_hf(self, hf, source):
@@ -175,8 +178,12 @@ class LEDFamily(BartFamily):
             rows = sd[f"{side}.embed_positions.weight"].size(0)
             if rows != n + 2:
                 raise C.ConversionError(f"{src}: {side} position table has {rows - 2} positions, config says {n}")
-        values.update(max_source_positions=M, max_target_positions=T, attention_window=",".join(map(str, windows)),
-                      global_attention=options.get("global_attention"))
+        values.update(
+            max_source_positions=M,
+            max_target_positions=T,
+            attention_window=",".join(map(str, windows)),
+            global_attention=options.get("global_attention"),
+        )
         ids = options.get("global_token_ids")
         if ids is not None:
             values["global_token_ids"] = (ids if isinstance(ids, str) else ",".join(map(str, ids))) or None
@@ -195,7 +202,8 @@ class LEDFamily(BartFamily):
 
     def hf_config_fields(self, checkpoint, config, hf):
         return dict(
-            model_type="led", tie_word_embeddings=True,
+            model_type="led",
+            tie_word_embeddings=True,
             attention_window=parse_attention_windows(checkpoint.get("attention_window"), config["encoder_layers"]),
             max_encoder_position_embeddings=int(hf["led.encoder.embed_positions.weight"].size(0)),
             max_decoder_position_embeddings=int(hf["led.decoder.embed_positions.weight"].size(0)),
@@ -207,17 +215,29 @@ class LEDFamily(BartFamily):
     def export(self, checkpoint):
         write = super().export(checkpoint)
         if checkpoint.get("global_attention") == "first":
-            logger.info("HF LED takes global attention per call: pass global_attention_mask with 1 on the first "
-                        "token (this model was used with --global-attention first)")
+            logger.info(
+                "HF LED takes global attention per call: pass global_attention_mask with 1 on the first "
+                "token (this model was used with --global-attention first)"
+            )
         if checkpoint.get("global_token_ids"):
-            logger.warning("--global-token-ids %s: HF LED's config cannot hold it; mark those tokens in "
-                           "global_attention_mask yourself", checkpoint.get("global_token_ids"))
+            logger.warning(
+                "--global-token-ids %s: HF LED's config cannot hold it; mark those tokens in "
+                "global_attention_mask yourself",
+                checkpoint.get("global_token_ids"),
+            )
         return write
 
     # ------------------------------------------------------------- benchmarks/run.py
     def benchmarks(self):
         """``led``: run.py's --attention-window on every layer, the first token global."""
+
         def argv(length, args):
-            return [self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(max(length, 16384)),
-                    "--attention-window", str(args.attention_window)]
+            return [
+                self.arch("tiny" if args.smoke else "base"),
+                "--max-source-positions",
+                str(max(length, 16384)),
+                "--attention-window",
+                str(args.attention_window),
+            ]
+
         return {"led": argv}

@@ -35,6 +35,7 @@ differing fairseq ``<pad>`` row is dropped (fairseq never emits or attends to ``
 differing duplicate is refused, since the HF file cannot hold it. A model trained here from
 scratch (no ``token_map.json``) keeps HF id == fairseq index, with its own pad/eos/start ids.
 """
+
 import json
 import logging
 import os
@@ -108,16 +109,23 @@ def check_config(config: dict, src: str) -> None:
         logger.warning(
             "%s: use_fast_fft_conv is true. lsg-fairseq computes the exact convolution (the reference's "
             "'ref' path), which equals the fast CUDA path only when the length is a power of two "
-            "(spec locost.md section 1)", where,
+            "(spec locost.md section 1)",
+            where,
         )
 
 
 # HF LOCOST config field -> fairseq argument, and the reference's default (None: required)
 CONFIG_FIELDS = [
-    ("d_model", "d_model", None), ("d_state", "d_state", None), ("d_ff", "d_ff", None), ("d_kv", "d_kv", None),
-    ("num_layers", "encoder_layers", None), ("num_heads", "decoder_attention_heads", None),
-    ("layer_norm_epsilon", "layer_norm_eps", 1e-6), ("relative_attention_num_buckets", "relative_attention_num_buckets", 32),
-    ("relative_attention_max_distance", "relative_attention_max_distance", 128), ("dropout_rate", "dropout", 0.1),
+    ("d_model", "d_model", None),
+    ("d_state", "d_state", None),
+    ("d_ff", "d_ff", None),
+    ("d_kv", "d_kv", None),
+    ("num_layers", "encoder_layers", None),
+    ("num_heads", "decoder_attention_heads", None),
+    ("layer_norm_epsilon", "layer_norm_eps", 1e-6),
+    ("relative_attention_num_buckets", "relative_attention_num_buckets", 32),
+    ("relative_attention_max_distance", "relative_attention_max_distance", 128),
+    ("dropout_rate", "dropout", 0.1),
 ]
 
 
@@ -193,8 +201,12 @@ def fairseq_order(config: dict, unk_id: int, vocab_size: int, src: str) -> List[
     eos = int(config.get("eos_token_id", 1))
     start = config.get("decoder_start_token_id")
     start = pad if start is None else int(start)
-    for name, i in (("pad_token_id", pad), ("eos_token_id", eos), ("decoder_start_token_id", start),
-                    ("unk id", unk_id)):
+    for name, i in (
+        ("pad_token_id", pad),
+        ("eos_token_id", eos),
+        ("decoder_start_token_id", start),
+        ("unk id", unk_id),
+    ):
         if not 0 <= i < vocab_size:
             raise ConversionError(f"{src}: {name} {i} is outside the vocabulary (0..{vocab_size - 1})")
     if len({pad, eos, unk_id}) != 3:
@@ -244,7 +256,6 @@ def hf_to_fairseq_state(hf: Dict[str, torch.Tensor], token_map: List[int], src: 
     return sd
 
 
-
 # ----------------------------------------------------------------------------- fairseq -> HF
 def read_token_map(source: C.Checkpoint) -> List[int]:
     """fairseq index -> HF id (``token_map.json`` beside the checkpoint, else the identity)."""
@@ -286,8 +297,12 @@ def unpermute(emb: torch.Tensor, token_map: List[int], source: C.Checkpoint) -> 
                 f"HF id {hf_id} (token_map.json) but their embedding rows differ; the HF file holds one row per id"
             )
     if dropped:
-        logger.warning("fairseq <pad> row (index %d) differs from HF id %d's row (the decoder start); HF keeps one "
-                       "row per id, the start row (fairseq never emits or attends to <pad>)", d.pad(), token_map[d.pad()])
+        logger.warning(
+            "fairseq <pad> row (index %d) differs from HF id %d's row (the decoder start); HF keeps one "
+            "row per id, the start row (fairseq never emits or attends to <pad>)",
+            d.pad(),
+            token_map[d.pad()],
+        )
     return shared
 
 
@@ -302,8 +317,9 @@ def hf_state(source: C.Checkpoint, token_map: List[int]) -> Dict[str, torch.Tens
     emb = sd.pop(EMBEDDINGS[0])
     for key in EMBEDDINGS[1:]:
         if not torch.equal(sd.pop(key), emb):
-            raise ExportError(f"{source.path}: {key} differs from {EMBEDDINGS[0]}; the LOCOST format ties them "
-                              "(one shared.weight)")
+            raise ExportError(
+                f"{source.path}: {key} differs from {EMBEDDINGS[0]}; the LOCOST format ties them (one shared.weight)"
+            )
     shared = unpermute(emb, token_map, source)
     hf = {"shared.weight": shared}
     hf.update({k: v.detach().clone() for k, v in sd.items()})
@@ -354,8 +370,10 @@ def hf_config(source: C.Checkpoint, token_map: List[int], hf: Dict[str, torch.Te
 def tokenizer_writer(source: C.Checkpoint, token_map: List[int]) -> Callable[[str], None]:
     spm_path = source.find(*SENTENCEPIECE_NAMES, HF_SENTENCEPIECE_NAME)
     if spm_path is None:
-        logger.warning("%s: no sentencepiece model beside the checkpoint; the folder has no tokenizer (ids are "
-                       "used as they are)", source.path)
+        logger.warning(
+            "%s: no sentencepiece model beside the checkpoint; the folder has no tokenizer (ids are used as they are)",
+            source.path,
+        )
         return lambda folder: None
     import sentencepiece as spm
 
@@ -372,6 +390,7 @@ def tokenizer_writer(source: C.Checkpoint, token_map: List[int]) -> Callable[[st
         shutil.copyfile(spm_path, os.path.join(folder, HF_SENTENCEPIECE_NAME))
         if added:
             C.write_json(folder, "added_tokens.json", added)
+
     return write
 
 
@@ -404,8 +423,11 @@ class LOCOSTFamily(Family):
             shutil.copyfile(spm_path, os.path.join(out, SENTENCEPIECE_MODEL))
 
         # lengths not given: the locost architecture's defaults
-        cfg, task, model = C.build_model(out, self.arch("base"), dict(
-            values, max_source_positions=max_source_positions, max_target_positions=max_target_positions))
+        cfg, task, model = C.build_model(
+            out,
+            self.arch("base"),
+            dict(values, max_source_positions=max_source_positions, max_target_positions=max_target_positions),
+        )
         dictionary = task.source_dictionary
         if len(dictionary) < len(order):
             raise ConversionError(f"dictionary has {len(dictionary)} entries, expected at least {len(order)}")
@@ -421,16 +443,29 @@ class LOCOSTFamily(Family):
         C.load_strict(model, state)
         path = C.save_checkpoint(cfg, model, os.path.join(out, "model.pt"))
         with open(os.path.join(out, "conversion.json"), "w", encoding="utf-8") as f:
-            json.dump({"family": self.name, "source": os.path.abspath(src), "vocab_size_hf": vocab_size,
-                       "vocab_size_fairseq": len(dictionary), "decoder_start_hf_id": order[0]}, f, indent=1)
+            json.dump(
+                {
+                    "family": self.name,
+                    "source": os.path.abspath(src),
+                    "vocab_size_hf": vocab_size,
+                    "vocab_size_fairseq": len(dictionary),
+                    "decoder_start_hf_id": order[0],
+                },
+                f,
+                indent=1,
+            )
         return path
 
     def export(self, checkpoint: C.Checkpoint) -> Callable[[str], None]:
         token_map = read_token_map(checkpoint)
         hf = hf_state(checkpoint, token_map)
         config = hf_config(checkpoint, token_map, hf)
-        gen = {"_from_model_config": True, "decoder_start_token_id": config["decoder_start_token_id"],
-               "eos_token_id": config["eos_token_id"], "pad_token_id": config["pad_token_id"]}
+        gen = {
+            "_from_model_config": True,
+            "decoder_start_token_id": config["decoder_start_token_id"],
+            "eos_token_id": config["eos_token_id"],
+            "pad_token_id": config["pad_token_id"],
+        }
         write_tokenizer = tokenizer_writer(checkpoint, token_map)
 
         def write(folder):
@@ -438,17 +473,23 @@ class LOCOSTFamily(Family):
             C.write_json(folder, "config.json", config)
             C.write_json(folder, "generation_config.json", gen)
             write_tokenizer(folder)
+
         return write
 
     def benchmarks(self):
         """``locost`` as inference runs it (kernels cached up to run.py's --locost-kernel-cache-mb);
         ``locost_cold`` with the cache off; ``locost_ckpt`` with --checkpoint-activations."""
+
         def row(cache_off: bool = False, checkpointed: bool = False):
             def argv(length, args):
                 cache = 0.0 if cache_off else args.locost_kernel_cache_mb
-                return ([self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(length)]
-                        + ([] if cache is None else ["--ssm-kernel-cache-mb", str(cache)])
-                        + (["--checkpoint-activations"] if checkpointed else [])
-                        + (["--ssm-kernel-compile", "True"] if getattr(args, "locost_kernel_compile", False) else []))
+                return (
+                    [self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(length)]
+                    + ([] if cache is None else ["--ssm-kernel-cache-mb", str(cache)])
+                    + (["--checkpoint-activations"] if checkpointed else [])
+                    + (["--ssm-kernel-compile", "True"] if getattr(args, "locost_kernel_compile", False) else [])
+                )
+
             return argv
+
         return {"locost": row(), "locost_cold": row(cache_off=True), "locost_ckpt": row(checkpointed=True)}

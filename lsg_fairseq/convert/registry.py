@@ -16,6 +16,7 @@ Which family converts a source (``lsg-fairseq-convert SRC OUT [--to NAME] [optio
 A checkpoint to export goes to the family whose :attr:`Family.models` hold the registered fairseq
 model of its arch.
 """
+
 import argparse
 import os
 from dataclasses import dataclass
@@ -170,7 +171,9 @@ def family_for_source(source: SourceInfo, options: dict) -> Family:
         able = [f.name for f in known.values() if f.can_convert(source)]
         reason = family.why_not(source) or (
             f"{source.path} ({source.describe()}) converts to {' or '.join(able)}{' only' if len(able) == 1 else ''}"
-            if able else f"{source.path}: {source.describe()} this converter knows")
+            if able
+            else f"{source.path}: {source.describe()} this converter knows"
+        )
         raise C.ConversionError(f"--to {to}: {reason}")
     for family in known.values():
         if family.claims(source, options):
@@ -191,11 +194,15 @@ def check_options(family: Family, options: dict) -> None:
     no table can have."""
     unknown = sorted(set(options) - family.option_names() - {"to"})
     if unknown:
-        owners = [f for f in families().values()
-                  if f is not family and set(unknown) & (f.option_names() - set(COMMON_OPTIONS))]
+        owners = [
+            f
+            for f in families().values()
+            if f is not family and set(unknown) & (f.option_names() - set(COMMON_OPTIONS))
+        ]
         hint = "; ".join(f"{f.option_label or f.label} options need --to {f.name}" for f in owners)
-        raise C.ConversionError(f"unknown option(s) for the {family.name} family: {', '.join(unknown)}"
-                                + (f" ({hint})" if hint else ""))
+        raise C.ConversionError(
+            f"unknown option(s) for the {family.name} family: {', '.join(unknown)}" + (f" ({hint})" if hint else "")
+        )
     for name in COMMON_OPTIONS:
         problem = POSITIONS.problem(options.get(name, 1))
         if problem:
@@ -212,5 +219,6 @@ def family_for_arch(checkpoint: C.Checkpoint) -> Family:
         if model in family.models:
             return family
     names = ", ".join(m for f in known.values() for m in f.models)
-    raise C.ExportError(f"{checkpoint.path}: arch {checkpoint.arch!r} has no HuggingFace format here "
-                        f"(known: the archs of {names})")
+    raise C.ExportError(
+        f"{checkpoint.path}: arch {checkpoint.arch!r} has no HuggingFace format here (known: the archs of {names})"
+    )

@@ -7,6 +7,7 @@ valid`` by default) with a ``FileNotFoundError`` traceback "Dataset not found: v
 the folder and the 26-byte ``.idx`` header is enough to say which file is at fault, before anything
 is memory-mapped.
 """
+
 import os
 import struct
 from typing import List, Optional
@@ -39,14 +40,19 @@ def missing_split(data_path: str, split: str, expected: str, found: List[str], t
     and the flags that choose another split or none."""
     where = f"{data_path}: no {split!r} split ({expected} not found; splits there: {', '.join(found) or 'none'})"
     if train:
-        return MissingFileError(f"{where}; binarize the training data into this folder (scripts/preprocess.sh "
-                                "--trainpref) or name another split with --train-subset")
-    return MissingFileError(f"{where}; binarize it, name an existing split (fairseq-train --valid-subset, "
-                            "fairseq-generate --gen-subset), or train without validation (--disable-validation)")
+        return MissingFileError(
+            f"{where}; binarize the training data into this folder (scripts/preprocess.sh "
+            "--trainpref) or name another split with --train-subset"
+        )
+    return MissingFileError(
+        f"{where}; binarize it, name an existing split (fairseq-train --valid-subset, "
+        "fairseq-generate --gen-subset), or train without validation (--disable-validation)"
+    )
 
 
-def require_split(data_path: str, split: str, src: str, tgt: Optional[str], dataset_impl=None,
-                  train: bool = False) -> None:
+def require_split(
+    data_path: str, split: str, src: str, tgt: Optional[str], dataset_impl=None, train: bool = False
+) -> None:
     """Refuse a split without binarized source files in ``data_path`` (either pair direction), as
     fairseq's ``load_langpair_dataset`` looks for them."""
     from fairseq.data import indexed_dataset

@@ -14,6 +14,7 @@ Corpus layout, ``<prefix>`` = ``<data>/<split>.gsg`` (all numpy ``.npy``, memory
 - ``<prefix>.sentences.npy``: ``(n_sentences, 2)`` int64, tokens and words per sentence;
 - ``<prefix>.documents.npy``: ``(n_documents + 1,)`` int64 sentence offsets of the documents.
 """
+
 import logging
 import os
 from typing import Dict, List, Optional, Sequence
@@ -43,8 +44,9 @@ def require_corpus_split(data_dir: str, split: str, train: bool) -> None:
     a corpus missing some parts is :class:`GSGCorpus`'s to report."""
     prefix = corpus_prefix(data_dir, split)
     if not any(os.path.exists(f"{prefix}.{part}.npy") for part in CORPUS_PARTS):
-        raise missing_split(data_dir, split, f"{split}{CORPUS_SUFFIX}.*.npy",
-                            splits_in(data_dir, CORPUS_SUFFIX + "."), train)
+        raise missing_split(
+            data_dir, split, f"{split}{CORPUS_SUFFIX}.*.npy", splits_in(data_dir, CORPUS_SUFFIX + "."), train
+        )
 
 
 def corpus_exists(prefix: str) -> bool:
@@ -95,8 +97,12 @@ class GSGCorpusWriter:
         with atomic_files([f"{prefix}.{part}.npy" for part in arrays]) as files:
             for f, array in zip(files, arrays.values()):
                 np.save(f, array)
-        stats = {"documents": self.num_documents, "sentences": len(self.sentence_sizes),
-                 "tokens": int(arrays["tokens"].size), "words": int(arrays["words"].size)}
+        stats = {
+            "documents": self.num_documents,
+            "sentences": len(self.sentence_sizes),
+            "tokens": int(arrays["tokens"].size),
+            "words": int(arrays["words"].size),
+        }
         self._reset()
         return stats
 
@@ -108,9 +114,9 @@ class GSGCorpus:
         if not corpus_exists(prefix):
             missing = [f"{prefix}.{p}.npy" for p in CORPUS_PARTS if not os.path.exists(f"{prefix}.{p}.npy")]
             raise MissingFileError(
-                f"GSG corpus {prefix!r} is incomplete, missing {missing}; build it with "
-                "scripts/gsg_preprocess.py"
+                f"GSG corpus {prefix!r} is incomplete, missing {missing}; build it with scripts/gsg_preprocess.py"
             )
+
         def load(part):
             path = f"{prefix}.{part}.npy"
             try:
@@ -124,10 +130,12 @@ class GSGCorpus:
         self.tok_offsets = np.concatenate([[0], np.cumsum(sentences[:, 0])])
         self.word_offsets = np.concatenate([[0], np.cumsum(sentences[:, 1])])
         if self.tok_offsets[-1] != len(self.tokens) or self.word_offsets[-1] != len(self.words):
-            raise DataError(f"GSG corpus {prefix!r}: sentence sizes do not add up to the token/word arrays "
-                            "(files from different runs?); re-run scripts/gsg_preprocess.py")
+            raise DataError(
+                f"GSG corpus {prefix!r}: sentence sizes do not add up to the token/word arrays "
+                "(files from different runs?); re-run scripts/gsg_preprocess.py"
+            )
         # Tokens per document, for batching before any example is built.
-        self.doc_tokens = (self.tok_offsets[self.doc_offsets[1:]] - self.tok_offsets[self.doc_offsets[:-1]])
+        self.doc_tokens = self.tok_offsets[self.doc_offsets[1:]] - self.tok_offsets[self.doc_offsets[:-1]]
 
     def __len__(self) -> int:
         return len(self.doc_offsets) - 1
@@ -139,8 +147,7 @@ class GSGCorpus:
         words = np.asarray(self.words[w[0] : w[-1]], dtype=np.int64)
         # per-sentence views, bounds relative to the document start (np.split is much slower)
         t, w = (t - t[0]).tolist(), (w - w[0]).tolist()
-        return ([tokens[a:b] for a, b in zip(t[:-1], t[1:])],
-                [words[a:b] for a, b in zip(w[:-1], w[1:])])
+        return ([tokens[a:b] for a, b in zip(t[:-1], t[1:])], [words[a:b] for a, b in zip(w[:-1], w[1:])])
 
 
 class GapSentenceDataset(FairseqDataset):
@@ -177,8 +184,9 @@ class GapSentenceDataset(FairseqDataset):
         self.corpus = corpus
         self.dictionary = dictionary
         self.mask_token = mask_token
-        self.options = dict(ratio=ratio, ratio_max=ratio_max, strategy=strategy,
-                            score_noise=score_noise, mask_probs=tuple(mask_probs))
+        self.options = dict(
+            ratio=ratio, ratio_max=ratio_max, strategy=strategy, score_noise=score_noise, mask_probs=tuple(mask_probs)
+        )
         self.seed = seed
         self.max_source_positions = max_source_positions
         self.max_target_positions = max_target_positions
@@ -214,17 +222,28 @@ class GapSentenceDataset(FairseqDataset):
 
     def __getitem__(self, index):
         sent_tokens, sent_words = self.corpus.document(index)
-        ex = gsg.gsg_example(sent_words, sent_tokens, mask_token=self.mask_token,
-                             rng=self.rng(index), **self.options)
+        ex = gsg.gsg_example(sent_words, sent_tokens, mask_token=self.mask_token, rng=self.rng(index), **self.options)
         source, src_cut = self._close(ex["source"], self.max_source_positions)
         target, tgt_cut = self._close(ex["target"], self.max_target_positions)
-        return {"id": index, "source": source, "target": target,
-                "source_truncated": src_cut, "target_truncated": tgt_cut}
+        return {
+            "id": index,
+            "source": source,
+            "target": target,
+            "source_truncated": src_cut,
+            "target_truncated": tgt_cut,
+        }
 
     def collater(self, samples, pad_to_length=None):
-        batch = collate(samples, self.dictionary.pad(), self.dictionary.eos(), left_pad_source=False,
-                        left_pad_target=False, input_feeding=True, pad_to_length=pad_to_length,
-                        pad_to_multiple=self.pad_to_multiple)
+        batch = collate(
+            samples,
+            self.dictionary.pad(),
+            self.dictionary.eos(),
+            left_pad_source=False,
+            left_pad_target=False,
+            input_feeding=True,
+            pad_to_length=pad_to_length,
+            pad_to_multiple=self.pad_to_multiple,
+        )
         if batch:
             batch["gsg_source_truncated"] = sum(int(s["source_truncated"]) for s in samples)
             batch["gsg_target_truncated"] = sum(int(s["target_truncated"]) for s in samples)

@@ -4,6 +4,7 @@ fairseq's ``translation`` task drops over-long training examples with a warning 
 valid/test raise (``Size of sample #i is invalid``). For long-document summarization every
 document is useful even when cut, so we truncate and report how many examples were affected.
 """
+
 import logging
 from typing import List
 

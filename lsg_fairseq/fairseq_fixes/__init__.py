@@ -15,6 +15,7 @@ through task hooks that only its own tasks define (:mod:`.restore_hooks`, :mod:`
 one-line errors only concern its own exceptions. ``tests/stock_fairseq``
 checks that fairseq's own scenarios give identical results with and without the plugin.
 """
+
 from lsg_fairseq.fairseq_fixes import (
     atomic_checkpoints,
     bf16_off_tpu,
@@ -27,8 +28,15 @@ from lsg_fairseq.fairseq_fixes import (
 
 # run_hooks before one_line_errors: both wrap call_main, and the refusals of the task's vet_run are
 # printed as one line only if one_line_errors is the outer wrapper.
-FIXES = (weights_only_load, atomic_checkpoints, checkpoint_errors, restore_hooks, run_hooks, bf16_off_tpu,
-         one_line_errors)
+FIXES = (
+    weights_only_load,
+    atomic_checkpoints,
+    checkpoint_errors,
+    restore_hooks,
+    run_hooks,
+    bf16_off_tpu,
+    one_line_errors,
+)
 
 
 def install() -> None:

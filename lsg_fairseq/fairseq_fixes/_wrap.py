@@ -1,4 +1,5 @@
 """Replace a function of a fairseq module once, keeping the original reachable."""
+
 import functools
 import inspect
 

@@ -14,6 +14,7 @@ Both now write a hidden temp file in the same folder, fsync it, rename it and fs
 (:func:`lsg_text.fileio.atomic_write`). Remote paths and ``async_write`` keep fairseq's
 own code.
 """
+
 import os
 import shutil
 

@@ -12,6 +12,7 @@ Verified on CPU (tests/test_bf16.py): ``--bf16`` (fp32 master weights, ``FP16Opt
 bf16 weights. Not verified: a GPU run (none was available). fairseq-hydra-train builds its config
 without ``parse_args_and_arch`` and is not covered: pass ``common.tpu=false`` there.
 """
+
 import sys
 
 from fairseq import options
@@ -25,10 +26,14 @@ def _tpu_requested(input_args) -> bool:
 
 
 def _bf16_off_tpu(original):
-    def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False,
-                            modify_parser=None):
-        result = original(parser, input_args=input_args, parse_known=parse_known,
-                          suppress_defaults=suppress_defaults, modify_parser=modify_parser)
+    def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+        result = original(
+            parser,
+            input_args=input_args,
+            parse_known=parse_known,
+            suppress_defaults=suppress_defaults,
+            modify_parser=modify_parser,
+        )
         args = result[0] if isinstance(result, tuple) else result
         if getattr(args, "bf16", False) and getattr(args, "tpu", False) and not _tpu_requested(input_args):
             args.tpu = False

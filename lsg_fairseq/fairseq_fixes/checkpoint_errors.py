@@ -8,6 +8,7 @@ gives a bare ``KeyError``. Now a damaged file raises
 file that is not a fairseq checkpoint is said to be one; any other error gets the file name as a
 note. A file that loads is returned unchanged.
 """
+
 import os
 import zipfile
 

@@ -13,6 +13,7 @@ opens (and so truncates) ``generate-<subset>.txt`` before it loads anything, so 
 only this run's partial output, and it is removed. (``lsg-fairseq-generate`` imports the plugin
 before ``fairseq_cli.generate`` and installs the fixes again once it is loaded.)
 """
+
 import argparse
 import os
 import sys

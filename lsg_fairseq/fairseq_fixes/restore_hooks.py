@@ -14,6 +14,7 @@ Tasks that define neither, every stock fairseq task, run exactly as without the 
 own tests pass ``--restore-file x.pt`` (a file that does not exist) to mean "start fresh"
 (``tests/stock_fairseq``). This plugin's tasks define both (``lsg_fairseq.checkpoint_policy``).
 """
+
 from fairseq import checkpoint_utils
 
 from lsg_fairseq.fairseq_fixes._wrap import wrap

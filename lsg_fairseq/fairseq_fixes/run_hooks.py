@@ -14,6 +14,7 @@ after this fix so that it wraps this one) or settle a flag of ``cfg`` with a log
 Stock fairseq tasks define no ``vet_run`` and run exactly as without the plugin; this plugin's
 tasks define it (``lsg_fairseq.device_policy``).
 """
+
 from fairseq.distributed import utils as distributed_utils
 
 from lsg_fairseq.fairseq_fixes._wrap import wrap

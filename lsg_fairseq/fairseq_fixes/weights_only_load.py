@@ -12,6 +12,7 @@ Our own code logs plain Python floats, so numpy scalars never reach a checkpoint
 globals are still allowed because checkpoints written by stock fairseq tasks (``--eval-bleu``)
 carry them and users resume from those.
 """
+
 import argparse
 import collections
 

@@ -18,6 +18,7 @@ overrides ``build_self_attention``. The pieces every such model needs live here 
   config (:class:`LongInputConfig`), takes extra keyword arguments (LED's global mask) and whose
   training step keeps less for backward (``--lean-activations``).
 """
+
 import math
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -55,10 +56,15 @@ def wrap_layer(layer, cfg):
 
 
 def add_lean_activations_arg(parser) -> None:
-    parser.add_argument("--lean-activations", type=bool_flag, default=True, metavar="BOOL",
-                        help="training: encoder layers keep less for backward (self-attention recomputed "
-                        "from its input, the FFN activation recomputed, dropout masks kept as bool); "
-                        "same gradients, a few %% more time (default: %(default)s)")
+    parser.add_argument(
+        "--lean-activations",
+        type=bool_flag,
+        default=True,
+        metavar="BOOL",
+        help="training: encoder layers keep less for backward (self-attention recomputed "
+        "from its input, the FFN activation recomputed, dropout masks kept as bool); "
+        "same gradients, a few %% more time (default: %(default)s)",
+    )
 
 
 def lean_activations(args) -> bool:
@@ -109,7 +115,9 @@ class LongInputEncoder(TransformerEncoder):
         layer = LongInputEncoderLayer(layer_cfg, return_fc=self.return_fc, lean=lean_activations(self.args))
         return wrap_layer(layer, layer_cfg)
 
-    def prepare(self, src_tokens: Tensor, pad: Tensor, x: Tensor, **inputs) -> Tuple[Tensor, Optional[Tensor], Dict[str, Any]]:
+    def prepare(
+        self, src_tokens: Tensor, pad: Tensor, x: Tensor, **inputs
+    ) -> Tuple[Tensor, Optional[Tensor], Dict[str, Any]]:
         """x (B, T', C) from ``forward_embedding``; pad (B, T) True at source padding."""
         if inputs:
             raise TypeError(f"{type(self).__name__} takes no input {sorted(inputs)}")
@@ -121,12 +129,12 @@ class LongInputEncoder(TransformerEncoder):
         """x (T', B, C) after the final layer norm -> (encoder_out, encoder_padding_mask)."""
         return x, pad
 
-    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None,
-                **inputs):
+    def forward(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None, **inputs):
         return self.forward_scriptable(src_tokens, src_lengths, return_all_hiddens, token_embeddings, **inputs)
 
-    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens: bool = False,
-                           token_embeddings=None, **inputs):
+    def forward_scriptable(
+        self, src_tokens, src_lengths=None, return_all_hiddens: bool = False, token_embeddings=None, **inputs
+    ):
         pad = src_tokens.eq(self.padding_idx)  # (B, T)
         x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
         x, layer_mask, layer_inputs = self.prepare(src_tokens, pad, x, **inputs)
@@ -174,8 +182,15 @@ class LongInputEncoderLayer(TransformerEncoderLayerBase):
         return cfg.self_attention(embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout)
 
     def _attend(self, x, encoder_padding_mask, attn_mask, attention_kwargs):
-        return self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask,
-                              need_weights=False, attn_mask=attn_mask, **attention_kwargs)[0]
+        return self.self_attn(
+            query=x,
+            key=x,
+            value=x,
+            key_padding_mask=encoder_padding_mask,
+            need_weights=False,
+            attn_mask=attn_mask,
+            **attention_kwargs,
+        )[0]
 
     def _dropout(self, x, lean: bool):
         if lean and self.dropout_module.p > 0:
@@ -190,8 +205,7 @@ class LongInputEncoderLayer(TransformerEncoderLayerBase):
         # an attention drawing from its own generator (seeded LSH) would draw differently when
         # recomputed: only attentions on the global RNG (restored by checkpoint) are recomputed
         if lean and getattr(self.self_attn, "generator", None) is None:
-            x = checkpoint(self._attend, x, encoder_padding_mask, attn_mask, attention_kwargs,
-                           use_reentrant=False)
+            x = checkpoint(self._attend, x, encoder_padding_mask, attn_mask, attention_kwargs, use_reentrant=False)
         else:
             x = self._attend(x, encoder_padding_mask, attn_mask, attention_kwargs)
         x = self._dropout(x, lean)
@@ -253,10 +267,14 @@ def fan_in_init(module: nn.Module) -> None:
 
 
 def add_weight_init_arg(parser) -> None:
-    parser.add_argument("--weight-init", choices=WEIGHT_INITS, metavar="|".join(WEIGHT_INITS),
-                        help="initial weights of a model trained from scratch: bert = BART's N(0, 0.02), "
-                        "fan_in = N(0, 1/fan_in) (default for the *_tiny archs: 0.02 is too small at "
-                        "small widths and stalls learning to use the encoder). Loaded weights replace either.")
+    parser.add_argument(
+        "--weight-init",
+        choices=WEIGHT_INITS,
+        metavar="|".join(WEIGHT_INITS),
+        help="initial weights of a model trained from scratch: bert = BART's N(0, 0.02), "
+        "fan_in = N(0, 1/fan_in) (default for the *_tiny archs: 0.02 is too small at "
+        "small widths and stalls learning to use the encoder). Loaded weights replace either.",
+    )
 
 
 class LongSourceDecoderLayer(TransformerDecoderLayerBase):
@@ -265,8 +283,13 @@ class LongSourceDecoderLayer(TransformerDecoderLayerBase):
 
     def build_encoder_attention(self, embed_dim, cfg):
         return LongSourceCrossAttention(
-            embed_dim, cfg.decoder.attention_heads, kdim=cfg.encoder.embed_dim, vdim=cfg.encoder.embed_dim,
-            dropout=cfg.attention_dropout, encoder_decoder_attention=True, q_noise=self.quant_noise,
+            embed_dim,
+            cfg.decoder.attention_heads,
+            kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim,
+            dropout=cfg.attention_dropout,
+            encoder_decoder_attention=True,
+            q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
         )
 
@@ -308,8 +331,7 @@ class LongInputBARTModel(BARTModel):
         return model
 
     @classmethod
-    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".",
-                        bpe=None, **kwargs):
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", bpe=None, **kwargs):
         """Load through :func:`lsg_fairseq.models.hub.from_pretrained` (no 1,024-token truncation).
 
         The dictionary and tokenizer files are read from the model folder itself (what

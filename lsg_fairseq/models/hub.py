@@ -7,6 +7,7 @@ task's ``<s>`` convention instead of forcing a ``<s>`` prefix. It generates thro
 ``build_generator``, i.e. :class:`~lsg_fairseq.generation.LongInputSequenceGenerator`, which leaves
 the model as it found it (fairseq#3893), as ``lsg-fairseq-summarize`` (built on this hub) does.
 """
+
 import logging
 import os
 from typing import List
@@ -131,8 +132,9 @@ def load_dictionary(dict_path: str):
     try:
         return Dictionary.load(dict_path)
     except Exception as e:  # noqa: BLE001  (ValueError, a bare Exception for bad encodings, ...)
-        raise DataError(f"{dict_path}: not a fairseq dictionary ({one_line(e)[:200]}); expected lines "
-                        "'<token> <count>'") from None
+        raise DataError(
+            f"{dict_path}: not a fairseq dictionary ({one_line(e)[:200]}); expected lines '<token> <count>'"
+        ) from None
 
 
 def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrides) -> LongInputHubInterface:

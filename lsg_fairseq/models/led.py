@@ -17,6 +17,7 @@ padding give the same valid outputs; the converter maps HF's offset-free table o
 
 State dict = BART's plus ``encoder.layers.N.self_attn.{q,k,v}_proj_global.{weight,bias}``.
 """
+
 import argparse
 import functools
 import logging
@@ -106,7 +107,8 @@ class LEDEncoder(LongInputEncoder):
             self.layers[i].self_attn.set_attention_window(window)
         self.global_attention = args.global_attention
         self.register_buffer(
-            "global_token_ids", torch.tensor(parse_global_token_ids(args.global_token_ids), dtype=torch.long),
+            "global_token_ids",
+            torch.tensor(parse_global_token_ids(args.global_token_ids), dtype=torch.long),
             persistent=False,
         )
 
@@ -138,8 +140,11 @@ class LEDEncoder(LongInputEncoder):
                 f"src_tokens {tuple(src_tokens.shape)}"
             )
         x, layer_mask, _ = super().prepare(src_tokens, pad, x)
-        return x, layer_mask, {"global_index": self.global_index(src_tokens, pad, global_attention_mask),
-                               "block_masks": {}}
+        return (
+            x,
+            layer_mask,
+            {"global_index": self.global_index(src_tokens, pad, global_attention_mask), "block_masks": {}},
+        )
 
     def global_index(self, src_tokens, pad, global_attention_mask=None):
         """(idx, valid) (B, Gm): the global positions of every row (None: no global token).
@@ -178,15 +183,27 @@ class LEDModel(LongInputBARTModel):
     @staticmethod
     def add_led_args(parser):
         """The Longformer flags: their one home, shared by fairseq-train and lsg-fairseq-convert."""
-        parser.add_argument("--attention-window", type=attention_window_arg, metavar="W",
-                            help="full Longformer window W per encoder layer (even; a query sees W/2 "
-                            "tokens on each side): one int for all layers or a comma list, one per layer")
-        parser.add_argument("--global-attention", type=str, choices=GLOBAL_ATTENTION_MODES,
-                            help="encoder tokens with global attention: 'first' = the first real "
-                            "token of every source (LED summarization default), 'none' = no token")
-        parser.add_argument("--global-token-ids", type=global_token_ids_arg, metavar="IDS",
-                            help="comma-separated dictionary ids whose every occurrence in the "
-                            "source gets global attention (in addition to --global-attention)")
+        parser.add_argument(
+            "--attention-window",
+            type=attention_window_arg,
+            metavar="W",
+            help="full Longformer window W per encoder layer (even; a query sees W/2 "
+            "tokens on each side): one int for all layers or a comma list, one per layer",
+        )
+        parser.add_argument(
+            "--global-attention",
+            type=str,
+            choices=GLOBAL_ATTENTION_MODES,
+            help="encoder tokens with global attention: 'first' = the first real "
+            "token of every source (LED summarization default), 'none' = no token",
+        )
+        parser.add_argument(
+            "--global-token-ids",
+            type=global_token_ids_arg,
+            metavar="IDS",
+            help="comma-separated dictionary ids whose every occurrence in the "
+            "source gets global attention (in addition to --global-attention)",
+        )
 
     @classmethod
     def build_model(cls, args, task):

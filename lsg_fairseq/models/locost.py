@@ -22,6 +22,7 @@ SSM parameters (``log_dt, inv_A_real, A_imag, B, C``) are tagged ``param_group="
 decay and ``lr_scale = --ssm-lr / --lr`` where they are made (``S4DKernel``); ``--optimizer
 grouped_adam`` honours the tags.
 """
+
 import logging
 
 import torch
@@ -57,28 +58,52 @@ LOCOST_ARGS = [
     ("--decoder-attention-heads", POSITIVE_INT, "number of decoder attention heads"),
     ("--layer-norm-eps", float_range(0, lo_open=True), "RMSNorm epsilon"),
     ("--relative-attention-num-buckets", int_range(4), "T5 relative position buckets (decoder self-attention)"),
-    ("--relative-attention-max-distance", POSITIVE_INT, "distance beyond which relative positions share the last bucket"),
+    (
+        "--relative-attention-max-distance",
+        POSITIVE_INT,
+        "distance beyond which relative positions share the last bucket",
+    ),
     ("--dropout", PROBABILITY, "dropout on embeddings, residual branches, FFN inner activations and attention weights"),
     ("--ssm-dt-min", float_range(0, lo_open=True), "lower bound of the log-uniform init of the SSM step size dt"),
     ("--ssm-dt-max", float_range(0, lo_open=True), "upper bound of the log-uniform init of the SSM step size dt"),
-    ("--ssm-lr", FINITE_FLOAT, "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
-                        "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
-                        "--optimizer grouped_adam (the SSM parameters never get weight decay there)"),
-    ("--ssm-kernel-cache-mb", float_range(0), "per-layer memory budget (MiB) for caching the SSM kernels in eval "
-                                     "mode without autograd: on CPU in the time domain (each channel cut at "
-                                     "its decay length, shortest kernels first; the rest are generated in "
-                                     "every call), on a GPU as spectra, one per FFT size (least recently "
-                                     "used out). Default: 30 on CPU, 512 on a GPU (a base layer's spectrum "
-                                     "at 64K tokens); what they take: benchmarks/README.md. 0 disables"),
-    ("--ssm-kernel-tail-tol", float_range(0), "SSM kernel entries after every mode's term has decayed below this are "
-                                     "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
-                                     "0 computes every entry like the reference"),
-    ("--ssm-kernel-recompute", bool_flag, "training: recompute the SSM kernel in backward instead of keeping its "
-                                      "temporaries (a fraction of the memory, at the cost of a second kernel "
-                                      "generation per step)"),
-    ("--ssm-kernel-compile", bool_flag, "GPU (whole-tensor) path: generate the SSM kernels with the fused, "
-                                    "torch.compile'd generator (ops.ssm.fused_circular_kernel; one compile per "
-                                    "new length) instead of eagerly"),
+    (
+        "--ssm-lr",
+        FINITE_FLOAT,
+        "learning rate of the SSM parameters (log_dt, inv_A_real, A_imag, B, C); <= 0: same "
+        "as --lr. Applied as a ratio to --lr, so it follows the lr schedule; needs "
+        "--optimizer grouped_adam (the SSM parameters never get weight decay there)",
+    ),
+    (
+        "--ssm-kernel-cache-mb",
+        float_range(0),
+        "per-layer memory budget (MiB) for caching the SSM kernels in eval "
+        "mode without autograd: on CPU in the time domain (each channel cut at "
+        "its decay length, shortest kernels first; the rest are generated in "
+        "every call), on a GPU as spectra, one per FFT size (least recently "
+        "used out). Default: 30 on CPU, 512 on a GPU (a base layer's spectrum "
+        "at 64K tokens); what they take: benchmarks/README.md. 0 disables",
+    ),
+    (
+        "--ssm-kernel-tail-tol",
+        float_range(0),
+        "SSM kernel entries after every mode's term has decayed below this are "
+        "zero instead of computed (cost O(l_max) not O(L) on long inputs); "
+        "0 computes every entry like the reference",
+    ),
+    (
+        "--ssm-kernel-recompute",
+        bool_flag,
+        "training: recompute the SSM kernel in backward instead of keeping its "
+        "temporaries (a fraction of the memory, at the cost of a second kernel "
+        "generation per step)",
+    ),
+    (
+        "--ssm-kernel-compile",
+        bool_flag,
+        "GPU (whole-tensor) path: generate the SSM kernels with the fused, "
+        "torch.compile'd generator (ops.ssm.fused_circular_kernel; one compile per "
+        "new length) instead of eagerly",
+    ),
     ("--max-source-positions", POSITIVE_INT, "longest source the task feeds (the encoder itself has no limit)"),
     ("--max-target-positions", POSITIVE_INT, "longest target / generation length"),
 ]
@@ -94,8 +119,10 @@ def check_locost_args(args) -> None:
     """At build time, what no single flag's range can say (each range is checked where the value
     arrives: argparse for flags, the converter for an HF config); messages name the flags."""
     if args.d_state % 2:
-        raise ConfigError(f"--d-state must be even (got {args.d_state}): the real state is stored as "
-                          "d_state/2 complex-conjugate modes")
+        raise ConfigError(
+            f"--d-state must be even (got {args.d_state}): the real state is stored as "
+            "d_state/2 complex-conjugate modes"
+        )
     if args.ssm_dt_min > args.ssm_dt_max:
         raise ConfigError(f"need --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
 
@@ -114,10 +141,18 @@ class LOCOSTEncoder(FairseqEncoder):
         blocks = []
         for _ in range(args.encoder_layers):
             block = LOCOSTEncoderBlock(
-                args.d_model, args.d_state, args.d_ff, args.dropout, args.layer_norm_eps,
-                dt_min=args.ssm_dt_min, dt_max=args.ssm_dt_max, kernel_cache_mb=args.ssm_kernel_cache_mb,
-                kernel_tail_tol=args.ssm_kernel_tail_tol, kernel_recompute=bool_flag(getattr(args, "ssm_kernel_recompute", True)),
-                lr_scale=ssm_lr_scale, kernel_compile=bool_flag(getattr(args, "ssm_kernel_compile", False)),
+                args.d_model,
+                args.d_state,
+                args.d_ff,
+                args.dropout,
+                args.layer_norm_eps,
+                dt_min=args.ssm_dt_min,
+                dt_max=args.ssm_dt_max,
+                kernel_cache_mb=args.ssm_kernel_cache_mb,
+                kernel_tail_tol=args.ssm_kernel_tail_tol,
+                kernel_recompute=bool_flag(getattr(args, "ssm_kernel_recompute", True)),
+                lr_scale=ssm_lr_scale,
+                kernel_compile=bool_flag(getattr(args, "ssm_kernel_compile", False)),
             )
             blocks.append(wrap_layer(block, args))
         self.block = nn.ModuleList(blocks)
@@ -181,8 +216,13 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
         blocks = []
         for i in range(args.decoder_layers):
             block = T5DecoderBlock(
-                args.d_model, args.d_kv, args.decoder_attention_heads, args.d_ff, args.dropout,
-                args.layer_norm_eps, has_relative_attention_bias=(i == 0),
+                args.d_model,
+                args.d_kv,
+                args.decoder_attention_heads,
+                args.d_ff,
+                args.dropout,
+                args.layer_norm_eps,
+                has_relative_attention_bias=(i == 0),
                 relative_attention_num_buckets=args.relative_attention_num_buckets,
                 relative_attention_max_distance=args.relative_attention_max_distance,
             )
@@ -196,9 +236,18 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
         # fairseq's checkpoint_wrapper patches forward in place, so the block keeps its submodules
         return self.block[0].layer[0].SelfAttention
 
-    def forward(self, prev_output_tokens, encoder_out=None, incremental_state=None, features_only=False,
-                full_context_alignment=False, alignment_layer=None, alignment_heads=None,
-                src_lengths=None, return_all_hiddens=False):
+    def forward(
+        self,
+        prev_output_tokens,
+        encoder_out=None,
+        incremental_state=None,
+        features_only=False,
+        full_context_alignment=False,
+        alignment_layer=None,
+        alignment_heads=None,
+        src_lengths=None,
+        return_all_hiddens=False,
+    ):
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         if not features_only:
             x = self.output_layer(x)
@@ -239,7 +288,7 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
 
     def output_layer(self, features):
         # tied projection with T5's rescaling (absent it, logits are ~d^0.5 too large)
-        return self.output_projection(features * (self.d_model ** -0.5))
+        return self.output_projection(features * (self.d_model**-0.5))
 
     def max_positions(self):
         return self.max_target_positions
@@ -255,12 +304,20 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
     @staticmethod
     def add_args(parser):
         for flag, typ, help_text in LOCOST_ARGS:
-            metavar = "BOOL" if typ is bool_flag else "N" if str(getattr(typ, "__name__", "")).startswith("int") else "F"
+            metavar = (
+                "BOOL" if typ is bool_flag else "N" if str(getattr(typ, "__name__", "")).startswith("int") else "F"
+            )
             parser.add_argument(flag, type=typ, metavar=metavar, help=help_text)
-        parser.add_argument("--checkpoint-activations", action="store_true",
-                            help="recompute each encoder / decoder block in the backward pass (saves memory)")
-        parser.add_argument("--offload-activations", action="store_true",
-                            help="with --checkpoint-activations, keep checkpointed activations on the CPU")
+        parser.add_argument(
+            "--checkpoint-activations",
+            action="store_true",
+            help="recompute each encoder / decoder block in the backward pass (saves memory)",
+        )
+        parser.add_argument(
+            "--offload-activations",
+            action="store_true",
+            help="with --checkpoint-activations, keep checkpointed activations on the CPU",
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -285,9 +342,9 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         # T5's _init_weights for the gated FFN (factor 1): wi ~ N(0, d^-1/2), wo ~ N(0, d_ff^-1/2)
         for name, p in self.named_parameters():
             if ".DenseReluDense.wi_" in name:
-                nn.init.normal_(p, std=args.d_model ** -0.5)
+                nn.init.normal_(p, std=args.d_model**-0.5)
             elif ".DenseReluDense.wo" in name:
-                nn.init.normal_(p, std=args.d_ff ** -0.5)
+                nn.init.normal_(p, std=args.d_ff**-0.5)
 
     @staticmethod
     def _ssm_lr_scale(args) -> float:
@@ -295,11 +352,15 @@ class LOCOSTModel(FairseqEncoderDecoderModel):
         optimizer = getattr(args, "optimizer", None)
         honours_tags = optimizer in (None, "grouped_adam", "composite")
         if ssm_lr > 0 and not honours_tags:
-            raise ConfigError(f"--ssm-lr needs --optimizer grouped_adam (--optimizer {optimizer} puts every "
-                             "parameter in one group and would ignore it)")
+            raise ConfigError(
+                f"--ssm-lr needs --optimizer grouped_adam (--optimizer {optimizer} puts every "
+                "parameter in one group and would ignore it)"
+            )
         if not honours_tags and float(getattr(args, "weight_decay", 0.0) or 0.0) > 0:
-            logger.warning(f"--optimizer {optimizer} applies --weight-decay to the SSM parameters too; "
-                           "--optimizer grouped_adam exempts them (as the LOCOST/S4 authors intended)")
+            logger.warning(
+                f"--optimizer {optimizer} applies --weight-decay to the SSM parameters too; "
+                "--optimizer grouped_adam exempts them (as the LOCOST/S4 authors intended)"
+            )
         lr = getattr(args, "lr", None)
         base = float(lr[0] if isinstance(lr, (list, tuple)) else lr) if lr is not None else 0.0
         if ssm_lr <= 0:
@@ -333,17 +394,36 @@ def _defaults(args, **values):
 def locost_base_architecture(args):
     """The released LOCOST (flbbb/locost-gsg-pretrained): 12+12 layers, d 768, N 512."""
     _defaults(
-        args, d_model=768, d_state=512, d_ff=2048, d_kv=64, encoder_layers=12, decoder_layers=12,
-        decoder_attention_heads=12, layer_norm_eps=1e-6, relative_attention_num_buckets=32,
-        relative_attention_max_distance=128, dropout=0.1, ssm_dt_min=DT_MIN, ssm_dt_max=DT_MAX,
-        ssm_lr=0.0, ssm_kernel_cache_mb=None, ssm_kernel_tail_tol=KERNEL_TAIL_TOL, ssm_kernel_recompute=True, ssm_kernel_compile=False, max_source_positions=4096, max_target_positions=1024,
-        checkpoint_activations=False, offload_activations=False,
+        args,
+        d_model=768,
+        d_state=512,
+        d_ff=2048,
+        d_kv=64,
+        encoder_layers=12,
+        decoder_layers=12,
+        decoder_attention_heads=12,
+        layer_norm_eps=1e-6,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout=0.1,
+        ssm_dt_min=DT_MIN,
+        ssm_dt_max=DT_MAX,
+        ssm_lr=0.0,
+        ssm_kernel_cache_mb=None,
+        ssm_kernel_tail_tol=KERNEL_TAIL_TOL,
+        ssm_kernel_recompute=True,
+        ssm_kernel_compile=False,
+        max_source_positions=4096,
+        max_target_positions=1024,
+        checkpoint_activations=False,
+        offload_activations=False,
     )
 
 
 @register_model_architecture("locost", "locost_tiny")
 def locost_tiny_architecture(args):
     """Tiny LOCOST for tests and demos (the conformance fixture's shape)."""
-    _defaults(args, d_model=64, d_state=32, d_ff=128, d_kv=16, encoder_layers=2, decoder_layers=2,
-              decoder_attention_heads=4)
+    _defaults(
+        args, d_model=64, d_state=32, d_ff=128, d_kv=16, encoder_layers=2, decoder_layers=2, decoder_attention_heads=4
+    )
     locost_base_architecture(args)

@@ -11,6 +11,7 @@ tokens only, optionally with global 0's output pooled onto the first token
 State dict = BART's plus ``encoder.global_embeddings.weight`` [512, d] (always 512 rows, as the
 reference, so HF LSG checkpoints map 1:1; only the first G are used).
 """
+
 import functools
 import logging
 
@@ -41,8 +42,10 @@ logger = logging.getLogger(__name__)
 # Source length of lsg_bart_base / lsg_bart_large when none is given (the reference's converter's)
 MAX_SOURCE_POSITIONS = 4096
 # The encoder's own flags' defaults (the reference's), beside the attention's LSG_DEFAULTS
-ENCODER_DEFAULTS = dict(mask_first_token=False, pass_global_tokens_to_decoder=True, pool_with_global=True,
-                        train_global_only=False)
+ENCODER_DEFAULTS = dict(
+    mask_first_token=False, pass_global_tokens_to_decoder=True, pool_with_global=True, train_global_only=False
+)
+
 
 def lsg_attention_kwargs(args) -> dict:
     """The LSGSelfAttention keyword arguments held by a model namespace."""
@@ -133,7 +136,7 @@ class LSGBARTEncoder(LongInputEncoder):
         if self.pass_global_tokens_to_decoder:
             return x, torch.cat([pad.new_zeros(pad.size(0), G), hidden], dim=1)  # (G + L, B, C), (B, G + L)
         if self.pool_with_global:
-            x = torch.cat([x[:1], x[G + 1:]], dim=0)  # global 0 replaces token 0
+            x = torch.cat([x[:1], x[G + 1 :]], dim=0)  # global 0 replaces token 0
         else:
             x = x[G:]
         return x, hidden  # (L, B, C), (B, L)
@@ -151,32 +154,80 @@ class LSGBARTModel(LongInputBARTModel):
         LongInputBARTModel.add_args(parser)
         LSGBARTModel.add_lsg_args(parser)
         add_lean_activations_arg(parser)
-        parser.add_argument("--train-global-only", type=bool_flag, nargs="?", const=True, metavar="BOOL",
-                            help="global tuning: freeze every parameter except the global token embeddings")
+        parser.add_argument(
+            "--train-global-only",
+            type=bool_flag,
+            nargs="?",
+            const=True,
+            metavar="BOOL",
+            help="global tuning: freeze every parameter except the global token embeddings",
+        )
 
     @staticmethod
     def add_lsg_args(parser):
         """The LSG attention flags: their one home, shared by fairseq-train and lsg-fairseq-convert."""
-        parser.add_argument("--block-size", type=POSITIVE_INT, metavar="N",
-                            help="LSG local block size: each block of N queries attends to 3N local keys")
-        parser.add_argument("--sparse-block-size", type=NON_NEGATIVE_INT, metavar="N",
-                            help="number of sparse keys taken on EACH side of the local window (0: no sparse attention)")
-        parser.add_argument("--sparsity-factor", type=POSITIVE_INT, metavar="N",
-                            help="the sparse sequence has length/N entries; must divide --block-size")
-        parser.add_argument("--sparsity-type", type=str, choices=SPARSITY_TYPES,
-                            help="how the sparse sequence is built (none disables sparse attention)")
-        parser.add_argument("--num-global-tokens", type=int_range(1, MAX_GLOBAL_TOKENS), metavar="G",
-                            help=f"number of learned global tokens prepended to the encoder input (1..{MAX_GLOBAL_TOKENS})")
-        parser.add_argument("--mask-first-token", type=bool_flag, nargs="?", const=True, metavar="BOOL",
-                            help="hide the first source token (<s>, redundant with global 0) from self- and cross-attention")
-        parser.add_argument("--pass-global-tokens-to-decoder", type=bool_flag, nargs="?", const=True, metavar="BOOL",
-                            help="decoder cross-attends to the global tokens too "
-                            f"(default {ENCODER_DEFAULTS['pass_global_tokens_to_decoder']})")
-        parser.add_argument("--pool-with-global", type=bool_flag, nargs="?", const=True, metavar="BOOL",
-                            help="without --pass-global-tokens-to-decoder: global 0's output replaces the first "
-                            f"token's (default {ENCODER_DEFAULTS['pool_with_global']})")
-        parser.add_argument("--lsh-num-pre-rounds", type=NON_NEGATIVE_INT, metavar="N",
-                            help="lsh sparsity only: merging rounds before the final hashing round")
+        parser.add_argument(
+            "--block-size",
+            type=POSITIVE_INT,
+            metavar="N",
+            help="LSG local block size: each block of N queries attends to 3N local keys",
+        )
+        parser.add_argument(
+            "--sparse-block-size",
+            type=NON_NEGATIVE_INT,
+            metavar="N",
+            help="number of sparse keys taken on EACH side of the local window (0: no sparse attention)",
+        )
+        parser.add_argument(
+            "--sparsity-factor",
+            type=POSITIVE_INT,
+            metavar="N",
+            help="the sparse sequence has length/N entries; must divide --block-size",
+        )
+        parser.add_argument(
+            "--sparsity-type",
+            type=str,
+            choices=SPARSITY_TYPES,
+            help="how the sparse sequence is built (none disables sparse attention)",
+        )
+        parser.add_argument(
+            "--num-global-tokens",
+            type=int_range(1, MAX_GLOBAL_TOKENS),
+            metavar="G",
+            help=f"number of learned global tokens prepended to the encoder input (1..{MAX_GLOBAL_TOKENS})",
+        )
+        parser.add_argument(
+            "--mask-first-token",
+            type=bool_flag,
+            nargs="?",
+            const=True,
+            metavar="BOOL",
+            help="hide the first source token (<s>, redundant with global 0) from self- and cross-attention",
+        )
+        parser.add_argument(
+            "--pass-global-tokens-to-decoder",
+            type=bool_flag,
+            nargs="?",
+            const=True,
+            metavar="BOOL",
+            help="decoder cross-attends to the global tokens too "
+            f"(default {ENCODER_DEFAULTS['pass_global_tokens_to_decoder']})",
+        )
+        parser.add_argument(
+            "--pool-with-global",
+            type=bool_flag,
+            nargs="?",
+            const=True,
+            metavar="BOOL",
+            help="without --pass-global-tokens-to-decoder: global 0's output replaces the first "
+            f"token's (default {ENCODER_DEFAULTS['pool_with_global']})",
+        )
+        parser.add_argument(
+            "--lsh-num-pre-rounds",
+            type=NON_NEGATIVE_INT,
+            metavar="N",
+            help="lsh sparsity only: merging rounds before the final hashing round",
+        )
 
     @classmethod
     def build_model(cls, args, task):

@@ -10,6 +10,7 @@ output and one log-sum-exp per query. Same math: softmax(q k^T * d^-0.5 + pad ma
 Incremental decoding, ``need_weights`` (the alignment layer), ``before_softmax``, attention masks,
 bias_k / zero attention and attention dropout in training keep fairseq's path.
 """
+
 from typing import Optional
 
 import torch
@@ -18,14 +19,43 @@ from fairseq.modules.multihead_attention import MultiheadAttention
 
 
 class LongSourceCrossAttention(MultiheadAttention):
-    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None, need_weights=True,
-                static_kv=False, attn_mask=None, before_softmax=False, need_head_weights=False):
-        fused = (incremental_state is None and key is not None and not need_weights and not need_head_weights
-                 and not before_softmax and attn_mask is None and self.bias_k is None and not self.add_zero_attn
-                 and (not self.training or self.dropout_module.p == 0))
+    def forward(
+        self,
+        query,
+        key,
+        value,
+        key_padding_mask=None,
+        incremental_state=None,
+        need_weights=True,
+        static_kv=False,
+        attn_mask=None,
+        before_softmax=False,
+        need_head_weights=False,
+    ):
+        fused = (
+            incremental_state is None
+            and key is not None
+            and not need_weights
+            and not need_head_weights
+            and not before_softmax
+            and attn_mask is None
+            and self.bias_k is None
+            and not self.add_zero_attn
+            and (not self.training or self.dropout_module.p == 0)
+        )
         if not fused:
-            return super().forward(query, key, value, key_padding_mask, incremental_state, need_weights,
-                                   static_kv, attn_mask, before_softmax, need_head_weights)
+            return super().forward(
+                query,
+                key,
+                value,
+                key_padding_mask,
+                incremental_state,
+                need_weights,
+                static_kv,
+                attn_mask,
+                before_softmax,
+                need_head_weights,
+            )
         return self._fused(query, key, value, key_padding_mask), None
 
     def _fused(self, query, key, value, key_padding_mask: Optional[torch.Tensor]):

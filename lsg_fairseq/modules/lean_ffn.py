@@ -10,6 +10,7 @@ float noise tensor, 4 bytes per element). These helpers keep less and give the s
 - :func:`bool_dropout`: inverted dropout keeping a bool mask (1 byte per element), and
   :class:`LeanDropout`, an ``nn.Dropout`` that uses it in training.
 """
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor

@@ -7,6 +7,7 @@ batch-first (B, T, C) inside the blocks. In float16 every residual sum is clampe
 (:func:`~lsg_fairseq.modules.precision.clamp_fp16`); the FFN's float32 output makes the residual
 stream float32 from there on (:mod:`lsg_fairseq.modules.t5_layers`).
 """
+
 from typing import Optional
 
 import torch
@@ -67,13 +68,11 @@ class LOCOSTSSMLayer(nn.Module):
 class LOCOSTEncoderBlock(nn.Module):
     """One LOCOST encoder layer: SSM token mixing then gated-GeLU FFN, both pre-norm residual."""
 
-    def __init__(self, d_model: int, d_state: int, d_ff: int, dropout: float = 0.0, eps: float = 1e-6,
-                 **ssm_kwargs):
+    def __init__(self, d_model: int, d_state: int, d_ff: int, dropout: float = 0.0, eps: float = 1e-6, **ssm_kwargs):
         super().__init__()
-        self.layer = nn.ModuleList([
-            LOCOSTSSMLayer(d_model, d_state, dropout, eps, **ssm_kwargs),
-            T5LayerFF(d_model, d_ff, dropout, eps),
-        ])
+        self.layer = nn.ModuleList(
+            [LOCOSTSSMLayer(d_model, d_state, dropout, eps, **ssm_kwargs), T5LayerFF(d_model, d_ff, dropout, eps)]
+        )
 
     def forward(self, x: torch.Tensor, padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, L, C); padding_mask: (B, L) bool, True at padding, or None -> (B, L, C)."""
@@ -100,8 +99,9 @@ class T5LayerCrossAttention(nn.Module):
         self.dropout = LeanDropout(dropout)
 
     def forward(self, x, memory, bias, incremental_state):
-        h = self.EncDecAttention(self.layer_norm(x), memory=memory, bias=bias,
-                                 incremental_state=incremental_state, static_kv=True)
+        h = self.EncDecAttention(
+            self.layer_norm(x), memory=memory, bias=bias, incremental_state=incremental_state, static_kv=True
+        )
         return clamp_fp16(x + self.dropout(h))
 
 
@@ -112,25 +112,46 @@ class T5DecoderBlock(nn.Module):
     it and hands the same tensor to every block (T5 behaviour).
     """
 
-    def __init__(self, d_model: int, d_kv: int, num_heads: int, d_ff: int, dropout: float = 0.0,
-                 eps: float = 1e-6, has_relative_attention_bias: bool = False,
-                 relative_attention_num_buckets: int = 32, relative_attention_max_distance: int = 128):
+    def __init__(
+        self,
+        d_model: int,
+        d_kv: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        eps: float = 1e-6,
+        has_relative_attention_bias: bool = False,
+        relative_attention_num_buckets: int = 32,
+        relative_attention_max_distance: int = 128,
+    ):
         super().__init__()
         self_attn = T5Attention(
-            d_model, d_kv, num_heads, has_relative_attention_bias=has_relative_attention_bias,
+            d_model,
+            d_kv,
+            num_heads,
+            has_relative_attention_bias=has_relative_attention_bias,
             relative_attention_num_buckets=relative_attention_num_buckets,
             relative_attention_max_distance=relative_attention_max_distance,
-            bidirectional=False, dropout=dropout,
+            bidirectional=False,
+            dropout=dropout,
         )
         cross_attn = T5Attention(d_model, d_kv, num_heads, dropout=dropout)
-        self.layer = nn.ModuleList([
-            T5LayerSelfAttention(self_attn, d_model, dropout, eps),
-            T5LayerCrossAttention(cross_attn, d_model, dropout, eps),
-            T5LayerFF(d_model, d_ff, dropout, eps),
-        ])
+        self.layer = nn.ModuleList(
+            [
+                T5LayerSelfAttention(self_attn, d_model, dropout, eps),
+                T5LayerCrossAttention(cross_attn, d_model, dropout, eps),
+                T5LayerFF(d_model, d_ff, dropout, eps),
+            ]
+        )
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, self_bias: torch.Tensor,
-                cross_bias: Optional[torch.Tensor], incremental_state: Optional[IncrementalState] = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        self_bias: torch.Tensor,
+        cross_bias: Optional[torch.Tensor],
+        incremental_state: Optional[IncrementalState] = None,
+    ):
         """x: (B, T, C); memory: (B, S, C); biases additive, broadcastable to (B, heads, T, *)."""
         x = self.layer[0](x, self_bias, incremental_state)
         x = self.layer[1](x, memory, cross_bias, incremental_state)

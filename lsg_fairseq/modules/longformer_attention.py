@@ -34,6 +34,7 @@ On CUDA without attention dropout the local rows run FlexAttention instead (``_l
 ``ops.flex``): the keys are the projection itself, the band and the globals a ``mask_mod``; no
 gather, no per-block mask, one block mask per forward for every layer of the same window.
 """
+
 import math
 from typing import Optional, Sequence, Tuple, Union
 
@@ -67,8 +68,9 @@ def check_attention_window(window: int, name: str = "attention_window") -> int:
     return int(window)
 
 
-def parse_attention_windows(value: Union[int, str, Sequence[int]], num_layers: int,
-                            name: str = "--attention-window") -> list:
+def parse_attention_windows(
+    value: Union[int, str, Sequence[int]], num_layers: int, name: str = "--attention-window"
+) -> list:
     """``1024`` / ``"1024"`` / ``"512,1024"`` / ``[512, 1024]`` -> one window per layer.
 
     A single value applies to every layer; a list must have exactly ``num_layers`` entries.
@@ -158,12 +160,18 @@ class LongformerSelfAttention(PathChoice, nn.Module):
     def reset_parameters(self):
         # fairseq MultiheadAttention's initialisation; global projections start as the local
         # ones do (the Longformer paper copies them from the local ones when converting BART)
-        for proj in (self.k_proj, self.v_proj, self.q_proj,
-                     self.k_proj_global, self.v_proj_global, self.q_proj_global):
+        for proj in (self.k_proj, self.v_proj, self.q_proj, self.k_proj_global, self.v_proj_global, self.q_proj_global):
             nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
         nn.init.xavier_uniform_(self.out_proj.weight)
-        for proj in (self.k_proj, self.v_proj, self.q_proj, self.k_proj_global,
-                     self.v_proj_global, self.q_proj_global, self.out_proj):
+        for proj in (
+            self.k_proj,
+            self.v_proj,
+            self.q_proj,
+            self.k_proj_global,
+            self.v_proj_global,
+            self.q_proj_global,
+            self.out_proj,
+        ):
             if proj.bias is not None:
                 nn.init.constant_(proj.bias, 0.0)
 
@@ -264,12 +272,18 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         values = padded_projection(self.v_proj, x, *layout).view(n, -1, h, d)
         window_ok = real if glob is None else real & ~glob  # globals come through their own window
         neg = torch.finfo(q.dtype).min
-        key_mask = F.pad(torch.zeros(n, T, dtype=q.dtype, device=x.device).masked_fill_(~window_ok, neg),
-                         (w, w + 1 + nbq * bq - T), value=neg)  # (n, w + Tq + w + 1)
+        key_mask = F.pad(
+            torch.zeros(n, T, dtype=q.dtype, device=x.device).masked_fill_(~window_ok, neg),
+            (w, w + 1 + nbq * bq - T),
+            value=neg,
+        )  # (n, w + Tq + w + 1)
         sources = [(keys, values, key_mask[:, None, :])]
         edge = torch.ones(bq, bq, dtype=torch.bool, device=x.device)
-        windows = [wa.Window(0, 0, bq, bq, edge.triu()), wa.Window(0, bq, bq, 2 * w + 1 - bq),
-                   wa.Window(0, 2 * w + 1, bq, bq, edge.tril(-1))]
+        windows = [
+            wa.Window(0, 0, bq, bq, edge.triu()),
+            wa.Window(0, bq, bq, 2 * w + 1 - bq),
+            wa.Window(0, 2 * w + 1, bq, bq, edge.tril(-1)),
+        ]
         if g_idx is not None:
             Gm = g_idx.size(1)
             at = (g_idx + w)[:, :, None, None].expand(n, Gm, h, d)  # globals' rows in the padded keys
@@ -279,7 +293,7 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         # the padding is trimmed off the edge blocks' bands; only bands that cover a global (or a
         # row's padding) keep a mask in the kernel
         groups = wa.split_unmasked([wa.QueryGroup(0, nbq, bq, windows)], [m for _, _, m in sources])
-        out = wa.window_attention(q, sources, groups, scale=d ** -0.5, inplace=True)  # over q
+        out = wa.window_attention(q, sources, groups, scale=d**-0.5, inplace=True)  # over q
         return out[:, :T].reshape(n, T, C)
 
     def _local_flex(self, x, real, glob, block_masks: dict) -> Tensor:
@@ -296,7 +310,7 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         tables = ("led", T, w)
         if tables not in block_masks:
             block_masks[tables] = flex.led_block_mask(w, real, glob, flex.led_mask_mod(w, real, glob))
-        out = flex.flex_attention(q, k, v, block_masks[tables], scale=d ** -0.5)  # (n, h, T, d)
+        out = flex.flex_attention(q, k, v, block_masks[tables], scale=d**-0.5)  # (n, h, T, d)
         return out.transpose(1, 2).reshape(n, T, C)
 
     def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int) -> Tensor:
@@ -356,12 +370,15 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         h, d = self.num_heads, self.head_dim
         Gm = g_idx.size(1)
         x_glob = x.gather(1, g_idx[:, :, None].expand(n, Gm, C))  # (n, Gm, C)
-        qg = self.q_proj_global(x_glob).view(n, Gm, h, d) * d ** -0.5  # (n, Gm, h, d)
+        qg = self.q_proj_global(x_glob).view(n, Gm, h, d) * d**-0.5  # (n, Gm, h, d)
         dropout = self.dropout if self.training else 0.0
         neg = torch.finfo(x.dtype).min
         # (a quantized projection, lsg_fairseq.quantize, exposes no weight tensor: it projects)
-        if self.fold_global and Gm * h <= C and all(isinstance(getattr(p, "weight", None), Tensor)
-                               for p in (self.k_proj_global, self.v_proj_global)):
+        if (
+            self.fold_global
+            and Gm * h <= C
+            and all(isinstance(getattr(p, "weight", None), Tensor) for p in (self.k_proj_global, self.v_proj_global))
+        ):
             wk = self.k_proj_global.weight.view(h, d, C)
             wv = self.v_proj_global.weight.view(h, d, C)
             qk = torch.einsum("nghd,hdc->nghc", qg, wk).reshape(n, Gm * h, C)  # (n, Gm*h, C)
@@ -391,4 +408,4 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         rows = torch.where(g_valid.reshape(-1), rows, scratch)
         # a fresh buffer (``out`` may be a view of the SDPA output, which autograd still needs)
         out = torch.cat([out.reshape(n * t, C), og.new_zeros(n * Gm, C)]).index_copy_(0, rows, og)
-        return out[:n * t].view(n, t, C)  # (n, t, C)
+        return out[: n * t].view(n, t, C)  # (n, t, C)

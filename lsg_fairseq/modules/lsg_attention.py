@@ -47,6 +47,7 @@ Deliberate deviations from the reference (spec section 9):
 - lsh draws its random projections from ``self.generator`` when one is set (reproducible);
 - unknown sparsity types and inconsistent sizes are errors (``check_lsg_config``), not warnings.
 """
+
 import math
 from typing import Callable, Optional, Tuple
 
@@ -59,13 +60,7 @@ from lsg_fairseq.modules.padded_projection import padded_projection
 from lsg_fairseq.modules.paths import CPU, FLEX, WHOLE, PathChoice
 from lsg_fairseq.ops import flex, sparse
 from lsg_fairseq.ops import window_attention as wa
-from lsg_fairseq.ops.blocks import (
-    KEY_ALIGN,
-    clamp_index,
-    local_window_indices,
-    padded_length,
-    sparse_window_indices,
-)
+from lsg_fairseq.ops.blocks import KEY_ALIGN, clamp_index, local_window_indices, padded_length, sparse_window_indices
 
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling")
 # Rows of the global-token embedding table, the reference's fixed size (HF LSG checkpoints carry
@@ -73,8 +68,14 @@ SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "lsh", "b
 MAX_GLOBAL_TOKENS = 512
 # The reference's defaults (spec/lsg.md section 1): the layer's keyword defaults and the lsg_bart
 # archs' (models/lsg_bart.py), so both read them from here.
-LSG_DEFAULTS = dict(num_global_tokens=1, block_size=128, sparse_block_size=128, sparsity_factor=2,
-                    sparsity_type="norm", lsh_num_pre_rounds=1)
+LSG_DEFAULTS = dict(
+    num_global_tokens=1,
+    block_size=128,
+    sparse_block_size=128,
+    sparsity_factor=2,
+    sparsity_type="norm",
+    lsh_num_pre_rounds=1,
+)
 
 
 def check_lsg_config(
@@ -92,8 +93,17 @@ def check_lsg_config(
     name what the user typed. ``sparsity_type`` is one of :data:`SPARSITY_TYPES` as spelled there
     (the reference's ``None`` is mapped to ``"none"`` where HF configs are read, ``convert.bart``).
     """
-    n = {k: (name or str)(k) for k in ("block_size", "sparse_block_size", "sparsity_factor", "sparsity_type",
-                                        "num_global_tokens", "lsh_num_pre_rounds")}
+    n = {
+        k: (name or str)(k)
+        for k in (
+            "block_size",
+            "sparse_block_size",
+            "sparsity_factor",
+            "sparsity_type",
+            "num_global_tokens",
+            "lsh_num_pre_rounds",
+        )
+    }
     if sparsity_type not in SPARSITY_TYPES:
         raise ValueError(
             f"{n['sparsity_type']}={sparsity_type!r} is not a known sparsity type; choose one of "
@@ -108,9 +118,7 @@ def check_lsg_config(
     if sparsity_factor < 1:
         raise ValueError(f"{n['sparsity_factor']} must be >= 1, got {sparsity_factor}")
     if block_size % sparsity_factor != 0:
-        raise ValueError(
-            f"{n['sparsity_factor']} ({sparsity_factor}) must divide {n['block_size']} ({block_size})"
-        )
+        raise ValueError(f"{n['sparsity_factor']} ({sparsity_factor}) must divide {n['block_size']} ({block_size})")
     if sparsity_type == "none" or sparse_block_size == 0:
         return
     step = block_size // sparsity_factor
@@ -159,8 +167,9 @@ class LSGSelfAttention(PathChoice, nn.Module):
         super().__init__()
         if embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        check_lsg_config(block_size, sparse_block_size, sparsity_factor, sparsity_type,
-                         num_global_tokens, lsh_num_pre_rounds)
+        check_lsg_config(
+            block_size, sparse_block_size, sparsity_factor, sparsity_type, num_global_tokens, lsh_num_pre_rounds
+        )
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
@@ -193,9 +202,11 @@ class LSGSelfAttention(PathChoice, nn.Module):
                 nn.init.constant_(proj.bias, 0.0)
 
     def extra_repr(self) -> str:
-        return (f"G={self.num_global_tokens}, block_size={self.block_size}, "
-                f"sparse_block_size={self.sparse_block_size}, "
-                f"sparsity_factor={self.sparsity_factor}, sparsity_type={self.sparsity_type}")
+        return (
+            f"G={self.num_global_tokens}, block_size={self.block_size}, "
+            f"sparse_block_size={self.sparse_block_size}, "
+            f"sparsity_factor={self.sparsity_factor}, sparsity_type={self.sparsity_type}"
+        )
 
     # ------------------------------------------------------------------ main entry point
     def forward(
@@ -226,9 +237,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
             x = F.pad(x, (0, 0, 0, extra))  # (n, G + t, C)
             if pad_mask is None:
                 pad_mask = torch.zeros(n, T, dtype=torch.bool, device=x.device)
-            pad_mask = torch.cat(
-                [pad_mask.bool(), pad_mask.new_ones(n, extra, dtype=torch.bool)], dim=1
-            )  # (n, G + t)
+            pad_mask = torch.cat([pad_mask.bool(), pad_mask.new_ones(n, extra, dtype=torch.bool)], dim=1)  # (n, G + t)
 
         # token-major layout (n, S, h, d) throughout: the projections' own layout, so the
         # per-block key sets and the attention outputs need no permute copies
@@ -261,9 +270,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tensor:
         """softmax(q k^T / sqrt(d) + mask) v with dropout on the probabilities; (B, h, L, d)."""
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
 
     def _sparse(self, q: Tensor, k: Tensor, v: Tensor, tok_mask: Optional[Tensor]):
         """The sparse sequence of the tokens (``ops.sparse``): q (n, S, h, d) (bos_pooling/lsh pool
@@ -273,9 +280,17 @@ class LSGSelfAttention(PathChoice, nn.Module):
             tok_mask = k.new_zeros(k.shape[:2])  # lsh can leave buckets empty: its mask is always needed
         G = self.num_global_tokens
         return sparse.sparse_sequence(
-            self.sparsity_type, q[:, G], k, v, tok_mask, block_size=self.block_size,
-            sparse_block_size=self.sparse_block_size, sparsity_factor=self.sparsity_factor,
-            lsh_num_pre_rounds=self.lsh_num_pre_rounds, generator=self.generator)
+            self.sparsity_type,
+            q[:, G],
+            k,
+            v,
+            tok_mask,
+            block_size=self.block_size,
+            sparse_block_size=self.sparse_block_size,
+            sparsity_factor=self.sparsity_factor,
+            lsh_num_pre_rounds=self.lsh_num_pre_rounds,
+            generator=self.generator,
+        )
 
     # ------------------------------------------------------------------ LSG path, CPU
     def _lsg_windows(self, x: Tensor, q: Tensor, key_mask: Optional[Tensor]) -> Tensor:
@@ -317,17 +332,20 @@ class LSGSelfAttention(PathChoice, nn.Module):
             sm = F.pad(q.new_zeros(n, 1, ns) if sm is None else sm, (P, P), value=neg)  # (n, 1|h, ns + 2P)
             sources.append((F.pad(sk, pad), F.pad(sv, pad), sm))
             block_windows += [wa.Window(1, 0, step, sbs), wa.Window(1, 3 * step + sbs, step, sbs)]
-        groups = [wa.QueryGroup(0, 1, G, [wa.Window(0, 0, 0, G), wa.Window(0, G + bs, 0, t)]),
-                  wa.QueryGroup(G, nb, bs, block_windows)]
+        groups = [
+            wa.QueryGroup(0, 1, G, [wa.Window(0, 0, 0, G), wa.Window(0, G + bs, 0, t)]),
+            wa.QueryGroup(G, nb, bs, block_windows),
+        ]
         # the padding blocks are trimmed off the edge blocks' windows and no window of an unpadded
         # input keeps a mask: the kernel then adds none to the scores
         groups = wa.split_unmasked(groups, [m for _, _, m in sources])
-        out = wa.window_attention(q, sources, groups, scale=d ** -0.5, inplace=True)  # (n, S, h, d): over q
+        out = wa.window_attention(q, sources, groups, scale=d**-0.5, inplace=True)  # (n, S, h, d): over q
         return out.view(n, S, h * d)
 
     # ------------------------------------------------------------------ LSG path, FlexAttention
-    def _lsg_flex(self, x: Tensor, q: Tensor, pad_mask: Optional[Tensor], key_mask: Optional[Tensor],
-                  block_masks: dict) -> Tensor:
+    def _lsg_flex(
+        self, x: Tensor, q: Tensor, pad_mask: Optional[Tensor], key_mask: Optional[Tensor], block_masks: dict
+    ) -> Tensor:
         """Token queries in one flex call over the keys laid out as ``flex.LSGLayout``: [t tokens |
         G globals | dead slots | ns sparse]; global queries in one SDPA over the first t + G.
 
@@ -350,8 +368,11 @@ class LSGSelfAttention(PathChoice, nn.Module):
         length = t + G if grad else layout.length
         k = padded_projection(self.k_proj, x, pieces, length).view(n, length, h, d)  # (n, t + G [+ ...], h, d)
         v = padded_projection(self.v_proj, x, pieces, length).view(n, length, h, d)
-        key_ok = torch.ones(n, t + G, dtype=torch.bool, device=q.device) if pad_mask is None else \
-            ~torch.cat([pad_mask[:, G:], pad_mask[:, :G]], dim=1).bool()  # (n, t + G) tokens, globals
+        key_ok = (
+            torch.ones(n, t + G, dtype=torch.bool, device=q.device)
+            if pad_mask is None
+            else ~torch.cat([pad_mask[:, G:], pad_mask[:, :G]], dim=1).bool()
+        )  # (n, t + G) tokens, globals
         sparse_ok = None
         if ns:
             tok_mask = None if key_mask is None else key_mask[:, G:]  # (n, t)
@@ -361,20 +382,23 @@ class LSGSelfAttention(PathChoice, nn.Module):
                 k = torch.cat([k, dead, sk.to(k.dtype)], dim=1)  # (n, layout.length, h, d)
                 v = torch.cat([v, dead, sv.to(v.dtype)], dim=1)
             else:
-                k[:, layout.sparse_at:], v[:, layout.sparse_at:] = sk, sv
-            sparse_ok = (torch.ones(n, h, ns, dtype=torch.bool, device=q.device) if sm is None
-                         else (sm == 0).expand(n, h, ns).contiguous())  # (n, h, ns) this layer's
+                k[:, layout.sparse_at :], v[:, layout.sparse_at :] = sk, sv
+            sparse_ok = (
+                torch.ones(n, h, ns, dtype=torch.bool, device=q.device)
+                if sm is None
+                else (sm == 0).expand(n, h, ns).contiguous()
+            )  # (n, h, ns) this layer's
         mask_mod = flex.lsg_mask_mod(layout, key_ok, sparse_ok)
         if layout not in block_masks:
             block_masks[layout] = flex.lsg_block_mask(layout, key_ok, mask_mod)
         block_mask = flex.with_mask_mod(block_masks[layout], mask_mod)
 
         keys, values = k.transpose(1, 2), v.transpose(1, 2)  # (n, h, layout.length, d)
-        out_tok = flex.flex_attention(q[:, G:].transpose(1, 2), keys, values, block_mask, scale=d ** -0.5)
+        out_tok = flex.flex_attention(q[:, G:].transpose(1, 2), keys, values, block_mask, scale=d**-0.5)
         glob_mask = None
         if key_mask is not None:
             glob_mask = torch.cat([key_mask[:, G:], key_mask[:, :G]], dim=1)[:, None, None, :]  # (n, 1, 1, t + G)
-        out_global = self._attend(q[:, :G].transpose(1, 2), keys[:, :, :t + G], values[:, :, :t + G], glob_mask)
+        out_global = self._attend(q[:, :G].transpose(1, 2), keys[:, :, : t + G], values[:, :, : t + G], glob_mask)
         out_tok = out_tok.transpose(1, 2).reshape(n, t, h * d)  # (n, t, C)
         out_global = out_global.transpose(1, 2).reshape(n, G, h * d)
         return torch.cat([out_global, out_tok], dim=1)  # (n, S, C)
@@ -393,8 +417,9 @@ class LSGSelfAttention(PathChoice, nn.Module):
 
         # global queries: full attention over every key
         glob_mask = None if key_mask is None else key_mask[:, None, None, :]
-        out_global = self._attend(q[:, :G].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                  glob_mask)  # (n, h, G, d)
+        out_global = self._attend(
+            q[:, :G].transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), glob_mask
+        )  # (n, h, G, d)
 
         # per-block key sets are gathered from [all keys (S) | sparse sequence (ns)]
         src_k, src_v, src_m = k, v, None
@@ -448,8 +473,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
         valid = [torch.ones(nb, G, dtype=torch.bool, device=device)]
         if self.has_sparse:
             step = bs // self.sparsity_factor
-            idx, ok = sparse_window_indices(nb, step, self.sparse_block_size, n_sparse=ns,
-                                            device=device)  # (nb, 2*sbs)
+            idx, ok = sparse_window_indices(nb, step, self.sparse_block_size, n_sparse=ns, device=device)  # (nb, 2*sbs)
             parts.append(clamp_index(idx + S, ok, 0))
             valid.append(ok)
         idx, ok = local_window_indices(nb, bs, 1, 1, device=device)  # (nb, 3*bs)

@@ -8,6 +8,7 @@ inputs each fresh buffer of that size is also paid in page faults; so without au
 for a projection that exposes no weight tensor (an int8 ``DynamicQuantizedLinear``), the result
 is the same, made with one ``cat``.
 """
+
 from typing import Sequence, Tuple
 
 import torch
@@ -35,9 +36,9 @@ def padded_projection(proj: nn.Module, x: Tensor, pieces: Sequence[Tuple[slice, 
         buf[:, at:offset].zero_()
         for r in range(n):
             if b is None:
-                torch.mm(x[r, rows], w, out=buf[r, offset:offset + size])
+                torch.mm(x[r, rows], w, out=buf[r, offset : offset + size])
             else:
-                torch.addmm(b, x[r, rows], w, out=buf[r, offset:offset + size])
+                torch.addmm(b, x[r, rows], w, out=buf[r, offset : offset + size])
         at = offset + size
     buf[:, at:].zero_()
     return buf

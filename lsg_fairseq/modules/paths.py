@@ -19,6 +19,7 @@ head dim of 16 or more; where it cannot run, the layer takes the whole-tensor pa
 path); a layer without a flex path takes whole tensors for ``"flex"``.
 Each layer notes in ``ran`` the path its last call took (what benchmarks record).
 """
+
 from contextlib import contextmanager
 from typing import Optional
 

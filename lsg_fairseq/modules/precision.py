@@ -18,6 +18,7 @@ float16 tops out at 65504; bfloat16 has float32's range but 8 bits of mantissa. 
   a margin), a no-op for any other dtype; :func:`within_fp16` clamps a float32 tensor to float16's
   range before it meets a float16 op.
 """
+
 import contextlib
 
 import torch

@@ -38,6 +38,7 @@ runs :meth:`S4D._whole_forward` instead: one blocked product for every channel's
 FFT, nothing read back on the host; in eval mode the kernels' *spectra* are cached per FFT size
 (:meth:`S4D.whole_spectrum`), so a repeated length costs no kernel generation and no kernel FFT.
 """
+
 import math
 import mmap
 from collections import OrderedDict
@@ -120,8 +121,10 @@ class S4DKernel(nn.Module):
             raise ValueError(f"tail_tol must be >= 0 (got {tail_tol})")
         self.tail_tol = tail_tol
         if d_state < 2 or d_state % 2:
-            raise ValueError(f"d_state must be an even number >= 2 (got {d_state}): "
-                             "the real state is stored as d_state/2 complex-conjugate modes")
+            raise ValueError(
+                f"d_state must be an even number >= 2 (got {d_state}): "
+                "the real state is stored as d_state/2 complex-conjugate modes"
+            )
         if not 0 < dt_min <= dt_max:
             raise ValueError(f"need 0 < dt_min <= dt_max (got {dt_min}, {dt_max})")
         H, M = d_model, d_state // 2
@@ -263,8 +266,15 @@ class S4D(PathChoice, nn.Module):
         # the whole-tensor path generates its circular kernels with ops.ssm.fused_circular_kernel
         # (torch.compile) instead of eagerly: --ssm-kernel-compile, off until measured on a GPU
         self.kernel_compile = kernel_compile
-        self.kernel = S4DKernel(d_model, d_state, dt_min=dt_min, dt_max=dt_max, tail_tol=kernel_tail_tol,
-                                recompute=kernel_recompute, lr_scale=lr_scale)
+        self.kernel = S4DKernel(
+            d_model,
+            d_state,
+            dt_min=dt_min,
+            dt_max=dt_max,
+            tail_tol=kernel_tail_tol,
+            recompute=kernel_recompute,
+            lr_scale=lr_scale,
+        )
         self.D = nn.Parameter(torch.randn(d_model))  # (H): skip term
         self.k_proj = nn.Linear(d_model, d_model)  # SSM input ("V" in the paper)
         self.q_proj = nn.Linear(d_model, d_model)  # gate
@@ -305,7 +315,7 @@ class S4D(PathChoice, nn.Module):
         mb = self.kernel_cache_mb
         if mb is None:
             mb = KERNEL_CACHE_MB if device.type == "cpu" else GPU_KERNEL_CACHE_MB
-        return mb * 2 ** 20
+        return mb * 2**20
 
     def cached_kernel_bytes(self) -> int:
         """Bytes held by the kernel cache (0 when empty)."""
@@ -356,7 +366,7 @@ class S4D(PathChoice, nn.Module):
             m = cached.get(i, 0)
             if m:
                 k = self.kernel(n, idx[:m])  # (2 m n)
-                entries.append((idx[:m], n, flat[off:off + k.numel()].view_as(k).copy_(k)))
+                entries.append((idx[:m], n, flat[off : off + k.numel()].view_as(k).copy_(k)))
                 off += k.numel()
                 del k
             if m < len(idx):
@@ -412,9 +422,17 @@ class S4D(PathChoice, nn.Module):
             return self._whole_forward(u, padding_mask)
         if not torch.is_grad_enabled():
             return s4d_inference.forward(
-                u, padding_mask, groups=self.kernel_groups(L), kernel=self.kernel, skip=self.D,
-                k_proj=self.k_proj, q_proj=self.q_proj, output_linear=self.output_linear,
-                max_fft_elems=self.max_fft_elems, min_projection_channels=self.min_projection_channels)
+                u,
+                padding_mask,
+                groups=self.kernel_groups(L),
+                kernel=self.kernel,
+                skip=self.D,
+                k_proj=self.k_proj,
+                q_proj=self.q_proj,
+                output_linear=self.output_linear,
+                max_fft_elems=self.max_fft_elems,
+                min_projection_channels=self.min_projection_channels,
+            )
         k, q = self._kq(u, padding_mask)  # (B L H) each
         fft_size = next_fast_len(2 * L)
         # training: FFT in float32 whatever the activation dtype; only k and the kernel are kept
@@ -465,7 +483,9 @@ class S4D(PathChoice, nn.Module):
             y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H) float32; keeps k and kc only
         return self._output(self._gate(y, q, u))
 
-    def _whole_gated_convolution(self, k: torch.Tensor, q: torch.Tensor, u: torch.Tensor, fft_size: int) -> torch.Tensor:
+    def _whole_gated_convolution(
+        self, k: torch.Tensor, q: torch.Tensor, u: torch.Tensor, fft_size: int
+    ) -> torch.Tensor:
         """``((K * k) + D k) q`` without autograd, (B, L, H) in u's dtype: a chunk of channels at a
         time through float32 buffers made once per call. One copy casts, transposes and places k in
         the FFT buffer (its zero padding is never written), the product with the spectrum is in

@@ -19,6 +19,7 @@ The loops, outermost first:
 
 The output projection adds each batch's columns in (``out += y_b W_b^T``): ``y`` is never whole.
 """
+
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -41,9 +42,19 @@ Group = Tuple[Tensor, int, Optional[Tensor]]
 
 
 @torch.no_grad()
-def forward(u: Tensor, padding_mask: Optional[Tensor], *, groups: Sequence[Group],
-            kernel: Callable[[int, Tensor], Tensor], skip: Tensor, k_proj: nn.Module, q_proj: nn.Module,
-            output_linear: nn.Module, max_fft_elems: int, min_projection_channels: int) -> Tensor:
+def forward(
+    u: Tensor,
+    padding_mask: Optional[Tensor],
+    *,
+    groups: Sequence[Group],
+    kernel: Callable[[int, Tensor], Tensor],
+    skip: Tensor,
+    k_proj: nn.Module,
+    q_proj: nn.Module,
+    output_linear: nn.Module,
+    max_fft_elems: int,
+    min_projection_channels: int,
+) -> Tensor:
     """``output_linear(((K * k) + skip k) q)`` with ``k = k_proj(u)`` (zeroed at padding), ``q = q_proj(u)``.
 
     u: (B, L, H); padding_mask: (B, L) bool or None; groups: the kernels by decay group
@@ -72,8 +83,17 @@ def forward(u: Tensor, padding_mask: Optional[Tensor], *, groups: Sequence[Group
         o = 0  # first column of the batch of the current group
         for idx, n, cached in batch:
             g = slice(o, o + len(idx))
-            convolve_group(kx[:, :, g], q[:, :, g], yb[:, :, g], idx, min(n, L), cached, kernel, d[j + o:j + o + len(idx)],
-                           max_fft_elems)
+            convolve_group(
+                kx[:, :, g],
+                q[:, :, g],
+                yb[:, :, g],
+                idx,
+                min(n, L),
+                cached,
+                kernel,
+                d[j + o : j + o + len(idx)],
+                max_fft_elems,
+            )
             o += len(idx)
         del kx, q
         if w_out is not None:
@@ -87,8 +107,17 @@ def forward(u: Tensor, padding_mask: Optional[Tensor], *, groups: Sequence[Group
         return output_linear(y[..., torch.argsort(perm)]).to(u.dtype)  # (B L H)
 
 
-def convolve_group(kx: Tensor, q: Tensor, y: Tensor, idx: Tensor, n: int, cached: Optional[Tensor],
-                   kernel: Callable[[int, Tensor], Tensor], d: Tensor, max_fft_elems: int) -> None:
+def convolve_group(
+    kx: Tensor,
+    q: Tensor,
+    y: Tensor,
+    idx: Tensor,
+    n: int,
+    cached: Optional[Tensor],
+    kernel: Callable[[int, Tensor], Tensor],
+    d: Tensor,
+    max_fft_elems: int,
+) -> None:
     """y = ((K * kx) + d kx) q for one decay group of g channels, written into ``y`` (B, L, g).
 
     kx, q: (B, L, g) views; n: the group's kernel length (<= L); cached: its kernels (2, g, n') or
@@ -114,11 +143,12 @@ def convolve_group(kx: Tensor, q: Tensor, y: Tensor, idx: Tensor, n: int, cached
         torch.fft.irfft(sc.mul_(kh), n=fft_size, out=ycc)  # (B c F)
         for t0 in range(0, c, GATE_TILE):  # (B t L) -> (B L t), times the gate
             t1 = min(c, t0 + GATE_TILE)
-            torch.mul(ycc[:, t0:t1, :L].transpose(1, 2), q[:, :, c0 + t0:c0 + t1], out=y[:, :, c0 + t0:c0 + t1])
+            torch.mul(ycc[:, t0:t1, :L].transpose(1, 2), q[:, :, c0 + t0 : c0 + t1], out=y[:, :, c0 + t0 : c0 + t1])
 
 
-def projection_batches(groups: Sequence[Group], B: int, L: int, max_fft_elems: int,
-                       min_projection_channels: int) -> List[List[Group]]:
+def projection_batches(
+    groups: Sequence[Group], B: int, L: int, max_fft_elems: int, min_projection_channels: int
+) -> List[List[Group]]:
     """Consecutive decay groups taken together for the k/q projections: at least
     ``min_projection_channels`` channels per batch (the last may have fewer), and no more than
     ``max_fft_elems`` floats of projected (B, L, c) columns each."""

@@ -5,5 +5,6 @@ section 4; the LOCOST reference's values): channels then cover time scales from 
 tokens. Read by the layer (``modules.s4d``: ``S4DKernel`` / ``S4D`` keyword defaults) and by the
 ``locost_*`` architectures (``--ssm-dt-min`` / ``--ssm-dt-max``).
 """
+
 DT_MIN = 1e-3
 DT_MAX = 1e-1

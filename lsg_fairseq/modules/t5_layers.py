@@ -17,6 +17,7 @@ fairseq: state lives in the caller's ``incremental_state`` dict under a per-modu
 ``reorder_incremental_state(incremental_state, new_order)`` is found by
 ``FairseqIncrementalDecoder.reorder_incremental_state_scripting`` through ``self.modules()``.
 """
+
 import math
 import uuid
 from typing import Dict, Optional
@@ -148,11 +149,14 @@ def relative_position_bucket(
     max_exact = num_buckets // 2
     is_small = relative_position < max_exact
     # clamp(min=1) only avoids log(0) on entries that the torch.where below discards anyway
-    large = max_exact + (
-        torch.log(relative_position.clamp(min=1).float() / max_exact)
-        / math.log(max_distance / max_exact)
-        * (num_buckets - max_exact)
-    ).long()
+    large = (
+        max_exact
+        + (
+            torch.log(relative_position.clamp(min=1).float() / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
     large = torch.clamp(large, max=num_buckets - 1)
     return buckets + torch.where(is_small, relative_position, large)
 
@@ -200,8 +204,7 @@ class T5Attention(nn.Module):
         device = device or weight.device
         ctx = torch.arange(q_offset, q_offset + q_len, device=device)[:, None]  # (T 1)
         mem = torch.arange(k_len, device=device)[None, :]  # (1 S)
-        buckets = relative_position_bucket(mem - ctx, self.bidirectional, self.num_buckets,
-                                           self.max_distance)  # (T S)
+        buckets = relative_position_bucket(mem - ctx, self.bidirectional, self.num_buckets, self.max_distance)  # (T S)
         return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)  # (1 heads T S)
 
     def _shape(self, x: torch.Tensor) -> torch.Tensor:
@@ -298,8 +301,11 @@ class T5Attention(nn.Module):
             rows = new_order.view(-1, beam)[:, 0] // beam  # (B_m')
         else:
             rows = new_order
-        if beam > 1 and rows.numel() == saved["prev_key"].shape[0] and torch.equal(
-                rows, torch.arange(rows.numel(), device=rows.device)):
+        if (
+            beam > 1
+            and rows.numel() == saved["prev_key"].shape[0]
+            and torch.equal(rows, torch.arange(rows.numel(), device=rows.device))
+        ):
             return  # every source still has hypotheses, in order: the per-source caches stay as they are
         incremental_state[self._state_key] = {
             name: (t if t is None or name == "beam" else t.index_select(0, rows)) for name, t in saved.items()

@@ -19,6 +19,7 @@ Index helpers return ``(index, valid)`` pairs: ``index`` may point outside the s
 and ``valid`` says where; ``clamp_index`` turns such a pair into something safe for
 ``index_select``/``gather`` (out-of-range entries point at a caller-chosen padding slot).
 """
+
 from typing import Optional, Tuple
 
 import torch
@@ -41,9 +42,7 @@ def padded_length(length: int, multiple: int) -> int:
     return num_blocks(length, multiple) * multiple
 
 
-def pad_to_multiple(
-    x: torch.Tensor, multiple: int, dim: int = -1, value: float = 0.0
-) -> Tuple[torch.Tensor, int]:
+def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int = -1, value: float = 0.0) -> Tuple[torch.Tensor, int]:
     """Right-pad ``x`` along ``dim`` with ``value`` up to a multiple of ``multiple``.
 
     Returns ``(padded, pad_len)``; ``padded is x`` when no padding is needed (no copy).
@@ -87,11 +86,7 @@ def look_around(
 
 
 def local_window_indices(
-    n_blocks: int,
-    block_size: int,
-    backward: int = 1,
-    forward: int = 1,
-    device: Optional[torch.device] = None,
+    n_blocks: int, block_size: int, backward: int = 1, forward: int = 1, device: Optional[torch.device] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Token indices of the local window of every block (the index form of ``look_around``).
 
@@ -168,7 +163,7 @@ def blocks(x: torch.Tensor, block_size: int, dim: int = -2) -> torch.Tensor:
     n = x.size(dim)
     if n % block_size != 0:
         raise ValueError(f"length {n} must be divisible by block size {block_size}")
-    shape = list(x.shape[:dim]) + [n // block_size, block_size] + list(x.shape[dim + 1:])
+    shape = list(x.shape[:dim]) + [n // block_size, block_size] + list(x.shape[dim + 1 :])
     return x.reshape(shape)
 
 

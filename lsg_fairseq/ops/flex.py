@@ -25,6 +25,7 @@ Limits (torch 2.11-2.13): no dropout on the probabilities; on CPU forward only, 
 flex evaluates the dense mask), and a head dim under 16 gives wrong results there (the last row
 and head of the batch; seen with torch 2.13), so :func:`supported` refuses it on every device.
 """
+
 import copy
 from typing import Callable, NamedTuple, Optional
 
@@ -140,12 +141,16 @@ def lsg_block_mask(layout: LSGLayout, key_ok: Tensor, mask_mod: Callable):
     n, device = key_ok.size(0), key_ok.device
     r0, r1 = _query_tiles(t, device)  # (nq, 1): first and last query of each tile
     j0, j1 = r0 // bs, r1 // bs  # first and last LSG block of the tile
-    runs = [(((j0 - 1) * bs).clamp(min=0), ((j1 + 2) * bs).clamp(max=t)),  # local windows
-            (torch.full_like(r0, t), torch.full_like(r0, t + G))]  # globals
+    runs = [
+        (((j0 - 1) * bs).clamp(min=0), ((j1 + 2) * bs).clamp(max=t)),  # local windows
+        (torch.full_like(r0, t), torch.full_like(r0, t + G)),
+    ]  # globals
     if ns:
         s0 = layout.sparse_at
-        runs += [(s0 + ((j0 - 1) * step - sbs).clamp(0, ns), s0 + ((j1 - 1) * step).clamp(0, ns)),  # before
-                 (s0 + ((j0 + 2) * step).clamp(0, ns), s0 + ((j1 + 2) * step + sbs).clamp(0, ns))]  # after
+        runs += [
+            (s0 + ((j0 - 1) * step - sbs).clamp(0, ns), s0 + ((j1 - 1) * step).clamp(0, ns)),  # before
+            (s0 + ((j0 + 2) * step).clamp(0, ns), s0 + ((j1 + 2) * step + sbs).clamp(0, ns)),
+        ]  # after
     # every query of the tile sees the tokens of the blocks all its LSG blocks share
     whole = (((j1 - 1) * bs).clamp(min=0), ((j0 + 2) * bs).clamp(max=t))
     dead = key_ok.new_zeros(n, layout.sparse_at - t - G)
@@ -192,8 +197,9 @@ def _tiles_any(flags: Tensor, length: int) -> Tensor:
     return padded.view(n, nk, BLOCK).any(-1)
 
 
-def _block_mask(runs, whole, key_real: Tensor, mask_mod: Callable, q_len: int, kv_len: int,
-                extra: Optional[Tensor] = None):
+def _block_mask(
+    runs, whole, key_real: Tensor, mask_mod: Callable, q_len: int, kv_len: int, extra: Optional[Tensor] = None
+):
     """A BlockMask from ranges of keys per query tile.
 
     runs: [(lo, hi)] each (nq, 1), the half-open key ranges some query of the tile may see;
@@ -219,8 +225,9 @@ def _block_mask(runs, whole, key_real: Tensor, mask_mod: Callable, q_len: int, k
     partial = touched & any_real[:, None, :] & ~full
     kv_num, kv_idx = _ordered(partial)
     full_num, full_idx = _ordered(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
-                                    seq_lengths=(q_len, kv_len))
+    return BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(q_len, kv_len)
+    )
 
 
 def _ordered(grid: Tensor):

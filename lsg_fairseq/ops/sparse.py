@@ -23,6 +23,7 @@ Types (the reference's names; ``sparse_sequence`` dispatches):
 - ``lsh``: keys hashed by random projections into buckets per chunk (rounds of c buckets, then
   c / sf), each bucket the mean of its members; ``generator`` makes the projections reproducible.
 """
+
 import math
 from typing import Optional, Tuple
 
@@ -122,8 +123,17 @@ def bos_pooling(q0: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], sf: in
     return sk, sv, empty.to(k.dtype) * torch.finfo(k.dtype).min
 
 
-def lsh(q0: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], chunk: int, sf: int, pre_rounds: int,
-        sparse_block_size: int, generator: Optional[torch.Generator] = None) -> Sparse:
+def lsh(
+    q0: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Optional[Tensor],
+    chunk: int,
+    sf: int,
+    pre_rounds: int,
+    sparse_block_size: int,
+    generator: Optional[torch.Generator] = None,
+) -> Sparse:
     """Hashed centroids: ``pre_rounds`` rounds of ``chunk`` buckets per chunk, then chunk / sf.
 
     ``mask`` is required (empty buckets are masked). With sf == sparse_block_size this is
@@ -152,9 +162,16 @@ def _lsh_round(k: Tensor, v: Tensor, weight: Tensor, buckets: int, generator: Op
     n, h, nc, c, d = k.shape
     with torch.no_grad():
         n_hashes = buckets // 2
-        proj = torch.randn(1, h, 1, d, n_hashes, generator=generator,
-                           device=k.device if generator is None else generator.device,
-                           dtype=k.dtype).to(k.device)
+        proj = torch.randn(
+            1,
+            h,
+            1,
+            d,
+            n_hashes,
+            generator=generator,
+            device=k.device if generator is None else generator.device,
+            dtype=k.dtype,
+        ).to(k.device)
         codes = (F.normalize(k, dim=-1) * weight.clamp(0, 1)) @ proj  # (n, h, nc, c, hashes)
         if n_hashes == 0:  # one bucket: everything merges (the reference would crash)
             bucket = torch.zeros(n, h, nc, c, 1, dtype=torch.long, device=k.device)
@@ -167,9 +184,19 @@ def _lsh_round(k: Tensor, v: Tensor, weight: Tensor, buckets: int, generator: Op
     return k, v, weight
 
 
-def sparse_sequence(sparsity_type: str, q0: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], *,
-                    block_size: int, sparse_block_size: int, sparsity_factor: int, lsh_num_pre_rounds: int = 1,
-                    generator: Optional[torch.Generator] = None) -> Sparse:
+def sparse_sequence(
+    sparsity_type: str,
+    q0: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Optional[Tensor],
+    *,
+    block_size: int,
+    sparse_block_size: int,
+    sparsity_factor: int,
+    lsh_num_pre_rounds: int = 1,
+    generator: Optional[torch.Generator] = None,
+) -> Sparse:
     """The sparse sequence of type ``sparsity_type`` (module doc); with sf = 1 the tokens themselves.
 
     ``lsh`` always needs a mask (pass zeros when nothing is padded): it can leave buckets empty."""

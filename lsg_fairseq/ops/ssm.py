@@ -22,6 +22,7 @@ and the layer convolves its input with both kernels in one FFT: ``y[t] = sum_{s<
   operands of the product and the layout become a few kernels around the one bmm);
 - :class:`FFTConv`: the FFT convolution for training, keeping only its input and kernel.
 """
+
 import math
 from typing import Optional
 
@@ -141,8 +142,9 @@ def decay_lengths(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, tail_t
         mag = 2 * c_prime.abs().amax(0).double().cpu()  # (H M): largest |2 C'| over both directions
         rate = dt_a.real.double().cpu()  # (H M): log|z| per step, negative for a stable SSM
         # |2C'| exp(rate l) < tol  <=>  l > log(tol / |2C'|) / rate; modes already below tol need 0
-        need = torch.where(mag > tail_tol, torch.log(tail_tol / mag) / rate.clamp(max=-1e-300),
-                           torch.zeros_like(mag))  # (H M)
+        need = torch.where(
+            mag > tail_tol, torch.log(tail_tol / mag) / rate.clamp(max=-1e-300), torch.zeros_like(mag)
+        )  # (H M)
         need = torch.where(rate >= 0, torch.full_like(need, float(length)), need)  # unstable: all of L
         n = torch.ceil(need.amax(-1).clamp(max=float(length))).long() + 1  # (H)
     return torch.minimum(n.clamp(min=1), full)
@@ -189,7 +191,7 @@ def circular_bidirectional_kernel(k: torch.Tensor, fft_size: int, skip: Optional
         raise ValueError(f"fft_size {fft_size} < 2L-1 = {2 * L - 1} would wrap around")
     kf, kb = k[0], k[1]  # (H L) each
     if torch.is_grad_enabled() and k.requires_grad:
-        lag0 = (kf[:, :1] + kb[:, :1])  # (H 1)
+        lag0 = kf[:, :1] + kb[:, :1]  # (H 1)
         if skip is not None:
             lag0 = lag0 + skip.unsqueeze(-1)
         zeros = k.new_zeros(H, fft_size - 2 * L + 1)  # (H F-2L+1)
@@ -197,18 +199,22 @@ def circular_bidirectional_kernel(k: torch.Tensor, fft_size: int, skip: Optional
     # no autograd: written in place into one buffer (inference does this once per chunk and call)
     out = k.new_empty(H, fft_size)  # (H F)
     out[:, :L] = kf
-    out[:, L:fft_size - L + 1].zero_()
-    out[:, fft_size - L + 1:] = kb[:, 1:].flip(-1)
+    out[:, L : fft_size - L + 1].zero_()
+    out[:, fft_size - L + 1 :] = kb[:, 1:].flip(-1)
     out[:, 0] += kb[:, 0]
     if skip is not None:
         out[:, 0] += skip
     return out
 
 
-
-def blocked_circular_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, fft_size: int,
-                            skip: Optional[torch.Tensor] = None,
-                            max_chunk_elems: int = VANDERMONDE_CHUNK_ELEMS) -> torch.Tensor:
+def blocked_circular_kernel(
+    c_prime: torch.Tensor,
+    dt_a: torch.Tensor,
+    length: int,
+    fft_size: int,
+    skip: Optional[torch.Tensor] = None,
+    max_chunk_elems: int = VANDERMONDE_CHUNK_ELEMS,
+) -> torch.Tensor:
     """``circular_bidirectional_kernel(vandermonde_blocked(...), fft_size, skip)``: (H, F) from C'
     (2, H, M) and dtA (H, M), in the layout the FFT convolution reads."""
     return circular_bidirectional_kernel(vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems), fft_size, skip)

@@ -45,6 +45,7 @@ Glossary: n rows, B query blocks per row, M queries per block, h heads, d head d
 hm 1 (every head) or h. The private aten ops have been stable since torch 2.2 (this project pins
 torch 2.13); there is no dropout (the callers fall back to their gathered-SDPA path then).
 """
+
 import math
 from typing import List, NamedTuple, Optional, Sequence
 
@@ -131,9 +132,15 @@ def split_unmasked(groups: Sequence[QueryGroup], masks: Sequence[Optional[Tensor
             for w, (ahead, behind, left) in zip(g.windows, plan[b0].tolist()):
                 if ahead + behind == w.length:
                     continue  # every key of this window is masked everywhere: no weight, dropped
-                allowed = None if w.allowed is None else w.allowed[:, ahead:w.length - behind]
-                windows.append(w._replace(start=w.start + b0 * w.stride + ahead, length=w.length - ahead - behind,
-                                          allowed=allowed, masked=w.masked and bool(left)))
+                allowed = None if w.allowed is None else w.allowed[:, ahead : w.length - behind]
+                windows.append(
+                    w._replace(
+                        start=w.start + b0 * w.stride + ahead,
+                        length=w.length - ahead - behind,
+                        allowed=allowed,
+                        masked=w.masked and bool(left),
+                    )
+                )
             if not windows:  # nothing would be left to attend to: keep the masked windows
                 windows = [w._replace(start=w.start + b0 * w.stride) for w in g.windows]
             out.append(QueryGroup(g.start + b0 * g.size, b1 - b0, g.size, windows))
@@ -144,8 +151,9 @@ def _kv_view(src: Tensor, w: Window, blocks: int) -> Tensor:
     """(N, h, d) token-major source -> (blocks, h, length, d) overlapping view, no copy."""
     _, h, d = src.shape
     assert w.start + (blocks - 1) * w.stride + w.length <= src.size(0), "window out of range"
-    return src.as_strided((blocks, h, w.length, d), (w.stride * h * d, d, h * d, 1),
-                          src.storage_offset() + w.start * h * d)
+    return src.as_strided(
+        (blocks, h, w.length, d), (w.stride * h * d, d, h * d, 1), src.storage_offset() + w.start * h * d
+    )
 
 
 def _mask_view(mask: Optional[Tensor], w: Window, g: QueryGroup, dtype) -> Optional[Tensor]:
@@ -158,11 +166,9 @@ def _mask_view(mask: Optional[Tensor], w: Window, g: QueryGroup, dtype) -> Optio
     if mask is None:
         if w.allowed is None:
             return None
-        mask = torch.zeros(1, w.start + (g.blocks - 1) * w.stride + w.length, dtype=dtype,
-                           device=w.allowed.device)
+        mask = torch.zeros(1, w.start + (g.blocks - 1) * w.stride + w.length, dtype=dtype, device=w.allowed.device)
     hm, N = mask.shape
-    view = mask.as_strided((g.blocks, hm, g.size, w.length), (w.stride, N, 0, 1),
-                           mask.storage_offset() + w.start)
+    view = mask.as_strided((g.blocks, hm, g.size, w.length), (w.stride, N, 0, 1), mask.storage_offset() + w.start)
     if w.allowed is None:
         return view
     return view.masked_fill(~w.allowed, torch.finfo(mask.dtype).min)
@@ -173,17 +179,20 @@ def _fold_into(dst: Tensor, grad: Tensor, w: Window) -> None:
     B, h, length, d = grad.shape
     g = grad.transpose(1, 2)  # (B, length, h, d)
     if w.stride == 0:
-        dst[w.start:w.start + length] += g.sum(0)
+        dst[w.start : w.start + length] += g.sum(0)
     elif length % w.stride == 0:
         # the window is length/stride chunks of one stride; chunk c of block b is source
         # chunk b + c: one shifted slice add per chunk
         s = w.stride
         for c in range(length // s):
             lo = w.start + c * s
-            dst[lo:lo + B * s].view(B, s, h, d).add_(g[:, c * s:(c + 1) * s])
+            dst[lo : lo + B * s].view(B, s, h, d).add_(g[:, c * s : (c + 1) * s])
     else:
-        index = (w.start + torch.arange(B, device=grad.device)[:, None] * w.stride
-                 + torch.arange(length, device=grad.device)[None, :]).reshape(-1)
+        index = (
+            w.start
+            + torch.arange(B, device=grad.device)[:, None] * w.stride
+            + torch.arange(length, device=grad.device)[None, :]
+        ).reshape(-1)
         dst.index_add_(0, index, g.reshape(B * length, h, d))
 
 
@@ -191,15 +200,20 @@ def _row_forward(q: Tensor, srcs, groups: Sequence[QueryGroup], out: Tensor, sca
     """One row: q, out (S, h, d); srcs [(keys, values, mask)]. Returns every window's lse."""
     lses = []
     for g in groups:
-        qv = q[g.start:g.start + g.blocks * g.size].view(g.blocks, g.size, *q.shape[1:]).transpose(1, 2)
+        qv = q[g.start : g.start + g.blocks * g.size].view(g.blocks, g.size, *q.shape[1:]).transpose(1, 2)
         outs, ls = [], []
         for w in g.windows:
             k, v, m = srcs[w.source]
-            o, lse = _flash(qv, _kv_view(k, w, g.blocks), _kv_view(v, w, g.blocks),
-                            attn_mask=_mask_view(m, w, g, q.dtype), scale=scale)  # (B, h, M, d), (B, h, M)
+            o, lse = _flash(
+                qv,
+                _kv_view(k, w, g.blocks),
+                _kv_view(v, w, g.blocks),
+                attn_mask=_mask_view(m, w, g, q.dtype),
+                scale=scale,
+            )  # (B, h, M, d), (B, h, M)
             outs.append(o)
             ls.append(lse)
-        dst = out[g.start:g.start + g.blocks * g.size].view(g.blocks, g.size, *q.shape[1:]).transpose(1, 2)
+        dst = out[g.start : g.start + g.blocks * g.size].view(g.blocks, g.size, *q.shape[1:]).transpose(1, 2)
         lses.append(_merge(outs, ls, dst))
     return lses
 
@@ -237,6 +251,7 @@ def _parts(g: QueryGroup, srcs) -> List[List[Window]]:
     source's mask). In each call, a window more than ``_OWN_VIEW_RATIO`` times as long as all the
     others together runs on its own view (LED's band beside one global key); LSG's local window
     beside its sparse runs and global keys is copied."""
+
     def needs_mask(w):
         return w.allowed is not None or (w.masked and srcs[w.source][2] is not None)
 
@@ -252,21 +267,23 @@ def _parts(g: QueryGroup, srcs) -> List[List[Window]]:
     return calls
 
 
-def _gathered_call(q: Tensor, srcs, g: QueryGroup, windows: List[Window], b0: int, blocks: int,
-                   scale: float, buffers: dict):
+def _gathered_call(
+    q: Tensor, srcs, g: QueryGroup, windows: List[Window], b0: int, blocks: int, scale: float, buffers: dict
+):
     """One kernel call for blocks ``b0 .. b0 + blocks`` of ``g`` over ``windows`` (of one row).
 
     A single window is attended on its strided view; several are copied side by side into the
     reused ``buffers``. Returns the kernel's (output (blocks, h, M, d), lse (blocks, h, M))."""
     _, h, d = q.shape
-    qv = q[g.start + b0 * g.size:g.start + (b0 + blocks) * g.size].view(blocks, g.size, h, d).transpose(1, 2)
+    qv = q[g.start + b0 * g.size : g.start + (b0 + blocks) * g.size].view(blocks, g.size, h, d).transpose(1, 2)
     shifted = [w._replace(start=w.start + b0 * w.stride) for w in windows]
     part = g._replace(blocks=blocks)
     if len(windows) == 1:
         k, v, m = srcs[windows[0].source]
         w = shifted[0]
-        return _flash(qv, _kv_view(k, w, blocks), _kv_view(v, w, blocks),
-                      attn_mask=_mask_view(m, w, part, q.dtype), scale=scale)
+        return _flash(
+            qv, _kv_view(k, w, blocks), _kv_view(v, w, blocks), attn_mask=_mask_view(m, w, part, q.dtype), scale=scale
+        )
     kn = sum(w.length for w in windows)
     keys = _buffer(buffers, "k", (blocks, kn, h, d), q)
     values = _buffer(buffers, "v", (blocks, kn, h, d), q)
@@ -286,7 +303,7 @@ def _gathered_call(q: Tensor, srcs, g: QueryGroup, windows: List[Window], b0: in
             if wm is None:
                 mask[..., sl] = 0
             else:
-                mask[..., sl] = wm[:, :, :mask.size(2)]
+                mask[..., sl] = wm[:, :, : mask.size(2)]
         off += w.length
     if mask is not None:
         mask = mask.expand(blocks, mask.size(1), g.size, kn)
@@ -313,15 +330,13 @@ def _gathered_forward(q: Tensor, srcs, groups: Sequence[QueryGroup], scale: floa
         row = [(k[r], v[r], None if m is None else m[r]) for k, v, m in srcs]
         for g in groups:
             calls = _parts(g, row)
-            widest = max(sum(w.length for w in c) for c in calls if len(c) > 1) if any(
-                len(c) > 1 for c in calls) else 0
+            widest = max(sum(w.length for w in c) for c in calls if len(c) > 1) if any(len(c) > 1 for c in calls) else 0
             chunk = g.blocks if not widest else max(1, min(g.blocks, _GATHER_ELEMS // (widest * h * d)))
             for b0 in range(0, g.blocks, chunk):
                 blocks = min(chunk, g.blocks - b0)
                 res = [_gathered_call(q[r], row, g, c, b0, blocks, scale, buffers) for c in calls]
-                rows = out[r, g.start + b0 * g.size:g.start + (b0 + blocks) * g.size]
-                _merge([o for o, _ in res], [lse for _, lse in res],
-                       rows.view(blocks, g.size, h, d).transpose(1, 2))
+                rows = out[r, g.start + b0 * g.size : g.start + (b0 + blocks) * g.size]
+                _merge([o for o, _ in res], [lse for _, lse in res], rows.view(blocks, g.size, h, d).transpose(1, 2))
     return out
 
 
@@ -330,16 +345,22 @@ class WindowAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, groups, scale, q, *flat):
-        srcs = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]  # per source (k, v, mask)
+        srcs = [tuple(flat[i : i + 3]) for i in range(0, len(flat), 3)]  # per source (k, v, mask)
         n = q.size(0)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # (n, S, h, d)
-        lses = [_row_forward(q[r], [(k[r], v[r], None if m is None else m[r]) for k, v, m in srcs],
-                             groups, out[r], scale) for r in range(n)]
+        lses = [
+            _row_forward(q[r], [(k[r], v[r], None if m is None else m[r]) for k, v, m in srcs], groups, out[r], scale)
+            for r in range(n)
+        ]
         ctx.groups, ctx.scale, ctx.n_src = groups, scale, len(srcs)
         ctx.has_mask = [m is not None for _, _, m in srcs]
-        ctx.save_for_backward(q, out, *[t for s in srcs for t in s[:2]],
-                              *[m for _, _, m in srcs if m is not None],
-                              *[lse for row in lses for lse in row])
+        ctx.save_for_backward(
+            q,
+            out,
+            *[t for s in srcs for t in s[:2]],
+            *[m for _, _, m in srcs if m is not None],
+            *[lse for row in lses for lse in row],
+        )
         ctx.set_materialize_grads(True)
         return out
 
@@ -347,11 +368,11 @@ class WindowAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         saved = list(ctx.saved_tensors)
         q, out = saved[:2]
-        kv = saved[2:2 + 2 * ctx.n_src]
+        kv = saved[2 : 2 + 2 * ctx.n_src]
         n_masks = sum(ctx.has_mask)
-        masks_it = iter(saved[2 + 2 * ctx.n_src:2 + 2 * ctx.n_src + n_masks])
+        masks_it = iter(saved[2 + 2 * ctx.n_src : 2 + 2 * ctx.n_src + n_masks])
         masks = [next(masks_it) if has else None for has in ctx.has_mask]
-        lse_it = iter(saved[2 + 2 * ctx.n_src + n_masks:])
+        lse_it = iter(saved[2 + 2 * ctx.n_src + n_masks :])
         groups, scale = ctx.groups, ctx.scale
         n = q.size(0)
         grad_q = torch.zeros_like(q)
@@ -374,10 +395,17 @@ class WindowAttention(torch.autograd.Function):
                         b1 = min(g.blocks, b0 + step)
                         wc, gc = w._replace(start=w.start + b0 * w.stride), g._replace(blocks=b1 - b0)
                         dq, dk, dv = _flash_backward(
-                            (weights[i, b0:b1, ..., None] * dov[b0:b1]).to(q.dtype), qv[b0:b1],
-                            _kv_view(k, wc, b1 - b0), _kv_view(v, wc, b1 - b0), ov[b0:b1], lses[i, b0:b1],
-                            0.0, False, attn_mask=_mask_view(None if m is None else m[r], wc, gc, q.dtype),
-                            scale=scale)
+                            (weights[i, b0:b1, ..., None] * dov[b0:b1]).to(q.dtype),
+                            qv[b0:b1],
+                            _kv_view(k, wc, b1 - b0),
+                            _kv_view(v, wc, b1 - b0),
+                            ov[b0:b1],
+                            lses[i, b0:b1],
+                            0.0,
+                            False,
+                            attn_mask=_mask_view(None if m is None else m[r], wc, gc, q.dtype),
+                            scale=scale,
+                        )
                         gq[b0:b1].add_(dq)
                         _fold_into(grad_kv[2 * w.source][r], dk, wc)
                         _fold_into(grad_kv[2 * w.source + 1][r], dv, wc)
@@ -387,8 +415,9 @@ class WindowAttention(torch.autograd.Function):
         return (None, None, grad_q, *grads)
 
 
-def window_attention(q: Tensor, sources: List[tuple], groups: Sequence[QueryGroup],
-                     scale: Optional[float] = None, inplace: bool = False) -> Tensor:
+def window_attention(
+    q: Tensor, sources: List[tuple], groups: Sequence[QueryGroup], scale: Optional[float] = None, inplace: bool = False
+) -> Tensor:
     """Attention of query blocks over strided key windows, merged exactly (see module doc).
 
     q (n, S, h, d) token-major; ``sources`` [(keys (n, N, h, d), values (n, N, h, d),
@@ -403,6 +432,6 @@ def window_attention(q: Tensor, sources: List[tuple], groups: Sequence[QueryGrou
     for k, v, m in sources:
         flat += [k.contiguous(), v.contiguous(), None if m is None else m.contiguous()]
     if not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in [q] + flat)):
-        srcs = [tuple(flat[i:i + 3]) for i in range(0, len(flat), 3)]
+        srcs = [tuple(flat[i : i + 3]) for i in range(0, len(flat), 3)]
         return _gathered_forward(q.contiguous(), srcs, groups, scale, inplace=inplace and q.is_contiguous())
     return WindowAttention.apply(tuple(groups), scale, q.contiguous(), *flat)

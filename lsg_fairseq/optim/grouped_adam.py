@@ -17,6 +17,7 @@ every parameter, which fairseq's ``--fp16`` builds by default) carry no tags, so
 refuses them (fairseq then names ``--fp16-no-flatten-grads``); the plugin's tasks pass that flag
 for ``--fp16`` themselves (:mod:`lsg_fairseq.device_policy`).
 """
+
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -42,8 +43,12 @@ def group_parameters(params, lr: float, weight_decay: float):
         key = (name, scales)
         if key not in groups:
             groups[key] = {
-                "params": [], "group_name": name, "lr_scale": scales[0], "weight_decay_scale": scales[1],
-                "lr": lr * scales[0], "weight_decay": weight_decay * scales[1],
+                "params": [],
+                "group_name": name,
+                "lr_scale": scales[0],
+                "weight_decay_scale": scales[1],
+                "lr": lr * scales[0],
+                "weight_decay": weight_decay * scales[1],
             }
         groups[key]["params"].append(p)
     return list(groups.values())

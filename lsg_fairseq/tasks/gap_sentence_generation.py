@@ -10,6 +10,7 @@ Example ``i`` of epoch ``e`` depends only on ``(--seed, e, i)``; validation and 
 epoch 1, so their loss is comparable across epochs. Truncated sources/targets are counted per
 epoch and logged as ``gsg_src_trunc`` / ``gsg_tgt_trunc``.
 """
+
 import logging
 from dataclasses import dataclass, field
 from typing import Optional
@@ -20,10 +21,7 @@ from fairseq.tasks import register_task
 from omegaconf import II
 
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix, require_corpus_split
-from lsg_fairseq.tasks.long_document_summarization import (
-    LongDocumentSummarizationConfig,
-    LongDocumentSummarizationTask,
-)
+from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationConfig, LongDocumentSummarizationTask
 from lsg_text import gsg
 from lsg_text.errors import ConfigError
 
@@ -36,44 +34,51 @@ GSG_SELECTION_CHOICES = ChoiceEnum(list(gsg.SELECTION_STRATEGIES))
 class GapSentenceGenerationConfig(LongDocumentSummarizationConfig):
     gsg_ratio: float = field(
         default=0.2,
-        metadata={"help": "gap-sentence ratio: m = min(max(floor(n * ratio), 1), n) of a document's n "
-                  "sentences are selected (LOCOST 0.2, PEGASUS base 0.3)"},
+        metadata={
+            "help": "gap-sentence ratio: m = min(max(floor(n * ratio), 1), n) of a document's n "
+            "sentences are selected (LOCOST 0.2, PEGASUS base 0.3)"
+        },
     )
     gsg_ratio_max: Optional[float] = field(
         default=None,
-        metadata={"help": "if set, the ratio is drawn per document from U(--gsg-ratio, --gsg-ratio-max) "
-                  "(PEGASUS Large: 0.15..0.45)"},
+        metadata={
+            "help": "if set, the ratio is drawn per document from U(--gsg-ratio, --gsg-ratio-max) "
+            "(PEGASUS Large: 0.15..0.45)"
+        },
     )
     gsg_selection: GSG_SELECTION_CHOICES = field(
         default="ind_orig",
-        metadata={"help": "ind_orig: top ROUGE-1 F1 of each sentence vs the rest (PEGASUS/LOCOST default); "
-                  "seq: greedy ROUGE-1 of the selected set vs the rest; random; lead"},
+        metadata={
+            "help": "ind_orig: top ROUGE-1 F1 of each sentence vs the rest (PEGASUS/LOCOST default); "
+            "seq: greedy ROUGE-1 of the selected set vs the rest; random; lead"
+        },
     )
     gsg_score_noise: float = field(
         default=0.0,
-        metadata={"help": "ind_orig scores become score * (1 + sigma * N(0,1)) (PEGASUS dynamic_rouge; "
-                  "Large used 0.2)"},
+        metadata={
+            "help": "ind_orig scores become score * (1 + sigma * N(0,1)) (PEGASUS dynamic_rouge; Large used 0.2)"
+        },
     )
     gsg_mask_prob: float = field(
         default=1.0, metadata={"help": "probability that a gap sentence is replaced by one mask token"}
     )
     gsg_remove_prob: float = field(
         default=0.0,
-        metadata={"help": "probability that a gap sentence is removed from the source (LOCOST's "
-                  "pseudo-source: 1.0)"},
+        metadata={"help": "probability that a gap sentence is removed from the source (LOCOST's pseudo-source: 1.0)"},
     )
     gsg_keep_prob: float = field(
         default=0.0, metadata={"help": "probability that a gap sentence is left in the source intact"}
     )
     gsg_random_prob: float = field(
         default=0.0,
-        metadata={"help": "probability that a gap sentence is replaced by another sentence of the "
-                  "document; the four --gsg-*-prob must sum to 1"},
+        metadata={
+            "help": "probability that a gap sentence is replaced by another sentence of the "
+            "document; the four --gsg-*-prob must sum to 1"
+        },
     )
     gsg_mask_symbol: str = field(
         default="<mask>",
-        metadata={"help": "dictionary symbol of the mask-sentence token (e.g. <extra_id_0> for a T5 "
-                  "vocabulary)"},
+        metadata={"help": "dictionary symbol of the mask-sentence token (e.g. <extra_id_0> for a T5 vocabulary)"},
     )
     seed: int = II("common.seed")
 
@@ -89,9 +94,7 @@ def validate_gsg_config(cfg) -> None:
     if cfg.gsg_score_noise < 0:
         raise ConfigError(f"--gsg-score-noise must be >= 0, got {cfg.gsg_score_noise}")
     if cfg.gsg_score_noise > 0 and str(cfg.gsg_selection) != "ind_orig":
-        raise ConfigError(
-            f"--gsg-score-noise applies to --gsg-selection ind_orig only, not {cfg.gsg_selection}"
-        )
+        raise ConfigError(f"--gsg-score-noise applies to --gsg-selection ind_orig only, not {cfg.gsg_selection}")
     probs = (cfg.gsg_mask_prob, cfg.gsg_remove_prob, cfg.gsg_keep_prob, cfg.gsg_random_prob)
     try:
         gsg.validate_mask_probs(probs)
@@ -133,8 +136,12 @@ class GapSentenceGenerationTask(LongDocumentSummarizationTask):
             ratio_max=self.cfg.gsg_ratio_max,
             strategy=str(self.cfg.gsg_selection),
             score_noise=self.cfg.gsg_score_noise,
-            mask_probs=(self.cfg.gsg_mask_prob, self.cfg.gsg_remove_prob,
-                        self.cfg.gsg_keep_prob, self.cfg.gsg_random_prob),
+            mask_probs=(
+                self.cfg.gsg_mask_prob,
+                self.cfg.gsg_remove_prob,
+                self.cfg.gsg_keep_prob,
+                self.cfg.gsg_random_prob,
+            ),
             seed=self.cfg.seed,
             max_source_positions=self.cfg.max_source_positions,
             max_target_positions=self.cfg.max_target_positions,

@@ -23,6 +23,7 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   ``grouped_adam``'s parameter groups, and running out of device memory in a step is one line
   naming the batch and the flags that shrink it (:mod:`lsg_fairseq.device_policy`).
 """
+
 import json
 import logging
 import os
@@ -34,11 +35,7 @@ from fairseq import metrics, utils
 from fairseq.data import Dictionary, LanguagePairDataset, PrependTokenDataset, encoders
 from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
-from fairseq.tasks.translation import (
-    TranslationConfig,
-    TranslationTask,
-    load_langpair_dataset,
-)
+from fairseq.tasks.translation import TranslationConfig, TranslationTask, load_langpair_dataset
 
 from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.binarized import check_binarized_pair, require_split
@@ -69,8 +66,9 @@ def parse_eval_rouge_args(text: str) -> dict:
         raise ConfigError(f"{flag}: expected a JSON object, got {type(args).__name__}; e.g. {DEFAULT_EVAL_ROUGE_ARGS}")
     unknown = sorted(set(args) - set(GENERATION_SETTINGS))
     if unknown:
-        raise ConfigError(f"{flag}: unknown key(s) {', '.join(map(repr, unknown))}; known: "
-                          f"{', '.join(GENERATION_SETTINGS)}")
+        raise ConfigError(
+            f"{flag}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(GENERATION_SETTINGS)}"
+        )
     for key, value in args.items():
         problem = GENERATION_SETTINGS[key].problem(value)
         if problem:
@@ -96,8 +94,10 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     # store_false flag, so a positive `--prepend-bos` would switch <s> *off*.
     no_prepend_bos: bool = field(
         default=False,
-        metadata={"help": "T5-style inputs: no <s> before source and target and no <s> generation prefix "
-                  "(default: the model's own convention, <s> for BART/LSG/LED, none for LOCOST)"},
+        metadata={
+            "help": "T5-style inputs: no <s> before source and target and no <s> generation prefix "
+            "(default: the model's own convention, <s> for BART/LSG/LED, none for LOCOST)"
+        },
     )
     truncate_target: bool = field(
         default=False,
@@ -108,7 +108,9 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     )
     eval_rouge_args: Optional[str] = field(
         default=DEFAULT_EVAL_ROUGE_ARGS,
-        metadata={"help": "generation args for --eval-rouge as JSON (beam, lenpen, max_len_b, min_len, no_repeat_ngram_size, ...)"},
+        metadata={
+            "help": "generation args for --eval-rouge as JSON (beam, lenpen, max_len_b, min_len, no_repeat_ngram_size, ...)"
+        },
     )
     eval_rouge_bpe: EVAL_ROUGE_BPE_CHOICES = field(
         default="gpt2",
@@ -174,8 +176,10 @@ class LongDocumentSummarizationTask(TranslationTask):
         if not paths or not os.path.isdir(paths[0]):
             raise MissingFileError(f"--data: data directory {cfg.data!r} does not exist")
         parse_eval_rouge_args(cfg.eval_rouge_args)  # refuse a bad option dictionary before any work
-        for flag, value in (("--max-source-positions", cfg.max_source_positions),
-                            ("--max-target-positions", cfg.max_target_positions)):
+        for flag, value in (
+            ("--max-source-positions", cfg.max_source_positions),
+            ("--max-target-positions", cfg.max_target_positions),
+        ):
             if value is not None and value < 2:
                 raise ConfigError(f"{flag} must be >= 2 (room for <s>/</s> and one token), got {value}")
         return super().setup_task(cfg, **kwargs)
@@ -295,19 +299,24 @@ class LongDocumentSummarizationTask(TranslationTask):
             if not too_long:
                 continue
             longest = int(max(sizes[i] for i in too_long))
-            head = (f"{where}: {len(too_long)} of {len(indices)} examples have a {side} longer than {limit} "
-                    f"tokens (first: example #{too_long[0]}, {int(sizes[too_long[0]])} tokens; longest {longest})")
+            head = (
+                f"{where}: {len(too_long)} of {len(indices)} examples have a {side} longer than {limit} "
+                f"tokens (first: example #{too_long[0]}, {int(sizes[too_long[0]])} tokens; longest {longest})"
+            )
             if max_tokens is not None and limit == max_tokens and limit < task_max:
-                raise ConfigError(f"{head}: --max-tokens {max_tokens} is smaller than one example; raise "
-                                  f"--max-tokens to at least {longest}, or lower --max-{side}-positions")
+                raise ConfigError(
+                    f"{head}: --max-tokens {max_tokens} is smaller than one example; raise "
+                    f"--max-tokens to at least {longest}, or lower --max-{side}-positions"
+                )
             if side == "target" and limit >= task_max:
                 raise ConfigError(
                     f"{head}: pass --truncate-target (truncates and counts them) or raise "
                     f"--max-target-positions {task_max} (for generation, score against the raw references, "
                     "e.g. generate_to_rouge.py --ref-file)"
                 )
-            raise ConfigError(f"{head}: the model accepts at most {limit} {side} tokens; lower "
-                              f"--max-{side}-positions to {limit}")
+            raise ConfigError(
+                f"{head}: the model accepts at most {limit} {side} tokens; lower --max-{side}-positions to {limit}"
+            )
 
     # ---------------------------------------------------------------- generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
@@ -316,11 +325,12 @@ class LongDocumentSummarizationTask(TranslationTask):
             extra.setdefault("symbols_to_strip_from_output", {self.tgt_dict.bos()})
         if seq_gen_cls is None and getattr(args, "print_alignment", None):
             # fairseq would pick its alignment generator, which leaves the beam size set (fairseq#3893)
-            raise ConfigError("--print-alignment: not supported by this task (its generator keeps the "
-                              "model's beam state, fairseq's alignment generator does not)")
+            raise ConfigError(
+                "--print-alignment: not supported by this task (its generator keeps the "
+                "model's beam state, fairseq's alignment generator does not)"
+            )
         return super().build_generator(
-            models, args, seq_gen_cls=seq_gen_cls or LongInputSequenceGenerator, extra_gen_cls_kwargs=extra,
-            **kwargs,
+            models, args, seq_gen_cls=seq_gen_cls or LongInputSequenceGenerator, extra_gen_cls_kwargs=extra, **kwargs
         )
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
@@ -329,8 +339,9 @@ class LongDocumentSummarizationTask(TranslationTask):
             src = sample["net_input"]["src_tokens"]
             prefix_tokens = src.new_full((src.size(0), 1), self.tgt_dict.bos())
         with device_policy.explain_out_of_memory(sample, "generation"):
-            return super().inference_step(generator, models, sample, prefix_tokens=prefix_tokens,
-                                          constraints=constraints)
+            return super().inference_step(
+                generator, models, sample, prefix_tokens=prefix_tokens, constraints=constraints
+            )
 
     # ---------------------------------------------------------------- devices and precision
     # vet_run: called by fairseq-train before any work (lsg_fairseq.fairseq_fixes.run_hooks)
@@ -372,22 +383,34 @@ class LongDocumentSummarizationTask(TranslationTask):
             return p
 
         if kind == "gpt2":
-            return encoders.build_bpe(Namespace(
-                bpe="gpt2",
-                gpt2_encoder_json=path("eval-rouge-gpt2-encoder-json", self.cfg.eval_rouge_gpt2_encoder_json, GPT2_FILES[0]),
-                gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, GPT2_FILES[1]),
-            ))
+            return encoders.build_bpe(
+                Namespace(
+                    bpe="gpt2",
+                    gpt2_encoder_json=path(
+                        "eval-rouge-gpt2-encoder-json", self.cfg.eval_rouge_gpt2_encoder_json, GPT2_FILES[0]
+                    ),
+                    gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, GPT2_FILES[1]),
+                )
+            )
         if kind == "sentencepiece":
-            spm_path = path("eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, SENTENCEPIECE_MODEL)
-            bpe = encoders.build_bpe(Namespace(
-                bpe="sentencepiece",
-                sentencepiece_model=spm_path,
-                sentencepiece_enable_sampling=False,
-                sentencepiece_alpha=None,
-            ))
+            spm_path = path(
+                "eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, SENTENCEPIECE_MODEL
+            )
+            bpe = encoders.build_bpe(
+                Namespace(
+                    bpe="sentencepiece",
+                    sentencepiece_model=spm_path,
+                    sentencepiece_enable_sampling=False,
+                    sentencepiece_alpha=None,
+                )
+            )
             # a model from another spm training would score <unk>-ridden text, not fail
-            check_sentencepiece_dictionary(bpe.sp, self.tgt_dict.symbols, f"--eval-rouge-sentencepiece-model {spm_path}",
-                                           f"the target dictionary of {data_dir}")
+            check_sentencepiece_dictionary(
+                bpe.sp,
+                self.tgt_dict.symbols,
+                f"--eval-rouge-sentencepiece-model {spm_path}",
+                f"the target dictionary of {data_dir}",
+            )
             return bpe
         return None
 

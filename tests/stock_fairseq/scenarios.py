@@ -7,6 +7,7 @@ docstring), on a tiny translation set; see README.md beside this file for why th
 written here instead of copied. ``tests/test_stock_fairseq.py`` runs this twice and compares.
 Run from an empty folder: ``--restore-file x.pt`` must name a file that does not exist.
 """
+
 import contextlib
 import json
 import logging
@@ -35,8 +36,21 @@ def make_data(root: str) -> str:
             f.write("\n".join(" ".join(reversed(line.split())) for line in lines) + "\n")
     data = os.path.join(root, "bin")
     args = options.get_preprocessing_parser().parse_args(
-        [*LANGS, "--trainpref", f"{raw}/train", "--validpref", f"{raw}/valid", "--testpref", f"{raw}/test",
-         "--destdir", data, "--joined-dictionary", "--workers", "1"])
+        [
+            *LANGS,
+            "--trainpref",
+            f"{raw}/train",
+            "--validpref",
+            f"{raw}/valid",
+            "--testpref",
+            f"{raw}/test",
+            "--destdir",
+            data,
+            "--joined-dictionary",
+            "--workers",
+            "1",
+        ]
+    )
     preprocess.main(args)
     return data
 
@@ -70,10 +84,38 @@ def train(data, save_dir, flags):
     from fairseq.distributed import utils as distributed_utils
     from fairseq_cli import train as train_cli
 
-    argv = [data, "--task", "translation", *LANGS, "--arch", "transformer_iwslt_de_en", *TINY,
-            "--optimizer", "nag", "--lr", "0.05", "--max-tokens", "500", "--max-epoch", "1", "--seed", "1",
-            "--no-progress-bar", "--log-format", "json", "--log-interval", "1", "--num-workers", "0",
-            "--distributed-world-size", "1", "--cpu", "--save-dir", save_dir, *flags]
+    argv = [
+        data,
+        "--task",
+        "translation",
+        *LANGS,
+        "--arch",
+        "transformer_iwslt_de_en",
+        *TINY,
+        "--optimizer",
+        "nag",
+        "--lr",
+        "0.05",
+        "--max-tokens",
+        "500",
+        "--max-epoch",
+        "1",
+        "--seed",
+        "1",
+        "--no-progress-bar",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--num-workers",
+        "0",
+        "--distributed-world-size",
+        "1",
+        "--cpu",
+        "--save-dir",
+        save_dir,
+        *flags,
+    ]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
     with json_logs() as logs:
         distributed_utils.call_main(cfg, train_cli.main)
@@ -81,8 +123,11 @@ def train(data, save_dir, flags):
 
 
 def losses(logs):
-    return {"train_loss": logs["train"][-1]["train_loss"], "valid_loss": logs["valid"][-1]["valid_loss"],
-            "num_updates": logs["train"][-1]["train_num_updates"]}
+    return {
+        "train_loss": logs["train"][-1]["train_loss"],
+        "valid_loss": logs["valid"][-1]["valid_loss"],
+        "num_updates": logs["train"][-1]["train_num_updates"],
+    }
 
 
 def activation_checkpointing(data, work):
@@ -90,9 +135,14 @@ def activation_checkpointing(data, work):
     --offload-activations leave the metrics unchanged; fairseq passes ``--restore-file x.pt``
     (no such file) there to mean "start fresh"."""
     flags = ["--restore-file", "x.pt", "--max-update", "2"]
-    runs = {name: losses(train(data, os.path.join(work, name), flags + extra))
-            for name, extra in (("baseline", []), ("checkpointed", ["--checkpoint-activations"]),
-                                ("offloaded", ["--offload-activations"]))}
+    runs = {
+        name: losses(train(data, os.path.join(work, name), flags + extra))
+        for name, extra in (
+            ("baseline", []),
+            ("checkpointed", ["--checkpoint-activations"]),
+            ("offloaded", ["--offload-activations"]),
+        )
+    }
     assert runs["checkpointed"] == runs["baseline"] == runs["offloaded"], runs
     return runs
 
@@ -107,16 +157,36 @@ def train_generate_resume(data, work):
 
     first = losses(train(data, work, []))
     files = sorted(os.listdir(work))
-    argv = [data, *LANGS, "--path", os.path.join(work, "checkpoint_last.pt"), "--beam", "3", "--nbest", "2",
-            "--max-len-b", "6", "--batch-size", "3", "--cpu", "--results-path", os.path.join(work, "gen")]
+    argv = [
+        data,
+        *LANGS,
+        "--path",
+        os.path.join(work, "checkpoint_last.pt"),
+        "--beam",
+        "3",
+        "--nbest",
+        "2",
+        "--max-len-b",
+        "6",
+        "--batch-size",
+        "3",
+        "--cpu",
+        "--results-path",
+        os.path.join(work, "gen"),
+    ]
     generate.main(convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_generation_parser(), argv)))
     with open(os.path.join(work, "gen", "generate-test.txt")) as f:
         hypotheses = sorted(line.rstrip("\n") for line in f if line.startswith(("H-", "P-")))
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([os.path.join(work, "checkpoint_last.pt")])
     resumed = train(data, work, ["--max-epoch", "2"])
-    return {"first": first, "files": files, "hypotheses": hypotheses, "seed": cfg.common.seed,
-            "parameters": sum(p.numel() for p in models[0].parameters()),
-            "resumed": {"epoch": resumed["train"][-1]["epoch"], **losses(resumed)}}
+    return {
+        "first": first,
+        "files": files,
+        "hypotheses": hypotheses,
+        "seed": cfg.common.seed,
+        "parameters": sum(p.numel() for p in models[0].parameters()),
+        "resumed": {"epoch": resumed["train"][-1]["epoch"], **losses(resumed)},
+    }
 
 
 def bart_beam_state(data, work):
@@ -127,8 +197,23 @@ def bart_beam_state(data, work):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.sequence_generator import SequenceGenerator
 
-    argv = [data, "--task", "translation", *LANGS, "--arch", "bart_base", *TINY, "--encoder-attention-heads", "2",
-            "--decoder-attention-heads", "2", "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16"]
+    argv = [
+        data,
+        "--task",
+        "translation",
+        *LANGS,
+        "--arch",
+        "bart_base",
+        *TINY,
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
+        "--encoder-ffn-embed-dim",
+        "16",
+        "--decoder-ffn-embed-dim",
+        "16",
+    ]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
     task = tasks.setup_task(cfg.task)
     torch.manual_seed(0)
@@ -176,7 +261,10 @@ def main(argv) -> None:
         data = make_data(root)
         for scenario in SCENARIOS:
             try:
-                results[scenario.__name__] = {"outcome": "passed", **scenario(data, os.path.join(root, scenario.__name__))}
+                results[scenario.__name__] = {
+                    "outcome": "passed",
+                    **scenario(data, os.path.join(root, scenario.__name__)),
+                }
             except BaseException as e:  # noqa: BLE001  (SystemExit too: a refusal printed as one line)
                 if isinstance(e, KeyboardInterrupt):
                     raise

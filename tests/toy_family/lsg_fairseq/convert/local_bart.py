@@ -1,6 +1,7 @@
 """Local-window BART, both ways: an HF BART folder with ``--to local_bart`` -> fairseq ``local_bart``
 -> an HF folder of BART's weights whose config names ``LocalBartForConditionalGeneration`` and
 holds the window (which converts back without ``--to``)."""
+
 from lsg_fairseq.convert.bart import BartFamily, is_bart_source
 from lsg_fairseq.convert.registry import register_family
 from lsg_fairseq.models.local_bart import LocalBARTModel
@@ -31,4 +32,5 @@ class LocalBartFamily(BartFamily):
     def benchmarks(self):
         def argv(length, args):
             return [self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(max(length, 1024))]
+
         return {"local_bart": argv}

@@ -1,5 +1,6 @@
 """Local-window BART (the toy family of tests/test_families.py): BART whose encoder tokens see only
 their neighbours up to ``--local-window`` positions away. ``--arch local_bart_base`` / ``local_bart_tiny``."""
+
 import functools
 
 from fairseq.models import register_model, register_model_architecture
@@ -25,8 +26,12 @@ class LocalBARTModel(LongInputBARTModel):
     @staticmethod
     def add_local_args(parser):
         """The window flag's one home, shared by fairseq-train and lsg-fairseq-convert."""
-        parser.add_argument("--local-window", type=POSITIVE_INT, metavar="W",
-                            help="each encoder token attends to the tokens at most W positions away")
+        parser.add_argument(
+            "--local-window",
+            type=POSITIVE_INT,
+            metavar="W",
+            help="each encoder token attends to the tokens at most W positions away",
+        )
 
     @classmethod
     def build_encoder(cls, args, src_dict, embed_tokens):

@@ -4,6 +4,7 @@ at most ``window`` positions away.
 fairseq's ``MultiheadAttention`` (same parameters, so BART weights load by name) with a band mask:
 dense, O(L^2), for the recipe's sake; a real encoder computes only the band.
 """
+
 import torch
 from fairseq.modules import MultiheadAttention
 
