@@ -29,7 +29,8 @@ setup(
     ],
     extras_require={
         # transformers: the export tests load exported folders with HF's own classes (offline)
-        "test": ["pytest", "transformers==4.47.1"],
+        # ruff: the lint and format checks of the suite (tests/test_lint.py; settings in pyproject.toml)
+        "test": ["pytest", "transformers==4.47.1", "ruff==0.17.6"],
         "plots": ["matplotlib"],
     },
     entry_points={

@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--chunk-words",
         type=NON_NEGATIVE_INT,
         default=0,
-        help="cut documents into runs of consecutive sentences of at most this many words (0: keep whole; ~4000 for books)",
+        help="cut documents into runs of consecutive sentences of at most this many words (0: keep whole; "
+        "~4000 for books)",
     )
     p.add_argument(
         "--min-sentences",
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sentence-splitter",
         choices=SENTENCE_SPLITTERS,
         default="regex",
-        help="regex: fast, the one ROUGE-Lsum uses; pysbd: slower, also splits lower-cased text (SumPubMed) (default: regex)",
+        help="regex: fast, the one ROUGE-Lsum uses; pysbd: slower, also splits lower-cased text (SumPubMed) "
+        "(default: regex)",
     )
     p.add_argument("--spm-model", default=None, help="sentencepiece model (tokenizer: sentencepiece)")
     p.add_argument(
@@ -94,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dict",
         default=None,
-        help="fairseq dict.txt mapping tokens to ids (default: dict.txt beside --spm-model; built from the first split for whitespace)",
+        help="fairseq dict.txt mapping tokens to ids (default: dict.txt beside --spm-model; built from the first "
+        "split for whitespace)",
     )
     p.add_argument(
         "--nwords",
@@ -206,7 +209,8 @@ def main(argv=None) -> int:
             if not split_docs[split]:
                 raise DataError(f"split {split!r}: no document with >= {args.min_sentences} sentences in {files}")
             print(
-                f"{split}: {len(split_docs[split])} documents ({dropped} with < {args.min_sentences} sentences dropped)",
+                f"{split}: {len(split_docs[split])} documents ({dropped} with < {args.min_sentences} sentences "
+                "dropped)",
                 file=sys.stderr,
             )
         dictionary, dict_path, encode = build_encoder(args, next(iter(split_docs.values())))

@@ -125,7 +125,8 @@ def main(argv=None) -> int:
             ):
                 f.write(json.dumps(ex, ensure_ascii=False) + "\n")
     print(
-        f"wrote {', '.join(f'{s}.jsonl ({sizes[s]})' for s in splits)} to {args.output_dir} in {time.time() - start:.1f} s",
+        f"wrote {', '.join(f'{s}.jsonl ({sizes[s]})' for s in splits)} to {args.output_dir} "
+        f"in {time.time() - start:.1f} s",
         file=sys.stderr,
     )
     return 0

@@ -74,13 +74,13 @@ def test_fixture_conformance(converted, S, layer_path):
         "none": run(none, x),  # --global-attention none
     }
     for G, (enc, logits) in cases.items():
-        e, l = max_diff(enc, logits, expected, S, G, lengths)
-        assert e <= TOL and l <= TOL, (S, G, e, l)
+        e, lg = max_diff(enc, logits, expected, S, G, lengths)
+        assert e <= TOL and lg <= TOL, (S, G, e, lg)
     # the explicit mask reproduces the modes too, and the modes really differ
-    e, l = max_diff(*run(none, x, x["global_attention_mask_first"].bool()), expected, S, "first", lengths)
-    assert e <= TOL and l <= TOL
-    e, l = max_diff(*run(first, x, x["global_attention_mask_none"].bool()), expected, S, "none", lengths)
-    assert e <= TOL and l <= TOL
+    e, lg = max_diff(*run(none, x, x["global_attention_mask_first"].bool()), expected, S, "first", lengths)
+    assert e <= TOL and lg <= TOL
+    e, lg = max_diff(*run(first, x, x["global_attention_mask_none"].bool()), expected, S, "none", lengths)
+    assert e <= TOL and lg <= TOL
     e, _ = max_diff(*cases["first"], expected, S, "none", lengths)
     assert e > 0.1  # global attention changes the outputs: the check above can fail
 

@@ -20,7 +20,6 @@ import lsg_fairseq
 from conftest import BIN, fairseq_cli, write_toy_dict
 from lsg_fairseq import device_policy
 from lsg_fairseq.optim.grouped_adam import GroupedAdam
-from lsg_text.errors import ConfigError
 
 LOCOST_TINY = [
     "--arch",

@@ -460,7 +460,7 @@ def test_train_then_generate_cli(word_data, tmp_path):
     # the real trainer path honours the SSM tags: own group, lr x (0.002 / 0.001), no weight decay
     assert "grouped_adam: group ssm: 10 tensors, lr x2.0, weight decay 0.0" in log
     assert "grouped_adam: group default:" in log and "weight decay 0.01" in log
-    hyps = [l for l in res.stdout.splitlines() if l.startswith("H-")]
+    hyps = [line for line in res.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 4
 
 

@@ -5,7 +5,6 @@ import json
 import os
 
 import pytest
-import torch
 
 from lsg_text.synthetic import (
     FIELDS,

@@ -14,7 +14,6 @@ import torch
 from lsg_text.synthetic import (
     ANIMALS,
     COLOURS,
-    FIELDS,
     MAX_COUNT,
     NAMES,
     SyntheticConfig,

@@ -15,7 +15,7 @@ from lsg_fairseq.modules.paths import forced_path
 from lsg_fairseq.modules.precision import clamp_fp16, fp16_in_play, within_fp16
 from lsg_fairseq.modules.s4d import S4D
 from lsg_fairseq.modules.t5_layers import T5Attention, T5DenseGatedGelu
-from lsg_fairseq.ops.ssm import vandermonde_blocked, vandermonde_naive
+from lsg_fairseq.ops.ssm import vandermonde_blocked
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 FP16_MAX = torch.finfo(torch.float16).max

@@ -72,7 +72,7 @@ def test_blocked_vandermonde_equals_naive_formula(length):
     a = torch.complex(-torch.exp(k.inv_A_real.double()), k.A_imag.double())
     b = torch.view_as_complex(k.B.double())
     c = torch.view_as_complex(k.C.double())
-    l = torch.arange(length, dtype=torch.float64)
+    pos = torch.arange(length, dtype=torch.float64)
     manual = torch.stack(
         [
             2
@@ -81,7 +81,7 @@ def test_blocked_vandermonde_equals_naive_formula(length):
                 * b[..., None]
                 * (torch.exp(dt[:, None] * a) - 1)[..., None]
                 / a[..., None]
-                * torch.exp(dt[:, None, None] * a[..., None] * l)
+                * torch.exp(dt[:, None, None] * a[..., None] * pos)
             )
             .sum(1)
             .real

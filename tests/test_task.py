@@ -74,7 +74,7 @@ def test_sources_truncated_and_counted_not_skipped(word_data):
     task.load_dataset("train")
     ds = task.dataset("train")
     assert len(ds) == 12  # nothing skipped
-    raw = [l.split() for l in open(os.path.join(word_data, "..", "raw", "train.source"))]
+    raw = [line.split() for line in open(os.path.join(word_data, "..", "raw", "train.source"))]
     expected = sum(1 for words in raw if len(words) + 1 > 63)  # +eos, -1 for the prepended <s>
     assert expected > 0
     assert task.truncation_counts["train"]["source"] == expected

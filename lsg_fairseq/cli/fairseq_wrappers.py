@@ -10,7 +10,8 @@ These wrappers run fairseq's own ``generate`` / ``interactive`` mains unchanged,
 ``--user-dir <this plugin>`` and ``--task long_document_summarization`` when they are not given,
 and they refuse a missing ``--path`` file up front with a message naming it. The plugin's refusals
 (a corrupt checkpoint, an over-long target, ...) are printed as one line with exit status 2:
-``fairseq-generate`` itself calls its ``main`` where no plugin can catch them (lsg_fairseq.fairseq_fixes.one_line_errors).
+``fairseq-generate`` itself calls its ``main`` where no plugin can catch them
+(lsg_fairseq.fairseq_fixes.one_line_errors).
 Every other flag is fairseq's (``lsg-fairseq-generate --help``).
 """
 

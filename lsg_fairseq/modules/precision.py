@@ -12,8 +12,9 @@ float16 tops out at 65504; bfloat16 has float32's range but 8 bits of mantissa. 
 - :func:`float32_region`: autocast off inside, for math that must stay float32 whatever the
   caller asked (the S4D kernel's Vandermonde product and FFT convolution: its phases and decays
   need float32, a bfloat16 kernel is ~1e-3 off);
-- :func:`autocast_on` / :func:`fp16_in_play`: whether autocast is on / whether ops on a tensor run in float16 (it is float16, or float16 autocast
-  is on for its device): where HF's T5 computes in float32 (its ``wo`` projection) or clamps;
+- :func:`autocast_on` / :func:`fp16_in_play`: whether autocast is on / whether ops on a tensor run
+  in float16 (it is float16, or float16 autocast is on for its device): where HF's T5 computes in
+  float32 (its ``wo`` projection) or clamps;
 - :func:`clamp_fp16`: HF T5's clamp of float16 hidden states (inf -> the largest finite value less
   a margin), a no-op for any other dtype; :func:`within_fp16` clamps a float32 tensor to float16's
   range before it meets a float16 op.

@@ -210,7 +210,7 @@ def _block_mask(
     """
     from torch.nn.attention.flex_attention import BlockMask
 
-    n, device = key_real.size(0), key_real.device
+    device = key_real.device
     c0 = torch.arange(0, kv_len, BLOCK, device=device)[None, :]  # (1, nk) first key of each tile
     c1 = (c0 + BLOCK).clamp(max=kv_len) - 1  # last key
     touched = torch.zeros(runs[0][0].size(0), c0.size(1), dtype=torch.bool, device=device)

@@ -109,7 +109,8 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     eval_rouge_args: Optional[str] = field(
         default=DEFAULT_EVAL_ROUGE_ARGS,
         metadata={
-            "help": "generation args for --eval-rouge as JSON (beam, lenpen, max_len_b, min_len, no_repeat_ngram_size, ...)"
+            "help": "generation args for --eval-rouge as JSON (beam, lenpen, max_len_b, min_len, "
+            "no_repeat_ngram_size, ...)"
         },
     )
     eval_rouge_bpe: EVAL_ROUGE_BPE_CHOICES = field(
