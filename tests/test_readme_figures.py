@@ -20,7 +20,7 @@ FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 CHECKED = {
     "examples/long_range/README.md": ("", "## Protocol", "## Results", "## Order", "## What is shown"),
     "examples/long_context/README.md": ("## Results",),
-    "README.md": ("## Examples and benchmarks",),  # the demo's output is no committed table: see below
+    "README.md": ("## Two commands", "## Examples and benchmarks"),
 }
 
 
@@ -83,9 +83,16 @@ def test_unsourced_figures_are_caught(tmp_path, monkeypatch):
 
 
 def test_demo_output_names_the_commit_it_came_from():
-    """The top-level README's demo output is not a committed table: it says which commit printed it."""
+    """The top-level README's demo output says which commit printed it, and it is the output whose
+    tables are committed in examples/long_context/demo (the figures of the printed block are there)."""
     with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
         text = f.read()
     stamp = re.search(r"printed at commit ([0-9a-f]{7,40})", text)
     assert stamp, "the demo output names no commit"
     assert subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{stamp.group(1)}^{{commit}}"]).returncode == 0
+    with open(os.path.join(REPO, "examples", "long_context", "demo", "results.md"), encoding="utf-8") as f:
+        table = f.read()
+    assert f"code at commit {stamp.group(1)}" in table
+    block = FENCE.findall(text[stamp.end() :])[0]
+    numbers = {float(x) for x in NUMBER.findall(table)}
+    assert all(float(x) in numbers for x in PERCENT.findall(block)), block
