@@ -6,7 +6,7 @@ For each fixture case (LSG-BART: ``bart_plain``, ``lsg_none``, ``lsg_norm``, ``l
 ``led_w32`` with its first-token global mode; the LOCOST fixture) and each input set (long, mid,
 short), one row: the largest absolute difference of the encoder output (valid positions) and of
 the logits, float32 on the device against the reference's outputs (the fixture's own tolerance is
-1e-4) and against the CPU float32 result; bfloat16 and float16 as the relative error
+1e-4) and against the CPU float32 result (the CPU fast paths, forced); bfloat16 and float16 as the relative error
 ``|x - cpu| / |cpu|`` of the logits (their drift, no pass mark). On a GPU the layers take their
 whole-tensor paths; with ``--device cpu`` (the CI smoke) ``--layer-path whole`` forces them, so
 the comparison with the CPU result is not empty there either.
@@ -159,7 +159,7 @@ def check(fixtures, device, layer_path, dtypes, work, families=tuple(FAMILIES)):
     for cases in (FAMILIES[f] for f in families):
         for name, model_pt, sets in cases(fixtures, work):
             for S, run, valid, ref_enc, ref_logits in sets:
-                cpu_enc, cpu_logits = outputs(_load(model_pt), run, "cpu", torch.float32, "auto")
+                cpu_enc, cpu_logits = outputs(_load(model_pt), run, "cpu", torch.float32, "cpu")
                 enc, logits = outputs(_load(model_pt), run, device, torch.float32, layer_path)
                 row = {
                     "fixture": name,

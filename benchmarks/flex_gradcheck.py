@@ -12,14 +12,12 @@ smoke) compares the forward only.
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TOLERANCE = 1e-4  # float32 through two attention kernels; relative to each tensor's largest entry
+VOCAB = 60
 LSG = [
     "--block-size",
     "16",
@@ -51,36 +49,39 @@ CASES["led"] = [
 ]
 
 
-def build(argv, folder):
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-    from conftest import build_task_and_model, write_toy_dict
+def build(argv):
+    """A tiny model of ``argv`` (arch + flags) with random weights, as run.py builds its rows."""
+    from fairseq import options
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    from run import _Task, make_dictionary  # benchmarks/run.py, beside this script
 
     arch, *flags = argv
-    _, model = build_task_and_model(
-        [
-            write_toy_dict(folder),
-            "--task",
-            "long_document_summarization",
-            "--arch",
-            arch,
-            "--max-source-positions",
-            "256",
-            "--dropout",
-            "0",
-            "--attention-dropout",
-            "0",
-        ]
-        + flags
-    )
-    return model
+    ns = options.parse_args_and_arch(
+        options.get_training_parser(),
+        ["/nonexistent", "--task", "translation", "--arch", arch, "--max-source-positions", "256",
+         "--max-target-positions", "64", "--dropout", "0", "--attention-dropout", "0", *flags],
+    )  # fmt: skip
+    return ARCH_MODEL_REGISTRY[arch].build_model(ns, _Task(make_dictionary(VOCAB)))
+
+
+def batch(device):
+    """Two right-padded rows of 200 and 150 tokens (``<s> ... </s>``) and 7 decoder inputs."""
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, VOCAB, (2, 200), generator=g)
+    src[:, 0] = 0
+    for i, n in enumerate((200, 150)):
+        src[i, n - 1] = 2
+        src[i, n:] = 1
+    prev = torch.randint(4, VOCAB, (2, 7), generator=g)
+    prev[:, 0] = 2
+    return src.to(device), torch.tensor([200, 150], device=device), prev.to(device)
 
 
 def run(model, path, device, grad):
-    from conftest import toy_batch
-
     from lsg_fairseq.modules.paths import forced_path, paths_ran
 
-    src, lengths, prev = (t.to(device) for t in toy_batch(L=200, lengths=(200, 150)))
+    src, lengths, prev = batch(device)
     model.zero_grad(set_to_none=True)
     torch.manual_seed(1)  # lsh draws its random projections: the same ones on both paths
     with forced_path(model, path), torch.set_grad_enabled(grad):
@@ -107,29 +108,27 @@ def main(argv=None):
 
     grad = args.device != "cpu"
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for name in args.cases:
-            case = CASES[name]
-            torch.manual_seed(0)
-            model = build(case, folder).to(args.device).eval()
-            whole = run(model, "whole", args.device, grad)
-            flex = run(model, "flex", args.device, grad)
-            worst_grad = max((rel_max(flex[2][n], g) for n, g in whole[2].items()), default=0.0)
-            row = {
-                "case": name,
-                "ran": flex[3],
-                "encoder": rel_max(flex[0], whole[0]),
-                "logits": rel_max(flex[1], whole[1]),
-                "gradients": worst_grad if grad else None,
-                "tensors_with_gradients": len(flex[2]),
-            }
-            row["ok"] = flex[3] == "flex" and max(row["encoder"], row["logits"], worst_grad) <= TOLERANCE
-            rows.append(row)
-            print(
-                f"{name:<16} ran {flex[3]}: encoder {row['encoder']:.1e}, logits {row['logits']:.1e}"
-                + (f", gradients {worst_grad:.1e} ({len(flex[2])} tensors)" if grad else ", forward only"),
-                flush=True,
-            )
+    for name in args.cases:
+        torch.manual_seed(0)
+        model = build(CASES[name]).to(args.device).eval()
+        whole = run(model, "whole", args.device, grad)
+        flex = run(model, "flex", args.device, grad)
+        worst_grad = max((rel_max(flex[2][n], g) for n, g in whole[2].items()), default=0.0)
+        row = {
+            "case": name,
+            "ran": flex[3],
+            "encoder": rel_max(flex[0], whole[0]),
+            "logits": rel_max(flex[1], whole[1]),
+            "gradients": worst_grad if grad else None,
+            "tensors_with_gradients": len(flex[2]),
+        }
+        row["ok"] = flex[3] == "flex" and max(row["encoder"], row["logits"], worst_grad) <= TOLERANCE
+        rows.append(row)
+        print(
+            f"{name:<16} ran {flex[3]}: encoder {row['encoder']:.1e}, logits {row['logits']:.1e}"
+            + (f", gradients {worst_grad:.1e} ({len(flex[2])} tensors)" if grad else ", forward only"),
+            flush=True,
+        )
     result = {
         "device": args.device,
         "torch": torch.__version__,

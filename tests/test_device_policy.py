@@ -43,6 +43,13 @@ LOCOST_TINY = [
 ]
 
 
+def train_argv(data, save_dir, *flags):
+    """fairseq-train's arguments for 1-2 CPU updates of the tiny LOCOST on ``data``."""
+    return [str(data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization",
+            *LOCOST_TINY, "--truncate-target", "--lr", "1e-3", "--max-tokens", "2000", "--cpu",
+            "--save-dir", str(save_dir), *flags]  # fmt: skip
+
+
 def training_cfg(data, *flags, optimizer="grouped_adam"):
     argv = [
         str(data),
@@ -154,26 +161,7 @@ def test_vet_run_settles_non_flat_grads_for_grouped_adam_fp16_only(tmp_path, gpu
 def test_gpu_precisions_are_refused_on_cpu_in_one_line(word_data, tmp_path, flags, message):
     """fairseq-train itself: one line, exit 2, before any work (no checkpoint folder)."""
     proc = subprocess.run(
-        [
-            fairseq_cli("fairseq-train"),
-            str(word_data),
-            "--user-dir",
-            lsg_fairseq.user_dir(),
-            "--task",
-            "long_document_summarization",
-            *LOCOST_TINY,
-            "--truncate-target",
-            "--lr",
-            "1e-3",
-            "--max-tokens",
-            "2000",
-            "--max-update",
-            "1",
-            "--cpu",
-            "--save-dir",
-            str(tmp_path / "ck"),
-            *flags,
-        ],
+        [fairseq_cli("fairseq-train"), *train_argv(word_data, tmp_path / "ck", "--max-update", "1", *flags)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -223,32 +211,8 @@ def test_fairseq_train_out_of_memory_is_one_line_and_writes_nothing(word_data, t
     from lsg_fairseq.models.locost import LOCOSTModel
 
     monkeypatch.setattr(LOCOSTModel, "forward", raise_oom)
-    code, err = run_in_process(
-        train.cli_main,
-        [
-            "fairseq-train",
-            str(word_data),
-            "--user-dir",
-            lsg_fairseq.user_dir(),
-            "--task",
-            "long_document_summarization",
-            *LOCOST_TINY,
-            "--truncate-target",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--max-tokens",
-            "2000",
-            "--max-update",
-            "2",
-            "--cpu",
-            "--save-dir",
-            str(tmp_path / "ck"),
-        ],
-        monkeypatch,
-        capsys,
-    )
+    argv = ["fairseq-train", *train_argv(word_data, tmp_path / "ck", "--optimizer", "adam", "--max-update", "2")]
+    code, err = run_in_process(train.cli_main, argv, monkeypatch, capsys)
     assert code == 2
     assert err[-1].startswith("fairseq-train: error: device memory ran out in training on a batch of ")
     assert "--checkpoint-activations" in err[-1] and "CUDA OOM. Tried to allocate" in err[-1]
@@ -263,28 +227,7 @@ def test_generate_out_of_memory_is_one_line_and_leaves_no_partial_results(word_d
 
     ck = tmp_path / "ck"
     subprocess.run(
-        [
-            fairseq_cli("fairseq-train"),
-            str(word_data),
-            "--user-dir",
-            lsg_fairseq.user_dir(),
-            "--task",
-            "long_document_summarization",
-            *LOCOST_TINY,
-            "--truncate-target",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--max-tokens",
-            "2000",
-            "--max-update",
-            "1",
-            "--cpu",
-            "--save-dir",
-            str(ck),
-            "--no-epoch-checkpoints",
-        ],
+        [fairseq_cli("fairseq-train"), *train_argv(word_data, ck, "--optimizer", "adam", "--max-update", "1")],
         check=True,
         capture_output=True,
         timeout=300,
