@@ -4,6 +4,7 @@
 #   bash examples/long_context/run.sh            # ~35 min on 2 cores; results -> $OUT, table + plot -> here
 #   DEVICE=cuda PRECISION=bf16 bash examples/long_context/run.sh   # on a GPU (DEVICE=auto by default)
 #   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (what CI runs)
+#   DATA=only ... then DATA=reuse ...              # the data sets once (CPU), the models later (GPU time is short)
 #
 # 1. Data (lsg_text/synthetic.py): SHORT documents (50-150 words), MID ones (600-880 words,
 #    so every key lies before token 1,024) and LONG ones (3,200-3,550 words = 3.6K-4K pieces); each
@@ -40,21 +41,32 @@ U_EXTRA=${U_EXTRA:-300}    # extrapolation rows (d) and (e)
 ARCHS=${ARCHS:-"local_8 bart_1024 full_4096 lsg_norm lsg_none led locost"}  # local_8: the control (common.sh)
 EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
 REPORT_DIR=${REPORT_DIR:-$HERE}
+DATA=${DATA:-make}  # make | only (make the data sets, then stop) | reuse (the sets DATA=only made in $OUT)
+case $DATA in make|only|reuse) ;; *) echo "run.sh: error: DATA=$DATA: expected make, only or reuse" >&2; exit 2 ;; esac
 THREADS=${THREADS:-$(nproc)}
 export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
+device_name() { [ "$DEVICE" = cuda ] && python -c "import torch; print(' on', torch.cuda.get_device_name())" 2>/dev/null || true; }
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 
 # ------------------------------------------------------------------------------------------ data
 mkdir -p "$OUT"
-step "data: $N_SHORT short + $N_MID mid + $N_LONG long training documents, $N_TEST long test documents"
-synthetic_set "$OUT/long" "$OUT/long" --train "$N_LONG" --test "$N_TEST" --min-tokens 3200 --max-tokens 3550 \
-    --seed 1 --min-keys "$KEYS" --max-keys "$KEYS"
-synthetic_set "$OUT/short" "$OUT/long" --train "$N_SHORT" --test 10 --min-tokens 50 --max-tokens 150 --seed 2 \
-    --min-keys "$KEYS" --max-keys "$KEYS"
-synthetic_set "$OUT/mid" "$OUT/long" --train "$N_MID" --test 10 --min-tokens 600 --max-tokens 880 --seed 3 \
-    --min-keys "$KEYS" --max-keys "$KEYS"
+if [ "$DATA" = reuse ]; then
+    for set in long short mid; do
+        [ -f "$OUT/$set/bin/dict.source.txt" ] || { echo "run.sh: error: DATA=reuse: no $OUT/$set/bin (make it with DATA=only)" >&2; exit 2; }
+    done
+    step "data: reusing $OUT/{long,short,mid} (made by DATA=only with the same N_* and KEYS)"
+else
+    step "data: $N_SHORT short + $N_MID mid + $N_LONG long training documents, $N_TEST long test documents"
+    synthetic_set "$OUT/long" "$OUT/long" --train "$N_LONG" --test "$N_TEST" --min-tokens 3200 --max-tokens 3550 \
+        --seed 1 --min-keys "$KEYS" --max-keys "$KEYS"
+    synthetic_set "$OUT/short" "$OUT/long" --train "$N_SHORT" --test 10 --min-tokens 50 --max-tokens 150 --seed 2 \
+        --min-keys "$KEYS" --max-keys "$KEYS"
+    synthetic_set "$OUT/mid" "$OUT/long" --train "$N_MID" --test 10 --min-tokens 600 --max-tokens 880 --seed 3 \
+        --min-keys "$KEYS" --max-keys "$KEYS"
+    [ "$DATA" = only ] && { step "data only: done"; exit 0; }
+fi
 
 # ------------------------------------------------------------------------------------ the models
 for row in $ARCHS; do
@@ -97,6 +109,6 @@ fi
 
 step "report -> $REPORT_DIR"
 python "$HERE/report.py" --out "$OUT" --report-dir "$REPORT_DIR" --archs $ARCHS \
-    --command "bash $HERE/run.sh" --settings "KEYS=$KEYS N_SHORT=$N_SHORT N_MID=$N_MID N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA THREADS=$THREADS" \
+    --command "bash $HERE/run.sh" --settings "KEYS=$KEYS N_SHORT=$N_SHORT N_MID=$N_MID N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA THREADS=$THREADS DEVICE=$DEVICE PRECISION=$PRECISION$(device_name)" \
     --wall "$(( $(date +%s) - start ))" --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)"
 step "done"

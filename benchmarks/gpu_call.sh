@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# A lent GPU machine's session in two device calls (the device tool runs each from the project root
+# there, `.gpu` carried: ../shared/gpu/README.md; what a call leaves in $OUT comes back, at most 8 files).
+#
+#   bash benchmarks/gpu_call.sh check COMMIT      # 1st call: set up; benchmarks/gpu_check.sh (BUDGET_S,
+#                                                 # default 440) while the long_context data is made on the
+#                                                 # CPUs; then starts the long_context run in its own session
+#   bash benchmarks/gpu_call.sh collect SECONDS   # 2nd call, at once: waits up to SECONDS for that run
+#
+# The long_context run (issue 31): examples/long_context/run.sh with DEVICE=cuda PRECISION=fp16,
+# ARCHS="lsg_norm bart_1024", no extrapolation rows, its default sizes and seeds. It starts only after
+# the check's last stage, so it never shares the GPU with a timed row, and it goes on between the two
+# calls. A dry run here: SETUP=/dev/null DEV=cpu LC_DEVICE=cpu LC_PRECISION=bf16 SMOKE=1 OUT=/tmp/o. Files back: cuda.md, cuda.json, gpu_check.tgz (the stages' logs and records); then
+# long_context_fp16.tgz (run log, report, train logs, recall).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS}
+RES=/tmp/gpu_results LC=/tmp/lc_fp16
+LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="lsg_norm bart_1024"
+        EXTRAPOLATION=0)
+: "${OUT:?gpu_call.sh: OUT, the folder whose files come back from the device call, is not set}"
+DEVICE_OUT=$OUT
+
+pack_long_context() {
+    [ -d "$LC" ] || return 0
+    (cd "$LC" && tar czf "$DEVICE_OUT/long_context_fp16.tgz" --ignore-failed-read run.log data.log finished report \
+        runs/*/train.log runs/*/time eval/*/recall.json eval/*/rouge.json eval/*/probe.json 2> /dev/null)
+}
+
+case $what in
+check)
+    commit=${2:?usage: gpu_call.sh check COMMIT}
+    # shellcheck source=/dev/null
+    source "${SETUP:-.gpu/device_setup.sh}"  # SETUP=/dev/null: this machine's python as it is (a dry run)
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu \
+        --format=csv > "$DEVICE_OUT/nvidia_smi.csv" 2>&1 || true
+    rm -rf "$RES" "$LC"; mkdir -p "$RES" "$LC"
+    # the CPUs make the data sets (sentencepiece, binarising) while the GPU is measured: one core of 16
+    env "${LC_ENV[@]}" DATA=only nice -n 19 bash examples/long_context/run.sh > "$LC/data.log" 2>&1 &
+    data_pid=$!
+    RESULTS=$RES COMMIT=$commit BUDGET_S=${BUDGET_S:-440} bash benchmarks/gpu_check.sh
+    cp "$RES/cuda.md" "$RES/cuda.json" "$DEVICE_OUT/" 2> /dev/null
+    (cd "$RES" && tar czf "$DEVICE_OUT/gpu_check.tgz" --exclude=gpu_check/train_smoke/data gpu_check)
+    if wait "$data_pid"; then
+        setsid nohup bash -c "env ${LC_ENV[*]@Q} DATA=reuse bash examples/long_context/run.sh > $LC/run.log 2>&1; \
+            echo \$? > $LC/finished" < /dev/null > /dev/null 2>&1 &
+        echo "long_context fp16 run started in the background (its log: $LC/run.log)"
+    else
+        echo "gpu_call.sh: the long_context data failed:"; tail -n 5 "$LC/data.log"
+        pack_long_context
+    fi
+    ;;
+collect)
+    wait_s=${2:?usage: gpu_call.sh collect SECONDS}
+    t0=$(date +%s)
+    while [ ! -f "$LC/finished" ] && [ $(( $(date +%s) - t0 )) -lt "$wait_s" ]; do sleep 5; done
+    if [ -f "$LC/finished" ]; then echo "long_context run ended, status $(cat "$LC/finished")"; else echo "long_context run still going after ${wait_s} s"; fi
+    grep "^== \|recall\|: nll_loss" "$LC/run.log" 2> /dev/null | tail -n 20
+    pack_long_context
+    ;;
+*) echo "gpu_call.sh: error: $what: expected check or collect" >&2; exit 2 ;;
+esac
