@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-TOLERANCE = 1e-4  # float32 through two attention kernels; relative to each tensor's largest entry
+TOLERANCE = 1e-4  # float32 through two attention kernels; relative to the largest entry (gradients: of the model)
 VOCAB = 60
 LSG = [
     "--block-size",
@@ -98,6 +98,21 @@ def rel_max(a, b):
     return float((a - b).abs().max() / b.abs().max().clamp(min=1e-30))
 
 
+def gradient_difference(test: dict, ref: dict):
+    """(largest |test - ref| entry over every parameter's gradient, relative to the largest entry of
+    any ``ref`` gradient; the parameter where it lies). One scale for the whole model, not one per
+    tensor: some gradients are zero in exact arithmetic (an attention's key bias adds the same
+    amount to every score of a row, which softmax cancels), so two correct kernels leave rounding
+    noise there (~1e-18 in float64, ~1e-9 in float32), and noise over noise is O(1)."""
+    scale = max(float(g.abs().max()) for g in ref.values())
+    worst, where = 0.0, None
+    for name, g in ref.items():
+        d = float((test[name] - g).abs().max()) / max(scale, 1e-30)
+        if d >= worst:
+            worst, where = d, name
+    return worst, where
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -113,20 +128,22 @@ def main(argv=None):
         model = build(CASES[name]).to(args.device).eval()
         whole = run(model, "whole", args.device, grad)
         flex = run(model, "flex", args.device, grad)
-        worst_grad = max((rel_max(flex[2][n], g) for n, g in whole[2].items()), default=0.0)
+        worst_grad, worst_at = gradient_difference(flex[2], whole[2]) if grad else (0.0, None)
         row = {
             "case": name,
             "ran": flex[3],
             "encoder": rel_max(flex[0], whole[0]),
             "logits": rel_max(flex[1], whole[1]),
             "gradients": worst_grad if grad else None,
+            "gradients_worst_at": worst_at,
+            "gradient_scale": "the model's largest gradient entry",
             "tensors_with_gradients": len(flex[2]),
         }
         row["ok"] = flex[3] == "flex" and max(row["encoder"], row["logits"], worst_grad) <= TOLERANCE
         rows.append(row)
         print(
             f"{name:<16} ran {flex[3]}: encoder {row['encoder']:.1e}, logits {row['logits']:.1e}"
-            + (f", gradients {worst_grad:.1e} ({len(flex[2])} tensors)" if grad else ", forward only"),
+            + (f", gradients {worst_grad:.1e} at {worst_at} ({len(flex[2])} tensors)" if grad else ", forward only"),
             flush=True,
         )
     result = {

@@ -8,7 +8,7 @@
 #   bash benchmarks/gpu_call.sh collect SECONDS   # 2nd call, at once: waits up to SECONDS for that run
 #
 # The long_context run (issue 31): examples/long_context/run.sh with DEVICE=cuda PRECISION=fp16,
-# ARCHS="lsg_norm bart_1024", no extrapolation rows, its default sizes and seeds. It starts only after
+# ARCHS="lsg_norm bart_1024" (LC_ARCHS; on the first H200 lsg_norm alone took 374 s), no extrapolation rows, its default sizes and seeds. It starts only after
 # the check's last stage, so it never shares the GPU with a timed row, and it goes on between the two
 # calls. A dry run here: SETUP=/dev/null DEV=cpu LC_DEVICE=cpu LC_PRECISION=bf16 SMOKE=1 OUT=/tmp/o. Files back: cuda.md, cuda.json, gpu_check.tgz (the stages' logs and records); then
 # long_context_fp16.tgz (run log, report, train logs, recall).
@@ -16,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS}
 RES=/tmp/gpu_results LC=/tmp/lc_fp16
-LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="lsg_norm bart_1024"
+LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="${LC_ARCHS:-lsg_norm bart_1024}"
         EXTRAPOLATION=0)
 : "${OUT:?gpu_call.sh: OUT, the folder whose files come back from the device call, is not set}"
 DEVICE_OUT=$OUT
@@ -24,7 +24,7 @@ DEVICE_OUT=$OUT
 pack_long_context() {
     [ -d "$LC" ] || return 0
     (cd "$LC" && tar czf "$DEVICE_OUT/long_context_fp16.tgz" --ignore-failed-read run.log data.log finished report \
-        runs/*/train.log runs/*/time eval/*/recall.json eval/*/rouge.json eval/*/probe.json 2> /dev/null)
+        runs/*/train.log runs/*/time eval/*/hypotheses.out eval/*/recall.json eval/*/rouge.json eval/*/probe.json 2> /dev/null)
 }
 
 case $what in

@@ -10,9 +10,10 @@
 #   1. conformance on every fixture: float32 on the device against the references and the CPU;
 #      bfloat16 and float16 drift (benchmarks/device_conformance.py); LSG (every sparsity type) and
 #      LED on the flex path against the whole-tensor path, outputs and gradients (flex_gradcheck.py);
-#   2. encoder forward at 16K and 64K: linear, bart, lsg_norm, led, locost (bf16, batch 1, base);
+#   2. encoder forward at 16K and 64K: linear, bart, lsg_norm, led, locost (bf16, batch 1, base), and
+#      one profiled call of each (gpu_check/profile_<arch>_enc_<length>.txt: the kernels by device time);
 #   3. fairseq-train smokes (30 updates, tiny archs) with --fp16 and --bf16: finite, decreasing loss,
-#      LOCOST's parameter group lines in the log;
+#      LOCOST's parameter group lines in the log (the four runs side by side on the GPU);
 #   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
 #   5. while time is left: LOCOST with the fused (compiled) kernel generator at 16K, LSG and LED on
 #      the whole-tensor path (what flex replaces on CUDA) at 16K,
@@ -99,7 +100,7 @@ fi
 stage conformance 60 "$PYTHON" benchmarks/device_conformance.py "${conformance[@]}" --out "$work/conformance.json"
 stage flex_grad 40 "$PYTHON" benchmarks/flex_gradcheck.py "${flex[@]}" --out "$work/flex_grad.json"
 # 2. encoder forward
-stage enc 60 "$PYTHON" "${bench[@]}" --tag enc --modes enc --lengths "$L16" "$L64" \
+stage enc 60 "$PYTHON" "${bench[@]}" --tag enc --modes enc --lengths "$L16" "$L64" --profile \
     --arch linear bart lsg_norm led locost
 # 3. fairseq-train smokes
 stage train_smoke 60 bash benchmarks/gpu_train_smoke.sh "$work/train_smoke" "$DEV" "$UPDATES" "$TRAIN_TOKENS" \

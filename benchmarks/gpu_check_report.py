@@ -169,13 +169,25 @@ def markdown(result, work) -> str:
     if flex:
         out.append(
             f"Largest difference relative to the whole-tensor path's largest entry, on `{flex['device']}`"
-            + (", gradients of every parameter" if flex["backward"] else " (forward only: no flex backward on CPU)")
+            + (
+                ", gradients of every parameter"
+                + (
+                    " relative to the model's largest gradient entry"
+                    if flex["rows"] and "gradients_worst_at" in flex["rows"][0]
+                    else " each relative to its own largest entry (a metric since replaced: zero gradients, "
+                    "such as the attentions' key biases, compare rounding noise with rounding noise)"
+                )
+                if flex["backward"]
+                else " (forward only: no flex backward on CPU)"
+            )
             + f"; tolerance {flex['tolerance']:g}.\n"
         )
         out.append("| case | path taken | encoder | logits | gradients | within |")
         out.append("|---|---|---:|---:|---:|---|")
         for r in flex["rows"]:
             g = "-" if r["gradients"] is None else f"{r['gradients']:.1e}"
+            if r.get("gradients_worst_at"):
+                g += f" ({r['gradients_worst_at']})"
             out.append(
                 f"| {r['case']} | {r['ran']} | {r['encoder']:.1e} | {r['logits']:.1e} | {g} | "
                 f"{'yes' if r['ok'] else '**NO**'} |"

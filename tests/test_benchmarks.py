@@ -536,3 +536,24 @@ def test_breakdown_of_a_real_cpu_trace_adds_up(run_module):
     parts = split["ssm_kernel_s"] + split["ssm_proj_s"] + split["ssm_conv_s"]
     assert split["ssm_kernel_s"] > 0 and split["ssm_proj_s"] > 0 and split["ssm_conv_s"] > 0
     assert parts == pytest.approx(split["ssm_layer_s"]) and split["ssm_layer_s"] <= split["ssm_total_s"]
+
+
+def test_flex_gradient_check_scales_by_the_model_not_by_each_tensor():
+    """The GPU check's gradient comparison (benchmarks/flex_gradcheck.py) on two correct computations:
+    the whole-tensor path's gradients in float32 against float64, CPU. An attention's key bias has a
+    zero gradient in exact arithmetic, so each tensor's own scale compares rounding noise with noise
+    (the first GPU reading's 1.5-2.8); the model's scale passes them and still catches a real error."""
+    check = load("benchmarks/flex_gradcheck.py", "flex_gradcheck")
+    torch.manual_seed(0)
+    model = check.build(check.CASES["lsg_norm"]).eval()
+    single = check.run(model, "whole", "cpu", True)[2]
+    double = check.run(model.double(), "whole", "cpu", True)[2]
+    per_tensor = max(check.rel_max(single[n].double(), g) for n, g in double.items())
+    worst, where = check.gradient_difference({n: g.double() for n, g in single.items()}, double)
+    assert per_tensor > 1 and "k_proj.bias" in max(double, key=lambda n: check.rel_max(single[n].double(), double[n]))
+    assert worst < check.TOLERANCE and where in double
+    wrong = dict(double)
+    name = "encoder.layers.0.self_attn.v_proj.weight"
+    wrong[name] = double[name] * 1.01  # a 1% error in one attention's gradient
+    assert check.gradient_difference(wrong, double)[0] > check.TOLERANCE
+    assert check.gradient_difference(wrong, double)[1] == name

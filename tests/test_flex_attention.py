@@ -191,6 +191,25 @@ def test_block_tables_need_no_query_by_key_grid():
     assert max(largest) <= 2 * 769 * 769, max(largest)  # (rows, tiles, tiles); t x t would be 4.3e9
 
 
+@pytest.mark.parametrize("t", [16384, 65536])
+def test_block_tables_keep_a_constant_number_of_tiles_per_query_tile(t):
+    """The kernel's work grows with the tokens, not faster: base LSG (3 local key tiles, the sparse
+    entries of 1-2 tiles each side, the global's tile) and LED with a 1,024 window (its band: 9
+    tiles) keep the same number of key tiles per query tile at 16K and 64K (benchmarks/flex_gpu_notes.md
+    asked whether LSG's 6.1x time for 4x tokens on the first GPU reading came from the tables)."""
+    G = 1
+    layout = flex.LSGLayout(t, G, 128, 64, 128, t // 2)
+    key_ok = torch.ones(1, t + G, dtype=torch.bool)
+    lsg = flex.lsg_block_mask(
+        layout, key_ok, flex.lsg_mask_mod(layout, key_ok, torch.ones(1, 12, t // 2, dtype=torch.bool))
+    )
+    real = torch.ones(1, t, dtype=torch.bool)
+    led = flex.led_block_mask(512, real, real & False, flex.led_mask_mod(512, real, real & False))
+    for mask, most in ((lsg, 7), (led, 9)):
+        kept = mask.kv_num_blocks + mask.full_kv_num_blocks  # (1, 1, query tiles)
+        assert int(kept.max()) <= most and float(kept.float().mean()) > most - 1, (t, kept.float().mean())
+
+
 # ----------------------------------------------------------------------------- layers on the flex path
 def _flex(layer):
     layer.path = FLEX
