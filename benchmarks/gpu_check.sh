@@ -15,7 +15,8 @@
 #   3. fairseq-train smokes (30 updates, tiny archs) with --fp16 and --bf16: finite, decreasing loss,
 #      LOCOST's parameter group lines in the log (the four runs side by side on the GPU);
 #   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
-#   5. while time is left: LOCOST with the fused (compiled) kernel generator at 16K, LSG and LED on
+#   5. while time is left: LOCOST with the fused (compiled) kernel generator at 16K (its product in
+#      float32, then TF32 for training), LSG and LED on
 #      the whole-tensor path (what flex replaces on CUDA) at 16K,
 #      4K rows, hf_bart / hf_led, generation at 16K (beam 4), LOCOST at 600K.
 # Benchmark rows run in one process per stage (run.py --one-process): spawning one per row cost
@@ -113,6 +114,8 @@ stage train64k_ckpt 40 "$PYTHON" "${bench[@]}" --tag train64k_ckpt --modes train
 # 5. while time is left
 stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \
     --arch locost locost_cold
+stage fused16k_tf32 40 "$PYTHON" "${bench[@]}" --tag fused16k_tf32 --modes train --lengths "$L16" --locost-kernel-compile \
+    --locost-kernel-product tf32 --arch locost
 stage whole16k 40 "$PYTHON" "${bench[@]}" --tag whole16k --modes enc train --lengths "$L16" --layer-path whole \
     --arch lsg_norm led
 stage extra4k 40 "$PYTHON" "${bench[@]}" --tag extra4k --modes enc train --lengths "$L4" \

@@ -19,6 +19,7 @@ BENCH_STAGES = (
     ("train16k", "4a. Forward + backward of the whole model"),
     ("train64k_ckpt", "4b. Forward + backward with --checkpoint-activations"),
     ("fused16k", "5a. LOCOST with the fused (torch.compile'd) kernel generator, cached and not"),
+    ("fused16k_tf32", "5a'. LOCOST training with the fused generator's product in TF32 (--ssm-kernel-product)"),
     ("whole16k", "5b. LSG and LED on the whole-tensor path (gathered keys; flex replaces it on CUDA)"),
     ("extra4k", "5c. 4K tokens"),
     ("peers16k", "5d. The HF peers at 16K"),

@@ -201,6 +201,12 @@ def parse_args(argv=None):
         help="the locost archs with --ssm-kernel-compile (the fused, torch.compile'd kernel generator)",
     )
     p.add_argument(
+        "--locost-kernel-product",
+        choices=["fp32", "tf32", "bf16"],
+        help="with --locost-kernel-compile: the generator's product precision when training in half "
+        "precision (--ssm-kernel-product)",
+    )
+    p.add_argument(
         "--ssm-breakdown-max-length",
         type=int,
         default=65536,

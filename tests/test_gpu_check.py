@@ -19,6 +19,7 @@ STAGES = [
     "train16k",
     "train64k_ckpt",
     "fused16k",
+    "fused16k_tf32",
     "whole16k",
     "extra4k",
     "peers16k",
@@ -93,6 +94,7 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
         assert config["one_process"] and config["dtype"] == "bf16"
     assert benchmarks["train64k_ckpt"]["runs"][-1]["config"]["checkpoint_activations"]
     assert benchmarks["fused16k"]["runs"][-1]["config"]["locost_kernel_compile"]
+    assert benchmarks["fused16k_tf32"]["runs"][-1]["config"]["locost_kernel_product"] == "tf32"
     assert {r["layer_path"] for r in benchmarks["whole16k"]["records"]} == {"whole"}
     locost = next(r for r in benchmarks["enc"]["records"] if r["arch"] == "locost")
     assert locost["ssm_conv_s"] >= 0 and 0 < locost["ssm_share"] < 1

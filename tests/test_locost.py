@@ -345,7 +345,11 @@ def test_checkpoint_activations_same_gradients(word_data):
 
 @pytest.mark.parametrize(
     "flag,value,match",
-    [("--d-state", "7", "--d-state must be even"), ("--ssm-dt-min", "0.5", "--ssm-dt-min <= --ssm-dt-max")],
+    [
+        ("--d-state", "7", "--d-state must be even"),
+        ("--ssm-dt-min", "0.5", "--ssm-dt-min <= --ssm-dt-max"),
+        ("--ssm-kernel-product", "bf16", "mode of the fused generator: add --ssm-kernel-compile True"),
+    ],
 )
 def test_bad_flags_refused(word_data, flag, value, match):
     """Refused at build: what a single value's range cannot say (parity, an order between flags)."""
@@ -362,6 +366,7 @@ def test_bad_flags_refused(word_data, flag, value, match):
         ("--dropout", "1.5", "argument --dropout: must be a number in [0, 1)"),
         ("--ssm-kernel-tail-tol", "-1", "argument --ssm-kernel-tail-tol: must be a number >= 0"),
         ("--relative-attention-num-buckets", "2", "argument --relative-attention-num-buckets: must be an integer >= 4"),
+        ("--ssm-kernel-product", "fp8", "argument --ssm-kernel-product: must be one of fp32, tf32, bf16, got 'fp8'"),
     ],
 )
 def test_out_of_range_flags_refused_when_parsed(word_data, flag, value, match, capsys):

@@ -451,3 +451,76 @@ def test_fused_generator_matches_the_naive_formula_and_the_eager_layer():
     assert torch.allclose(outs[0], outs[1], atol=1e-5)
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_tf32_rounding_keeps_ten_mantissa_bits_to_nearest():
+    """ops.ssm.round_to_tf32, the CPU's stand-in for a GPU's TF32 operands: 10 explicit bits, to
+    nearest, ties away from zero; exact values unchanged."""
+    from lsg_fairseq.ops.ssm import round_to_tf32
+
+    ulp = 2.0**-10
+    x = torch.tensor([1.0, 1 + ulp, 1 + ulp / 2, 1 + ulp / 4, 1 + 3 * ulp / 4, -(1 + ulp / 2), 3.0e-3, 0.0])
+    want = torch.tensor([1.0, 1 + ulp, 1 + ulp, 1.0, 1 + ulp, -(1 + ulp)])
+    got = round_to_tf32(x)
+    assert torch.equal(got[:6], want[:6]) and got[7] == 0
+    assert abs(float(got[6]) / 3.0e-3 - 1) <= 2.0**-11  # within half a TF32 ulp
+    r = torch.randn(10_000)
+    bits = round_to_tf32(r).view(torch.int32)
+    assert torch.equal(bits & 0x1FFF, torch.zeros_like(bits))  # the 13 dropped bits are zero
+    assert ((round_to_tf32(r) - r).abs() <= r.abs() * 2.0**-11).all()
+
+
+@pytest.mark.parametrize("mode", ["fp32", "tf32", "bf16"])
+def test_generator_product_modes_within_their_bounds(mode):
+    """The fused generator's product modes (ops.ssm.PRODUCT_MODES) against the naive formula in
+    float64, relative to the kernel's largest entry, on perturbed layers of several sizes: within
+    the mode's stated bound (ops.ssm.PRODUCT_BOUNDS), and the reduced modes measurably coarser than
+    float32 (so the mode is really applied)."""
+    from lsg_fairseq.ops.ssm import PRODUCT_BOUNDS, vandermonde_blocked, vandermonde_naive
+
+    worst = 0.0
+    for seed, (H, N, L) in enumerate([(16, 64, 1000), (8, 512, 4096), (32, 64, 3000)]):
+        torch.manual_seed(seed)
+        layer = _perturbed_layer(H=H, N=N)
+        with torch.no_grad():
+            c_prime, dt_a = layer.kernel.discretize()
+            exact = vandermonde_naive(c_prime.to(torch.complex128), dt_a.to(torch.complex128), L)
+            got = vandermonde_blocked(c_prime, dt_a, L, product=mode)
+        assert got.dtype == torch.float32
+        worst = max(worst, float((got.double() - exact).abs().max() / exact.abs().max()))
+    assert worst <= PRODUCT_BOUNDS[mode]
+    if mode != "fp32":
+        assert worst > 10 * PRODUCT_BOUNDS["fp32"]
+
+
+def test_layer_uses_the_product_mode_only_when_training_in_half_precision(monkeypatch):
+    """--ssm-kernel-product reaches the generator when the activations are half precision (bf16
+    autocast here) and autograd is on, in the forward and in the backward's recomputation; float32
+    training uses fp32. (The compiled generator is the eager function, tested above; here the eager
+    function stands in for it.) The bf16 mode's layer output stays close to the fp32 mode's."""
+    from lsg_fairseq.modules import s4d as s4d_module
+    from lsg_fairseq.ops.ssm import blocked_circular_kernel
+
+    seen = []
+
+    def spy(*args):
+        seen.append(args[-1])
+        return blocked_circular_kernel(*args)
+
+    monkeypatch.setattr(s4d_module, "fused_circular_kernel", lambda: spy)
+    u, mask = _masked_batch(6, 50, 41)
+    outs = {}
+    for product in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        layer = _whole(_perturbed_layer(H=6, N=8)).train()
+        layer.kernel_compile, layer.kernel_product = True, product
+        seen.clear()
+        layer(u, mask).sum().backward()  # float32 activations
+        assert seen and set(seen) == {"fp32"}
+        seen.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(u, mask)
+        out.float().sum().backward()
+        assert len(seen) == (2 if layer.kernel.recompute else 1) and set(seen) == {product}
+        outs[product] = out.float()
+    assert (outs["bf16"] - outs["fp32"]).abs().max() <= 0.05 * outs["fp32"].abs().max()

@@ -488,6 +488,11 @@ class LOCOSTFamily(Family):
                     + ([] if cache is None else ["--ssm-kernel-cache-mb", str(cache)])
                     + (["--checkpoint-activations"] if checkpointed else [])
                     + (["--ssm-kernel-compile", "True"] if getattr(args, "locost_kernel_compile", False) else [])
+                    + (
+                        ["--ssm-kernel-product", args.locost_kernel_product]
+                        if getattr(args, "locost_kernel_product", None)
+                        else []
+                    )
                 )
 
             return argv

@@ -23,6 +23,7 @@ decay and ``lr_scale = --ssm-lr / --lr`` where they are made (``S4DKernel``); ``
 grouped_adam`` honours the tags.
 """
 
+import argparse
 import logging
 
 import torch
@@ -42,12 +43,21 @@ from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_fairseq.modules.s4d import KERNEL_TAIL_TOL
 from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
 from lsg_fairseq.modules.t5_layers import T5LayerNorm
+from lsg_fairseq.ops.ssm import PRODUCT_MODES
 from lsg_text.argtypes import FINITE_FLOAT, POSITIVE_INT, PROBABILITY, bool_flag, float_range, int_range
 from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+
 # Every model hyper-parameter: (flag, type, help). Defaults live in the arch functions only.
+def product_mode(value: str) -> str:
+    """argparse type of --ssm-kernel-product: one of ``ops.ssm.PRODUCT_MODES``."""
+    if value not in PRODUCT_MODES:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(PRODUCT_MODES)}, got {value!r}")
+    return value
+
+
 LOCOST_ARGS = [
     ("--d-model", POSITIVE_INT, "model width d (= H, the number of SSM channels)"),
     ("--d-state", int_range(2), "real SSM state size N per channel (stored as N/2 complex modes; released: 512)"),
@@ -104,6 +114,14 @@ LOCOST_ARGS = [
         "torch.compile'd generator (ops.ssm.fused_circular_kernel; one compile per "
         "new length) instead of eagerly",
     ),
+    (
+        "--ssm-kernel-product",
+        product_mode,
+        "with --ssm-kernel-compile, training in --fp16/--bf16/--amp: the precision of the kernel "
+        "generator's matrix product, fp32 (default), tf32 or bf16 (a GPU's matrix units; errors "
+        "against the exact kernel bounded by ops.ssm.PRODUCT_BOUNDS); float32 training and inference "
+        "always use fp32",
+    ),
     ("--max-source-positions", POSITIVE_INT, "longest source the task feeds (the encoder itself has no limit)"),
     ("--max-target-positions", POSITIVE_INT, "longest target / generation length"),
 ]
@@ -125,6 +143,11 @@ def check_locost_args(args) -> None:
         )
     if args.ssm_dt_min > args.ssm_dt_max:
         raise ConfigError(f"need --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
+    product = getattr(args, "ssm_kernel_product", "fp32")
+    if product != "fp32" and not bool_flag(getattr(args, "ssm_kernel_compile", False)):
+        raise ConfigError(
+            f"--ssm-kernel-product {product} is a mode of the fused generator: add --ssm-kernel-compile True"
+        )
 
 
 class LOCOSTEncoder(FairseqEncoder):
@@ -153,6 +176,7 @@ class LOCOSTEncoder(FairseqEncoder):
                 kernel_recompute=bool_flag(getattr(args, "ssm_kernel_recompute", True)),
                 lr_scale=ssm_lr_scale,
                 kernel_compile=bool_flag(getattr(args, "ssm_kernel_compile", False)),
+                kernel_product=getattr(args, "ssm_kernel_product", "fp32"),
             )
             blocks.append(wrap_layer(block, args))
         self.block = nn.ModuleList(blocks)
@@ -413,6 +437,7 @@ def locost_base_architecture(args):
         ssm_kernel_tail_tol=KERNEL_TAIL_TOL,
         ssm_kernel_recompute=True,
         ssm_kernel_compile=False,
+        ssm_kernel_product="fp32",
         max_source_positions=4096,
         max_target_positions=1024,
         checkpoint_activations=False,

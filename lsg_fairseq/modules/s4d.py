@@ -51,11 +51,13 @@ from torch.utils.checkpoint import checkpoint
 
 from lsg_fairseq.modules import s4d_inference
 from lsg_fairseq.modules.paths import PathChoice
-from lsg_fairseq.modules.precision import float32_region, fp16_in_play, within_fp16
+from lsg_fairseq.modules.precision import autocast_on, float32_region, fp16_in_play, within_fp16
 from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
 from lsg_fairseq.ops.ssm import (
+    PRODUCT_MODES,
     FFTConv,
     fused_circular_kernel,
+    tf32_matmul,
     channel_groups,
     circular_bidirectional_kernel,
     decay_lengths,
@@ -211,6 +213,13 @@ class S4DKernel(nn.Module):
         return vandermonde_naive(c_prime, dt_a, length)
 
 
+def _fused_kernel(c_prime, dt_a, length, fft_size, skip, max_chunk_elems, product):
+    """``ops.ssm.fused_circular_kernel`` with CUDA's TF32 on for the ``"tf32"`` product, also when
+    checkpointing recomputes it in backward (the same kernel both times)."""
+    with tf32_matmul(product == "tf32" and c_prime.is_cuda):
+        return fused_circular_kernel()(c_prime, dt_a, length, fft_size, skip, max_chunk_elems, product)
+
+
 def _whole_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int) -> torch.Tensor:
     """``grouped_kernel``'s signature for the ungrouped kernel (``groups`` unused)."""
     return vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems=WHOLE_KERNEL_ELEMS)  # (2 h L)
@@ -260,12 +269,21 @@ class S4D(PathChoice, nn.Module):
         kernel_recompute: bool = True,
         lr_scale: float = 1.0,
         kernel_compile: bool = False,
+        kernel_product: str = "fp32",
     ):
         super().__init__()
         self.H = d_model
         # the whole-tensor path generates its circular kernels with ops.ssm.fused_circular_kernel
         # (torch.compile) instead of eagerly: --ssm-kernel-compile, off until measured on a GPU
         self.kernel_compile = kernel_compile
+        # the fused generator's product when training in half precision (ops.ssm.PRODUCT_MODES)
+        if kernel_product not in PRODUCT_MODES:
+            raise ValueError(f"kernel_product must be one of {PRODUCT_MODES}, got {kernel_product!r}")
+        if kernel_product != "fp32" and not kernel_compile:
+            raise ValueError(
+                f"kernel_product {kernel_product!r} is a mode of the fused generator: needs kernel_compile"
+            )
+        self.kernel_product = kernel_product
         self.kernel = S4DKernel(
             d_model,
             d_state,
@@ -478,8 +496,9 @@ class S4D(PathChoice, nn.Module):
             with float32_region(u):
                 gated = self._whole_gated_convolution(k, q, u, fft_size)  # (B L H) in u's dtype
             return self._output(gated)
+        half = u.dtype in (torch.float16, torch.bfloat16) or autocast_on(u)
         with float32_region(u):
-            kc = self._whole_circular(L, fft_size)  # (H F)
+            kc = self._whole_circular(L, fft_size, product=self.kernel_product if half else "fp32")  # (H F)
             y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H) float32; keeps k and kc only
         return self._output(self._gate(y, q, u))
 
@@ -517,18 +536,21 @@ class S4D(PathChoice, nn.Module):
                 torch.mul(y, q[..., ch], out=out[..., ch])
         return out
 
-    def _whole_circular(self, length: int, fft_size: int, channels: slice = slice(None)) -> torch.Tensor:
+    def _whole_circular(
+        self, length: int, fft_size: int, channels: slice = slice(None), product: str = "fp32"
+    ) -> torch.Tensor:
         """The whole-tensor path's circular kernels (h, F) of ``channels`` for inputs of ``length``,
         ``D`` folded in: from :meth:`S4DKernel.forward` and :meth:`_circular`, or in one compiled
-        function (``kernel_compile``; recomputed in backward like the eager kernel)."""
+        function (``kernel_compile``; recomputed in backward like the eager kernel, its product in
+        ``product`` precision: float32 unless training in half precision with ``kernel_product``)."""
         if not self.kernel_compile:
             return self._circular(self.kernel(length, channels, whole=True), channels, fft_size)
         with record_function("s4d.kernel"), float32_region(self.D):
             c_prime, dt_a = self.kernel.discretize(channels)
-            args = (c_prime, dt_a, length, fft_size, self.D[channels].float(), WHOLE_KERNEL_ELEMS)
+            args = (c_prime, dt_a, length, fft_size, self.D[channels].float(), WHOLE_KERNEL_ELEMS, product)
             if self.kernel.recompute and torch.is_grad_enabled() and c_prime.requires_grad:
-                return checkpoint(fused_circular_kernel(), *args, use_reentrant=False)  # (h F)
-            return fused_circular_kernel()(*args)  # (h F)
+                return checkpoint(_fused_kernel, *args, use_reentrant=False)  # (h F)
+            return _fused_kernel(*args)  # (h F)
 
     def _circular(self, k: torch.Tensor, channels: slice, fft_size: int) -> torch.Tensor:
         """The circular bidirectional kernel (h, F) of kernels (2, h, L) with the D skip folded into

@@ -19,7 +19,8 @@ and the layer convolves its input with both kernels in one FFT: ``y[t] = sum_{s<
   out as one circular kernel (the skip ``D`` folded into lag 0);
 - :func:`blocked_circular_kernel`: the blocked product and that layout as one function, and
   :func:`fused_circular_kernel`, its ``torch.compile`` (the fused generator: the exponentials, the
-  operands of the product and the layout become a few kernels around the one bmm);
+  operands of the product and the layout become a few kernels around the one bmm), whose product
+  may run in TF32 or bfloat16 (:data:`PRODUCT_MODES`, :func:`round_to_tf32`);
 - :class:`FFTConv`: the FFT convolution for training, keeping only its input and kernel.
 """
 
@@ -74,6 +75,50 @@ def _exp_outer(x: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype):
     return mag * torch.cos(phase), mag * torch.sin(phase)
 
 
+# The fused generator's product: its one matrix product (the bulk of the generator's FLOPs) with
+# float32 operands, or TF32's (a GPU's matrix units in float32: 10 mantissa bits), or bfloat16's
+# (7 bits); the exponentials, their float64 phase and every sum outside the product stay float32.
+# Offered for training in half precision only, where the activations' own rounding (bf16: 2^-8
+# relative) is larger than what either mode adds to the kernel.
+PRODUCT_MODES = ("fp32", "tf32", "bf16")
+# Their errors against vandermonde_naive in float64, relative to the kernel's largest entry, as
+# tests/test_whole_tensor_paths.py measures them on random layers (the bounds it asserts)
+PRODUCT_BOUNDS = {"fp32": 1e-5, "tf32": 1e-3, "bf16": 1e-2}
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x`` rounded to TF32 (10 explicit mantissa bits; to nearest, ties away from zero,
+    as CUDA's ``cvt.rna.tf32.f32``): what a GPU's matrix units read in TF32 mode, on any device."""
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def _product(lhs: torch.Tensor, rhs: torch.Tensor, mode: str) -> torch.Tensor:
+    """``bmm(lhs, rhs)`` of float32 operands in ``mode`` (:data:`PRODUCT_MODES`), float32 out. TF32
+    on CUDA is the matrix units' own (the caller enables it: :func:`tf32_matmul`); elsewhere the
+    operands are rounded as they would be, and multiplied in float32."""
+    if mode == "bf16":
+        return torch.bmm(lhs.to(torch.bfloat16), rhs.to(torch.bfloat16)).float()
+    if mode == "tf32" and not lhs.is_cuda:
+        return torch.bmm(round_to_tf32(lhs), round_to_tf32(rhs))
+    return torch.bmm(lhs, rhs)
+
+
+class tf32_matmul:
+    """Context: CUDA float32 matrix products in TF32 while ``on`` (restored on exit)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+
+    def __enter__(self):
+        self.before = torch.backends.cuda.matmul.allow_tf32
+        if self.on:
+            torch.backends.cuda.matmul.allow_tf32 = True
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32 = self.before
+
+
 # Floats of temporaries per channel chunk of the blocked Vandermonde product on the CPU path: small
 # enough to stay near the cache (the whole-tensor path passes a larger budget).
 VANDERMONDE_CHUNK_ELEMS = 1 << 21
@@ -83,7 +128,11 @@ GROUP_RATIO = 0.8
 
 
 def vandermonde_blocked(
-    c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, max_chunk_elems: int = VANDERMONDE_CHUNK_ELEMS
+    c_prime: torch.Tensor,
+    dt_a: torch.Tensor,
+    length: int,
+    max_chunk_elems: int = VANDERMONDE_CHUNK_ELEMS,
+    product: str = "fp32",
 ) -> torch.Tensor:
     """Fast kernel: the same sum as :func:`vandermonde_naive`, as real batched matrix products.
 
@@ -97,7 +146,7 @@ def vandermonde_blocked(
     real dtype of ``c_prime`` (float32 for complex64, like the reference's complex64 sums).
     S ~ sqrt(L / 2) balances the elementwise work of the two factors (the right one is built twice,
     once per direction). Channels are processed in chunks of at most ``max_chunk_elems`` floats of
-    temporaries.
+    temporaries. ``product``: the bmm's precision (:data:`PRODUCT_MODES`; float32 inputs only).
 
     c_prime: (2, H, M) complex, dt_a: (H, M) complex -> (2, H, L) real in c_prime's real dtype.
     """
@@ -122,7 +171,7 @@ def vandermonde_blocked(
         # rows [Re; Im] of C' exp(dtA b); columns: direction-major (c, b)
         rhs = torch.cat([cr * zr - ci * zi, cr * zi + ci * zr], dim=2)  # (h 2 2M S)
         rhs = rhs.transpose(1, 2).reshape(rhs.shape[0], 2 * M, two * step)  # (h 2M 2S)
-        k = 2 * torch.bmm(lhs, rhs)  # (h A 2S)
+        k = 2 * (torch.bmm(lhs, rhs) if product == "fp32" else _product(lhs, rhs, product))  # (h A 2S)
         k = k.reshape(k.shape[0], n_blocks, two, step).transpose(1, 2)  # (h 2 A S)
         k = k.reshape(k.shape[0], two, n_blocks * step)[..., :length]  # (h 2 L)
         out.append(k)
@@ -214,10 +263,12 @@ def blocked_circular_kernel(
     fft_size: int,
     skip: Optional[torch.Tensor] = None,
     max_chunk_elems: int = VANDERMONDE_CHUNK_ELEMS,
+    product: str = "fp32",
 ) -> torch.Tensor:
     """``circular_bidirectional_kernel(vandermonde_blocked(...), fft_size, skip)``: (H, F) from C'
     (2, H, M) and dtA (H, M), in the layout the FFT convolution reads."""
-    return circular_bidirectional_kernel(vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems), fft_size, skip)
+    k = vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems, product)
+    return circular_bidirectional_kernel(k, fft_size, skip)
 
 
 _FUSED = []
