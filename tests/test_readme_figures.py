@@ -20,7 +20,7 @@ FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 CHECKED = {
     "examples/long_range/README.md": ("", "## Protocol", "## Results", "## Order", "## What is shown"),
     "examples/long_context/README.md": ("## Results",),
-    "README.md": ("## Two commands", "## Examples and benchmarks"),
+    "README.md": ("## Two commands", "## Examples and benchmarks", "## Mixed precision", "## On a GPU"),
 }
 
 
