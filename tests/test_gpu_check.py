@@ -118,7 +118,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
     assert (tmp_path / "cuda.md").read_text().count(
         "not measured"
-    ) == 1 + 1 + 1 + 9  # conformance, flex, smokes, benchmarks
+    ) == 1 + 1 + 1 + 10  # conformance, flex, smokes, benchmarks
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: DEV=cuda would run the whole check")
