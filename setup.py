@@ -30,7 +30,8 @@ setup(
     extras_require={
         # transformers: the export tests load exported folders with HF's own classes (offline)
         # ruff: the lint and format checks of the suite (tests/test_lint.py; settings in pyproject.toml)
-        "test": ["pytest", "transformers==4.47.1", "ruff==0.17.6"],
+        # mypy: the type check of the suite (tests/test_lint.py; the packages it checks in pyproject.toml)
+        "test": ["pytest", "transformers==4.47.1", "ruff==0.17.6", "mypy==2.4.1"],
         "plots": ["matplotlib"],
     },
     entry_points={

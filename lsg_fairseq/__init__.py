@@ -11,11 +11,14 @@ package that patches anything; it also allowlists what fairseq checkpoints conta
 
 import os
 
-from lsg_fairseq import fairseq_fixes
 from lsg_fairseq._autoimport import import_all
+from lsg_fairseq._fairseq_logs import quiet_import
 
-for _sub in ("models", "tasks", "optim"):
-    import_all(f"{__name__}.{_sub}", os.path.join(os.path.dirname(__file__), _sub))
+with quiet_import():  # the first import of fairseq here: without its import-time INFO lines
+    from lsg_fairseq import fairseq_fixes
+
+    for _sub in ("models", "tasks", "optim"):
+        import_all(f"{__name__}.{_sub}", os.path.join(os.path.dirname(__file__), _sub))
 fairseq_fixes.install()
 
 __version__ = "0.1.0"

@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import IO, BinaryIO, Dict, Iterator, List, Optional, Sequence, TextIO
+from typing import IO, Dict, Iterator, List, Optional, Sequence
 
 from lsg_text.errors import UserError
 
@@ -140,14 +140,14 @@ def atomic_files(paths: Sequence[str], mode: str = "wb", **open_kwargs) -> Itera
 
 
 @contextlib.contextmanager
-def atomic_write(path: str) -> Iterator[BinaryIO]:
+def atomic_write(path: str) -> Iterator[IO[bytes]]:
     """One binary file that replaces ``path`` all or nothing, durably (:func:`atomic_files`)."""
     with atomic_files([path]) as (handle,):
         yield handle
 
 
 @contextlib.contextmanager
-def atomic_outputs(paths: Sequence[str], inputs: Sequence[str] = ()) -> Iterator[List[TextIO]]:
+def atomic_outputs(paths: Sequence[str], inputs: Sequence[str] = ()) -> Iterator[List[IO[str]]]:
     """Open ``paths`` for writing (UTF-8, ``\\n`` line ends), committed together by
     :func:`atomic_files`: either every output appears complete or none is touched.
 
@@ -265,7 +265,7 @@ def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), fla
     tmp = tempfile.mkdtemp(prefix=_temp_prefix(out), suffix=".tmp", dir=parent)
     os.chmod(tmp, _usual_mode(0o777))
     _PENDING_FOLDERS[tmp] = out
-    leftover = tmp  # deleted at the end: the temp folder, or the old OUT once replaced
+    leftover: Optional[str] = tmp  # deleted at the end: the temp folder, or the old OUT once replaced
     try:
         yield tmp
         _fsync_tree(tmp)

@@ -72,20 +72,22 @@ def hypotheses_and_references(
     file: T- lines are rebuilt from the binarized target, so unknown words show as ``<<unk>>``).
     """
     ids = sorted(examples)
-    no_hyp = [i for i in ids if examples[i].best_hypothesis is None]
+    hyps = {i: h for i in ids if (h := examples[i].best_hypothesis) is not None}
+    no_hyp = [i for i in ids if i not in hyps]
     if no_hyp:
         raise DataError(f"{path}: ids {_short(no_hyp)} have S-/T- lines but no H-/D- line")
     if references is None:
-        no_ref = [i for i in ids if examples[i].target is None]
+        targets = {i: t for i in ids if (t := examples[i].target) is not None}
+        no_ref = [i for i in ids if i not in targets]
         if no_ref:
             raise DataError(f"{path}: ids {_short(no_ref)} have no T- line; pass the reference file instead")
-        refs = [examples[i].target for i in ids]
+        refs = [targets[i] for i in ids]
     else:
         too_big = [i for i in ids if i >= len(references)]
         if too_big:
             raise DataError(f"{path}: ids {_short(too_big)} exceed the {len(references)} lines of the reference file")
         refs = [references[i] for i in ids]
-    return ids, [examples[i].best_hypothesis for i in ids], refs
+    return ids, [hyps[i] for i in ids], refs
 
 
 def _short(ids: List[int], k: int = 10) -> str:

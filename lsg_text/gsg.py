@@ -161,11 +161,13 @@ def select_gap_sentences(
     if strategy == "lead":
         return list(range(m))
     if strategy == "random":
+        assert rng is not None  # refused above
         return sorted(rng.choice(n, size=m, replace=False).tolist()) if m else []
     if strategy == "seq":
         return select_seq(sentences_words, m)
     scores = ind_orig_scores(sentences_words)
     if score_noise > 0:
+        assert rng is not None  # refused above
         scores = scores * (1.0 + score_noise * rng.standard_normal(n))
     return top_m(scores.tolist(), m)
 
@@ -180,7 +182,7 @@ def validate_mask_probs(probs: Sequence[float]) -> Tuple[float, float, float, fl
             f"mask-action probabilities (mask, remove, keep, random) must sum to 1, got "
             f"{list(probs)} (sum {sum(probs)})"
         )
-    return tuple(float(p) for p in probs)  # type: ignore[return-value]
+    return float(probs[0]), float(probs[1]), float(probs[2]), float(probs[3])
 
 
 def draw_mask_actions(m: int, probs: Sequence[float], rng: Optional[np.random.Generator]) -> List[int]:
@@ -220,6 +222,8 @@ def build_source_target(
         elif action == MASK or (action == RANDOM and n < 2):
             source.append([mask_token])
         elif action == RANDOM:
+            if rng is None:
+                raise ValueError("the RANDOM mask action needs an rng")
             j = int(rng.integers(n - 1))
             source.append(sentences_tokens[j + (j >= i)])  # skip i itself
         elif action != REMOVE:

@@ -456,8 +456,12 @@ def make_example(rng: random.Random, cfg: SyntheticConfig, example_id: str, spli
     return {"id": example_id, "document": document, "summary": summary_from_facts(facts), "keys": keys}
 
 
-def _assemble(filler: List[str], specials: List[list], at: Dict[Tuple[str, int], int]):
-    """Sentences of the document and the word offset of each special ``[text, role, index]``: each
+# A sentence placed among the filler: (text, role, index); its position is ``at[(role, index)]``.
+Special = Tuple[str, str, int]
+
+
+def _assemble(filler: List[str], specials: List[Special], at: Dict[Tuple[str, int], int]):
+    """Sentences of the document and the word offset of each special ``(text, role, index)``: each
     goes before the first filler sentence that starts at or after its position ``at[(role, index)]``
     (in filler words), so at most one filler sentence (< 20 words) after it."""
     pending = sorted(specials, key=lambda s: at[(s[1], s[2])])
@@ -487,22 +491,22 @@ def make_binding_example(rng: random.Random, cfg: SyntheticConfig, example_id: s
     animals = rng.sample(ANIMALS, n_keys + cfg.decoy_names)  # the last ones are the decoy-only names'
     names = rng.sample(NAMES, n_keys + cfg.decoy_names)
     bound = [{"colour": _colour(rng, a, split, cfg), "animal": a, "name": n} for a, n in zip(animals, names)]
-    specials = []  # [sentence, role, index]; positions are drawn once the filler is known
+    specials: List[Special] = []  # positions are drawn once the filler is known
     for i, b in enumerate(bound):
-        specials.append([BIND_TEMPLATE.format(**b), "bind", i])
+        specials.append((BIND_TEMPLATE.format(**b), "bind", i))
         decoy = {"name": b["name"], "city": rng.choice(CITIES), "weekday": rng.choice(WEEKDAYS)}
-        specials.append([DECOY_TEMPLATE.format(**decoy), "decoy", i])
+        specials.append((DECOY_TEMPLATE.format(**decoy), "decoy", i))
         if i < n_keys:
             b["city"] = rng.choice([c for c in CITIES if c != decoy["city"]])
             b["weekday"] = rng.choice([w for w in WEEKDAYS if w != decoy["weekday"]])
-            specials.append([USE_TEMPLATE.format(**b), "use", i])
+            specials.append((USE_TEMPLATE.format(**b), "use", i))
         elif cfg.even_mentions:  # bind + two sentences, as often as a key's name
             again = {
                 "name": b["name"],
                 "city": rng.choice([c for c in CITIES if c != decoy["city"]]),
                 "weekday": rng.choice(WEEKDAYS),
             }
-            specials.append([DECOY_TEMPLATE.format(**again), "decoy2", i])
+            specials.append((DECOY_TEMPLATE.format(**again), "decoy2", i))
     filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
     total = sum(len(f.split()) for f in filler)
     # Positions in filler words; _assemble places a sentence up to 20 words late: hence the + 20.
@@ -539,7 +543,7 @@ def make_count_example(rng: random.Random, cfg: SyntheticConfig, example_id: str
     target_len = rng.randint(cfg.min_tokens + 1, cfg.max_tokens)
     n_keys = rng.randint(cfg.min_keys, cfg.max_keys)
     counts = {a: rng.randint(1, MAX_COUNT) for a in rng.sample(ANIMALS, n_keys)}
-    specials = [[MENTION_TEMPLATE.format(animal=a), a, j] for a, c in counts.items() for j in range(c)]
+    specials = [(MENTION_TEMPLATE.format(animal=a), a, j) for a, c in counts.items() for j in range(c)]
     filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
     total = sum(len(f.split()) for f in filler)
     at = {(a, j): rng.randint(0, total) for _, a, j in specials}
@@ -590,7 +594,7 @@ def make_order_example(rng: random.Random, cfg: SyntheticConfig, example_id: str
     animals = rng.sample(ANIMALS, n_keys)
     while cfg.holdout and heldout_set(animals) != (split != "train"):
         animals = rng.sample(ANIMALS, n_keys)
-    specials = [[ARRIVE_TEMPLATE.format(animal=a), "arrive", i] for i, a in enumerate(animals)]
+    specials = [(ARRIVE_TEMPLATE.format(animal=a), "arrive", i) for i, a in enumerate(animals)]
     filler = _filler(rng, target_len - sum(len(s[0].split()) for s in specials))
     total = sum(len(f.split()) for f in filler)
     # Positions in filler words, each drawn after the previous one's plus the gap (+ 20: _assemble may place

@@ -197,6 +197,12 @@ def test_random_replacement_in_one_sentence_document_falls_back_to_mask():
     assert ex["source"] == [7] and ex["target"] == [5, 6]
 
 
+def test_random_replacement_needs_an_rng():
+    """A deterministic RANDOM action draws no action, but the replacement sentence needs the rng."""
+    with pytest.raises(ValueError, match="RANDOM mask action needs an rng"):
+        gsg.gsg_example([[1], [2]], [[5], [6]], ratio=0.5, mask_token=7, mask_probs=(0, 0, 0, 1))
+
+
 def test_stochastic_ratio_range():
     words = [[i] for i in range(100)]
     tokens = [[i] for i in range(100)]

@@ -32,6 +32,7 @@ from conftest import REPO_ROOT
 LAYERS = [
     ("lsg_text", 0),
     ("lsg_fairseq._autoimport", 1),
+    ("lsg_fairseq._fairseq_logs", 1),
     ("lsg_fairseq.ops", 1),
     ("lsg_fairseq.checkpoint_io", 1),
     ("lsg_fairseq.modules", 2),

@@ -1,5 +1,6 @@
 """The tree passes ``ruff check`` and ``ruff format --check`` with the settings in pyproject.toml
-(CI runs the suite, so CI lints); and the check does fail on a file that breaks a rule."""
+(CI runs the suite, so CI lints), and ``mypy`` on the packages pyproject.toml names; and each check
+does fail on a file that breaks a rule."""
 
 import os
 import shutil
@@ -10,6 +11,7 @@ import pytest
 from conftest import BIN, REPO_ROOT
 
 RUFF = os.path.join(BIN, "ruff") if os.path.exists(os.path.join(BIN, "ruff")) else shutil.which("ruff")
+MYPY = os.path.join(BIN, "mypy") if os.path.exists(os.path.join(BIN, "mypy")) else shutil.which("mypy")
 
 
 def ruff(*args, cwd=REPO_ROOT):
@@ -28,3 +30,26 @@ def test_the_check_can_fail(tmp_path):
     (tmp_path / "bad.py").write_text("import os\n\nx = 'a'  \n")  # unused import, trailing space, quotes
     assert ruff("check", "--no-cache", ".", cwd=tmp_path).returncode == 1
     assert ruff("format", "--check", "--no-cache", ".", cwd=tmp_path).returncode == 1
+
+
+def mypy(*args, cwd=REPO_ROOT):
+    assert MYPY, "mypy is not installed: pip install -e '.[test]'"
+    return subprocess.run([MYPY, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def test_the_types_check():
+    """lsg_text and lsg_fairseq/ops ([tool.mypy] packages); cached in .mypy_cache (~20 s cold)."""
+    proc = mypy()
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_the_type_check_can_fail(tmp_path):
+    """The same settings on a file that returns an int as a str and passes None for a str."""
+    (tmp_path / "bad.py").write_text(
+        "def name(n: int) -> str:\n    return n\n\n\ndef greet(who: str) -> str:\n    return who\n\n\ngreet(None)\n"
+    )
+    config = os.path.join(REPO_ROOT, "pyproject.toml")
+    proc = mypy("--config-file", config, "--cache-dir", str(tmp_path / "cache"), "bad.py", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "bad.py:2: error: Incompatible return value type" in proc.stdout
+    assert 'bad.py:9: error: Argument 1 to "greet" has incompatible type "None"' in proc.stdout

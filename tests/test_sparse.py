@@ -198,6 +198,8 @@ def test_lsh_requires_a_mask():
     k = torch.randn(1, 8, 2, 4)
     with pytest.raises(ValueError, match="lsh needs a key mask"):
         sparse.sparse_sequence("lsh", k[:, 0], k, k, None, block_size=4, sparse_block_size=4, sparsity_factor=2)
+    with pytest.raises(ValueError, match="lsh needs a key mask"):  # called directly, too
+        sparse.lsh(k[:, 0], k, k, None, chunk=4, sf=2, pre_rounds=1, sparse_block_size=4)
 
 
 def test_gradients_flow_to_selected_keys_only():

@@ -15,9 +15,11 @@ and they refuse a missing ``--path`` file up front with a message naming it. The
 Every other flag is fairseq's (``lsg-fairseq-generate --help``).
 """
 
+import logging
 import os
 import sys
 
+from lsg_fairseq._fairseq_logs import DropMessage
 from lsg_text.errors import MissingFileError, UserError, report
 
 
@@ -65,6 +67,10 @@ def _run(fairseq_main_module: str, prog: str, argv=None) -> None:
         import lsg_fairseq  # noqa: F401  (registrations, safe globals, checkpoint checks)
 
         module = importlib.import_module(fairseq_main_module)
+        # fairseq's --user-dir import finds the plugin imported (by this wrapper, just above) and
+        # says so at INFO, before anything else: not news to the user
+        user_dir_line = f"--user-dir={lsg_fairseq.user_dir()} has already been imported."
+        logging.getLogger("fairseq.utils").addFilter(DropMessage(user_dir_line))
         lsg_fairseq.fairseq_fixes.install()  # again: the fixes of fairseq_cli.generate need it loaded
         # fairseq's get_parser pre-parses sys.argv for --user-dir, so the real argv must be there.
         sys.argv = [prog] + argv

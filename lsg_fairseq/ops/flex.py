@@ -27,7 +27,7 @@ and head of the batch; seen with torch 2.13), so :func:`supported` refuses it on
 """
 
 import copy
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Dict, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -35,7 +35,8 @@ from torch import Tensor
 BLOCK = 128
 MIN_HEAD_DIM = 16
 
-_compiled = {}  # device type -> torch.compile(flex_attention), made on first use (a compile takes seconds)
+# device type -> torch.compile(flex_attention), made on first use (a compile takes seconds)
+_compiled: Dict[str, Callable] = {}
 
 
 def available() -> bool:

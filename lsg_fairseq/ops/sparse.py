@@ -140,6 +140,8 @@ def lsh(
     ``bos_pooling`` (the reference's delegation)."""
     if sf == sparse_block_size:
         return bos_pooling(q0, k, v, mask, sf)
+    if mask is None:  # (sparse_sequence refuses it first, naming the setting)
+        raise ValueError("lsh needs a key mask (zeros when nothing is padded): it can leave buckets empty")
     n, t, h, d = k.shape
     # head-major inside (the projections are drawn per head, as the reference draws them)
     kh, vh = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)  # (n, h, t, d) views

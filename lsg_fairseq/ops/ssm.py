@@ -25,7 +25,7 @@ and the layer convolves its input with both kernels in one FFT: ``y[t] = sum_{s<
 """
 
 import math
-from typing import Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -271,7 +271,7 @@ def blocked_circular_kernel(
     return circular_bidirectional_kernel(k, fft_size, skip)
 
 
-_FUSED = []
+_FUSED: List[Callable[..., torch.Tensor]] = []
 
 
 def fused_circular_kernel():

@@ -47,7 +47,7 @@ torch 2.13); there is no dropout (the callers fall back to their gathered-SDPA p
 """
 
 import math
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -99,7 +99,8 @@ def split_unmasked(groups: Sequence[QueryGroup], masks: Sequence[Optional[Tensor
     interior blocks without any mask and a few edge runs of one block each. A run whose windows
     would all be cut away entirely is left as it was (its queries keep their masked keys).
     """
-    marks = []  # per source: (any masked (N,), masked keys ahead of p, masked keys up to p) or None
+    # per source: (any masked (N,), masked keys ahead of p, masked keys up to p) or None
+    marks: List[Optional[Tuple[Tensor, Tensor, Tensor]]] = []
     for m in masks:
         if m is None:
             marks.append(None)
@@ -116,10 +117,11 @@ def split_unmasked(groups: Sequence[QueryGroup], masks: Sequence[Optional[Tensor
     for g in groups:
         plans = []  # per window: (blocks, 3) int64 [cut ahead, cut behind, any masked key left]
         for w in g.windows:
-            if marks[w.source] is None or not w.masked:
+            mark = marks[w.source]
+            if mark is None or not w.masked:
                 plans.append(torch.zeros(g.blocks, 3, dtype=torch.int64))
                 continue
-            count, lead, trail = marks[w.source]
+            count, lead, trail = mark
             first = w.start + torch.arange(g.blocks) * w.stride  # (blocks)
             ahead = lead[first].clamp(max=w.length)
             behind = torch.minimum(trail[first + w.length - 1], w.length - ahead)
@@ -325,7 +327,7 @@ def _gathered_forward(q: Tensor, srcs, groups: Sequence[QueryGroup], scale: floa
     is written over ``q``: a chunk's query rows are read before its output rows are written."""
     n, S, h, d = q.shape
     out = q if inplace else torch.empty_like(q, memory_format=torch.contiguous_format)  # (n, S, h, d)
-    buffers = {}
+    buffers: Dict[str, Tensor] = {}
     for r in range(n):
         row = [(k[r], v[r], None if m is None else m[r]) for k, v, m in srcs]
         for g in groups:
