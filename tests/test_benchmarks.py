@@ -217,6 +217,68 @@ def test_report_only_renders_the_committed_cpu_json(tmp_path):
     assert "### Targets" in md and "| 13 |" in md and "x lin)" in md
 
 
+def test_the_registry_is_the_only_source_of_rows(monkeypatch):
+    """A family registered here (no edit to run.py) brings its rows: in the default and --smoke
+    lists as its rows say, with its own vocabulary, modes and length limit; its argv gets the
+    rows' settings (a BenchSettings from run.py's flags), never run.py's namespace."""
+    from lsg_fairseq.convert import registry
+    from lsg_fairseq.convert.registry import BenchRow, BenchSettings
+
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))  # the registry as it was, after
+    seen = []
+
+    @registry.register_family
+    class ToyBench(registry.Family):
+        name = "toy_bench"
+
+        def benchmarks(self):
+            def argv(length, settings):
+                seen.append(settings)
+                return ["bart_tiny", "--max-source-positions", str(max(length, 1024))]
+
+            return {
+                "toy_wide": BenchRow(argv, vocab=1234, modes=("enc", "train"), full_attention=True),
+                "toy_quiet": BenchRow(argv, smoke=False),
+            }
+
+    run = load("benchmarks/run.py", "bench_run_registry")
+    smoke = run.parse_args(["--smoke"])
+    assert "toy_wide" in smoke.arch and "toy_quiet" not in smoke.arch and "lsg_norm" in smoke.arch
+    args = run.parse_args([])
+    assert {"toy_wide", "toy_quiet"} <= set(args.arch)
+    assert run.modes_of("toy_wide", 1024, args) == {"enc", "train"}
+    assert run.modes_of("toy_quiet", 1024, args) == {"enc", "train", "gen"}
+    assert run.skipped("toy_wide", 32768, args) and not run.skipped("toy_quiet", 32768, args)
+    model, dictionary = run.build_model("toy_wide", 1024, args)
+    assert len(dictionary) == 1234 and model.encoder.embed_tokens.num_embeddings == 1234
+    assert len(run.build_model("toy_wide", 256, smoke)[1]) == 100  # --smoke: every row's tiny vocabulary
+    assert all(type(s) is BenchSettings for s in seen) and seen[-1].smoke and seen[-1].block_size == 32
+    assert run.ROW_FAMILY["toy_wide"] == "toy_bench"
+
+    @registry.register_family
+    class Upstart(registry.Family):  # after toy_bench in the registry's order
+        name = "upstart"
+
+        def benchmarks(self):
+            return {"toy_wide": BenchRow(lambda length, settings: ["bart_tiny"])}
+
+    with pytest.raises(ValueError, match="row 'toy_wide' of the upstart family is the toy_bench family's"):
+        run.family_rows()
+
+
+def test_bench_settings_are_run_flags_with_the_same_defaults():
+    """Each BenchSettings field is a run.py flag of the same name, defaulting to the field's default."""
+    import dataclasses
+
+    from lsg_fairseq.convert.registry import BenchSettings
+
+    run = load("benchmarks/run.py", "bench_run")
+    args = run.parse_args([])
+    assert run.bench_settings(args) == BenchSettings()
+    flags = vars(args)
+    assert all(flags[f.name] == f.default for f in dataclasses.fields(BenchSettings))
+
+
 @pytest.fixture(scope="module")
 def plot():
     return load("scripts/plot_attention_pattern.py", "plot_attention_pattern")
