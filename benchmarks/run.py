@@ -121,9 +121,9 @@ FAMILY_ROWS, ROW_FAMILY = family_rows()
 # Rows built here from the families' (the fairseq archs): the lsg_norm encoder without its attention
 # core, and the lsg_norm / led models after quantize_int8 (enc only, where lsg_fairseq.quantize exists).
 OWN_ROWS = {
-    "linear": dataclasses.replace(FAMILY_ROWS["lsg_norm"], variant=False, smoke=True),
-    "lsg_norm_int8": dataclasses.replace(FAMILY_ROWS["lsg_norm"], modes=("enc",), variant=False),
-    "led_int8": dataclasses.replace(FAMILY_ROWS["led"], modes=("enc",), variant=False),
+    "linear": dataclasses.replace(FAMILY_ROWS["lsg_norm"], variant=False, smoke=True, color="tab:gray"),
+    "lsg_norm_int8": dataclasses.replace(FAMILY_ROWS["lsg_norm"], modes=("enc",), variant=False, color="navy"),
+    "led_int8": dataclasses.replace(FAMILY_ROWS["led"], modes=("enc",), variant=False, color="darkgreen"),
 }
 INT8_ARCHS = ("lsg_norm_int8", "led_int8")
 # The peers: transformers' own encoders (build_hf_model), only when --arch names them.
@@ -853,18 +853,35 @@ def main(argv=None):
     )
 
 
+def display_rows(records, meta_runs, args) -> list:
+    """What the report knows of each arch the runs asked for or recorded, from its row, in
+    ``report.display_order`` (by default the registry's order): its family, ``growth`` (the
+    expected exponent), ``line`` (solid; dashed: a variant other than --main-lsg; dotted: int8) and
+    ``color`` (None: matplotlib's next). An arch no row has any more (an old record) gets the defaults."""
+    rows = []
+    for arch in report.display_order(records, meta_runs):
+        row = ROWS.get(arch, BenchRow(None))
+        line = "dotted" if arch in INT8_ARCHS else "dashed" if row.variant and arch != args.main_lsg else "solid"
+        rows.append(
+            {"arch": arch, "family": ROW_FAMILY.get(arch), "growth": row.growth, "line": line, "color": row.color}
+        )
+    return rows
+
+
 def write_outputs(records, meta_runs, args, stem, plots=True):
     """<stem>.json and <stem>.md (and the plots); called after every measurement, so that an
-    interrupted run keeps what it measured (``--report-only`` redraws from the JSON)."""
-    growth = report.growth_rows(records)
+    interrupted run keeps what it measured (``--report-only`` redraws from the JSON). The JSON's
+    ``rows`` (:func:`display_rows`) are all ``report.py`` knows of the rows."""
+    rows = display_rows(records, meta_runs, args)
+    growth = report.growth_rows(records, rows)
     checks = report.target_checks(records, args.main_lsg)
-    result = {"runs": meta_runs, "records": records, "growth": growth, "targets": checks}
+    result = {"runs": meta_runs, "rows": rows, "records": records, "growth": growth, "targets": checks}
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(stem + ".md", "w") as f:
-        f.write(report.report_markdown(records, meta_runs, growth, checks))
+        f.write(report.report_markdown(records, meta_runs, growth, checks, rows))
     if plots:
-        report.plot(records, stem)
+        report.plot(records, stem, rows)
     return growth, checks
 
 

@@ -159,6 +159,9 @@ def test_toy_family_benchmarks(toy_repo, tmp_path):
     assert {(r["arch"], r["mode"], r["status"]) for r in result["records"]} == {
         ("local_bart", mode, "ok") for mode in ("enc", "train", "gen")
     }
+    assert result["rows"] == [  # what report.py knows of the row, written by run.py from the family's
+        {"arch": "local_bart", "family": "local_bart", "growth": "1", "line": "solid", "color": None}
+    ]
     # run.py --smoke's default rows (the CI check) include the toy's, and run.py was not edited
     code = "import sys; sys.path.insert(0, 'benchmarks'); import run; print(*run.parse_args(['--smoke']).arch)"
     proc = run(toy_repo, [sys.executable, "-c", code])

@@ -621,7 +621,11 @@ class BartFamily(Family):
         def argv(length, settings):
             return [self.arch("tiny" if settings.smoke else "base"), "--max-source-positions", str(max(length, 1024))]
 
-        return {"bart": BenchRow(argv, full_attention=True)}
+        return {
+            "bart": BenchRow(
+                argv, full_attention=True, growth="-> 2 (attention L^2 dominates at long L)", color="black"
+            )
+        }
 
 
 # ----------------------------------------------------------------------------- the LSG-BART family
@@ -754,6 +758,16 @@ class LSGBartFamily(BartFamily):
         fields.update(lsg, adaptive=True, auto_map=dict(LSG_AUTO_MAP), base_model_prefix="lsg")
         return fields
 
+    # Plot colours of the sparsity types: norm (run.py's --main-lsg) distinct, the others muted.
+    BENCH_COLORS = {
+        "norm": "tab:blue",
+        "pooling": "tab:cyan",
+        "stride": "tab:olive",
+        "block_stride": "tab:pink",
+        "lsh": "tab:brown",
+        "bos_pooling": "steelblue",
+        "none": "lightskyblue",
+    }
     SMOKE_TYPES = ("norm", "pooling")  # the types run.py --smoke runs by default
 
     def benchmarks(self):
@@ -778,6 +792,8 @@ class LSGBartFamily(BartFamily):
                     str(settings.num_global_tokens),
                 ]
 
-            return BenchRow(argv, variant=True, smoke=sparsity_type in self.SMOKE_TYPES)
+            return BenchRow(
+                argv, variant=True, smoke=sparsity_type in self.SMOKE_TYPES, color=self.BENCH_COLORS.get(sparsity_type)
+            )
 
         return {f"lsg_{t}": row(t) for t in SPARSITY_TYPES}

@@ -240,4 +240,4 @@ class LEDFamily(BartFamily):
                 str(settings.attention_window),
             ]
 
-        return {"led": BenchRow(argv)}
+        return {"led": BenchRow(argv, color="tab:green")}

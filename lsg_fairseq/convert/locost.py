@@ -481,7 +481,7 @@ class LOCOSTFamily(Family):
         ``locost_cold`` with the cache off (``enc`` only); ``locost_ckpt`` with
         --checkpoint-activations (``train`` only). 32,128 tokens: T5's sentencepiece vocabulary."""
 
-        def row(cache_off: bool = False, checkpointed: bool = False, modes=None):
+        def row(color, cache_off: bool = False, checkpointed: bool = False, modes=None):
             def argv(length, settings):
                 cache = 0.0 if cache_off else settings.locost_kernel_cache_mb
                 return (
@@ -496,10 +496,12 @@ class LOCOSTFamily(Family):
                     )
                 )
 
-            return BenchRow(argv, vocab=32128, modes=modes, ssm_split=True)
+            return BenchRow(
+                argv, vocab=32128, modes=modes, ssm_split=True, growth="1 (+ log L from the FFT)", color=color
+            )
 
         return {
-            "locost": row(),
-            "locost_cold": row(cache_off=True, modes=("enc",)),
-            "locost_ckpt": row(checkpointed=True, modes=("train",)),
+            "locost": row("tab:red"),
+            "locost_cold": row("tab:orange", cache_off=True, modes=("enc",)),
+            "locost_ckpt": row("tab:purple", checkpointed=True, modes=("train",)),
         }

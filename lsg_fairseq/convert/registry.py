@@ -22,10 +22,11 @@ family's :meth:`Family.benchmarks` returns ``{row name: BenchRow}``. A :class:`B
 what run.py needs to know of the row: its dictionary size (``vocab``), the modes it runs
 (``modes``), whether it is in the default and ``--smoke`` lists (``default``, ``smoke``), whether
 it is one of several variants of which ``--main-lsg`` alone runs every mode (``variant``: LSG's
-sparsity types), whether it is skipped beyond ``--max-full-length`` (``full_attention``), and
-whether its ``enc`` records split the S4D work (``ssm_split``). ``settings`` is a :class:`BenchSettings`:
-the run.py flags a row may read, copied from the flags of the same names, so that no family reads
-the script's namespace.
+sparsity types), whether it is skipped beyond ``--max-full-length`` (``full_attention``), whether
+its ``enc`` records split the S4D work (``ssm_split``), and how the report shows it (``growth``,
+``color``). ``settings`` is a :class:`BenchSettings`: the run.py flags a row may read, copied from
+the flags of the same names, so that no family reads the script's namespace. run.py writes what the
+report shows of each row into its JSON (``rows``), so ``benchmarks/report.py`` needs no list of rows.
 """
 
 import argparse
@@ -123,6 +124,8 @@ class BenchRow:
     variant: bool = False  # one of several variants: --secondary-modes only, unless --main-lsg names it (dashed)
     full_attention: bool = False  # quadratic in the length: skipped beyond run.py's --max-full-length
     ssm_split: bool = False  # its enc records split S4D kernel generation and convolution (s4d.* labels)
+    growth: str = "1"  # the expected log-log exponent of time and memory in the length (report's growth table)
+    color: Optional[str] = None  # its colour in the plots (None: matplotlib's next)
 
 
 class Family:
