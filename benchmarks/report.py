@@ -5,49 +5,20 @@ so ``run.py --report-only`` and the tests can redraw a report from a JSON withou
 
 A record is a dict with ``arch``, ``mode``, ``length``, ``status`` ("ok" or why not) and, when ok,
 ``median_s``, ``peak_mb`` (absolute peak, MiB) and ``activations_mb`` (peak above the resident
-weights, MiB); ``gen`` records add ``new_tokens_per_s``, LOCOST ``enc`` records the ``ssm_*`` split.
+weights, MiB); ``gen`` records add ``new_tokens_per_s``, records of rows with an S4D split the
+``ssm_*`` split.
+
+What it knows of the rows (archs) comes from run.py, which finds them in the model families'
+registry: a JSON's ``rows``, one dict per arch in the order the tables show them, with ``growth``
+(the expected growth exponent), ``line`` (solid, dashed or dotted in the plots) and ``color``. An
+arch the rows lack (a JSON written before run.py wrote them) is shown after them with
+:data:`ROW_DEFAULTS`.
 """
 
 import math
 
-SPARSITY_TYPES = ("norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling", "none")
-INT8_ARCHS = ("lsg_norm_int8", "led_int8")
-HF_ARCHS = ("hf_bart", "hf_led")  # the peers: transformers' own encoders (run.py --arch names them)
-ALL_ARCHS = (
-    ("bart",)
-    + tuple(f"lsg_{t}" for t in SPARSITY_TYPES)
-    + ("linear", "led", "locost", "locost_cold", "locost_ckpt")
-    + INT8_ARCHS
-    + HF_ARCHS
-)
 MODES = ("enc", "train", "gen")
-# What each arch is expected to do as the length grows (for the growth check).
-EXPECTED_GROWTH = {
-    "bart": "-> 2 (attention L^2 dominates at long L)",
-    "linear": "1",
-    "led": "1",
-    "locost": "1 (+ log L from the FFT)",
-    "locost_cold": "1 (+ log L from the FFT)",
-    "locost_ckpt": "1 (+ log L from the FFT)",
-}
-# One colour per arch in the plots: the main five distinct, the other LSG types (dashed) in muted tones.
-ARCH_COLORS = {
-    "bart": "black",
-    "lsg_norm": "tab:blue",
-    "linear": "tab:gray",
-    "led": "tab:green",
-    "locost": "tab:red",
-    "locost_cold": "tab:orange",
-    "locost_ckpt": "tab:purple",
-    "lsg_pooling": "tab:cyan",
-    "lsg_stride": "tab:olive",
-    "lsg_block_stride": "tab:pink",
-    "lsg_lsh": "tab:brown",
-    "lsg_bos_pooling": "steelblue",
-    "lsg_none": "lightskyblue",
-    "lsg_norm_int8": "navy",
-    "led_int8": "darkgreen",
-}
+ROW_DEFAULTS = {"growth": "1", "line": "solid", "color": None}  # color None: matplotlib's next
 TITLES = {
     "enc": "Encoder forward, no grad",
     "train": "Forward + backward, whole model",
@@ -60,8 +31,27 @@ LOCOST_LINEAR_RATIO_BEFORE = 20.4 / 8.93
 GIB = 1024  # MiB; "GB" in the targets is read as GiB, as in the earlier 16 GB target
 
 
-def arch_order(arch):
-    return (ALL_ARCHS.index(arch), arch) if arch in ALL_ARCHS else (len(ALL_ARCHS), arch)
+def display_order(records, meta_runs=()):
+    """The archs the runs asked for, in that order (each run's ``config.arch``, its ``--arch``: by
+    default the registry's order), then any other arch of ``records`` in the order they came."""
+    asked = (a for m in meta_runs for a in (m.get("config") or {}).get("arch") or ())
+    order = []
+    for arch in list(asked) + [r["arch"] for r in records]:
+        if arch not in order:
+            order.append(arch)
+    return order
+
+
+def row_table(records, rows=None):
+    """{arch: display row} of every arch of ``records``, in display order: ``rows`` (run.py's, each
+    completed with :data:`ROW_DEFAULTS`), then the records' other archs in the order they came."""
+    table = {}
+    for row in rows or ():
+        table[row["arch"]] = dict(ROW_DEFAULTS, **row)
+    for r in records:
+        table.setdefault(r["arch"], dict(ROW_DEFAULTS, arch=r["arch"]))
+    present = {r["arch"] for r in records}
+    return {arch: row for arch, row in table.items() if arch in present}
 
 
 def ok(records, arch, mode):
@@ -94,18 +84,20 @@ def slope(points):
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / sxx
 
 
-def growth_rows(records):
-    rows = []
-    archs = sorted({r["arch"] for r in records}, key=arch_order)
+def growth_rows(records, rows=None):
+    """Per mode and arch with >= 2 ok lengths: the log-log slopes of time and memory (all lengths and
+    the last pair), beside the arch's expected exponent (its display row's ``growth``)."""
+    table = row_table(records, rows)
+    out = []
     for mode in MODES:
-        for arch in archs:
+        for arch in table:
             rs = ok(records, arch, mode)
             if len(rs) < 2:
                 continue
             t = [(r["length"], r["median_s"]) for r in rs]
             m = [(r["length"], r["activations_mb"]) for r in rs]
             last = lambda pts: slope(pts[-2:])  # noqa: E731
-            rows.append(
+            out.append(
                 {
                     "arch": arch,
                     "mode": mode,
@@ -114,10 +106,10 @@ def growth_rows(records):
                     "time_last": last(t),
                     "mem_all": slope(m),
                     "mem_last": last(m),
-                    "expected": EXPECTED_GROWTH.get(arch, "1"),
+                    "expected": table[arch]["growth"],
                 }
             )
-    return rows
+    return out
 
 
 def fmt(x, spec=".2f"):
@@ -185,9 +177,9 @@ def _arch_rows(records, archs, lengths, mode, cell):
     return rows
 
 
-def tables_markdown(records):
+def tables_markdown(records, rows=None):
     lengths = sorted({r["length"] for r in records})
-    archs = sorted({r["arch"] for r in records}, key=arch_order)
+    archs = list(row_table(records, rows))
     head = "| arch | " + " | ".join(f"{n:,}" for n in lengths) + " |"
     rule = "|---|" + "---:|" * len(lengths)
     out = []
@@ -213,7 +205,7 @@ def tables_markdown(records):
         ]
         out += _arch_rows(records, archs, lengths, mode, lambda r: memory_cell(records, r))
         out.append("")
-    ssm = [r for a in ("locost", "locost_cold") for r in ok(records, a, "enc") if "ssm_share" in r]
+    ssm = [r for a in archs for r in ok(records, a, "enc") if "ssm_share" in r]
     if ssm:
         out += [
             "### LOCOST encoder: SSM kernel generation + FFT convolution",
@@ -394,7 +386,10 @@ def checks_markdown(checks):
 
 
 # ---------------------------------------------------------------------------------- the report
-def report_markdown(records, meta_runs, growth, checks):
+def report_markdown(records, meta_runs, growth, checks, rows=None):
+    """The whole markdown; ``rows`` None: every arch with the defaults, in :func:`display_order`."""
+    if rows is None:
+        rows = [{"arch": a} for a in display_order(records, meta_runs)]
     last = meta_runs[-1] if meta_runs else {}
     loads = "; ".join(f"{m['started']}: {m['load_average_start']} -> {m.get('load_average_end')}" for m in meta_runs)
     md = [
@@ -403,7 +398,7 @@ def report_markdown(records, meta_runs, growth, checks):
         "",
         f"Load average (1/5/15 min) at start -> end of each run: {loads}",
         "",
-        tables_markdown(records),
+        tables_markdown(records, rows),
         "### Growth exponents (log-log slope)",
         "",
         growth_markdown(growth),
@@ -421,33 +416,29 @@ def report_markdown(records, meta_runs, growth, checks):
     return "\n".join(md)
 
 
-def plot(records, path_stem):
+def plot(records, path_stem, rows=None):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     modes = [m for m in MODES if any(r["mode"] == m and r["status"] == "ok" for r in records)]
-    archs = sorted({r["arch"] for r in records}, key=arch_order)
+    table = row_table(records, rows)
     paths = []
     for what, key, ylabel in (("time", "median_s", "seconds"), ("memory", "activations_mb", "peak MiB above weights")):
         fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.4), squeeze=False)
         for ax, mode in zip(axes[0], modes):
-            for arch in archs:
+            for arch, row in table.items():
                 rs = ok(records, arch, mode)
                 if not rs:
                     continue
-                style = (
-                    ":" if arch.endswith("_int8") else ("--" if arch.startswith("lsg_") and arch != "lsg_norm" else "-")
-                )
-                color = ARCH_COLORS.get(arch)  # the same in every panel and plot
                 ax.plot(
                     [r["length"] for r in rs],
                     [max(r[key], 1e-3) for r in rs],
-                    style,
+                    linestyle=row["line"],
                     marker="o",
                     label=arch,
-                    color=color,
+                    color=row["color"],  # the same in every panel and plot
                 )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")

@@ -18,7 +18,9 @@ above the resident weights ("activations"). Within each length and mode all arch
 back, so ratios between archs see the same machine load.
 
 Architectures (``--arch``): the benchmark rows of every model family (``lsg_fairseq.convert``,
-``Family.benchmarks``: a new family brings its own), plus ``linear`` and the int8 variants built here.
+``Family.benchmarks``: a new family brings its own, which says which modes it runs, its vocabulary,
+whether ``--smoke`` runs it: ``lsg_fairseq.convert.registry.BenchRow``), plus ``linear``, the int8
+variants and the HF peers built here.
 
 - ``bart``: stock fairseq ``bart_base`` (6+6 layers, d 768); self-attention is
   ``F.multi_head_attention_forward`` -> ``scaled_dot_product_attention`` (full attention).
@@ -65,6 +67,7 @@ Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target che
 """
 
 import argparse
+import dataclasses
 import datetime
 import gc
 import itertools
@@ -94,17 +97,46 @@ from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from lsg_fairseq.convert import families  # noqa: E402
+from lsg_fairseq.convert.registry import BenchRow, BenchSettings  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
 from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
 from lsg_fairseq.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
-from report import HF_ARCHS, INT8_ARCHS, MODES  # noqa: E402
+from report import MODES  # noqa: E402
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
-SMOKE_ARCHS = ("bart", "lsg_norm", "lsg_pooling", "linear", "led", "locost", "locost_cold", "locost_ckpt")
-# {row: f(length, args) -> fairseq arch + flags} of every model family
-FAMILY_ROWS = {row: argv for family in families().values() for row, argv in family.benchmarks().items()}
-ALL_ARCHS = tuple(FAMILY_ROWS) + ("linear",) + INT8_ARCHS + HF_ARCHS
+
+def family_rows():
+    """{row: BenchRow} of every model family, in the registry's order, and {row: its family's name}."""
+    rows, owner = {}, {}
+    for family in families().values():
+        for name, row in family.benchmarks().items():
+            if name in rows:
+                raise ValueError(f"benchmark row {name!r} of the {family.name} family is the {owner[name]} family's")
+            rows[name], owner[name] = row, family.name
+    return rows, owner
+
+
+FAMILY_ROWS, ROW_FAMILY = family_rows()
+# Rows built here from the families' (the fairseq archs): the lsg_norm encoder without its attention
+# core, and the lsg_norm / led models after quantize_int8 (enc only, where lsg_fairseq.quantize exists).
+OWN_ROWS = {
+    "linear": dataclasses.replace(FAMILY_ROWS["lsg_norm"], variant=False, smoke=True, color="tab:gray"),
+    "lsg_norm_int8": dataclasses.replace(FAMILY_ROWS["lsg_norm"], modes=("enc",), variant=False, color="navy"),
+    "led_int8": dataclasses.replace(FAMILY_ROWS["led"], modes=("enc",), variant=False, color="darkgreen"),
+}
+INT8_ARCHS = ("lsg_norm_int8", "led_int8")
+# The peers: transformers' own encoders (build_hf_model), only when --arch names them.
+HF_ROWS = {
+    "hf_bart": BenchRow(None, modes=("enc", "train"), default=False, smoke=False),
+    "hf_led": BenchRow(None, modes=("enc", "train"), default=False, smoke=False),
+}
+HF_ARCHS = tuple(HF_ROWS)
+_CLASH = sorted(set(FAMILY_ROWS) & (set(OWN_ROWS) | set(HF_ROWS)))
+if _CLASH:
+    raise ValueError(f"benchmark rows {', '.join(_CLASH)} of a model family are run.py's own")
+ROWS = {**FAMILY_ROWS, **OWN_ROWS, **HF_ROWS}
+ALL_ARCHS = tuple(ROWS)
 
 
 def quantize_available() -> bool:
@@ -115,8 +147,14 @@ def quantize_available() -> bool:
 
 
 def default_archs():
-    """Every arch but the HF peers; the int8 ones only where ``lsg_fairseq.quantize`` exists."""
-    return [a for a in ALL_ARCHS if a not in HF_ARCHS and (a not in INT8_ARCHS or quantize_available())]
+    """Every row whose ``default`` is set (all but the HF peers); the int8 ones only where
+    ``lsg_fairseq.quantize`` exists."""
+    return [a for a, row in ROWS.items() if row.default and (a not in INT8_ARCHS or quantize_available())]
+
+
+def bench_settings(args) -> BenchSettings:
+    """What the rows read of these flags: each field of ``BenchSettings`` from the flag of its name."""
+    return BenchSettings(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BenchSettings)})
 
 
 def parse_args(argv=None):
@@ -142,7 +180,8 @@ def parse_args(argv=None):
         nargs="*",
         default=["enc"],
         choices=MODES,
-        help="modes run by the LSG sparsity types other than --main-lsg (default: enc only, to keep the suite short)",
+        help="modes run by the variant rows (the LSG sparsity types) other than --main-lsg (default: enc only, "
+        "to keep the suite short)",
     )
     p.add_argument(
         "--train-every-arch-at",
@@ -153,7 +192,7 @@ def parse_args(argv=None):
         help="lengths at which the secondary LSG types run train too, so that every arch has a "
         "train row there (default: 16384; none: give the flag no value)",
     )
-    p.add_argument("--main-lsg", default="lsg_norm", help="the LSG arch that runs every mode")
+    p.add_argument("--main-lsg", default="lsg_norm", help="the variant row (LSG arch) that runs every mode")
     p.add_argument(
         "--max-full-length", type=int, default=16384, help="longest input for full-attention bart (quadratic time)"
     )
@@ -184,15 +223,16 @@ def parse_args(argv=None):
         choices=["auto", "fork", "spawn"],
         help="how measurement processes start (auto: fork on CPU, spawn with --device cuda)",
     )
-    p.add_argument("--block-size", type=int, default=128)
-    p.add_argument("--sparse-block-size", type=int, default=128)
-    p.add_argument("--sparsity-factor", type=int, default=4)
-    p.add_argument("--num-global-tokens", type=int, default=1)
-    p.add_argument("--attention-window", type=int, default=1024, help="LED full window W")
+    # The rows' settings (BenchSettings: its fields are these flags, and their defaults)
+    p.add_argument("--block-size", type=int, default=BenchSettings.block_size)
+    p.add_argument("--sparse-block-size", type=int, default=BenchSettings.sparse_block_size)
+    p.add_argument("--sparsity-factor", type=int, default=BenchSettings.sparsity_factor)
+    p.add_argument("--num-global-tokens", type=int, default=BenchSettings.num_global_tokens)
+    p.add_argument("--attention-window", type=int, default=BenchSettings.attention_window, help="LED full window W")
     p.add_argument(
         "--locost-kernel-cache-mb",
         type=float,
-        default=None,
+        default=BenchSettings.locost_kernel_cache_mb,
         help="--ssm-kernel-cache-mb for the locost arch (default: the arch's own default)",
     )
     p.add_argument(
@@ -203,6 +243,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--locost-kernel-product",
         choices=["fp32", "tf32", "bf16"],
+        default=BenchSettings.locost_kernel_product,
         help="with --locost-kernel-compile: the generator's product precision when training in half "
         "precision (--ssm-kernel-product)",
     )
@@ -239,7 +280,7 @@ def parse_args(argv=None):
     )
     args = p.parse_args(argv)
     if args.smoke:
-        args.arch = args.arch or [a for a in default_archs() if a in SMOKE_ARCHS + INT8_ARCHS]
+        args.arch = args.arch or [a for a in default_archs() if ROWS[a].smoke]
         args.lengths = [256]
         args.target_len, args.new_tokens, args.beam = 16, 8, 2
         args.warmup, args.repeat, args.budget, args.threads = 0, 1, 1.0, 1
@@ -254,11 +295,9 @@ def parse_args(argv=None):
 
 # ---------------------------------------------------------------------------------- models
 def model_argv(arch: str, length: int, args) -> list:
-    """fairseq arch name + flags for one benchmark arch at one input length (its family's row;
-    ``linear`` and the int8 archs are variants of the lsg_norm / led rows)."""
-    if arch in INT8_ARCHS:
-        return model_argv(arch[: -len("_int8")], length, args)
-    argv = FAMILY_ROWS["lsg_norm" if arch == "linear" else arch](length, args)
+    """fairseq arch name + flags for one benchmark arch at one input length (its row's ``argv``;
+    ``linear`` and the int8 archs have the lsg_norm / led rows')."""
+    argv = ROWS[arch].argv(length, bench_settings(args))
     if args.checkpoint_activations and "--checkpoint-activations" not in argv:
         argv = argv + ["--checkpoint-activations"]
     return argv
@@ -334,7 +373,7 @@ def build_model(arch: str, length: int, args):
     if arch in HF_ARCHS:
         return build_hf_model(arch, length, args)
     fairseq_arch, *flags = model_argv(arch, length, args)
-    vocab = 100 if args.smoke else (32128 if arch.startswith("locost") else 50265)
+    vocab = 100 if args.smoke else ROWS[arch].vocab
     dictionary = make_dictionary(vocab)
     parser = options.get_training_parser()
     ns = options.parse_args_and_arch(
@@ -568,7 +607,7 @@ def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
     if mode == "gen":
         rec["new_tokens"] = out
         rec["new_tokens_per_s"] = out / rec["median_s"]
-    if arch.startswith("locost") and mode == "enc" and length <= args.ssm_breakdown_max_length:
+    if ROWS[arch].ssm_split and mode == "enc" and length <= args.ssm_breakdown_max_length:
         rec.update(ssm_breakdown(model, step, device))
     if args.profile:
         rec["profile"] = profile_table(step, arch, mode, length, args)
@@ -653,7 +692,7 @@ def run_rows(rows, args):
 
 def skipped(arch, length, args):
     """Why (arch, length) is not measured at all, or None."""
-    if arch == "bart" and length > args.max_full_length:
+    if ROWS[arch].full_attention and length > args.max_full_length:
         return f"skipped: full attention beyond --max-full-length {args.max_full_length}"
     return None
 
@@ -718,16 +757,14 @@ def probe_device(args) -> dict:
 
 
 def modes_of(arch, length, args):
-    """The modes ``arch`` runs at ``length`` (``linear`` runs all three: it is a reference in every table)."""
-    if arch in ("locost_cold",) + INT8_ARCHS:
-        return {"enc"}
-    if arch in HF_ARCHS:
-        return {"enc", "train"}
-    if arch == "locost_ckpt":
-        return {"train"}
-    if arch.startswith("lsg_") and arch != args.main_lsg:
-        return set(args.secondary_modes) | ({"train"} if length in (args.train_every_arch_at or ()) else set())
-    return set(MODES)
+    """The modes ``arch`` runs at ``length``: its row's, and of a variant row other than --main-lsg
+    only --secondary-modes (and train at --train-every-arch-at). ``linear`` runs all three: it is a
+    reference in every table."""
+    row = ROWS[arch]
+    modes = set(row.modes or MODES)
+    if row.variant and arch != args.main_lsg:
+        modes &= set(args.secondary_modes) | ({"train"} if length in (args.train_every_arch_at or ()) else set())
+    return modes
 
 
 def load_average():
@@ -816,18 +853,35 @@ def main(argv=None):
     )
 
 
+def display_rows(records, meta_runs, args) -> list:
+    """What the report knows of each arch the runs asked for or recorded, from its row, in
+    ``report.display_order`` (by default the registry's order): its family, ``growth`` (the
+    expected exponent), ``line`` (solid; dashed: a variant other than --main-lsg; dotted: int8) and
+    ``color`` (None: matplotlib's next). An arch no row has any more (an old record) gets the defaults."""
+    rows = []
+    for arch in report.display_order(records, meta_runs):
+        row = ROWS.get(arch, BenchRow(None))
+        line = "dotted" if arch in INT8_ARCHS else "dashed" if row.variant and arch != args.main_lsg else "solid"
+        rows.append(
+            {"arch": arch, "family": ROW_FAMILY.get(arch), "growth": row.growth, "line": line, "color": row.color}
+        )
+    return rows
+
+
 def write_outputs(records, meta_runs, args, stem, plots=True):
     """<stem>.json and <stem>.md (and the plots); called after every measurement, so that an
-    interrupted run keeps what it measured (``--report-only`` redraws from the JSON)."""
-    growth = report.growth_rows(records)
+    interrupted run keeps what it measured (``--report-only`` redraws from the JSON). The JSON's
+    ``rows`` (:func:`display_rows`) are all ``report.py`` knows of the rows."""
+    rows = display_rows(records, meta_runs, args)
+    growth = report.growth_rows(records, rows)
     checks = report.target_checks(records, args.main_lsg)
-    result = {"runs": meta_runs, "records": records, "growth": growth, "targets": checks}
+    result = {"runs": meta_runs, "rows": rows, "records": records, "growth": growth, "targets": checks}
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
     with open(stem + ".md", "w") as f:
-        f.write(report.report_markdown(records, meta_runs, growth, checks))
+        f.write(report.report_markdown(records, meta_runs, growth, checks, rows))
     if plots:
-        report.plot(records, stem)
+        report.plot(records, stem, rows)
     return growth, checks
 
 

@@ -209,12 +209,110 @@ def test_targets_met_missed_and_not_measured(report, tmp_path):
 
 
 def test_report_only_renders_the_committed_cpu_json(tmp_path):
-    """Records from before the int8 and linear-train rows still render (``--report-only``)."""
+    """Records from before the int8 and linear-train rows, and a JSON from before run.py wrote the
+    rows' display metadata, still render (``--report-only``): in the order its runs asked for them,
+    with the registry's rows' metadata."""
     shutil.copy(os.path.join(REPO_ROOT, "benchmarks", "results", "cpu.json"), tmp_path / "cpu.json")
+    with open(tmp_path / "cpu.json") as f:
+        old = json.load(f)
+    assert "rows" not in old
     run = load("benchmarks/run.py", "bench_run")
     run.main(["--report-only", "--out", str(tmp_path), "--no-plots"])
     md = (tmp_path / "cpu.md").read_text()
     assert "### Targets" in md and "| 13 |" in md and "x lin)" in md
+    first_table = md.split("### Encoder forward")[1].split("\n\n")[2]
+    asked = old["runs"][0]["config"]["arch"]
+    enc = [a for a in asked if any(r["arch"] == a and r["mode"] == "enc" for r in old["records"])]
+    assert [line.split(" | ")[0][2:] for line in first_table.splitlines()[2:]] == enc
+    rows = {r["arch"]: r for r in json.loads((tmp_path / "cpu.json").read_text())["rows"]}
+    assert list(rows) == asked and rows["bart"]["growth"].startswith("-> 2") and rows["lsg_lsh"]["line"] == "dashed"
+    assert rows["locost_cold"]["family"] == "locost" and rows["linear"]["family"] is None
+
+
+def test_report_needs_no_torch():
+    code = "import sys; sys.path.insert(0, 'benchmarks'); import report; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
+
+
+def test_report_shows_the_rows_it_is_given(report):
+    """Order, expected growth and plot style come from the rows run.py writes; an arch they lack gets
+    the defaults, after them."""
+    records = [rec(a, "enc", n, s=n / 1024, act=n / 64) for a in ("zeta", "alpha", "old") for n in (1024, 4096)]
+    rows = [
+        {"arch": "zeta", "growth": "2", "line": "dashed", "color": "gold"},
+        {"arch": "alpha", "growth": "1", "line": "solid", "color": None},
+    ]
+    assert [g["arch"] for g in report.growth_rows(records, rows)] == ["zeta", "alpha", "old"]
+    assert [g["expected"] for g in report.growth_rows(records, rows)] == ["2", "1", "1"]
+    md = report.tables_markdown(records, rows)
+    assert md.index("| zeta |") < md.index("| alpha |") < md.index("| old |")
+    runs = [{"started": "t", "load_average_start": None, "config": {"arch": ["old", "zeta"]}}]
+    assert report.display_order(records, runs) == ["old", "zeta", "alpha"]  # asked first, then the records'
+    md = report.report_markdown(records, runs, [], [])  # no rows: the order the runs asked
+    assert md.index("| old |") < md.index("| zeta |") < md.index("| alpha |")
+
+
+def test_the_registry_is_the_only_source_of_rows(monkeypatch):
+    """A family registered here (no edit to run.py) brings its rows: in the default and --smoke
+    lists as its rows say, with its own vocabulary, modes and length limit; its argv gets the
+    rows' settings (a BenchSettings from run.py's flags), never run.py's namespace."""
+    from lsg_fairseq.convert import registry
+    from lsg_fairseq.convert.registry import BenchRow, BenchSettings
+
+    monkeypatch.setattr(registry, "_FAMILIES", dict(registry.families()))  # the registry as it was, after
+    seen = []
+
+    @registry.register_family
+    class ToyBench(registry.Family):
+        name = "toy_bench"
+
+        def benchmarks(self):
+            def argv(length, settings):
+                seen.append(settings)
+                return ["bart_tiny", "--max-source-positions", str(max(length, 1024))]
+
+            return {
+                "toy_wide": BenchRow(argv, vocab=1234, modes=("enc", "train"), full_attention=True, color="gold"),
+                "toy_quiet": BenchRow(argv, smoke=False),
+            }
+
+    run = load("benchmarks/run.py", "bench_run_registry")
+    smoke = run.parse_args(["--smoke"])
+    assert "toy_wide" in smoke.arch and "toy_quiet" not in smoke.arch and "lsg_norm" in smoke.arch
+    args = run.parse_args([])
+    assert {"toy_wide", "toy_quiet"} <= set(args.arch)
+    assert run.modes_of("toy_wide", 1024, args) == {"enc", "train"}
+    assert run.modes_of("toy_quiet", 1024, args) == {"enc", "train", "gen"}
+    assert run.skipped("toy_wide", 32768, args) and not run.skipped("toy_quiet", 32768, args)
+    model, dictionary = run.build_model("toy_wide", 1024, args)
+    assert len(dictionary) == 1234 and model.encoder.embed_tokens.num_embeddings == 1234
+    assert len(run.build_model("toy_wide", 256, smoke)[1]) == 100  # --smoke: every row's tiny vocabulary
+    assert all(type(s) is BenchSettings for s in seen) and seen[-1].smoke and seen[-1].block_size == 32
+    (row,) = run.display_rows([rec("toy_wide", "enc", 1024)], [], args)
+    assert row == {"arch": "toy_wide", "family": "toy_bench", "growth": "1", "line": "solid", "color": "gold"}
+
+    @registry.register_family
+    class Upstart(registry.Family):  # after toy_bench in the registry's order
+        name = "upstart"
+
+        def benchmarks(self):
+            return {"toy_wide": BenchRow(lambda length, settings: ["bart_tiny"])}
+
+    with pytest.raises(ValueError, match="row 'toy_wide' of the upstart family is the toy_bench family's"):
+        run.family_rows()
+
+
+def test_bench_settings_are_run_flags_with_the_same_defaults():
+    """Each BenchSettings field is a run.py flag of the same name, defaulting to the field's default."""
+    import dataclasses
+
+    from lsg_fairseq.convert.registry import BenchSettings
+
+    run = load("benchmarks/run.py", "bench_run")
+    args = run.parse_args([])
+    assert run.bench_settings(args) == BenchSettings()
+    flags = vars(args)
+    assert all(flags[f.name] == f.default for f in dataclasses.fields(BenchSettings))
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ their neighbours up to a fixed window: the attention module, the registered mode
 the family (both conversion directions, its config field, its benchmark row). They are copied
 into a copy of the package, and the copy converts an HF BART folder to the toy family (API and
 ``lsg-fairseq-convert``, whose ``--to`` and flags come from the family), exports it, converts the
-export back (detected as the toy's own), and ``benchmarks/run.py --smoke`` runs its row.
+export back (detected as the toy's own), and ``benchmarks/run.py --smoke`` runs its row (and lists it
+among its default rows).
 """
 
 import json
@@ -154,7 +155,17 @@ def test_toy_family_benchmarks(toy_repo, tmp_path):
         ],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    records = json.loads((tmp_path / "toy.json").read_text())["records"]
-    assert {(r["arch"], r["mode"], r["status"]) for r in records} == {
+    result = json.loads((tmp_path / "toy.json").read_text())
+    assert {(r["arch"], r["mode"], r["status"]) for r in result["records"]} == {
         ("local_bart", mode, "ok") for mode in ("enc", "train", "gen")
     }
+    assert result["rows"] == [  # what report.py knows of the row, written by run.py from the family's
+        {"arch": "local_bart", "family": "local_bart", "growth": "1", "line": "solid", "color": None}
+    ]
+    # run.py --smoke's default rows (the CI check) include the toy's, and run.py was not edited
+    code = "import sys; sys.path.insert(0, 'benchmarks'); import run; print(*run.parse_args(['--smoke']).arch)"
+    proc = run(toy_repo, [sys.executable, "-c", code])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    smoke = proc.stdout.strip().splitlines()[-1].split()
+    assert "local_bart" in smoke and {"bart", "lsg_norm", "linear", "locost"} <= set(smoke), smoke
+    assert "lsg_lsh" not in smoke  # a row that says it is not in the smoke list

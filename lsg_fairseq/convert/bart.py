@@ -45,7 +45,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from lsg_fairseq.convert import common as C
-from lsg_fairseq.convert.registry import Family, SourceInfo, register_family
+from lsg_fairseq.convert.registry import BenchRow, Family, SourceInfo, register_family
 from lsg_fairseq.models.lsg_bart import LSGBARTModel, lsg_architecture_defaults
 from lsg_fairseq.modules.lsg_attention import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationTask
@@ -618,10 +618,14 @@ class BartFamily(Family):
     def benchmarks(self):
         """``bart``: full attention, the quadratic reference."""
 
-        def argv(length, args):
-            return [self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(max(length, 1024))]
+        def argv(length, settings):
+            return [self.arch("tiny" if settings.smoke else "base"), "--max-source-positions", str(max(length, 1024))]
 
-        return {"bart": argv}
+        return {
+            "bart": BenchRow(
+                argv, full_attention=True, growth="-> 2 (attention L^2 dominates at long L)", color="black"
+            )
+        }
 
 
 # ----------------------------------------------------------------------------- the LSG-BART family
@@ -754,27 +758,42 @@ class LSGBartFamily(BartFamily):
         fields.update(lsg, adaptive=True, auto_map=dict(LSG_AUTO_MAP), base_model_prefix="lsg")
         return fields
 
+    # Plot colours of the sparsity types: norm (run.py's --main-lsg) distinct, the others muted.
+    BENCH_COLORS = {
+        "norm": "tab:blue",
+        "pooling": "tab:cyan",
+        "stride": "tab:olive",
+        "block_stride": "tab:pink",
+        "lsh": "tab:brown",
+        "bos_pooling": "steelblue",
+        "none": "lightskyblue",
+    }
+    SMOKE_TYPES = ("norm", "pooling")  # the types run.py --smoke runs by default
+
     def benchmarks(self):
-        """``lsg_<type>``: one row per sparsity type (run.py's --block-size ... flags)."""
+        """``lsg_<type>``: one row per sparsity type (the settings' block sizes, factor and global
+        tokens), each a variant: run.py's --main-lsg runs every mode, the others fewer."""
 
         def row(sparsity_type):
-            def argv(length, args):
+            def argv(length, settings):
                 return [
-                    self.arch("tiny" if args.smoke else "base"),
+                    self.arch("tiny" if settings.smoke else "base"),
                     "--max-source-positions",
                     str(max(length, 1024)),
                     "--block-size",
-                    str(args.block_size),
+                    str(settings.block_size),
                     "--sparse-block-size",
-                    str(args.sparse_block_size),
+                    str(settings.sparse_block_size),
                     "--sparsity-factor",
-                    str(args.sparsity_factor),
+                    str(settings.sparsity_factor),
                     "--sparsity-type",
                     sparsity_type,
                     "--num-global-tokens",
-                    str(args.num_global_tokens),
+                    str(settings.num_global_tokens),
                 ]
 
-            return argv
+            return BenchRow(
+                argv, variant=True, smoke=sparsity_type in self.SMOKE_TYPES, color=self.BENCH_COLORS.get(sparsity_type)
+            )
 
         return {f"lsg_{t}": row(t) for t in SPARSITY_TYPES}

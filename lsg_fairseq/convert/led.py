@@ -31,7 +31,7 @@ import torch
 
 from lsg_fairseq.convert import common as C
 from lsg_fairseq.convert.bart import BartFamily, extend_positions, hf_to_fairseq_state, is_bart_source
-from lsg_fairseq.convert.registry import register_family
+from lsg_fairseq.convert.registry import BenchRow, register_family
 from lsg_fairseq.models.led import LEDModel
 from lsg_fairseq.modules.longformer_attention import parse_attention_windows
 
@@ -229,15 +229,15 @@ class LEDFamily(BartFamily):
 
     # ------------------------------------------------------------- benchmarks/run.py
     def benchmarks(self):
-        """``led``: run.py's --attention-window on every layer, the first token global."""
+        """``led``: the settings' attention window on every layer, the first token global."""
 
-        def argv(length, args):
+        def argv(length, settings):
             return [
-                self.arch("tiny" if args.smoke else "base"),
+                self.arch("tiny" if settings.smoke else "base"),
                 "--max-source-positions",
                 str(max(length, 16384)),
                 "--attention-window",
-                str(args.attention_window),
+                str(settings.attention_window),
             ]
 
-        return {"led": argv}
+        return {"led": BenchRow(argv, color="tab:green")}

@@ -15,6 +15,18 @@ Which family converts a source (``lsg-fairseq-convert SRC OUT [--to NAME] [optio
 
 A checkpoint to export goes to the family whose :attr:`Family.models` hold the registered fairseq
 model of its arch.
+
+Benchmark rows (``benchmarks/run.py`` finds every row of a family here, and nowhere else): a
+family's :meth:`Family.benchmarks` returns ``{row name: BenchRow}``. A :class:`BenchRow` holds
+``argv(length, settings)``, which returns ``[fairseq arch, flags...]`` for one input length, and
+what run.py needs to know of the row: its dictionary size (``vocab``), the modes it runs
+(``modes``), whether it is in the default and ``--smoke`` lists (``default``, ``smoke``), whether
+it is one of several variants of which ``--main-lsg`` alone runs every mode (``variant``: LSG's
+sparsity types), whether it is skipped beyond ``--max-full-length`` (``full_attention``), whether
+its ``enc`` records split the S4D work (``ssm_split``), and how the report shows it (``growth``,
+``color``). ``settings`` is a :class:`BenchSettings`: the run.py flags a row may read, copied from
+the flags of the same names, so that no family reads the script's namespace. run.py writes what the
+report shows of each row into its JSON (``rows``), so ``benchmarks/report.py`` needs no list of rows.
 """
 
 import argparse
@@ -83,6 +95,39 @@ def probe(src: str) -> SourceInfo:
     return SourceInfo(src, checkpoint=path, arch=arch or None, model=ARCH_MODEL_NAME_REGISTRY.get(arch))
 
 
+@dataclass(frozen=True)
+class BenchSettings:
+    """What a benchmark row may read of ``benchmarks/run.py``'s flags: run.py copies each field from
+    its flag of the same name (``--block-size`` -> ``block_size``), whose default is the field's."""
+
+    smoke: bool = False  # --smoke: build the tiny shape (``<name>_tiny``)
+    block_size: int = 128  # LSG-BART --block-size
+    sparse_block_size: int = 128  # LSG-BART --sparse-block-size
+    sparsity_factor: int = 4  # LSG-BART --sparsity-factor
+    num_global_tokens: int = 1  # LSG-BART --num-global-tokens
+    attention_window: int = 1024  # LED --attention-window (the full window W)
+    locost_kernel_cache_mb: Optional[float] = None  # LOCOST --ssm-kernel-cache-mb (None: the arch's default)
+    locost_kernel_compile: bool = False  # LOCOST --ssm-kernel-compile (the fused generator)
+    locost_kernel_product: Optional[str] = None  # LOCOST --ssm-kernel-product: fp32, tf32 or bf16 (None: unset)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One row of ``benchmarks/run.py``: how to build its model, and what run.py and the report need
+    to know about it (``argv`` is None only for run.py's own rows that are not fairseq models)."""
+
+    argv: Optional[Callable[[int, BenchSettings], List[str]]]  # (length, settings) -> [fairseq arch, flags...]
+    vocab: int = 50265  # dictionary size of the model (BART's GPT-2 BPE; --smoke uses 100 for every row)
+    modes: Optional[Tuple[str, ...]] = None  # the run.py --modes it runs: enc, train, gen (None: all)
+    default: bool = True  # in run.py's default rows (otherwise only when --arch names it)
+    smoke: bool = True  # in run.py --smoke's default rows too (the CI check)
+    variant: bool = False  # one of several variants: --secondary-modes only, unless --main-lsg names it (dashed)
+    full_attention: bool = False  # quadratic in the length: skipped beyond run.py's --max-full-length
+    ssm_split: bool = False  # its enc records split S4D kernel generation and convolution (s4d.* labels)
+    growth: str = "1"  # the expected log-log exponent of time and memory in the length (report's growth table)
+    color: Optional[str] = None  # its colour in the plots (None: matplotlib's next)
+
+
 class Family:
     """One model family: a registered fairseq model and its HF format, both ways, and its
     benchmark rows. Subclasses set the attributes and override the hooks they need."""
@@ -133,9 +178,9 @@ class Family:
         raise C.ExportError(f"{checkpoint.path}: the {self.name} family has no HuggingFace format")
 
     # ------------------------------------------------------------- benchmarks/run.py
-    def benchmarks(self) -> Dict[str, Callable[[int, argparse.Namespace], List[str]]]:
-        """Benchmark rows: ``{row name: f(length, args) -> [fairseq arch, flags...]}``; ``args`` are
-        run.py's (``args.smoke``: the tiny shape)."""
+    def benchmarks(self) -> Dict[str, BenchRow]:
+        """Its benchmark rows, ``{row name: BenchRow}`` (see the module docstring), in the order run.py
+        lists and runs them."""
         return {}
 
 

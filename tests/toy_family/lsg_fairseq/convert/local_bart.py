@@ -3,7 +3,7 @@
 holds the window (which converts back without ``--to``)."""
 
 from lsg_fairseq.convert.bart import BartFamily, is_bart_source
-from lsg_fairseq.convert.registry import register_family
+from lsg_fairseq.convert.registry import BenchRow, register_family
 from lsg_fairseq.models.local_bart import LocalBARTModel
 
 
@@ -30,7 +30,7 @@ class LocalBartFamily(BartFamily):
         return dict(super().hf_config_fields(checkpoint, config, hf), local_window=int(checkpoint.get("local_window")))
 
     def benchmarks(self):
-        def argv(length, args):
-            return [self.arch("tiny" if args.smoke else "base"), "--max-source-positions", str(max(length, 1024))]
+        def argv(length, settings):
+            return [self.arch("tiny" if settings.smoke else "base"), "--max-source-positions", str(max(length, 1024))]
 
-        return {"local_bart": argv}
+        return {"local_bart": BenchRow(argv)}  # BART's vocabulary, every mode, in --smoke's rows
