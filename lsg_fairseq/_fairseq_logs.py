@@ -11,6 +11,7 @@ import fairseq before the plugin and keep their lines; the root logger stays as 
 """
 
 import logging
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -26,6 +27,33 @@ def quiet_import():
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextmanager
+def command_logging():
+    """While a command of ours that builds fairseq models runs (the converter, the exporter): its
+    own warnings on stderr as ``WARNING: message``, nothing of fairseq's or hydra's below a warning.
+    fairseq left the root logger at DEBUG with its handler (above), so a ``basicConfig`` would do
+    nothing: the root's handlers and level are swapped for the block and put back after (a test or
+    a notebook calling ``main`` keeps its own). Building a model goes through fairseq's config
+    conversion, which calls hydra's deprecated experimental API: its UserWarnings concern fairseq,
+    not the user."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    ours = logging.StreamHandler()  # sys.stderr as it is now
+    ours.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    root.handlers = [ours]
+    root.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"hydra\.")
+            warnings.filterwarnings(
+                "ignore", message=r"\s*.config. is validated against ConfigStore", category=UserWarning
+            )
+            yield
+    finally:
+        root.handlers = handlers
+        root.setLevel(level)
 
 
 @dataclass(frozen=True)

@@ -62,3 +62,38 @@ def test_drop_message_drops_that_message_only():
     finally:
         logger.removeHandler(handler)
         logger.filters.clear()
+
+
+FIXTURE = "tests/data/fixtures/lsg/lsg_norm/hf"
+
+
+def convert(tmp_path, quiet: bool):
+    """lsg-fairseq-convert on a fixture, as the command runs (``quiet``) or with its logging set-up
+    taken out; (stdout, stderr)."""
+    setup = "" if quiet else "import contextlib; c.command_logging = contextlib.nullcontext; "
+    code = f"import lsg_fairseq.cli.convert as c; {setup}c.main(['{FIXTURE}', '{tmp_path / 'out'}'])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, proc.stderr
+
+
+def test_a_conversion_prints_its_result_and_nothing_of_fairseq(tmp_path):
+    """Building the model goes through fairseq's hydra config conversion: its DEBUG lines and hydra's
+    deprecation warnings reached the user's terminal (26 lines); now only the result's path."""
+    out, err = convert(tmp_path, quiet=True)
+    assert out.strip() == str(tmp_path / "out" / "model.pt") and err == "", err[:2000]
+
+
+def test_the_conversion_check_can_fail(tmp_path):
+    out, err = convert(tmp_path, quiet=False)
+    assert "DEBUG:hydra" in err and "UserWarning" in err
+
+
+def test_main_called_in_process_leaves_the_callers_logging_as_it_was(tmp_path):
+    """A test or a notebook calling the converter's ``main`` keeps its root handlers and level."""
+    from lsg_fairseq.cli import convert as cli
+
+    root = logging.getLogger()
+    before = (root.handlers[:], root.level)
+    cli.main([FIXTURE, str(tmp_path / "out")])
+    assert (root.handlers, root.level) == before

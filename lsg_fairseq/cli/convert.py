@@ -12,8 +12,9 @@ whole.
 """
 
 import argparse
-import logging
 import sys
+
+from lsg_fairseq._fairseq_logs import command_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,18 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    options = {k: v for k, v in vars(args).items() if k not in ("src", "out")}
-    from lsg_fairseq.convert import convert
-    from lsg_text.errors import UserError, report
+    with command_logging():
+        options = {k: v for k, v in vars(args).items() if k not in ("src", "out")}
+        from lsg_fairseq.convert import convert
+        from lsg_text.errors import UserError, report
 
-    try:
-        path = convert(args.src, args.out, **options)
-    except UserError as e:  # ConversionError, DataError, CheckpointError: the message names the file
-        sys.exit(report(e, "lsg-fairseq-convert"))
-    except OSError as e:  # an unwritable parent folder, a full disk: OUT is left as it was
-        sys.exit(report(f"{e.filename or args.out}: {e.strerror or e} (OUT_DIR left unchanged)", "lsg-fairseq-convert"))
-    print(path)
+        try:
+            path = convert(args.src, args.out, **options)
+        except UserError as e:  # ConversionError, DataError, CheckpointError: the message names the file
+            sys.exit(report(e, "lsg-fairseq-convert"))
+        except OSError as e:  # an unwritable parent folder, a full disk: OUT is left as it was
+            sys.exit(
+                report(f"{e.filename or args.out}: {e.strerror or e} (OUT_DIR left unchanged)", "lsg-fairseq-convert")
+            )
+        print(path)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ leave HF_DIR untouched.
 """
 
 import argparse
-import logging
 import sys
+
+from lsg_fairseq._fairseq_logs import command_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,15 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    from lsg_fairseq.convert import export
-    from lsg_text.errors import UserError, report
+    with command_logging():
+        from lsg_fairseq.convert import export
+        from lsg_text.errors import UserError, report
 
-    try:
-        path = export(args.src, args.out, force=args.force)
-    except UserError as e:  # ConversionError, DataError: the message names the file or flag
-        sys.exit(report(e, "lsg-fairseq-export"))
-    print(path)
+        try:
+            path = export(args.src, args.out, force=args.force)
+        except UserError as e:  # ConversionError, DataError: the message names the file or flag
+            sys.exit(report(e, "lsg-fairseq-export"))
+        print(path)
 
 
 if __name__ == "__main__":
