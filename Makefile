@@ -11,7 +11,7 @@ demo: setup
 	VENV=$(VENV) bash scripts/demo.sh
 
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider
+	$(PY) -m pytest tests -q -p no:cacheprovider -n 2 --dist loadfile
 
 clean:
 	rm -rf demo_out

@@ -31,7 +31,8 @@ setup(
         # transformers: the export tests load exported folders with HF's own classes (offline)
         # ruff: the lint and format checks of the suite (tests/test_lint.py; settings in pyproject.toml)
         # mypy: the type check of the suite (tests/test_lint.py; the packages it checks in pyproject.toml)
-        "test": ["pytest", "transformers==4.47.1", "ruff==0.17.6", "mypy==2.4.1"],
+        # pytest-xdist: make test runs the suite on two workers, a file per worker at a time
+        "test": ["pytest", "pytest-xdist==3.8.0", "transformers==4.47.1", "ruff==0.17.6", "mypy==2.4.1"],
         "plots": ["matplotlib"],
     },
     entry_points={

@@ -169,3 +169,9 @@ def fsynced(monkeypatch):
 
     monkeypatch.setattr(os, "fsync", spy)
     return names
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked ``long`` run first: with ``make test``'s two workers, each file goes to one worker
+    as the other frees up, and the longest file started last would finish alone."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)

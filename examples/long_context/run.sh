@@ -38,6 +38,7 @@ KEYS=${KEYS:-1}            # key sentences per document (more: the summary lists
 U_SHORT=${U_SHORT:-500}    # updates on short documents, lr 3e-3
 U_LONG=${U_LONG:-800}      # then updates on long (or mid) documents, lr 1e-3
 U_EXTRA=${U_EXTRA:-300}    # extrapolation rows (d) and (e)
+U_BASE=${U_BASE:-$U_LONG}  # the extrapolation's base model: updates on mid documents
 ARCHS=${ARCHS:-"local_8 bart_1024 full_4096 lsg_norm lsg_none led locost"}  # local_8: the control (common.sh)
 EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
 REPORT_DIR=${REPORT_DIR:-$HERE}
@@ -84,7 +85,7 @@ done
 # --------------------------------------------------------------------------- extrapolation (a-e)
 if [ "$EXTRAPOLATION" = 1 ] && [[ " $ARCHS " == *" bart_1024 "* ]]; then
     step "extrapolation: bart_1024 after short, then mid documents (all keys within 1,024), on 4K documents"
-    train x_base "$OUT/mid/bin" "$U_LONG" --lr 1e-3 $(arch_flags bart_1024) \
+    train x_base "$OUT/mid/bin" "$U_BASE" --lr 1e-3 $(arch_flags bart_1024) \
         --finetune-from-model "$OUT/runs/bart_1024.short/checkpoint_last.pt"
     base="$OUT/runs/x_base"
     cp "$OUT/long/spm/dict.txt" "$base/dict.txt"
@@ -109,6 +110,6 @@ fi
 
 step "report -> $REPORT_DIR"
 python "$HERE/report.py" --out "$OUT" --report-dir "$REPORT_DIR" --archs $ARCHS \
-    --command "bash $HERE/run.sh" --settings "KEYS=$KEYS N_SHORT=$N_SHORT N_MID=$N_MID N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA THREADS=$THREADS DEVICE=$DEVICE PRECISION=$PRECISION$(device_name)" \
+    --command "bash $HERE/run.sh" --settings "KEYS=$KEYS N_SHORT=$N_SHORT N_MID=$N_MID N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA U_BASE=$U_BASE THREADS=$THREADS DEVICE=$DEVICE PRECISION=$PRECISION$(device_name)" \
     --wall "$(( $(date +%s) - start ))" --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)"
 step "done"
