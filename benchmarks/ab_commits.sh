@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prog=ab_commits.sh
-die() { echo "$prog: error: $*" >&2; exit 2; }
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # die
 [ $# -ge 2 ] || die "usage: $prog OLD NEW [ROUNDS]"
 VENV=${VENV:-.venv}
 case $VENV in /*) ;; *) VENV="$PWD/$VENV" ;; esac

@@ -4,24 +4,26 @@
 #   DEVICE=auto|cpu|cuda    (default auto: cuda when torch sees a GPU, else cpu; cuda without one is refused)
 #   PRECISION=fp32|bf16|fp16 (default fp32; fp16 needs cuda: fairseq's fp16 trainer is CUDA-only)
 #
-# Sets TRAIN_DEVICE_FLAGS and GENERATE_DEVICE_FLAGS (arrays) and DEVICE to what was chosen. Whatever
-# has no half-precision kernel (S4D's FFT convolution) runs in float32 inside a bf16/fp16 model.
-device_flags_die() { echo "${prog:-$(basename "$0")}: error: $*" >&2; exit 2; }
+# Sets TRAIN_DEVICE_FLAGS and GENERATE_DEVICE_FLAGS (arrays) and DEVICE to what was chosen, and defines
+# die (scripts/lib.sh) in the sourcing script. Whatever has no half-precision kernel (S4D's FFT
+# convolution) runs in float32 inside a bf16/fp16 model.
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # die
 DEVICE=${DEVICE:-auto}
 PRECISION=${PRECISION:-fp32}
 case $DEVICE in
     auto) DEVICE=$(python -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')") ;;
     cpu) ;;
     cuda) seen=$(python -c "import torch; print('yes' if torch.cuda.is_available() else 'torch ' + torch.__version__)")
-          [ "$seen" = yes ] || device_flags_die "DEVICE=cuda: $seen sees no CUDA GPU here; use DEVICE=cpu (or auto)" ;;
-    *) device_flags_die "DEVICE=$DEVICE: expected auto, cpu or cuda" ;;
+          [ "$seen" = yes ] || die "DEVICE=cuda: $seen sees no CUDA GPU here; use DEVICE=cpu (or auto)" ;;
+    *) die "DEVICE=$DEVICE: expected auto, cpu or cuda" ;;
 esac
 case $PRECISION in
     fp32) precision_flags=() ;;
     bf16) precision_flags=(--bf16) ;;
-    fp16) [ "$DEVICE" = cuda ] || device_flags_die "PRECISION=fp16 needs DEVICE=cuda (on CPU use PRECISION=bf16)"
+    fp16) [ "$DEVICE" = cuda ] || die "PRECISION=fp16 needs DEVICE=cuda (on CPU use PRECISION=bf16)"
           precision_flags=(--fp16) ;;
-    *) device_flags_die "PRECISION=$PRECISION: expected fp32, bf16 or fp16" ;;
+    *) die "PRECISION=$PRECISION: expected fp32, bf16 or fp16" ;;
 esac
 if [ "$DEVICE" = cpu ]; then
     TRAIN_DEVICE_FLAGS=(--cpu "${precision_flags[@]}")

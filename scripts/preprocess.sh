@@ -29,7 +29,8 @@ The fairseq-preprocess of the active environment is used; set PYTHON=/path/to/py
 EOF
 }
 
-die() { echo "$prog: error: $*" >&2; exit 2; }
+# shellcheck source=scripts/lib.sh
+source "$(dirname "$0")/lib.sh"  # die
 
 trainpref="" validpref="" testpref="" destdir="" dict="" workers=1
 extra=()

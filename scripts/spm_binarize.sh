@@ -21,7 +21,8 @@ Python: \$PYTHON if set, else python.
 EOF
 }
 
-die() { echo "$prog: error: $*" >&2; exit 2; }
+# shellcheck source=scripts/lib.sh
+source "$here/lib.sh"  # die
 
 raw="" out="" vocab="" workers=1
 spm_args=()
