@@ -366,6 +366,16 @@ def test_report_refuses_missing_hypotheses(tmp_path, capsys):
     assert "lsg_norm.seed2.txt: 5 hypotheses for 12 documents" in capsys.readouterr().err
 
 
+def test_extract_refuses_a_malformed_generate_output_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "generate.out"
+    bad.write_text("not fairseq-generate output\n")
+    assert load_report().main(["extract", str(bad), "3", str(tmp_path / "hyp.txt")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"report.py: error: {bad}: no H-/D- lines found; is this fairseq-generate output (without --quiet)?\n"
+    )
+
+
 def test_control_row_cannot_mix_beyond_its_window(tmp_path):
     """local_8 (LED layers, --attention-window 8, no global token): an encoder output moves only when
     a token within 4 positions (per layer) changes."""

@@ -520,7 +520,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["extract"]:
         if len(argv) != 4:
             return report_error("usage: report.py extract GENERATE_OUT N HYPOTHESES", PROG)
-        extract(argv[1], int(argv[2]), argv[3])
+        try:
+            extract(argv[1], int(argv[2]), argv[3])
+        except UserError as e:  # a malformed generate.out: one line through the printer, not a traceback
+            return report_error(e, PROG)
         return 0
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--outputs", required=True)
