@@ -23,7 +23,7 @@ import tempfile
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, progress
+from lsg_text.fileio import DataError, atomic_files, progress
 from lsg_text.offline_bpe import (
     fairseq_dict_lines,
     load_sentencepiece,
@@ -127,8 +127,9 @@ def main(argv=None) -> int:
                     yield from sentences_for_training(lines, split_sentences, args.max_sentence_length)
 
     spm.set_random_generator_seed(args.seed)
-    # Train into a temp folder beside the outputs and move the files only once everything,
-    # dict.txt included, exists: a failed run leaves no model without its dictionary.
+    # sentencepiece writes its files by prefix, so it trains into a temp folder beside the outputs;
+    # atomic_files then commits model, vocab and dict.txt together: a failed run leaves no model
+    # without its dictionary, and no half of an earlier one.
     tmp_dir = tempfile.mkdtemp(prefix=".spm_train.", dir=out_dir)
     try:
         tmp_prefix = os.path.join(tmp_dir, "m")
@@ -159,11 +160,12 @@ def main(argv=None) -> int:
                 )
             raise DataError(f"sentencepiece training failed: {e}{hint}") from None
         sp = load_sentencepiece(tmp_prefix + ".model", flag="--model-prefix")
-        with atomic_outputs([dict_path]) as (f,):
+        with atomic_files([prefix + ".model", prefix + ".vocab", dict_path]) as (model, vocab, dictionary):
+            for trained, out in ((".model", model), (".vocab", vocab)):
+                with open(tmp_prefix + trained, "rb") as f:
+                    shutil.copyfileobj(f, out)
             for line in fairseq_dict_lines(sp):
-                f.write(line + "\n")
-            for ext in (".model", ".vocab"):
-                shutil.move(tmp_prefix + ext, prefix + ext)
+                dictionary.write((line + "\n").encode("utf-8"))
     except DataError as e:
         return report(str(e), PROG)
     finally:
