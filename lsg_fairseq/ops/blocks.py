@@ -7,9 +7,9 @@ Glossary (LSG paper, Condevaux & Harispe 2023, and ``spec/lsg.md``):
 - ``block_size`` (bs): queries are processed in blocks of bs consecutive tokens; block j holds
   tokens ``[j*bs, (j+1)*bs)``.
 - local window: block j attends to the blocks ``j-backward .. j+forward`` (LSG: 1 and 1, i.e.
-  ``3*bs`` keys); blocks outside ``[0, n_blocks)`` are padding (``look_around`` /
-  ``local_window_indices``). A Longformer sliding window of one-sided width w is the same band
-  with ``block_size = w`` and an exact-distance mask from ``relative_positions``.
+  ``3*bs`` keys); blocks outside ``[0, n_blocks)`` are padding (``local_window_indices``). A
+  Longformer sliding window of one-sided width w is the same band with ``block_size = w`` and an
+  exact-distance mask from ``relative_positions``.
 - sparse sequence: a compressed copy of the sequence with ``t / sparsity_factor`` entries; its
   index p stands for tokens ``[p*sf, (p+1)*sf)``. ``step = bs / sf`` sparse entries per block.
 - ``sparse_block_size`` (sbs): block j takes sbs sparse entries immediately before and sbs
@@ -59,36 +59,10 @@ def pad_to_multiple(x: torch.Tensor, multiple: int, dim: int = -1, value: float 
     return F.pad(x, pad, value=value), pad_len
 
 
-def look_around(
-    x: torch.Tensor, backward: int = 1, forward: int = 1, pad_value: float = 0.0, dim: int = -3
-) -> torch.Tensor:
-    """Concatenate each block with its ``backward`` preceding and ``forward`` following blocks.
-
-    ``x`` is blocked along ``dim`` (block axis) and ``dim + 1`` (position inside the block), e.g.
-    ``(..., n_blocks, block_size, d)`` with ``dim=-3``. The result has shape
-    ``(..., n_blocks, (backward + 1 + forward) * block_size, d)``: block j becomes blocks
-    ``[j - backward, ..., j + forward]`` in order; blocks outside the sequence are filled with
-    ``pad_value`` (0 for keys/values, ``finfo.min`` for additive masks, True for "is padding").
-    This materialises a ``(backward + 1 + forward)``-fold copy, linear in the sequence length.
-    """
-    dim = dim % x.dim()
-    if dim + 1 >= x.dim():
-        raise ValueError("look_around needs a block axis followed by a within-block axis")
-    n = x.size(dim)
-    pad = [0, 0] * (x.dim() - 1 - dim) + [backward, forward]
-    if x.dtype == torch.bool:
-        padded = F.pad(x.to(torch.uint8), pad, value=int(bool(pad_value))).bool()
-    else:
-        padded = F.pad(x, pad, value=pad_value)
-    # padded block b + backward is original block b; window j = padded blocks j .. j+b+f
-    shifted = [padded.narrow(dim, i, n) for i in range(backward + 1 + forward)]
-    return torch.cat(shifted, dim=dim + 1)
-
-
 def local_window_indices(
     n_blocks: int, block_size: int, backward: int = 1, forward: int = 1, device: Optional[torch.device] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Token indices of the local window of every block (the index form of ``look_around``).
+    """Token indices of the local window of every block.
 
     Returns ``(index, valid)`` of shape ``(n_blocks, (backward + 1 + forward) * block_size)``:
     block j sees tokens ``[(j - backward) * bs, (j + 1 + forward) * bs)``; ``valid`` is False
@@ -150,7 +124,7 @@ def relative_positions(
     """``key_pos - query_pos`` inside a local window, shape ``(bs, (backward+1+forward)*bs)``.
 
     The same for every block, since blocks are aligned: query i of a block against key k of its
-    ``look_around`` window. A sliding window of one-sided width w keeps ``|rel| <= w``.
+    local window (``local_window_indices``). A sliding window of one-sided width w keeps ``|rel| <= w``.
     """
     q = torch.arange(block_size, device=device)[:, None]  # (bs, 1)
     k = torch.arange((backward + 1 + forward) * block_size, device=device)[None, :]  # (1, W)
