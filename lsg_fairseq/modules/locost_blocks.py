@@ -23,6 +23,9 @@ from lsg_fairseq.modules.t5_layers import IncrementalState, T5Attention, T5Dense
 # Rows per FFN chunk on the whole-tensor path (GPU): few launches even at 600K tokens, and the
 # (rows, d_ff) intermediates stay a few hundred MiB.
 WHOLE_FFN_ROWS = 1 << 16
+# Rows per FFN chunk on CPU without autograd: the (L, d_ff) intermediates of a long input would
+# otherwise take GiBs, and chunks of 2048 rows are still large enough to keep the matmuls efficient.
+CPU_FFN_ROWS = 2048
 
 
 class T5LayerFF(PathChoice, nn.Module):
@@ -33,10 +36,9 @@ class T5LayerFF(PathChoice, nn.Module):
         self.DenseReluDense = T5DenseGatedGelu(d_model, d_ff, dropout)
         self.layer_norm = T5LayerNorm(d_model, eps)
         self.dropout = LeanDropout(dropout)
-        # Without autograd the FFN is applied to at most this many positions at a time on CPU: the
-        # (L, d_ff) intermediates of a long input would otherwise take GiBs; 2048 rows keep the
-        # matmuls efficient.
-        self.max_positions_per_chunk = 2048
+        # Without autograd the FFN is applied to at most this many positions at a time on CPU (an
+        # attribute so a test can make chunks tiny).
+        self.max_positions_per_chunk = CPU_FFN_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, L, _ = x.shape

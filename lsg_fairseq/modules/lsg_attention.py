@@ -62,6 +62,11 @@ from lsg_fairseq.ops import flex, sparse
 from lsg_fairseq.ops import window_attention as wa
 from lsg_fairseq.ops.blocks import KEY_ALIGN, clamp_index, local_window_indices, padded_length, sparse_window_indices
 
+# The per-layer cache of block index tables (_block_keys; one per input length, device and dtype)
+# is cleared once it holds more than this many: the few padded lengths a run meets again and again
+# stay cached, while a stream of ever-new lengths (generation, unbucketed batches) cannot grow it
+# without bound.
+MAX_CACHED_BLOCK_TABLES = 16
 SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "lsh", "bos_pooling")
 # Rows of the global-token embedding table, the reference's fixed size (HF LSG checkpoints carry
 # all of them; the first num_global_tokens are used).
@@ -486,7 +491,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
             valid = F.pad(valid, (0, extra), value=False)
         mask = torch.zeros(valid.shape, dtype=dtype, device=device)
         mask.masked_fill_(~valid, torch.finfo(dtype).min)
-        if len(self._cache) > 16:
+        if len(self._cache) > MAX_CACHED_BLOCK_TABLES:
             self._cache.clear()
         self._cache[cache_key] = (index.reshape(-1), mask)
         return self._cache[cache_key]
