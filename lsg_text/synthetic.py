@@ -232,7 +232,9 @@ _TEMPLATES = (
 )
 # Fillers that close the gap to the drawn document length (see _filler for why it can fall short).
 _GAP_FILLERS = {2: "It rained.", 3: "Nothing happened."}
-FILLER_SHORTFALL = 8  # the most words _filler falls short of its budget (6 measured over 240,000 draws)
+# The most words _filler falls short of its budget, with a margin over the worst shortfall seen
+# (benchmarks/README, "Figures behind the constants").
+FILLER_SHORTFALL = 8
 
 
 @dataclass

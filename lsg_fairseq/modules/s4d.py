@@ -76,9 +76,9 @@ SSM_PARAMETER_NAMES = ("log_dt", "inv_A_real", "A_imag", "B", "C")
 # layer up to ~8K tokens, most of them at 16K, for a few percent of the encoder's time there
 # against keeping them all.
 KERNEL_CACHE_MB = 30.0
-# On a GPU (the whole-tensor path's kernel spectra, one per FFT size): a locost_base layer's
-# spectrum for 64K tokens (FFT size 131,072: 768 x 65,537 complex64, 384 MiB), so the 12 layers
-# keep theirs (4.6 GiB) and a shorter bucket beside it.
+# On a GPU (the whole-tensor path's kernel spectra, one per FFT size): room for a locost_base
+# layer's spectrum at 64K tokens and a shorter bucket beside it (the sizes: benchmarks/README,
+# "Figures behind the constants").
 GPU_KERNEL_CACHE_MB = 512.0
 # Kernel entries after every mode's term has decayed below this are exact zeros instead of computed
 # (``--ssm-kernel-tail-tol``; their sum stays below M * tol, under float32 rounding of O(1) kernels).

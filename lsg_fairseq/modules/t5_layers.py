@@ -260,8 +260,9 @@ class T5Attention(nn.Module):
             q = q.reshape(Bm, self.num_heads, beam * T, self.d_kv)  # (B_m heads beam*T d_kv)
         if memory is not None and self.training and torch.is_grad_enabled():
             # training cross-attention: the (heads, T, S) probabilities would be kept for backward
-            # three times (softmax, dropout, matmul: ~7 GiB for locost_base at 16K source tokens);
-            # they are recomputed in backward instead, with the same dropout mask (RNG restored)
+            # three times (softmax, dropout, matmul: GiBs at long sources, benchmarks/README, "Figures
+            # behind the constants"); they are recomputed in backward instead, with the same dropout
+            # mask (RNG restored)
             out = checkpoint(self._attend, q, k, v, bias, use_reentrant=False)
         else:
             out = self._attend(q, k, v, bias)  # (B_m heads beam*T d_kv)
