@@ -174,7 +174,7 @@ def markdown(result, work) -> str:
                 ", gradients of every parameter"
                 + (
                     " relative to the model's largest gradient entry"
-                    if flex["rows"] and "gradients_worst_at" in flex["rows"][0]
+                    if flex.get("gradient_scale") == "model"
                     else " each relative to its own largest entry (a metric since replaced: zero gradients, "
                     "such as the attentions' key biases, compare rounding noise with rounding noise)"
                 )

@@ -171,7 +171,7 @@ def vandermonde_blocked(
         # rows [Re; Im] of C' exp(dtA b); columns: direction-major (c, b)
         rhs = torch.cat([cr * zr - ci * zi, cr * zi + ci * zr], dim=2)  # (h 2 2M S)
         rhs = rhs.transpose(1, 2).reshape(rhs.shape[0], 2 * M, two * step)  # (h 2M 2S)
-        k = 2 * (torch.bmm(lhs, rhs) if product == "fp32" else _product(lhs, rhs, product))  # (h A 2S)
+        k = 2 * _product(lhs, rhs, product)  # (h A 2S)
         k = k.reshape(k.shape[0], n_blocks, two, step).transpose(1, 2)  # (h 2 A S)
         k = k.reshape(k.shape[0], two, n_blocks * step)[..., :length]  # (h 2 L)
         out.append(k)
