@@ -13,7 +13,9 @@ setup(
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
-    packages=find_packages(include=["lsg_fairseq", "lsg_fairseq.*", "lsg_text", "lsg_text.*"]),
+    packages=find_packages(
+        include=["lsg_fairseq", "lsg_fairseq.*", "lsg_layers", "lsg_layers.*", "lsg_text", "lsg_text.*"]
+    ),
     install_requires=[
         # fairseq 0.12.2 does not import on Python 3.11; fairseq-fixed is the maintained rebuild.
         "fairseq-fixed==0.12.3.1",

@@ -19,9 +19,9 @@ import time
 
 import torch
 
-from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
-from lsg_fairseq.modules.lsg_attention import LSGSelfAttention
-from lsg_fairseq.modules.paths import forced_path
+from lsg_layers.modules.longformer_attention import LongformerSelfAttention
+from lsg_layers.modules.lsg_attention import LSGSelfAttention
+from lsg_layers.modules.paths import forced_path
 from run import cpu_name  # benchmarks/run.py, beside this script
 
 # (label, embed_dim, heads, LSG block, LED window): the tiny archs, their layout at head 32, and base

@@ -134,7 +134,7 @@ def locost_cases(fixtures, work):
 
 # ---------------------------------------------------------------- measuring
 def outputs(model, run, device, dtype, layer_path):
-    from lsg_fairseq.modules.paths import forced_path
+    from lsg_layers.modules.paths import forced_path
 
     model = model.to(device=device, dtype=dtype)
     with torch.no_grad(), forced_path(model, layer_path):

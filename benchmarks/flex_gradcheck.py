@@ -79,7 +79,7 @@ def batch(device):
 
 
 def run(model, path, device, grad):
-    from lsg_fairseq.modules.paths import forced_path, paths_ran
+    from lsg_layers.modules.paths import forced_path, paths_ran
 
     src, lengths, prev = batch(device)
     model.zero_grad(set_to_none=True)

@@ -47,7 +47,7 @@ variants and the HF peers built here.
   ``train`` only, where ``transformers`` is installed (``--arch`` names them; not in the default list).
 
 ``--layer-path cpu|whole`` forces the implementation of the layers that have two
-(``lsg_fairseq.modules.paths``; default ``auto``: whole tensors on GPU, the CPU paths on CPU), e.g.
+(``lsg_layers.modules.paths``; default ``auto``: whole tensors on GPU, the CPU paths on CPU), e.g.
 to time the whole-tensor paths on a CPU.
 
 Every time cell shows the ratio to ``bart`` and to ``linear`` at the same length and mode, every
@@ -100,7 +100,7 @@ from lsg_fairseq.convert import families  # noqa: E402
 from lsg_fairseq.convert.registry import BenchRow, BenchSettings  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
 from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
-from lsg_fairseq.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
+from lsg_layers.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
 from report import MODES  # noqa: E402
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -509,7 +509,7 @@ SSM_LABELS = ("s4d.layer", "s4d.kernel", "s4d.projection")
 
 def ssm_breakdown(model, step, device) -> dict:
     """One more encoder call under ``torch.profiler``, the S4D token mixer's own work summed from its
-    labels (``lsg_fairseq.modules.s4d``): ``s4d.layer`` (every call), ``s4d.kernel`` (SSM kernel
+    labels (``lsg_layers.modules.s4d``): ``s4d.layer`` (every call), ``s4d.kernel`` (SSM kernel
     generation) and ``s4d.projection`` (its k/q/output projections); :func:`breakdown_from_rows`
     does the arithmetic. So ``kernel + conv`` is everything the SSM adds over a token mixer made of
     linear layers. The total is the profiled call's own (the profiler's overhead is in both).

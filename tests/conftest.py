@@ -147,11 +147,11 @@ def toy_batch(n=2, L=45, lengths=(45, 30), seed=1):
 
 @pytest.fixture(params=["cpu", "whole"])
 def layer_path(request, monkeypatch):
-    """Run a test on both paths of every layer that has two (``lsg_fairseq.modules.paths``): the CPU
+    """Run a test on both paths of every layer that has two (``lsg_layers.modules.paths``): the CPU
     fast paths (strided key windows of the LSG and Longformer attentions, S4D's decay groups and
     channel chunks) and the whole-tensor paths a GPU runs (gathered keys, one batched FFT), forced
     on CPU for every instance by the class default."""
-    from lsg_fairseq.modules.paths import PathChoice
+    from lsg_layers.modules.paths import PathChoice
 
     monkeypatch.setattr(PathChoice, "path", request.param)
     return request.param

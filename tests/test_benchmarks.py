@@ -620,7 +620,7 @@ def test_breakdown_of_a_gpu_trace_with_nested_labels(run_module):
 
 def test_breakdown_of_a_real_cpu_trace_adds_up(run_module):
     """A profiled S4D layer (labels nested: kernel and projections inside the layer) on CPU."""
-    from lsg_fairseq.modules.s4d import S4D
+    from lsg_layers.modules.s4d import S4D
 
     layer = S4D(32, 16).eval()
     layer.kernel_cache_mb = 0  # generate the kernels inside the profiled call

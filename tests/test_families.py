@@ -82,7 +82,7 @@ def toy_repo(tmp_path_factory):
     assert sorted(added) == [
         "lsg_fairseq/convert/local_bart.py",
         "lsg_fairseq/models/local_bart.py",
-        "lsg_fairseq/modules/local_attention.py",
+        "lsg_layers/modules/local_attention.py",
     ]
     return root
 

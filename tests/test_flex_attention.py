@@ -1,4 +1,4 @@
-"""The FlexAttention path of the LSG and Longformer attentions (``lsg_fairseq.ops.flex``) on CPU.
+"""The FlexAttention path of the LSG and Longformer attentions (``lsg_layers.ops.flex``) on CPU.
 
 - each mask_mod, evaluated with ``create_mask``, equals the dense mask of the slow references
   (``test_lsg_attention.reference_allow``, ``test_longformer_attention.reference_local_keys``);
@@ -16,9 +16,9 @@ import torch
 from torch.nn.attention.flex_attention import create_mask
 
 from conftest import build_task_and_model, toy_batch, write_toy_dict
-from lsg_fairseq.modules import paths
-from lsg_fairseq.modules.paths import CPU, FLEX, WHOLE, PathChoice, attention_path, forced_path, paths_ran
-from lsg_fairseq.ops import flex
+from lsg_layers.modules import paths
+from lsg_layers.modules.paths import CPU, FLEX, WHOLE, PathChoice, attention_path, forced_path, paths_ran
+from lsg_layers.ops import flex
 from test_longformer_attention import check as led_check
 from test_longformer_attention import dense_reference as led_dense_reference
 from test_longformer_attention import inputs as led_inputs

@@ -4,15 +4,20 @@ Read from the source (``ast``), not by importing: a function-level import counts
 one. The layers, lowest first (README "Where things live"):
 
     lsg_text                      the fairseq-free text library (never imports lsg_fairseq)
-    ops, checkpoint_io            pure tensor functions; the checkpoint error type
-    modules, data, generation,    layers (torch modules), fairseq datasets, the generator,
+    lsg_layers.ops, checkpoint_io pure tensor functions; the checkpoint error type
+    lsg_layers.modules, data,     layers (torch modules), fairseq datasets, the generator,
+    generation,
     checkpoint_policy,            the --restore-file policy, the device and precision policy
     device_policy
     models, tasks, optim,         what fairseq registers, and the patches of fairseq internals
     fairseq_fixes, quantize
     convert                       HF <-> fairseq checkpoints
+    lsg_fairseq.ops, .modules     the old import paths of lsg_layers (aliases; nothing of ours uses them)
     lsg_fairseq (entry point)     imports models/tasks/optim (registration) and installs the fixes
     cli                           the console scripts
+
+``lsg_layers`` and ``lsg_text`` stand apart from the plugin: they import neither fairseq nor
+``lsg_fairseq`` (checked from the source here, and by importing them in a fresh interpreter).
 
 A module may import a module of a lower layer, or one of its own sub-package (``models.lsg_bart``
 -> ``models.custom_encoder``); never one of the same layer's other packages or above. The one
@@ -22,7 +27,12 @@ sub-package the imports form no cycle either (``convert/__init__`` -> ``convert.
 """
 
 import ast
+import importlib
+import json
 import os
+import pkgutil
+import subprocess
+import sys
 
 import pytest
 
@@ -31,11 +41,13 @@ from conftest import REPO_ROOT
 # (module prefix, layer); the longest matching prefix wins
 LAYERS = [
     ("lsg_text", 0),
+    ("lsg_layers", 1),  # its __init__ (docstring only)
     ("lsg_fairseq._autoimport", 1),
     ("lsg_fairseq._fairseq_logs", 1),
-    ("lsg_fairseq.ops", 1),
+    ("lsg_fairseq._aliases", 1),
+    ("lsg_layers.ops", 1),
     ("lsg_fairseq.checkpoint_io", 1),
-    ("lsg_fairseq.modules", 2),
+    ("lsg_layers.modules", 2),
     ("lsg_fairseq.data", 2),
     ("lsg_fairseq.generation", 2),
     ("lsg_fairseq.checkpoint_policy", 2),
@@ -46,10 +58,13 @@ LAYERS = [
     ("lsg_fairseq.fairseq_fixes", 3),
     ("lsg_fairseq.quantize", 3),
     ("lsg_fairseq.convert", 4),
+    ("lsg_fairseq.ops", 4),  # the old import paths of lsg_layers (aliases, lsg_fairseq/_aliases.py)
+    ("lsg_fairseq.modules", 4),
     ("lsg_fairseq", 5),  # the entry point, lsg_fairseq/__init__.py
     ("lsg_fairseq.cli", 6),
 ]
-PACKAGES = ("lsg_fairseq", "lsg_text")
+PACKAGES = ("lsg_fairseq", "lsg_layers", "lsg_text")
+STANDALONE = ("lsg_layers", "lsg_text")  # packages usable without fairseq or the plugin
 
 
 def module_files():
@@ -180,12 +195,12 @@ def test_the_checks_can_fail(tmp_path):
     bad.write_text(
         "import lsg_fairseq.optim.grouped_adam  # registers an optimizer\n"
         "from lsg_fairseq.models import lsg_bart\n"
-        "from lsg_fairseq.ops.blocks import KEY_ALIGN\n"
+        "from lsg_layers.ops.blocks import KEY_ALIGN\n"
         "print(KEY_ALIGN)\n"
     )
-    assert upward_imports("lsg_fairseq.ops.bad", str(bad)) == [
-        "line 1: lsg_fairseq.optim.grouped_adam (layer 3; lsg_fairseq.ops.bad is layer 1)",
-        "line 2: lsg_fairseq.models.lsg_bart (layer 3; lsg_fairseq.ops.bad is layer 1)",
+    assert upward_imports("lsg_layers.ops.bad", str(bad)) == [
+        "line 1: lsg_fairseq.optim.grouped_adam (layer 3; lsg_layers.ops.bad is layer 1)",
+        "line 2: lsg_fairseq.models.lsg_bart (layer 3; lsg_layers.ops.bad is layer 1)",
     ]
     assert upward_imports("lsg_fairseq.cli.bad", str(bad)) == []
     assert side_effect_imports(str(bad)) == [
@@ -213,3 +228,72 @@ def test_the_cycle_check_can_fail(tmp_path):
     assert import_cycles(import_graph(modules)) == [["lsg_fairseq.convert.a", "lsg_fairseq.convert.b"]]
     b.write_text("VALUE = 1\n")
     assert import_cycles(import_graph(modules)) == []
+
+
+def plugin_imports(path: str):
+    """Imports of fairseq or lsg_fairseq anywhere in a file (what a standalone package must not have)."""
+    wrong = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module]
+        wrong += [f"line {node.lineno}: {n}" for n in names if n.split(".")[0] in ("fairseq", "lsg_fairseq")]
+    return wrong
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m.split(".")[0] in STANDALONE))
+def test_standalone_packages_import_no_plugin(module):
+    wrong = plugin_imports(MODULES[module])
+    assert not wrong, f"{MODULES[module]} imports fairseq or the plugin:\n" + "\n".join(wrong)
+
+
+def test_the_standalone_check_can_fail(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import torch\n\n\ndef f():\n    from fairseq.models import bart\n    import lsg_fairseq.ops.blocks\n"
+    )
+    assert plugin_imports(str(bad)) == ["line 5: fairseq.models", "line 6: lsg_fairseq.ops.blocks"]
+
+
+def test_lsg_layers_imports_without_fairseq(tmp_path):
+    """Every module of lsg_layers, imported in a fresh interpreter (this process has long imported
+    fairseq), loads neither fairseq nor lsg_fairseq."""
+    import lsg_layers
+
+    modules = ["lsg_layers"] + sorted(m.name for m in pkgutil.walk_packages(lsg_layers.__path__, "lsg_layers."))
+    assert {"lsg_layers.ops.blocks", "lsg_layers.modules.s4d", "lsg_layers.modules.lsg_attention"} <= set(modules)
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('fairseq', 'lsg_fairseq'))))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == []
+
+
+def test_old_import_paths_are_the_moved_modules():
+    """``lsg_fairseq.ops.<name>`` / ``lsg_fairseq.modules.<name>`` are the lsg_layers modules themselves
+    (a monkeypatch through either reaches both); cross-attention, which needs fairseq, is in models."""
+    import lsg_layers
+
+    moved = [m.name for m in pkgutil.walk_packages(lsg_layers.__path__, "lsg_layers.") if not m.ispkg]
+    assert len(moved) >= 15
+    for name in moved:
+        old = name.replace("lsg_layers.", "lsg_fairseq.", 1)
+        assert importlib.import_module(old) is importlib.import_module(name), old
+    from lsg_fairseq.modules.cross_attention import LongSourceCrossAttention
+
+    assert LongSourceCrossAttention.__module__ == "lsg_fairseq.models.cross_attention"
+
+
+def test_nothing_of_ours_imports_the_old_paths():
+    """The aliases are for other people's code: ours imports the new homes."""
+    old = [
+        f"{path}: {line}: {target}"
+        for module, path in MODULES.items()
+        for line, target, _ in imports_of(path)[1]
+        if target.split(".")[:2] in (["lsg_fairseq", "ops"], ["lsg_fairseq", "modules"])
+    ]
+    assert old == []

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import build_task_and_model, toy_batch, write_toy_dict
 
-from lsg_fairseq.modules.lean_ffn import bool_dropout, ffn_recompute_activation
+from lsg_layers.modules.lean_ffn import bool_dropout, ffn_recompute_activation
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
 
@@ -144,7 +144,7 @@ def test_lean_flag_values(data_dir):
 def test_long_source_cross_attention_equals_fairseq_path():
     from fairseq.modules.multihead_attention import MultiheadAttention
 
-    from lsg_fairseq.modules.cross_attention import LongSourceCrossAttention
+    from lsg_fairseq.models.cross_attention import LongSourceCrossAttention
 
     torch.manual_seed(0)
     fused = LongSourceCrossAttention(16, 4, kdim=16, vdim=16, encoder_decoder_attention=True).double().train()
@@ -173,7 +173,7 @@ def test_long_source_cross_attention_equals_fairseq_path():
 
 
 def test_long_input_models_use_the_long_source_decoder(data_dir):
-    from lsg_fairseq.modules.cross_attention import LongSourceCrossAttention
+    from lsg_fairseq.models.cross_attention import LongSourceCrossAttention
 
     for arch in ARCH_FLAGS:
         model = build(data_dir, arch)
@@ -196,7 +196,7 @@ def test_t5_training_cross_attention_recomputes_its_probabilities(monkeypatch):
     # LOCOST's decoder cross-attention in training: same outputs and gradients as the plain path
     # (the same dropout mask: RNG state restored in backward), without the (heads, T, S)
     # probabilities kept for backward
-    from lsg_fairseq.modules import t5_layers
+    from lsg_layers.modules import t5_layers
 
     attn = t5_layers.T5Attention(16, 4, 2, dropout=0.3).train()
     x = torch.randn(2, 5, 16, requires_grad=True)
@@ -218,7 +218,7 @@ def test_t5_training_cross_attention_recomputes_its_probabilities(monkeypatch):
 
 
 def test_lean_dropout_keeps_a_bool_mask_and_is_dropout_elsewhere():
-    from lsg_fairseq.modules.lean_ffn import LeanDropout
+    from lsg_layers.modules.lean_ffn import LeanDropout
 
     drop = LeanDropout(0.25)
     x = torch.randn(64, 32, requires_grad=True)

@@ -8,7 +8,7 @@ from conftest import TOY_VOCAB as VOCAB, build_task_and_model, toy_batch, write_
 
 from lsg_fairseq.models.custom_encoder import LongInputEncoderLayer
 from lsg_fairseq.models.led import LEDModel
-from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
+from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread

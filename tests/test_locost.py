@@ -140,7 +140,7 @@ def test_incremental_position_bias_beyond_max_distance(tiny):
             assert torch.equal(rel.compute_bias(1, t + 1, q_offset=t)[0, :, 0], full[0, :, t, : t + 1])
         # past max_distance every earlier key shares the last bucket
         assert torch.equal(full[0, :, 299, 0], full[0, :, 299, 299 - 140])
-    from lsg_fairseq.modules.t5_layers import relative_position_bucket
+    from lsg_layers.modules.t5_layers import relative_position_bucket
 
     b = relative_position_bucket(-torch.arange(300), bidirectional=False)  # key t - d for query t
     assert b[:16].tolist() == list(range(16))  # exact buckets
@@ -472,7 +472,7 @@ def test_train_then_generate_cli(word_data, tmp_path):
 # ---------------------------------------------------------------------------- fused gated FFN (training memory)
 def _plain_ffn(ff, h, mask=None, p=0.0):
     """The obviously-correct expression, with an explicit dropout mask."""
-    from lsg_fairseq.modules.t5_layers import gelu_new
+    from lsg_layers.modules.t5_layers import gelu_new
 
     x = gelu_new(ff.wi_0(h)) * ff.wi_1(h)
     if mask is not None:
@@ -481,7 +481,7 @@ def _plain_ffn(ff, h, mask=None, p=0.0):
 
 
 def test_gated_gelu_ffn_gradcheck_float64():
-    from lsg_fairseq.modules.t5_layers import GatedGeluFFN
+    from lsg_layers.modules.t5_layers import GatedGeluFFN
 
     torch.manual_seed(0)
     h = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
@@ -498,7 +498,7 @@ def test_gated_gelu_ffn_gradcheck_float64():
 
 
 def test_gated_gelu_ffn_equals_plain_module_with_grads():
-    from lsg_fairseq.modules.t5_layers import T5DenseGatedGelu
+    from lsg_layers.modules.t5_layers import T5DenseGatedGelu
 
     torch.manual_seed(0)
     for p in (0.0, 0.3):
@@ -521,7 +521,7 @@ def test_gated_gelu_ffn_equals_plain_module_with_grads():
 
 
 def test_gated_gelu_ffn_keeps_only_input_and_mask():
-    from lsg_fairseq.modules.t5_layers import T5DenseGatedGelu
+    from lsg_layers.modules.t5_layers import T5DenseGatedGelu
 
     ff = T5DenseGatedGelu(8, 32, dropout=0.1).train()
     h = torch.randn(1, 50, 8, requires_grad=True)

@@ -1,4 +1,4 @@
-"""Longformer self-attention (lsg_fairseq.modules.longformer_attention) against a dense reference.
+"""Longformer self-attention (lsg_layers.modules.longformer_attention) against a dense reference.
 
 The reference is written from spec/led.md section 4 directly: one (T x T) key set per row and
 float64 softmax; the module's blocked path must give the same valid outputs for odd lengths,
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from lsg_fairseq.modules.longformer_attention import (
+from lsg_layers.modules.longformer_attention import (
     LongformerSelfAttention,
     check_attention_window,
     parse_attention_windows,
@@ -112,7 +112,7 @@ def test_many_globals_match_dense_reference(n_glob, layer_path):
 
 
 def test_window_path_gradients_equal_gathered_path():
-    from lsg_fairseq.ops import window_attention
+    from lsg_layers.ops import window_attention
 
     supported = window_attention.supported
     attn = make(6, 4).double().train()  # training, no attention dropout: the window path

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from lsg_fairseq.modules.lsg_attention import LSGSelfAttention, check_lsg_config
-from lsg_fairseq.ops import window_attention
+from lsg_layers.modules.lsg_attention import LSGSelfAttention, check_lsg_config
+from lsg_layers.ops import window_attention
 from test_sparse import ref_sparse  # the sparse sequences written as loops from the spec
 
 NEG = torch.finfo(torch.float32).min

@@ -3,7 +3,7 @@
 On a GPU, cuFFT computes half precision only for power-of-two sizes and S4D's kernels need float32
 phases; pocketfft (CPU) has no half precision at all. So S4D's convolution runs in float32 on
 every path (the SSM parameters stay float32 when the model is cast, ``S4DKernel._apply``) and
-casts back. Checked on CPU, on both layer paths (``lsg_fairseq.modules.paths``): every FFT sees
+casts back. Checked on CPU, on both layer paths (``lsg_layers.modules.paths``): every FFT sees
 float32, a bf16/fp16 model's logits stay close to the float32 model's, gradients are finite, and
 fairseq's own ``--bf16`` trainer steps every arch.
 """
@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import build_task_and_model, toy_batch, write_toy_dict
-from lsg_fairseq.modules.paths import forced_path
+from lsg_layers.modules.paths import forced_path
 
 ARCHS = {
     "bart_tiny": [],

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lsg_fairseq.ops import blocks as B
+from lsg_layers.ops import blocks as B
 
 
 def test_num_blocks_and_padded_length():

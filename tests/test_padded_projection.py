@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from lsg_fairseq.modules.padded_projection import padded_projection
+from lsg_layers.modules.padded_projection import padded_projection
 
 
 def reference(proj, x, pieces, length):

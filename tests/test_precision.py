@@ -1,4 +1,4 @@
-"""Half precision in the layers (lsg_fairseq.modules.precision): the S4D kernel stays float32 under
+"""Half precision in the layers (lsg_layers.modules.precision): the S4D kernel stays float32 under
 autocast, and float16 activations that overflow a naive half forward stay finite and close to float32.
 
 Each test builds activations that do overflow float16 on the way (checked in the test: the
@@ -10,12 +10,12 @@ autocast); ``model.half()`` is fairseq's ``--fp16``.
 import pytest
 import torch
 
-from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock
-from lsg_fairseq.modules.paths import forced_path
-from lsg_fairseq.modules.precision import clamp_fp16, fp16_in_play, within_fp16
-from lsg_fairseq.modules.s4d import S4D
-from lsg_fairseq.modules.t5_layers import T5Attention, T5DenseGatedGelu
-from lsg_fairseq.ops.ssm import vandermonde_blocked
+from lsg_layers.modules.locost_blocks import LOCOSTEncoderBlock
+from lsg_layers.modules.paths import forced_path
+from lsg_layers.modules.precision import clamp_fp16, fp16_in_play, within_fp16
+from lsg_layers.modules.s4d import S4D
+from lsg_layers.modules.t5_layers import T5Attention, T5DenseGatedGelu
+from lsg_layers.ops.ssm import vandermonde_blocked
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 FP16_MAX = torch.finfo(torch.float16).max

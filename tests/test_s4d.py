@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import FIXTURES, locost_kernels
-from lsg_fairseq.modules.s4d import S4D, S4DKernel
-from lsg_fairseq.ops.ssm import (
+from lsg_layers.modules.s4d import S4D, S4DKernel
+from lsg_layers.ops.ssm import (
     FFTConv,
     channel_groups,
     circular_bidirectional_kernel,
@@ -474,7 +474,7 @@ def test_channel_chunked_inference_equals_full():
 
 
 def test_ffn_position_chunking_equals_full():
-    from lsg_fairseq.modules.locost_blocks import T5LayerFF
+    from lsg_layers.modules.locost_blocks import T5LayerFF
 
     ff = T5LayerFF(8, 12, dropout=0.0, eps=1e-6).eval()
     x = torch.randn(2, 50, 8)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from lsg_fairseq.ops import sparse
+from lsg_layers.ops import sparse
 
 NEG = torch.finfo(torch.float32).min
 TYPES = ["norm", "pooling", "stride", "block_stride", "bos_pooling", "lsh"]

@@ -1,4 +1,4 @@
-"""The whole-tensor paths (what a GPU runs; ``lsg_fairseq.modules.paths``), forced on CPU.
+"""The whole-tensor paths (what a GPU runs; ``lsg_layers.modules.paths``), forced on CPU.
 
 - values and gradients against the slow references (S4D here and, with LSG/LED, through the
   ``layer_path`` fixture of their reference tests, and every conformance fixture on both paths);
@@ -17,12 +17,12 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import build_task_and_model, toy_batch, write_toy_dict
-from lsg_fairseq.modules import s4d as s4d_module
-from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention
-from lsg_fairseq.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
-from lsg_fairseq.modules.paths import PathChoice, forced_path
-from lsg_fairseq.modules.s4d import S4D
-from lsg_fairseq.ops.ssm import next_fast_len
+from lsg_layers.modules import s4d as s4d_module
+from lsg_layers.modules.longformer_attention import LongformerSelfAttention
+from lsg_layers.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
+from lsg_layers.modules.paths import PathChoice, forced_path
+from lsg_layers.modules.s4d import S4D
+from lsg_layers.ops.ssm import next_fast_len
 from test_s4d import _direct_conv, _masked_batch, _perturbed_layer, _recurrent
 
 # ------------------------------------------------------------------------------ S4D values and gradients
@@ -433,7 +433,7 @@ def test_fused_generator_matches_the_naive_formula_and_the_eager_layer():
     """--ssm-kernel-compile: the compiled generator (ops.ssm.fused_circular_kernel) against the
     naive formula in float64 (the eager generator's bound, 1e-5) and, in a layer on the
     whole-tensor path, outputs and gradients equal to the eager generator's."""
-    from lsg_fairseq.ops.ssm import circular_bidirectional_kernel, fused_circular_kernel, vandermonde_naive
+    from lsg_layers.ops.ssm import circular_bidirectional_kernel, fused_circular_kernel, vandermonde_naive
 
     eager = _whole(_perturbed_layer(H=6, N=8)).train()
     fused = _whole(_perturbed_layer(H=6, N=8)).train()
@@ -456,7 +456,7 @@ def test_fused_generator_matches_the_naive_formula_and_the_eager_layer():
 def test_tf32_rounding_keeps_ten_mantissa_bits_to_nearest():
     """ops.ssm.round_to_tf32, the CPU's stand-in for a GPU's TF32 operands: 10 explicit bits, to
     nearest, ties away from zero; exact values unchanged."""
-    from lsg_fairseq.ops.ssm import round_to_tf32
+    from lsg_layers.ops.ssm import round_to_tf32
 
     ulp = 2.0**-10
     x = torch.tensor([1.0, 1 + ulp, 1 + ulp / 2, 1 + ulp / 4, 1 + 3 * ulp / 4, -(1 + ulp / 2), 3.0e-3, 0.0])
@@ -476,7 +476,7 @@ def test_generator_product_modes_within_their_bounds(mode):
     float64, relative to the kernel's largest entry, on perturbed layers of several sizes: within
     the mode's stated bound (ops.ssm.PRODUCT_BOUNDS), and the reduced modes measurably coarser than
     float32 (so the mode is really applied)."""
-    from lsg_fairseq.ops.ssm import PRODUCT_BOUNDS, vandermonde_blocked, vandermonde_naive
+    from lsg_layers.ops.ssm import PRODUCT_BOUNDS, vandermonde_blocked, vandermonde_naive
 
     worst = 0.0
     for seed, (H, N, L) in enumerate([(16, 64, 1000), (8, 512, 4096), (32, 64, 3000)]):
@@ -498,8 +498,8 @@ def test_layer_uses_the_product_mode_only_when_training_in_half_precision(monkey
     autocast here) and autograd is on, in the forward and in the backward's recomputation; float32
     training uses fp32. (The compiled generator is the eager function, tested above; here the eager
     function stands in for it.) The bf16 mode's layer output stays close to the fp32 mode's."""
-    from lsg_fairseq.modules import s4d as s4d_module
-    from lsg_fairseq.ops.ssm import blocked_circular_kernel
+    from lsg_layers.modules import s4d as s4d_module
+    from lsg_layers.ops.ssm import blocked_circular_kernel
 
     seen = []
 

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from lsg_fairseq.ops import window_attention as wa
-from lsg_fairseq.ops.window_attention import QueryGroup, Window, split_unmasked, window_attention
+from lsg_layers.ops import window_attention as wa
+from lsg_layers.ops.window_attention import QueryGroup, Window, split_unmasked, window_attention
 
 NEG64 = torch.finfo(torch.float64).min
 

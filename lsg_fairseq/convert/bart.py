@@ -47,7 +47,7 @@ import torch
 from lsg_fairseq.convert import common as C
 from lsg_fairseq.convert.registry import BenchRow, Family, SourceInfo, register_family
 from lsg_fairseq.models.lsg_bart import LSGBARTModel, lsg_architecture_defaults
-from lsg_fairseq.modules.lsg_attention import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
+from lsg_layers.modules.lsg_attention import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationTask
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, SENTENCEPIECE_NAMES

@@ -33,7 +33,7 @@ from lsg_fairseq.convert import common as C
 from lsg_fairseq.convert.bart import BartFamily, extend_positions, hf_to_fairseq_state, is_bart_source
 from lsg_fairseq.convert.registry import BenchRow, register_family
 from lsg_fairseq.models.led import LEDModel
-from lsg_fairseq.modules.longformer_attention import parse_attention_windows
+from lsg_layers.modules.longformer_attention import parse_attention_windows
 
 logger = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from lsg_fairseq.models import hub
-from lsg_fairseq.modules.cross_attention import LongSourceCrossAttention
-from lsg_fairseq.modules.lean_ffn import bool_dropout, ffn_recompute_activation
+from lsg_fairseq.models.cross_attention import LongSourceCrossAttention
+from lsg_layers.modules.lean_ffn import bool_dropout, ffn_recompute_activation
 from lsg_text.argtypes import bool_flag
 
 WEIGHT_INITS = ("bert", "fan_in")
@@ -279,7 +279,7 @@ def add_weight_init_arg(parser) -> None:
 
 class LongSourceDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's decoder layer whose cross-attention keeps no probability tensor (see
-    :mod:`lsg_fairseq.modules.cross_attention`)."""
+    :mod:`lsg_fairseq.models.cross_attention`)."""
 
     def build_encoder_attention(self, embed_dim, cfg):
         return LongSourceCrossAttention(

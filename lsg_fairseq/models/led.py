@@ -2,7 +2,7 @@
 
 ``--arch led_base`` / ``led_large`` / ``led_tiny`` (``spec/led.md``; Beltagy et al. 2020, section 6).
 Only the encoder's self-attention changes: every layer uses
-:class:`~lsg_fairseq.modules.longformer_attention.LongformerSelfAttention` (sliding window of
+:class:`~lsg_layers.modules.longformer_attention.LongformerSelfAttention` (sliding window of
 one-sided width w = W / 2, W = ``--attention-window`` per layer, plus global tokens with their own
 q/k/v projections). Embeddings, post-LN layers, decoder and head are BART's.
 
@@ -33,8 +33,8 @@ from lsg_fairseq.models.custom_encoder import (
     add_lean_activations_arg,
     tiny_bart_architecture,
 )
-from lsg_fairseq.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
-from lsg_fairseq.ops.blocks import compact_indices
+from lsg_layers.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
+from lsg_layers.ops.blocks import compact_indices
 from lsg_text.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -38,12 +38,12 @@ from fairseq.models import (
 )
 
 from lsg_fairseq.models.custom_encoder import wrap_layer
-from lsg_fairseq.modules.lean_ffn import LeanDropout
-from lsg_fairseq.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
-from lsg_fairseq.modules.s4d import KERNEL_TAIL_TOL
-from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
-from lsg_fairseq.modules.t5_layers import T5LayerNorm
-from lsg_fairseq.ops.ssm import PRODUCT_MODES
+from lsg_layers.modules.lean_ffn import LeanDropout
+from lsg_layers.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
+from lsg_layers.modules.s4d import KERNEL_TAIL_TOL
+from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN
+from lsg_layers.modules.t5_layers import T5LayerNorm
+from lsg_layers.ops.ssm import PRODUCT_MODES
 from lsg_text.argtypes import FINITE_FLOAT, POSITIVE_INT, PROBABILITY, bool_flag, float_range, int_range
 from lsg_text.errors import ConfigError
 

@@ -3,7 +3,7 @@
 ``--arch lsg_bart_base`` / ``lsg_bart_large`` / ``lsg_bart_tiny``. Only the encoder changes
 (``spec/lsg.md``): G learned global tokens are prepended to the embedded input (after token +
 position embedding, before ``layernorm_embedding`` and dropout) and every encoder layer uses
-:class:`~lsg_fairseq.modules.lsg_attention.LSGSelfAttention`. The decoder is BART's; it
+:class:`~lsg_layers.modules.lsg_attention.LSGSelfAttention`. The decoder is BART's; it
 cross-attends to ``[G globals + tokens]`` (``--pass-global-tokens-to-decoder``, default) or to the
 tokens only, optionally with global 0's output pooled onto the first token
 (``--pool-with-global``). Source padding must be on the right (blocks align from position 0).
@@ -27,7 +27,7 @@ from lsg_fairseq.models.custom_encoder import (
     add_lean_activations_arg,
     tiny_bart_architecture,
 )
-from lsg_fairseq.modules.lsg_attention import (
+from lsg_layers.modules.lsg_attention import (
     LSG_DEFAULTS,
     MAX_GLOBAL_TOKENS,
     SPARSITY_TYPES,

@@ -1,5 +1,7 @@
-"""Pure tensor functions the layers are built from, no modules and no state: block and band index
-arithmetic shared by LSG and LED (``blocks.py``), LSG's sparse sequences (``sparse.py``), the
-windowed attention kernel of the CPU path (``window_attention.py``), LSG's and LED's patterns as
-FlexAttention masks (``flex.py``; it keeps the compiled kernel), S4D kernel math and the FFT
-convolution (``ssm.py``)."""
+"""Old import path of :mod:`lsg_layers.ops` (the pure tensor functions moved to the fairseq-free
+package): ``lsg_fairseq.ops.<name>`` is the module ``lsg_layers.ops.<name>``. New code imports
+``lsg_layers.ops``."""
+
+from lsg_fairseq._aliases import alias_package
+
+alias_package(__name__, "lsg_layers.ops")

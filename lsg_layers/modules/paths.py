@@ -8,7 +8,7 @@ all channels, one gathered key set per query block and one fused attention call,
 host-device synchronisation in the forward. Both paths compute the same function, and each is
 tested against the slow references with the other forced on CPU (``tests/test_whole_tensor_paths.py``).
 
-The attentions (LSG, LED) have a third path, ``"flex"`` (``lsg_fairseq.ops.flex``): their patterns
+The attentions (LSG, LED) have a third path, ``"flex"`` (``lsg_layers.ops.flex``): their patterns
 as FlexAttention masks, one fused kernel over the keys where they lie, no per-block key copies and
 no float masks. It cannot drop attention probabilities, runs backward on CUDA only, and needs a
 head dim of 16 or more; where it cannot run, the layer takes the whole-tensor path.
@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from lsg_fairseq.ops import flex
+from lsg_layers.ops import flex
 
 AUTO, WHOLE, CPU, FLEX = "auto", "whole", "cpu", "flex"
 PATHS = (AUTO, WHOLE, CPU, FLEX)

@@ -4,8 +4,8 @@ Submodule names mirror the HF reference (``layer.0.layer_prenorm``, ``layer.0.ss
 ``layer.1.DenseReluDense``, ``layer.0.SelfAttention``, ``layer.1.EncDecAttention``, ...) so that a
 reference state dict loads by name (spec ``shared/spec/locost.md`` section 5). All tensors are
 batch-first (B, T, C) inside the blocks. In float16 every residual sum is clamped as in HF's T5
-(:func:`~lsg_fairseq.modules.precision.clamp_fp16`); the FFN's float32 output makes the residual
-stream float32 from there on (:mod:`lsg_fairseq.modules.t5_layers`).
+(:func:`~lsg_layers.modules.precision.clamp_fp16`); the FFN's float32 output makes the residual
+stream float32 from there on (:mod:`lsg_layers.modules.t5_layers`).
 """
 
 from typing import Optional
@@ -13,11 +13,11 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from lsg_fairseq.modules.lean_ffn import LeanDropout
-from lsg_fairseq.modules.paths import PathChoice
-from lsg_fairseq.modules.precision import clamp_fp16, fp16_in_play
-from lsg_fairseq.modules.s4d import S4D
-from lsg_fairseq.modules.t5_layers import IncrementalState, T5Attention, T5DenseGatedGelu, T5LayerNorm
+from lsg_layers.modules.lean_ffn import LeanDropout
+from lsg_layers.modules.paths import PathChoice
+from lsg_layers.modules.precision import clamp_fp16, fp16_in_play
+from lsg_layers.modules.s4d import S4D
+from lsg_layers.modules.t5_layers import IncrementalState, T5Attention, T5DenseGatedGelu, T5LayerNorm
 
 
 # Rows per FFN chunk on the whole-tensor path (GPU): few launches even at 600K tokens, and the

@@ -5,7 +5,7 @@
 - :class:`T5Attention`: multi-head attention without the 1/sqrt(d_kv) score scaling, softmax in
   float32, optional T5 relative position bias (bucketed), and fairseq-style incremental decoding.
 
-float16 (``--fp16``, or ``--amp``'s autocast; :mod:`lsg_fairseq.modules.precision`): as in HF's
+float16 (``--fp16``, or ``--amp``'s autocast; :mod:`lsg_layers.modules.precision`): as in HF's
 T5, ``wo`` runs in float32 and returns float32, so the residual stream it is added to becomes
 float32 (the next RMSNorm hands half-precision inputs to the next sublayer again), and the blocks
 clamp float16 hidden states; unlike HF's, attention scores are also formed in float32 (without
@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from lsg_fairseq.modules.precision import autocast_on, float32_region, fp16_in_play
+from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_play
 
 IncrementalState = Dict[str, Dict[str, Optional[torch.Tensor]]]
 

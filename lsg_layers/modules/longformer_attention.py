@@ -43,11 +43,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from lsg_fairseq.modules.padded_projection import padded_projection
-from lsg_fairseq.modules.paths import CPU, FLEX, PathChoice
-from lsg_fairseq.ops import flex
-from lsg_fairseq.ops import window_attention as wa
-from lsg_fairseq.ops.blocks import (
+from lsg_layers.modules.padded_projection import padded_projection
+from lsg_layers.modules.paths import CPU, FLEX, PathChoice
+from lsg_layers.ops import flex
+from lsg_layers.ops import window_attention as wa
+from lsg_layers.ops.blocks import (
     KEY_ALIGN,
     clamp_index,
     compact_indices,
@@ -113,7 +113,7 @@ class LongformerSelfAttention(PathChoice, nn.Module):
     LED encoder passes): a mask's positions must be read on the host, which a GPU pays as a
     synchronisation in every layer.
 
-    Three key paths (``lsg_fairseq.modules.paths``): strided windows on CPU (``_local_windows``),
+    Three key paths (``lsg_layers.modules.paths``): strided windows on CPU (``_local_windows``),
     FlexAttention on CUDA without attention dropout (``_local_flex``), and on whole tensors
     (attention dropout; ``_local``): one gather and one SDPA for all blocks. ``block_masks``, a dict
     the encoder makes once per forward and hands to every layer, keeps flex's block masks.

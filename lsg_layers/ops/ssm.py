@@ -1,6 +1,6 @@
 """The S4D convolution's math, pure functions (LOCOST's encoder; spec ``shared/spec/locost.md`` section 1).
 
-Notation (paper / S4D / ``lsg_fairseq.modules.s4d``): H channels (= d_model), M = N / 2 complex
+Notation (paper / S4D / ``lsg_layers.modules.s4d``): H channels (= d_model), M = N / 2 complex
 modes per channel, L tokens; per channel a step ``dt`` and complex ``A``, ``B``, and one ``C`` per
 direction c (0 causal, 1 anti-causal). Zero-order-hold discretisation::
 

@@ -3,8 +3,8 @@
 :func:`forward` computes exactly ``S4D.forward`` (``output_linear(((K * k) + D k) q)``) a chunk of
 channels at a time, so that nothing of size (B, H, 2L) and no (B, L, H) intermediate besides the
 input and output ever exists, with every input it needs passed explicitly (the layer's projections,
-skip ``D``, kernel groups and kernel generator: :meth:`lsg_fairseq.modules.s4d.S4D.forward` is the
-one caller). The math is ``lsg_fairseq.ops.ssm``'s. Tested against the layer's training path, the
+skip ``D``, kernel groups and kernel generator: :meth:`lsg_layers.modules.s4d.S4D.forward` is the
+one caller). The math is ``lsg_layers.ops.ssm``'s. Tested against the layer's training path, the
 whole-tensor path and an O(L^2) dense convolution (``tests/test_s4d.py``).
 
 The loops, outermost first:
@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.profiler import record_function
 
-from lsg_fairseq.modules.precision import within_fp16
-from lsg_fairseq.ops.ssm import circular_bidirectional_kernel, next_fast_len
+from lsg_layers.modules.precision import within_fp16
+from lsg_layers.ops.ssm import circular_bidirectional_kernel, next_fast_len
 
 # Positions per tile of the (B, L, c) -> (B, c, L) copy into the FFT buffer: a tile of a chunk's
 # channels stays in cache while it is transposed.

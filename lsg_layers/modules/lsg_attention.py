@@ -31,7 +31,7 @@ ever built. Three key paths compute the same softmax over the same keys:
   strided views (``ops.window_attention``: fused flash kernel, no per-block copy kept for
   backward; without autograd each chunk of blocks' keys is copied into a small reused buffer
   and attended in one call);
-- the whole-tensor path (GPU, ``lsg_fairseq.modules.paths``) and attention dropout
+- the whole-tensor path (GPU, ``lsg_layers.modules.paths``) and attention dropout
   (``_lsg_gathered``): per-block key sets gathered with one ``index_select`` and one
   ``F.scaled_dot_product_attention`` for every block, with no host-device synchronisation;
 - FlexAttention (CUDA without attention dropout, ``_lsg_flex``): the keys projected into one
@@ -56,11 +56,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from lsg_fairseq.modules.padded_projection import padded_projection
-from lsg_fairseq.modules.paths import CPU, FLEX, WHOLE, PathChoice
-from lsg_fairseq.ops import flex, sparse
-from lsg_fairseq.ops import window_attention as wa
-from lsg_fairseq.ops.blocks import KEY_ALIGN, clamp_index, local_window_indices, padded_length, sparse_window_indices
+from lsg_layers.modules.padded_projection import padded_projection
+from lsg_layers.modules.paths import CPU, FLEX, WHOLE, PathChoice
+from lsg_layers.ops import flex, sparse
+from lsg_layers.ops import window_attention as wa
+from lsg_layers.ops.blocks import KEY_ALIGN, clamp_index, local_window_indices, padded_length, sparse_window_indices
 
 # The per-layer cache of block index tables (_block_keys; one per input length, device and dtype)
 # is cleared once it holds more than this many: the few padded lengths a run meets again and again

@@ -15,7 +15,7 @@ Notation (paper / S4D / this file):
   (S4D-Lin init ``-1/2 + i pi n``); ``B``, ``C``: complex input / output vectors; ``D``: skip.
 
 The discretisation and kernel formulas, and every fast piece of math, are in
-``lsg_fairseq.ops.ssm``. The layer computes ``y = output_linear(((K * k) + D k) q)`` with
+``lsg_layers.ops.ssm``. The layer computes ``y = output_linear(((K * k) + D k) q)`` with
 ``k = k_proj(u)`` (zeroed at padding) and the linear gate ``q = q_proj(u)``: one FFT convolution
 with both kernels, the reference's exact ("ref") path. The reference's fast CUDA path displaces
 the anti-causal kernel when L is not a power of two; that is a bug and is not reproduced.
@@ -26,14 +26,14 @@ Where the time goes and what is done about it (the figures behind each choice: `
 - kernels: the blocked Vandermonde product, each channel only until its modes have decayed
   (``ops.ssm``); in training their temporaries are recomputed in backward (``recompute``) and
   ``ops.ssm.FFTConv`` keeps only the input and the circular kernel;
-- without autograd the layer runs ``lsg_fairseq.modules.s4d_inference.forward`` (channel chunks,
+- without autograd the layer runs ``lsg_layers.modules.s4d_inference.forward`` (channel chunks,
   FFT size ``L + n - 1`` per decay group, wide k/q projections, no (B, L, H) intermediate), and in
   eval mode the *time-domain* kernels are cached (:meth:`S4D.kernel_groups`), the shortest first
   up to ``kernel_cache_mb`` per layer (the rest generated per call). One entry serves every
   input up to the length it was made for;
 - ``D`` is folded into the kernel's lag 0.
 
-On a GPU (``lsg_fairseq.modules.paths``) those pieces would each be a kernel launch, so the layer
+On a GPU (``lsg_layers.modules.paths``) those pieces would each be a kernel launch, so the layer
 runs :meth:`S4D._whole_forward` instead: one blocked product for every channel's kernel, one batched
 FFT, nothing read back on the host; in eval mode the kernels' *spectra* are cached per FFT size
 (:meth:`S4D.whole_spectrum`), so a repeated length costs no kernel generation and no kernel FFT.
@@ -49,11 +49,11 @@ import torch.nn as nn
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
-from lsg_fairseq.modules import s4d_inference
-from lsg_fairseq.modules.paths import PathChoice
-from lsg_fairseq.modules.precision import autocast_on, float32_region, fp16_in_play, within_fp16
-from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
-from lsg_fairseq.ops.ssm import (
+from lsg_layers.modules import s4d_inference
+from lsg_layers.modules.paths import PathChoice
+from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_play, within_fp16
+from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN
+from lsg_layers.ops.ssm import (
     PRODUCT_MODES,
     FFTConv,
     fused_circular_kernel,
@@ -91,7 +91,7 @@ MAX_FFT_ELEMS = 1 << 23
 # ... and projects k and q for at least this many channels at a time: a GEMM of a few dozen output
 # columns (one decay group) runs far below a wide one's rate.
 MIN_PROJECTION_CHANNELS = 256
-# The whole-tensor path (GPU, ``lsg_fairseq.modules.paths``) bounds its temporaries in float32
+# The whole-tensor path (GPU, ``lsg_layers.modules.paths``) bounds its temporaries in float32
 # elements, so that lengths up to ~64K run as a fixed handful of launches per layer and 600K tokens
 # still fit a GPU's memory: the blocked Vandermonde product's temporaries per chunk of channels ...
 WHOLE_KERNEL_ELEMS = 1 << 29
@@ -243,7 +243,7 @@ class S4D(PathChoice, nn.Module):
     ``k = k_proj(u)`` (the SSM input, zeroed at padding), ``q = q_proj(u)`` (a purely linear gate).
     No activation, dropout or normalisation inside (spec section 1).
 
-    Two paths (``lsg_fairseq.modules.paths``): on CPU, decay groups and channel chunks
+    Two paths (``lsg_layers.modules.paths``): on CPU, decay groups and channel chunks
     (``s4d_inference`` without autograd); on a GPU, :meth:`_whole_forward`: one kernel product and
     one batched FFT over every channel.
 
