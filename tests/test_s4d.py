@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import FIXTURES, locost_kernels
-from lsg_layers.modules.s4d import S4D, S4DKernel
+from lsg_layers.modules.s4d import S4D
+from lsg_layers.modules.s4d_kernel import S4DKernel
 from lsg_layers.ops.ssm import (
     FFTConv,
     channel_groups,

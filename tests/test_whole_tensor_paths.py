@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import build_task_and_model, toy_batch, write_toy_dict
 from lsg_layers.modules import s4d as s4d_module
+from lsg_layers.modules import s4d_cache, s4d_kernel
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
 from lsg_layers.modules.paths import PathChoice, forced_path
@@ -60,7 +61,7 @@ def test_s4d_whole_path_equals_cpu_path_cached_cold_and_in_chunks(monkeypatch):
         cold = layer(u, mask)
         assert layer.cached_kernel_bytes() == 0
         monkeypatch.setattr(s4d_module, "WHOLE_FFT_ELEMS", 2 * 120 * 3)  # 3 channels per FFT chunk
-        monkeypatch.setattr(s4d_module, "WHOLE_KERNEL_ELEMS", 1)  # one channel per kernel product
+        monkeypatch.setattr(s4d_kernel, "WHOLE_KERNEL_ELEMS", 1)  # one channel per kernel product
         chunked = layer(u, mask)
     keep = ~mask[..., None]
     for other in (cached, cold, chunked):
@@ -108,19 +109,19 @@ def test_spectra_budget_follows_the_device():
     layer = S4D(4, 8).eval()
     assert layer.kernel_cache_mb is None  # the arch default: sized for the device
     with torch.no_grad():
-        assert layer.cache_budget(torch.device("cpu")) == s4d_module.KERNEL_CACHE_MB * 2**20
-        assert layer.cache_budget(torch.device("meta")) == s4d_module.GPU_KERNEL_CACHE_MB * 2**20
+        assert layer.cache_budget(torch.device("cpu")) == s4d_cache.KERNEL_CACHE_MB * 2**20
+        assert layer.cache_budget(torch.device("meta")) == s4d_cache.GPU_KERNEL_CACHE_MB * 2**20
         layer.kernel_cache_mb = 7.0  # --ssm-kernel-cache-mb overrides on every device
         assert layer.cache_budget(torch.device("meta")) == 7 * 2**20
     assert layer.cache_budget(torch.device("cpu")) == 0  # autograd on: no cache
     # 64K tokens of a base layer fit the GPU default
-    assert 768 * (next_fast_len(2 * 65536) // 2 + 1) * 8 <= s4d_module.GPU_KERNEL_CACHE_MB * 2**20
+    assert 768 * (next_fast_len(2 * 65536) // 2 + 1) * 8 <= s4d_cache.GPU_KERNEL_CACHE_MB * 2**20
 
 
 def test_whole_kernels_equal_the_naive_formula(monkeypatch):
     kernel = _perturbed_layer(H=6, N=8).kernel
-    for elems in (s4d_module.WHOLE_KERNEL_ELEMS, 1):  # one product, then one channel at a time
-        monkeypatch.setattr(s4d_module, "WHOLE_KERNEL_ELEMS", elems)
+    for elems in (s4d_kernel.WHOLE_KERNEL_ELEMS, 1):  # one product, then one channel at a time
+        monkeypatch.setattr(s4d_kernel, "WHOLE_KERNEL_ELEMS", elems)
         with torch.no_grad():
             whole = kernel(50, whole=True)
         assert torch.allclose(whole, kernel.reference(50), atol=1e-5), (whole - kernel.reference(50)).abs().max()
@@ -498,7 +499,6 @@ def test_layer_uses_the_product_mode_only_when_training_in_half_precision(monkey
     autocast here) and autograd is on, in the forward and in the backward's recomputation; float32
     training uses fp32. (The compiled generator is the eager function, tested above; here the eager
     function stands in for it.) The bf16 mode's layer output stays close to the fp32 mode's."""
-    from lsg_layers.modules import s4d as s4d_module
     from lsg_layers.ops.ssm import blocked_circular_kernel
 
     seen = []
@@ -507,7 +507,7 @@ def test_layer_uses_the_product_mode_only_when_training_in_half_precision(monkey
         seen.append(args[-1])
         return blocked_circular_kernel(*args)
 
-    monkeypatch.setattr(s4d_module, "fused_circular_kernel", lambda: spy)
+    monkeypatch.setattr(s4d_kernel, "fused_circular_kernel", lambda: spy)
     u, mask = _masked_batch(6, 50, 41)
     outs = {}
     for product in ("fp32", "bf16"):
