@@ -38,7 +38,7 @@ def mypy(*args, cwd=REPO_ROOT):
 
 
 def test_the_types_check():
-    """lsg_text and lsg_layers/ops ([tool.mypy] packages); cached in .mypy_cache (~20 s cold)."""
+    """lsg_text and lsg_layers ([tool.mypy] packages); cached in .mypy_cache (~20 s cold)."""
     proc = mypy()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 

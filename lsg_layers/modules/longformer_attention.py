@@ -213,11 +213,9 @@ class LongformerSelfAttention(PathChoice, nn.Module):
             real = ~key_padding_mask.bool()  # (n, T)
         if global_index is None and global_attention_mask is not None:
             global_index = compact_indices(global_attention_mask.bool() & real)  # a flag on a pad is ignored
-        g_idx, g_valid = global_index if global_index is not None else (None, None)
-        glob = None
-        if g_idx is not None and g_idx.size(1) == 0:
-            g_idx = g_valid = None  # no global token in the batch
-        elif g_idx is not None:
+        g_idx = g_valid = glob = None  # stay None without a global token in the batch
+        if global_index is not None and global_index[0].size(1) > 0:
+            g_idx, g_valid = global_index
             glob = global_positions_mask(g_idx, g_valid, T)  # (n, T)
 
         x = query.transpose(0, 1)  # (n, T, C)
@@ -332,17 +330,17 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         in_band = (rel.abs() <= self.one_sided)[None, None]  # (1, 1, bs, (2r+1)*bs)
         win_ok = window_ok[:, win] & win_valid  # (n, nb, (2r+1)*bs)
         parts = [win.expand(n, nb, win.size(1))]
-        allowed = [win_ok[:, :, None, :] & in_band]  # (n, nb, bs, (2r+1)*bs)
+        allow_parts = [win_ok[:, :, None, :] & in_band]  # (n, nb, bs, (2r+1)*bs)
         if Gm:
             parts.insert(0, g_idx[:, None, :].expand(n, nb, Gm))  # same globals for every block
-            allowed.insert(0, g_valid[:, None, None, :].expand(n, nb, bs, Gm))
+            allow_parts.insert(0, g_valid[:, None, None, :].expand(n, nb, bs, Gm))
         extra = -(Gm + win.size(1)) % KEY_ALIGN
         if extra:
             parts.append(win.new_zeros(n, nb, extra))
-            allowed.append(win_ok.new_zeros(n, nb, bs, extra))
+            allow_parts.append(win_ok.new_zeros(n, nb, bs, extra))
         index = torch.cat(parts, dim=2)  # (n, nb, Kn) token positions
         Kn = index.size(2)
-        allowed = torch.cat(allowed, dim=3).view(n * nb, 1, bs, Kn)  # broadcast over heads
+        allowed = torch.cat(allow_parts, dim=3).view(n * nb, 1, bs, Kn)  # broadcast over heads
         zero = torch.zeros((), dtype=q.dtype, device=device)
         mask = torch.where(allowed, zero, zero + neg)  # (n*nb, 1, bs, Kn) additive, in q's dtype
 

@@ -49,7 +49,7 @@ Deliberate deviations from the reference (spec section 9):
 """
 
 import math
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -73,7 +73,7 @@ SPARSITY_TYPES = ("none", "norm", "pooling", "stride", "block_stride", "lsh", "b
 MAX_GLOBAL_TOKENS = 512
 # The reference's defaults (spec/lsg.md section 1): the layer's keyword defaults and the lsg_bart
 # archs' (models/lsg_bart.py), so both read them from here.
-LSG_DEFAULTS = dict(
+LSG_DEFAULTS: Dict[str, Any] = dict(
     num_global_tokens=1,
     block_size=128,
     sparse_block_size=128,
@@ -188,7 +188,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
         # Source of randomness for the lsh projections; None -> torch's global RNG (reference).
         self.generator = generator
         self.has_sparse = self.sparsity_type != "none" and sparse_block_size > 0
-        self._cache = {}  # per-length block index tables (_block_keys); not state
+        self._cache: Dict[tuple, Tuple[Tensor, Tensor]] = {}  # per-length block index tables (_block_keys); not state
 
         # BART names, so BART / HF LSG-BART weights load without renaming.
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -475,16 +475,16 @@ class LSGSelfAttention(PathChoice, nn.Module):
             return cached
         G, bs = self.num_global_tokens, self.block_size
         parts = [torch.arange(G, device=device).expand(nb, G)]
-        valid = [torch.ones(nb, G, dtype=torch.bool, device=device)]
+        valid_parts = [torch.ones(nb, G, dtype=torch.bool, device=device)]
         if self.has_sparse:
             step = bs // self.sparsity_factor
             idx, ok = sparse_window_indices(nb, step, self.sparse_block_size, n_sparse=ns, device=device)  # (nb, 2*sbs)
             parts.append(clamp_index(idx + S, ok, 0))
-            valid.append(ok)
+            valid_parts.append(ok)
         idx, ok = local_window_indices(nb, bs, 1, 1, device=device)  # (nb, 3*bs)
         parts.append(clamp_index(idx + G, ok, 0))
-        valid.append(ok)
-        index, valid = torch.cat(parts, dim=1), torch.cat(valid, dim=1)
+        valid_parts.append(ok)
+        index, valid = torch.cat(parts, dim=1), torch.cat(valid_parts, dim=1)
         extra = -index.size(1) % KEY_ALIGN
         if extra:
             index = F.pad(index, (0, extra), value=0)

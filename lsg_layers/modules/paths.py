@@ -21,7 +21,7 @@ Each layer notes in ``ran`` the path its last call took (what benchmarks record)
 """
 
 from contextlib import contextmanager
-from typing import Optional
+from typing import Optional, cast
 
 import torch
 import torch.nn as nn
@@ -68,7 +68,8 @@ class PathChoice:
 
     def choose_attention_path(self, x: Tensor, head_dim: int, dropout: float) -> str:
         """:func:`attention_path` for a call of this layer (an ``nn.Module``) on ``x``."""
-        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        parameters = cast(nn.Module, self).parameters()  # the mixin sits on an nn.Module
+        grad = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in parameters))
         self.ran = attention_path(self.path, x.device.type, head_dim, dropout, grad)
         return self.ran
 

@@ -14,11 +14,13 @@ different lengths share a spectrum when they share an FFT size.
 
 import mmap
 from collections import OrderedDict
-from typing import Optional
+from typing import List, Optional
 
 import torch
+import torch.nn as nn
 
-from lsg_layers.modules.s4d_kernel import SSM_PARAMETER_NAMES
+from lsg_layers.modules.s4d_inference import Group
+from lsg_layers.modules.s4d_kernel import SSM_PARAMETER_NAMES, S4DKernel
 from lsg_layers.ops.ssm import channel_groups, decay_lengths
 
 # Per-layer budget (MiB) of the eval-mode kernel cache where ``--ssm-kernel-cache-mb`` is not given,
@@ -44,11 +46,20 @@ def _resident_buffer(numel: int, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(mmap.mmap(-1, numel * 4), dtype=torch.float32)
 
 
-class KernelCache:
-    """The caches of an S4D layer, mixed into :class:`~lsg_layers.modules.s4d.S4D` (before
-    ``nn.Module``): it reads the layer's ``kernel`` (:class:`S4DKernel`), ``D``, ``H``,
-    ``kernel_cache_mb`` and ``_whole_circular``, and keeps ``_cache`` (time-domain kernels),
-    ``_cache_signature`` and ``_spectra`` (kernel spectra by FFT size)."""
+class KernelCache(nn.Module):
+    """The caches of an S4D layer, a base of :class:`~lsg_layers.modules.s4d.S4D`: they read the
+    layer's attributes declared here and keep ``_cache`` (time-domain kernels), ``_cache_signature``
+    and ``_spectra`` (kernel spectra by FFT size)."""
+
+    kernel: S4DKernel  # the layer's kernel generator
+    D: torch.Tensor  # (H) the skip term, folded into the spectra
+    H: int
+    kernel_cache_mb: Optional[float]
+
+    def _whole_circular(
+        self, length: int, fft_size: int, channels: slice = slice(None), product: str = "fp32"
+    ) -> torch.Tensor:
+        raise NotImplementedError  # the layer's: its circular kernels (h, F) from kernels of ``length``
 
     def _signature(self, with_skip: bool = False):
         ps = [getattr(self.kernel, n) for n in SSM_PARAMETER_NAMES] + ([self.D] if with_skip else [])
@@ -124,7 +135,8 @@ class KernelCache:
         if used == 0:
             return [(idx, n, None) for idx, n in groups]
         flat = _resident_buffer(used // 4, dt_a.device)  # the groups' kernels are views into it
-        entries, off = [], 0
+        entries: List[Group] = []
+        off = 0
         for i, (idx, n) in enumerate(groups):
             m = cached.get(i, 0)
             if m:

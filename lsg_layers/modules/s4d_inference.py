@@ -69,6 +69,7 @@ def forward(
     d = skip[perm].float()  # (H) in y's order
     # a plain Linear takes y a batch of columns at a time (out += y_b W_b^T): y never exists whole
     w_out = output_linear.weight[:, perm] if isinstance(output_linear, nn.Linear) else None  # (H H)
+    b_out = output_linear.bias if isinstance(output_linear, nn.Linear) else None  # (H)
     y = None if w_out is not None else torch.empty(B, L, H, dtype=torch.float32, device=u.device)
     out = None
     j = 0  # first column of y of the current batch
@@ -99,11 +100,12 @@ def forward(
         if w_out is not None:
             wb = w_out[:, cols]  # (H w)
             yb = within_fp16(yb) if wb.dtype == torch.float16 else yb  # the gated product is float32
-            out = project(yb.to(wb.dtype), wb, output_linear.bias, out)  # (B L H)
+            out = project(yb.to(wb.dtype), wb, b_out, out)  # (B L H)
         j += width
-    if w_out is not None:
+    if out is not None:
         return out.to(u.dtype)
     with record_function("s4d.projection"):  # e.g. int8: channels back in order, one call
+        assert y is not None  # no plain Linear: y was made whole
         return output_linear(y[..., torch.argsort(perm)]).to(u.dtype)  # (B L H)
 
 
@@ -153,7 +155,9 @@ def projection_batches(
     ``min_projection_channels`` channels per batch (the last may have fewer), and no more than
     ``max_fft_elems`` floats of projected (B, L, c) columns each."""
     cap = max(min_projection_channels, max_fft_elems // max(1, B * L))
-    batches, batch, width = [], [], 0
+    batches: List[List[Group]] = []
+    batch: List[Group] = []
+    width = 0
     for g in groups:
         if batch and width + len(g[0]) > cap:
             batches.append(batch)

@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_play
 
-IncrementalState = Dict[str, Dict[str, Optional[torch.Tensor]]]
+IncrementalState = Dict[str, Dict[str, torch.Tensor]]
 
 
 class T5LayerNorm(nn.Module):
@@ -233,7 +233,7 @@ class T5Attention(nn.Module):
         if incremental_state is not None:
             saved = incremental_state.get(self._state_key)
         if static_kv and saved is not None:
-            k, v, bias = saved["prev_key"], saved["prev_value"], saved["bias"]  # from step 0
+            k, v, bias = saved["prev_key"], saved["prev_value"], saved.get("bias")  # from step 0
         else:
             src = x if memory is None else memory
             k, v = self._shape(self.k(src)), self._shape(self.v(src))  # (B_m heads S d_kv)
@@ -244,7 +244,8 @@ class T5Attention(nn.Module):
             state = {"prev_key": k, "prev_value": v}
             if static_kv:
                 # hypotheses per cached row (> 1 for beamable cross-attention), for reordering
-                state["bias"] = bias
+                if bias is not None:
+                    state["bias"] = bias
                 state["beam"] = torch.tensor(B // k.shape[0])
             incremental_state[self._state_key] = state
 
@@ -309,5 +310,5 @@ class T5Attention(nn.Module):
         ):
             return  # every source still has hypotheses, in order: the per-source caches stay as they are
         incremental_state[self._state_key] = {
-            name: (t if t is None or name == "beam" else t.index_select(0, rows)) for name, t in saved.items()
+            name: (t if name == "beam" else t.index_select(0, rows)) for name, t in saved.items()
         }
