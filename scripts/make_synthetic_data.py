@@ -3,7 +3,7 @@
 
 Documents are filler sentences with a few key sentences ("The red fox visited Paris on Monday.")
 at uniformly random positions; the summary restates the key sentences in document order. See
-lsg_text/synthetic.py. Same arguments -> byte-identical files. The defaults (300/20/20
+lsg_text/synthetic/. Same arguments -> byte-identical files. The defaults (300/20/20
 documents of 2K-8K tokens) take a few seconds to generate.
 
 Example:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=VARIANTS,
         default=d.variant,
         help=f"retrieval: key sentences restated; binding: name bound early, used late; count: "
-        f"mentions counted; order: order of arrival (lsg_text/synthetic.py; default: {d.variant})",
+        f"mentions counted; order: order of arrival (lsg_text/synthetic/; default: {d.variant})",
     )
     p.add_argument(
         "--min-gap",

@@ -64,15 +64,21 @@ print("ok")
 """
 
 
+def toy_files():
+    """os.walk of the recipe's files, in both packages they join."""
+    for package in ("lsg_fairseq", "lsg_layers"):
+        yield from os.walk(os.path.join(TOY, package))
+
+
 @pytest.fixture(scope="module")
 def toy_repo(tmp_path_factory):
     """A copy of the packages and the benchmark with the recipe's files added, nothing else changed."""
     root = tmp_path_factory.mktemp("toy_repo")
     ignore = shutil.ignore_patterns("__pycache__")
-    for folder in ("lsg_fairseq", "lsg_text", "benchmarks"):
+    for folder in ("lsg_fairseq", "lsg_layers", "lsg_text", "benchmarks"):
         shutil.copytree(os.path.join(REPO_ROOT, folder), root / folder, ignore=ignore)
     added = []
-    for folder, _, files in os.walk(os.path.join(TOY, "lsg_fairseq")):
+    for folder, _, files in toy_files():
         for name in files:
             if name.endswith(".py"):
                 rel = os.path.relpath(os.path.join(folder, name), TOY)
@@ -95,7 +101,7 @@ def run(root, argv, timeout=600):
 def test_recipe_files_keep_the_layers():
     """The toy's files follow the import rules of the package they join (tests/test_layers.py)."""
     modules = {}
-    for folder, _, files in os.walk(os.path.join(TOY, "lsg_fairseq")):
+    for folder, _, files in toy_files():
         for name in files:
             path = os.path.join(folder, name)
             modules[os.path.relpath(path, TOY)[: -len(".py")].replace(os.sep, ".")] = path

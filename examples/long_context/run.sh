@@ -6,7 +6,7 @@
 #   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (what CI runs)
 #   DATA=only ... then DATA=reuse ...              # the data sets once (CPU), the models later (GPU time is short)
 #
-# 1. Data (lsg_text/synthetic.py): SHORT documents (50-150 words), MID ones (600-880 words,
+# 1. Data (lsg_text/synthetic/retrieval.py): SHORT documents (50-150 words), MID ones (600-880 words,
 #    so every key lies before token 1,024) and LONG ones (3,200-3,550 words = 3.6K-4K pieces); each
 #    hides KEYS key sentences ("The red fox visited Paris on Monday.") at uniformly random places,
 #    and its summary restates them. One sentencepiece model (800 pieces) for all.

@@ -6,7 +6,7 @@
 #   SPLIT=valid bash examples/long_range/run.sh  # the same on the validation split (sizing, pilots)
 #   SMOKE=1 bash examples/long_range/run.sh      # a few updates of everything (tests/test_long_range.py)
 #
-# Variants (lsg_text/synthetic.py, --holdout: test (colour, animal) pairs never occur in training):
+# Variants (lsg_text/synthetic/, --holdout: test (colour, animal) pairs never occur in training):
 #   retrieval  2-3 key sentences ("The red fox visited Paris on Monday."), restated in order.
 #   binding    per key, "The silver moose is called Nora." and >= 1,024 words later "Nora visited
 #              Tokyo on Monday." -> "The silver moose visited Tokyo on Monday."; decoys "Nora avoided
@@ -57,7 +57,7 @@ for v in $VARIANTS; do
     printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${long[@]}" | sed 's/, $//')" > "$REPORT_DIR/outputs/$v/data.json"
     # The data is a function of these settings and the generator's code: kept when they are unchanged
     # (so that it can be made here and carried to a GPU machine), made again otherwise.
-    stamp="${long[*]} N_LONG=$N_LONG N_TEST=$N_TEST N_SHORT=$N_SHORT $(cat lsg_text/synthetic.py \
+    stamp="${long[*]} N_LONG=$N_LONG N_TEST=$N_TEST N_SHORT=$N_SHORT $(cat lsg_text/synthetic/*.py \
         scripts/make_synthetic_data.py examples/long_context/common.sh | sha1sum | cut -c1-12)"
     if [ -f "$OUT/$v/data.stamp" ] && [ "$(cat "$OUT/$v/data.stamp")" = "$stamp" ]; then
         step "$v data: kept ($OUT/$v/data.stamp matches)"

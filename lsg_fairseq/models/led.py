@@ -27,12 +27,9 @@ import torch
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart.model import bart_base_architecture, bart_large_architecture
 
-from lsg_fairseq.models.custom_encoder import (
-    LongInputBARTModel,
-    LongInputEncoder,
-    add_lean_activations_arg,
-    tiny_bart_architecture,
-)
+from lsg_fairseq.models.custom_encoder import LongInputEncoder, add_lean_activations_arg
+from lsg_fairseq.models.long_input_bart import LongInputBARTModel
+from lsg_fairseq.models.plain_bart import tiny_bart_architecture
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention, parse_attention_windows
 from lsg_layers.ops.blocks import compact_indices
 from lsg_text.errors import ConfigError

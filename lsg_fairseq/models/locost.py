@@ -37,7 +37,7 @@ from fairseq.models import (
     register_model_architecture,
 )
 
-from lsg_fairseq.models.custom_encoder import wrap_layer
+from lsg_fairseq.models.layer_wrap import wrap_layer
 from lsg_layers.modules.lean_ffn import LeanDropout
 from lsg_layers.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_layers.modules.s4d import KERNEL_TAIL_TOL

@@ -10,10 +10,10 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   the number of truncated examples per split is logged; targets likewise with ``--truncate-target``,
   else an over-long target is refused up front in every split (fairseq would skip training examples
   silently); so is an example larger than ``--max-tokens``; an empty source (or target) line is
-  refused with its index;
+  refused with its index (the split's loading: :mod:`lsg_fairseq.data.summarization_pairs`);
 * ``--eval-rouge``: ROUGE-1/2/L/Lsum F1 (rouge-score, stemmed) of generated summaries, logged as
   ``rouge1 rouge2 rougeL rougeLsum`` so that ``--best-checkpoint-metric rougeL
-  --maximize-best-checkpoint-metric`` works;
+  --maximize-best-checkpoint-metric`` works (:mod:`lsg_fairseq.tasks.eval_rouge`);
 * generation through :class:`~lsg_fairseq.generation.LongInputSequenceGenerator`: the model is
   left exactly as before generation (fairseq#3893) and ``--no-repeat-ngram-size`` works on CPU
   (fairseq#5206);
@@ -24,58 +24,35 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   naming the batch and the flags that shrink it (:mod:`lsg_fairseq.device_policy`).
 """
 
-import json
 import logging
 import os
 from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Optional
 
-from fairseq import metrics, utils
-from fairseq.data import Dictionary, LanguagePairDataset, PrependTokenDataset, encoders
-from fairseq.dataclass import ChoiceEnum
+from fairseq import utils
+from fairseq.data import Dictionary
 from fairseq.tasks import register_task
-from fairseq.tasks.translation import TranslationConfig, TranslationTask, load_langpair_dataset
+from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from lsg_fairseq import checkpoint_policy, device_policy
-from lsg_fairseq.data.binarized import check_binarized_pair, require_split
-from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
+from lsg_fairseq.data.summarization_pairs import load_summarization_pair
 from lsg_fairseq.generation import LongInputSequenceGenerator
-from lsg_text.argtypes import GENERATION_SETTINGS
+from lsg_fairseq.tasks.eval_rouge import (
+    DEFAULT_EVAL_ROUGE_ARGS,
+    EVAL_ROUGE_BPE_CHOICES,
+    build_eval_bpe,
+    log_rouge,
+    parse_eval_rouge_args,
+    rouge_sums,
+)
 from lsg_text.errors import ConfigError, MissingFileError
-from lsg_text.fileio import DataError
-from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_sentencepiece_dictionary
-from lsg_text.rouge import ROUGE_KEYS, rouge_example
+from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
 
 logger = logging.getLogger(__name__)
 
 # The plugin's default task: what the converter builds models with and lsg-fairseq-generate adds.
 TASK_NAME = "long_document_summarization"
-EVAL_ROUGE_BPE_CHOICES = ChoiceEnum(["gpt2", "sentencepiece", "none"])
-DEFAULT_EVAL_ROUGE_ARGS = '{"beam": 4, "lenpen": 1.0, "max_len_b": 256, "min_len": 0, "no_repeat_ngram_size": 3}'
-
-
-def parse_eval_rouge_args(text: str) -> dict:
-    """``--eval-rouge-args`` JSON -> dict; unknown keys and bad values are refused, flag named."""
-    flag = "--eval-rouge-args"
-    try:
-        args = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{flag}: not valid JSON ({getattr(e, 'msg', e)}); e.g. {DEFAULT_EVAL_ROUGE_ARGS}") from None
-    if not isinstance(args, dict):
-        raise ConfigError(f"{flag}: expected a JSON object, got {type(args).__name__}; e.g. {DEFAULT_EVAL_ROUGE_ARGS}")
-    unknown = sorted(set(args) - set(GENERATION_SETTINGS))
-    if unknown:
-        raise ConfigError(
-            f"{flag}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(GENERATION_SETTINGS)}"
-        )
-    for key, value in args.items():
-        problem = GENERATION_SETTINGS[key].problem(value)
-        if problem:
-            raise ConfigError(f"{flag}: {key} {problem}, got {json.dumps(value)}")
-    if args.get("max_len_a", 0) == 0 and args.get("min_len", 0) > args.get("max_len_b", 200):
-        raise ConfigError(f"{flag}: min_len {args['min_len']} is above max_len_b {args.get('max_len_b', 200)}")
-    return args
 
 
 @dataclass
@@ -191,54 +168,8 @@ class LongDocumentSummarizationTask(TranslationTask):
         if split != self.cfg.train_subset:
             paths = paths[:1]
         data_path = paths[(epoch - 1) % len(paths)]
-        src, tgt = self.cfg.source_lang, self.cfg.target_lang
-        # fairseq's own errors for these are tracebacks that name no file ("Dataset not found: valid",
-        # "cannot mmap an empty file", an assert)
-        require_split(data_path, split, src, tgt, self.cfg.dataset_impl, train=split == self.cfg.train_subset)
-        check_binarized_pair(data_path, split, src, tgt)
-        pair = load_langpair_dataset(
-            data_path,
-            split,
-            src,
-            self.src_dict,
-            tgt,
-            self.tgt_dict,
-            combine=combine,
-            dataset_impl=self.cfg.dataset_impl,
-            upsample_primary=self.cfg.upsample_primary,
-            left_pad_source=self.cfg.left_pad_source,
-            left_pad_target=self.cfg.left_pad_target,
-            max_source_positions=self.cfg.max_source_positions,
-            max_target_positions=self.cfg.max_target_positions,
-        )
-        where = os.path.join(data_path, f"{split}.{src}-{tgt}")
-        self._refuse_empty(pair.src.sizes, f"{where}.{src}", "source")
-        if pair.tgt is not None:
-            self._refuse_empty(pair.tgt.sizes, f"{where}.{tgt}", "target")
-
-        bos = 1 if self.prepend_bos else 0
-        src_ds = TruncateKeepEosDataset(pair.src, self.cfg.max_source_positions - bos, self.src_dict.eos())
-        counts = {"source": src_ds.num_truncated}
-        tgt_ds = pair.tgt
-        if tgt_ds is not None and self.cfg.truncate_target:
-            tgt_ds = TruncateKeepEosDataset(tgt_ds, self.cfg.max_target_positions - bos, self.tgt_dict.eos())
-            counts["target"] = tgt_ds.num_truncated
-        if self.prepend_bos:
-            src_ds = PrependTokenDataset(src_ds, self.src_dict.bos())
-            if tgt_ds is not None:
-                tgt_ds = PrependTokenDataset(tgt_ds, self.tgt_dict.bos())
-        pair = LanguagePairDataset(
-            src_ds,
-            src_ds.sizes,
-            self.src_dict,
-            tgt_ds,
-            tgt_ds.sizes if tgt_ds is not None else None,
-            self.tgt_dict,
-            left_pad_source=self.cfg.left_pad_source,
-            left_pad_target=self.cfg.left_pad_target,
-            num_buckets=self.cfg.num_batch_buckets,
-            shuffle=(split != "test"),
-            pad_to_multiple=self.cfg.required_seq_len_multiple,
+        pair, counts = load_summarization_pair(
+            self.cfg, split, data_path, self.src_dict, self.tgt_dict, combine=combine, prepend_bos=self.prepend_bos
         )
         self.truncation_counts[split] = counts
         msg = ", ".join(f"{n} of {len(pair)} {side}s" for side, n in counts.items())
@@ -247,16 +178,6 @@ class LongDocumentSummarizationTask(TranslationTask):
             f"max target positions {self.cfg.max_target_positions})"
         )
         self.datasets[split] = pair
-
-    @staticmethod
-    def _refuse_empty(sizes, path, side):
-        bad = empty_indices(sizes)
-        if bad:
-            shown = ", ".join(str(i) for i in bad[:10]) + (" ..." if len(bad) > 10 else "")
-            raise DataError(
-                f"{path}: {len(bad)} empty {side} line(s) at example index {shown} (0-based line numbers "
-                "of the text given to fairseq-preprocess); remove or fill them"
-            )
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
         # remembered for filter_indices_by_size's messages (fairseq folds it into max_positions)
@@ -368,52 +289,10 @@ class LongDocumentSummarizationTask(TranslationTask):
         model = super(TranslationTask, self).build_model(cfg, from_checkpoint)
         self._model_prepend_bos = bool(getattr(model, "prepend_bos", True))  # before any dataset
         if self.cfg.eval_rouge:
-            self.bpe = self._build_eval_bpe()
+            self.bpe = build_eval_bpe(self.cfg, self.tgt_dict)
             self.eval_rouge_gen_args = parse_eval_rouge_args(self.cfg.eval_rouge_args)
             self.sequence_generator = self.build_generator([model], Namespace(**self.eval_rouge_gen_args))
         return model
-
-    def _build_eval_bpe(self):
-        kind = str(self.cfg.eval_rouge_bpe)
-        data_dir = utils.split_paths(self.cfg.data)[0]
-
-        def path(flag, value, default_name):
-            p = value or os.path.join(data_dir, default_name)
-            if not os.path.exists(p):
-                raise MissingFileError(f"--{flag}: {p} does not exist (needed to detokenize for --eval-rouge)")
-            return p
-
-        if kind == "gpt2":
-            return encoders.build_bpe(
-                Namespace(
-                    bpe="gpt2",
-                    gpt2_encoder_json=path(
-                        "eval-rouge-gpt2-encoder-json", self.cfg.eval_rouge_gpt2_encoder_json, GPT2_FILES[0]
-                    ),
-                    gpt2_vocab_bpe=path("eval-rouge-gpt2-vocab-bpe", self.cfg.eval_rouge_gpt2_vocab_bpe, GPT2_FILES[1]),
-                )
-            )
-        if kind == "sentencepiece":
-            spm_path = path(
-                "eval-rouge-sentencepiece-model", self.cfg.eval_rouge_sentencepiece_model, SENTENCEPIECE_MODEL
-            )
-            bpe = encoders.build_bpe(
-                Namespace(
-                    bpe="sentencepiece",
-                    sentencepiece_model=spm_path,
-                    sentencepiece_enable_sampling=False,
-                    sentencepiece_alpha=None,
-                )
-            )
-            # a model from another spm training would score <unk>-ridden text, not fail
-            check_sentencepiece_dictionary(
-                bpe.sp,
-                self.tgt_dict.symbols,
-                f"--eval-rouge-sentencepiece-model {spm_path}",
-                f"the target dictionary of {data_dir}",
-            )
-            return bpe
-        return None
 
     def decode_tokens(self, tokens, escape_unk=False) -> str:
         """Token ids -> detokenized text (specials stripped), as ROUGE sees it."""
@@ -431,29 +310,20 @@ class LongDocumentSummarizationTask(TranslationTask):
             loss, sample_size, logging_output = super(TranslationTask, self).valid_step(sample, model, criterion)
         if self.cfg.eval_rouge:
             gen_out = self.inference_step(self.sequence_generator, [model], sample)
-            totals = {k: 0.0 for k in ROUGE_KEYS}
-            for i, hypos in enumerate(gen_out):
-                hyp = self.decode_tokens(hypos[0]["tokens"])
-                ref = self.decode_tokens(utils.strip_pad(sample["target"][i], self.tgt_dict.pad()), escape_unk=True)
-                for k, v in rouge_example(hyp, ref).items():
-                    totals[k] += v
-                if i == 0 and self.cfg.eval_rouge_print_samples:
-                    logger.info(f"example hypothesis: {hyp}")
-                    logger.info(f"example reference: {ref}")
-            for k in ROUGE_KEYS:
-                logging_output[f"_rouge_{k}_sum"] = totals[k]
-            logging_output["_rouge_n"] = len(gen_out)
+            pairs = [
+                (
+                    self.decode_tokens(hypos[0]["tokens"]),
+                    self.decode_tokens(utils.strip_pad(sample["target"][i], self.tgt_dict.pad()), escape_unk=True),
+                )
+                for i, hypos in enumerate(gen_out)
+            ]
+            if pairs and self.cfg.eval_rouge_print_samples:
+                logger.info(f"example hypothesis: {pairs[0][0]}")
+                logger.info(f"example reference: {pairs[0][1]}")
+            logging_output.update(rouge_sums(pairs))
         return loss, sample_size, logging_output
 
     def reduce_metrics(self, logging_outputs, criterion):
         super().reduce_metrics(logging_outputs, criterion)
-        # Training logs carry no ROUGE statistics; validation logs always do (even n = 0).
-        if not self.cfg.eval_rouge or not any("_rouge_n" in log for log in logging_outputs):
-            return
-        # Plain Python floats only: numpy scalars in meters end up in checkpoints and break
-        # torch>=2.6 weights_only loading (fairseq#5603).
-        n = float(sum(float(log.get("_rouge_n", 0)) for log in logging_outputs))
-        for k in ROUGE_KEYS:
-            total = float(sum(float(log.get(f"_rouge_{k}_sum", 0.0)) for log in logging_outputs))
-            # always log the key, or --best-checkpoint-metric raises KeyError (fairseq#3881)
-            metrics.log_scalar(k, 100.0 * total / n if n else 0.0, weight=n, round=2)
+        if self.cfg.eval_rouge:
+            log_rouge(logging_outputs)

@@ -6,7 +6,9 @@ import functools
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.bart.model import bart_base_architecture
 
-from lsg_fairseq.models.custom_encoder import LongInputBARTModel, LongInputEncoder, tiny_bart_architecture
+from lsg_fairseq.models.custom_encoder import LongInputEncoder
+from lsg_fairseq.models.long_input_bart import LongInputBARTModel
+from lsg_fairseq.models.plain_bart import tiny_bart_architecture
 from lsg_layers.modules.local_attention import LocalSelfAttention
 from lsg_text.argtypes import POSITIVE_INT
 
