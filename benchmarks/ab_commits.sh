@@ -37,33 +37,7 @@ for r in $(seq 1 "$ROUNDS"); do
             --out "$WORK/results/$c" --tag "round$r") | grep -E "^ +[0-9]+ " >&2
     done
 done
-"$PY" - "$WORK/results" "$old" "$new" "$ROUNDS" "$(( $(date +%s) - start ))" "$load_start" \
-    "$(cut -d' ' -f1-3 /proc/loadavg)" "$RUN_ARGS" "$cpu, $(nproc) cores" > "$OUTPUT" <<'EOF'
-import json, statistics, sys
-root, old, new, rounds, secs, load0, load1, run_args, cpu = sys.argv[1:]
-rows = {}
-for c in (old, new):
-    for r in range(1, int(rounds) + 1):
-        for rec in json.load(open(f"{root}/{c}/round{r}.json"))["records"]:
-            if rec["status"] == "ok":
-                rows.setdefault((rec["length"], rec["mode"]), {}).setdefault(c, {}).setdefault(rec["arch"], []).append(rec["median_s"])
-print(f"# Interleaved A/B: {old} (before) vs {new} (after)\n")
-print(f"`bash benchmarks/ab_commits.sh {old} {new} {rounds}` with run.py `{run_args}`; {rounds} rounds, "
-      f"alternating {old} {new}; {secs} s wall, load average {load0} -> {load1}; {cpu}.\n")
-print("Time as a ratio to `linear` (same commit, same round); mean over rounds, each round in brackets.\n")
-print(f"| length | mode | arch | {old} | {new} | change |\n|---|---|---|---:|---:|---:|")
-for (length, mode), by_commit in sorted(rows.items()):
-    for arch in sorted(by_commit[old]):
-        if arch == "linear":
-            continue
-        cells = []
-        for c in (old, new):
-            ratios = [t / l for t, l in zip(by_commit[c][arch], by_commit[c]["linear"])]
-            cells.append((statistics.mean(ratios), ratios))
-        change = cells[1][0] / cells[0][0] - 1
-        fmt = lambda m, rs: f"{m:.3f}x ({', '.join(f'{x:.3f}' for x in rs)})"
-        print(f"| {length} | {mode} | {arch} | {fmt(*cells[0])} | {fmt(*cells[1])} | {change:+.1%} |")
-    lin = [statistics.mean(by_commit[c]["linear"]) for c in (old, new)]
-    print(f"| {length} | {mode} | linear (s) | {lin[0]:.2f} | {lin[1]:.2f} | {lin[1] / lin[0] - 1:+.1%} |")
-EOF
+"$PY" benchmarks/ab_report.py "$WORK/results" "$old" "$new" "$ROUNDS" "$(( $(date +%s) - start ))" "$load_start" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)" "$RUN_ARGS" "$cpu, $(nproc) cores" > "$OUTPUT.part"
+mv "$OUTPUT.part" "$OUTPUT"  # whole or not at all
 echo "wrote $OUTPUT" >&2

@@ -655,3 +655,40 @@ def test_flex_gradient_check_scales_by_the_model_not_by_each_tensor():
     wrong[name] = double[name] * 1.01  # a 1% error in one attention's gradient
     assert check.gradient_difference(wrong, double)[0] > check.TOLERANCE
     assert check.gradient_difference(wrong, double)[1] == name
+
+
+# ------------------------------------------------------------------------------ ab_commits.sh's table
+def _ab_rounds(root, commit, seconds_by_round):
+    """round<r>.json as run.py writes them: {arch: median seconds} per round."""
+    os.makedirs(root / commit, exist_ok=True)
+    for r, by_arch in enumerate(seconds_by_round, 1):
+        records = [
+            {"arch": a, "mode": "enc", "length": 16384, "status": "ok", "median_s": s} for a, s in by_arch.items()
+        ]
+        records.append({"arch": "led", "mode": "enc", "length": 16384, "status": "oom", "median_s": None})
+        (root / commit / f"round{r}.json").write_text(json.dumps({"records": records}))
+
+
+def test_ab_report_judges_each_change_against_the_old_commits_spread(tmp_path):
+    """Ratios to linear per round; the tolerance is 5% unless the old rounds spread more; a row that
+    moved beyond it says NO; rows that did not run are left out."""
+    ab = load("benchmarks/ab_report.py", "ab_report")
+    _ab_rounds(tmp_path, "old", [{"linear": 10, "lsg": 12, "locost": 20}, {"linear": 20, "lsg": 24, "locost": 30}])
+    _ab_rounds(tmp_path, "new", [{"linear": 10, "lsg": 12.4, "locost": 18}, {"linear": 10, "lsg": 12.4, "locost": 15}])
+    rows = ab.read_rounds(str(tmp_path), ("old", "new"), 2)
+    got = {
+        arch: (round(change, 4), round(tol, 4)) for _, _, arch, _, _, change, tol in ab.comparisons(rows, "old", "new")
+    }
+    # lsg: 1.2 -> 1.24 (+3.3%), old spread 0: within 5%. locost: old 2.0, 1.5 (spread 0.5/1.75), new 1.8, 1.5
+    assert got == {"lsg": (0.0333, 0.05), "locost": (round(1.65 / 1.75 - 1, 4), round(0.5 / 1.75, 4))}
+    table = ab.render(rows, "old", "new", 2, 60, "0.1", "0.2", "--modes enc", "cpu")
+    assert "| 16384 | enc | lsg | 1.200x (1.200, 1.200) | 1.240x (1.240, 1.240) | +3.3% | 5.0% | yes |" in table
+    assert "| 16384 | enc | locost |" in table and "led" not in table
+    _ab_rounds(tmp_path, "new", [{"linear": 10, "lsg": 13, "locost": 18}, {"linear": 10, "lsg": 13, "locost": 15}])
+    table = ab.render(ab.read_rounds(str(tmp_path), ("old", "new"), 2), "old", "new", 2, 60, "", "", "", "")
+    assert "| +8.3% | 5.0% | NO |" in table
+
+
+def test_ab_report_needs_no_torch():
+    code = "import sys; sys.path.insert(0, 'benchmarks'); import ab_report; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
