@@ -52,7 +52,7 @@ from torch.utils.checkpoint import checkpoint
 from lsg_fairseq.modules import s4d_inference
 from lsg_fairseq.modules.paths import PathChoice
 from lsg_fairseq.modules.precision import autocast_on, float32_region, fp16_in_play, within_fp16
-from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN
+from lsg_fairseq.modules.s4d_init import DT_MAX, DT_MIN, check_ssm_config
 from lsg_fairseq.ops.ssm import (
     PRODUCT_MODES,
     FFTConv,
@@ -122,13 +122,7 @@ class S4DKernel(nn.Module):
         if tail_tol < 0:
             raise ValueError(f"tail_tol must be >= 0 (got {tail_tol})")
         self.tail_tol = tail_tol
-        if d_state < 2 or d_state % 2:
-            raise ValueError(
-                f"d_state must be an even number >= 2 (got {d_state}): "
-                "the real state is stored as d_state/2 complex-conjugate modes"
-            )
-        if not 0 < dt_min <= dt_max:
-            raise ValueError(f"need 0 < dt_min <= dt_max (got {dt_min}, {dt_max})")
+        check_ssm_config(d_state, dt_min, dt_max)
         H, M = d_model, d_state // 2
         self.H, self.M = H, M
         log_dt = torch.rand(H) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)  # (H)
