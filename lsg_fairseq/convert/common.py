@@ -1,4 +1,4 @@
-"""Plumbing shared by every model family (``convert/bart.py``, ``led.py``, ``locost.py``), both ways.
+"""Plumbing shared by every model family (``convert/bart.py``, ``lsg_bart.py``, ``led.py``, ``locost.py``), both ways.
 
 HF -> fairseq: a family maps an HF folder (or an older fairseq checkpoint) to a fairseq state dict
 and the model's hyper-parameter values; this module does the rest the way fairseq itself would:
