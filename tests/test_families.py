@@ -4,9 +4,9 @@
 their neighbours up to a fixed window: the attention module, the registered model and its archs,
 the family (both conversion directions, its config field, its benchmark row). They are copied
 into a copy of the package, and the copy converts an HF BART folder to the toy family (API and
-``lsg-fairseq-convert``, whose ``--to`` and flags come from the family), exports it, converts the
-export back (detected as the toy's own), and ``benchmarks/run.py --smoke`` runs its row (and lists it
-among its default rows).
+``lsg-fairseq-convert``, whose ``--to`` and flags come from the family), exports it (API and
+``lsg-fairseq-export``), converts the export back (detected as the toy's own), and
+``benchmarks/run.py --smoke`` runs its row (and lists it among its default rows).
 """
 
 import json
@@ -128,6 +128,17 @@ def test_toy_family_on_the_command_line(toy_repo, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(out / "model.pt")
+    # lsg-fairseq-export finds the family by the checkpoint's arch: the toy's HF folder, its window kept
+    export_cli = os.path.join(os.path.dirname(sys.executable), "lsg-fairseq-export")
+    export_cmd = [export_cli] if os.path.exists(export_cli) else [sys.executable, "-m", "lsg_fairseq.cli.export"]
+    proc = run(toy_repo, export_cmd + [str(out), str(tmp_path / "hf")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["LocalBartForConditionalGeneration"] and config["local_window"] == 4, config
+    proc = run(
+        toy_repo, [sys.executable, "-m", "lsg_fairseq.cli.convert", str(tmp_path / "hf"), str(tmp_path / "back")]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]  # no --to: the exported folder is the toy's own
     proc = run(
         toy_repo,
         [sys.executable, "-m", "lsg_fairseq.cli.convert", BART_HF, str(tmp_path / "bad"), "--local-window", "4"],
