@@ -180,3 +180,17 @@ def test_toy_family_benchmarks(toy_repo, tmp_path):
     smoke = proc.stdout.strip().splitlines()[-1].split()
     assert "local_bart" in smoke and {"bart", "lsg_norm", "linear", "locost"} <= set(smoke), smoke
     assert "lsg_lsh" not in smoke  # a row that says it is not in the smoke list
+
+
+def test_one_small_interface_for_every_family():
+    """registry.Family is the whole interface (seven methods, one of which says whether and why a
+    family takes a source), and every family here is a class of it."""
+    from lsg_fairseq.convert import registry
+
+    methods = {n for n, v in vars(registry.Family).items() if callable(v) and not n.startswith("_")}
+    assert methods == {"arch", "refusal", "add_args", "option_names", "convert", "export", "benchmarks"}
+    known = registry.families()
+    assert {"bart", "lsg_bart", "led", "locost"} <= set(known)
+    assert all(isinstance(f, registry.Family) for f in known.values())
+    for gone in ("detect", "can_convert", "why_not", "claims", "from_hf", "hf_values"):
+        assert not any(hasattr(f, gone) for f in known.values()), gone

@@ -156,6 +156,7 @@ class BartFamily(Family):
     hf_architecture = "BartForConditionalGeneration"  # config.json "architectures"
     hf_prefix = "model."  # the HF model's attribute holding encoder and decoder
     tokenizer_class = "BartTokenizer"
+    hf_length_field = "max_position_embeddings"  # its config's encoder length (the tokenizer's max length)
     fields: Tuple[Field, ...] = (SCALE_EMBEDDING,)  # its config rows beyond BART_FIELDS, both ways
     encoder_keys: Optional["re.Pattern"] = None  # fairseq tensors of its encoder beyond BART's
     required_keys: Tuple[str, ...] = ()  # of those, the ones a checkpoint must have
@@ -309,12 +310,7 @@ class BartFamily(Family):
             id2label={"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"},
             label2id={"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2},
             max_position_embeddings=int(hf["model.encoder.embed_positions.weight"].size(0)) - 2,
-            scale_embedding=not checkpoint.get("no_scale_embedding", True),
         )
-
-    def max_length(self, config: dict) -> int:
-        """Step: the tokenizer's ``model_max_length``: the encoder's positions."""
-        return config["max_position_embeddings"]
 
     def export(self, checkpoint):
         from safetensors.torch import save_file
@@ -328,7 +324,7 @@ class BartFamily(Family):
             checkpoint, self.hf_prefix, self.hf_architecture, self.encoder_keys, self.required_keys, self.to_hf_layout
         )
         config = self.hf_config(checkpoint, hf)
-        write_tokenizer = tokenizer_writer(checkpoint, self.tokenizer_class, self.max_length(config))
+        write_tokenizer = tokenizer_writer(checkpoint, self.tokenizer_class, config[self.hf_length_field])
 
         def write(folder):
             save_file(hf, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})

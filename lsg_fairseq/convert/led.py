@@ -121,6 +121,7 @@ class LEDFamily(BartFamily):
     hf_architecture = "LEDForConditionalGeneration"
     hf_prefix = "led."
     tokenizer_class = "LEDTokenizer"
+    hf_length_field = "max_encoder_position_embeddings"
     fields = (SCALE_EMBEDDING_READ_ONLY,)  # HF LED has no scale_embedding (refused when on, both ways)
     encoder_keys = re.compile(r"encoder\.layers\.\d+\.self_attn\.(q|k|v)_proj_global\.(weight|bias)")
     common_options = ("max_source_positions",)  # the decoder table is the source's
@@ -210,9 +211,6 @@ class LEDFamily(BartFamily):
             max_encoder_position_embeddings=int(hf["led.encoder.embed_positions.weight"].size(0)),
             max_decoder_position_embeddings=int(hf["led.decoder.embed_positions.weight"].size(0)),
         )
-
-    def max_length(self, config):
-        return config["max_encoder_position_embeddings"]
 
     def export(self, checkpoint):
         write = super().export(checkpoint)
