@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_fairseq.convert.bart_state import (
     FAIRSEQ_ACTIVATIONS,
     HF_ACTIVATIONS,
@@ -254,7 +255,7 @@ class BartFamily(Family):
         raise C.ConversionError(f"{src_dir}: a {model_args.arch} checkpoint does not convert to {self.name}")
 
     # ------------------------------------------------------------- fairseq -> HF
-    def hf_limits(self, checkpoint: C.Checkpoint) -> List[str]:
+    def hf_limits(self, checkpoint: Checkpoint) -> List[str]:
         """Step: model settings its HF class cannot express, naming the flag."""
         return hf_limits(checkpoint)
 
@@ -273,7 +274,7 @@ class BartFamily(Family):
             enc_pos, dec_pos = extend_positions(enc_pos, P), extend_positions(dec_pos, P)
         return sd, enc_pos, dec_pos
 
-    def hf_config(self, checkpoint: C.Checkpoint, hf: Dict[str, torch.Tensor]) -> dict:
+    def hf_config(self, checkpoint: Checkpoint, hf: Dict[str, torch.Tensor]) -> dict:
         """config.json with the fields (and config class defaults) HF itself writes."""
         d = checkpoint.dictionary
         V, dim = hf[f"{self.hf_prefix}shared.weight"].shape
@@ -301,7 +302,7 @@ class BartFamily(Family):
         config.update(self.hf_config_fields(checkpoint, config, hf))
         return config
 
-    def hf_config_fields(self, checkpoint: C.Checkpoint, config: dict, hf: Dict[str, torch.Tensor]) -> dict:
+    def hf_config_fields(self, checkpoint: Checkpoint, config: dict, hf: Dict[str, torch.Tensor]) -> dict:
         """Step: the config fields of this family's HF config class (BartConfig's here)."""
         return dict(
             model_type="bart",

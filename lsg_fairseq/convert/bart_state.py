@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.convert.checkpoint import Checkpoint
 
 HF_ACTIVATIONS = {
     "gelu": "gelu",
@@ -81,7 +82,7 @@ def hf_to_fairseq_state(hf: Dict[str, torch.Tensor], src: str) -> Dict[str, torc
 
 
 # ----------------------------------------------------------------------------- fairseq -> HF
-def hf_limits(checkpoint: C.Checkpoint) -> List[str]:
+def hf_limits(checkpoint: Checkpoint) -> List[str]:
     """Model settings HF's BART-shaped classes cannot express, naming the flag."""
     g = checkpoint.get
     problems = []
@@ -105,7 +106,7 @@ def hf_limits(checkpoint: C.Checkpoint) -> List[str]:
 
 
 def hf_state(
-    checkpoint: C.Checkpoint,
+    checkpoint: Checkpoint,
     hf_prefix: str,
     hf_architecture: str,
     encoder_keys: Optional["re.Pattern"],

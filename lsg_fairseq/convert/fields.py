@@ -11,7 +11,8 @@ layers also use is imported from its home (``modules``/``models``), never writte
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Sequence
 
-from lsg_fairseq.convert.common import Checkpoint, ConversionError, ExportError
+from lsg_fairseq.convert.checkpoint import Checkpoint
+from lsg_fairseq.convert.common import ConversionError, ExportError
 
 REQUIRED = object()  # the row's HF field must be present (a missing one is refused by name)
 

@@ -13,6 +13,7 @@ import shutil
 from typing import Callable, Dict
 
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, SENTENCEPIECE_NAMES
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def hf_vocab(encoder: Dict[str, int], dictionary) -> Dict[str, int]:
     return vocab
 
 
-def tokenizer_writer(checkpoint: C.Checkpoint, tokenizer_class: str, max_length: int) -> Callable[[str], None]:
+def tokenizer_writer(checkpoint: Checkpoint, tokenizer_class: str, max_length: int) -> Callable[[str], None]:
     """What the HF folder gets of the model's tokenizer: GPT-2 BPE files, or the sentencepiece model."""
     encoder_json, merges = (checkpoint.find(name) for name in GPT2_FILES)
     spm_path = checkpoint.find(*SENTENCEPIECE_NAMES)

@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_fairseq.convert.common import ConversionError, ExportError
 from lsg_fairseq.convert.fields import Field, hf_fields, values_from_hf
 from lsg_fairseq.convert.locost_vocab import fairseq_order, find_spm, hf_symbols, read_token_map, unpermute, write_dict
@@ -170,7 +171,7 @@ def hf_to_fairseq_state(hf: Dict[str, torch.Tensor], token_map: List[int], src: 
 
 
 # ----------------------------------------------------------------------------- fairseq -> HF
-def hf_state(source: C.Checkpoint, token_map: List[int]) -> Dict[str, torch.Tensor]:
+def hf_state(source: Checkpoint, token_map: List[int]) -> Dict[str, torch.Tensor]:
     sd = dict(source.state)
     unknown = sorted(k for k in sd if k not in EMBEDDINGS and not _LOCOST_KEY.fullmatch(k))
     if unknown:
@@ -192,7 +193,7 @@ def hf_state(source: C.Checkpoint, token_map: List[int]) -> Dict[str, torch.Tens
     return hf
 
 
-def hf_config(source: C.Checkpoint, token_map: List[int], hf: Dict[str, torch.Tensor]) -> dict:
+def hf_config(source: Checkpoint, token_map: List[int], hf: Dict[str, torch.Tensor]) -> dict:
     d = source.dictionary
     config = hf_fields(FIELDS, source)
     config.update(
@@ -224,7 +225,7 @@ def hf_config(source: C.Checkpoint, token_map: List[int], hf: Dict[str, torch.Te
     return config
 
 
-def tokenizer_writer(source: C.Checkpoint, token_map: List[int]) -> Callable[[str], None]:
+def tokenizer_writer(source: Checkpoint, token_map: List[int]) -> Callable[[str], None]:
     spm_path = source.find(*SENTENCEPIECE_NAMES, HF_SENTENCEPIECE_NAME)
     if spm_path is None:
         logger.warning(
@@ -314,7 +315,7 @@ class LOCOSTFamily(Family):
             )
         return path
 
-    def export(self, checkpoint: C.Checkpoint) -> Callable[[str], None]:
+    def export(self, checkpoint: Checkpoint) -> Callable[[str], None]:
         token_map = read_token_map(checkpoint)
         hf = hf_state(checkpoint, token_map)
         config = hf_config(checkpoint, token_map, hf)

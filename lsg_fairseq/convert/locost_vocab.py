@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_fairseq.convert.common import ConversionError, ExportError
 from lsg_text.offline_bpe import HF_SENTENCEPIECE_NAME, SENTENCEPIECE_NAMES
 
@@ -119,7 +120,7 @@ def write_dict(out_dir: str, order: List[int], symbols: Dict[int, str]) -> str:
     return path
 
 
-def read_token_map(source: C.Checkpoint) -> List[int]:
+def read_token_map(source: Checkpoint) -> List[int]:
     """fairseq index -> HF id (``token_map.json`` beside the checkpoint, else the identity)."""
     n = len(source.dictionary)
     path = source.find("token_map.json")
@@ -140,7 +141,7 @@ def read_token_map(source: C.Checkpoint) -> List[int]:
     return token_map
 
 
-def unpermute(emb: torch.Tensor, token_map: List[int], source: C.Checkpoint) -> torch.Tensor:
+def unpermute(emb: torch.Tensor, token_map: List[int], source: Checkpoint) -> torch.Tensor:
     """(V_fairseq, d) rows -> (V_hf, d) in HF id order; see the module docstring for duplicates."""
     d = source.dictionary
     shared = emb.new_empty(max(token_map) + 1, emb.size(1))

@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from lsg_fairseq._autoimport import import_all
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_text.argtypes import int_range
 
 # Longest position table a conversion makes: a longer learned table is surely a typo.
@@ -171,7 +172,7 @@ class Family:
         raise NotImplementedError
 
     # ------------------------------------------------------------- fairseq -> HF
-    def export(self, checkpoint: C.Checkpoint) -> Callable[[str], None]:
+    def export(self, checkpoint: Checkpoint) -> Callable[[str], None]:
         """Check and map everything now (a refusal writes nothing); the returned function writes
         the HF files into a folder."""
         raise C.ExportError(f"{checkpoint.path}: the {self.name} family has no HuggingFace format")
@@ -256,7 +257,7 @@ def check_options(family: Family, options: dict) -> None:
             raise C.ConversionError(f"--{name.replace('_', '-')} {options[name]} is not achievable: it {problem}")
 
 
-def family_for_arch(checkpoint: C.Checkpoint) -> Family:
+def family_for_arch(checkpoint: Checkpoint) -> Family:
     """The family that exports ``checkpoint``: the one holding the registered model of its arch."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
