@@ -14,7 +14,8 @@ from fairseq import checkpoint_utils
 import conftest
 from lsg_fairseq.cli.convert import main as cli_main
 from lsg_fairseq.convert import ConversionError, convert
-from lsg_fairseq.convert.bart import extend_positions, init_global_embeddings
+from lsg_fairseq.convert.bart_state import extend_positions
+from lsg_fairseq.convert.lsg_init import init_global_embeddings
 
 FIXTURES = os.path.join(conftest.FIXTURES, "lsg")
 FOLDERS = ["bart_plain", "lsg_none", "lsg_norm", "lsg_pooling"]

@@ -4,9 +4,9 @@
 their neighbours up to a fixed window: the attention module, the registered model and its archs,
 the family (both conversion directions, its config field, its benchmark row). They are copied
 into a copy of the package, and the copy converts an HF BART folder to the toy family (API and
-``lsg-fairseq-convert``, whose ``--to`` and flags come from the family), exports it, converts the
-export back (detected as the toy's own), and ``benchmarks/run.py --smoke`` runs its row (and lists it
-among its default rows).
+``lsg-fairseq-convert``, whose ``--to`` and flags come from the family), exports it (API and
+``lsg-fairseq-export``), converts the export back (detected as the toy's own), and
+``benchmarks/run.py --smoke`` runs its row (and lists it among its default rows).
 """
 
 import json
@@ -134,6 +134,17 @@ def test_toy_family_on_the_command_line(toy_repo, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == str(out / "model.pt")
+    # lsg-fairseq-export finds the family by the checkpoint's arch: the toy's HF folder, its window kept
+    export_cli = os.path.join(os.path.dirname(sys.executable), "lsg-fairseq-export")
+    export_cmd = [export_cli] if os.path.exists(export_cli) else [sys.executable, "-m", "lsg_fairseq.cli.export"]
+    proc = run(toy_repo, export_cmd + [str(out), str(tmp_path / "hf")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["LocalBartForConditionalGeneration"] and config["local_window"] == 4, config
+    proc = run(
+        toy_repo, [sys.executable, "-m", "lsg_fairseq.cli.convert", str(tmp_path / "hf"), str(tmp_path / "back")]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]  # no --to: the exported folder is the toy's own
     proc = run(
         toy_repo,
         [sys.executable, "-m", "lsg_fairseq.cli.convert", BART_HF, str(tmp_path / "bad"), "--local-window", "4"],
@@ -175,3 +186,17 @@ def test_toy_family_benchmarks(toy_repo, tmp_path):
     smoke = proc.stdout.strip().splitlines()[-1].split()
     assert "local_bart" in smoke and {"bart", "lsg_norm", "linear", "locost"} <= set(smoke), smoke
     assert "lsg_lsh" not in smoke  # a row that says it is not in the smoke list
+
+
+def test_one_small_interface_for_every_family():
+    """registry.Family is the whole interface (seven methods, one of which says whether and why a
+    family takes a source), and every family here is a class of it."""
+    from lsg_fairseq.convert import registry
+
+    methods = {n for n, v in vars(registry.Family).items() if callable(v) and not n.startswith("_")}
+    assert methods == {"arch", "refusal", "add_args", "option_names", "convert", "export", "benchmarks"}
+    known = registry.families()
+    assert {"bart", "lsg_bart", "led", "locost"} <= set(known)
+    assert all(isinstance(f, registry.Family) for f in known.values())
+    for gone in ("detect", "can_convert", "why_not", "claims", "from_hf", "hf_values"):
+        assert not any(hasattr(f, gone) for f in known.values()), gone

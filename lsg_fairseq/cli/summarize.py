@@ -12,6 +12,7 @@ summary is done, and never over an input or a file of MODEL_DIR.
 """
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -20,6 +21,14 @@ from lsg_text.argtypes import GENERATION_SETTINGS, POSITIVE_INT, int_range
 from lsg_text.errors import OneLineArgumentParser
 
 PROG = "lsg-fairseq-summarize"
+
+
+def generation_defaults() -> dict:
+    """The generation settings' defaults: the task's ``--eval-rouge-args`` default, their one home, so
+    that this command summarizes as validation does (beam, lenpen, max_len_b, min_len, n-grams)."""
+    from lsg_fairseq.tasks.long_document_summarization import DEFAULT_EVAL_ROUGE_ARGS
+
+    return json.loads(DEFAULT_EVAL_ROUGE_ARGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,20 +46,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name inside MODEL_DIR (default: model.pt)")
     g = GENERATION_SETTINGS  # the ranges --eval-rouge-args checks too
-    p.add_argument("--beam", type=g["beam"], default=4, help="beam size (default: %(default)s; 1 = greedy)")
+    d = generation_defaults()
+    p.add_argument("--beam", type=g["beam"], default=d["beam"], help="beam size (default: %(default)s; 1 = greedy)")
     p.add_argument(
-        "--lenpen", type=g["lenpen"], default=1.0, help=f"length penalty, {g['lenpen'].expected} (default: %(default)s)"
+        "--lenpen",
+        type=g["lenpen"],
+        default=d["lenpen"],
+        help=f"length penalty, {g['lenpen'].expected} (default: %(default)s)",
     )
     p.add_argument(
-        "--max-len-b", type=g["max_len_b"], default=256, help="maximum summary length in tokens (default: %(default)s)"
+        "--max-len-b",
+        type=g["max_len_b"],
+        default=d["max_len_b"],
+        help="maximum summary length in tokens (default: %(default)s)",
     )
     p.add_argument(
-        "--min-len", type=g["min_len"], default=1, help="minimum summary length in tokens (default: %(default)s)"
+        "--min-len",
+        type=g["min_len"],
+        default=d["min_len"],
+        help="minimum summary length in tokens (default: %(default)s)",
     )
     p.add_argument(
         "--no-repeat-ngram-size",
         type=g["no_repeat_ngram_size"],
-        default=3,
+        default=d["no_repeat_ngram_size"],
         help="ban repeated n-grams of this size (0 = off; default: %(default)s)",
     )
     p.add_argument(

@@ -24,14 +24,17 @@ Both write their output folder all-or-nothing (:func:`lsg_text.fileio.atomic_fol
 folder beside it, moved into place only when complete. An existing non-empty output folder is
 refused unless ``force=True`` (``--force``), which replaces it as a whole.
 
-The families are the modules of this package (``bart.py``: BART and LSG-BART, ``led.py``,
-``locost.py``), each a :class:`~.registry.Family` holding both directions; ``common.py`` is the
-plumbing they share.
+The families are modules of this package (``bart.py``, ``lsg_bart.py``, ``led.py``,
+``locost.py``), each a :class:`~.registry.Family` holding both directions; the others are what
+they share: ``common.py`` (reading, building, saving), ``fields.py`` (config tables),
+``bart_state.py`` (BART weights), ``hf_tokenizer.py``, ``lsg_init.py`` (LSG global tokens) and
+``locost_vocab.py`` (LOCOST token ids), ``checkpoint.py`` (a fairseq checkpoint to export).
 """
 
 import os
 
-from lsg_fairseq.convert.common import ConversionError, ExportError, read_checkpoint
+from lsg_fairseq.convert.checkpoint import read_checkpoint
+from lsg_fairseq.convert.common import ConversionError, ExportError
 from lsg_fairseq.convert.registry import (
     Family,
     check_options,

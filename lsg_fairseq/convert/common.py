@@ -1,4 +1,4 @@
-"""Plumbing shared by every model family (``convert/bart.py``, ``led.py``, ``locost.py``), both ways.
+"""Plumbing shared by every model family (``convert/bart.py``, ``lsg_bart.py``, ``led.py``, ``locost.py``), both ways.
 
 HF -> fairseq: a family maps an HF folder (or an older fairseq checkpoint) to a fairseq state dict
 and the model's hyper-parameter values; this module does the rest the way fairseq itself would:
@@ -15,9 +15,9 @@ and the model's hyper-parameter values; this module does the rest the way fairse
    checkpoint ``{cfg, model, optimizer_history, extra_state}`` usable by fairseq-generate, the
    hub, ``--restore-file`` (with ``--reset-*``) and ``--finetune-from-model``.
 
-fairseq -> HF: :func:`read_checkpoint` gives a family the :class:`Checkpoint` to map (weights,
+fairseq -> HF: ``checkpoint.read_checkpoint`` gives a family the ``Checkpoint`` to map (weights,
 model cfg, the dictionary as the task loads it, where its tokenizer files are); ``write_json``
-and ``dtype_name`` write what HF writes.
+and ``dtype_name`` here write what HF writes.
 """
 
 import argparse
@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
@@ -35,7 +34,6 @@ from lsg_text.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_NAMES = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")  # what a model folder holds
 SNIFF_BYTES = 512  # of a weights file that does not load: enough to tell an HTML page or an LFS pointer
 
 
@@ -310,93 +308,7 @@ def save_checkpoint(cfg, model, path: str) -> str:
     return path
 
 
-# ----------------------------------------------------------------------------- fairseq -> HF
-@dataclass
-class Checkpoint:
-    """What a family exports: the model's weights and cfg, its dictionary and where its files are."""
-
-    path: str  # the checkpoint file
-    arch: str
-    model_cfg: object  # argparse.Namespace or DictConfig (cfg.model)
-    state: Dict[str, torch.Tensor]  # fairseq state dict (weights only)
-    dictionary: object  # fairseq Dictionary, as the task loads it (with <mask>)
-    search_dirs: List[str] = field(default_factory=list)
-
-    def get(self, key: str, default=None):
-        """``cfg.model.<key>`` (a Namespace in legacy-arch checkpoints, else a DictConfig)."""
-        try:
-            value = getattr(self.model_cfg, key)
-        except Exception:  # noqa: BLE001  (omegaconf raises on a missing key in struct mode)
-            return default
-        return default if value is None else value
-
-    def find(self, *names: str) -> Optional[str]:
-        """First of ``names`` found in the search folders (checkpoint folder, then data folder)."""
-        for folder in self.search_dirs:
-            for name in names:
-                path = os.path.join(folder, name)
-                if os.path.isfile(path):
-                    return path
-        return None
-
-
-def resolve_checkpoint(src: str) -> str:
-    """``src`` itself, or the first of :data:`CHECKPOINT_NAMES` in the folder ``src``."""
-    if os.path.isfile(src):
-        return src
-    if os.path.isdir(src):
-        for name in CHECKPOINT_NAMES:
-            if os.path.isfile(os.path.join(src, name)):
-                return os.path.join(src, name)
-        raise ExportError(f"{src}: no checkpoint in this folder (expected one of {', '.join(CHECKPOINT_NAMES)})")
-    raise ExportError(f"{src}: no such file or folder")
-
-
-def _load_dictionary(task_name: str, search_dirs: List[str], source_lang: Optional[str]):
-    from fairseq import tasks
-
-    names = ["dict.txt"] + [f"dict.{source_lang}.txt"] * bool(source_lang)
-    for folder in search_dirs:
-        for name in names:
-            path = os.path.join(folder, name)
-            if os.path.isfile(path):
-                task_cls = tasks.TASK_REGISTRY.get(task_name)
-                if task_cls is None:
-                    raise ExportError(f"{path}: the checkpoint's task {task_name!r} is not registered")
-                # the task's own loader, so symbols it appends (<mask>) are counted as in training
-                return task_cls.load_dictionary(path)
-    raise ExportError(
-        f"no dictionary: none of {', '.join(names)} in {' or '.join(search_dirs)} (put the model's dict.txt "
-        "beside the checkpoint)"
-    )
-
-
-def read_checkpoint(src: str) -> Checkpoint:
-    """A fairseq checkpoint (or model folder) with its dictionary, looked up beside it, then in the
-    checkpoint's ``cfg.task.data`` folder. Optimizer state, iterator and meters are dropped."""
-    from fairseq import checkpoint_utils
-
-    path = resolve_checkpoint(src)
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(path)
-    except Exception as e:  # noqa: BLE001  (any unreadable file gets the same clear refusal)
-        raise ExportError(f"{path}: not a readable fairseq checkpoint ({str(e).splitlines()[0][:300]})") from e
-    cfg = state.get("cfg")
-    if cfg is None or cfg.get("model") is None or not isinstance(state.get("model"), dict):
-        raise ExportError(f"{path}: no cfg.model or weights in this checkpoint; cannot tell what model it holds")
-    model_cfg = cfg.model
-    arch = str(getattr(model_cfg, "arch", None) or model_cfg.get("arch", None) or model_cfg.get("_name", ""))
-    search_dirs = [os.path.dirname(os.path.abspath(path))]
-    data = cfg.get("task", {}).get("data") if cfg.get("task") is not None else None
-    if data:
-        data_dir = str(data).split(os.pathsep)[0]
-        if os.path.isdir(data_dir) and os.path.abspath(data_dir) not in search_dirs:
-            search_dirs.append(os.path.abspath(data_dir))
-    task = cfg.get("task") or {}
-    dictionary = _load_dictionary(task.get("_name", TASK_NAME), search_dirs, task.get("source_lang"))
-    return Checkpoint(path, arch, model_cfg, dict(state["model"]), dictionary, search_dirs)
-
-
+# ----------------------------------------------------------------------------- HF files
 def write_json(folder: str, name: str, obj) -> str:
     """``folder/name`` as HF writes its JSON files (indented, sorted keys, final newline)."""
     path = os.path.join(folder, name)

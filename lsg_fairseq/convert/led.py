@@ -3,7 +3,7 @@
 HF -> fairseq:
 
 - HF LED (``config.json`` with ``model_type == "led"``; spec/led.md section 7): BART's mapping
-  (``convert.bart.hf_to_fairseq_state`` after dropping the ``led.`` prefix), plus
+  (``convert.bart_state.hf_to_fairseq_state`` after dropping the ``led.`` prefix), plus
   ``…self_attn.longformer_self_attn.{query,key,value}[_global]`` -> ``self_attn.{q,k,v}_proj[_global]``,
   ``…self_attn.output`` -> ``self_attn.out_proj``, and both position tables moved down two rows
   (HF row t = position t; fairseq's learned positions start at row 2, rows 0-1 zero).
@@ -30,8 +30,9 @@ from typing import Dict
 import torch
 
 from lsg_fairseq.convert import common as C
-from lsg_fairseq.convert.bart import BartFamily, extend_positions, hf_to_fairseq_state, is_bart_source
-from lsg_fairseq.convert.registry import BenchRow, register_family
+from lsg_fairseq.convert.bart import SCALE_EMBEDDING_READ_ONLY, BartFamily, is_bart_source
+from lsg_fairseq.convert.bart_state import hf_to_fairseq_state
+from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, register_family
 from lsg_fairseq.models.led import LEDModel
 from lsg_layers.modules.longformer_attention import parse_attention_windows
 
@@ -90,17 +91,14 @@ def hf_led_to_fairseq_state(hf: Dict[str, torch.Tensor], src: str) -> Dict[str, 
     return sd
 
 
-def bart_to_led_state(sd: Dict[str, torch.Tensor], max_source_positions: int) -> Dict[str, torch.Tensor]:
-    """fairseq BART state -> fairseq LED state (spec section 8): global projections copied from
-    the local ones (Longformer section 3), encoder positions tiled; the input is not modified."""
-    sd = dict(sd)
+def add_global_projections(sd: Dict[str, torch.Tensor]) -> None:
+    """fairseq BART state -> LED's encoder (spec section 8), in place: the global projections are
+    copies of the local ones (Longformer section 3)."""
     for key in list(sd):
         for proj in ("q_proj", "k_proj", "v_proj"):
             marker = f".self_attn.{proj}."
             if key.startswith("encoder.layers.") and marker in key:
                 sd[key.replace(marker, f".self_attn.{proj}_global.")] = sd[key].clone()
-    sd["encoder.embed_positions.weight"] = extend_positions(sd["encoder.embed_positions.weight"], max_source_positions)
-    return sd
 
 
 def _check_led_config(config: dict, src: str) -> None:
@@ -123,14 +121,17 @@ class LEDFamily(BartFamily):
     hf_architecture = "LEDForConditionalGeneration"
     hf_prefix = "led."
     tokenizer_class = "LEDTokenizer"
+    hf_length_field = "max_encoder_position_embeddings"
+    fields = (SCALE_EMBEDDING_READ_ONLY,)  # HF LED has no scale_embedding (refused when on, both ways)
     encoder_keys = re.compile(r"encoder\.layers\.\d+\.self_attn\.(q|k|v)_proj_global\.(weight|bias)")
     common_options = ("max_source_positions",)  # the decoder table is the source's
 
-    def detect(self, source):
-        return source.model_type == "led"
-
-    def can_convert(self, source):
-        return self.detect(source) or source.hf_config is not None and is_bart_source(source)  # allenai's recipe
+    def refusal(self, source, options):
+        """HF LED folders; HF BART folders with ``--to led`` (allenai's recipe)."""
+        if source.model_type == "led":
+            return None
+        asked = options.get("to") == self.name
+        return None if asked and source.hf_config is not None and is_bart_source(source) else NOT_ITS_SOURCE
 
     def add_args(self, parser):
         window = C.arch_defaults(self.arch("base")).attention_window
@@ -143,51 +144,53 @@ class LEDFamily(BartFamily):
 
     # ------------------------------------------------------------- HF -> fairseq
     def state_from_hf(self, hf, source):
+        """HF LED names (the attention renamed, tables moved down two rows), or BART's."""
         if source.model_type == "led":
             return hf_led_to_fairseq_state(hf, source.path)
         return hf_to_fairseq_state(hf, source.path)
 
-    def from_hf(self, source, out, max_source_positions, max_target_positions, options, init) -> str:
+    def hf_lengths(self, source, sd, max_source_positions, max_target_positions):
+        """An HF LED folder's tables as they are; BART -> LED: the encoder's tiled to
+        ``--max-source-positions`` (default: the architecture's), the decoder's unchanged."""
         config, src = source.hf_config, source.path
-        from_led = source.model_type == "led"
-        if from_led and max_source_positions is not None:
+        layers = config.get("encoder_layers")
+        if not isinstance(layers, int) or layers < 1:
+            raise C.ConversionError(f"{src}/config.json: encoder_layers missing or not a positive int")
+        if source.model_type != "led":
+            M = max_source_positions or C.arch_defaults(self.arch_for(config)).max_source_positions
+            return int(M), sd["decoder.embed_positions.weight"].size(0) - 2
+        if max_source_positions is not None:
             raise C.ConversionError(
                 "--max-source-positions: an HF LED encoder table is used as is "
                 f"({config.get('max_encoder_position_embeddings')} positions); it is not re-tiled"
             )
-        layers = config.get("encoder_layers")
-        if not isinstance(layers, int) or layers < 1:
-            raise C.ConversionError(f"{src}/config.json: encoder_layers missing or not a positive int")
-        if from_led:
-            _check_led_config(config, src)
-        values, sd, V = self.read_hf(source)
-        arch = self.arch_for(config)
-        if from_led:
-            windows = windows_from(config["attention_window"], layers, f"{src}/config.json attention_window")
-            M = int(config["max_encoder_position_embeddings"])
-            T = int(config["max_decoder_position_embeddings"])
-        else:
-            defaults = C.arch_defaults(arch, encoder_layers=layers)
-            windows = windows_from(defaults.attention_window, layers, "the led architecture's attention_window")
-            M = int(max_source_positions or defaults.max_source_positions)
-            sd = bart_to_led_state(sd, M)
-            T = sd["decoder.embed_positions.weight"].size(0) - 2
-        if "attention_window" in options:
-            windows = windows_from(options["attention_window"], layers, "--attention-window")
+        _check_led_config(config, src)
+        M, T = int(config["max_encoder_position_embeddings"]), int(config["max_decoder_position_embeddings"])
         for side, n in (("encoder", M), ("decoder", T)):
             rows = sd[f"{side}.embed_positions.weight"].size(0)
             if rows != n + 2:
                 raise C.ConversionError(f"{src}: {side} position table has {rows - 2} positions, config says {n}")
+        return M, T
+
+    def hf_encoder(self, source, values, sd, options, init):
+        """The attention window of every layer (``--attention-window``, else an HF LED folder's,
+        else the architecture's), the global attention options; BART -> LED: the global projections."""
+        config, src = source.hf_config, source.path
+        layers = config["encoder_layers"]
+        if source.model_type == "led":
+            windows = windows_from(config["attention_window"], layers, f"{src}/config.json attention_window")
+        else:
+            defaults = C.arch_defaults(self.arch_for(config), encoder_layers=layers)
+            windows = windows_from(defaults.attention_window, layers, "the led architecture's attention_window")
+            add_global_projections(sd)
+        if "attention_window" in options:
+            windows = windows_from(options.pop("attention_window"), layers, "--attention-window")
         values.update(
-            max_source_positions=M,
-            max_target_positions=T,
-            attention_window=",".join(map(str, windows)),
-            global_attention=options.get("global_attention"),
+            attention_window=",".join(map(str, windows)), global_attention=options.pop("global_attention", None)
         )
-        ids = options.get("global_token_ids")
+        ids = options.pop("global_token_ids", None)
         if ids is not None:
             values["global_token_ids"] = (ids if isinstance(ids, str) else ",".join(map(str, ids))) or None
-        return self.write_model(source, out, arch, values, sd, V)
 
     # ------------------------------------------------------------- fairseq -> HF
     def hf_limits(self, checkpoint):
@@ -208,9 +211,6 @@ class LEDFamily(BartFamily):
             max_encoder_position_embeddings=int(hf["led.encoder.embed_positions.weight"].size(0)),
             max_decoder_position_embeddings=int(hf["led.decoder.embed_positions.weight"].size(0)),
         )
-
-    def max_length(self, config):
-        return config["max_encoder_position_embeddings"]
 
     def export(self, checkpoint):
         write = super().export(checkpoint)

@@ -8,21 +8,8 @@ present, the T5 sentencepiece model (``spiece.model``) plus ``added_tokens.json`
 Output (``OUT_DIR``): ``model.pt``, ``dict.txt``, ``token_map.json`` (fairseq index -> HF id) and
 ``spm.model`` when the source has a sentencepiece model.
 
-Ids. T5 uses pad 0 / eos 1 / unk 2 (no bos) and starts decoding from ``decoder_start_token_id``
-(0, the pad row). fairseq's Dictionary fixes ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3. The
-fairseq dictionary is therefore a permutation of the HF vocabulary, and the embedding rows are
-permuted with it:
-
-    fairseq  0 <s>    <- HF decoder_start_token_id (the decoder's start embedding, see
-                         lsg_fairseq/models/locost.py: fairseq's leading </s> is embedded with <s>)
-             1 <pad>  <- HF pad_token_id
-             2 </s>   <- HF eos_token_id
-             3 <unk>  <- HF unk id (sentencepiece's, else 2)
-             4 ...    <- every other HF id, in increasing order
-             last     <mask> (added by the task) <- HF ``<extra_id_0>`` if the vocabulary has it, else unk
-
-so ``token_map.json`` lists HF 0 twice (start and pad), which is expected (spec section 8). Logits
-of fairseq indices that share an HF row are equal; fairseq never emits ``<pad>``.
+Ids: T5's and fairseq's specials differ, so the fairseq dictionary is a permutation of the HF
+vocabulary (``locost_vocab.py``), and the embedding rows are permuted with it.
 
 The way back writes what the reference's ``save_pretrained`` writes: ``config.json``
 (``LOCOSTForConditionalGeneration``, no ``model_type``), ``generation_config.json``,
@@ -41,19 +28,23 @@ import logging
 import os
 import re
 import shutil
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 import torch
 
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_fairseq.convert.common import ConversionError, ExportError
-from lsg_fairseq.convert.registry import BenchRow, Family, SourceInfo, register_family
+from lsg_fairseq.convert.fields import Field, hf_fields, values_from_hf
+from lsg_fairseq.convert.locost_vocab import fairseq_order, find_spm, hf_symbols, read_token_map, unpermute, write_dict
+from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, Family, SourceInfo, register_family
 from lsg_fairseq.models.locost import locost_arg_ranges
+from lsg_layers.modules.s4d_init import check_ssm_config
+from lsg_layers.modules.t5_layers import T5_DEFAULTS
 from lsg_text.offline_bpe import HF_SENTENCEPIECE_NAME, SENTENCEPIECE_MODEL, SENTENCEPIECE_NAMES
 
 logger = logging.getLogger(__name__)
 
-SPM_NAMES = (HF_SENTENCEPIECE_NAME,) + SENTENCEPIECE_NAMES  # where a source folder's is found, first wins
 TIED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
 EMBEDDINGS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight")
 # every fairseq tensor of the reference layout (the converter keeps HF names for everything but
@@ -101,8 +92,10 @@ def check_config(config: dict, src: str) -> None:
     act = config.get("dense_act_fn", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ConversionError(f"{where}: dense_act_fn {act!r} is not supported (gelu_new only)")
-    if int(_require(config, "d_state", src)) % 2:
-        raise ConversionError(f"{where}: d_state {config['d_state']} must be even (complex-conjugate pairs)")
+    try:
+        check_ssm_config(int(_require(config, "d_state", src)))
+    except ValueError as e:
+        raise ConversionError(f"{where}: {e}") from None
     if config.get("is_encoder_decoder", True) is not True:
         raise ConversionError(f"{where}: is_encoder_decoder is false; only the encoder-decoder model converts")
     if config.get("use_fast_fft_conv"):
@@ -114,123 +107,44 @@ def check_config(config: dict, src: str) -> None:
         )
 
 
-# HF LOCOST config field -> fairseq argument, and the reference's default (None: required)
-CONFIG_FIELDS = [
-    ("d_model", "d_model", None),
-    ("d_state", "d_state", None),
-    ("d_ff", "d_ff", None),
-    ("d_kv", "d_kv", None),
-    ("num_layers", "encoder_layers", None),
-    ("num_heads", "decoder_attention_heads", None),
-    ("layer_norm_epsilon", "layer_norm_eps", 1e-6),
-    ("relative_attention_num_buckets", "relative_attention_num_buckets", 32),
-    ("relative_attention_max_distance", "relative_attention_max_distance", 128),
-    ("dropout_rate", "dropout", 0.1),
-]
+# HF LOCOST config field <-> fairseq argument, and the default of a field a config may lack (T5's,
+# from their home in modules.t5_layers); num_decoder_layers absent: the encoder's depth (T5)
+FIELDS = (
+    Field("d_model", "d_model", to_hf=int),
+    Field("d_state", "d_state", to_hf=int),
+    Field("d_ff", "d_ff", to_hf=int),
+    Field("d_kv", "d_kv", to_hf=int),
+    Field("num_layers", "encoder_layers", to_hf=int),
+    Field("num_heads", "decoder_attention_heads", to_hf=int),
+    Field("layer_norm_epsilon", "layer_norm_eps", T5_DEFAULTS["layer_norm_eps"], to_hf=float),
+    Field(
+        "relative_attention_num_buckets",
+        "relative_attention_num_buckets",
+        T5_DEFAULTS["relative_attention_num_buckets"],
+        to_hf=int,
+    ),
+    Field(
+        "relative_attention_max_distance",
+        "relative_attention_max_distance",
+        T5_DEFAULTS["relative_attention_max_distance"],
+        to_hf=int,
+    ),
+    Field("dropout_rate", "dropout", T5_DEFAULTS["dropout"], to_hf=float),
+    Field("num_decoder_layers", "decoder_layers", None, to_hf=int),
+)
 
 
 def model_values(config: dict, src: str) -> dict:
     """fairseq hyper-parameters reproducing an HF LOCOST config; each value is checked against its
     flag's declared range here, where it arrives (it never goes through argparse)."""
     ranges = locost_arg_ranges()
-    values = {}
-    fields = CONFIG_FIELDS + [("num_decoder_layers", "decoder_layers", None)]
-    for field, name, default in fields:
-        if field == "num_decoder_layers":
-            value = config.get(field) or values["encoder_layers"]  # T5: same depth unless given
-        else:
-            value = _require(config, field, src) if default is None else config.get(field, default)
-        problem = ranges[name].problem(value)
+    values = values_from_hf(FIELDS, config, src)
+    values["decoder_layers"] = values["decoder_layers"] or values["encoder_layers"]
+    for f in FIELDS:
+        problem = ranges[f.fairseq].problem(values[f.fairseq])
         if problem:
-            raise ConversionError(f"{src}/config.json: {field} {problem}, got {value!r}")
-        values[name] = value
+            raise ConversionError(f"{src}/config.json: {f.hf} {problem}, got {values[f.fairseq]!r}")
     return values
-
-
-# ----------------------------------------------------------------------------- vocabulary
-def _find_spm(src: str) -> Optional[str]:
-    for name in SPM_NAMES:
-        path = os.path.join(src, name)
-        if os.path.exists(path):
-            return path
-    return None
-
-
-def hf_symbols(src: str, vocab_size: int) -> Tuple[Dict[int, str], int]:
-    """HF id -> token string for every embedding row, and the unk id.
-
-    From the sentencepiece model (+ ``added_tokens.json``, else T5's ``<extra_id_k>`` layout after
-    the pieces); without a tokenizer the symbols are the ids themselves ("17").
-    """
-    spm_path = _find_spm(src)
-    if spm_path is None:
-        logger.warning("%s: no sentencepiece model; dict.txt symbols are the HF ids", src)
-        return {i: str(i) for i in range(vocab_size)}, 2
-    try:
-        import sentencepiece as spm
-    except ImportError as e:
-        raise ConversionError("the sentencepiece package is needed to read " + spm_path) from e
-    sp = spm.SentencePieceProcessor()
-    try:
-        sp.Load(spm_path)
-    except Exception as e:  # noqa: BLE001  (OSError / RuntimeError, depending on the version)
-        raise ConversionError(f"{spm_path}: not a readable sentencepiece model ({e}); re-download it") from None
-    n = sp.GetPieceSize()
-    symbols = {i: sp.IdToPiece(i) for i in range(min(n, vocab_size))}
-    added_path = os.path.join(src, "added_tokens.json")
-    added = C.read_json(added_path, dict) if os.path.exists(added_path) else None
-    if added:
-        if not all(isinstance(i, int) for i in added.values()):
-            raise ConversionError(f"{added_path}: expected an object of token -> integer id")
-        for tok, i in added.items():
-            if i < vocab_size:
-                symbols[int(i)] = tok
-    for i in range(n, vocab_size):
-        if i not in symbols:
-            # HF T5Tokenizer (extra_ids=100): <extra_id_0> is the last id, counting down
-            k = n + 99 - i
-            symbols[i] = f"<extra_id_{k}>" if 0 <= k < 100 else f"<unused_{i}>"
-    if n > vocab_size:
-        raise ConversionError(f"{spm_path}: {n} pieces but the model has only {vocab_size} embedding rows")
-    return symbols, sp.unk_id()
-
-
-def fairseq_order(config: dict, unk_id: int, vocab_size: int, src: str) -> List[int]:
-    """HF ids in fairseq index order for indices 0..V+0 (before the task's <mask>)."""
-    pad = int(config.get("pad_token_id", 0))
-    eos = int(config.get("eos_token_id", 1))
-    start = config.get("decoder_start_token_id")
-    start = pad if start is None else int(start)
-    for name, i in (
-        ("pad_token_id", pad),
-        ("eos_token_id", eos),
-        ("decoder_start_token_id", start),
-        ("unk id", unk_id),
-    ):
-        if not 0 <= i < vocab_size:
-            raise ConversionError(f"{src}: {name} {i} is outside the vocabulary (0..{vocab_size - 1})")
-    if len({pad, eos, unk_id}) != 3:
-        raise ConversionError(f"{src}: pad ({pad}), eos ({eos}) and unk ({unk_id}) ids must differ")
-    specials = {pad, eos, unk_id}
-    return [start, pad, eos, unk_id] + [i for i in range(vocab_size) if i not in specials]
-
-
-def write_dict(out_dir: str, order: List[int], symbols: Dict[int, str]) -> str:
-    """dict.txt: one ``symbol 1`` line per HF id from fairseq index 4 on."""
-    reserved = {"<s>", "<pad>", "</s>", "<unk>"}
-    seen = set()
-    path = os.path.join(out_dir, "dict.txt")
-    with open(path, "w", encoding="utf-8") as f:
-        for hf_id in order[4:]:
-            sym = symbols[hf_id]
-            if sym in reserved or sym in seen or not sym or any(c.isspace() for c in sym):
-                raise ConversionError(
-                    f"HF token {hf_id} ({sym!r}) cannot be a fairseq dictionary symbol (reserved, "
-                    "duplicate or containing whitespace)"
-                )
-            seen.add(sym)
-            f.write(f"{sym} 1\n")
-    return path
 
 
 # ----------------------------------------------------------------------------- weights
@@ -257,56 +171,7 @@ def hf_to_fairseq_state(hf: Dict[str, torch.Tensor], token_map: List[int], src: 
 
 
 # ----------------------------------------------------------------------------- fairseq -> HF
-def read_token_map(source: C.Checkpoint) -> List[int]:
-    """fairseq index -> HF id (``token_map.json`` beside the checkpoint, else the identity)."""
-    n = len(source.dictionary)
-    path = source.find("token_map.json")
-    if path is None:
-        return list(range(n))
-    try:
-        with open(path, encoding="utf-8") as f:
-            token_map = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ExportError(f"{path}: not readable JSON ({e})") from e
-    if not (isinstance(token_map, list) and all(isinstance(i, int) and i >= 0 for i in token_map)):
-        raise ExportError(f"{path}: expected a list of non-negative ints (fairseq index -> HF id)")
-    if len(token_map) != n:
-        raise ExportError(f"{path}: {len(token_map)} entries but the dictionary has {n} symbols")
-    missing = sorted(set(range(max(token_map) + 1)) - set(token_map))
-    if missing:
-        raise ExportError(f"{path}: HF ids {missing[:10]} have no fairseq row; the HF embedding would have holes")
-    return token_map
-
-
-def unpermute(emb: torch.Tensor, token_map: List[int], source: C.Checkpoint) -> torch.Tensor:
-    """(V_fairseq, d) rows -> (V_hf, d) in HF id order; see the module docstring for duplicates."""
-    d = source.dictionary
-    shared = emb.new_empty(max(token_map) + 1, emb.size(1))
-    first: Dict[int, int] = {}
-    dropped = []
-    for idx, hf_id in enumerate(token_map):
-        if hf_id not in first:
-            first[hf_id] = idx
-            shared[hf_id] = emb[idx]
-        elif not torch.equal(emb[idx], emb[first[hf_id]]):
-            if idx == d.pad():
-                dropped.append(idx)
-                continue
-            raise ExportError(
-                f"{source.path}: fairseq tokens {first[hf_id]} ({d[first[hf_id]]!r}) and {idx} ({d[idx]!r}) share "
-                f"HF id {hf_id} (token_map.json) but their embedding rows differ; the HF file holds one row per id"
-            )
-    if dropped:
-        logger.warning(
-            "fairseq <pad> row (index %d) differs from HF id %d's row (the decoder start); HF keeps one "
-            "row per id, the start row (fairseq never emits or attends to <pad>)",
-            d.pad(),
-            token_map[d.pad()],
-        )
-    return shared
-
-
-def hf_state(source: C.Checkpoint, token_map: List[int]) -> Dict[str, torch.Tensor]:
+def hf_state(source: Checkpoint, token_map: List[int]) -> Dict[str, torch.Tensor]:
     sd = dict(source.state)
     unknown = sorted(k for k in sd if k not in EMBEDDINGS and not _LOCOST_KEY.fullmatch(k))
     if unknown:
@@ -328,46 +193,39 @@ def hf_state(source: C.Checkpoint, token_map: List[int]) -> Dict[str, torch.Tens
     return hf
 
 
-def hf_config(source: C.Checkpoint, token_map: List[int], hf: Dict[str, torch.Tensor]) -> dict:
-    g, d = source.get, source.dictionary
-    return {
-        "architectures": ["LOCOSTForConditionalGeneration"],
-        "bidirectional": True,
-        "d_ff": int(g("d_ff")),
-        "d_kv": int(g("d_kv")),
-        "d_model": int(g("d_model")),
-        "d_state": int(g("d_state")),
-        "decoder_start_token_id": token_map[d.bos()],  # fairseq's decoder starts from the <s> row
-        "dense_act_fn": "gelu_new",
-        "dropout_rate": float(g("dropout", 0.1)),
-        "eos_token_id": token_map[d.eos()],
-        "feed_forward_proj": "gated-gelu",
-        "gating": True,
-        "initializer_factor": 1.0,
-        "is_encoder_decoder": True,
-        "is_gated_act": True,
-        "layer_norm_epsilon": float(g("layer_norm_eps", 1e-6)),
-        "num_decoder_layers": int(g("decoder_layers")),
-        "num_heads": int(g("decoder_attention_heads")),
-        "num_layers": int(g("encoder_layers")),
-        "num_ssm_heads": 1,
-        "pad_token_id": token_map[d.pad()],
-        "relative_attention_max_distance": int(g("relative_attention_max_distance", 128)),
-        "relative_attention_num_buckets": int(g("relative_attention_num_buckets", 32)),
-        "torch_dtype": C.dtype_name(hf),
-        # the fairseq model computes the exact convolution (the reference's ref path); the fast
-        # CUDA path differs for lengths that are not powers of two (spec section 1)
-        "use_fast_fft_conv": False,
-        "use_cache": True,
-        "vocab_size": int(hf["shared.weight"].size(0)),
-        # read by nothing (spec section 4), kept so the folder matches the reference's
-        "encoder_attention_type": "local",
-        "global_block_size": 16,
-        "local_radius": 127,
-    }
+def hf_config(source: Checkpoint, token_map: List[int], hf: Dict[str, torch.Tensor]) -> dict:
+    d = source.dictionary
+    config = hf_fields(FIELDS, source)
+    config.update(
+        {
+            "architectures": ["LOCOSTForConditionalGeneration"],
+            "bidirectional": True,
+            "decoder_start_token_id": token_map[d.bos()],  # fairseq's decoder starts from the <s> row
+            "dense_act_fn": "gelu_new",
+            "eos_token_id": token_map[d.eos()],
+            "feed_forward_proj": "gated-gelu",
+            "gating": True,
+            "initializer_factor": 1.0,
+            "is_encoder_decoder": True,
+            "is_gated_act": True,
+            "num_ssm_heads": 1,
+            "pad_token_id": token_map[d.pad()],
+            "torch_dtype": C.dtype_name(hf),
+            # the fairseq model computes the exact convolution (the reference's ref path); the fast
+            # CUDA path differs for lengths that are not powers of two (spec section 1)
+            "use_fast_fft_conv": False,
+            "use_cache": True,
+            "vocab_size": int(hf["shared.weight"].size(0)),
+            # read by nothing (spec section 4), kept so the folder matches the reference's
+            "encoder_attention_type": "local",
+            "global_block_size": 16,
+            "local_radius": 127,
+        }
+    )
+    return config
 
 
-def tokenizer_writer(source: C.Checkpoint, token_map: List[int]) -> Callable[[str], None]:
+def tokenizer_writer(source: Checkpoint, token_map: List[int]) -> Callable[[str], None]:
     spm_path = source.find(*SENTENCEPIECE_NAMES, HF_SENTENCEPIECE_NAME)
     if spm_path is None:
         logger.warning(
@@ -402,8 +260,9 @@ class LOCOSTFamily(Family):
     name = "locost"
     label = "LOCOST"
 
-    def detect(self, source: SourceInfo) -> bool:
-        return source.hf_config is not None and is_locost_config(source.hf_config)
+    def refusal(self, source: SourceInfo, options: dict) -> Optional[str]:
+        """The reference's LOCOST folders only."""
+        return None if source.hf_config is not None and is_locost_config(source.hf_config) else NOT_ITS_SOURCE
 
     def convert(self, source, out, max_source_positions=None, max_target_positions=None, **options) -> str:
         src, config = source.path, source.hf_config
@@ -418,7 +277,7 @@ class LOCOSTFamily(Family):
         symbols, unk_id = hf_symbols(src, vocab_size)
         order = fairseq_order(config, unk_id, vocab_size, src)
         write_dict(out, order, symbols)
-        spm_path = _find_spm(src)
+        spm_path = find_spm(src)
         if spm_path is not None:
             shutil.copyfile(spm_path, os.path.join(out, SENTENCEPIECE_MODEL))
 
@@ -456,7 +315,7 @@ class LOCOSTFamily(Family):
             )
         return path
 
-    def export(self, checkpoint: C.Checkpoint) -> Callable[[str], None]:
+    def export(self, checkpoint: Checkpoint) -> Callable[[str], None]:
         token_map = read_token_map(checkpoint)
         hf = hf_state(checkpoint, token_map)
         config = hf_config(checkpoint, token_map, hf)

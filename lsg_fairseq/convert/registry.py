@@ -6,12 +6,14 @@ subclass in a module of this package, registered by :func:`register_family` when
 imported. :func:`families` imports every module of the package the first time it is called, so a
 new family is one new file (README "Adding an encoder").
 
-Which family converts a source (``lsg-fairseq-convert SRC OUT [--to NAME] [options]``):
+Which family converts a source (``lsg-fairseq-convert SRC OUT [--to NAME] [options]``) is decided
+by one method, :meth:`Family.refusal` (``None``: it takes the source; else why not):
 
-1. with ``--to NAME``: family NAME, if :meth:`Family.can_convert` the source; otherwise the refusal
-   says why (:meth:`Family.why_not`) or which families can;
-2. without: the family that :meth:`Family.claims` the source for the options given (LSG options on
-   a BART source ask for LSG-BART), else the one that :meth:`Family.detect` s it as its own.
+1. with ``--to NAME``: family NAME, asked with ``options["to"] == NAME``; a refusal is the error
+   (:data:`NOT_ITS_SOURCE`: worded here, naming the families that can take the source);
+2. without: first a family that takes the source with the options given but not without them (the
+   options claim it: LSG options on a BART source ask for LSG-BART), else one that takes it without
+   options (its own source).
 
 A checkpoint to export goes to the family whose :attr:`Family.models` hold the registered fairseq
 model of its arch.
@@ -36,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from lsg_fairseq._autoimport import import_all
 from lsg_fairseq.convert import common as C
+from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_text.argtypes import int_range
 
 # Longest position table a conversion makes: a longer learned table is surely a typo.
@@ -128,9 +131,15 @@ class BenchRow:
     color: Optional[str] = None  # its colour in the plots (None: matplotlib's next)
 
 
+# What a family answers for a source that is not its own, with no more to say (the registry names
+# the families that can take it)
+NOT_ITS_SOURCE = "not its source"
+
+
 class Family:
     """One model family: a registered fairseq model and its HF format, both ways, and its
-    benchmark rows. Subclasses set the attributes and override the hooks they need."""
+    benchmark rows. The whole interface: the attributes below and the seven methods; a subclass
+    sets the attributes and overrides the methods it needs."""
 
     name = ""  # the fairseq model it converts to (``register_model`` name) and the value of --to
     models: Tuple[str, ...] = ()  # the registered models whose checkpoints it exports (default: name)
@@ -143,26 +152,17 @@ class Family:
         return f"{self.name}_{size}"
 
     # ------------------------------------------------------------- HF (or fairseq) -> fairseq
-    def detect(self, source: SourceInfo) -> bool:
-        """Whether ``source`` is of this family (converted to it without ``--to``)."""
-        return False
-
-    def can_convert(self, source: SourceInfo) -> bool:
-        """Whether ``--to NAME`` can convert ``source`` (default: its own sources only)."""
-        return self.detect(source)
-
-    def why_not(self, source: SourceInfo) -> Optional[str]:
-        """Why ``--to NAME`` cannot convert ``source``, when there is more to say than which can."""
-        return None
-
-    def claims(self, source: SourceInfo, options: dict) -> bool:
-        """Whether ``options`` (without ``--to``) ask for this family on another family's source."""
-        return False
+    def refusal(self, source: SourceInfo, options: dict) -> Optional[str]:
+        """``None`` when it converts ``source`` with ``options``, else why not (:data:`NOT_ITS_SOURCE`
+        when the registry may word it). ``options["to"] == self.name`` when ``--to`` asks for it;
+        without ``--to`` it takes its own sources, and others only when ``options`` ask for it."""
+        return NOT_ITS_SOURCE
 
     def add_args(self, parser: argparse.ArgumentParser) -> None:
         """Its own ``lsg-fairseq-convert`` flags (beside the common --to and lengths)."""
 
     def option_names(self) -> set:
+        """The options it honours: its flags' destinations and its common options."""
         parser = argparse.ArgumentParser(add_help=False)
         self.add_args(parser)
         return {a.dest for a in parser._actions} | set(self.common_options)
@@ -172,7 +172,7 @@ class Family:
         raise NotImplementedError
 
     # ------------------------------------------------------------- fairseq -> HF
-    def export(self, checkpoint: C.Checkpoint) -> Callable[[str], None]:
+    def export(self, checkpoint: Checkpoint) -> Callable[[str], None]:
         """Check and map everything now (a refusal writes nothing); the returned function writes
         the HF files into a folder."""
         raise C.ExportError(f"{checkpoint.path}: the {self.name} family has no HuggingFace format")
@@ -211,20 +211,23 @@ def family_for_source(source: SourceInfo, options: dict) -> Family:
         if to not in known:
             raise C.ConversionError(f"--to {to}: not a model family here (known: {', '.join(known)})")
         family = known[to]
-        if family.can_convert(source):
+        reason = family.refusal(source, options)
+        if reason is None:
             return family
-        able = [f.name for f in known.values() if f.can_convert(source)]
-        reason = family.why_not(source) or (
-            f"{source.path} ({source.describe()}) converts to {' or '.join(able)}{' only' if len(able) == 1 else ''}"
-            if able
-            else f"{source.path}: {source.describe()} this converter knows"
-        )
+        if reason == NOT_ITS_SOURCE:
+            able = [f.name for f in known.values() if f.refusal(source, {"to": f.name}) is None]
+            only = " only" if len(able) == 1 else ""
+            reason = (
+                f"{source.path} ({source.describe()}) converts to {' or '.join(able)}{only}"
+                if able
+                else f"{source.path}: {source.describe()} this converter knows"
+            )
         raise C.ConversionError(f"--to {to}: {reason}")
-    for family in known.values():
-        if family.claims(source, options):
+    for family in known.values():  # the options given claim it
+        if family.refusal(source, options) is None and family.refusal(source, {}) is not None:
             return family
-    for family in known.values():
-        if family.detect(source):
+    for family in known.values():  # its own source
+        if family.refusal(source, {}) is None:
             return family
     labels = [f.label for f in known.values()]
     raise C.ConversionError(
@@ -254,7 +257,7 @@ def check_options(family: Family, options: dict) -> None:
             raise C.ConversionError(f"--{name.replace('_', '-')} {options[name]} is not achievable: it {problem}")
 
 
-def family_for_arch(checkpoint: C.Checkpoint) -> Family:
+def family_for_arch(checkpoint: Checkpoint) -> Family:
     """The family that exports ``checkpoint``: the one holding the registered model of its arch."""
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 

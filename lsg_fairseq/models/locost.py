@@ -41,8 +41,8 @@ from lsg_fairseq.models.layer_wrap import wrap_layer
 from lsg_layers.modules.lean_ffn import LeanDropout
 from lsg_layers.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_layers.modules.s4d import KERNEL_TAIL_TOL
-from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN
-from lsg_layers.modules.t5_layers import T5LayerNorm
+from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN, check_ssm_config
+from lsg_layers.modules.t5_layers import T5_DEFAULTS, T5LayerNorm
 from lsg_layers.ops.ssm import PRODUCT_MODES
 from lsg_text.argtypes import FINITE_FLOAT, POSITIVE_INT, PROBABILITY, bool_flag, float_range, int_range
 from lsg_text.errors import ConfigError
@@ -136,13 +136,11 @@ def locost_arg_ranges() -> dict:
 def check_locost_args(args) -> None:
     """At build time, what no single flag's range can say (each range is checked where the value
     arrives: argparse for flags, the converter for an HF config); messages name the flags."""
-    if args.d_state % 2:
-        raise ConfigError(
-            f"--d-state must be even (got {args.d_state}): the real state is stored as "
-            "d_state/2 complex-conjugate modes"
-        )
-    if args.ssm_dt_min > args.ssm_dt_max:
-        raise ConfigError(f"need --ssm-dt-min <= --ssm-dt-max (got {args.ssm_dt_min}, {args.ssm_dt_max})")
+    flags = {"d_state": "--d-state", "dt_min": "--ssm-dt-min", "dt_max": "--ssm-dt-max"}
+    try:
+        check_ssm_config(args.d_state, args.ssm_dt_min, args.ssm_dt_max, name=flags.get)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     product = getattr(args, "ssm_kernel_product", "fp32")
     if product != "fp32" and not bool_flag(getattr(args, "ssm_kernel_compile", False)):
         raise ConfigError(
@@ -426,10 +424,7 @@ def locost_base_architecture(args):
         encoder_layers=12,
         decoder_layers=12,
         decoder_attention_heads=12,
-        layer_norm_eps=1e-6,
-        relative_attention_num_buckets=32,
-        relative_attention_max_distance=128,
-        dropout=0.1,
+        **T5_DEFAULTS,  # layer_norm_eps, relative attention buckets and distance, dropout
         ssm_dt_min=DT_MIN,
         ssm_dt_max=DT_MAX,
         ssm_lr=0.0,

@@ -17,7 +17,7 @@ from lsg_layers.modules.lean_ffn import LeanDropout
 from lsg_layers.modules.paths import PathChoice
 from lsg_layers.modules.precision import clamp_fp16, fp16_in_play
 from lsg_layers.modules.s4d import S4D
-from lsg_layers.modules.t5_layers import IncrementalState, T5Attention, T5DenseGatedGelu, T5LayerNorm
+from lsg_layers.modules.t5_layers import T5_DEFAULTS, IncrementalState, T5Attention, T5DenseGatedGelu, T5LayerNorm
 
 
 # Rows per FFN chunk on the whole-tensor path (GPU): few launches even at 600K tokens, and the
@@ -70,7 +70,15 @@ class LOCOSTSSMLayer(nn.Module):
 class LOCOSTEncoderBlock(nn.Module):
     """One LOCOST encoder layer: SSM token mixing then gated-GeLU FFN, both pre-norm residual."""
 
-    def __init__(self, d_model: int, d_state: int, d_ff: int, dropout: float = 0.0, eps: float = 1e-6, **ssm_kwargs):
+    def __init__(
+        self,
+        d_model: int,
+        d_state: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        eps: float = T5_DEFAULTS["layer_norm_eps"],
+        **ssm_kwargs,
+    ):
         super().__init__()
         self.layer = nn.ModuleList(
             [LOCOSTSSMLayer(d_model, d_state, dropout, eps, **ssm_kwargs), T5LayerFF(d_model, d_ff, dropout, eps)]
@@ -121,10 +129,10 @@ class T5DecoderBlock(nn.Module):
         num_heads: int,
         d_ff: int,
         dropout: float = 0.0,
-        eps: float = 1e-6,
+        eps: float = T5_DEFAULTS["layer_norm_eps"],
         has_relative_attention_bias: bool = False,
-        relative_attention_num_buckets: int = 32,
-        relative_attention_max_distance: int = 128,
+        relative_attention_num_buckets: int = T5_DEFAULTS["relative_attention_num_buckets"],
+        relative_attention_max_distance: int = T5_DEFAULTS["relative_attention_max_distance"],
     ):
         super().__init__()
         self_attn = T5Attention(

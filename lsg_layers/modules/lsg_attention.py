@@ -96,7 +96,7 @@ def check_lsg_config(
 
     ``name`` maps an argument name to how the caller calls it (e.g. its CLI flag), so messages
     name what the user typed. ``sparsity_type`` is one of :data:`SPARSITY_TYPES` as spelled there
-    (the reference's ``None`` is mapped to ``"none"`` where HF configs are read, ``convert.bart``).
+    (the reference's ``None`` is mapped to ``"none"`` where HF configs are read, ``convert.lsg_bart``).
     """
     n = {
         k: (name or str)(k)

@@ -26,7 +26,7 @@ from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from lsg_layers.modules.precision import float32_region
-from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN
+from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN, check_ssm_config
 from lsg_layers.ops.ssm import (
     channel_groups,
     decay_lengths,
@@ -73,13 +73,7 @@ class S4DKernel(nn.Module):
         if tail_tol < 0:
             raise ValueError(f"tail_tol must be >= 0 (got {tail_tol})")
         self.tail_tol = tail_tol
-        if d_state < 2 or d_state % 2:
-            raise ValueError(
-                f"d_state must be an even number >= 2 (got {d_state}): "
-                "the real state is stored as d_state/2 complex-conjugate modes"
-            )
-        if not 0 < dt_min <= dt_max:
-            raise ValueError(f"need 0 < dt_min <= dt_max (got {dt_min}, {dt_max})")
+        check_ssm_config(d_state, dt_min, dt_max)
         H, M = d_model, d_state // 2
         self.H, self.M = H, M
         log_dt = torch.rand(H) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)  # (H)

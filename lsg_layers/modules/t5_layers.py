@@ -20,7 +20,7 @@ fairseq: state lives in the caller's ``incremental_state`` dict under a per-modu
 
 import math
 import uuid
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -31,11 +31,18 @@ from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_pl
 
 IncrementalState = Dict[str, Dict[str, torch.Tensor]]
 
+# T5 v1.1's settings as the LOCOST reference's config.json holds them (spec locost.md section 5),
+# keyed by the locost_* flags' names: the one home of these defaults, read by the layers' keyword
+# defaults here and in ``locost_blocks``, the ``locost_*`` archs and the converter's config table.
+T5_DEFAULTS: Dict[str, Any] = dict(
+    layer_norm_eps=1e-6, relative_attention_num_buckets=32, relative_attention_max_distance=128, dropout=0.1
+)
+
 
 class T5LayerNorm(nn.Module):
     """RMSNorm (T5LayerNorm): statistics in float32, output in the weight's dtype if half."""
 
-    def __init__(self, d_model: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, eps: float = T5_DEFAULTS["layer_norm_eps"]):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d_model))
         self.variance_epsilon = eps
@@ -131,7 +138,10 @@ class GatedGeluFFN(torch.autograd.Function):
 
 
 def relative_position_bucket(
-    relative_position: torch.Tensor, bidirectional: bool, num_buckets: int = 32, max_distance: int = 128
+    relative_position: torch.Tensor,
+    bidirectional: bool,
+    num_buckets: int = T5_DEFAULTS["relative_attention_num_buckets"],
+    max_distance: int = T5_DEFAULTS["relative_attention_max_distance"],
 ) -> torch.Tensor:
     """T5 buckets for ``memory_position - query_position`` (HF ``_relative_position_bucket``).
 
@@ -178,8 +188,8 @@ class T5Attention(nn.Module):
         d_kv: int,
         num_heads: int,
         has_relative_attention_bias: bool = False,
-        relative_attention_num_buckets: int = 32,
-        relative_attention_max_distance: int = 128,
+        relative_attention_num_buckets: int = T5_DEFAULTS["relative_attention_num_buckets"],
+        relative_attention_max_distance: int = T5_DEFAULTS["relative_attention_max_distance"],
         bidirectional: bool = False,
         dropout: float = 0.0,
     ):

@@ -3,7 +3,8 @@
 holds the window (which converts back without ``--to``)."""
 
 from lsg_fairseq.convert.bart import BartFamily, is_bart_source
-from lsg_fairseq.convert.registry import BenchRow, register_family
+from lsg_fairseq.convert.fields import Field
+from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, register_family
 from lsg_fairseq.models.local_bart import LocalBARTModel
 
 
@@ -13,21 +14,17 @@ class LocalBartFamily(BartFamily):
     models = ("local_bart",)
     label = "local-window BART"
     hf_architecture = "LocalBartForConditionalGeneration"
+    # its config row, both ways (absent from a BART folder: the arch's default)
+    fields = BartFamily.fields + (Field("local_window", "local_window", None, to_hf=int),)
 
-    def detect(self, source):
-        return source.model_type == "bart" and self.hf_architecture in source.hf_config.get("architectures", [])
-
-    def can_convert(self, source):
-        return self.detect(source) or source.hf_config is not None and is_bart_source(source)
+    def refusal(self, source, options):
+        if source.model_type == "bart" and self.hf_architecture in source.hf_config.get("architectures", []):
+            return None  # its own HF folder
+        asked = options.get("to") == self.name and source.hf_config is not None
+        return None if asked and is_bart_source(source) else NOT_ITS_SOURCE
 
     def add_args(self, parser):
         LocalBARTModel.add_local_args(parser.add_argument_group(f"{self.label} options"))
-
-    def hf_values(self, config):
-        return {"local_window": config.get("local_window")}  # None (a BART folder): the arch's default
-
-    def hf_config_fields(self, checkpoint, config, hf):
-        return dict(super().hf_config_fields(checkpoint, config, hf), local_window=int(checkpoint.get("local_window")))
 
     def benchmarks(self):
         def argv(length, settings):

@@ -1,0 +1,57 @@
+"""A family's config mapping, written once: rows of (HF config field, fairseq argument, default)
+that serve both ways.
+
+HF -> fairseq (:func:`values_from_hf`): each row's fairseq value from the HF config, the default
+when the field is absent (:data:`REQUIRED`: refused by name; ``None``: left to the architecture
+function, so ``--arch``'s default applies). fairseq -> HF (:func:`hf_fields`): each row's HF value
+from the checkpoint's cfg, the same (HF) default when the cfg lacks it. A default that the model or its
+layers also use is imported from its home (``modules``/``models``), never written again here.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence
+
+from lsg_fairseq.convert.checkpoint import Checkpoint
+from lsg_fairseq.convert.common import ConversionError, ExportError
+
+REQUIRED = object()  # the row's HF field must be present (a missing one is refused by name)
+
+
+def _same(value):
+    return value
+
+
+@dataclass(frozen=True)
+class Field:
+    """One row: HF ``config.json`` field <-> fairseq model argument."""
+
+    hf: str
+    fairseq: str
+    default: Any = REQUIRED  # when the HF config (or the checkpoint cfg) lacks it
+    to_fairseq: Optional[Callable[[Any], Any]] = _same  # HF value -> fairseq (None: not read from HF)
+    to_hf: Optional[Callable[[Any], Any]] = _same  # fairseq value -> HF (None: not written to HF)
+
+
+def values_from_hf(fields: Sequence[Field], config: dict, src: str) -> Dict[str, Any]:
+    """{fairseq argument: value} of the rows read from an HF config (``src/config.json``)."""
+    values = {}
+    for f in fields:
+        if f.to_fairseq is None:
+            continue
+        if f.hf not in config and f.default is REQUIRED:
+            raise ConversionError(f"{src}/config.json: missing field {f.hf!r}")
+        values[f.fairseq] = f.to_fairseq(config.get(f.hf, f.default))
+    return values
+
+
+def hf_fields(fields: Sequence[Field], checkpoint: Checkpoint) -> Dict[str, Any]:
+    """{HF field: value} of the rows written to an HF config, from the checkpoint's model cfg."""
+    out = {}
+    for f in fields:
+        if f.to_hf is None:
+            continue
+        value = checkpoint.get(f.fairseq)
+        if value is None and f.default is REQUIRED:
+            raise ExportError(f"{checkpoint.path}: the model cfg has no {f.fairseq}")
+        out[f.hf] = f.default if value is None else f.to_hf(value)
+    return out
