@@ -114,3 +114,8 @@ GENERATION_SETTINGS = {
     "diverse_beam_strength": FINITE_FLOAT,
     "diversity_rate": float_range(-1),
 }
+
+# Their defaults where our commands set them, the one home of these values: the tasks'
+# ``--eval-rouge-args`` (validation summaries) and lsg-fairseq-summarize's flags, so that a summary
+# is made as validation makes it. min_len 1 (fairseq's own default): never an empty summary.
+GENERATION_DEFAULTS = {"beam": 4, "lenpen": 1.0, "max_len_b": 256, "min_len": 1, "no_repeat_ngram_size": 3}

@@ -226,3 +226,18 @@ def test_no_example_dropped_by_batch_size_multiple(word_data):
     ).next_epoch_itr(shuffle=False)
     ids = sorted(i for b in itr for i in b["id"].tolist())
     assert ids == list(range(len(ds)))
+
+
+def test_summarize_makes_summaries_as_validation_does():
+    """lsg-fairseq-summarize's generation flags default to the task's --eval-rouge-args, one home
+    (lsg_text.argtypes.GENERATION_DEFAULTS); neither can make an empty summary by default."""
+    import json
+
+    from lsg_fairseq.cli.summarize import build_parser
+    from lsg_fairseq.tasks.eval_rouge import DEFAULT_EVAL_ROUGE_ARGS
+
+    validation = json.loads(DEFAULT_EVAL_ROUGE_ARGS)
+    args = build_parser().parse_args(["model_dir"])
+    assert set(validation) == {"beam", "lenpen", "max_len_b", "min_len", "no_repeat_ngram_size"}
+    assert {k: getattr(args, k) for k in validation} == validation
+    assert validation["min_len"] >= 1

@@ -12,23 +12,14 @@ summary is done, and never over an input or a file of MODEL_DIR.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 
-from lsg_text.argtypes import GENERATION_SETTINGS, POSITIVE_INT, int_range
+from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS, POSITIVE_INT, int_range
 from lsg_text.errors import OneLineArgumentParser
 
 PROG = "lsg-fairseq-summarize"
-
-
-def generation_defaults() -> dict:
-    """The generation settings' defaults: the task's ``--eval-rouge-args`` default, their one home, so
-    that this command summarizes as validation does (beam, lenpen, max_len_b, min_len, n-grams)."""
-    from lsg_fairseq.tasks.long_document_summarization import DEFAULT_EVAL_ROUGE_ARGS
-
-    return json.loads(DEFAULT_EVAL_ROUGE_ARGS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,8 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(default); replace = read them as U+FFFD",
     )
     p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name inside MODEL_DIR (default: model.pt)")
-    g = GENERATION_SETTINGS  # the ranges --eval-rouge-args checks too
-    d = generation_defaults()
+    g, d = GENERATION_SETTINGS, GENERATION_DEFAULTS  # the ranges and defaults of --eval-rouge-args too
     p.add_argument("--beam", type=g["beam"], default=d["beam"], help="beam size (default: %(default)s; 1 = greedy)")
     p.add_argument(
         "--lenpen",

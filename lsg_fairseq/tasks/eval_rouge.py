@@ -17,13 +17,13 @@ from fairseq import metrics, utils
 from fairseq.data import encoders
 from fairseq.dataclass import ChoiceEnum
 
-from lsg_text.argtypes import GENERATION_SETTINGS
+from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_sentencepiece_dictionary
 from lsg_text.rouge import ROUGE_KEYS, rouge_example
 
 EVAL_ROUGE_BPE_CHOICES = ChoiceEnum(["gpt2", "sentencepiece", "none"])
-DEFAULT_EVAL_ROUGE_ARGS = '{"beam": 4, "lenpen": 1.0, "max_len_b": 256, "min_len": 0, "no_repeat_ngram_size": 3}'
+DEFAULT_EVAL_ROUGE_ARGS = json.dumps(GENERATION_DEFAULTS)
 
 
 def parse_eval_rouge_args(text: str) -> dict:
