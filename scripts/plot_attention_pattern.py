@@ -26,7 +26,8 @@ import sys
 import torch
 
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention
-from lsg_layers.modules.lsg_attention import MAX_GLOBAL_TOKENS, SPARSITY_TYPES, LSGSelfAttention
+from lsg_layers.modules.lsg_attention import LSGSelfAttention
+from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_layers.ops.blocks import local_window_indices, num_blocks
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range
 from lsg_text.errors import report

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from lsg_layers.modules.lsg_attention import LSGSelfAttention, check_lsg_config
+from lsg_layers.modules.lsg_attention import LSGSelfAttention
+from lsg_layers.modules.lsg_config import check_lsg_config
 from lsg_layers.ops import window_attention
 from test_sparse import ref_sparse  # the sparse sequences written as loops from the spec
 

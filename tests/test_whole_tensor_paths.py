@@ -20,7 +20,8 @@ from conftest import build_task_and_model, toy_batch, write_toy_dict
 from lsg_layers.modules import s4d as s4d_module
 from lsg_layers.modules import s4d_cache, s4d_kernel
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention
-from lsg_layers.modules.lsg_attention import SPARSITY_TYPES, LSGSelfAttention
+from lsg_layers.modules.lsg_attention import LSGSelfAttention
+from lsg_layers.modules.lsg_config import SPARSITY_TYPES
 from lsg_layers.modules.paths import PathChoice, forced_path
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len

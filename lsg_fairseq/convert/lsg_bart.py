@@ -26,7 +26,7 @@ from lsg_fairseq.convert.fields import Field
 from lsg_fairseq.convert.lsg_init import GLOBAL_POSITIONAL_STRIDE, INIT_SEED, init_global_embeddings, mask_id
 from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, register_family
 from lsg_fairseq.models.lsg_bart import LSGBARTModel, lsg_architecture_defaults
-from lsg_layers.modules.lsg_attention import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
+from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationTask
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 

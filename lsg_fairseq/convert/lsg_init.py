@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from lsg_fairseq.convert import common as C
-from lsg_layers.modules.lsg_attention import MAX_GLOBAL_TOKENS
+from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS
 
 # The reference's defaults (lsg-fairseq-convert --global-positional-stride / --seed)
 GLOBAL_POSITIONAL_STRIDE = 64

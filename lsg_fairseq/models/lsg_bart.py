@@ -24,13 +24,8 @@ from fairseq.models.bart.model import bart_base_architecture, bart_large_archite
 from lsg_fairseq.models.custom_encoder import LongInputEncoder, add_lean_activations_arg
 from lsg_fairseq.models.long_input_bart import LongInputBARTModel
 from lsg_fairseq.models.plain_bart import tiny_bart_architecture
-from lsg_layers.modules.lsg_attention import (
-    LSG_DEFAULTS,
-    MAX_GLOBAL_TOKENS,
-    SPARSITY_TYPES,
-    LSGSelfAttention,
-    check_lsg_config,
-)
+from lsg_layers.modules.lsg_attention import LSGSelfAttention
+from lsg_layers.modules.lsg_config import LSG_DEFAULTS, MAX_GLOBAL_TOKENS, SPARSITY_TYPES, check_lsg_config
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, bool_flag, int_range
 from lsg_text.errors import ConfigError
 

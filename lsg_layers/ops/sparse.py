@@ -208,7 +208,7 @@ def sparse_sequence(
     chunk = min(block_size, sparse_block_size)
     if sparsity_type == "lsh" and mask is None:
         raise ValueError("lsh needs a key mask (zeros when nothing is padded): it can leave buckets empty")
-    # the type was checked where the settings arrived (lsg_attention.check_lsg_config)
+    # the type was checked where the settings arrived (lsg_config.check_lsg_config)
     return {
         # norm: do the sparse windows cut through the chunks' c/sf selected tokens?
         "norm": lambda: norm(k, v, mask, chunk, sf, order_matters=sparse_block_size % max(chunk // sf, 1) != 0),
