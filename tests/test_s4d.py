@@ -565,3 +565,16 @@ def test_kernel_recompute_same_gradients_less_saved_memory():
     for a, b in zip(grads[False], grads[True]):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
     assert saved[True] * 3 < saved[False]
+
+
+def test_kernel_product_has_one_check_at_every_entry():
+    """--ssm-kernel-product's rule (a known mode; not fp32 only with the fused generator) is one
+    function, s4d_config.check_kernel_product, which the layer's constructor calls too."""
+    from lsg_layers.modules.s4d_config import check_kernel_product
+
+    check_kernel_product("bf16", kernel_compile=True)
+    for product, compiled, message in (("fp8", True, "must be one of fp32, tf32, bf16"), ("tf32", False, "fused")):
+        with pytest.raises(ValueError, match=message):
+            check_kernel_product(product, compiled)
+        with pytest.raises(ValueError, match=message):
+            S4D(4, 8, kernel_compile=compiled, kernel_product=product)

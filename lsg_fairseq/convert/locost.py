@@ -39,7 +39,7 @@ from lsg_fairseq.convert.fields import Field, hf_fields, values_from_hf
 from lsg_fairseq.convert.locost_vocab import fairseq_order, find_spm, hf_symbols, read_token_map, unpermute, write_dict
 from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, Family, SourceInfo, register_family
 from lsg_fairseq.models.locost import locost_arg_ranges
-from lsg_layers.modules.s4d_init import check_ssm_config
+from lsg_layers.modules.s4d_config import check_ssm_config
 from lsg_layers.modules.t5_layers import T5_DEFAULTS
 from lsg_text.offline_bpe import HF_SENTENCEPIECE_NAME, SENTENCEPIECE_MODEL, SENTENCEPIECE_NAMES
 

@@ -41,9 +41,8 @@ from lsg_fairseq.models.layer_wrap import wrap_layer
 from lsg_layers.modules.lean_ffn import LeanDropout
 from lsg_layers.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_layers.modules.s4d import KERNEL_TAIL_TOL
-from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN, check_ssm_config
+from lsg_layers.modules.s4d_config import DT_MAX, DT_MIN, check_kernel_product, check_ssm_config
 from lsg_layers.modules.t5_layers import T5_DEFAULTS, T5LayerNorm
-from lsg_layers.ops.ssm import PRODUCT_MODES
 from lsg_text.argtypes import FINITE_FLOAT, POSITIVE_INT, PROBABILITY, bool_flag, float_range, int_range
 from lsg_text.errors import ConfigError
 
@@ -53,8 +52,10 @@ logger = logging.getLogger(__name__)
 # Every model hyper-parameter: (flag, type, help). Defaults live in the arch functions only.
 def product_mode(value: str) -> str:
     """argparse type of --ssm-kernel-product: one of ``ops.ssm.PRODUCT_MODES``."""
-    if value not in PRODUCT_MODES:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(PRODUCT_MODES)}, got {value!r}")
+    try:
+        check_kernel_product(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return value
 
 
@@ -141,11 +142,12 @@ def check_locost_args(args) -> None:
         check_ssm_config(args.d_state, args.ssm_dt_min, args.ssm_dt_max, name=flags.get)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    product = getattr(args, "ssm_kernel_product", "fp32")
-    if product != "fp32" and not bool_flag(getattr(args, "ssm_kernel_compile", False)):
-        raise ConfigError(
-            f"--ssm-kernel-product {product} is a mode of the fused generator: add --ssm-kernel-compile True"
-        )
+    product, compiled = getattr(args, "ssm_kernel_product", "fp32"), getattr(args, "ssm_kernel_compile", False)
+    product_flags = {"kernel_product": "--ssm-kernel-product", "kernel_compile": "--ssm-kernel-compile True"}
+    try:
+        check_kernel_product(product, bool_flag(compiled), name=product_flags.get)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 class LOCOSTEncoder(FairseqEncoder):

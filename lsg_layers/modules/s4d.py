@@ -45,9 +45,9 @@ from lsg_layers.modules import s4d_inference, s4d_kernel
 from lsg_layers.modules.paths import PathChoice
 from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_play, within_fp16
 from lsg_layers.modules.s4d_cache import KernelCache
-from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN
+from lsg_layers.modules.s4d_config import DT_MAX, DT_MIN, check_kernel_product
 from lsg_layers.modules.s4d_kernel import KERNEL_TAIL_TOL, S4DKernel, fused_kernel
-from lsg_layers.ops.ssm import PRODUCT_MODES, FFTConv, circular_bidirectional_kernel, next_fast_len
+from lsg_layers.ops.ssm import FFTConv, circular_bidirectional_kernel, next_fast_len
 
 # The CPU path without autograd (``s4d_inference``) convolves a few channels at a time: its (B, chunk,
 # F) FFT buffers hold at most a quarter of this many float32 elements (three such buffers and the
@@ -95,12 +95,7 @@ class S4D(PathChoice, KernelCache, nn.Module):
         # (torch.compile) instead of eagerly: --ssm-kernel-compile, off until measured on a GPU
         self.kernel_compile = kernel_compile
         # the fused generator's product when training in half precision (ops.ssm.PRODUCT_MODES)
-        if kernel_product not in PRODUCT_MODES:
-            raise ValueError(f"kernel_product must be one of {PRODUCT_MODES}, got {kernel_product!r}")
-        if kernel_product != "fp32" and not kernel_compile:
-            raise ValueError(
-                f"kernel_product {kernel_product!r} is a mode of the fused generator: needs kernel_compile"
-            )
+        check_kernel_product(kernel_product, kernel_compile)
         self.kernel_product = kernel_product
         self.kernel = S4DKernel(
             d_model,

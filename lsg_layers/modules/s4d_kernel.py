@@ -26,7 +26,7 @@ from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from lsg_layers.modules.precision import float32_region
-from lsg_layers.modules.s4d_init import DT_MAX, DT_MIN, check_ssm_config
+from lsg_layers.modules.s4d_config import DT_MAX, DT_MIN, check_ssm_config
 from lsg_layers.ops.ssm import (
     channel_groups,
     decay_lengths,
