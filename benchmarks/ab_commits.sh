@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Interleaved A/B of two commits: benchmarks/run.py from each commit's own checkout, alternating
-# A B A B ..., then each arch's time as a ratio to `linear` per run and on average.
+# A B, B A, A B ..., then each arch's time as a ratio to `linear` per run and on average.
 #
 #   bash benchmarks/ab_commits.sh OLD NEW [ROUNDS]      # -> benchmarks/results/ab_<old>_<new>.md
 #   RUN_ARGS="--modes enc --arch lsg_norm led locost linear --lengths 16384" bash benchmarks/ab_commits.sh ...
@@ -30,7 +30,11 @@ start=$(date +%s)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 cpu=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')
 for r in $(seq 1 "$ROUNDS"); do
-    for c in "$old" "$new"; do
+    # which commit runs first alternates (A B, B A, A B, ...): the second run of a round measured
+    # faster rows at the end of a run, whichever commit it was (ab_0e46e34_f02d37f_reversed.md)
+    order="$old $new"
+    [ $((r % 2)) -eq 0 ] && order="$new $old"
+    for c in $order; do
         echo "== round $r: $c" >&2
         # shellcheck disable=SC2086
         (cd "$WORK/$c" && PYTHONPATH="$WORK/$c" "$PY" benchmarks/run.py $RUN_ARGS --no-plots \

@@ -51,7 +51,7 @@ def render(rows: dict, old, new, rounds, secs, load0, load1, run_args, cpu) -> s
     lines = [
         f"# Interleaved A/B: {old} (before) vs {new} (after)\n",
         f"`bash benchmarks/ab_commits.sh {old} {new} {rounds}` with run.py `{run_args}`; {rounds} rounds, "
-        f"alternating {old} {new}; {secs} s wall, load average {load0} -> {load1}; {cpu}.\n",
+        f"{old} and {new} taking turns to run first; {secs} s wall, load average {load0} -> {load1}; {cpu}.\n",
         "Time as a ratio to `linear` (same commit, same round); mean over rounds, each round in brackets. "
         f"Tolerance: max({MIN_TOLERANCE:.0%}, the spread of {old}'s rounds, (max - min) / mean).\n",
         f"| length | mode | arch | {old} | {new} | change | tolerance | within |",
