@@ -45,7 +45,7 @@ from lsg_layers.modules import s4d_inference, s4d_kernel
 from lsg_layers.modules.paths import PathChoice
 from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_play, within_fp16
 from lsg_layers.modules.s4d_cache import KernelCache
-from lsg_layers.modules.s4d_config import DT_MAX, DT_MIN, check_kernel_product
+from lsg_layers.modules.s4d_config import D_STATE, DT_MAX, DT_MIN, check_kernel_product
 from lsg_layers.modules.s4d_kernel import KERNEL_TAIL_TOL, S4DKernel, fused_kernel
 from lsg_layers.ops.ssm import FFTConv, circular_bidirectional_kernel, next_fast_len
 
@@ -79,7 +79,7 @@ class S4D(PathChoice, KernelCache, nn.Module):
     def __init__(
         self,
         d_model: int,
-        d_state: int = 64,
+        d_state: int = D_STATE,
         dt_min: float = DT_MIN,
         dt_max: float = DT_MAX,
         kernel_cache_mb: Optional[float] = None,

@@ -15,6 +15,8 @@ from typing import Callable, Optional
 
 from lsg_layers.ops.ssm import PRODUCT_MODES
 
+# the layers' default real state size N (d_state); the locost_* archs set their own
+D_STATE = 64
 DT_MIN = 1e-3
 DT_MAX = 1e-1
 

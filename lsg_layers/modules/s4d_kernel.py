@@ -26,7 +26,7 @@ from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
 from lsg_layers.modules.precision import float32_region
-from lsg_layers.modules.s4d_config import DT_MAX, DT_MIN, check_ssm_config
+from lsg_layers.modules.s4d_config import D_STATE, DT_MAX, DT_MIN, check_ssm_config
 from lsg_layers.ops.ssm import (
     channel_groups,
     decay_lengths,
@@ -61,7 +61,7 @@ class S4DKernel(nn.Module):
     def __init__(
         self,
         d_model: int,
-        d_state: int = 64,
+        d_state: int = D_STATE,
         dt_min: float = DT_MIN,
         dt_max: float = DT_MAX,
         tail_tol: float = KERNEL_TAIL_TOL,
