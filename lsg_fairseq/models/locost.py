@@ -49,7 +49,6 @@ from lsg_text.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 
-# Every model hyper-parameter: (flag, type, help). Defaults live in the arch functions only.
 def product_mode(value: str) -> str:
     """argparse type of --ssm-kernel-product: one of ``ops.ssm.PRODUCT_MODES``."""
     try:
@@ -59,6 +58,7 @@ def product_mode(value: str) -> str:
     return value
 
 
+# Every model hyper-parameter: (flag, type, help). Defaults live in the arch functions only.
 LOCOST_ARGS = [
     ("--d-model", POSITIVE_INT, "model width d (= H, the number of SSM channels)"),
     ("--d-state", int_range(2), "real SSM state size N per channel (stored as N/2 complex modes; released: 512)"),
@@ -137,15 +137,17 @@ def locost_arg_ranges() -> dict:
 def check_locost_args(args) -> None:
     """At build time, what no single flag's range can say (each range is checked where the value
     arrives: argparse for flags, the converter for an HF config); messages name the flags."""
-    flags = {"d_state": "--d-state", "dt_min": "--ssm-dt-min", "dt_max": "--ssm-dt-max"}
+    flags = {
+        "d_state": "--d-state",
+        "dt_min": "--ssm-dt-min",
+        "dt_max": "--ssm-dt-max",
+        "kernel_product": "--ssm-kernel-product",
+        "kernel_compile": "--ssm-kernel-compile True",
+    }
+    product, compiled = getattr(args, "ssm_kernel_product", "fp32"), getattr(args, "ssm_kernel_compile", False)
     try:
         check_ssm_config(args.d_state, args.ssm_dt_min, args.ssm_dt_max, name=flags.get)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    product, compiled = getattr(args, "ssm_kernel_product", "fp32"), getattr(args, "ssm_kernel_compile", False)
-    product_flags = {"kernel_product": "--ssm-kernel-product", "kernel_compile": "--ssm-kernel-compile True"}
-    try:
-        check_kernel_product(product, bool_flag(compiled), name=product_flags.get)
+        check_kernel_product(product, bool_flag(compiled), name=flags.get)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
