@@ -2,21 +2,29 @@
 # A lent GPU machine's session in two device calls (the device tool runs each from the project root
 # there, `.gpu` carried: ../shared/gpu/README.md; what a call leaves in $OUT comes back, at most 8 files).
 #
-#   bash benchmarks/gpu_call.sh check COMMIT      # 1st call: set up; benchmarks/gpu_check.sh (BUDGET_S,
-#                                                 # default 480) while the long_context data is made on the
-#                                                 # CPUs; then starts the long_context run in its own session
+#   bash benchmarks/gpu_call.sh check COMMIT      # 1st call: set up; the timed stages of
+#                                                 # benchmarks/gpu_check.sh (TIMED_STAGES, BUDGET_S) while the
+#                                                 # long_context data is made on the CPUs; then the
+#                                                 # long_context run in its own session, and beside it the
+#                                                 # untimed stages (CHECK_STAGES, CHECKS_BUDGET_S)
 #   bash benchmarks/gpu_call.sh collect SECONDS   # 2nd call, at once: waits up to SECONDS for that run
+#
+# Timed stages have the GPU to themselves; the untimed ones (conformance, the flex gradient check, the
+# train smokes: right or wrong, not fast or slow) share it with the long_context training, which is
+# only timed as a whole run's wall. Defaults: TIMED_STAGES all benchmark stages, CHECK_STAGES
+# "conformance flex_grad train_smoke"; an empty CHECK_STAGES skips the second check.
 #
 # The long_context run (issue 31): examples/long_context/run.sh with DEVICE=cuda PRECISION=fp16,
 # ARCHS from LC_ARCHS (default bart_1024: lsg_norm was measured on the first H200, where it alone took
-# 374 s, examples/long_context/gpu_fp16/), no extrapolation rows, its default sizes and seeds. It starts only after
-# the check's last stage, so it never shares the GPU with a timed row, and it goes on between the two
-# calls. A dry run here: SETUP=/dev/null DEV=cpu LC_DEVICE=cpu LC_PRECISION=bf16 SMOKE=1 OUT=/tmp/o. Files back: cuda.md, cuda.json, gpu_check.tgz (the stages' logs and records); then
+# 374 s, examples/long_context/gpu_fp16/), no extrapolation rows, its default sizes and seeds. It goes
+# on between the two calls. A dry run here: SETUP=/dev/null DEV=cpu LC_DEVICE=cpu LC_PRECISION=bf16
+# SMOKE=1 OUT=/tmp/o. Files back: nvidia_smi.csv; cuda.md, cuda.json, gpu_check.tgz (the timed
+# stages' logs and records); cuda_checks.md, cuda_checks.json, gpu_checks.tgz (the untimed ones); then
 # long_context_fp16.tgz (run log, report, train logs, recall).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS}
-RES=/tmp/gpu_results LC=/tmp/lc_fp16
+RES=/tmp/gpu_results CHECKS=/tmp/gpu_checks LC=/tmp/lc_fp16
 LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="${LC_ARCHS:-bart_1024}"
         EXTRAPOLATION=0)
 : "${OUT:?gpu_call.sh: OUT, the folder whose files come back from the device call, is not set}"
@@ -35,11 +43,13 @@ check)
     source "${SETUP:-.gpu/device_setup.sh}"  # SETUP=/dev/null: this machine's python as it is (a dry run)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu \
         --format=csv > "$DEVICE_OUT/nvidia_smi.csv" 2>&1 || true
-    rm -rf "$RES" "$LC"; mkdir -p "$RES" "$LC"
+    rm -rf "$RES" "$CHECKS" "$LC"; mkdir -p "$RES" "$CHECKS" "$LC"
     # the CPUs make the data sets (sentencepiece, binarising) while the GPU is measured: one core of 16
     env "${LC_ENV[@]}" DATA=only nice -n 19 bash examples/long_context/run.sh > "$LC/data.log" 2>&1 &
     data_pid=$!
-    RESULTS=$RES COMMIT=$commit BUDGET_S=${BUDGET_S:-480} bash benchmarks/gpu_check.sh
+    RESULTS=$RES COMMIT=$commit BUDGET_S=${BUDGET_S:-480} \
+        STAGES=${TIMED_STAGES:-enc train16k train64k_ckpt locost600k extra4k peers16k fused16k whole16k gen16k fused16k_tf32} \
+        bash benchmarks/gpu_check.sh
     cp "$RES/cuda.md" "$RES/cuda.json" "$DEVICE_OUT/" 2> /dev/null
     (cd "$RES" && tar czf "$DEVICE_OUT/gpu_check.tgz" --exclude=gpu_check/train_smoke/data gpu_check)
     if wait "$data_pid"; then
@@ -49,6 +59,14 @@ check)
     else
         echo "gpu_call.sh: the long_context data failed:"; tail -n 5 "$LC/data.log"
         pack_long_context
+    fi
+    checks=${CHECK_STAGES-conformance flex_grad train_smoke}
+    if [ -n "$checks" ]; then
+        echo "== untimed stages beside the long_context run: $checks"
+        RESULTS=$CHECKS COMMIT=$commit BUDGET_S=${CHECKS_BUDGET_S:-300} STAGES=$checks bash benchmarks/gpu_check.sh
+        cp "$CHECKS/cuda.md" "$DEVICE_OUT/cuda_checks.md" 2> /dev/null
+        cp "$CHECKS/cuda.json" "$DEVICE_OUT/cuda_checks.json" 2> /dev/null
+        (cd "$CHECKS" && tar czf "$DEVICE_OUT/gpu_checks.tgz" --exclude=gpu_check/train_smoke/data gpu_check)
     fi
     ;;
 collect)

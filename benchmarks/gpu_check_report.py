@@ -141,11 +141,15 @@ def build(work):
 
 def markdown(result, work) -> str:
     env = result["env"]
+    selected = env.get("stages_selected", "all")
+    command = "benchmarks/gpu_check.sh"
+    if selected != "all":
+        command = f"STAGES='{' '.join(selected)}' {command}"
     head = [
         f"# GPU check: {env.get('card', '?')} ({env.get('device', '?')})\n",
         f"torch {env.get('torch')} (CUDA {env.get('cuda')}), Python {env.get('python')}, commit "
         f"`{env.get('commit')}`, started {env.get('started')}, load average at start "
-        f"{env.get('load_average_start')}, host CPU {env.get('cpu')}. Command: `benchmarks/gpu_check.sh` "
+        f"{env.get('load_average_start')}, host CPU {env.get('cpu')}. Command: `{command}` "
         "(each stage's log in `gpu_check/`). bf16, batch 1, base-size models unless a table says otherwise.\n",
         "| stage | status | seconds |",
         "|---|---|---:|",

@@ -18,13 +18,13 @@ STAGES = [
     "train_smoke",
     "train16k",
     "train64k_ckpt",
-    "fused16k",
-    "fused16k_tf32",
-    "whole16k",
+    "locost600k",
     "extra4k",
     "peers16k",
+    "fused16k",
+    "whole16k",
     "gen16k",
-    "locost600k",
+    "fused16k_tf32",
 ]
 
 
@@ -119,6 +119,32 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     assert (tmp_path / "cuda.md").read_text().count(
         "not measured"
     ) == 1 + 1 + 1 + 10  # conformance, flex, smokes, benchmarks
+
+
+def test_stages_selects_what_runs(tmp_path):
+    """A device call's time is short: STAGES names the stages to run (a session can skip what an
+    earlier reading measured); the others are reported as not selected, and the header says so."""
+    proc = gpu_check(tmp_path, DEV="cpu", STAGES="locost600k flex_grad")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "cuda.json").read_text())
+    status = {s["stage"]: s["status"] for s in result["stages"]}
+    assert [s["stage"] for s in result["stages"]] == STAGES  # the script's order, not the list's
+    assert status.pop("flex_grad") == "ok" and status.pop("locost600k") == "ok"
+    assert set(status.values()) == {"not selected (STAGES)"}
+    assert result["env"]["stages_selected"] == ["locost600k", "flex_grad"]
+    md = (tmp_path / "cuda.md").read_text()
+    assert "Command: `STAGES='locost600k flex_grad' benchmarks/gpu_check.sh`" in md
+    assert [r["arch"] for r in result["benchmarks"]["locost600k"]["records"]] == ["locost"]
+
+
+def test_an_unknown_stage_is_one_line(tmp_path):
+    proc = gpu_check(tmp_path, DEV="cpu", STAGES="enc trian16k")
+    assert proc.returncode == 2 and not (tmp_path / "cuda.md").exists()
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("gpu_check.sh: error: STAGES: unknown stage 'trian16k' (stages: conformance flex_grad enc ")
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: DEV=cuda would run the whole check")
