@@ -48,7 +48,7 @@ check)
     env "${LC_ENV[@]}" DATA=only nice -n 19 bash examples/long_context/run.sh > "$LC/data.log" 2>&1 &
     data_pid=$!
     RESULTS=$RES COMMIT=$commit BUDGET_S=${BUDGET_S:-480} \
-        STAGES=${TIMED_STAGES:-enc train16k train64k_ckpt locost600k extra4k peers16k fused16k whole16k gen16k fused16k_tf32} \
+        STAGES=${TIMED_STAGES:-enc train16k train64k_ckpt locost600k paths extra4k peers16k fused16k gen16k fused16k_tf32} \
         bash benchmarks/gpu_check.sh
     cp "$RES/cuda.md" "$RES/cuda.json" "$DEVICE_OUT/" 2> /dev/null
     (cd "$RES" && tar czf "$DEVICE_OUT/gpu_check.tgz" --exclude=gpu_check/train_smoke/data gpu_check)

@@ -15,10 +15,10 @@
 #   3. fairseq-train smokes (30 updates, tiny archs) with --fp16 and --bf16: finite, decreasing loss,
 #      LOCOST's parameter group lines in the log (the four runs side by side on the GPU);
 #   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
-#   5. while time is left: LOCOST at 600K, 4K rows, hf_bart / hf_led at 16K, LOCOST with the fused
-#      (compiled) kernel generator at 16K, cached and not, LSG and LED on the whole-tensor path (what
-#      flex replaces on CUDA) at 16K, generation at 16K (beam 4), the fused generator's product in
-#      TF32 for training.
+#   5. while time is left: LOCOST at 600K; LSG and LED on both GPU paths (whole tensors, what auto
+#      takes, and flex, forced) beside linear at 16K and 64K; 4K rows; hf_bart / hf_led at 16K; LOCOST
+#      with the fused (compiled) kernel generator at 16K, cached and not, beside bart; generation at
+#      16K (beam 4); the fused generator's product in TF32 for training.
 # Benchmark rows run in one process per stage (run.py --one-process): spawning one per row cost
 # ~13 s each on the first GPU reading.
 #
@@ -34,7 +34,7 @@ RESULTS=${RESULTS:-benchmarks/results}
 BUDGET_S=${BUDGET_S:-480}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k extra4k peers16k fused16k whole16k
+ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths extra4k peers16k fused16k
 gen16k fused16k_tf32"
 STAGES=${STAGES:-}
 for name in $STAGES; do
@@ -125,16 +125,16 @@ stage train16k 40 "$PYTHON" "${bench[@]}" --tag train16k --modes train --lengths
     --arch linear bart lsg_norm led locost
 stage train64k_ckpt 40 "$PYTHON" "${bench[@]}" --tag train64k_ckpt --modes train --lengths "$L64" \
     --checkpoint-activations --arch linear lsg_norm led locost
-# 5. while time is left, most wanted first (the issues' targets: 600K, 4K, the HF peers, LOCOST cold)
+# 5. while time is left, most wanted first (the issues' targets: 600K, both GPU paths, 4K, the HF peers)
 stage locost600k 60 "$PYTHON" "${bench[@]}" --tag locost600k --modes enc --lengths "$L600" --warmup 1 \
     --repeat 1 --arch locost
+stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "$L16" "$L64" \
+    --arch linear lsg_norm lsg_norm_flex led led_flex
 stage extra4k 40 "$PYTHON" "${bench[@]}" --tag extra4k --modes enc train --lengths "$L4" \
     --arch linear bart lsg_norm led locost hf_bart hf_led
 stage peers16k 40 "$PYTHON" "${bench[@]}" --tag peers16k --modes enc train --lengths "$L16" --arch hf_bart hf_led
 stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \
-    --arch locost locost_cold
-stage whole16k 40 "$PYTHON" "${bench[@]}" --tag whole16k --modes enc train --lengths "$L16" --layer-path whole \
-    --arch lsg_norm led
+    --arch bart locost locost_cold
 stage gen16k 60 "$PYTHON" "${bench[@]}" --tag gen16k --modes gen --lengths "$L16" --beam 4 \
     --arch linear lsg_norm led locost
 stage fused16k_tf32 40 "$PYTHON" "${bench[@]}" --tag fused16k_tf32 --modes train --lengths "$L16" --locost-kernel-compile \

@@ -4,7 +4,7 @@ every stage, and a stage that did not run is reported as such).
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
 ``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
-JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``whole16k``, ``extra4k``,
+JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``paths``, ``extra4k``,
 ``peers16k``, ``gen16k``, ``locost600k``).
 
     python benchmarks/gpu_check_report.py --work benchmarks/results/gpu_check --out benchmarks/results/cuda
@@ -14,19 +14,34 @@ import argparse
 import json
 import os
 
+# whole16k: the readings before the paths stage replaced it (its section only where it has records)
+LEGACY_STAGES = ("whole16k",)
 BENCH_STAGES = (
     ("enc", "2. Encoder forward, no grad"),
     ("train16k", "4a. Forward + backward of the whole model"),
     ("train64k_ckpt", "4b. Forward + backward with --checkpoint-activations"),
     ("fused16k", "5a. LOCOST with the fused (torch.compile'd) kernel generator, cached and not"),
     ("fused16k_tf32", "5a'. LOCOST training with the fused generator's product in TF32 (--ssm-kernel-product)"),
-    ("whole16k", "5b. LSG and LED on the whole-tensor path (gathered keys; flex replaces it on CUDA)"),
+    ("paths", "5b. LSG and LED on both GPU paths: whole tensors (auto) and flex (`_flex` rows, forced)"),
+    ("whole16k", "5b. LSG and LED on the whole-tensor path (gathered keys; flex was auto's on CUDA then)"),
     ("extra4k", "5c. 4K tokens"),
     ("peers16k", "5d. The HF peers at 16K"),
     ("gen16k", "5e. Generation (beam 4, 128 new tokens, encoder included)"),
     ("locost600k", "5f. LOCOST at the paper's longest inputs"),
 )
-ARCH_ORDER = ("linear", "bart", "hf_bart", "lsg_norm", "led", "hf_led", "locost", "locost_cold", "locost_ckpt")
+ARCH_ORDER = (
+    "linear",
+    "bart",
+    "hf_bart",
+    "lsg_norm",
+    "lsg_norm_flex",
+    "led",
+    "led_flex",
+    "hf_led",
+    "locost",
+    "locost_cold",
+    "locost_ckpt",
+)
 
 
 def _read(path, default=None):
@@ -208,6 +223,8 @@ def markdown(result, work) -> str:
     out.append(smoke_table(result["train_smoke"]) if result["train_smoke"] else "not measured\n")
     for tag, title in BENCH_STAGES[1:]:
         part = result["benchmarks"].get(tag)
+        if part is None and tag in LEGACY_STAGES:
+            continue
         out.append(f"## {title}\n")
         out.append(bench_tables(part["records"]) if part else "not measured\n")
     return "\n".join(out)

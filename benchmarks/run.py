@@ -38,6 +38,10 @@ variants and the HF peers built here.
   split out SSM kernel generation and the rest of the SSM token mixer (FFTs, transposes, gate).
 - ``locost_ckpt``: ``locost`` with ``--checkpoint-activations`` (``train`` only): how LOCOST trains
   on inputs whose activations do not fit otherwise.
+- ``lsg_norm_flex``, ``led_flex``: ``lsg_norm`` / ``led`` with their attention forced onto
+  FlexAttention (``lsg_layers.ops.flex``; CUDA, or a CPU without autograd; elsewhere the layers take
+  whole tensors and the record says so): what ``auto`` ran on a GPU before the whole-tensor path
+  measured faster there. Only when ``--arch`` names them.
 - ``lsg_norm_int8``, ``led_int8``: ``lsg_norm`` / ``led`` after ``lsg_fairseq.quantize.quantize_int8``
   (dynamic int8 linear layers; ``enc`` only, CPU fp32). In the default arch list only where
   ``lsg_fairseq.quantize`` exists.
@@ -119,11 +123,19 @@ def family_rows():
 
 FAMILY_ROWS, ROW_FAMILY = family_rows()
 # Rows built here from the families' (the fairseq archs): the lsg_norm encoder without its attention
-# core, and the lsg_norm / led models after quantize_int8 (enc only, where lsg_fairseq.quantize exists).
+# core, the lsg_norm / led models after quantize_int8 (enc only, where lsg_fairseq.quantize exists),
+# and the two with their attention forced onto FlexAttention (a GPU's path before auto took whole
+# tensors there: so that one run compares both).
 OWN_ROWS = {
     "linear": dataclasses.replace(FAMILY_ROWS["lsg_norm"], variant=False, smoke=True, color="tab:gray"),
     "lsg_norm_int8": dataclasses.replace(FAMILY_ROWS["lsg_norm"], modes=("enc",), variant=False, color="navy"),
     "led_int8": dataclasses.replace(FAMILY_ROWS["led"], modes=("enc",), variant=False, color="darkgreen"),
+    "lsg_norm_flex": dataclasses.replace(
+        FAMILY_ROWS["lsg_norm"], variant=False, default=False, smoke=False, layer_path="flex", color="tab:cyan"
+    ),
+    "led_flex": dataclasses.replace(
+        FAMILY_ROWS["led"], default=False, smoke=False, layer_path="flex", color="tab:olive"
+    ),
 }
 INT8_ARCHS = ("lsg_norm_int8", "led_int8")
 # The peers: transformers' own encoders (build_hf_model), only when --arch names them.
@@ -570,7 +582,7 @@ def measure(arch, mode, length, args) -> dict:
     model, dictionary = build_model(arch, length, args)
     model.to(device=device, dtype=dtype)
     params = sum(p.numel() for p in model.parameters())
-    with forced_path(model, args.layer_path):
+    with forced_path(model, ROWS[arch].layer_path or args.layer_path):
         rec = measure_model(model, dictionary, arch, mode, length, args, device)
         rec["layer_path"] = paths_ran(model)  # as the layers took it: cpu, whole, flex (None: no such layer)
     rec["params"] = params

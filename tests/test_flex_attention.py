@@ -330,34 +330,43 @@ def test_models_build_one_block_mask_per_forward(arch, extra, builder, tmp_path,
 
 # ----------------------------------------------------------------------------- the path rule
 def test_path_rule():
-    # auto: the CPU kernels on a CPU, flex on CUDA for inference and for training without dropout
+    # auto: the CPU kernels on a CPU, whole tensors on a GPU (flex measured slower there:
+    # benchmarks/results/h200_49a7388), for inference and training alike
     assert attention_path("auto", "cpu", 64, 0.0, grad=True) == CPU
     # small heads on a CPU: one gathered call beats the strided windows (cpu_path_by_head_dim.md)
     assert attention_path("auto", "cpu", 32, 0.0, grad=True) == WHOLE
     assert attention_path("auto", "cpu", 16, 0.0, grad=False) == WHOLE
     assert attention_path("cpu", "cpu", 16, 0.0, grad=True) == CPU  # forcing still forces
-    assert attention_path("auto", "cuda", 64, 0.0, grad=False) == FLEX
-    assert attention_path("auto", "cuda", 64, 0.0, grad=True) == FLEX
-    assert attention_path("auto", "cuda", 64, 0.1, grad=True) == WHOLE  # attention dropout
-    assert attention_path("auto", "cpu", 64, 0.1, grad=True) == WHOLE
-    assert attention_path("auto", "cuda", 8, 0.0, grad=False) == WHOLE  # head dim under 16
+    assert attention_path("auto", "cuda", 64, 0.0, grad=False) == WHOLE
+    assert attention_path("auto", "cuda", 64, 0.0, grad=True) == WHOLE
+    assert attention_path("auto", "cuda", 64, 0.1, grad=True) == WHOLE
+    assert attention_path("auto", "cpu", 64, 0.1, grad=True) == WHOLE  # attention dropout
     assert attention_path("auto", "meta", 64, 0.0, grad=False) == WHOLE
-    # forced: flex on a CPU without autograd (tests), whole tensors where flex cannot run
+    # forced: flex on CUDA where it can run, and on a CPU without autograd (tests); whole tensors
+    # where it cannot
+    assert attention_path("flex", "cuda", 64, 0.0, grad=False) == FLEX
+    assert attention_path("flex", "cuda", 64, 0.0, grad=True) == FLEX
+    assert attention_path("flex", "cuda", 64, 0.1, grad=True) == WHOLE  # attention dropout
+    assert attention_path("flex", "cuda", 8, 0.0, grad=False) == WHOLE  # head dim under 16
     assert attention_path("flex", "cpu", 64, 0.0, grad=False) == FLEX
     assert attention_path("flex", "cpu", 64, 0.0, grad=True) == WHOLE  # no backward on CPU
     assert attention_path("whole", "cuda", 64, 0.0, grad=False) == WHOLE
     assert attention_path("cpu", "cuda", 64, 0.0, grad=False) == WHOLE
 
 
-def test_layers_choose_flex_on_a_pretend_cuda_device():
+def test_layers_choose_their_path_on_a_pretend_cuda_device():
     attn = make("norm", G=1, bs=4, sbs=4, sf=2, h=2, C=32, dropout=0.1)  # eval(): no dropout
     cuda = types.SimpleNamespace(device=torch.device("cuda"), requires_grad=False)
+    assert attn.choose_attention_path(cuda, attn.head_dim, 0.0) == WHOLE and attn.ran == WHOLE
+    attn.path = FLEX
     assert attn.choose_attention_path(cuda, attn.head_dim, 0.0) == FLEX and attn.ran == FLEX
     attn.train()
     assert attn.choose_attention_path(cuda, attn.head_dim, attn.dropout) == WHOLE
     attn.dropout = 0.0
     assert attn.choose_attention_path(cuda, attn.head_dim, attn.dropout) == FLEX  # training, no dropout
     led = led_make(8, C=32, h=2)
+    assert led.choose_attention_path(cuda, led.head_dim, 0.0) == WHOLE
+    led.path = FLEX
     assert led.choose_attention_path(cuda, led.head_dim, 0.0) == FLEX
 
 

@@ -19,10 +19,10 @@ STAGES = [
     "train16k",
     "train64k_ckpt",
     "locost600k",
+    "paths",
     "extra4k",
     "peers16k",
     "fused16k",
-    "whole16k",
     "gen16k",
     "fused16k_tf32",
 ]
@@ -85,7 +85,8 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
         "enc": {"linear", "bart", "lsg_norm", "led", "locost"},
         "train64k_ckpt": {"linear", "lsg_norm", "led", "locost"},
         "peers16k": {"hf_bart", "hf_led"},
-        "whole16k": {"lsg_norm", "led"},
+        "paths": {"linear", "lsg_norm", "lsg_norm_flex", "led", "led_flex"},
+        "fused16k": {"bart", "locost", "locost_cold"},
     }
     for tag, archs in expected.items():
         records = benchmarks[tag]["records"]
@@ -95,7 +96,11 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     assert benchmarks["train64k_ckpt"]["runs"][-1]["config"]["checkpoint_activations"]
     assert benchmarks["fused16k"]["runs"][-1]["config"]["locost_kernel_compile"]
     assert benchmarks["fused16k_tf32"]["runs"][-1]["config"]["locost_kernel_product"] == "tf32"
-    assert {r["layer_path"] for r in benchmarks["whole16k"]["records"]} == {"whole"}
+    # the _flex rows force flex (forward only on a CPU: their training falls back to whole tensors)
+    ran = {(r["arch"], r["mode"]): r["layer_path"] for r in benchmarks["paths"]["records"]}
+    assert ran["lsg_norm_flex", "enc"] == ran["led_flex", "enc"] == "flex"
+    assert ran["lsg_norm_flex", "train"] == ran["led_flex", "train"] == "whole"
+    assert ran["lsg_norm", "enc"] != "flex" and ran["led", "enc"] != "flex"
     locost = next(r for r in benchmarks["enc"]["records"] if r["arch"] == "locost")
     assert locost["ssm_conv_s"] >= 0 and 0 < locost["ssm_share"] < 1
     assert locost["ssm_cache_mb"] > 0  # kernels cached in the warm-up: the record says they are in its peak

@@ -30,9 +30,10 @@ block's key set is 3w (HF's chunking computes 4w products per query and builds a
 Masks use ``finfo(dtype).min`` (not -inf), so that the rows of padding queries, which may see
 no valid key, stay finite; their outputs are unspecified (spec section 4) and dropped by callers.
 
-On CUDA without attention dropout the local rows run FlexAttention instead (``_local_flex``,
-``ops.flex``): the keys are the projection itself, the band and the globals a ``mask_mod``; no
-gather, no per-block mask, one block mask per forward for every layer of the same window.
+Forced to the flex path (``paths``; CUDA without attention dropout), the local rows run
+FlexAttention instead (``_local_flex``, ``ops.flex``): the keys are the projection itself, the
+band and the globals a ``mask_mod``; no gather, no per-block mask, one block mask per forward for
+every layer of the same window.
 """
 
 import math
@@ -114,8 +115,8 @@ class LongformerSelfAttention(PathChoice, nn.Module):
     synchronisation in every layer.
 
     Three key paths (``lsg_layers.modules.paths``): strided windows on CPU (``_local_windows``),
-    FlexAttention on CUDA without attention dropout (``_local_flex``), and on whole tensors
-    (attention dropout; ``_local``): one gather and one SDPA for all blocks. ``block_masks``, a dict
+    on whole tensors (GPU, attention dropout; ``_local``): one gather and one SDPA for all blocks,
+    and FlexAttention when forced (CUDA without attention dropout; ``_local_flex``). ``block_masks``, a dict
     the encoder makes once per forward and hands to every layer, keeps flex's block masks.
 
     ``block_size`` (default w) only trades speed for memory: results do not depend on it.

@@ -34,7 +34,7 @@ ever built. Three key paths compute the same softmax over the same keys:
 - the whole-tensor path (GPU, ``lsg_layers.modules.paths``) and attention dropout
   (``_lsg_gathered``): per-block key sets gathered with one ``index_select`` and one
   ``F.scaled_dot_product_attention`` for every block, with no host-device synchronisation;
-- FlexAttention (CUDA without attention dropout, ``_lsg_flex``): the keys projected into one
+- FlexAttention (forced: CUDA without attention dropout, ``_lsg_flex``): the keys projected into one
   buffer [tokens | globals | sparse sequence] and the LSG pattern as a ``mask_mod`` over it
   (``ops.flex``): no per-block copy and no float mask; its block mask is built once per forward.
 

@@ -11,12 +11,14 @@ tested against the slow references with the other forced on CPU (``tests/test_wh
 The attentions (LSG, LED) have a third path, ``"flex"`` (``lsg_layers.ops.flex``): their patterns
 as FlexAttention masks, one fused kernel over the keys where they lie, no per-block key copies and
 no float masks. It cannot drop attention probabilities, runs backward on CUDA only, and needs a
-head dim of 16 or more; where it cannot run, the layer takes the whole-tensor path.
+head dim of 16 or more; where it cannot run, the layer takes the whole-tensor path. It is taken only
+when forced: on the one GPU measured its kernel alone took longer than the whole-tensor path's
+entire encoder (``benchmarks/results/h200_49a7388``, ``benchmarks/flex_gpu_notes.md``).
 
 ``path``: ``"auto"`` (the default: the CPU paths on a CPU, except the attentions' for heads under
-:data:`CPU_WINDOWS_MIN_HEAD_DIM` features; flex on CUDA where it can run, else whole tensors), or
-``"cpu"``, ``"whole"``, ``"flex"`` to force one (tests, benchmarks, a CPU user who wants the simple
-path); a layer without a flex path takes whole tensors for ``"flex"``.
+:data:`CPU_WINDOWS_MIN_HEAD_DIM` features; whole tensors on any other device), or ``"cpu"``,
+``"whole"``, ``"flex"`` to force one (tests, benchmarks, a CPU user who wants the simple path); a
+layer without a flex path takes whole tensors for ``"flex"``.
 Each layer notes in ``ran`` the path its last call took (what benchmarks record).
 """
 
@@ -43,10 +45,7 @@ def attention_path(path: str, device_type: str, head_dim: int, dropout: float, g
     tensors, no attention dropout), "flex" (``flex.supported``) or "whole"; ``dropout`` is the
     attention dropout of this call (0 outside training), ``grad`` whether it builds a graph."""
     if path == AUTO:
-        if device_type != "cpu":
-            path = FLEX
-        else:
-            path = CPU if head_dim >= CPU_WINDOWS_MIN_HEAD_DIM else WHOLE
+        path = CPU if device_type == "cpu" and head_dim >= CPU_WINDOWS_MIN_HEAD_DIM else WHOLE
     if path == CPU and (device_type != "cpu" or dropout > 0):
         return WHOLE
     if path == FLEX and not flex.supported(device_type, head_dim, dropout, grad):
