@@ -101,11 +101,14 @@ if [ "$DEV" = cuda ]; then
     conformance=(--device cuda)
     flex=(--device cuda)
     L16=16384; L64=65536; L4=4096; L600=600000; UPDATES=30; TRAIN_TOKENS=4096; DOC_TOKENS=300
+    PATH_LENGTHS=("$L16" "$L64"); PATH_ARCHS=(linear lsg_norm lsg_norm_flex led led_flex)
 elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --smoke --out "$work" --no-plots)
     conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
     flex=(--device cpu --cases led)  # forward only there
     L16=256; L64=512; L4=128; L600=1024; UPDATES=4; TRAIN_TOKENS=400; DOC_TOKENS=80
+    # flex compiles per row and length on a CPU: one of each holds the stage
+    PATH_LENGTHS=("$L16"); PATH_ARCHS=(lsg_norm led led_flex)
     export RUNS="locost_tiny:fp16 lsg_bart_tiny:bf16"  # one of each precision (a CPU's float16 is slow)
 else
     echo "gpu_check.sh: error: DEV=$DEV: expected cuda or cpu" >&2; exit 2
@@ -128,8 +131,8 @@ stage train64k_ckpt 40 "$PYTHON" "${bench[@]}" --tag train64k_ckpt --modes train
 # 5. while time is left, most wanted first (the issues' targets: 600K, both GPU paths, 4K, the HF peers)
 stage locost600k 60 "$PYTHON" "${bench[@]}" --tag locost600k --modes enc --lengths "$L600" --warmup 1 \
     --repeat 1 --arch locost
-stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "$L16" "$L64" \
-    --arch linear lsg_norm lsg_norm_flex led led_flex
+stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "${PATH_LENGTHS[@]}" \
+    --arch "${PATH_ARCHS[@]}"
 stage extra4k 40 "$PYTHON" "${bench[@]}" --tag extra4k --modes enc train --lengths "$L4" \
     --arch linear bart lsg_norm led locost hf_bart hf_led
 stage peers16k 40 "$PYTHON" "${bench[@]}" --tag peers16k --modes enc train --lengths "$L16" --arch hf_bart hf_led

@@ -3,6 +3,7 @@
 No timing is asserted anywhere (speed targets live in the benchmark's own report as ratios).
 """
 
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -109,6 +110,26 @@ def test_int8_arch_without_the_quantize_module_fails_alone(tmp_path, monkeypatch
         run.build_model("lsg_norm_int8", 256, args)
     assert run.modes_of("lsg_norm_int8", 256, args) == {"enc"}
     assert run.modes_of("led_int8", 16384, run.parse_args([])) == {"enc"}
+
+
+def test_a_row_forces_its_layer_path(monkeypatch):
+    """lsg_norm_flex / led_flex run their model inside forced_path(model, "flex") whatever
+    --layer-path says; the other rows take --layer-path (the model is built, the timing stubbed)."""
+    run = load("benchmarks/run.py", "bench_run")
+    forced = []
+
+    @contextlib.contextmanager
+    def spy(model, path):
+        forced.append(path)
+        yield model
+
+    monkeypatch.setattr(run, "forced_path", spy)
+    monkeypatch.setattr(run, "measure_model", lambda *a: {})
+    args = run.parse_args(["--smoke", "--layer-path", "whole"])
+    for arch in ("lsg_norm_flex", "led_flex", "lsg_norm", "led"):
+        run.measure(arch, "enc", 256, args)
+    assert forced == ["flex", "flex", "whole", "whole"]
+    assert not run.ROWS["lsg_norm_flex"].default and not run.ROWS["led_flex"].smoke  # only when named
 
 
 def test_every_arch_trains_at_16k_in_the_default_suite():
