@@ -8,6 +8,9 @@
 #                                                 # long_context run in its own session, and beside it the
 #                                                 # untimed stages (CHECK_STAGES, CHECKS_BUDGET_S)
 #   bash benchmarks/gpu_call.sh collect SECONDS   # 2nd call, at once: waits up to SECONDS for that run
+#   bash benchmarks/gpu_call.sh more COMMIT SECONDS STAGE...  # a later call on the still-warm machine:
+#                                                 # more timed stages (after the long_context run
+#                                                 # ended), SECONDS for them; files back: cuda_more.*
 #
 # Timed stages have the GPU to themselves; the untimed ones (conformance, the flex gradient check, the
 # train smokes: right or wrong, not fast or slow) share it with the long_context training, which is
@@ -23,8 +26,8 @@
 # long_context_fp16.tgz (run log, report, train logs, recall).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS}
-RES=/tmp/gpu_results CHECKS=/tmp/gpu_checks LC=/tmp/lc_fp16
+what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS | more COMMIT SECONDS STAGE...}
+RES=/tmp/gpu_results CHECKS=/tmp/gpu_checks MORE=/tmp/gpu_more LC=/tmp/lc_fp16 ENV_FILE=/tmp/gpu_call_env.sh
 LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="${LC_ARCHS:-bart_1024}"
         EXTRAPOLATION=0)
 : "${OUT:?gpu_call.sh: OUT, the folder whose files come back from the device call, is not set}"
@@ -41,6 +44,7 @@ check)
     commit=${2:?usage: gpu_call.sh check COMMIT}
     # shellcheck source=/dev/null
     source "${SETUP:-.gpu/device_setup.sh}"  # SETUP=/dev/null: this machine's python as it is (a dry run)
+    declare -p PATH PYTHONPATH > "$ENV_FILE" 2> /dev/null || declare -p PATH > "$ENV_FILE"  # for `more`
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu \
         --format=csv > "$DEVICE_OUT/nvidia_smi.csv" 2>&1 || true
     rm -rf "$RES" "$CHECKS" "$LC"; mkdir -p "$RES" "$CHECKS" "$LC"
@@ -77,5 +81,20 @@ collect)
     grep "^== \|recall\|: nll_loss" "$LC/run.log" 2> /dev/null | tail -n 20
     pack_long_context
     ;;
-*) echo "gpu_call.sh: error: $what: expected check or collect" >&2; exit 2 ;;
+more)
+    commit=${2:?usage: gpu_call.sh more COMMIT SECONDS STAGE...}
+    budget=${3:?usage: gpu_call.sh more COMMIT SECONDS STAGE...}
+    shift 3
+    [ $# -gt 0 ] || { echo "gpu_call.sh: error: more: name the stages to run" >&2; exit 2; }
+    [ -f "$LC/finished" ] || [ ! -d "$LC" ] || echo "gpu_call.sh: note: the long_context run is still going (it shares the GPU)"
+    # the setup of the first call, kept by it (the machine is the same while it stays warm)
+    # shellcheck source=/dev/null
+    if [ -f "$ENV_FILE" ]; then source "$ENV_FILE"; else source "${SETUP:-.gpu/device_setup.sh}"; fi
+    rm -rf "$MORE"; mkdir -p "$MORE"
+    RESULTS=$MORE COMMIT=$commit BUDGET_S=$budget STAGES="$*" bash benchmarks/gpu_check.sh
+    cp "$MORE/cuda.md" "$DEVICE_OUT/cuda_more.md" 2> /dev/null
+    cp "$MORE/cuda.json" "$DEVICE_OUT/cuda_more.json" 2> /dev/null
+    (cd "$MORE" && tar czf "$DEVICE_OUT/gpu_more.tgz" gpu_check)
+    ;;
+*) echo "gpu_call.sh: error: $what: expected check, collect or more" >&2; exit 2 ;;
 esac
