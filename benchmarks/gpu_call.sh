@@ -39,6 +39,17 @@ pack_long_context() {
         runs/*/train.log runs/*/time eval/*/hypotheses.out eval/*/recall.json eval/*/rouge.json eval/*/probe.json 2> /dev/null)
 }
 
+# run_check DIR NAME TGZ BUDGET STAGES: gpu_check.sh's STAGES into DIR within BUDGET seconds; back in
+# $OUT: its report as NAME.md and NAME.json, its work folder (logs, records) as TGZ
+run_check() {
+    local dir=$1 name=$2 tgz=$3 budget=$4 stages=$5
+    rm -rf "$dir"; mkdir -p "$dir"
+    RESULTS=$dir COMMIT=$commit BUDGET_S=$budget STAGES=$stages bash benchmarks/gpu_check.sh
+    cp "$dir/cuda.md" "$DEVICE_OUT/$name.md" 2> /dev/null
+    cp "$dir/cuda.json" "$DEVICE_OUT/$name.json" 2> /dev/null
+    (cd "$dir" && tar czf "$DEVICE_OUT/$tgz" --exclude=gpu_check/train_smoke/data gpu_check)
+}
+
 case $what in
 check)
     commit=${2:?usage: gpu_call.sh check COMMIT}
@@ -47,15 +58,12 @@ check)
     declare -p PATH PYTHONPATH > "$ENV_FILE" 2> /dev/null || declare -p PATH > "$ENV_FILE"  # for `more`
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu \
         --format=csv > "$DEVICE_OUT/nvidia_smi.csv" 2>&1 || true
-    rm -rf "$RES" "$CHECKS" "$LC"; mkdir -p "$RES" "$CHECKS" "$LC"
+    rm -rf "$LC"; mkdir -p "$LC"
     # the CPUs make the data sets (sentencepiece, binarising) while the GPU is measured: one core of 16
     env "${LC_ENV[@]}" DATA=only nice -n 19 bash examples/long_context/run.sh > "$LC/data.log" 2>&1 &
     data_pid=$!
-    RESULTS=$RES COMMIT=$commit BUDGET_S=${BUDGET_S:-480} \
-        STAGES=${TIMED_STAGES:-enc train16k train64k_ckpt locost600k paths extra4k peers16k fused16k gen16k fused16k_tf32} \
-        bash benchmarks/gpu_check.sh
-    cp "$RES/cuda.md" "$RES/cuda.json" "$DEVICE_OUT/" 2> /dev/null
-    (cd "$RES" && tar czf "$DEVICE_OUT/gpu_check.tgz" --exclude=gpu_check/train_smoke/data gpu_check)
+    run_check "$RES" cuda gpu_check.tgz "${BUDGET_S:-480}" \
+        "${TIMED_STAGES:-enc train16k train64k_ckpt locost600k paths extra4k peers16k fused16k gen16k fused16k_tf32}"
     if wait "$data_pid"; then
         setsid nohup bash -c "env ${LC_ENV[*]@Q} DATA=reuse bash examples/long_context/run.sh > $LC/run.log 2>&1; \
             echo \$? > $LC/finished" < /dev/null > /dev/null 2>&1 &
@@ -67,10 +75,7 @@ check)
     checks=${CHECK_STAGES-conformance flex_grad train_smoke}
     if [ -n "$checks" ]; then
         echo "== untimed stages beside the long_context run: $checks"
-        RESULTS=$CHECKS COMMIT=$commit BUDGET_S=${CHECKS_BUDGET_S:-300} STAGES=$checks bash benchmarks/gpu_check.sh
-        cp "$CHECKS/cuda.md" "$DEVICE_OUT/cuda_checks.md" 2> /dev/null
-        cp "$CHECKS/cuda.json" "$DEVICE_OUT/cuda_checks.json" 2> /dev/null
-        (cd "$CHECKS" && tar czf "$DEVICE_OUT/gpu_checks.tgz" --exclude=gpu_check/train_smoke/data gpu_check)
+        run_check "$CHECKS" cuda_checks gpu_checks.tgz "${CHECKS_BUDGET_S:-300}" "$checks"
     fi
     ;;
 collect)
@@ -90,11 +95,7 @@ more)
     # the setup of the first call, kept by it (the machine is the same while it stays warm)
     # shellcheck source=/dev/null
     if [ -f "$ENV_FILE" ]; then source "$ENV_FILE"; else source "${SETUP:-.gpu/device_setup.sh}"; fi
-    rm -rf "$MORE"; mkdir -p "$MORE"
-    RESULTS=$MORE COMMIT=$commit BUDGET_S=$budget STAGES="$*" bash benchmarks/gpu_check.sh
-    cp "$MORE/cuda.md" "$DEVICE_OUT/cuda_more.md" 2> /dev/null
-    cp "$MORE/cuda.json" "$DEVICE_OUT/cuda_more.json" 2> /dev/null
-    (cd "$MORE" && tar czf "$DEVICE_OUT/gpu_more.tgz" gpu_check)
+    run_check "$MORE" cuda_more gpu_more.tgz "$budget" "$*"
     ;;
 *) echo "gpu_call.sh: error: $what: expected check, collect or more" >&2; exit 2 ;;
 esac
