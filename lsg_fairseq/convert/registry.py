@@ -128,9 +128,7 @@ class BenchRow:
     full_attention: bool = False  # quadratic in the length: skipped beyond run.py's --max-full-length
     ssm_split: bool = False  # its enc records split S4D kernel generation and convolution (s4d.* labels)
     growth: str = "1"  # the expected log-log exponent of time and memory in the length (report's growth table)
-    layer_path: Optional[str] = (
-        None  # the layers' path it forces (lsg_layers.modules.paths; None: run.py's --layer-path)
-    )
+    layer_path: Optional[str] = None  # the path it forces its layers onto (paths.PATHS; None: --layer-path)
     color: Optional[str] = None  # its colour in the plots (None: matplotlib's next)
 
 
