@@ -14,13 +14,14 @@
 #
 # Timed stages have the GPU to themselves; the untimed ones (conformance, the flex gradient check, the
 # train smokes: right or wrong, not fast or slow) share it with the long_context training, which is
-# only timed as a whole run's wall. Defaults: TIMED_STAGES all benchmark stages, CHECK_STAGES
-# "conformance flex_grad train_smoke"; an empty CHECK_STAGES skips the second check.
+# only timed as a whole run's wall. Defaults: TIMED_STAGES "timed" (gpu_check.sh's group: every
+# benchmark stage), CHECK_STAGES "untimed" (conformance, flex_grad, train_smoke); an empty
+# CHECK_STAGES skips the second check.
 #
-# The long_context run (issue 31): examples/long_context/run.sh with DEVICE=cuda PRECISION=fp16,
-# ARCHS from LC_ARCHS (default bart_1024: lsg_norm was measured on the first H200, where it alone took
-# 374 s, examples/long_context/gpu_fp16/), no extrapolation rows, its default sizes and seeds. It goes
-# on between the two calls. A dry run here: SETUP=/dev/null DEV=cpu LC_DEVICE=cpu LC_PRECISION=bf16
+# The long_context run (issue 31), only where LC_ARCHS names its rows (default none: lsg_norm and
+# bart_1024 are measured, examples/long_context/gpu_fp16/; lsg_norm alone took 374 s on an H200):
+# examples/long_context/run.sh with DEVICE=cuda PRECISION=fp16, no extrapolation rows, its default
+# sizes and seeds. It goes on between the two calls. A dry run here: SETUP=/dev/null DEV=cpu LC_DEVICE=cpu LC_PRECISION=bf16
 # SMOKE=1 OUT=/tmp/o. Files back: nvidia_smi.csv; cuda.md, cuda.json, gpu_check.tgz (the timed
 # stages' logs and records); cuda_checks.md, cuda_checks.json, gpu_checks.tgz (the untimed ones); then
 # long_context_fp16.tgz (run log, report, train logs, recall).
@@ -28,7 +29,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS | more COMMIT SECONDS STAGE...}
 RES=/tmp/gpu_results CHECKS=/tmp/gpu_checks MORE=/tmp/gpu_more LC=/tmp/lc_fp16 ENV_FILE=/tmp/gpu_call_env.sh
-LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="${LC_ARCHS:-bart_1024}"
+LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="${LC_ARCHS:-}"
         EXTRAPOLATION=0)
 : "${OUT:?gpu_call.sh: OUT, the folder whose files come back from the device call, is not set}"
 DEVICE_OUT=$OUT
@@ -58,28 +59,33 @@ check)
     declare -p PATH PYTHONPATH > "$ENV_FILE" 2> /dev/null || declare -p PATH > "$ENV_FILE"  # for `more`
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu \
         --format=csv > "$DEVICE_OUT/nvidia_smi.csv" 2>&1 || true
-    rm -rf "$LC"; mkdir -p "$LC"
-    # the CPUs make the data sets (sentencepiece, binarising) while the GPU is measured: one core of 16
-    env "${LC_ENV[@]}" DATA=only nice -n 19 bash examples/long_context/run.sh > "$LC/data.log" 2>&1 &
-    data_pid=$!
-    run_check "$RES" cuda gpu_check.tgz "${BUDGET_S:-480}" \
-        "${TIMED_STAGES:-enc train16k train64k_ckpt locost600k paths extra4k peers16k fused16k gen16k fused16k_tf32}"
-    if wait "$data_pid"; then
-        setsid nohup bash -c "env ${LC_ENV[*]@Q} DATA=reuse bash examples/long_context/run.sh > $LC/run.log 2>&1; \
-            echo \$? > $LC/finished" < /dev/null > /dev/null 2>&1 &
-        echo "long_context fp16 run started in the background (its log: $LC/run.log)"
-    else
-        echo "gpu_call.sh: the long_context data failed:"; tail -n 5 "$LC/data.log"
-        pack_long_context
+    rm -rf "$LC"
+    if [ -n "${LC_ARCHS:-}" ]; then
+        mkdir -p "$LC"
+        # the CPUs make the data sets (sentencepiece, binarising) while the GPU is measured: one core of 16
+        env "${LC_ENV[@]}" DATA=only nice -n 19 bash examples/long_context/run.sh > "$LC/data.log" 2>&1 &
+        data_pid=$!
     fi
-    checks=${CHECK_STAGES-conformance flex_grad train_smoke}
+    run_check "$RES" cuda gpu_check.tgz "${BUDGET_S:-480}" "${TIMED_STAGES:-timed}"
+    if [ -n "${LC_ARCHS:-}" ]; then
+        if wait "$data_pid"; then
+            setsid nohup bash -c "env ${LC_ENV[*]@Q} DATA=reuse bash examples/long_context/run.sh > $LC/run.log 2>&1; \
+                echo \$? > $LC/finished" < /dev/null > /dev/null 2>&1 &
+            echo "long_context fp16 run started in the background (its log: $LC/run.log)"
+        else
+            echo "gpu_call.sh: the long_context data failed:"; tail -n 5 "$LC/data.log"
+            pack_long_context
+        fi
+    fi
+    checks=${CHECK_STAGES-untimed}
     if [ -n "$checks" ]; then
-        echo "== untimed stages beside the long_context run: $checks"
+        echo "== untimed stages${LC_ARCHS:+ beside the long_context run}: $checks"
         run_check "$CHECKS" cuda_checks gpu_checks.tgz "${CHECKS_BUDGET_S:-300}" "$checks"
     fi
     ;;
 collect)
     wait_s=${2:?usage: gpu_call.sh collect SECONDS}
+    [ -d "$LC" ] || { echo "gpu_call.sh: no long_context run to collect (the check ran without LC_ARCHS)"; exit 0; }
     t0=$(date +%s)
     while [ ! -f "$LC/finished" ] && [ $(( $(date +%s) - t0 )) -lt "$wait_s" ]; do sleep 5; done
     if [ -f "$LC/finished" ]; then echo "long_context run ended, status $(cat "$LC/finished")"; else echo "long_context run still going after ${wait_s} s"; fi

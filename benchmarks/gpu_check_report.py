@@ -3,7 +3,8 @@
 every stage, and a stage that did not run is reported as such).
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
-``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
+``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``flexprobe.json`` (+ ``.md``),
+``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
 JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``paths``, ``extra4k``,
 ``peers16k``, ``gen16k``, ``locost600k``).
 
@@ -144,6 +145,7 @@ def build(work):
         "stages": stages(work),
         "conformance": _read(os.path.join(work, "conformance.json")),
         "flex_grad": _read(os.path.join(work, "flex_grad.json")),
+        "flexprobe": _read(os.path.join(work, "flexprobe.json")),
         "train_smoke": _read(os.path.join(work, "train_smoke", "train_smoke.json")),
         "benchmarks": {},
     }
@@ -227,6 +229,14 @@ def markdown(result, work) -> str:
             continue
         out.append(f"## {title}\n")
         out.append(bench_tables(part["records"]) if part else "not measured\n")
+        if tag == "paths":
+            out.append("## 5b'. The flex kernel alone, one change at a time (benchmarks/flex_probe.py)\n")
+            probe = os.path.join(work, "flexprobe.md")
+            if result["flexprobe"] and os.path.exists(probe):
+                with open(probe) as f:
+                    out.append(f.read())
+            else:
+                out.append("not measured\n")
     return "\n".join(out)
 
 

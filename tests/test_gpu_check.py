@@ -20,6 +20,7 @@ STAGES = [
     "train64k_ckpt",
     "locost600k",
     "paths",
+    "flexprobe",
     "extra4k",
     "peers16k",
     "fused16k",
@@ -61,6 +62,16 @@ def test_every_stage_runs_and_is_reported(smoke):
     ):
         assert heading in md
     assert "not measured" not in md
+
+
+def test_flex_probe_stage_times_both_patterns(smoke):
+    result, md = smoke
+    probe = result["flexprobe"]
+    assert probe["eager"] and probe["device"] == "cpu"  # the harness only, on a CPU
+    for pattern in ("lsg", "led"):
+        rows = probe["patterns"][pattern]["rows"]
+        assert [r["variant"] for r in rows] == ["model", "all_full"] and all(r["status"] == "ok" for r in rows), rows
+    assert "## 5b'. The flex kernel alone" in md and "| all_full |" in md
 
 
 def test_conformance_stage_compares_with_the_references(smoke):
@@ -122,7 +133,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
     assert (tmp_path / "cuda.md").read_text().count(
         "not measured"
-    ) == 1 + 1 + 1 + 10  # conformance, flex, smokes, benchmarks
+    ) == 1 + 1 + 1 + 1 + 10  # conformance, flex, smokes, flex probe, benchmarks
 
 
 def test_stages_selects_what_runs(tmp_path):
@@ -139,6 +150,20 @@ def test_stages_selects_what_runs(tmp_path):
     md = (tmp_path / "cuda.md").read_text()
     assert "Command: `STAGES='locost600k' benchmarks/gpu_check.sh`" in md
     assert [r["arch"] for r in result["benchmarks"]["locost600k"]["records"]] == ["locost"]
+
+
+@pytest.mark.parametrize("group", ["timed", "untimed"])
+def test_stage_groups_name_the_timed_and_the_untimed_stages(tmp_path, group):
+    """gpu_call.sh runs the timed stages alone on the GPU and the untimed ones (right or wrong, not
+    fast or slow) beside other work: the groups are defined once, in gpu_check.sh."""
+    proc = gpu_check(tmp_path, DEV="cpu", STAGES=group, BUDGET_S="1")  # nothing fits: selection only
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "cuda.json").read_text())
+    untimed = ["conformance", "flex_grad", "train_smoke"]
+    expected = untimed if group == "untimed" else [s for s in STAGES if s not in untimed]
+    assert result["env"]["stages_selected"] == expected
+    for s in result["stages"]:
+        assert s["status"].startswith("not run: " if s["stage"] in expected else "not selected"), s
 
 
 def test_an_unknown_stage_is_one_line(tmp_path):

@@ -1,0 +1,305 @@
+"""The flex kernel alone, in variants: where its time goes on a GPU (issue 33; ``gpu_check.sh``
+stage ``flexprobe``).
+
+The second H200 reading put 70% of the LSG encoder's device time in one kernel,
+``triton_tem_fused_flex_attention``: 2.45 ms a layer at 16K tokens where the tiles it keeps need
+~0.1 ms (``benchmarks/flex_gpu_notes.md``). This script calls that kernel on one layer's shapes
+(base size: 12 heads of 64, bf16, batch 1; LSG norm: bs = sbs = 128, sf 2, 1 global; LED: window
+1,024, the first token global) with the block tables the layers build (``lsg_layers.ops.flex``),
+and changes one thing at a time:
+
+- ``model``: the call as the layer makes it (``ops.flex.flex_attention``: compiled once, shapes
+  dynamic after the first; q, k, v strided views of the projections);
+- ``contiguous``: q, k, v copied contiguous; ``static`` / ``dynamic``: a fresh
+  ``torch.compile(flex_attention, dynamic=False / True)``;
+- ``trivial_mod``: the same tables, a mask_mod that keeps everything (no loads of the validity
+  tensors in partial tiles); ``all_full``: every kept tile whole (no mask_mod evaluated at all);
+- ``opt_*``: kernel options (tile sizes, warps, stages, TMA, the row-safety and prescale flags), on
+  the static compile;
+- ``band``: a plain sliding window keeping as many key tiles per query tile, its tables from
+  ``create_block_mask`` (how fast flex runs a simple band of that size on this card);
+- ``sdpa_dense``: full attention over the same tokens with SDPA (the ``bart`` row's kernel).
+
+A variant with the same math as ``model`` reports its largest difference from it. Each row:
+the first call's seconds (the compile), the median of ``--repeat`` calls timed with CUDA events
+after ``--warmup`` (on CPU: wall), the throughput on the kept tiles (4 d x 128^2 FLOPs per tile and
+head) and the ratio to ``model``. A variant that fails records its error and the others go on.
+
+    python benchmarks/flex_probe.py --device cuda --length 16384 --out /tmp/flexprobe.json
+    python benchmarks/flex_probe.py --device cpu --eager --length 512 --heads 2 --out /tmp/p.json  # CI
+
+``--eager`` (CPU smoke only) calls flex uncompiled: the dense fallback, every variant the same
+kernel; it checks the harness, not the kernels.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from lsg_layers.ops import flex  # noqa: E402
+
+OPTIONS = {
+    "opt_bm64_bn64": {"BLOCK_M": 64, "BLOCK_N": 64},
+    "opt_bn64": {"BLOCK_N": 64},
+    "opt_warps8": {"num_warps": 8},
+    "opt_stages2": {"num_stages": 2},
+    "opt_safe_prescale": {"ROWS_GUARANTEED_SAFE": True, "PRESCALE_QK": True},
+    "opt_tma": {"USE_TMA": True},
+}
+SAME_MATH = {"model", "contiguous", "static", "dynamic", *OPTIONS}
+LSG_VARIANTS = ["model", "contiguous", "static", "dynamic", "trivial_mod", "all_full", *OPTIONS, "band", "sdpa_dense"]
+LED_VARIANTS = ["model", "static", "trivial_mod", "all_full", "opt_bm64_bn64", "opt_warps8"]
+TOLERANCE = 2e-2  # bf16 outputs of one softmax through two tilings: rounding, not a different function
+
+
+def lsg_problem(L, h, d, device, dtype, gen):
+    """One LSG-BART base layer's flex call: q over the t tokens, keys [tokens | global | dead | sparse]."""
+    G, bs, sf, sbs = 1, 128, 2, 128
+    layout = flex.LSGLayout(L, G, bs, bs // sf, sbs, L // sf)
+    q_buf = torch.randn(1, G + L, h, d, generator=gen).to(device, dtype)  # (n, S, h, d) as projected
+    k_buf = torch.randn(1, layout.length, h, d, generator=gen).to(device, dtype)
+    v_buf = torch.randn(1, layout.length, h, d, generator=gen).to(device, dtype)
+    key_ok = torch.ones(1, L + G, dtype=torch.bool, device=device)
+    sparse_ok = torch.ones(1, h, layout.ns, dtype=torch.bool, device=device)
+    mask_mod = flex.lsg_mask_mod(layout, key_ok, sparse_ok)
+    block_mask = flex.lsg_block_mask(layout, key_ok, mask_mod)
+    qkv = (q_buf[:, G:].transpose(1, 2), k_buf.transpose(1, 2), v_buf.transpose(1, 2))
+    return qkv, block_mask
+
+
+def led_problem(L, h, d, device, dtype, gen):
+    """One LED base layer's flex call (window 1,024: w = 512 each side), the first token global."""
+    w = 512
+    qkv = tuple(torch.randn(1, L, h, d, generator=gen).to(device, dtype).transpose(1, 2) for _ in range(3))
+    real = torch.ones(1, L, dtype=torch.bool, device=device)
+    glob = torch.zeros(1, L, dtype=torch.bool, device=device)
+    glob[:, 0] = True
+    block_mask = flex.led_block_mask(w, real, glob, flex.led_mask_mod(w, real, glob))
+    return qkv, block_mask
+
+
+def kept_tiles(block_mask) -> int:
+    """Tiles the kernel computes for one head (the tables are shared by the heads)."""
+    n = int(block_mask.kv_num_blocks.sum())
+    if block_mask.full_kv_num_blocks is not None:
+        n += int(block_mask.full_kv_num_blocks.sum())
+    return n
+
+
+def all_full(block_mask):
+    """The same kept tiles, every one whole: the kernel evaluates no mask_mod."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    idx = block_mask.kv_indices  # (n, 1, nq, nk)
+    kept = torch.zeros(idx.shape, dtype=torch.int32, device=idx.device)
+    for num, idx in (
+        (block_mask.kv_num_blocks, block_mask.kv_indices),
+        (block_mask.full_kv_num_blocks, block_mask.full_kv_indices),
+    ):
+        if num is not None:
+            listed = torch.arange(idx.size(-1), device=idx.device) < num[..., None]  # the first num entries
+            kept.scatter_add_(-1, idx.long(), listed.int())
+    num, idx = flex._ordered(kept[:, 0] > 0)  # every kept tile in the "full" tables
+    zeros = torch.zeros_like(num)
+    return BlockMask.from_kv_blocks(
+        zeros, idx, num, idx, BLOCK_SIZE=flex.BLOCK, mask_mod=None, seq_lengths=block_mask.seq_lengths
+    )
+
+
+def band(L_q, L_kv, tiles_per_query_tile, device):
+    """A sliding window over one tensor of L_kv keys with about as many key tiles per query tile."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    half = max(0, (tiles_per_query_tile - 1) * flex.BLOCK // 2)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (q_idx - kv_idx).abs() <= half
+
+    return create_block_mask(mask_mod, None, None, L_q, L_kv, device=device, _compile=device != "cpu")
+
+
+class Timer:
+    def __init__(self, device):
+        self.cuda = device == "cuda"
+
+    def __call__(self, fn, warmup, repeat):
+        """(first call seconds, median milliseconds, output of the last call)."""
+        t0 = time.perf_counter()
+        out = fn()
+        if self.cuda:
+            torch.cuda.synchronize()
+        first = time.perf_counter() - t0
+        for _ in range(warmup):
+            out = fn()
+        times = []
+        for _ in range(repeat):
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t = time.perf_counter()
+                out = fn()
+                times.append(1e3 * (time.perf_counter() - t))
+        return first, statistics.median(times), out
+
+
+def run_pattern(name, variants, args, device, dtype):
+    from torch.nn.attention.flex_attention import flex_attention as raw_flex
+
+    gen = torch.Generator().manual_seed(0)
+    h, d = args.heads, args.head_dim
+    make = lsg_problem if name == "lsg" else led_problem
+    (q, k, v), block_mask = make(args.length, h, d, device, dtype, gen)
+    scale = d**-0.5
+    tiles = kept_tiles(block_mask)
+    nq = block_mask.kv_num_blocks.size(-1)
+    timer = Timer(device)
+
+    def compiled(dynamic):
+        return raw_flex if args.eager else torch.compile(raw_flex, dynamic=dynamic)
+
+    def model_call():
+        if args.eager:
+            return raw_flex(q, k, v, block_mask=block_mask, scale=scale)
+        return flex.flex_attention(q, k, v, block_mask, scale)
+
+    def variant(vname):
+        """(callable, tiles it computes per head)."""
+        if vname == "model":
+            return model_call, tiles
+        if vname == "contiguous":
+            qc, kc, vc = q.contiguous(), k.contiguous(), v.contiguous()
+            fn = compiled(None)
+            return (lambda: fn(qc, kc, vc, block_mask=block_mask, scale=scale)), tiles
+        if vname in ("static", "dynamic"):
+            fn = compiled(vname == "dynamic")
+            return (lambda: fn(q, k, v, block_mask=block_mask, scale=scale)), tiles
+        if vname == "trivial_mod":
+            bm = flex.with_mask_mod(block_mask, lambda b, hh, qi, ki: qi >= 0)
+            fn = compiled(False)
+            return (lambda: fn(q, k, v, block_mask=bm, scale=scale)), tiles
+        if vname == "all_full":
+            bm = all_full(block_mask)
+            fn = compiled(False)
+            return (lambda: fn(q, k, v, block_mask=bm, scale=scale)), kept_tiles(bm)
+        if vname in OPTIONS:
+            fn, opts = compiled(False), OPTIONS[vname]
+            return (lambda: fn(q, k, v, block_mask=block_mask, scale=scale, kernel_options=opts)), tiles
+        if vname == "band":
+            bm = band(q.size(2), k.size(2), round(tiles / nq), device)
+            fn = compiled(False)
+            return (lambda: fn(q, k, v, block_mask=bm, scale=scale)), kept_tiles(bm)
+        if vname == "sdpa_dense":
+            kd, vd = k[:, :, : q.size(2)], v[:, :, : q.size(2)]
+            return (lambda: torch.nn.functional.scaled_dot_product_attention(q, kd, vd, scale=scale)), nq * nq
+        raise ValueError(vname)
+
+    rows, reference = [], None
+    for vname in variants:
+        row = {"pattern": name, "variant": vname}
+        try:
+            fn, vtiles = variant(vname)
+            first, ms, out = timer(fn, args.warmup, args.repeat)
+            row.update(status="ok", first_call_s=round(first, 3), ms=ms, tiles_per_head=vtiles)
+            row["tflops"] = 4 * d * flex.BLOCK**2 * h * vtiles / (ms * 1e-3) / 1e12
+            if vname == "model":
+                reference = out.float()
+            elif vname in SAME_MATH and reference is not None:
+                row["max_abs_diff"] = float((out.float() - reference).abs().max())
+        except Exception as e:  # noqa: BLE001 - a variant this torch or card refuses: recorded, the others go on
+            row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    model_ms = next((r["ms"] for r in rows if r["variant"] == "model" and r["status"] == "ok"), None)
+    for r in rows:
+        if model_ms and r["status"] == "ok":
+            r["x_model"] = r["ms"] / model_ms
+    return {"tiles_per_head": tiles, "query_tiles": nq, "kv_length": k.size(2), "rows": rows}
+
+
+def markdown(result) -> str:
+    out = [
+        f"One base layer's flex call at {result['length']:,} tokens ({result['heads']} heads of "
+        f"{result['head_dim']}, {result['dtype']}, batch 1) on `{result['device']}`"
+        + (" (eager: the harness only)" if result["eager"] else "")
+        + f"; median of {result['repeat']} calls after {result['warmup']}. TFLOP/s: 4 d 128^2 per kept "
+        "tile and head over the time; diff: largest |difference| from `model` (same math only).\n"
+    ]
+    for name, part in result["patterns"].items():
+        out.append(
+            f"**{name}**: {part['tiles_per_head']:,} key tiles kept over {part['query_tiles']} query tiles "
+            f"({part['tiles_per_head'] / part['query_tiles']:.2f} each), {part['kv_length']:,} keys\n"
+        )
+        out.append("| variant | first call s | ms | x model | TFLOP/s | diff |")
+        out.append("|---|---:|---:|---:|---:|---:|")
+        for r in part["rows"]:
+            if r["status"] != "ok":
+                out.append(f"| {r['variant']} | {r['error']} | | | | |")
+                continue
+            diff = f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else ""
+            if r.get("max_abs_diff", 0) > TOLERANCE:
+                diff += f" (**over {TOLERANCE:g}**)"
+            out.append(
+                f"| {r['variant']} | {r['first_call_s']:.1f} | {r['ms']:.3f} | {r.get('x_model', 0):.2f} | "
+                f"{r['tflops']:.3g} | {diff} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--length", type=int, default=16384, help="tokens (a multiple of 128)")
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--patterns", nargs="+", default=["lsg", "led"], choices=["lsg", "led"])
+    p.add_argument("--variants", nargs="+", help="only these (default: every variant of each pattern)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--eager", action="store_true", help="CPU smoke: flex uncompiled (the dense fallback)")
+    p.add_argument("--out", required=True, help="JSON; the table beside it as .md")
+    args = p.parse_args(argv)
+    if args.length % flex.BLOCK:
+        p.error(f"--length must be a multiple of {flex.BLOCK}, got {args.length}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA GPU here")
+    if args.eager and args.device != "cpu":
+        p.error("--eager is the CPU smoke's (the dense fallback would not fit a GPU at these lengths)")
+    if not flex.available():
+        p.error(f"this torch ({torch.__version__}) has no FlexAttention")
+    warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    fields = ("device", "length", "heads", "head_dim", "dtype", "warmup", "repeat", "eager")
+    result = {k: getattr(args, k) for k in fields}
+    result.update(torch=torch.__version__, patterns={})
+    if args.device == "cuda":
+        result["card"] = torch.cuda.get_device_name()
+    for name in args.patterns:
+        variants = LSG_VARIANTS if name == "lsg" else LED_VARIANTS
+        if args.variants:
+            variants = [v for v in variants if v in args.variants]
+        result["patterns"][name] = run_pattern(name, variants, args, args.device, dtype)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(markdown(result))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

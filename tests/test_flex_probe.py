@@ -1,0 +1,88 @@
+"""benchmarks/flex_probe.py, the flex kernel in variants (issue 33's next GPU reading): its tables
+and its harness, on CPU with flex uncompiled (the kernels themselves are the GPU's to time)."""
+
+import argparse
+import importlib.util
+import os
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _load():
+    path = os.path.join(REPO_ROOT, "benchmarks", "flex_probe.py")
+    spec = importlib.util.spec_from_file_location("flex_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+probe = _load()
+
+
+def args(**kw):
+    base = dict(length=512, heads=2, head_dim=16, warmup=0, repeat=1, eager=True)
+    return argparse.Namespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("pattern", ["lsg", "led"])
+def test_all_full_keeps_the_same_tiles_and_none_partial(pattern):
+    make = probe.lsg_problem if pattern == "lsg" else probe.led_problem
+    _, block_mask = make(1024, 2, 16, "cpu", torch.float32, torch.Generator().manual_seed(0))
+    assert int(block_mask.kv_num_blocks.sum()) > 0  # the layer's tables have partial tiles: a real change
+    whole = probe.all_full(block_mask)
+    assert int(whole.kv_num_blocks.sum()) == 0
+    assert torch.equal(whole.to_dense(), block_mask.to_dense())  # the same tiles kept
+    assert probe.kept_tiles(whole) == probe.kept_tiles(block_mask)
+
+
+def test_every_variant_is_timed_and_the_same_math_agrees():
+    part = probe.run_pattern("lsg", probe.LSG_VARIANTS, args(), "cpu", torch.float32)
+    rows = {r["variant"]: r for r in part["rows"]}
+    assert list(rows) == probe.LSG_VARIANTS
+    assert all(r["status"] == "ok" and r["ms"] > 0 for r in rows.values()), part["rows"]
+    for name in probe.SAME_MATH - {"model"}:
+        assert rows[name]["max_abs_diff"] <= probe.TOLERANCE, name
+    assert rows["model"]["x_model"] == 1.0 and rows["all_full"]["tiles_per_head"] == part["tiles_per_head"]
+    band = rows["band"]["tiles_per_head"] / part["query_tiles"]
+    assert abs(band - part["tiles_per_head"] / part["query_tiles"]) <= 1.5  # about as many tiles per query tile
+
+
+def test_a_failing_variant_is_recorded_and_the_others_run(capsys):
+    part = probe.run_pattern("led", ["model", "no_such_variant", "static"], args(), "cpu", torch.float32)
+    status = [(r["variant"], r["status"]) for r in part["rows"]]
+    assert status == [("model", "ok"), ("no_such_variant", "error"), ("static", "ok")]
+    assert "ValueError" in part["rows"][1]["error"]
+
+
+def test_cli_refuses_what_it_cannot_run(tmp_path, capsys):
+    for argv, needle in (
+        (["--length", "500"], "--length must be a multiple of 128"),
+        (["--device", "cuda", "--eager"], "--eager" if torch.cuda.is_available() else "no CUDA GPU"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            probe.main(argv + ["--out", str(tmp_path / "p.json")])
+        assert e.value.code == 2 and needle in capsys.readouterr().err
+    assert not os.listdir(tmp_path)
+
+
+def test_the_probe_runs_as_a_script(tmp_path):
+    import subprocess
+
+    out = tmp_path / "p.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO_ROOT, "benchmarks", "flex_probe.py"), "--device", "cpu", "--eager"]
+        + ["--length", "256", "--heads", "2", "--head-dim", "16", "--warmup", "0", "--repeat", "1"]
+        + ["--patterns", "led", "--variants", "model", "all_full", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    md = (tmp_path / "p.md").read_text()
+    assert "| model |" in md and "| all_full |" in md and "**led**" in md
