@@ -35,16 +35,16 @@ kernel; it checks the harness, not the kernels.
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 import warnings
 
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from device_timer import time_calls  # noqa: E402
 from lsg_layers.ops import flex  # noqa: E402
 
 OPTIONS = {
@@ -127,35 +127,6 @@ def band(L_q, L_kv, tiles_per_query_tile, device):
     return create_block_mask(mask_mod, None, None, L_q, L_kv, device=device, _compile=device != "cpu")
 
 
-class Timer:
-    def __init__(self, device):
-        self.cuda = device == "cuda"
-
-    def __call__(self, fn, warmup, repeat):
-        """(first call seconds, median milliseconds, output of the last call)."""
-        t0 = time.perf_counter()
-        out = fn()
-        if self.cuda:
-            torch.cuda.synchronize()
-        first = time.perf_counter() - t0
-        for _ in range(warmup):
-            out = fn()
-        times = []
-        for _ in range(repeat):
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                out = fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t = time.perf_counter()
-                out = fn()
-                times.append(1e3 * (time.perf_counter() - t))
-        return first, statistics.median(times), out
-
-
 def run_pattern(name, variants, args, device, dtype):
     from torch.nn.attention.flex_attention import flex_attention as raw_flex
 
@@ -166,7 +137,6 @@ def run_pattern(name, variants, args, device, dtype):
     scale = d**-0.5
     tiles = kept_tiles(block_mask)
     nq = block_mask.kv_num_blocks.size(-1)
-    timer = Timer(device)
 
     def compiled(dynamic):
         return raw_flex if args.eager else torch.compile(raw_flex, dynamic=dynamic)
@@ -212,7 +182,7 @@ def run_pattern(name, variants, args, device, dtype):
         row = {"pattern": name, "variant": vname}
         try:
             fn, vtiles = variant(vname)
-            first, ms, out = timer(fn, args.warmup, args.repeat)
+            first, ms, out = time_calls(fn, device, args.warmup, args.repeat)
             row.update(status="ok", first_call_s=round(first, 3), ms=ms, tiles_per_head=vtiles)
             row["tflops"] = 4 * d * flex.BLOCK**2 * h * vtiles / (ms * 1e-3) / 1e12
             if vname == "model":

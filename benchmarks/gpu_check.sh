@@ -17,7 +17,8 @@
 #   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
 #   5. while time is left: LOCOST at 600K; LSG and LED on both GPU paths (whole tensors, what auto
 #      takes, and flex, forced) beside linear at 16K and 64K; the flex kernel alone in variants at 16K
-#      (benchmarks/flex_probe.py: which change moves it); 4K rows; hf_bart / hf_led at 16K; LOCOST
+#      (benchmarks/flex_probe.py: which change moves it) and LOCOST's convolution alone at 16K and 64K
+#      (benchmarks/conv_probe.py); 4K rows; hf_bart / hf_led at 16K; LOCOST
 #      with the fused (compiled) kernel generator at 16K, cached and not, beside bart; generation at
 #      16K (beam 4); the fused generator's product in TF32 for training.
 # Benchmark rows run in one process per stage (run.py --one-process): spawning one per row cost
@@ -36,8 +37,8 @@ RESULTS=${RESULTS:-benchmarks/results}
 BUDGET_S=${BUDGET_S:-480}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths flexprobe extra4k peers16k
-fused16k gen16k fused16k_tf32"
+ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths flexprobe convprobe extra4k
+peers16k fused16k gen16k fused16k_tf32"
 # right or wrong, not fast or slow: these may share the GPU with other work (benchmarks/gpu_call.sh)
 UNTIMED_STAGES="conformance flex_grad train_smoke"
 selected=""
@@ -115,6 +116,7 @@ if [ "$DEV" = cuda ]; then
     L16=16384; L64=65536; L4=4096; L600=600000; UPDATES=30; TRAIN_TOKENS=4096; DOC_TOKENS=300
     PATH_LENGTHS=("$L16" "$L64"); PATH_ARCHS=(linear lsg_norm lsg_norm_flex led led_flex)
     probe=(--device cuda --length "$L16")
+    conv=(--device cuda --lengths "$L16" "$L64")
 elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --smoke --out "$work" --no-plots)
     conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
@@ -123,6 +125,7 @@ elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     # flex compiles per row and length on a CPU: one of each holds the stage
     PATH_LENGTHS=("$L16"); PATH_ARCHS=(lsg_norm led led_flex)
     probe=(--device cpu --eager --length 512 --heads 2 --head-dim 16 --warmup 0 --repeat 1 --variants model all_full)
+    conv=(--device cpu --lengths "$L16" --channels 32 --warmup 0 --repeat 1 --variants model time_major)
     export RUNS="locost_tiny:fp16 lsg_bart_tiny:bf16"  # one of each precision (a CPU's float16 is slow)
 else
     echo "gpu_check.sh: error: DEV=$DEV: expected cuda or cpu" >&2; exit 2
@@ -148,6 +151,7 @@ stage locost600k 60 "$PYTHON" "${bench[@]}" --tag locost600k --modes enc --lengt
 stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "${PATH_LENGTHS[@]}" \
     --arch "${PATH_ARCHS[@]}"
 stage flexprobe 90 "$PYTHON" benchmarks/flex_probe.py "${probe[@]}" --out "$work/flexprobe.json"
+stage convprobe 40 "$PYTHON" benchmarks/conv_probe.py "${conv[@]}" --out "$work/convprobe.json"
 stage extra4k 40 "$PYTHON" "${bench[@]}" --tag extra4k --modes enc train --lengths "$L4" \
     --arch linear bart lsg_norm led locost hf_bart hf_led
 stage peers16k 40 "$PYTHON" "${bench[@]}" --tag peers16k --modes enc train --lengths "$L16" --arch hf_bart hf_led

@@ -3,7 +3,8 @@
 every stage, and a stage that did not run is reported as such).
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
-``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``flexprobe.json`` (+ ``.md``),
+``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``flexprobe.json`` and
+``convprobe.json`` (+ ``.md``),
 ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
 JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``paths``, ``extra4k``,
 ``peers16k``, ``gen16k``, ``locost600k``).
@@ -29,6 +30,11 @@ BENCH_STAGES = (
     ("peers16k", "5d. The HF peers at 16K"),
     ("gen16k", "5e. Generation (beam 4, 128 new tokens, encoder included)"),
     ("locost600k", "5f. LOCOST at the paper's longest inputs"),
+)
+# the probes' sections: (stage, the benchmark stage they follow, title); their tables are their own .md
+PROBES = (
+    ("flexprobe", "paths", "5b'. The flex kernel alone, one change at a time (benchmarks/flex_probe.py)"),
+    ("convprobe", "fused16k", "5a''. LOCOST's convolution alone, in variants (benchmarks/conv_probe.py)"),
 )
 ARCH_ORDER = (
     "linear",
@@ -146,6 +152,7 @@ def build(work):
         "conformance": _read(os.path.join(work, "conformance.json")),
         "flex_grad": _read(os.path.join(work, "flex_grad.json")),
         "flexprobe": _read(os.path.join(work, "flexprobe.json")),
+        "convprobe": _read(os.path.join(work, "convprobe.json")),
         "train_smoke": _read(os.path.join(work, "train_smoke", "train_smoke.json")),
         "benchmarks": {},
     }
@@ -229,14 +236,15 @@ def markdown(result, work) -> str:
             continue
         out.append(f"## {title}\n")
         out.append(bench_tables(part["records"]) if part else "not measured\n")
-        if tag == "paths":
-            out.append("## 5b'. The flex kernel alone, one change at a time (benchmarks/flex_probe.py)\n")
-            probe = os.path.join(work, "flexprobe.md")
-            if result["flexprobe"] and os.path.exists(probe):
-                with open(probe) as f:
-                    out.append(f.read())
-            else:
-                out.append("not measured\n")
+        for probe, after, title in PROBES:
+            if tag == after:
+                out.append(f"## {title}\n")
+                path = os.path.join(work, f"{probe}.md")
+                if result[probe] and os.path.exists(path):
+                    with open(path) as f:
+                        out.append(f.read())
+                else:
+                    out.append("not measured\n")
     return "\n".join(out)
 
 

@@ -21,6 +21,7 @@ STAGES = [
     "locost600k",
     "paths",
     "flexprobe",
+    "convprobe",
     "extra4k",
     "peers16k",
     "fused16k",
@@ -72,6 +73,14 @@ def test_flex_probe_stage_times_both_patterns(smoke):
         rows = probe["patterns"][pattern]["rows"]
         assert [r["variant"] for r in rows] == ["model", "all_full"] and all(r["status"] == "ok" for r in rows), rows
     assert "## 5b'. The flex kernel alone" in md and "| all_full |" in md
+
+
+def test_conv_probe_stage_compares_the_variants(smoke):
+    result, md = smoke
+    rows = result["convprobe"]["lengths"][0]["rows"]
+    assert [(r["variant"], r["status"]) for r in rows] == [("model", "ok"), ("time_major", "ok")]
+    assert rows[1]["rel_diff"] <= 1e-2  # bf16 outputs of the same float32 math
+    assert "## 5a''. LOCOST's convolution alone" in md
 
 
 def test_conformance_stage_compares_with_the_references(smoke):
@@ -133,7 +142,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
     assert (tmp_path / "cuda.md").read_text().count(
         "not measured"
-    ) == 1 + 1 + 1 + 1 + 10  # conformance, flex, smokes, flex probe, benchmarks
+    ) == 1 + 1 + 1 + 2 + 10  # conformance, flex, smokes, the two probes, benchmarks
 
 
 def test_stages_selects_what_runs(tmp_path):

@@ -1,0 +1,176 @@
+"""LOCOST's convolution alone, in variants: where its time goes on a GPU (issue 32; ``gpu_check.sh``
+stage ``convprobe``).
+
+With the kernel spectra cached, the S4D layers of LOCOST's encoder spend most of their time in the
+convolution: 7.64 ms of 18.5 at 16K tokens on the second H200 reading (``fused16k``), where the
+issue's 3x-linear target leaves the SSM ~4.8 ms for all 12 layers. The whole-tensor path without
+autograd (``S4D._whole_gated_convolution``) copies k (B, L, H) into a zeroed (B, H, F) float32
+buffer (a transposing cast), runs rfft, the product with the cached spectrum in place, irfft, and
+one multiply that slices, transposes back, gates and casts. This script times that call on one
+base layer (H = 768, bf16 activations, batch 1) beside variants of the same math:
+
+- ``model``: the layer's own method, spectrum from its cache;
+- ``channel_major``: the same steps as a plain function (the reference of the compiled row);
+- ``time_major``: no transposes at all: a (B, F, H) buffer, FFTs along dim 1 (cuFFT's strided
+  batches), the spectrum stored (F/2+1, H);
+- ``*_compiled``: ``torch.compile`` of each (the FFTs stay cuFFT calls; the copies, the product and
+  the gate may fuse around them);
+- ``ffts_only``: the rfft and irfft of the (B, H, F) buffer and nothing else: the FFTs' own share.
+
+Each row: median milliseconds of ``--repeat`` calls (CUDA events after ``--warmup``; wall on CPU),
+the ratio to ``model``, and the largest difference from ``model``'s output relative to its largest
+entry (bfloat16 outputs: a last-bit flip is ~4e-3). A variant that fails records its error.
+
+    python benchmarks/conv_probe.py --device cuda --lengths 16384 65536 --out /tmp/convprobe.json
+    python benchmarks/conv_probe.py --device cpu --lengths 256 --channels 32 --out /tmp/c.json   # CI
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from device_timer import time_calls  # noqa: E402
+from lsg_layers.modules.s4d import S4D  # noqa: E402
+from lsg_layers.ops.ssm import next_fast_len  # noqa: E402
+
+VARIANTS = ["model", "channel_major", "time_major", "channel_major_compiled", "time_major_compiled", "ffts_only"]
+SAME_MATH = {"channel_major", "time_major", "channel_major_compiled", "time_major_compiled"}
+TOLERANCE = 1e-2  # relative to the largest entry: bfloat16 rounding of the same float32 math
+
+
+def channel_major(k, q, spec, F: int):
+    """((K * k) + D k) q as the layer computes it: (B, L, H) in k's dtype; spec (H, F/2+1)."""
+    B, L, H = k.shape
+    xp = torch.zeros(B, H, F, dtype=torch.float32, device=k.device)
+    xp[..., :L] = k.transpose(1, 2)
+    y = torch.fft.irfft(torch.fft.rfft(xp) * spec, n=F)  # (B, H, F)
+    return (y[..., :L].transpose(1, 2) * q).to(k.dtype)
+
+
+def time_major(k, q, spec_t, F: int):
+    """The same with time as dim 1 throughout: no transposes; spec_t (F/2+1, H)."""
+    B, L, H = k.shape
+    xp = torch.zeros(B, F, H, dtype=torch.float32, device=k.device)
+    xp[:, :L] = k
+    y = torch.fft.irfft(torch.fft.rfft(xp, dim=1) * spec_t, n=F, dim=1)  # (B, F, H)
+    return (y[:, :L] * q).to(k.dtype)
+
+
+def ffts_only(buf, F: int):
+    return torch.fft.irfft(torch.fft.rfft(buf), n=F)
+
+
+def probe_length(layer, L, args, device, dtype):
+    gen = torch.Generator().manual_seed(L)
+    H = args.channels
+    k = torch.randn(1, L, H, generator=gen).to(device, dtype)
+    q = torch.randn(1, L, H, generator=gen).to(device, dtype)
+    F = next_fast_len(2 * L)
+    with torch.no_grad():
+        spec = layer.whole_spectrum(F)
+        if spec is None:
+            raise SystemExit(
+                f"conv_probe.py: error: the spectrum at {L:,} tokens does not fit the layer's cache budget"
+            )
+        spec_t = spec.t().contiguous()
+    buf = torch.zeros(1, H, F, dtype=torch.float32, device=device)
+    compiled = {}
+
+    def variant(name):
+        if name == "model":
+            return lambda: layer._whole_gated_convolution(k, q, k, F)
+        if name == "channel_major":
+            return lambda: channel_major(k, q, spec, F)
+        if name == "time_major":
+            return lambda: time_major(k, q, spec_t, F)
+        if name.endswith("_compiled"):
+            base = name[: -len("_compiled")]
+            fn = compiled.setdefault(base, torch.compile(globals()[base], dynamic=False))
+            s = spec if base == "channel_major" else spec_t
+            return lambda: fn(k, q, s, F)
+        if name == "ffts_only":
+            return lambda: ffts_only(buf, F)
+        raise ValueError(name)
+
+    rows, reference = [], None
+    for name in args.variants or VARIANTS:
+        row = {"length": L, "variant": name}
+        try:
+            with torch.no_grad():
+                first, ms, out = time_calls(variant(name), device, args.warmup, args.repeat)
+            row.update(status="ok", first_call_s=round(first, 3), ms=ms)
+            if name == "model":
+                reference = out.float()
+            elif name in SAME_MATH and reference is not None:
+                row["rel_diff"] = float((out.float() - reference).abs().max() / reference.abs().max())
+        except Exception as e:  # noqa: BLE001 - a variant this torch or card refuses: recorded, the others go on
+            row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    model_ms = next((r["ms"] for r in rows if r["variant"] == "model" and r["status"] == "ok"), None)
+    for r in rows:
+        if model_ms and r["status"] == "ok":
+            r["x_model"] = r["ms"] / model_ms
+    return {"length": L, "fft_size": F, "rows": rows}
+
+
+def markdown(result) -> str:
+    out = [
+        f"One S4D layer's convolution (H = {result['channels']}, {result['dtype']} activations, batch 1, "
+        f"spectra cached) on `{result['device']}`; median of {result['repeat']} calls after "
+        f"{result['warmup']}; diff: largest |difference| from `model` relative to its largest entry.\n",
+        "| tokens | FFT size | variant | first call s | ms | x model | diff |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for part in result["lengths"]:
+        for r in part["rows"]:
+            head = f"| {part['length']:,} | {part['fft_size']:,} | {r['variant']} |"
+            if r["status"] != "ok":
+                out.append(f"{head} {r['error']} | | | |")
+                continue
+            diff = f"{r['rel_diff']:.1e}" if "rel_diff" in r else ""
+            if r.get("rel_diff", 0) > TOLERANCE:
+                diff += f" (**over {TOLERANCE:g}**)"
+            out.append(f"{head} {r['first_call_s']:.1f} | {r['ms']:.3f} | {r.get('x_model', 0):.2f} | {diff} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--lengths", type=int, nargs="+", default=[16384, 65536])
+    p.add_argument("--channels", type=int, default=768, help="H (base: 768)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--variants", nargs="+", choices=VARIANTS, help="only these (default: all)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--out", required=True, help="JSON; the table beside it as .md")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA GPU here")
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    torch.manual_seed(0)
+    layer = S4D(args.channels).to(args.device).eval()
+    fields = ("device", "channels", "dtype", "warmup", "repeat")
+    result = {k: getattr(args, k) for k in fields}
+    result.update(torch=torch.__version__, lengths=[])
+    if args.device == "cuda":
+        result["card"] = torch.cuda.get_device_name()
+    for L in args.lengths:
+        result["lengths"].append(probe_length(layer, L, args, args.device, dtype))
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(markdown(result))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""benchmarks/conv_probe.py, LOCOST's convolution in variants (issue 32's next GPU reading): every
+variant computes the layer's function, on CPU (their speed is the GPU's to measure)."""
+
+import argparse
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def _load():
+    path = os.path.join(REPO_ROOT, "benchmarks", "conv_probe.py")
+    spec = importlib.util.spec_from_file_location("conv_probe", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+probe = _load()
+
+
+def args(**kw):
+    return argparse.Namespace(**{**dict(channels=24, warmup=0, repeat=1, variants=None), **kw})
+
+
+def layer(H=24):
+    torch.manual_seed(0)
+    return probe.S4D(H).eval()
+
+
+@pytest.mark.parametrize("L", [200, 300])  # FFT sizes 400 and 600: a power of two and not
+def test_every_variant_computes_the_layers_convolution(L):
+    part = probe.probe_length(layer(), L, args(), "cpu", torch.float32)
+    rows = {r["variant"]: r for r in part["rows"]}
+    assert list(rows) == probe.VARIANTS and all(r["status"] == "ok" for r in rows.values()), part["rows"]
+    for name in probe.SAME_MATH:
+        assert rows[name]["rel_diff"] <= 1e-5, name  # float32 throughout: the same function
+    assert part["fft_size"] == probe.next_fast_len(2 * L)
+
+
+def test_the_plain_functions_equal_the_layer_in_bf16():
+    s4d, L = layer(), 160
+    k, q = torch.randn(1, L, 24).bfloat16(), torch.randn(1, L, 24).bfloat16()
+    F = probe.next_fast_len(2 * L)
+    with torch.no_grad():
+        spec = s4d.whole_spectrum(F)
+        ref = s4d._whole_gated_convolution(k, q, k, F).float()
+        for out in (probe.channel_major(k, q, spec, F), probe.time_major(k, q, spec.t().contiguous(), F)):
+            assert out.dtype == torch.bfloat16
+            assert (out.float() - ref).abs().max() / ref.abs().max() <= probe.TOLERANCE
+
+
+def test_a_failing_variant_is_recorded_and_the_others_run():
+    part = probe.probe_length(layer(), 128, args(variants=["model", "nonsense", "time_major"]), "cpu", torch.float32)
+    assert [(r["variant"], r["status"]) for r in part["rows"]] == [
+        ("model", "ok"),
+        ("nonsense", "error"),
+        ("time_major", "ok"),
+    ]
+
+
+def test_the_probe_runs_as_a_script_and_writes_its_table(tmp_path):
+    out = tmp_path / "c.json"
+    probe.main(
+        ["--device", "cpu", "--lengths", "128", "--channels", "16", "--warmup", "0", "--repeat", "1"]
+        + ["--variants", "model", "time_major", "--out", str(out)]
+    )
+    md = (tmp_path / "c.md").read_text()
+    assert "| 128 | 256 | model |" in md and "| 128 | 256 | time_major |" in md
