@@ -54,7 +54,7 @@ def build(argv):
     from fairseq import options
     from fairseq.models import ARCH_MODEL_REGISTRY
 
-    from run import _Task, make_dictionary  # benchmarks/run.py, beside this script
+    from bench_models import _Task, make_dictionary  # benchmarks/bench_models.py, beside this script
 
     arch, *flags = argv
     ns = options.parse_args_and_arch(

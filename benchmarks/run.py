@@ -90,15 +90,11 @@ REPO = os.path.dirname(HERE)
 # Imported once here; every measurement is a fork of this process. No tensor op may run in the
 # parent before forking (an initialised OpenMP pool does not survive fork).
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import lsg_fairseq  # noqa: E402,F401  (registers lsg_bart, led, locost)
 import report  # noqa: E402  (benchmarks/report.py: tables, targets, plots)
 from fairseq import options  # noqa: E402
-from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
-from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from lsg_fairseq.convert import families  # noqa: E402
 from lsg_fairseq.convert.registry import BenchRow, BenchSettings  # noqa: E402
@@ -106,6 +102,8 @@ from lsg_text.errors import report as report_error  # noqa: E402  (the module `r
 from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
 from lsg_layers.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
 from report import MODES  # noqa: E402
+from bench_models import ProjectionsOnly, _Task, build_hf_model, make_dictionary, make_step  # noqa: E402
+from readings import profile_table, read_peak, reset_peak, ssm_breakdown, sync  # noqa: E402
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
@@ -306,6 +304,8 @@ def parse_args(argv=None):
 
 
 # ---------------------------------------------------------------------------------- models
+# (what each row builds is here; the model pieces and the timed calls are bench_models.py's, the
+# memory and profiler readings readings.py's)
 def model_argv(arch: str, length: int, args) -> list:
     """fairseq arch name + flags for one benchmark arch at one input length (its row's ``argv``;
     ``linear`` and the int8 archs have the lsg_norm / led rows')."""
@@ -313,72 +313,6 @@ def model_argv(arch: str, length: int, args) -> list:
     if args.checkpoint_activations and "--checkpoint-activations" not in argv:
         argv = argv + ["--checkpoint-activations"]
     return argv
-
-
-def make_dictionary(size: int) -> Dictionary:
-    d = Dictionary()  # <s>=0 <pad>=1 </s>=2 <unk>=3
-    for i in range(size - len(d)):
-        d.add_symbol(f"w{i}")
-    return d
-
-
-class _Task:
-    """What ``build_model`` reads from a task: the dictionaries."""
-
-    def __init__(self, dictionary):
-        self.source_dictionary = self.target_dictionary = dictionary
-
-
-class ProjectionsOnly(nn.Module):
-    """Stands in for an encoder self-attention: the four projections, no attention at all."""
-
-    def __init__(self, attn):
-        super().__init__()
-        self.attn = attn
-
-    def forward(self, query, key=None, value=None, key_padding_mask=None, **unused):
-        a = self.attn
-        a.q_proj(query), a.k_proj(query)  # computed (and dropped) as any attention would
-        return a.out_proj(a.v_proj(query)), None
-
-
-def build_hf_model(arch: str, length: int, args):
-    """HF transformers' own BART (SDPA) or LED of bart_base's sizes (tiny ones with --smoke)."""
-    import transformers  # imported here: run.py must import (and run every other arch) without it
-
-    sizes = dict(
-        d_model=768,
-        encoder_layers=6,
-        decoder_layers=6,
-        encoder_attention_heads=12,
-        decoder_attention_heads=12,
-        encoder_ffn_dim=3072,
-        decoder_ffn_dim=3072,
-        vocab_size=50265,
-    )
-    if args.smoke:
-        sizes.update(
-            d_model=64,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=128,
-            decoder_ffn_dim=128,
-            vocab_size=100,
-        )
-    if arch == "hf_bart":
-        config = transformers.BartConfig(max_position_embeddings=max(length, 1024), **sizes)
-        model = transformers.BartForConditionalGeneration._from_config(config, attn_implementation="sdpa")
-    else:
-        config = transformers.LEDConfig(
-            max_encoder_position_embeddings=max(length, 16384),
-            max_decoder_position_embeddings=1024,
-            attention_window=args.attention_window,
-            **sizes,
-        )
-        model = transformers.LEDForConditionalGeneration(config)
-    return model, make_dictionary(sizes["vocab_size"])
 
 
 def build_model(arch: str, length: int, args):
@@ -406,174 +340,7 @@ def build_model(arch: str, length: int, args):
     return model, dictionary
 
 
-# ---------------------------------------------------------------------------------- memory
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise KeyError(field)
-
-
-def reset_peak(device) -> float:
-    """Start a new peak window; returns the current resident MiB (the baseline)."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        return torch.cuda.memory_allocated() / 2**20
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS (Linux >= 4.0)
-    except OSError:
-        pass  # the peak then also covers model construction: an over-estimate, never an under-
-    return _status_kb("VmRSS") / 1024
-
-
-def read_peak(device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() / 2**20
-    return _status_kb("VmHWM") / 1024
-
-
 # ---------------------------------------------------------------------------------- one measurement
-def make_step(model, dictionary, mode, length, args, device):
-    g = torch.Generator().manual_seed(0)
-    n_special = dictionary.nspecial
-    src = torch.randint(n_special, len(dictionary), (1, length), generator=g)
-    if getattr(model, "prepend_bos", True):  # LOCOST: T5 sources have no <s>
-        src[0, 0] = dictionary.bos()
-    src[0, -1] = dictionary.eos()
-    src = src.to(device)
-    lengths = torch.tensor([length], device=device)
-    if not hasattr(model, "encoder"):  # an HF model (hf_bart, hf_led)
-        return make_hf_step(model, dictionary, mode, src, args, g)
-    if mode == "enc":
-        model.eval()
-
-        def step():
-            with torch.no_grad():
-                return model.encoder(src, src_lengths=lengths)["encoder_out"][0]
-
-        return step
-    if mode == "train":
-        model.train()
-        tgt = torch.randint(n_special, len(dictionary), (1, args.target_len), generator=g).to(device)
-        tgt[0, -1] = dictionary.eos()
-        prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)  # fairseq's shifted target (eos first)
-
-        def step():
-            logits, _ = model(src, lengths, prev)
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.view(-1))
-            loss.backward()
-            model.zero_grad(set_to_none=True)
-            return loss
-
-        return step
-    if mode == "gen":
-        model.eval()
-        generator = SequenceGenerator(
-            [model], dictionary, beam_size=args.beam, max_len_a=0, max_len_b=args.new_tokens, min_len=args.new_tokens
-        )
-        sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}
-
-        def step():
-            hyps = generator.generate([model], sample)
-            return hyps[0][0]["tokens"].numel() - 1  # new tokens of the best hypothesis (eos dropped)
-
-        return step
-    raise ValueError(mode)
-
-
-def make_hf_step(model, dictionary, mode, src, args, g):
-    """``make_step`` for an HF model: the same input, LED with the first token global."""
-    kwargs = {"input_ids": src, "attention_mask": torch.ones_like(src)}
-    if "LED" in type(model).__name__:
-        glob = torch.zeros_like(src)
-        glob[:, 0] = 1
-        kwargs["global_attention_mask"] = glob
-    if mode == "enc":
-        model.eval()
-
-        def step():
-            with torch.no_grad():
-                return model.get_encoder()(**kwargs).last_hidden_state
-
-        return step
-    if mode == "train":
-        model.train()
-        tgt = torch.randint(dictionary.nspecial, len(dictionary), (1, args.target_len), generator=g).to(src.device)
-
-        def step():
-            logits = model(**kwargs, decoder_input_ids=tgt).logits
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), tgt.view(-1))
-            loss.backward()
-            model.zero_grad(set_to_none=True)
-            return loss
-
-        return step
-    raise ValueError(f"{mode}: the HF archs run enc and train only")
-
-
-SSM_LABELS = ("s4d.layer", "s4d.kernel", "s4d.projection")
-
-
-def ssm_breakdown(model, step, device) -> dict:
-    """One more encoder call under ``torch.profiler``, the S4D token mixer's own work summed from its
-    labels (``lsg_layers.modules.s4d``): ``s4d.layer`` (every call), ``s4d.kernel`` (SSM kernel
-    generation) and ``s4d.projection`` (its k/q/output projections); :func:`breakdown_from_rows`
-    does the arithmetic. So ``kernel + conv`` is everything the SSM adds over a token mixer made of
-    linear layers. The total is the profiled call's own (the profiler's overhead is in both).
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        sync(device)
-        t = time.perf_counter()  # inside: the profiler's start and its processing are not the call's
-        step()
-        sync(device)
-        total = time.perf_counter() - t
-    return breakdown_from_rows(prof.key_averages(), cuda, total)
-
-
-def breakdown_from_rows(rows, cuda: bool, total: float) -> dict:
-    """The S4D split from profiler rows (``key_averages()``: ``key``, ``device_type``,
-    ``cpu_time_total``, ``device_time_total`` in us) of a call that took ``total`` seconds.
-
-    Only the host-side (CPU) rows of the labels count: their host time on CPU, their device time on
-    a GPU, and both include what nested labels ran (a CPU row's device time sums the kernels launched
-    inside it, children included). A GPU run also has "GPU user annotation" rows under the same keys,
-    which credit each kernel to the innermost label only: mixing them in would subtract the kernel
-    twice. conv = layer - kernel - projections: padding mask, kernel layout and FFT, transposes,
-    FFTs, product, gate (never below 0; a few us of jitter at most).
-    """
-    totals = dict.fromkeys(SSM_LABELS, 0.0)
-    for row in rows:
-        if row.key in totals and str(row.device_type).endswith("CPU"):
-            totals[row.key] += (row.device_time_total if cuda else row.cpu_time_total) / 1e6
-    kernel, proj = totals["s4d.kernel"], totals["s4d.projection"]
-    conv = max(0.0, totals["s4d.layer"] - kernel - proj)
-    return {
-        "ssm_total_s": total,
-        "ssm_layer_s": totals["s4d.layer"],
-        "ssm_kernel_s": kernel,
-        "ssm_conv_s": conv,
-        "ssm_proj_s": proj,
-        "ssm_share": (kernel + conv) / total,
-        "ssm_conv_is": "S4D.forward minus its k/q/output projections and the kernel (mask, transposes, "
-        "FFTs, product, gate), from the host-side rows of the s4d.* profiler labels "
-        "(device time on a GPU)",
-    }
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure(arch, mode, length, args) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -624,21 +391,6 @@ def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
     if args.profile:
         rec["profile"] = profile_table(step, arch, mode, length, args)
     return rec
-
-
-def profile_table(step, arch, mode, length, args) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        step()
-    sort = "self_cuda_time_total" if args.device == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=sort, row_limit=25)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"profile_{arch}_{mode}_{length}.txt")
-    with open(path, "w") as f:
-        f.write(table)
-    return path
 
 
 def _child(conn, arch, mode, length, args):

@@ -613,7 +613,7 @@ def _row(key, device, cpu_us, device_us):
     )
 
 
-def test_breakdown_of_a_gpu_trace_with_nested_labels(run_module):
+def test_breakdown_of_a_gpu_trace_with_nested_labels():
     """A CUDA trace as the profiler gives it: host-side rows whose device time includes the kernels
     of nested labels (layer 100 us > kernel 60 + projections 25), and GPU user-annotation rows of the
     same keys that credit each kernel to its innermost label only (layer 15). The split reads the
@@ -627,19 +627,20 @@ def test_breakdown_of_a_gpu_trace_with_nested_labels(run_module):
         _row("s4d.kernel", "CUDA", 0.0, 60.0),
         _row("s4d.projection", "CUDA", 0.0, 25.0),
     ]
-    split = run_module.breakdown_from_rows(rows, cuda=True, total=0.0002)
+    readings = load("benchmarks/readings.py", "readings")
+    split = readings.breakdown_from_rows(rows, cuda=True, total=0.0002)
     assert split["ssm_layer_s"] == pytest.approx(100e-6) and split["ssm_kernel_s"] == pytest.approx(60e-6)
     assert split["ssm_proj_s"] == pytest.approx(25e-6) and split["ssm_conv_s"] == pytest.approx(15e-6)
     assert split["ssm_share"] == pytest.approx(75e-6 / 0.0002)
-    cpu = run_module.breakdown_from_rows(rows, cuda=False, total=0.001)  # host times on CPU
+    cpu = readings.breakdown_from_rows(rows, cuda=False, total=0.001)  # host times on CPU
     assert cpu["ssm_conv_s"] == pytest.approx(110e-6)
     # the rows the first reading used (last one per key wins): a negative conv, now never
     old = {r.key: r.device_time_total for r in rows if r.key.startswith("s4d.")}
     assert old["s4d.layer"] - old["s4d.kernel"] - old["s4d.projection"] < 0
-    assert run_module.breakdown_from_rows(rows[4:], cuda=True, total=1.0)["ssm_conv_s"] == 0.0
+    assert readings.breakdown_from_rows(rows[4:], cuda=True, total=1.0)["ssm_conv_s"] == 0.0
 
 
-def test_breakdown_of_a_real_cpu_trace_adds_up(run_module):
+def test_breakdown_of_a_real_cpu_trace_adds_up():
     """A profiled S4D layer (labels nested: kernel and projections inside the layer) on CPU."""
     from lsg_layers.modules.s4d import S4D
 
@@ -651,7 +652,7 @@ def test_breakdown_of_a_real_cpu_trace_adds_up(run_module):
         with torch.no_grad():
             return layer(u)
 
-    split = run_module.ssm_breakdown(layer, step, torch.device("cpu"))
+    split = load("benchmarks/readings.py", "readings").ssm_breakdown(layer, step, torch.device("cpu"))
     parts = split["ssm_kernel_s"] + split["ssm_proj_s"] + split["ssm_conv_s"]
     assert split["ssm_kernel_s"] > 0 and split["ssm_proj_s"] > 0 and split["ssm_conv_s"] > 0
     assert parts == pytest.approx(split["ssm_layer_s"]) and split["ssm_layer_s"] <= split["ssm_total_s"]
