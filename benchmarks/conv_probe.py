@@ -36,7 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from device_timer import time_calls  # noqa: E402
+from probes import time_calls, write  # noqa: E402
 from lsg_layers.modules.s4d import S4D  # noqa: E402
 from lsg_layers.ops.ssm import next_fast_len  # noqa: E402
 
@@ -67,7 +67,7 @@ def ffts_only(buf, F: int):
     return torch.fft.irfft(torch.fft.rfft(buf), n=F)
 
 
-def probe_length(layer, L, args, device, dtype):
+def probe_length(layer, L, args, device, dtype, on_row=None):
     gen = torch.Generator().manual_seed(L)
     H = args.channels
     k = torch.randn(1, L, H, generator=gen).to(device, dtype)
@@ -99,7 +99,8 @@ def probe_length(layer, L, args, device, dtype):
             return lambda: ffts_only(buf, F)
         raise ValueError(name)
 
-    rows, reference = [], None
+    part = {"length": L, "fft_size": F, "rows": []}
+    reference, model_ms = None, None
     for name in args.variants or VARIANTS:
         row = {"length": L, "variant": name}
         try:
@@ -107,18 +108,18 @@ def probe_length(layer, L, args, device, dtype):
                 first, ms, out = time_calls(variant(name), device, args.warmup, args.repeat)
             row.update(status="ok", first_call_s=round(first, 3), ms=ms)
             if name == "model":
-                reference = out.float()
+                reference, model_ms = out.float(), ms
             elif name in SAME_MATH and reference is not None:
                 row["rel_diff"] = float((out.float() - reference).abs().max() / reference.abs().max())
+            if model_ms:
+                row["x_model"] = ms / model_ms
         except Exception as e:  # noqa: BLE001 - a variant this torch or card refuses: recorded, the others go on
             row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        rows.append(row)
+        part["rows"].append(row)
         print(json.dumps(row), flush=True)
-    model_ms = next((r["ms"] for r in rows if r["variant"] == "model" and r["status"] == "ok"), None)
-    for r in rows:
-        if model_ms and r["status"] == "ok":
-            r["x_model"] = r["ms"] / model_ms
-    return {"length": L, "fft_size": F, "rows": rows}
+        if on_row is not None:
+            on_row(part)
+    return part
 
 
 def markdown(result) -> str:
@@ -163,12 +164,13 @@ def main(argv=None):
     result.update(torch=torch.__version__, lengths=[])
     if args.device == "cuda":
         result["card"] = torch.cuda.get_device_name()
-    for L in args.lengths:
-        result["lengths"].append(probe_length(layer, L, args, args.device, dtype))
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(markdown(result))
+    for i, L in enumerate(args.lengths):
+
+        def on_row(part, i=i):
+            result["lengths"][i:] = [part]
+            write(result, args.out, markdown)
+
+        probe_length(layer, L, args, args.device, dtype, on_row)
     print(f"wrote {args.out}")
 
 

@@ -16,11 +16,11 @@
 #      LOCOST's parameter group lines in the log (the four runs side by side on the GPU);
 #   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
 #   5. while time is left: LOCOST at 600K; LSG and LED on both GPU paths (whole tensors, what auto
-#      takes, and flex, forced) beside linear at 16K and 64K; the flex kernel alone in variants at 16K
-#      (benchmarks/flex_probe.py: which change moves it) and LOCOST's convolution alone at 16K and 64K
-#      (benchmarks/conv_probe.py); 4K rows; hf_bart / hf_led at 16K; LOCOST
-#      with the fused (compiled) kernel generator at 16K, cached and not, beside bart; generation at
-#      16K (beam 4); the fused generator's product in TF32 for training.
+#      takes, and flex, forced) beside linear at 16K and 64K; LOCOST's convolution alone at 16K and
+#      64K (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel generator at 16K, cached
+#      and not, beside bart; the flex kernel alone in variants at 16K (benchmarks/flex_probe.py: which
+#      change moves it); 4K rows; hf_bart / hf_led at 16K; generation at 16K (beam 4); the fused
+#      generator's product in TF32 for training.
 # Benchmark rows run in one process per stage (run.py --one-process): spawning one per row cost
 # ~13 s each on the first GPU reading.
 #
@@ -37,8 +37,8 @@ RESULTS=${RESULTS:-benchmarks/results}
 BUDGET_S=${BUDGET_S:-480}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths flexprobe convprobe extra4k
-peers16k fused16k gen16k fused16k_tf32"
+ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths convprobe fused16k flexprobe
+extra4k peers16k gen16k fused16k_tf32"
 # right or wrong, not fast or slow: these may share the GPU with other work (benchmarks/gpu_call.sh)
 UNTIMED_STAGES="conformance flex_grad train_smoke"
 selected=""
@@ -150,13 +150,13 @@ stage locost600k 60 "$PYTHON" "${bench[@]}" --tag locost600k --modes enc --lengt
     --repeat 1 --arch locost
 stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "${PATH_LENGTHS[@]}" \
     --arch "${PATH_ARCHS[@]}"
-stage flexprobe 90 "$PYTHON" benchmarks/flex_probe.py "${probe[@]}" --out "$work/flexprobe.json"
 stage convprobe 40 "$PYTHON" benchmarks/conv_probe.py "${conv[@]}" --out "$work/convprobe.json"
+stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \
+    --arch bart locost locost_cold
+stage flexprobe 90 "$PYTHON" benchmarks/flex_probe.py "${probe[@]}" --out "$work/flexprobe.json"
 stage extra4k 40 "$PYTHON" "${bench[@]}" --tag extra4k --modes enc train --lengths "$L4" \
     --arch linear bart lsg_norm led locost hf_bart hf_led
 stage peers16k 40 "$PYTHON" "${bench[@]}" --tag peers16k --modes enc train --lengths "$L16" --arch hf_bart hf_led
-stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \
-    --arch bart locost locost_cold
 stage gen16k 60 "$PYTHON" "${bench[@]}" --tag gen16k --modes gen --lengths "$L16" --beam 4 \
     --arch linear lsg_norm led locost
 stage fused16k_tf32 40 "$PYTHON" "${bench[@]}" --tag fused16k_tf32 --modes train --lengths "$L16" --locost-kernel-compile \

@@ -3,6 +3,7 @@ variant computes the layer's function, on CPU (their speed is the GPU's to measu
 
 import argparse
 import importlib.util
+import json
 import os
 
 import pytest
@@ -56,7 +57,10 @@ def test_the_plain_functions_equal_the_layer_in_bf16():
 
 
 def test_a_failing_variant_is_recorded_and_the_others_run():
-    part = probe.probe_length(layer(), 128, args(variants=["model", "nonsense", "time_major"]), "cpu", torch.float32)
+    seen = []  # what main writes after each row: a probe cut off keeps the rows it measured
+    variants = args(variants=["model", "nonsense", "time_major"])
+    part = probe.probe_length(layer(), 128, variants, "cpu", torch.float32, lambda p: seen.append(len(p["rows"])))
+    assert seen == [1, 2, 3]
     assert [(r["variant"], r["status"]) for r in part["rows"]] == [
         ("model", "ok"),
         ("nonsense", "error"),
@@ -64,11 +68,12 @@ def test_a_failing_variant_is_recorded_and_the_others_run():
     ]
 
 
-def test_the_probe_runs_as_a_script_and_writes_its_table(tmp_path):
+def test_the_probe_writes_every_length_to_its_table(tmp_path):
     out = tmp_path / "c.json"
     probe.main(
-        ["--device", "cpu", "--lengths", "128", "--channels", "16", "--warmup", "0", "--repeat", "1"]
+        ["--device", "cpu", "--lengths", "128", "256", "--channels", "16", "--warmup", "0", "--repeat", "1"]
         + ["--variants", "model", "time_major", "--out", str(out)]
     )
     md = (tmp_path / "c.md").read_text()
-    assert "| 128 | 256 | model |" in md and "| 128 | 256 | time_major |" in md
+    assert "| 128 | 256 | model |" in md and "| 128 | 256 | time_major |" in md and "| 256 | 512 | time_major |" in md
+    assert [p["length"] for p in json.loads(out.read_text())["lengths"]] == [128, 256]

@@ -54,7 +54,16 @@ def test_every_variant_is_timed_and_the_same_math_agrees():
 
 
 def test_a_failing_variant_is_recorded_and_the_others_run(capsys):
-    part = probe.run_pattern("led", ["model", "no_such_variant", "static"], args(), "cpu", torch.float32)
+    seen = []  # what the caller writes after each row: a probe cut off keeps the rows it measured
+    part = probe.run_pattern(
+        "led",
+        ["model", "no_such_variant", "static"],
+        args(),
+        "cpu",
+        torch.float32,
+        lambda p: seen.append(len(p["rows"])),
+    )
+    assert seen == [1, 2, 3]
     status = [(r["variant"], r["status"]) for r in part["rows"]]
     assert status == [("model", "ok"), ("no_such_variant", "error"), ("static", "ok")]
     assert "ValueError" in part["rows"][1]["error"]

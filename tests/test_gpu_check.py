@@ -20,11 +20,11 @@ STAGES = [
     "train64k_ckpt",
     "locost600k",
     "paths",
-    "flexprobe",
     "convprobe",
+    "fused16k",
+    "flexprobe",
     "extra4k",
     "peers16k",
-    "fused16k",
     "gen16k",
     "fused16k_tf32",
 ]

@@ -1,6 +1,9 @@
-"""Timing one device call for the probes (``flex_probe.py``, ``conv_probe.py``): CUDA events on a
-GPU (the device's time, not the host's), the wall clock on a CPU."""
+"""What the probes (``flex_probe.py``, ``conv_probe.py``) share: timing one device call (CUDA events
+on a GPU: the device's time, not the host's; the wall clock on a CPU), and writing the results
+after every row, so that a probe cut off by its stage's time limit keeps the rows it measured."""
 
+import json
+import os
 import statistics
 import time
 
@@ -32,3 +35,11 @@ def time_calls(fn, device: str, warmup: int, repeat: int):
             out = fn()
             times.append(1e3 * (time.perf_counter() - t))
     return first, statistics.median(times), out
+
+
+def write(result: dict, out: str, markdown) -> None:
+    """``out`` (JSON) and its table beside it (``.md``, ``markdown(result)``), each replaced whole."""
+    for path, text in ((out, json.dumps(result, indent=1)), (os.path.splitext(out)[0] + ".md", markdown(result))):
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
