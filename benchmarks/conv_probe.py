@@ -26,7 +26,6 @@ entry (bfloat16 outputs: a last-bit flip is ~4e-3). A variant that fails records
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -36,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from probes import time_calls, write  # noqa: E402
+from probes import time_variants, write  # noqa: E402
 from lsg_layers.modules.s4d import S4D  # noqa: E402
 from lsg_layers.ops.ssm import next_fast_len  # noqa: E402
 
@@ -100,25 +99,21 @@ def probe_length(layer, L, args, device, dtype, on_row=None):
         raise ValueError(name)
 
     part = {"length": L, "fft_size": F, "rows": []}
-    reference, model_ms = None, None
-    for name in args.variants or VARIANTS:
-        row = {"length": L, "variant": name}
-        try:
-            with torch.no_grad():
-                first, ms, out = time_calls(variant(name), device, args.warmup, args.repeat)
-            row.update(status="ok", first_call_s=round(first, 3), ms=ms)
-            if name == "model":
-                reference, model_ms = out.float(), ms
-            elif name in SAME_MATH and reference is not None:
-                row["rel_diff"] = float((out.float() - reference).abs().max() / reference.abs().max())
-            if model_ms:
-                row["x_model"] = ms / model_ms
-        except Exception as e:  # noqa: BLE001 - a variant this torch or card refuses: recorded, the others go on
-            row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        part["rows"].append(row)
-        print(json.dumps(row), flush=True)
+
+    def relative_difference(out, ref):
+        return (out - ref).abs().max() / ref.abs().max()
+
+    def row_done():
         if on_row is not None:
             on_row(part)
+
+    def prepare(name):
+        return variant(name), {}
+
+    names = args.variants or VARIANTS
+    time_variants(
+        names, prepare, device, args.warmup, args.repeat, SAME_MATH, relative_difference, part["rows"], row_done
+    )
     return part
 
 
@@ -136,8 +131,8 @@ def markdown(result) -> str:
             if r["status"] != "ok":
                 out.append(f"{head} {r['error']} | | | |")
                 continue
-            diff = f"{r['rel_diff']:.1e}" if "rel_diff" in r else ""
-            if r.get("rel_diff", 0) > TOLERANCE:
+            diff = f"{r['diff']:.1e}" if "diff" in r else ""
+            if r.get("diff", 0) > TOLERANCE:
                 diff += f" (**over {TOLERANCE:g}**)"
             out.append(f"{head} {r['first_call_s']:.1f} | {r['ms']:.3f} | {r.get('x_model', 0):.2f} | {diff} |")
     return "\n".join(out) + "\n"

@@ -33,7 +33,6 @@ kernel; it checks the harness, not the kernels.
 """
 
 import argparse
-import json
 import os
 import sys
 import warnings
@@ -44,7 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from probes import time_calls, write  # noqa: E402
+from probes import time_variants, write  # noqa: E402
 from lsg_layers.ops import flex  # noqa: E402
 
 OPTIONS = {
@@ -180,26 +179,24 @@ def run_pattern(name, variants, args, device, dtype, on_row=None):
         raise ValueError(vname)
 
     part = {"tiles_per_head": tiles, "query_tiles": nq, "kv_length": k.size(2), "rows": []}
-    reference, model_ms = None, None
-    for vname in variants:
-        row = {"pattern": name, "variant": vname}
-        try:
-            fn, vtiles = variant(vname)
-            first, ms, out = time_calls(fn, device, args.warmup, args.repeat)
-            row.update(status="ok", first_call_s=round(first, 3), ms=ms, tiles_per_head=vtiles)
-            row["tflops"] = 4 * d * flex.BLOCK**2 * h * vtiles / (ms * 1e-3) / 1e12
-            if vname == "model":
-                reference, model_ms = out.float(), ms
-            elif vname in SAME_MATH and reference is not None:
-                row["max_abs_diff"] = float((out.float() - reference).abs().max())
-            if model_ms:
-                row["x_model"] = ms / model_ms
-        except Exception as e:  # noqa: BLE001 - a variant this torch or card refuses: recorded, the others go on
-            row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        part["rows"].append(row)
-        print(json.dumps(row), flush=True)
+
+    def prepare(vname):
+        fn, vtiles = variant(vname)
+        return fn, {"tiles_per_head": vtiles}
+
+    def row_done():
+        row = part["rows"][-1]
+        if row["status"] == "ok":
+            row["tflops"] = 4 * d * flex.BLOCK**2 * h * row["tiles_per_head"] / (row["ms"] * 1e-3) / 1e12
         if on_row is not None:
             on_row(part)
+
+    def largest_difference(out, ref):
+        return (out - ref).abs().max()
+
+    time_variants(
+        variants, prepare, device, args.warmup, args.repeat, SAME_MATH, largest_difference, part["rows"], row_done
+    )
     return part
 
 
@@ -222,8 +219,8 @@ def markdown(result) -> str:
             if r["status"] != "ok":
                 out.append(f"| {r['variant']} | {r['error']} | | | | |")
                 continue
-            diff = f"{r['max_abs_diff']:.1e}" if "max_abs_diff" in r else ""
-            if r.get("max_abs_diff", 0) > TOLERANCE:
+            diff = f"{r['diff']:.1e}" if "diff" in r else ""
+            if r.get("diff", 0) > TOLERANCE:
                 diff += f" (**over {TOLERANCE:g}**)"
             out.append(
                 f"| {r['variant']} | {r['first_call_s']:.1f} | {r['ms']:.3f} | {r.get('x_model', 0):.2f} | "

@@ -1,6 +1,7 @@
 """What the probes (``flex_probe.py``, ``conv_probe.py``) share: timing one device call (CUDA events
-on a GPU: the device's time, not the host's; the wall clock on a CPU), and writing the results
-after every row, so that a probe cut off by its stage's time limit keeps the rows it measured."""
+on a GPU: the device's time, not the host's; the wall clock on a CPU), the loop over a probe's
+variants (the first, ``model``, is the reference of the others), and writing the results after
+every row, so that a probe cut off by its stage's time limit keeps the rows it measured."""
 
 import json
 import os
@@ -43,3 +44,32 @@ def write(result: dict, out: str, markdown) -> None:
         with open(path + ".tmp", "w") as f:
             f.write(text)
         os.replace(path + ".tmp", path)
+
+
+def time_variants(names, prepare, device: str, warmup: int, repeat: int, same_math, diff, rows: list, on_row):
+    """Times each variant in ``names`` and appends its row to ``rows``, then calls ``on_row()``.
+
+    ``prepare(name) -> (call, fields)``: the call to time and fields for its row. The variant named
+    ``model`` is the reference: each later row has ``x_model`` (its time over model's) and, where
+    ``name in same_math``, ``diff`` = ``diff(output, model's output)`` (both float32). A variant that
+    raises (one this torch or card refuses) gets ``status: error`` and the loop goes on.
+    """
+    reference = model_ms = None
+    for name in names:
+        row = {"variant": name}
+        try:
+            call, fields = prepare(name)
+            with torch.no_grad():
+                first, ms, out = time_calls(call, device, warmup, repeat)
+            row.update(status="ok", first_call_s=round(first, 3), ms=ms, **fields)
+            if name == "model":
+                reference, model_ms = out.float(), ms
+            elif name in same_math and reference is not None:
+                row["diff"] = float(diff(out.float(), reference))
+            if model_ms:
+                row["x_model"] = ms / model_ms
+        except Exception as e:  # noqa: BLE001 - recorded, the other variants go on
+            row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        on_row()

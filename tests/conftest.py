@@ -36,13 +36,21 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
-def make_test_data():
-    """scripts/make_test_data.py as a module: the one home of tests/data's format."""
-    path = os.path.join(REPO_ROOT, "scripts", "make_test_data.py")
-    spec = importlib.util.spec_from_file_location("make_test_data", path)
+def load_script(path: str, name: str):
+    """A script of the repository (``path`` from its root) imported as module ``name``, as Python
+    runs it: its folder first on sys.path (benchmarks/run.py imports report.py beside it)."""
+    folder = os.path.dirname(os.path.join(REPO_ROOT, path))
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, path))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def make_test_data():
+    """scripts/make_test_data.py as a module: the one home of tests/data's format."""
+    return load_script("scripts/make_test_data.py", "make_test_data")
 
 
 def locost_kernels():

@@ -14,20 +14,10 @@ import sys
 import pytest
 import torch
 
+from conftest import load_script as load
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def load(path, name):
-    """Import a benchmark script as Python runs it: its folder first on sys.path (run.py imports
-    report.py beside it)."""
-    folder = os.path.dirname(os.path.join(REPO_ROOT, path))
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def is_png(path):
