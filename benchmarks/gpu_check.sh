@@ -16,8 +16,9 @@
 #      LOCOST's parameter group lines in the log (the four runs side by side on the GPU);
 #   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
 #   5. while time is left: LOCOST at 600K; LSG and LED on both GPU paths (whole tensors, what auto
-#      takes, and flex, forced) beside linear at 16K and 64K; LOCOST's convolution alone at 16K and
-#      64K (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel generator at 16K, cached
+#      takes, and flex, forced) beside linear at 16K and 64K; one attention layer alone, eager, in a
+#      CUDA graph and compiled (benchmarks/layer_probe.py: launch-bound or not); LOCOST's convolution
+#      alone at 16K and 64K (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel generator at 16K, cached
 #      and not, beside bart; the flex kernel alone in variants at 16K (benchmarks/flex_probe.py: which
 #      change moves it); 4K rows; hf_bart / hf_led at 16K; generation at 16K (beam 4); the fused
 #      generator's product in TF32 for training.
@@ -37,8 +38,8 @@ RESULTS=${RESULTS:-benchmarks/results}
 BUDGET_S=${BUDGET_S:-480}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths convprobe fused16k flexprobe
-extra4k peers16k gen16k fused16k_tf32"
+ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths layerprobe convprobe fused16k
+flexprobe extra4k peers16k gen16k fused16k_tf32"
 # right or wrong, not fast or slow: these may share the GPU with other work (benchmarks/gpu_call.sh)
 UNTIMED_STAGES="conformance flex_grad train_smoke"
 selected=""
@@ -117,6 +118,7 @@ if [ "$DEV" = cuda ]; then
     PATH_LENGTHS=("$L16" "$L64"); PATH_ARCHS=(linear lsg_norm lsg_norm_flex led led_flex)
     probe=(--device cuda --length "$L16")
     conv=(--device cuda --lengths "$L16" "$L64")
+    layer=(--device cuda --length "$L16")
 elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --smoke --out "$work" --no-plots)
     conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
@@ -126,6 +128,8 @@ elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     PATH_LENGTHS=("$L16"); PATH_ARCHS=(lsg_norm led led_flex)
     probe=(--device cpu --eager --length 512 --heads 2 --head-dim 16 --warmup 0 --repeat 1 --variants model all_full)
     conv=(--device cpu --lengths "$L16" --channels 32 --warmup 0 --repeat 1 --variants model time_major)
+    layer=(--device cpu --length "$L16" --dim 64 --heads 4 --paths lsg_whole led_whole --variants model cuda_graph
+           --warmup 0 --repeat 1)
     export RUNS="locost_tiny:fp16 lsg_bart_tiny:bf16"  # one of each precision (a CPU's float16 is slow)
 else
     echo "gpu_check.sh: error: DEV=$DEV: expected cuda or cpu" >&2; exit 2
@@ -150,6 +154,7 @@ stage locost600k 60 "$PYTHON" "${bench[@]}" --tag locost600k --modes enc --lengt
     --repeat 1 --arch locost
 stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "${PATH_LENGTHS[@]}" \
     --arch "${PATH_ARCHS[@]}"
+stage layerprobe 40 "$PYTHON" benchmarks/layer_probe.py "${layer[@]}" --out "$work/layerprobe.json"
 stage convprobe 40 "$PYTHON" benchmarks/conv_probe.py "${conv[@]}" --out "$work/convprobe.json"
 stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \
     --arch bart locost locost_cold

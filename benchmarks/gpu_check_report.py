@@ -3,8 +3,8 @@
 every stage, and a stage that did not run is reported as such).
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
-``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``flexprobe.json`` and
-``convprobe.json`` (+ ``.md``),
+``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``layerprobe.json``,
+``flexprobe.json`` and ``convprobe.json`` (+ ``.md``),
 ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
 JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``paths``, ``extra4k``,
 ``peers16k``, ``gen16k``, ``locost600k``).
@@ -33,7 +33,12 @@ BENCH_STAGES = (
 )
 # the probes' sections: (stage, the benchmark stage they follow, title); their tables are their own .md
 PROBES = (
-    ("flexprobe", "paths", "5b'. The flex kernel alone, one change at a time (benchmarks/flex_probe.py)"),
+    (
+        "layerprobe",
+        "paths",
+        "5b'. One attention layer alone: eager, a CUDA graph, compiled (benchmarks/layer_probe.py)",
+    ),
+    ("flexprobe", "paths", "5b''. The flex kernel alone, one change at a time (benchmarks/flex_probe.py)"),
     ("convprobe", "fused16k", "5a''. LOCOST's convolution alone, in variants (benchmarks/conv_probe.py)"),
 )
 ARCH_ORDER = (
@@ -152,6 +157,7 @@ def build(work):
         "conformance": _read(os.path.join(work, "conformance.json")),
         "flex_grad": _read(os.path.join(work, "flex_grad.json")),
         "flexprobe": _read(os.path.join(work, "flexprobe.json")),
+        "layerprobe": _read(os.path.join(work, "layerprobe.json")),
         "convprobe": _read(os.path.join(work, "convprobe.json")),
         "train_smoke": _read(os.path.join(work, "train_smoke", "train_smoke.json")),
         "benchmarks": {},

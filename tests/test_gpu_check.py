@@ -20,6 +20,7 @@ STAGES = [
     "train64k_ckpt",
     "locost600k",
     "paths",
+    "layerprobe",
     "convprobe",
     "fused16k",
     "flexprobe",
@@ -72,7 +73,18 @@ def test_flex_probe_stage_times_both_patterns(smoke):
     for pattern in ("lsg", "led"):
         rows = probe["patterns"][pattern]["rows"]
         assert [r["variant"] for r in rows] == ["model", "all_full"] and all(r["status"] == "ok" for r in rows), rows
-    assert "## 5b'. The flex kernel alone" in md and "| all_full |" in md
+    assert "## 5b''. The flex kernel alone" in md and "| all_full |" in md
+
+
+def test_layer_probe_stage_times_the_layers(smoke):
+    result, md = smoke
+    parts = result["layerprobe"]["paths"]
+    assert [p["path"] for p in parts] == ["lsg_whole", "led_whole"]
+    for part in parts:
+        model, graph = part["rows"]
+        assert model["status"] == "ok" and model["path_ran"] == "whole"
+        assert graph["status"] == ("ok" if torch.cuda.is_available() else "error")
+    assert "## 5b'. One attention layer alone" in md
 
 
 def test_conv_probe_stage_compares_the_variants(smoke):
@@ -142,7 +154,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
     assert (tmp_path / "cuda.md").read_text().count(
         "not measured"
-    ) == 1 + 1 + 1 + 2 + 10  # conformance, flex, smokes, the two probes, benchmarks
+    ) == 1 + 1 + 1 + 3 + 10  # conformance, flex, smokes, the three probes, benchmarks
 
 
 def test_stages_selects_what_runs(tmp_path):
