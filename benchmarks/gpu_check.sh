@@ -118,7 +118,7 @@ if [ "$DEV" = cuda ]; then
     PATH_LENGTHS=("$L16" "$L64"); PATH_ARCHS=(linear lsg_norm lsg_norm_flex led led_flex)
     probe=(--device cuda --length "$L16")
     conv=(--device cuda --lengths "$L16" "$L64")
-    layer=(--device cuda --length "$L16")
+    layer=(--device cuda --length "$L16" --variants model cuda_graph)  # the compiled row when time allows
 elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --smoke --out "$work" --no-plots)
     conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
