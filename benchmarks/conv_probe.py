@@ -35,7 +35,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from probes import time_variants, write  # noqa: E402
+from probes import row_cells, time_variants, write  # noqa: E402
 from lsg_layers.modules.s4d import S4D  # noqa: E402
 from lsg_layers.ops.ssm import next_fast_len  # noqa: E402
 
@@ -128,13 +128,7 @@ def markdown(result) -> str:
     for part in result["lengths"]:
         for r in part["rows"]:
             head = f"| {part['length']:,} | {part['fft_size']:,} | {r['variant']} |"
-            if r["status"] != "ok":
-                out.append(f"{head} {r['error']} | | | |")
-                continue
-            diff = f"{r['diff']:.1e}" if "diff" in r else ""
-            if r.get("diff", 0) > TOLERANCE:
-                diff += f" (**over {TOLERANCE:g}**)"
-            out.append(f"{head} {r['first_call_s']:.1f} | {r['ms']:.3f} | {r.get('x_model', 0):.2f} | {diff} |")
+            out.append(head + row_cells(r, TOLERANCE))
     return "\n".join(out) + "\n"
 
 

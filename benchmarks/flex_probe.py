@@ -43,7 +43,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from probes import time_variants, write  # noqa: E402
+from probes import row_cells, time_variants, write  # noqa: E402
 from lsg_layers.ops import flex  # noqa: E402
 
 OPTIONS = {
@@ -216,16 +216,8 @@ def markdown(result) -> str:
         out.append("| variant | first call s | ms | x model | TFLOP/s | diff |")
         out.append("|---|---:|---:|---:|---:|---:|")
         for r in part["rows"]:
-            if r["status"] != "ok":
-                out.append(f"| {r['variant']} | {r['error']} | | | | |")
-                continue
-            diff = f"{r['diff']:.1e}" if "diff" in r else ""
-            if r.get("diff", 0) > TOLERANCE:
-                diff += f" (**over {TOLERANCE:g}**)"
-            out.append(
-                f"| {r['variant']} | {r['first_call_s']:.1f} | {r['ms']:.3f} | {r.get('x_model', 0):.2f} | "
-                f"{r['tflops']:.3g} | {diff} |"
-            )
+            tflops = [f"{r['tflops']:.3g}"] if r["status"] == "ok" else [""]
+            out.append(f"| {r['variant']} |" + row_cells(r, TOLERANCE, tflops))
         out.append("")
     return "\n".join(out)
 

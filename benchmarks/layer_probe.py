@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention  # noqa: E402
 from lsg_layers.modules.lsg_attention import LSGSelfAttention  # noqa: E402
-from probes import time_variants, write  # noqa: E402
+from probes import row_cells, time_variants, write  # noqa: E402
 
 PATHS = ["lsg_whole", "led_whole", "lsg_flex", "led_flex"]
 VARIANTS = ["model", "cuda_graph", "compiled"]
@@ -134,13 +134,7 @@ def markdown(result) -> str:
     for part in result["paths"]:
         for r in part["rows"]:
             head = f"| {part['path']} | {r['variant']} | {r.get('path_ran') or ''} |"
-            if r["status"] != "ok":
-                out.append(f"{head} {r['error']} | | | |")
-                continue
-            diff = f"{r['diff']:.1e}" if "diff" in r else ""
-            if r.get("diff", 0) > TOLERANCE:
-                diff += f" (**over {TOLERANCE:g}**)"
-            out.append(f"{head} {r['first_call_s']:.1f} | {r['ms']:.3f} | {r.get('x_model', 0):.2f} | {diff} |")
+            out.append(head + row_cells(r, TOLERANCE))
     return "\n".join(out) + "\n"
 
 

@@ -73,3 +73,15 @@ def time_variants(names, prepare, device: str, warmup: int, repeat: int, same_ma
         rows.append(row)
         print(json.dumps(row), flush=True)
         on_row()
+
+
+def row_cells(row: dict, tolerance: float, extra=()) -> str:
+    """A row's table cells after its labels: ``first call s | ms | x model | *extra | diff |``
+    (a diff over ``tolerance`` in bold), or its error spanning them."""
+    if row["status"] != "ok":
+        return f" {row['error']} |" + " |" * (3 + len(extra))
+    diff = f"{row['diff']:.1e}" if "diff" in row else ""
+    if row.get("diff", 0) > tolerance:
+        diff += f" (**over {tolerance:g}**)"
+    cells = [f"{row['first_call_s']:.1f}", f"{row['ms']:.3f}", f"{row.get('x_model', 0):.2f}", *extra, diff]
+    return "".join(f" {c} |" for c in cells)
