@@ -33,18 +33,12 @@ kernel; it checks the harness, not the kernels.
 """
 
 import argparse
-import os
-import sys
 import warnings
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from probes import row_cells, time_variants, write  # noqa: E402
-from lsg_layers.ops import flex  # noqa: E402
+from probes import row_cells, time_variants, write  # benchmarks/probes.py, beside this script
+from lsg_layers.ops import flex
 
 OPTIONS = {
     "opt_bm64_bn64": {"BLOCK_M": 64, "BLOCK_N": 64},

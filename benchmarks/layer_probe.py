@@ -26,18 +26,12 @@ length bucket); if not, the kernels themselves are the cost (the enc stage's pro
 """
 
 import argparse
-import os
-import sys
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from lsg_layers.modules.longformer_attention import LongformerSelfAttention  # noqa: E402
-from lsg_layers.modules.lsg_attention import LSGSelfAttention  # noqa: E402
-from probes import row_cells, time_variants, write  # noqa: E402
+from lsg_layers.modules.longformer_attention import LongformerSelfAttention
+from lsg_layers.modules.lsg_attention import LSGSelfAttention
+from probes import row_cells, time_variants, write  # benchmarks/probes.py, beside this script
 
 PATHS = ["lsg_whole", "led_whole", "lsg_flex", "led_flex"]
 VARIANTS = ["model", "cuda_graph", "compiled"]

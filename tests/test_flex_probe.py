@@ -3,12 +3,11 @@ and its harness, on CPU with flex uncompiled (the kernels themselves are the GPU
 
 import argparse
 import os
-import sys
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT, load_script
+from conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -17,7 +16,7 @@ probe = load_script("benchmarks/flex_probe.py", "flex_probe")
 
 
 def args(**kw):
-    base = dict(length=512, heads=2, head_dim=16, warmup=0, repeat=1, eager=True)
+    base = dict(length=384, heads=2, head_dim=16, warmup=0, repeat=1, eager=True)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -69,20 +68,3 @@ def test_cli_refuses_what_it_cannot_run(tmp_path, capsys):
             probe.main(argv + ["--out", str(tmp_path / "p.json")])
         assert e.value.code == 2 and needle in capsys.readouterr().err
     assert not os.listdir(tmp_path)
-
-
-def test_the_probe_runs_as_a_script(tmp_path):
-    import subprocess
-
-    out = tmp_path / "p.json"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO_ROOT, "benchmarks", "flex_probe.py"), "--device", "cpu", "--eager"]
-        + ["--length", "256", "--heads", "2", "--head-dim", "16", "--warmup", "0", "--repeat", "1"]
-        + ["--patterns", "led", "--variants", "model", "all_full", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    md = (tmp_path / "p.md").read_text()
-    assert "| model |" in md and "| all_full |" in md and "**led**" in md
