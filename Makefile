@@ -10,8 +10,10 @@ setup:
 demo: setup
 	VENV=$(VENV) bash scripts/demo.sh
 
+# --no-loadscope-reorder: pytest-xdist otherwise orders the files by their number of tests, so the
+# one-test file marked `long` (tests/conftest.py puts it first) was handed out last and ran alone
 test: setup
-	$(PY) -m pytest tests -q -p no:cacheprovider -n 2 --dist loadfile
+	$(PY) -m pytest tests -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf demo_out

@@ -181,5 +181,6 @@ def fsynced(monkeypatch):
 
 def pytest_collection_modifyitems(items):
     """Tests marked ``long`` run first: with ``make test``'s two workers, each file goes to one worker
-    as the other frees up, and the longest file started last would finish alone."""
+    as the other frees up, and the longest file started last would finish alone (``make test``
+    keeps this order with ``--no-loadscope-reorder``: tests/test_suite_order.py)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)

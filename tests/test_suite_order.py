@@ -1,0 +1,32 @@
+"""The suite's order on ``make test``'s two workers: the file marked ``long`` goes out first.
+
+pytest-xdist's ``--dist loadfile`` hands out whole files, by default reordered by their number of
+tests (most first), which put the one-test long-context file last: it then ran alone for ~6 minutes
+while the other worker idled (a 965 s suite). ``--no-loadscope-reorder`` keeps the collection
+order, which conftest.py sorts ``long`` first."""
+
+import os
+import re
+
+from conftest import REPO_ROOT
+
+
+def pytest_line(makefile: str) -> str:
+    """The pytest line of the Makefile's ``test`` recipe."""
+    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, flags=re.M)
+    assert recipe, "the Makefile has no test recipe"
+    return next(line for line in recipe.group(1).splitlines() if "pytest" in line)
+
+
+def keeps_the_long_file_first(command: str) -> bool:
+    return "--dist loadfile" not in command or "--no-loadscope-reorder" in command
+
+
+def test_make_test_keeps_the_collection_order():
+    with open(os.path.join(REPO_ROOT, "Makefile")) as f:
+        assert keeps_the_long_file_first(pytest_line(f.read()))
+
+
+def test_the_check_can_fail():
+    makefile = "test: setup\n\t$(PY) -m pytest tests -q -n 2 --dist loadfile\n"
+    assert not keeps_the_long_file_first(pytest_line(makefile))
