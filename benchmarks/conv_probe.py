@@ -29,7 +29,7 @@ import argparse
 
 import torch
 
-from probes import row_cells, time_variants, write  # benchmarks/probes.py, beside this script
+from probes import relative_difference, row_cells, time_variants, write  # benchmarks/probes.py, beside this script
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 
@@ -74,8 +74,6 @@ def probe_length(layer, L, args, device, dtype, on_row=None):
                 f"conv_probe.py: error: the spectrum at {L:,} tokens does not fit the layer's cache budget"
             )
         spec_t = spec.t().contiguous()
-    buf = torch.zeros(1, H, F, dtype=torch.float32, device=device)
-    compiled = {}
 
     def variant(name):
         if name == "model":
@@ -86,29 +84,20 @@ def probe_length(layer, L, args, device, dtype, on_row=None):
             return lambda: time_major(k, q, spec_t, F)
         if name.endswith("_compiled"):
             base = name[: -len("_compiled")]
-            fn = compiled.setdefault(base, torch.compile(globals()[base], dynamic=False))
+            fn = torch.compile(globals()[base], dynamic=False)
             s = spec if base == "channel_major" else spec_t
             return lambda: fn(k, q, s, F)
         if name == "ffts_only":
+            buf = torch.zeros(1, H, F, dtype=torch.float32, device=device)  # (B, H, F) as the layer's
             return lambda: ffts_only(buf, F)
         raise ValueError(name)
-
-    part = {"length": L, "fft_size": F, "rows": []}
-
-    def relative_difference(out, ref):
-        return (out - ref).abs().max() / ref.abs().max()
-
-    def row_done():
-        if on_row is not None:
-            on_row(part)
 
     def prepare(name):
         return variant(name), {}
 
+    part = {"length": L, "fft_size": F, "rows": []}
     names = args.variants or VARIANTS
-    time_variants(
-        names, prepare, device, args.warmup, args.repeat, SAME_MATH, relative_difference, part["rows"], row_done
-    )
+    time_variants(names, prepare, device, args.warmup, args.repeat, SAME_MATH, relative_difference, part, on_row)
     return part
 
 

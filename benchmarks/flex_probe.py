@@ -37,7 +37,7 @@ import warnings
 
 import torch
 
-from probes import row_cells, time_variants, write  # benchmarks/probes.py, beside this script
+from probes import largest_difference, row_cells, time_variants, write  # benchmarks/probes.py, beside this script
 from lsg_layers.ops import flex
 
 OPTIONS = {
@@ -94,8 +94,8 @@ def all_full(block_mask):
     """The same kept tiles, every one whole: the kernel evaluates no mask_mod."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    idx = block_mask.kv_indices  # (n, 1, nq, nk)
-    kept = torch.zeros(idx.shape, dtype=torch.int32, device=idx.device)
+    tables = block_mask.kv_indices  # (n, 1, nq, nk)
+    kept = torch.zeros(tables.shape, dtype=torch.int32, device=tables.device)  # times each tile is listed
     for num, idx in (
         (block_mask.kv_num_blocks, block_mask.kv_indices),
         (block_mask.full_kv_num_blocks, block_mask.full_kv_indices),
@@ -178,19 +178,14 @@ def run_pattern(name, variants, args, device, dtype, on_row=None):
         fn, vtiles = variant(vname)
         return fn, {"tiles_per_head": vtiles}
 
-    def row_done():
+    def row_done(part):
         row = part["rows"][-1]
         if row["status"] == "ok":
             row["tflops"] = 4 * d * flex.BLOCK**2 * h * row["tiles_per_head"] / (row["ms"] * 1e-3) / 1e12
         if on_row is not None:
             on_row(part)
 
-    def largest_difference(out, ref):
-        return (out - ref).abs().max()
-
-    time_variants(
-        variants, prepare, device, args.warmup, args.repeat, SAME_MATH, largest_difference, part["rows"], row_done
-    )
+    time_variants(variants, prepare, device, args.warmup, args.repeat, SAME_MATH, largest_difference, part, row_done)
     return part
 
 

@@ -21,8 +21,8 @@
 # The long_context run (issue 31), only where LC_ARCHS names its rows (default none: lsg_norm and
 # bart_1024 are measured, examples/long_context/gpu_fp16/; lsg_norm alone took 374 s on an H200):
 # examples/long_context/run.sh with DEVICE=cuda PRECISION=fp16, no extrapolation rows, its default
-# sizes and seeds. It goes on between the two calls. A dry run here: SETUP=/dev/null DEV=cpu LC_DEVICE=cpu LC_PRECISION=bf16
-# SMOKE=1 OUT=/tmp/o. Files back: nvidia_smi.csv; cuda.md, cuda.json, gpu_check.tgz (the timed
+# sizes and seeds. It goes on between the two calls. A dry run here: SETUP=/dev/null DEV=cpu
+# LC_DEVICE=cpu LC_PRECISION=bf16 SMOKE=1 OUT=/tmp/o. Files back: nvidia_smi.csv; cuda.md, cuda.json, gpu_check.tgz (the timed
 # stages' logs and records); cuda_checks.md, cuda_checks.json, gpu_checks.tgz (the untimed ones); then
 # long_context_fp16.tgz (run log, report, train logs, recall).
 set -uo pipefail

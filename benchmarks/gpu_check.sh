@@ -18,10 +18,10 @@
 #   5. while time is left: LOCOST at 600K; LSG and LED on both GPU paths (whole tensors, what auto
 #      takes, and flex, forced) beside linear at 16K and 64K; one attention layer alone, eager, in a
 #      CUDA graph and compiled (benchmarks/layer_probe.py: launch-bound or not); LOCOST's convolution
-#      alone at 16K and 64K (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel generator at 16K, cached
-#      and not, beside bart; the flex kernel alone in variants at 16K (benchmarks/flex_probe.py: which
-#      change moves it); 4K rows; hf_bart / hf_led at 16K; generation at 16K (beam 4); the fused
-#      generator's product in TF32 for training.
+#      alone at 16K and 64K (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel
+#      generator at 16K, cached and not, beside bart; the flex kernel alone in variants at 16K
+#      (benchmarks/flex_probe.py: which change moves it); 4K rows; hf_bart / hf_led at 16K;
+#      generation at 16K (beam 4); the fused generator's product in TF32 for training.
 # Benchmark rows run in one process per stage (run.py --one-process): spawning one per row cost
 # ~13 s each on the first GPU reading.
 #

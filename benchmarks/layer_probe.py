@@ -31,7 +31,7 @@ import torch
 
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import LSGSelfAttention
-from probes import row_cells, time_variants, write  # benchmarks/probes.py, beside this script
+from probes import relative_difference, row_cells, time_variants, write  # benchmarks/probes.py, beside this script
 
 PATHS = ["lsg_whole", "led_whole", "lsg_flex", "led_flex"]
 VARIANTS = ["model", "cuda_graph", "compiled"]
@@ -103,16 +103,13 @@ def run_path(name, args, device, dtype, on_row=None):
             return call_of(torch.compile(layer)), {}
         raise ValueError(variant)
 
-    def relative_difference(out, ref):
-        return (out - ref).abs().max() / ref.abs().max()
-
-    def row_done():
+    def row_done(part):
         part["rows"][-1]["path_ran"] = layer.ran
         if on_row is not None:
             on_row(part)
 
     time_variants(
-        args.variants, prepare, device, args.warmup, args.repeat, SAME_MATH, relative_difference, part["rows"], row_done
+        args.variants, prepare, device, args.warmup, args.repeat, SAME_MATH, relative_difference, part, row_done
     )
     return part
 

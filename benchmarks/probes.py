@@ -1,4 +1,4 @@
-"""What the probes (``flex_probe.py``, ``conv_probe.py``) share: timing one device call (CUDA events
+"""What the probes (``flex_probe.py``, ``conv_probe.py``, ``layer_probe.py``) share: timing one device call (CUDA events
 on a GPU: the device's time, not the host's; the wall clock on a CPU), the loop over a probe's
 variants (the first, ``model``, is the reference of the others), and writing the results after
 every row, so that a probe cut off by its stage's time limit keeps the rows it measured."""
@@ -46,8 +46,19 @@ def write(result: dict, out: str, markdown) -> None:
         os.replace(path + ".tmp", path)
 
 
-def time_variants(names, prepare, device: str, warmup: int, repeat: int, same_math, diff, rows: list, on_row):
-    """Times each variant in ``names`` and appends its row to ``rows``, then calls ``on_row()``.
+def largest_difference(out, ref):
+    """The largest |difference| of two outputs."""
+    return (out - ref).abs().max()
+
+
+def relative_difference(out, ref):
+    """The largest |difference| of two outputs relative to the reference's largest entry."""
+    return (out - ref).abs().max() / ref.abs().max()
+
+
+def time_variants(names, prepare, device: str, warmup: int, repeat: int, same_math, diff, part: dict, on_row=None):
+    """Times each variant in ``names``, appends its row to ``part["rows"]``, then calls
+    ``on_row(part)`` (where given: the caller completes the row, writes the results).
 
     ``prepare(name) -> (call, fields)``: the call to time and fields for its row. The variant named
     ``model`` is the reference: each later row has ``x_model`` (its time over model's) and, where
@@ -70,9 +81,10 @@ def time_variants(names, prepare, device: str, warmup: int, repeat: int, same_ma
                 row["x_model"] = ms / model_ms
         except Exception as e:  # noqa: BLE001 - recorded, the other variants go on
             row.update(status="error", error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
-        rows.append(row)
+        part["rows"].append(row)
         print(json.dumps(row), flush=True)
-        on_row()
+        if on_row is not None:
+            on_row(part)
 
 
 def row_cells(row: dict, tolerance: float, extra=()) -> str:
