@@ -19,6 +19,25 @@ SHARED = os.path.join(REPO_ROOT, "..", "shared")
 BIN = os.path.dirname(sys.executable)
 
 
+def worker_threads(environ, cores: int):
+    """Threads for each process of a ``pytest -n N`` run (``make test``: two workers): the cores
+    shared among the N workers; None outside a worker (torch's own default). Workers that each took
+    every core oversubscribed them: the threads spun waiting for each other."""
+    count = environ.get("PYTEST_XDIST_WORKER_COUNT")
+    return max(1, cores // int(count)) if count else None
+
+
+def pytest_configure(config):
+    """A worker's share of the cores, for torch here and for every command a test starts
+    (OMP_NUM_THREADS, which the example scripts also take as their THREADS default)."""
+    threads = worker_threads(os.environ, len(os.sched_getaffinity(0)))
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def fairseq_cli(name: str) -> str:
     """Path of a fairseq console script of the running interpreter's environment."""
     return os.path.join(BIN, name)

@@ -59,6 +59,8 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     assert (tmp_path / "report" / "recall_vs_position.png").stat().st_size > 10_000
     md = (tmp_path / "report" / "results.md").read_text()
     assert "| LSG-BART (norm) at 4,096 |" in md and "code at commit " in md
+    # run.sh's THREADS default: OMP_NUM_THREADS (a worker's share of the cores: conftest.py), else every core
+    assert f"THREADS={os.environ.get('OMP_NUM_THREADS') or len(os.sched_getaffinity(0))} " in md
     # the committed hypotheses re-score to the table's number
     lsg = tmp_path / "report" / "outputs" / "lsg_norm.out"
     rescored = tmp_path / "rescored.json"

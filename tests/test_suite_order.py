@@ -30,3 +30,19 @@ def test_make_test_keeps_the_collection_order():
 def test_the_check_can_fail():
     makefile = "test: setup\n\t$(PY) -m pytest tests -q -n 2 --dist loadfile\n"
     assert not keeps_the_long_file_first(pytest_line(makefile))
+
+
+def test_a_worker_takes_its_share_of_the_cores():
+    """conftest.worker_threads: two workers on two cores take one thread each, and this process runs
+    with the share it was given."""
+    import torch
+
+    from conftest import worker_threads
+
+    assert worker_threads({"PYTEST_XDIST_WORKER_COUNT": "2"}, 2) == 1
+    assert worker_threads({"PYTEST_XDIST_WORKER_COUNT": "2"}, 16) == 8
+    assert worker_threads({"PYTEST_XDIST_WORKER_COUNT": "4"}, 2) == 1
+    assert worker_threads({}, 2) is None
+    share = worker_threads(os.environ, len(os.sched_getaffinity(0)))
+    if share is not None:  # a worker of pytest -n N: torch and the commands it starts
+        assert torch.get_num_threads() == share and os.environ["OMP_NUM_THREADS"] == str(share)

@@ -23,7 +23,7 @@ FT_UPDATES=${FT_UPDATES:-40}
 MAX_TOKENS=${MAX_TOKENS:-8192}
 FT_DATA=${FT_DATA:-../shared/data/squality}
 GUTENBERG=${GUTENBERG:-../shared/data/gutenberg}
-export OMP_NUM_THREADS=${THREADS:-$(nproc)}
+export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
 USER_DIR="$PWD/lsg_fairseq"
 start=$(date +%s)
 step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
