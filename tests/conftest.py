@@ -55,11 +55,13 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
-def load_script(path: str, name: str):
+def load_script(path: str, name: str, neighbours: bool = True):
     """A script of the repository (``path`` from its root) imported as module ``name``, as Python
-    runs it: its folder first on sys.path (benchmarks/run.py imports report.py beside it)."""
+    runs it: its folder first on sys.path (benchmarks/run.py imports report.py beside it). With
+    ``neighbours=False`` the folder stays off sys.path: for a script that imports no neighbour and
+    has one named like another folder's (three folders have a report.py)."""
     folder = os.path.dirname(os.path.join(REPO_ROOT, path))
-    if folder not in sys.path:
+    if neighbours and folder not in sys.path:
         sys.path.insert(0, folder)
     spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, path))
     module = importlib.util.module_from_spec(spec)

@@ -2,7 +2,6 @@
 ``fairseq-train --task gap_sentence_generation`` (then fine-tuning with the summarization task)."""
 
 import contextlib
-import importlib.util
 import io
 import json
 import logging
@@ -20,10 +19,9 @@ from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationConfi
 from lsg_text import gsg
 from lsg_text.documents import chunk_sentences, document_sentences, get_sentence_splitter, read_documents
 
-from conftest import DOCUMENTS, FIXTURES, REPO_ROOT
+from conftest import DOCUMENTS, FIXTURES, load_script
 
 GUTENBERG = os.path.join(DOCUMENTS, "gutenberg")
-SCRIPT = os.path.join(REPO_ROOT, "scripts", "gsg_preprocess.py")
 TINY_BART = [
     "--arch",
     "bart_base",
@@ -46,15 +44,8 @@ TINY_BART = [
 ]
 
 
-def _load_script():
-    # In-process: a subprocess per call would re-import torch and fairseq (~8 s each here).
-    spec = importlib.util.spec_from_file_location("gsg_preprocess", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GSG_PREPROCESS = _load_script()
+# In-process: a subprocess per call would re-import torch and fairseq (~8 s each here).
+GSG_PREPROCESS = load_script("scripts/gsg_preprocess.py", "gsg_preprocess")
 
 
 def run_script(*args):
@@ -190,10 +181,7 @@ def test_script_jsonl_and_errors(tmp_path):
 
 
 def _load_lead_script(name):
-    spec = importlib.util.spec_from_file_location(name[:-3], os.path.join(REPO_ROOT, "scripts", name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"scripts/{name}", name[:-3])
 
 
 def _first_documents(out_dir):

@@ -1,8 +1,6 @@
 """examples/long_context: key-recall scoring, the tiny archs' init, and the whole experiment (smoke)."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 
@@ -16,15 +14,11 @@ from lsg_text.synthetic import (
     summary_from_facts,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, "scripts")
+import conftest
 
 
 def load_script(name):
-    spec = importlib.util.spec_from_file_location("script_" + name[:-3], os.path.join(SCRIPTS, name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return conftest.load_script(f"scripts/{name}", "script_" + name[:-3])
 
 
 def test_key_hits_slot_by_slot_in_rank_order():

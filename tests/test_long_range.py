@@ -2,7 +2,6 @@
 the experiment end to end (smoke), and the claim CI holds: LSG reads far keys that BART truncated to
 1,024 cannot."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +26,8 @@ from lsg_text.synthetic import (
     parse_order,
 )
 
+from conftest import load_script
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HERE = os.path.join(REPO, "examples", "long_range")
 BINDING = SyntheticConfig(
@@ -35,10 +36,7 @@ BINDING = SyntheticConfig(
 
 
 def load_report():
-    spec = importlib.util.spec_from_file_location("long_range_report", os.path.join(HERE, "report.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/long_range/report.py", "long_range_report", neighbours=False)
 
 
 @pytest.fixture(scope="module")
@@ -409,10 +407,7 @@ def test_control_row_cannot_mix_beyond_its_window(tmp_path):
 
 
 def load_reach():
-    spec = importlib.util.spec_from_file_location("long_range_reach", os.path.join(HERE, "reach.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/long_range/reach.py", "long_range_reach", neighbours=False)
 
 
 def test_reach_of_the_rows_one_layer(monkeypatch):
@@ -435,10 +430,7 @@ def test_reach_of_the_rows_one_layer(monkeypatch):
 
 
 def load_binding_flow():
-    spec = importlib.util.spec_from_file_location("long_range_binding_flow", os.path.join(HERE, "binding_flow.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/long_range/binding_flow.py", "long_range_binding_flow", neighbours=False)
 
 
 def _flow_document():

@@ -6,7 +6,6 @@ scripts' ``main(argv)`` in-process (same code, no second interpreter start) and 
 names the file/flag and that no output file was left behind.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +13,7 @@ import sys
 
 import pytest
 
+import conftest
 from conftest import DOCUMENTS
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,10 +33,7 @@ def run_script(name, *args, check=True):
 
 
 def load_script(name):
-    spec = importlib.util.spec_from_file_location("script_" + name[:-3], os.path.join(SCRIPTS, name))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return conftest.load_script(f"scripts/{name}", "script_" + name[:-3])
 
 
 def read_lines(path):

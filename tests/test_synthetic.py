@@ -1,6 +1,5 @@
 """The synthetic long-range set: determinism, lengths, key placement, summary = f(keys)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,15 +20,14 @@ from lsg_text.synthetic import (
     summary_from_facts,
 )
 
+from conftest import load_script
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, "scripts", "make_synthetic_data.py")
 
 
 def load_main():
-    spec = importlib.util.spec_from_file_location("script_make_synthetic_data", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main
+    return load_script("scripts/make_synthetic_data.py", "script_make_synthetic_data").main
 
 
 @pytest.fixture(scope="module")
