@@ -132,6 +132,13 @@ def word_data(tmp_path_factory):
     return binarized
 
 
+# The smallest LSG-BART the command-line tests train (fairseq-train's model flags).
+TINY_LSG_BART = (
+    "--arch lsg_bart_tiny --encoder-embed-dim 16 --encoder-ffn-embed-dim 32 --decoder-embed-dim 16 "
+    "--decoder-ffn-embed-dim 32 --encoder-layers 1 --decoder-layers 1 --block-size 16 --sparse-block-size 16"
+).split()
+
+
 # ---------------------------------------------------------------- tiny models on a toy vocabulary
 TOY_VOCAB = 60  # <s> <pad> </s> <unk>, ids 4..58, then the task's <mask>
 

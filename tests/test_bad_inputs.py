@@ -13,6 +13,8 @@ import lsg_fairseq
 from test_scripts import files_in, load_script
 from test_task import build as build_task
 
+from conftest import TINY_LSG_BART
+
 
 def binarize(tmp_path, splits, name="bin"):
     """{split: (source lines, target lines)} -> fairseq-binarized folder (joined dictionary)."""
@@ -236,24 +238,7 @@ def tiny_checkpoint(word_data, tmp_path_factory):
         "long_document_summarization",
         "--user-dir",
         lsg_fairseq.user_dir(),
-        "--arch",
-        "lsg_bart_tiny",
-        "--encoder-embed-dim",
-        "16",
-        "--encoder-ffn-embed-dim",
-        "32",
-        "--decoder-embed-dim",
-        "16",
-        "--decoder-ffn-embed-dim",
-        "32",
-        "--encoder-layers",
-        "1",
-        "--decoder-layers",
-        "1",
-        "--block-size",
-        "16",
-        "--sparse-block-size",
-        "16",
+        *TINY_LSG_BART,
         "--max-source-positions",
         "128",
         "--max-target-positions",

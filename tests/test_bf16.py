@@ -15,31 +15,9 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 import lsg_fairseq
 from lsg_fairseq.fairseq_fixes._wrap import original
 
-TINY = [
-    "--arch",
-    "lsg_bart_tiny",
-    "--encoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-embed-dim",
-    "16",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--block-size",
-    "16",
-    "--sparse-block-size",
-    "16",
-    "--max-source-positions",
-    "128",
-    "--max-target-positions",
-    "64",
-    "--truncate-target",
-]
+from conftest import TINY_LSG_BART
+
+TINY = [*TINY_LSG_BART, "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target"]
 
 
 def argv(data, *flags):

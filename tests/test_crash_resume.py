@@ -17,7 +17,7 @@ import time
 import torch
 
 import lsg_fairseq
-from conftest import BIN
+from conftest import BIN, TINY_LSG_BART
 
 SAVE_EVERY, KILL_AFTER, MAX_UPDATE = 3, 5, 6
 
@@ -53,24 +53,7 @@ def train_cmd(data, save_dir):
         lsg_fairseq.user_dir(),
         "--task",
         "long_document_summarization",
-        "--arch",
-        "lsg_bart_tiny",
-        "--encoder-embed-dim",
-        "16",
-        "--encoder-ffn-embed-dim",
-        "32",
-        "--decoder-embed-dim",
-        "16",
-        "--decoder-ffn-embed-dim",
-        "32",
-        "--encoder-layers",
-        "1",
-        "--decoder-layers",
-        "1",
-        "--block-size",
-        "16",
-        "--sparse-block-size",
-        "16",
+        *TINY_LSG_BART,
         "--max-source-positions",
         "128",
         "--max-target-positions",

@@ -22,7 +22,7 @@ import sys
 import torch
 
 import lsg_fairseq
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, TINY_LSG_BART
 
 DRIVER = r"""
 import json, os, sys, traceback
@@ -66,28 +66,7 @@ sys.exit(1 if failed else 0)
 
 UPDATES = 4
 ARCHS = {
-    "lsg_bart": [
-        "--arch",
-        "lsg_bart_tiny",
-        "--encoder-embed-dim",
-        "16",
-        "--encoder-ffn-embed-dim",
-        "32",
-        "--decoder-embed-dim",
-        "16",
-        "--decoder-ffn-embed-dim",
-        "32",
-        "--encoder-layers",
-        "1",
-        "--decoder-layers",
-        "1",
-        "--block-size",
-        "16",
-        "--sparse-block-size",
-        "16",
-        "--attention-dropout",
-        "0",
-    ],
+    "lsg_bart": [*TINY_LSG_BART, "--attention-dropout", "0"],
     "locost": [
         "--arch",
         "locost_tiny",
