@@ -132,6 +132,12 @@ def word_data(tmp_path_factory):
     return binarized
 
 
+# The smallest shape of fairseq's own encoder-decoder archs (bart_base, transformer: base-sized
+# by default), as fairseq-train flags.
+TINY_DIMS = (
+    "--encoder-layers 1 --decoder-layers 1 --encoder-embed-dim 16 --decoder-embed-dim 16 "
+    "--encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32 --encoder-attention-heads 2 --decoder-attention-heads 2"
+).split()
 # The smallest LSG-BART the command-line tests train (fairseq-train's model flags).
 TINY_LSG_BART = (
     "--arch lsg_bart_tiny --encoder-embed-dim 16 --encoder-ffn-embed-dim 32 --decoder-embed-dim 16 "

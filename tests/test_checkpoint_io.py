@@ -27,7 +27,7 @@ import lsg_fairseq  # noqa: F401  (installs the patches)
 from lsg_fairseq.checkpoint_io import CheckpointError
 from lsg_fairseq.fairseq_fixes._wrap import original
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, TINY_DIMS
 
 VOCAB = 40
 
@@ -323,22 +323,7 @@ STOCK_TRANSFORMER = [
     "target",
     "--arch",
     "transformer",
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
+    *TINY_DIMS,
     "--max-source-positions",
     "8192",
     "--max-target-positions",

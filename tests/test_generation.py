@@ -9,7 +9,7 @@ import torch
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.sequence_generator import SequenceGenerator
 
-from conftest import build_task_and_model, toy_batch, write_toy_dict
+from conftest import TINY_DIMS, build_task_and_model, toy_batch, write_toy_dict
 from lsg_fairseq.generation import LongInputSequenceGenerator, NGramRepeatBlockFixed
 
 
@@ -55,30 +55,7 @@ def test_stock_cpu_blocker_misses_repeats():
 
 # ---------------------------------------------------------------------------- the task's generator
 TINY_ARCHS = {
-    "bart": [
-        "--arch",
-        "bart_base",
-        "--encoder-layers",
-        "1",
-        "--decoder-layers",
-        "1",
-        "--encoder-embed-dim",
-        "16",
-        "--decoder-embed-dim",
-        "16",
-        "--encoder-ffn-embed-dim",
-        "32",
-        "--decoder-ffn-embed-dim",
-        "32",
-        "--encoder-attention-heads",
-        "2",
-        "--decoder-attention-heads",
-        "2",
-        "--max-source-positions",
-        "64",
-        "--max-target-positions",
-        "32",
-    ],
+    "bart": ["--arch", "bart_base", *TINY_DIMS, "--max-source-positions", "64", "--max-target-positions", "32"],
     "locost": [
         "--arch",
         "locost_tiny",

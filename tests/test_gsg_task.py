@@ -19,29 +19,10 @@ from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationConfi
 from lsg_text import gsg
 from lsg_text.documents import chunk_sentences, document_sentences, get_sentence_splitter, read_documents
 
-from conftest import DOCUMENTS, FIXTURES, load_script
+from conftest import DOCUMENTS, FIXTURES, TINY_DIMS, load_script
 
 GUTENBERG = os.path.join(DOCUMENTS, "gutenberg")
-TINY_BART = [
-    "--arch",
-    "bart_base",
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--encoder-embed-dim",
-    "16",
-    "--decoder-embed-dim",
-    "16",
-    "--encoder-ffn-embed-dim",
-    "32",
-    "--decoder-ffn-embed-dim",
-    "32",
-    "--encoder-attention-heads",
-    "2",
-    "--decoder-attention-heads",
-    "2",
-]
+TINY_BART = ["--arch", "bart_base", *TINY_DIMS]
 
 
 # In-process: a subprocess per call would re-import torch and fairseq (~8 s each here).
