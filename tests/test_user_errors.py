@@ -388,58 +388,33 @@ def test_train_cross_flag_errors_are_one_line(word_data, tmp_path, capsys, monke
     assert expected in one_error_line(err, "fairseq-train")
 
 
-@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 half a zip"])
-def test_train_resume_from_damaged_checkpoint_last_is_one_line(word_data, tmp_path, capsys, monkeypatch, content):
-    save_dir = tmp_path / "ck"
-    save_dir.mkdir()
-    (save_dir / "checkpoint_last.pt").write_bytes(content)
-    code, err = fairseq_train(
-        [
-            str(word_data),
-            "--user-dir",
-            lsg_fairseq.user_dir(),
-            "--arch",
-            "lsg_bart_tiny",
-            *TRAIN,
-            "--block-size",
-            "16",
-            "--sparse-block-size",
-            "16",
-            "--save-dir",
-            str(save_dir),
-        ],
-        capsys,
-        monkeypatch,
-    )
-    assert code == 2
-    assert f"{save_dir / 'checkpoint_last.pt'}: truncated or corrupt checkpoint" in one_error_line(err, "fairseq-train")
+def _damaged(content):
+    return lambda path: path.write_bytes(content)
 
 
-def test_train_resume_from_foreign_torch_file_is_one_line(word_data, tmp_path, capsys, monkeypatch):
+def _foreign(path):
+    torch.save({"encoder.weight": torch.zeros(2)}, path)  # e.g. an HF .bin
+
+
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        (_damaged(b""), "truncated or corrupt checkpoint"),
+        (_damaged(b"PK\x03\x04 half a zip"), "truncated or corrupt checkpoint"),
+        (_foreign, "a torch file but not a fairseq checkpoint"),
+    ],
+    ids=["empty", "half_a_zip", "foreign_torch_file"],
+)
+def test_train_resume_from_bad_checkpoint_last_is_one_line(word_data, tmp_path, capsys, monkeypatch, damage, expected):
     save_dir = tmp_path / "ck"
     save_dir.mkdir()
-    torch.save({"encoder.weight": torch.zeros(2)}, save_dir / "checkpoint_last.pt")  # e.g. an HF .bin
+    damage(save_dir / "checkpoint_last.pt")
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
     code, err = fairseq_train(
-        [
-            str(word_data),
-            "--user-dir",
-            lsg_fairseq.user_dir(),
-            "--arch",
-            "lsg_bart_tiny",
-            *TRAIN,
-            "--block-size",
-            "16",
-            "--sparse-block-size",
-            "16",
-            "--save-dir",
-            str(save_dir),
-        ],
-        capsys,
-        monkeypatch,
+        [*argv, "--block-size", "16", "--sparse-block-size", "16", "--save-dir", str(save_dir)], capsys, monkeypatch
     )
     assert code == 2
-    line = one_error_line(err, "fairseq-train")
-    assert f"{save_dir / 'checkpoint_last.pt'}: a torch file but not a fairseq checkpoint" in line
+    assert f"{save_dir / 'checkpoint_last.pt'}: {expected}" in one_error_line(err, "fairseq-train")
 
 
 def test_real_fairseq_train_process_prints_one_line(word_data, tmp_path):
