@@ -1,7 +1,7 @@
 """The package's import graph has layers, and nothing is imported only for its side effects.
 
 Read from the source (``ast``), not by importing: a function-level import counts like a top-level
-one. The layers, lowest first (README "Where things live"):
+one. The layers, lowest first (ARCHITECTURE.md, "Layers"):
 
     lsg_text                      the fairseq-free text library (never imports lsg_fairseq)
     lsg_layers.ops, checkpoint_io pure tensor functions; the checkpoint error type
