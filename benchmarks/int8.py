@@ -42,53 +42,19 @@ from fairseq import checkpoint_utils, options  # noqa: E402
 from fairseq.data import Dictionary  # noqa: E402
 from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 
+from lsg_fairseq.convert.registry import BenchSettings  # noqa: E402
 from lsg_fairseq.quantize import quantize_int8  # noqa: E402
 from lsg_text.errors import report  # noqa: E402
-from run import cpu_name, load_average  # noqa: E402  (benchmarks/run.py: the same run metadata)
+from run import ROWS, cpu_name, load_average  # noqa: E402  (benchmarks/run.py: its rows, the same run metadata)
 
 FIXTURES = os.path.join(REPO, "tests", "data", "fixtures")
-ARCHS = {  # name: (fairseq arch, flags), the base shapes of benchmarks/run.py
-    "lsg_norm": (
-        "lsg_bart_base",
-        [
-            "--block-size",
-            "128",
-            "--sparse-block-size",
-            "128",
-            "--sparsity-factor",
-            "4",
-            "--sparsity-type",
-            "norm",
-            "--num-global-tokens",
-            "1",
-        ],
-    ),
-    "led": ("led_base", ["--attention-window", "1024"]),
-}
-TINY = [
-    "--encoder-layers",
-    "2",
-    "--decoder-layers",
-    "2",
-    "--encoder-embed-dim",
-    "64",
-    "--decoder-embed-dim",
-    "64",
-    "--encoder-ffn-embed-dim",
-    "128",
-    "--decoder-ffn-embed-dim",
-    "128",
-    "--encoder-attention-heads",
-    "4",
-    "--decoder-attention-heads",
-    "4",
-]
+ARCHS = ("lsg_norm", "led")  # rows of benchmarks/run.py, built as it builds them
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
-    p.add_argument("--archs", nargs="+", choices=sorted(ARCHS), default=["lsg_norm", "led"])
+    p.add_argument("--archs", nargs="+", choices=ARCHS, default=list(ARCHS))
     p.add_argument("--arch-size", choices=("base", "tiny"), default="base", help="tiny: a quick check of the script")
     p.add_argument("--repeat", type=int, default=3, help="timed calls per precision (alternating)")
     p.add_argument("--threads", type=int, default=2)
@@ -129,27 +95,15 @@ def logit_stats(a: torch.Tensor, b: torch.Tensor) -> dict:
 
 # ---------------------------------------------------------------------------------- (a) speed
 def build(arch: str, length: int, size: str):
-    fairseq_arch, flags = ARCHS[arch]
+    """run.py's row ``arch`` at ``length``: its base shape, or with ``size="tiny"`` its tiny arch."""
+    row = ROWS[arch]
+    fairseq_arch, *flags = row.argv(length, BenchSettings(smoke=size == "tiny"))
     dictionary = Dictionary()
-    for i in range((100 if size == "tiny" else 50265) - len(dictionary)):
+    for i in range((100 if size == "tiny" else row.vocab) - len(dictionary)):
         dictionary.add_symbol(f"w{i}")
     task = argparse.Namespace(source_dictionary=dictionary, target_dictionary=dictionary)
-    ns = options.parse_args_and_arch(
-        options.get_training_parser(),
-        [
-            "/nonexistent",
-            "--task",
-            "translation",
-            "--arch",
-            fairseq_arch,
-            "--max-target-positions",
-            "1024",
-            "--max-source-positions",
-            str(max(length, 1024 if arch != "led" else 16384)),
-        ]
-        + flags
-        + (TINY if size == "tiny" else []),
-    )
+    argv = ["/nonexistent", "--task", "translation", "--arch", fairseq_arch, "--max-target-positions", "1024", *flags]
+    ns = options.parse_args_and_arch(options.get_training_parser(), argv)
     torch.manual_seed(0)
     return ARCH_MODEL_REGISTRY[fairseq_arch].build_model(ns, task).eval(), dictionary
 

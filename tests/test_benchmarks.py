@@ -102,6 +102,21 @@ def test_int8_arch_without_the_quantize_module_fails_alone(tmp_path, monkeypatch
     assert run.modes_of("led_int8", 16384, run.parse_args([])) == {"enc"}
 
 
+def test_int8_script_times_run_rows(tmp_path):
+    """benchmarks/int8.py's speed part builds run.py's rows (their tiny archs here) and records fp32
+    against int8 for each, with the int8 encoder close to the fp32 one."""
+    int8 = load("benchmarks/int8.py", "bench_int8")
+    argv = ["--arch-size", "tiny", "--parts", "a", "--lengths", "256", "--repeat", "1", "--threads", "1"]
+    int8.main([*argv, "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "int8.json").read_text())
+    assert [(r["arch"], r["length"]) for r in result["speed"]] == [("lsg_norm", 256), ("led", 256)]
+    for row in result["speed"]:
+        assert row["fp32_s"] > 0 and row["int8_s"] > 0 and row["encoder_out"]["rel_l2"] < 0.1
+    model, _ = int8.build("lsg_norm", 256, "tiny")
+    assert model.encoder.layers[0].self_attn.block_size == 128  # run.py's row, not a shape of its own
+    assert (tmp_path / "int8.md").stat().st_size > 0
+
+
 def test_a_row_forces_its_layer_path(monkeypatch):
     """lsg_norm_flex / led_flex run their model inside forced_path(model, "flex") whatever
     --layer-path says; the other rows take --layer-path (the model is built, the timing stubbed)."""
