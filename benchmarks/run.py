@@ -138,7 +138,9 @@ OWN_ROWS = {
 INT8_ARCHS = ("lsg_norm_int8", "led_int8")
 # The peers: transformers' own encoders (build_hf_model), only when --arch names them.
 HF_ROWS = {
-    "hf_bart": BenchRow(None, modes=("enc", "train"), default=False, smoke=False),
+    "hf_bart": BenchRow(
+        None, modes=("enc", "train"), default=False, smoke=False, full_attention=True, growth=FAMILY_ROWS["bart"].growth
+    ),
     "hf_led": BenchRow(None, modes=("enc", "train"), default=False, smoke=False),
 }
 HF_ARCHS = tuple(HF_ROWS)

@@ -117,6 +117,16 @@ def test_int8_script_times_run_rows(tmp_path):
     assert (tmp_path / "int8.md").stat().st_size > 0
 
 
+def test_full_attention_rows_stop_at_the_full_length_limit():
+    """bart and its HF peer are quadratic: neither runs beyond --max-full-length; the others do."""
+    run = load("benchmarks/run.py", "bench_run")
+    args = run.parse_args(["--max-full-length", "16384"])
+    for arch in ("bart", "hf_bart"):
+        assert run.skipped(arch, 16384, args) is None and "--max-full-length 16384" in run.skipped(arch, 32768, args)
+    for arch in ("linear", "lsg_norm", "led", "locost", "hf_led"):
+        assert run.skipped(arch, 65536, args) is None
+
+
 def test_a_row_forces_its_layer_path(monkeypatch):
     """lsg_norm_flex / led_flex run their model inside forced_path(model, "flex") whatever
     --layer-path says; the other rows take --layer-path (the model is built, the timing stubbed)."""
