@@ -27,6 +27,8 @@
 # long_context_fp16.tgz (run log, report, train logs, recall).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # die
 what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS | more COMMIT SECONDS STAGE...}
 RES=/tmp/gpu_results CHECKS=/tmp/gpu_checks MORE=/tmp/gpu_more LC=/tmp/lc_fp16 ENV_FILE=/tmp/gpu_call_env.sh
 LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="${LC_ARCHS:-}"
@@ -96,12 +98,12 @@ more)
     commit=${2:?usage: gpu_call.sh more COMMIT SECONDS STAGE...}
     budget=${3:?usage: gpu_call.sh more COMMIT SECONDS STAGE...}
     shift 3
-    [ $# -gt 0 ] || { echo "gpu_call.sh: error: more: name the stages to run" >&2; exit 2; }
+    [ $# -gt 0 ] || die "more: name the stages to run"
     [ -f "$LC/finished" ] || [ ! -d "$LC" ] || echo "gpu_call.sh: note: the long_context run is still going (it shares the GPU)"
     # the setup of the first call, kept by it (the machine is the same while it stays warm)
     # shellcheck source=/dev/null
     if [ -f "$ENV_FILE" ]; then source "$ENV_FILE"; else source "${SETUP:-.gpu/device_setup.sh}"; fi
     run_check "$MORE" cuda_more gpu_more.tgz "$budget" "$*"
     ;;
-*) echo "gpu_call.sh: error: $what: expected check, collect or more" >&2; exit 2 ;;
+*) die "$what: expected check, collect or more" ;;
 esac

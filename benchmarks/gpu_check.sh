@@ -33,6 +33,8 @@
 # (default python).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # die
 DEV=${DEV:-cuda}
 RESULTS=${RESULTS:-benchmarks/results}
 BUDGET_S=${BUDGET_S:-480}
@@ -47,10 +49,8 @@ for name in ${STAGES:-}; do
     case $name in
     timed) for s in $ALL_STAGES; do [[ " $UNTIMED_STAGES " == *" $s "* ]] || selected+=" $s"; done ;;
     untimed) selected+=" $UNTIMED_STAGES" ;;
-    *) [[ " $(echo $ALL_STAGES) " == *" $name "* ]] || {
-        echo "gpu_check.sh: error: STAGES: unknown stage '$name' (stages: $(echo $ALL_STAGES); groups: timed, untimed)" >&2
-        exit 2
-    }
+    *) [[ " $(echo $ALL_STAGES) " == *" $name "* ]] \
+        || die "STAGES: unknown stage '$name' (stages: $(echo $ALL_STAGES); groups: timed, untimed)"
         selected+=" $name" ;;
     esac
 done
@@ -106,10 +106,10 @@ print(json.dumps({"device": dev, "card": card, "torch": torch.__version__, "cuda
                   "load_average_start": [round(x, 2) for x in os.getloadavg()],
                   "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}))
 EOF
-[ -s "$work/env.json" ] || { echo "gpu_check.sh: error: python with torch and lsg_fairseq is needed" >&2; exit 2; }
+[ -s "$work/env.json" ] || die "python with torch and lsg_fairseq is needed"
 if [ "$DEV" = cuda ]; then
     "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
-        || { echo "gpu_check.sh: error: DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)" >&2; exit 2; }
+        || die "DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)"
     bench=(benchmarks/run.py --device cuda --dtype bf16 --one-process --warmup 2 --repeat 5 --budget 3
            --timeout 240 --max-full-length 65536 --out "$work" --no-plots)
     conformance=(--device cuda)
@@ -132,7 +132,7 @@ elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
            --warmup 0 --repeat 1)
     export RUNS="locost_tiny:fp16 lsg_bart_tiny:bf16"  # one of each precision (a CPU's float16 is slow)
 else
-    echo "gpu_check.sh: error: DEV=$DEV: expected cuda or cpu" >&2; exit 2
+    die "DEV=$DEV: expected cuda or cpu"
 fi
 
 # 1. conformance

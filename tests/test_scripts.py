@@ -642,3 +642,19 @@ def test_generate_to_rouge_rejects_non_generate_output(tmp_path, capsys):
     )
     assert f"{tmp_path / 'gen.out'}: no H-/D- lines" in capsys.readouterr().err
     assert not (tmp_path / "ev").exists()
+
+
+@pytest.mark.parametrize(
+    "script, env, message",
+    [
+        ("benchmarks/gpu_call.sh", {}, "gpu_call.sh: error: nope: expected check, collect or more"),
+        ("examples/long_context/run.sh", dict(DATA="x"), "run.sh: error: DATA=x: expected make, only or reuse"),
+        ("examples/long_range/run.sh", dict(SPLIT="x"), "run.sh: error: SPLIT must be test or valid, got 'x'"),
+    ],
+)
+def test_shell_refusals_are_one_line(tmp_path, script, env, message):
+    """The shell scripts refuse through scripts/lib.sh's die: one line naming the script, exit 2, before any work."""
+    full = dict(os.environ, OUT=str(tmp_path / "out"), **env)
+    r = subprocess.run(["bash", os.path.join(REPO_ROOT, script), "nope"], env=full, capture_output=True, text=True)
+    assert (r.returncode, r.stderr) == (2, message + "\n")
+    assert not os.path.exists(tmp_path / "out")

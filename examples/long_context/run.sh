@@ -43,7 +43,7 @@ ARCHS=${ARCHS:-"local_8 bart_1024 full_4096 lsg_norm lsg_none led locost"}  # lo
 EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
 REPORT_DIR=${REPORT_DIR:-$HERE}
 DATA=${DATA:-make}  # make | only (make the data sets, then stop) | reuse (the sets DATA=only made in $OUT)
-case $DATA in make|only|reuse) ;; *) echo "run.sh: error: DATA=$DATA: expected make, only or reuse" >&2; exit 2 ;; esac
+case $DATA in make|only|reuse) ;; *) die "DATA=$DATA: expected make, only or reuse" ;; esac
 THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
 export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
@@ -55,7 +55,7 @@ step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 mkdir -p "$OUT"
 if [ "$DATA" = reuse ]; then
     for set in long short mid; do
-        [ -f "$OUT/$set/bin/dict.source.txt" ] || { echo "run.sh: error: DATA=reuse: no $OUT/$set/bin (make it with DATA=only)" >&2; exit 2; }
+        [ -f "$OUT/$set/bin/dict.source.txt" ] || die "DATA=reuse: no $OUT/$set/bin (make it with DATA=only)"
     done
     step "data: reusing $OUT/{long,short,mid} (made by DATA=only with the same N_* and KEYS)"
 else

@@ -43,7 +43,7 @@ JOBS=${JOBS:-2}            # trainings at once, each with THREADS / JOBS threads
 THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
 REPORT_DIR=${REPORT_DIR:-$LR_HERE}
 export OMP_NUM_THREADS=$(( THREADS / JOBS > 0 ? THREADS / JOBS : 1 ))
-case $SPLIT in test|valid) ;; *) echo "run.sh: error: SPLIT must be test or valid, got '$SPLIT'" >&2; exit 2 ;; esac
+case $SPLIT in test|valid) ;; *) die "SPLIT must be test or valid, got '$SPLIT'" ;; esac
 start=$(date +%s)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
