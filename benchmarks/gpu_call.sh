@@ -22,15 +22,18 @@
 # bart_1024 are measured, examples/long_context/gpu_fp16/; lsg_norm alone took 374 s on an H200):
 # examples/long_context/run.sh with DEVICE=cuda PRECISION=fp16, no extrapolation rows, its default
 # sizes and seeds. It goes on between the two calls. A dry run here: SETUP=/dev/null DEV=cpu
-# LC_DEVICE=cpu LC_PRECISION=bf16 SMOKE=1 OUT=/tmp/o. Files back: nvidia_smi.csv; cuda.md, cuda.json, gpu_check.tgz (the timed
-# stages' logs and records); cuda_checks.md, cuda_checks.json, gpu_checks.tgz (the untimed ones); then
-# long_context_fp16.tgz (run log, report, train logs, recall).
+# LC_DEVICE=cpu LC_PRECISION=bf16 SMOKE=1 OUT=/tmp/o (tests/test_gpu_check.py runs one without
+# LC_ARCHS; GPU_CALL_WORK, default /tmp, holds the work between calls). Files back: nvidia_smi.csv;
+# cuda.md, cuda.json, gpu_check.tgz (the timed stages' logs and records); cuda_checks.md,
+# cuda_checks.json, gpu_checks.tgz (the untimed ones); then long_context_fp16.tgz (run log, report,
+# train logs, recall).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh  # die
 what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS | more COMMIT SECONDS STAGE...}
-RES=/tmp/gpu_results CHECKS=/tmp/gpu_checks MORE=/tmp/gpu_more LC=/tmp/lc_fp16 ENV_FILE=/tmp/gpu_call_env.sh
+W=${GPU_CALL_WORK:-/tmp}  # where the calls keep their work between them (the machine's own disk)
+RES=$W/gpu_results CHECKS=$W/gpu_checks MORE=$W/gpu_more LC=$W/lc_fp16 ENV_FILE=$W/gpu_call_env.sh
 LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="${LC_ARCHS:-}"
         EXTRAPOLATION=0)
 : "${OUT:?gpu_call.sh: OUT, the folder whose files come back from the device call, is not set}"

@@ -209,3 +209,33 @@ def test_cuda_without_a_gpu_is_one_line(tmp_path):
 def test_report_needs_no_torch():
     code = "import sys; sys.path.insert(0, 'benchmarks'); import gpu_check_report; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
+
+
+def test_gpu_call_dry_run_brings_back_each_calls_files(tmp_path):
+    """benchmarks/gpu_call.sh, the GPU session's calls, dry-run on this machine: `check` leaves the
+    timed and the untimed reports and their logs in $OUT, `collect` says in one line that there is
+    no long_context run, and `more` (the setup kept by `check`) runs further stages."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    out.mkdir()
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", SETUP="/dev/null", DEV="cpu", OUT=str(out))
+    env.update(GPU_CALL_WORK=str(work), TIMED_STAGES="locost600k", CHECK_STAGES="conformance")
+
+    def call(*args):
+        proc = subprocess.run(
+            ["bash", "benchmarks/gpu_call.sh", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+        )
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        return proc.stdout
+
+    call("check", "abc1234")
+    assert {"cuda.md", "cuda.json", "gpu_check.tgz", "cuda_checks.md", "cuda_checks.json", "gpu_checks.tgz"} <= {
+        p.name for p in out.iterdir()
+    }
+    for name, stage in (("cuda", "locost600k"), ("cuda_checks", "conformance")):
+        result = json.loads((out / f"{name}.json").read_text())
+        assert result["env"]["commit"] == "abc1234"
+        assert [s["stage"] for s in result["stages"] if s["status"] == "ok"] == [stage]
+    assert call("collect", "1").startswith("gpu_call.sh: no long_context run to collect")
+    call("more", "abc1234", "120", "enc")
+    more = json.loads((out / "cuda_more.json").read_text())
+    assert [s["stage"] for s in more["stages"] if s["status"] == "ok"] == ["enc"]
