@@ -37,9 +37,10 @@ setup(
         "test": ["pytest", "pytest-xdist==3.8.0", "transformers==4.47.1", "ruff==0.17.6", "mypy==2.4.1"],
         "plots": ["matplotlib"],
     },
+    # printing the --user-dir path must not import the plugin (and fairseq): a script, not an entry point
+    scripts=["lsg_fairseq/cli/lsg-fairseq-user-dir"],
     entry_points={
         "console_scripts": [
-            "lsg-fairseq-user-dir=lsg_fairseq.cli.user_dir:main",
             "lsg-fairseq-summarize=lsg_fairseq.cli.summarize:main",
             "lsg-fairseq-convert=lsg_fairseq.cli.convert:main",
             "lsg-fairseq-export=lsg_fairseq.cli.export:main",
