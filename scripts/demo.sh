@@ -33,7 +33,6 @@ prog=demo.sh
 source scripts/device_flags.sh  # DEVICE, PRECISION -> TRAIN_DEVICE_FLAGS, GENERATE_DEVICE_FLAGS
 export DEVICE PRECISION  # run.sh (the default job) reads them too
 start=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 
 mkdir -p "$OUT"
 if [ -z "$DATA" ]; then

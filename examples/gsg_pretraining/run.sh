@@ -25,9 +25,9 @@ FT_DATA=${FT_DATA:-../shared/data/squality}
 GUTENBERG=${GUTENBERG:-../shared/data/gutenberg}
 export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
 USER_DIR="$PWD/lsg_fairseq"
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # step, quiet
 start=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
-quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|tensorboardX|^  " || true; }
 
 # Held out as GSG validation (the data README's suggestion); every other book is training text.
 VALID_BOOK=chesterton-thursday.txt

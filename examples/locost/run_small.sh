@@ -39,8 +39,6 @@ case $PART in all|book) need_data BOOK "$BOOK" ;; esac
 export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
 USER_DIR=$(lsg-fairseq-user-dir)
 start=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
-quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|tensorboardX|See https|Please specify|Will assume|version_base|self.delegate|^  " || true; }
 echo "load before: $(uptime)"
 mkdir -p "$OUT"
 FULL=1000000  # source length limit at inference: larger than any input here (the model has no positions)

@@ -8,7 +8,6 @@ OUT=${OUT:-work_dirs/long_context}
 USER_DIR="$PWD/lsg_fairseq"
 # shellcheck source=scripts/device_flags.sh
 source scripts/device_flags.sh  # DEVICE=auto|cpu|cuda, PRECISION=fp32|bf16|fp16 -> *_DEVICE_FLAGS
-quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " || true; }
 
 synthetic_set() {  # synthetic_set DIR SPM_DIR [make_synthetic_data.py flags...]: DIR/{jsonl,raw,bin}
     # Sentencepiece: SPM_DIR=DIR trains DIR/spm (800 pieces, DIR/bin from spm_binarize.sh); another

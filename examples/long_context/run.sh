@@ -49,7 +49,6 @@ export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
 device_name() { [ "$DEVICE" = cuda ] && python -c "import torch; print(' on', torch.cuda.get_device_name())" 2>/dev/null || true; }
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 
 # ------------------------------------------------------------------------------------------ data
 mkdir -p "$OUT"

@@ -46,7 +46,6 @@ export OMP_NUM_THREADS=$(( THREADS / JOBS > 0 ? THREADS / JOBS : 1 ))
 case $SPLIT in test|valid) ;; *) die "SPLIT must be test or valid, got '$SPLIT'" ;; esac
 start=$(date +%s)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
-step() { echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
 mkdir -p "$OUT"
 
 for v in $VARIANTS; do

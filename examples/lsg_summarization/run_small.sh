@@ -44,8 +44,6 @@ need_data BART_HF "$BART_HF/config.json"
 export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
 USER_DIR=$(lsg-fairseq-user-dir)
 start=$(date +%s)
-step() { echo; echo "== [$(( $(date +%s) - start ))s] $*" >&2; }
-quiet() { grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|tensorboardX|See https|Please specify|Will assume|version_base|self.delegate|^  " || true; }
 echo "load before: $(uptime)"
 mkdir -p "$OUT"
 
