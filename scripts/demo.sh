@@ -14,7 +14,7 @@
 #
 # With DATA: sentencepiece -> binarize -> lsg_bart_tiny (ROUGE in validation) -> beam search ->
 # ROUGE. Knobs (environment): OUT (work dir, default demo_out), MAX_UPDATE, MAX_SRC (max source
-# positions), VOCAB (sentencepiece size), BEAM, THREADS.
+# positions), VOCAB (sentencepiece size), BEAM, THREADS (default: OMP_NUM_THREADS, else every core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
