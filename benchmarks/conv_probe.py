@@ -29,7 +29,14 @@ import argparse
 
 import torch
 
-from probes import relative_difference, row_cells, time_variants, write  # benchmarks/probes.py, beside this script
+from probes import (  # benchmarks/probes.py, beside this script
+    add_common_args,
+    relative_difference,
+    row_cells,
+    start_result,
+    time_variants,
+    write,
+)
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 
@@ -118,25 +125,15 @@ def markdown(result) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    add_common_args(p)
     p.add_argument("--lengths", type=int, nargs="+", default=[16384, 65536])
     p.add_argument("--channels", type=int, default=768, help="H (base: 768)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--variants", nargs="+", choices=VARIANTS, help="only these (default: all)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--out", required=True, help="JSON; the table beside it as .md")
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch sees no CUDA GPU here")
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    dtype, result = start_result(p, args, ("device", "channels", "dtype", "warmup", "repeat"))
+    result["lengths"] = []
     torch.manual_seed(0)
     layer = S4D(args.channels).to(args.device).eval()
-    fields = ("device", "channels", "dtype", "warmup", "repeat")
-    result = {k: getattr(args, k) for k in fields}
-    result.update(torch=torch.__version__, lengths=[])
-    if args.device == "cuda":
-        result["card"] = torch.cuda.get_device_name()
     for i, L in enumerate(args.lengths):
 
         def on_row(part, i=i):

@@ -37,7 +37,14 @@ import warnings
 
 import torch
 
-from probes import largest_difference, row_cells, time_variants, write  # benchmarks/probes.py, beside this script
+from probes import (  # benchmarks/probes.py, beside this script
+    add_common_args,
+    largest_difference,
+    row_cells,
+    start_result,
+    time_variants,
+    write,
+)
 from lsg_layers.ops import flex
 
 OPTIONS = {
@@ -213,33 +220,24 @@ def markdown(result) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    add_common_args(p)
     p.add_argument("--length", type=int, default=16384, help="tokens (a multiple of 128)")
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--patterns", nargs="+", default=["lsg", "led"], choices=["lsg", "led"])
     p.add_argument("--variants", nargs="+", help="only these (default: every variant of each pattern)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--eager", action="store_true", help="CPU smoke: flex uncompiled (the dense fallback)")
-    p.add_argument("--out", required=True, help="JSON; the table beside it as .md")
     args = p.parse_args(argv)
     if args.length % flex.BLOCK:
         p.error(f"--length must be a multiple of {flex.BLOCK}, got {args.length}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch sees no CUDA GPU here")
+    fields = ("device", "length", "heads", "head_dim", "dtype", "warmup", "repeat", "eager")
+    dtype, result = start_result(p, args, fields)
     if args.eager and args.device != "cpu":
         p.error("--eager is the CPU smoke's (the dense fallback would not fit a GPU at these lengths)")
     if not flex.available():
         p.error(f"this torch ({torch.__version__}) has no FlexAttention")
+    result["patterns"] = {}
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    fields = ("device", "length", "heads", "head_dim", "dtype", "warmup", "repeat", "eager")
-    result = {k: getattr(args, k) for k in fields}
-    result.update(torch=torch.__version__, patterns={})
-    if args.device == "cuda":
-        result["card"] = torch.cuda.get_device_name()
     for name in args.patterns:
         variants = LSG_VARIANTS if name == "lsg" else LED_VARIANTS
         if args.variants:

@@ -31,7 +31,14 @@ import torch
 
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import LSGSelfAttention
-from probes import relative_difference, row_cells, time_variants, write  # benchmarks/probes.py, beside this script
+from probes import (  # benchmarks/probes.py, beside this script
+    add_common_args,
+    relative_difference,
+    row_cells,
+    start_result,
+    time_variants,
+    write,
+)
 
 PATHS = ["lsg_whole", "led_whole", "lsg_flex", "led_flex"]
 VARIANTS = ["model", "cuda_graph", "compiled"]
@@ -131,29 +138,19 @@ def markdown(result) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    add_common_args(p)
     p.add_argument("--length", type=int, default=16384, help="tokens (a multiple of 128)")
     p.add_argument("--dim", type=int, default=768)
     p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--paths", nargs="+", default=PATHS, choices=PATHS)
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeat", type=int, default=20)
-    p.add_argument("--out", required=True, help="JSON; the table beside it as .md")
     args = p.parse_args(argv)
     if args.length % 128:
         p.error(f"--length must be a multiple of 128, got {args.length}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: torch sees no CUDA GPU here")
+    dtype, result = start_result(p, args, ("device", "length", "dim", "heads", "dtype", "warmup", "repeat"))
     if args.variants[0] != "model":
         p.error("--variants: the first must be model (the others are compared with it)")
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
-    fields = ("device", "length", "dim", "heads", "dtype", "warmup", "repeat")
-    result = {k: getattr(args, k) for k in fields}
-    result.update(torch=torch.__version__, paths=[])
-    if args.device == "cuda":
-        result["card"] = torch.cuda.get_device_name()
+    result["paths"] = []
     for i, name in enumerate(args.paths):
 
         def on_row(part, i=i):

@@ -46,6 +46,30 @@ def write(result: dict, out: str, markdown) -> None:
         os.replace(path + ".tmp", path)
 
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def add_common_args(p) -> None:
+    """The flags every probe takes: the device, the activations' dtype, the calls and the output."""
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--out", required=True, help="JSON; the table beside it as .md")
+
+
+def start_result(p, args, fields) -> tuple:
+    """(the activations' dtype, the result's header: ``fields`` of ``args``, torch's version and, on a
+    GPU, the card); ``--device cuda`` without a GPU is refused through ``p``."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA GPU here")
+    result = {k: getattr(args, k) for k in fields}
+    result["torch"] = torch.__version__
+    if args.device == "cuda":
+        result["card"] = torch.cuda.get_device_name()
+    return DTYPES[args.dtype], result
+
+
 def largest_difference(out, ref):
     """The largest |difference| of two outputs."""
     return (out - ref).abs().max()
