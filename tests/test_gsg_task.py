@@ -161,10 +161,6 @@ def test_script_jsonl_and_errors(tmp_path):
     assert status == 2 and "argument --min-sentences: must be an integer >= 1, got '0'" in err
 
 
-def _load_lead_script(name):
-    return load_script(f"scripts/{name}", name[:-3])
-
-
 def _first_documents(out_dir):
     """The stored corpus and the sentences of its first pseudo-document (Blake, 300 words)."""
     corpus = GSGCorpus(corpus_prefix(str(out_dir), "train"))
@@ -225,7 +221,7 @@ def test_script_sentencepiece_tokenizer(tmp_path):
     """Sentencepiece from scripts/spm_train.py: dict.txt copied, stored ids decode to the text."""
     import sentencepiece as spm
 
-    status = _load_lead_script("spm_train.py").main(
+    status = load_script("scripts/spm_train.py", "spm_train").main(
         [
             "--inputs",
             os.path.join(GUTENBERG, "blake-poems.txt"),

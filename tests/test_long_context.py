@@ -14,11 +14,7 @@ from lsg_text.synthetic import (
     summary_from_facts,
 )
 
-import conftest
-
-
-def load_script(name):
-    return conftest.load_script(f"scripts/{name}", "script_" + name[:-3])
+from test_scripts import load_script
 
 
 def test_key_hits_slot_by_slot_in_rank_order():
