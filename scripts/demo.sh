@@ -25,13 +25,13 @@ MAX_SRC=${MAX_SRC:-4096}
 MAX_TGT=${MAX_TGT:-128}
 MAX_UPDATE=${MAX_UPDATE:-400}
 BEAM=${BEAM:-4}
-THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
-export OMP_NUM_THREADS=$THREADS
 USER_DIR="$PWD/lsg_fairseq"
 prog=demo.sh
 # shellcheck source=scripts/device_flags.sh
 source scripts/device_flags.sh  # DEVICE, PRECISION -> TRAIN_DEVICE_FLAGS, GENERATE_DEVICE_FLAGS
 export DEVICE PRECISION  # run.sh (the default job) reads them too
+THREADS=$(threads)
+export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
 
 mkdir -p "$OUT"

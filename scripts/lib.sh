@@ -5,6 +5,9 @@
 # and every refusal exits 2, as argparse does for the Python commands, so callers see one shape of error.
 die() { echo "${prog:-$(basename "$0")}: error: $*" >&2; exit 2; }
 
+# threads: how many threads the script's commands take: $THREADS, else $OMP_NUM_THREADS, else every core.
+threads() { echo "${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}"; }
+
 # step MESSAGE: a progress line, with the seconds since $start (which the script sets when it begins).
 step() { echo >&2; echo "== [$(( $(date +%s) - ${start:-$(date +%s)} ))s] $*" >&2; }
 

@@ -23,10 +23,10 @@ FT_UPDATES=${FT_UPDATES:-40}
 MAX_TOKENS=${MAX_TOKENS:-8192}
 FT_DATA=${FT_DATA:-../shared/data/squality}
 GUTENBERG=${GUTENBERG:-../shared/data/gutenberg}
-export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
 USER_DIR="$PWD/lsg_fairseq"
 # shellcheck source=scripts/lib.sh
-source scripts/lib.sh  # step, quiet
+source scripts/lib.sh  # threads, step, quiet
+export OMP_NUM_THREADS=$(threads)
 start=$(date +%s)
 
 # Held out as GSG validation (the data README's suggestion); every other book is training text.

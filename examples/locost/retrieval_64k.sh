@@ -21,7 +21,7 @@ N_DOCS=${N_DOCS:-64}
 WORDS=${WORDS:-57000}
 MAX_SRC=${MAX_SRC:-65536}
 REPORT=${REPORT:-examples/locost/retrieval_64k.md}
-export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
+export OMP_NUM_THREADS=$(threads)
 CKPT="$OUT/runs/locost/checkpoint_last.pt"
 [ -f "$CKPT" ] || { echo "retrieval_64k.sh: $CKPT missing: run examples/long_context/run.sh first" >&2; exit 2; }
 W="$OUT/locost_64k"

@@ -36,7 +36,7 @@ BOOK=${BOOK:-../shared/data/gutenberg/melville-moby_dick.txt}
 source scripts/need_data.sh
 case $PART in all|rouge) need_data DATA "$DATA"/{train,valid,test}.jsonl ;; esac
 case $PART in all|book) need_data BOOK "$BOOK" ;; esac
-export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
+export OMP_NUM_THREADS=$(threads)
 USER_DIR=$(lsg-fairseq-user-dir)
 start=$(date +%s)
 echo "load before: $(uptime)"

@@ -15,7 +15,7 @@ cd "$(dirname "$0")/../.."
 source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, quiet, train: run.sh's recipe
 U=${U:-600}
 REPORT_DIR=${REPORT_DIR:-$HERE}
-export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
+export OMP_NUM_THREADS=$(threads)
 [ -d "$OUT/short/bin" ] && [ -d "$OUT/long/bin" ] || { echo "control.sh: run run.sh first (needs $OUT/short/bin and $OUT/long/bin)" >&2; exit 2; }
 start=$(date +%s)
 

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=examples/long_context/common.sh
 source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, evaluate
 REPORT_DIR=${REPORT_DIR:-$HERE}
-export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
+export OMP_NUM_THREADS=$(threads)
 base="$OUT/runs/x_base/checkpoint_last.pt"
 [ -f "$base" ] || { echo "extrapolation_ablation.sh: run run.sh first (needs $base)" >&2; exit 2; }
 start=$(date +%s)

@@ -44,7 +44,7 @@ EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
 REPORT_DIR=${REPORT_DIR:-$HERE}
 DATA=${DATA:-make}  # make | only (make the data sets, then stop) | reuse (the sets DATA=only made in $OUT)
 case $DATA in make|only|reuse) ;; *) die "DATA=$DATA: expected make, only or reuse" ;; esac
-THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
+THREADS=$(threads)
 export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
 device_name() { [ "$DEVICE" = cuda ] && python -c "import torch; print(' on', torch.cuda.get_device_name())" 2>/dev/null || true; }

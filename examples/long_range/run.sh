@@ -40,7 +40,7 @@ SPLIT=${SPLIT:-test}
 MODEL_FLAGS=${MODEL_FLAGS:-}  # appended to every row's arch_flags, e.g. "--decoder-layers 1"
 DATA_FLAGS=${DATA_FLAGS:-}    # appended to the generator's flags, e.g. "--decoy-names 4 --even-mentions"
 JOBS=${JOBS:-2}            # trainings at once, each with THREADS / JOBS threads
-THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
+THREADS=$(threads)
 REPORT_DIR=${REPORT_DIR:-$LR_HERE}
 export OMP_NUM_THREADS=$(( THREADS / JOBS > 0 ? THREADS / JOBS : 1 ))
 case $SPLIT in test|valid) ;; *) die "SPLIT must be test or valid, got '$SPLIT'" ;; esac

@@ -41,7 +41,7 @@ B_UPDATES=${B_UPDATES:-6}
 source scripts/need_data.sh
 need_data DATA "$DATA"/{train,valid,test}.jsonl  # both parts read it
 need_data BART_HF "$BART_HF/config.json"
-export OMP_NUM_THREADS=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
+export OMP_NUM_THREADS=$(threads)
 USER_DIR=$(lsg-fairseq-user-dir)
 start=$(date +%s)
 echo "load before: $(uptime)"
