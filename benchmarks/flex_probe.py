@@ -111,9 +111,11 @@ def all_full(block_mask):
             listed = torch.arange(idx.size(-1), device=idx.device) < num[..., None]  # the first num entries
             kept.scatter_add_(-1, idx.long(), listed.int())
     num, idx = flex._ordered(kept[:, 0] > 0)  # every kept tile in the "full" tables
-    zeros = torch.zeros_like(num)
+    # empty partial tables of their own: with one tensor as both index tables, torch 2.11's
+    # compiled flex recompiles on the aliasing and fails while logging why
+    no_partial, no_index = torch.zeros_like(num), torch.zeros_like(idx)
     return BlockMask.from_kv_blocks(
-        zeros, idx, num, idx, BLOCK_SIZE=flex.BLOCK, mask_mod=None, seq_lengths=block_mask.seq_lengths
+        no_partial, no_index, num, idx, BLOCK_SIZE=flex.BLOCK, mask_mod=None, seq_lengths=block_mask.seq_lengths
     )
 
 
