@@ -648,6 +648,7 @@ def test_generate_to_rouge_rejects_non_generate_output(tmp_path, capsys):
     "script, env, message",
     [
         ("benchmarks/gpu_call.sh", {}, "gpu_call.sh: error: nope: expected check, collect or more"),
+        ("benchmarks/device_torch.sh", {}, "device_torch.sh: error: no arguments (TESTS names the tests), got 'nope'"),
         ("examples/long_context/run.sh", dict(DATA="x"), "run.sh: error: DATA=x: expected make, only or reuse"),
         ("examples/long_range/run.sh", dict(SPLIT="x"), "run.sh: error: SPLIT must be test or valid, got 'x'"),
     ],
