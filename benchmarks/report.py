@@ -416,6 +416,18 @@ def report_markdown(records, meta_runs, growth, checks, rows=None):
     return "\n".join(md)
 
 
+# colours for the rows that record none, taken in this order by the first that lack one
+SPARE_COLORS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "gold", "navy", "darkgreen")
+
+
+def colors(table) -> dict:
+    """{arch: colour} of a :func:`row_table`: each row's own, and for a row without one a spare colour
+    that no other row has (matplotlib's next would repeat one of the rows' named colours)."""
+    taken = {row["color"] for row in table.values() if row["color"]}
+    spare = iter(c for c in SPARE_COLORS if c not in taken)
+    return {arch: row["color"] or next(spare, None) for arch, row in table.items()}
+
+
 def plot(records, path_stem, rows=None):
     import matplotlib
 
@@ -424,6 +436,7 @@ def plot(records, path_stem, rows=None):
 
     modes = [m for m in MODES if any(r["mode"] == m and r["status"] == "ok" for r in records)]
     table = row_table(records, rows)
+    color = colors(table)
     paths = []
     for what, key, ylabel in (("time", "median_s", "seconds"), ("memory", "activations_mb", "peak MiB above weights")):
         fig, axes = plt.subplots(1, len(modes), figsize=(5.2 * len(modes), 4.4), squeeze=False)
@@ -438,7 +451,7 @@ def plot(records, path_stem, rows=None):
                     linestyle=row["line"],
                     marker="o",
                     label=arch,
-                    color=row["color"],  # the same in every panel and plot
+                    color=color[arch],  # the same in every panel and plot
                 )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")

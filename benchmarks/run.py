@@ -139,9 +139,15 @@ INT8_ARCHS = ("lsg_norm_int8", "led_int8")
 # The peers: transformers' own encoders (build_hf_model), only when --arch names them.
 HF_ROWS = {
     "hf_bart": BenchRow(
-        None, modes=("enc", "train"), default=False, smoke=False, full_attention=True, growth=FAMILY_ROWS["bart"].growth
+        None,
+        modes=("enc", "train"),
+        default=False,
+        smoke=False,
+        full_attention=True,
+        growth=FAMILY_ROWS["bart"].growth,
+        color="tab:purple",
     ),
-    "hf_led": BenchRow(None, modes=("enc", "train"), default=False, smoke=False),
+    "hf_led": BenchRow(None, modes=("enc", "train"), default=False, smoke=False, color="tab:brown"),
 }
 HF_ARCHS = tuple(HF_ROWS)
 _CLASH = sorted(set(FAMILY_ROWS) & (set(OWN_ROWS) | set(HF_ROWS)))

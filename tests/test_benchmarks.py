@@ -288,6 +288,14 @@ def test_report_shows_the_rows_it_is_given(report):
     assert md.index("| old |") < md.index("| zeta |") < md.index("| alpha |")
 
 
+def test_rows_without_a_colour_get_one_no_other_row_has(report):
+    records = [rec(a, "enc", 1024) for a in ("linear", "hf_bart", "lsg_norm", "hf_led")]
+    rows = [{"arch": "linear", "color": "tab:gray"}, {"arch": "lsg_norm", "color": "tab:purple"}]
+    color = report.colors(report.row_table(records, rows))
+    assert color["linear"] == "tab:gray" and color["lsg_norm"] == "tab:purple"
+    assert len(set(color.values())) == 4 and None not in color.values()
+
+
 def test_the_registry_is_the_only_source_of_rows(monkeypatch):
     """A family registered here (no edit to run.py) brings its rows: in the default and --smoke
     lists as its rows say, with its own vocabulary, modes and length limit; its argv gets the
