@@ -10,6 +10,7 @@ JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``
 ``peers16k``, ``gen16k``, ``locost600k``).
 
     python benchmarks/gpu_check_report.py --work benchmarks/results/gpu_check --out benchmarks/results/cuda
+    python benchmarks/gpu_check_report.py --work R/gpu_check --out R/cuda --plot   # here, with the figures
 """
 
 import argparse
@@ -54,6 +55,11 @@ ARCH_ORDER = (
     "locost_cold",
     "locost_ckpt",
 )
+
+
+# the speed-vs-length figures: the stages measured alike (no activation checkpointing, the default
+# kernel generator), so that each arch's points form one line
+PLOT_STAGES = ("extra4k", "enc", "train16k", "locost600k")
 
 
 def _read(path, default=None):
@@ -254,10 +260,37 @@ def markdown(result, work) -> str:
     return "\n".join(out)
 
 
+def plot_records(work):
+    """(records, display rows) of :data:`PLOT_STAGES`, each arch labelled with the attention path its
+    records ran (``lsg_norm (flex)``): a path change between readings is then seen, not hidden."""
+    records, rows = [], {}
+    for tag in PLOT_STAGES:
+        part = _read(os.path.join(work, f"{tag}.json"))
+        if part is None:
+            continue
+        row_of = {r["arch"]: r for r in part["rows"]}
+        for r in part["records"]:
+            label = f"{r['arch']} ({r['layer_path']})" if r.get("layer_path") else r["arch"]
+            records.append(dict(r, arch=label))
+            rows.setdefault(label, dict(row_of.get(r["arch"], {}), arch=label))
+    return records, list(rows.values())
+
+
+def plot(work, stem):
+    """``<stem>_time.png`` and ``<stem>_memory.png``: benchmarks/report.py's figures of the CPU
+    results, drawn from :func:`plot_records` (matplotlib: drawn where the results come back, not on
+    the GPU machine)."""
+    from report import plot as draw  # benchmarks/report.py, beside this script
+
+    records, rows = plot_records(work)
+    return draw(records, stem, rows) if records else []
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True, help="output stem: <out>.md and <out>.json")
+    p.add_argument("--plot", action="store_true", help="also <out>_time.png and <out>_memory.png (needs matplotlib)")
     args = p.parse_args(argv)
     result = build(args.work)
     text = markdown(result, args.work)
@@ -267,6 +300,8 @@ def main(argv=None):
             f.write(content)
         os.replace(tmp, args.out + suffix)
     print(f"wrote {args.out}.md, {args.out}.json")
+    if args.plot:
+        print("wrote " + (", ".join(plot(args.work, args.out)) or "no figure: no records of " + " ".join(PLOT_STAGES)))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import BIN, REPO_ROOT
+from conftest import BIN, REPO_ROOT, load_script
 
 STAGES = [
     "conformance",
@@ -209,6 +209,44 @@ def test_cuda_without_a_gpu_is_one_line(tmp_path):
 def test_report_needs_no_torch():
     code = "import sys; sys.path.insert(0, 'benchmarks'); import gpu_check_report; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
+
+
+def test_figures_draw_the_stages_measured_alike(tmp_path):
+    """--plot: time and memory against length from the stages measured alike (train64k_ckpt, with
+    activation checkpointing, is left out), each arch labelled with the path it ran, in its colour."""
+    gpu_report = load_script("benchmarks/gpu_check_report.py", "gpu_check_report")
+
+    def rec(arch, mode, length, seconds, path=None):
+        return dict(
+            arch=arch,
+            mode=mode,
+            length=length,
+            median_s=seconds,
+            activations_mb=length / 512,
+            layer_path=path,
+            status="ok",
+        )
+
+    rows = [dict(arch="linear", color="tab:gray"), dict(arch="lsg_norm", color="tab:blue")]
+    stages = {
+        "extra4k": [rec("linear", "enc", 4096, 0.002), rec("lsg_norm", "enc", 4096, 0.01, "flex")],
+        "enc": [rec("linear", "enc", 16384, 0.005), rec("lsg_norm", "enc", 16384, 0.03, "flex")],
+        "train16k": [rec("linear", "train", 16384, 0.04)],
+        "train64k_ckpt": [rec("linear", "train", 65536, 0.1)],
+    }
+    for tag, records in stages.items():
+        (tmp_path / f"{tag}.json").write_text(json.dumps({"records": records, "rows": rows, "runs": []}))
+    records, drawn = gpu_report.plot_records(str(tmp_path))
+    assert [(r["arch"], r["color"]) for r in drawn] == [("linear", "tab:gray"), ("lsg_norm (flex)", "tab:blue")]
+    assert sorted((r["arch"], r["mode"], r["length"]) for r in records) == [
+        ("linear", "enc", 4096),
+        ("linear", "enc", 16384),
+        ("linear", "train", 16384),
+        ("lsg_norm (flex)", "enc", 4096),
+        ("lsg_norm (flex)", "enc", 16384),
+    ]
+    gpu_report.main(["--work", str(tmp_path), "--out", str(tmp_path / "cuda"), "--plot"])
+    assert (tmp_path / "cuda_time.png").stat().st_size > 0 and (tmp_path / "cuda_memory.png").stat().st_size > 0
 
 
 def test_gpu_call_dry_run_brings_back_each_calls_files(tmp_path):
