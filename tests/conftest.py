@@ -145,6 +145,12 @@ TINY_LSG_BART = (
 ).split()
 
 
+# The smallest LOCOST the command-line tests train (fairseq-train's model flags).
+TINY_LOCOST = (
+    "--arch locost_tiny --d-model 16 --d-state 8 --d-ff 32 --d-kv 8 --encoder-layers 1 --decoder-layers 1"
+).split()
+
+
 # ---------------------------------------------------------------- tiny models on a toy vocabulary
 TOY_VOCAB = 60  # <s> <pad> </s> <unk>, ids 4..58, then the task's <mask>
 

@@ -27,7 +27,7 @@ import lsg_fairseq  # noqa: F401  (installs the patches)
 from lsg_fairseq.checkpoint_io import CheckpointError
 from lsg_fairseq.fairseq_fixes._wrap import original
 
-from conftest import REPO_ROOT, TINY_DIMS
+from conftest import REPO_ROOT, TINY_DIMS, TINY_LOCOST
 
 VOCAB = 40
 
@@ -176,24 +176,7 @@ LSG_TINY = [
     "--max-target-positions",
     "32",
 ]
-LOCOST_TINY = [
-    "--arch",
-    "locost_tiny",
-    "--d-model",
-    "16",
-    "--d-state",
-    "8",
-    "--d-ff",
-    "32",
-    "--d-kv",
-    "8",
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--max-target-positions",
-    "32",
-]
+LOCOST_TINY = [*TINY_LOCOST, "--max-target-positions", "32"]
 
 
 def build_trainer(data_dir, save_dir, *flags):

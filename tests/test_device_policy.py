@@ -17,30 +17,11 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.trainer import Trainer
 
 import lsg_fairseq
-from conftest import BIN, fairseq_cli, write_toy_dict
+from conftest import BIN, TINY_LOCOST, fairseq_cli, write_toy_dict
 from lsg_fairseq import device_policy
 from lsg_fairseq.optim.grouped_adam import GroupedAdam
 
-LOCOST_TINY = [
-    "--arch",
-    "locost_tiny",
-    "--d-model",
-    "16",
-    "--d-ff",
-    "32",
-    "--d-kv",
-    "4",
-    "--d-state",
-    "8",
-    "--encoder-layers",
-    "1",
-    "--decoder-layers",
-    "1",
-    "--max-source-positions",
-    "128",
-    "--max-target-positions",
-    "64",
-]
+LOCOST_TINY = [*TINY_LOCOST, "--max-source-positions", "128", "--max-target-positions", "64"]
 
 
 def train_argv(data, save_dir, *flags):

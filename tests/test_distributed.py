@@ -22,7 +22,7 @@ import sys
 import torch
 
 import lsg_fairseq
-from conftest import REPO_ROOT, TINY_LSG_BART
+from conftest import REPO_ROOT, TINY_LOCOST, TINY_LSG_BART
 
 DRIVER = r"""
 import json, os, sys, traceback
@@ -65,25 +65,7 @@ sys.exit(1 if failed else 0)
 """
 
 UPDATES = 4
-ARCHS = {
-    "lsg_bart": [*TINY_LSG_BART, "--attention-dropout", "0"],
-    "locost": [
-        "--arch",
-        "locost_tiny",
-        "--d-model",
-        "16",
-        "--d-state",
-        "8",
-        "--d-ff",
-        "32",
-        "--d-kv",
-        "8",
-        "--encoder-layers",
-        "1",
-        "--decoder-layers",
-        "1",
-    ],
-}
+ARCHS = {"lsg_bart": [*TINY_LSG_BART, "--attention-dropout", "0"], "locost": TINY_LOCOST}
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ import torch
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.sequence_generator import SequenceGenerator
 
-from conftest import TINY_DIMS, build_task_and_model, toy_batch, write_toy_dict
+from conftest import TINY_DIMS, TINY_LOCOST, build_task_and_model, toy_batch, write_toy_dict
 from lsg_fairseq.generation import LongInputSequenceGenerator, NGramRepeatBlockFixed
 
 
@@ -56,24 +56,7 @@ def test_stock_cpu_blocker_misses_repeats():
 # ---------------------------------------------------------------------------- the task's generator
 TINY_ARCHS = {
     "bart": ["--arch", "bart_base", *TINY_DIMS, "--max-source-positions", "64", "--max-target-positions", "32"],
-    "locost": [
-        "--arch",
-        "locost_tiny",
-        "--d-model",
-        "16",
-        "--d-state",
-        "8",
-        "--d-ff",
-        "32",
-        "--d-kv",
-        "8",
-        "--encoder-layers",
-        "1",
-        "--decoder-layers",
-        "1",
-        "--max-target-positions",
-        "32",
-    ],
+    "locost": [*TINY_LOCOST, "--max-target-positions", "32"],
 }
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import build_task_and_model, toy_batch, write_toy_dict
+from conftest import TINY_LOCOST, build_task_and_model, toy_batch, write_toy_dict
 from lsg_layers.modules.paths import forced_path
 
 ARCHS = {
@@ -129,34 +129,14 @@ WORD_TINY = [
 
 
 @pytest.mark.parametrize(
-    "arch,flags",
+    "model",
     [
-        ("led_tiny", WORD_TINY + ["--attention-window", "16"]),
-        (
-            "locost_tiny",
-            [
-                "--d-model",
-                "16",
-                "--d-ff",
-                "32",
-                "--d-kv",
-                "4",
-                "--d-state",
-                "8",
-                "--encoder-layers",
-                "1",
-                "--decoder-layers",
-                "1",
-                "--max-source-positions",
-                "128",
-                "--max-target-positions",
-                "64",
-                "--truncate-target",
-            ],
-        ),
+        ["--arch", "led_tiny", *WORD_TINY, "--attention-window", "16"],
+        [*TINY_LOCOST, "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target"],
     ],
+    ids=["led_tiny", "locost_tiny"],
 )
-def test_fairseq_bf16_trainer_steps_every_arch(word_data, arch, flags):
+def test_fairseq_bf16_trainer_steps_every_arch(word_data, model):
     """fairseq's own trainer with --bf16 (FP16Optimizer, bf16 weights and fp32 master copies);
     lsg_bart_tiny: tests/test_bf16.py."""
     import lsg_fairseq
@@ -170,9 +150,7 @@ def test_fairseq_bf16_trainer_steps_every_arch(word_data, arch, flags):
         "long_document_summarization",
         "--user-dir",
         lsg_fairseq.user_dir(),
-        "--arch",
-        arch,
-        *flags,
+        *model,
         "--criterion",
         "cross_entropy",
         "--optimizer",
