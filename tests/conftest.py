@@ -153,6 +153,9 @@ TINY_LOCOST = (
 
 # ---------------------------------------------------------------- tiny models on a toy vocabulary
 TOY_VOCAB = 60  # <s> <pad> </s> <unk>, ids 4..58, then the task's <mask>
+# lsg_bart_tiny's attention at toy lengths, every part of it in play: local blocks, norm-selected
+# sparse keys, global tokens
+TOY_LSG = "--block-size 8 --sparse-block-size 8 --sparsity-factor 2 --sparsity-type norm --num-global-tokens 2".split()
 
 
 def write_toy_dict(folder) -> str:

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_mask
 
-from conftest import build_task_and_model, toy_batch, write_toy_dict
+from conftest import TOY_LSG, build_task_and_model, toy_batch, write_toy_dict
 from lsg_layers.modules import paths
 from lsg_layers.modules.paths import CPU, FLEX, WHOLE, PathChoice, attention_path, forced_path, paths_ran
 from lsg_layers.ops import flex
@@ -275,22 +275,7 @@ def test_led_compiled_flex_matches_dense_reference():
 @pytest.mark.parametrize(
     "arch,extra,builder",
     [
-        (
-            "lsg_bart_tiny",
-            [
-                "--block-size",
-                "8",
-                "--sparse-block-size",
-                "8",
-                "--sparsity-factor",
-                "2",
-                "--sparsity-type",
-                "norm",
-                "--num-global-tokens",
-                "2",
-            ],
-            "lsg_block_mask",
-        ),
+        ("lsg_bart_tiny", TOY_LSG, "lsg_block_mask"),
         ("led_tiny", ["--attention-window", "8", "--global-token-ids", "7"], "led_block_mask"),
     ],
 )

@@ -14,26 +14,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import TINY_LOCOST, build_task_and_model, toy_batch, write_toy_dict
+from conftest import TINY_LOCOST, TOY_LSG, build_task_and_model, toy_batch, write_toy_dict
 from lsg_layers.modules.paths import forced_path
 
-ARCHS = {
-    "bart_tiny": [],
-    "lsg_bart_tiny": [
-        "--block-size",
-        "8",
-        "--sparse-block-size",
-        "8",
-        "--sparsity-factor",
-        "2",
-        "--sparsity-type",
-        "norm",
-        "--num-global-tokens",
-        "2",
-    ],
-    "led_tiny": ["--attention-window", "8"],
-    "locost_tiny": [],
-}
+ARCHS = {"bart_tiny": [], "lsg_bart_tiny": TOY_LSG, "led_tiny": ["--attention-window", "8"], "locost_tiny": []}
 FFT_OPS = ("_fft_r2c", "_fft_c2r", "_fft_c2c")
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import build_task_and_model, toy_batch, write_toy_dict
+from conftest import TOY_LSG, build_task_and_model, toy_batch, write_toy_dict
 from lsg_layers.modules import s4d as s4d_module
 from lsg_layers.modules import s4d_cache, s4d_kernel
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention
@@ -129,22 +129,7 @@ def test_whole_kernels_equal_the_naive_formula(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ whole models, both paths
-TINY = {
-    "lsg_bart_tiny": [
-        "--block-size",
-        "8",
-        "--sparse-block-size",
-        "8",
-        "--sparsity-factor",
-        "2",
-        "--sparsity-type",
-        "norm",
-        "--num-global-tokens",
-        "2",
-    ],
-    "led_tiny": ["--attention-window", "8", "--global-token-ids", "7"],
-    "locost_tiny": [],
-}
+TINY = {"lsg_bart_tiny": TOY_LSG, "led_tiny": ["--attention-window", "8", "--global-token-ids", "7"], "locost_tiny": []}
 
 
 @pytest.mark.parametrize("arch", sorted(TINY))
