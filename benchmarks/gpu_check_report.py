@@ -277,9 +277,9 @@ def plot_records(work):
 
 
 def plot(work, stem):
-    """``<stem>_time.png`` and ``<stem>_memory.png``: benchmarks/report.py's figures of the CPU
-    results, drawn from :func:`plot_records` (matplotlib: drawn where the results come back, not on
-    the GPU machine)."""
+    """``<stem>_time.png`` and ``<stem>_memory.png`` of :func:`plot_records`, drawn as
+    benchmarks/report.py draws the CPU results' (with matplotlib: where the results come back, not
+    on the GPU machine)."""
     from report import plot as draw  # benchmarks/report.py, beside this script
 
     records, rows = plot_records(work)
