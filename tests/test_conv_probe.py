@@ -24,12 +24,22 @@ def layer(H=24):
     return probe.S4D(H).eval()
 
 
+# torch < 2.13 (the GPU machine's 2.11, benchmarks/device_torch.sh) on CPU: inductor's stride check
+# fails the compiled time-major FFTs (the fake rfft over dim 1 had contiguous strides there; its
+# CUDA strides follow cuFFT); the probe records the error and goes on
+OLD_CPU_FFT_STRIDES = tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 13)
+
+
 @pytest.mark.parametrize("L", [200, 300])  # FFT sizes 400 and 600: a power of two and not
 def test_every_variant_computes_the_layers_convolution(L):
     part = probe.probe_length(layer(), L, args(), "cpu", torch.float32)
     rows = {r["variant"]: r for r in part["rows"]}
-    assert list(rows) == probe.VARIANTS and all(r["status"] == "ok" for r in rows.values()), part["rows"]
-    for name in probe.SAME_MATH:
+    refused = {"time_major_compiled"} if OLD_CPU_FFT_STRIDES else set()
+    assert list(rows) == probe.VARIANTS, part["rows"]
+    assert {n for n, r in rows.items() if r["status"] != "ok"} == refused, part["rows"]
+    if refused:
+        assert "expected size" in rows["time_major_compiled"]["error"]  # the stride check, nothing else
+    for name in probe.SAME_MATH - refused:
         assert rows[name]["diff"] <= 1e-5, name  # float32 throughout: the same function
     assert part["fft_size"] == probe.next_fast_len(2 * L)
 
