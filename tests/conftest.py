@@ -166,19 +166,25 @@ def write_toy_dict(folder) -> str:
     return str(folder)
 
 
-def build_task_and_model(argv, seed=0):
-    """fairseq's own path (parse_args_and_arch -> omegaconf -> task -> model), seeded weights."""
+def build_from_flags(argv, seed=0):
+    """fairseq's own path (parse_args_and_arch -> omegaconf -> task -> model), seeded weights:
+    ``(cfg, task, model)``, for the tests that also build the criterion or optimizer from ``cfg``."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    import lsg_fairseq  # noqa: F401  (registers the plugin's archs and task)
+    import lsg_fairseq  # noqa: F401  (registers the plugin's archs, task and optimizer)
 
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), list(argv)))
     task = tasks.setup_task(cfg.task)
     import torch
 
     torch.manual_seed(seed)
-    return task, task.build_model(cfg.model)
+    return cfg, task, task.build_model(cfg.model)
+
+
+def build_task_and_model(argv, seed=0):
+    """``build_from_flags`` without the config."""
+    return build_from_flags(argv, seed)[1:]
 
 
 def toy_batch(n=2, L=45, lengths=(45, 30), seed=1):

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 import torch
-from fairseq import options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.sequence_generator import SequenceGenerator
 
 import lsg_fairseq  # noqa: F401  (registers the model, task, optimizer)
 from lsg_fairseq.models.locost import LOCOSTModel
 from lsg_fairseq.optim.grouped_adam import GroupedAdam, GroupedAdamConfig
+
+from conftest import build_from_flags
 
 TINY = [
     "--arch",
@@ -36,30 +36,11 @@ BIN = os.path.dirname(sys.executable)
 
 
 def build(data, *extra, arch=TINY, seed=0):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser,
-        [
-            str(data),
-            "--task",
-            "long_document_summarization",
-            "--user-dir",
-            lsg_fairseq.user_dir(),
-            "--criterion",
-            "cross_entropy",
-            "--optimizer",
-            "grouped_adam",
-            "--lr",
-            "0.001",
-            "--cpu",
-            *arch,
-            *extra,
-        ],
+    cfg, task, model = build_from_flags(
+        [str(data), "--task", "long_document_summarization", "--criterion", "cross_entropy"]
+        + ["--optimizer", "grouped_adam", "--lr", "0.001", "--cpu", *arch, *extra],
+        seed,
     )
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    torch.manual_seed(seed)
-    model = task.build_model(cfg.model)
     with torch.no_grad():  # move the SSM parameters off their init (B = 1, S4D-Lin A)
         for name, p in model.named_parameters():
             if ".kernel." in name:
@@ -376,26 +357,9 @@ def test_out_of_range_flags_refused_when_parsed(word_data, flag, value, match, c
 
 
 def test_ssm_lr_with_an_optimizer_that_ignores_it_is_refused(word_data):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser,
-        [
-            str(word_data),
-            "--task",
-            "long_document_summarization",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "0.001",
-            "--ssm-lr",
-            "0.01",
-            "--cpu",
-            *TINY,
-        ],
-    )
-    task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+    flags = [str(word_data), "--task", "long_document_summarization", "--optimizer", "adam", "--lr", "0.001"]
     with pytest.raises(ValueError, match="grouped_adam"):
-        task.build_model(convert_namespace_to_omegaconf(args).model)
+        build_from_flags(flags + ["--ssm-lr", "0.01", "--cpu", *TINY])
 
 
 def test_train_then_generate_cli(word_data, tmp_path):

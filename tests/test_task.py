@@ -4,9 +4,8 @@ import os
 
 import pytest
 import torch
-from fairseq import options, tasks
 
-import lsg_fairseq  # noqa: F401  (registers the task)
+from conftest import build_from_flags
 from lsg_text.rouge import rouge_example
 
 TINY_BART = [
@@ -36,32 +35,11 @@ TINY_BART = [
 
 
 def build(data, *extra, arch=TINY_BART):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
-        parser,
-        [
-            str(data),
-            "--task",
-            "long_document_summarization",
-            "--user-dir",
-            lsg_fairseq.user_dir(),
-            "--criterion",
-            "cross_entropy",
-            "--optimizer",
-            "adam",
-            "--cpu",
-            *arch,
-            *extra,
-        ],
+    cfg, task, model = build_from_flags(
+        [str(data), "--task", "long_document_summarization", "--criterion", "cross_entropy", "--optimizer", "adam"]
+        + ["--cpu", *arch, *extra]
     )
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    cfg = convert_namespace_to_omegaconf(args)
-    task = tasks.setup_task(cfg.task)
-    torch.manual_seed(0)
-    model = task.build_model(cfg.model)
-    criterion = task.build_criterion(cfg.criterion)
-    return task, model, criterion
+    return task, model, task.build_criterion(cfg.criterion)
 
 
 def batch(task, split, n, start=0):
