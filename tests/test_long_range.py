@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from lsg_text.errors import ConfigError
 from lsg_text.synthetic import (
     ANIMALS,
     COLOURS,
@@ -25,6 +26,7 @@ from lsg_text.synthetic import (
     order_hits,
     parse_order,
 )
+from lsg_text.synthetic.position_rule import band, fit_position_rule, position_rule_scores
 
 from conftest import load_script
 
@@ -681,14 +683,13 @@ def test_position_only_rule_ranks_each_arrival_by_its_own_offset():
     """The rule's thresholds fall between the training arrivals' bands; a test document whose arrivals
     lie in their bands is right, one whose first two arrivals both lie early is wrong, though the
     order of their offsets would tell (the rule never compares two arrivals)."""
-    report = load_report()
     train = [_arrivals(100 + i, 1500 + i, 2900 + i) for i in range(0, 300, 10)]
-    rule = report.fit_position_rule(train)
+    rule = fit_position_rule(train)
     ((t1, t2),) = [r["thresholds"] for r in rule.values()]
     assert list(rule) == [3] and rule[3]["train_exact"] == 1.0 and rule[3]["n_docs"] == 30
     assert 390 < t1 <= 1500 and 1790 < t2 <= 2900
     right, wrong, late = (_arrivals(300, 2000, 3200), _arrivals(50, 300, 3000), _arrivals(1700, 2950, 3300))
-    scores = report.position_rule_scores([right, wrong, late], rule)
+    scores = position_rule_scores([right, wrong, late], rule)
     assert [s["exact"] for s in scores] == [1.0, 0.0, 0.0]
     assert scores[1]["slots"] == [True, False, True]  # the second arrival lies in the first band
     assert scores[2]["slots"] == [False, False, True]
@@ -697,14 +698,14 @@ def test_position_only_rule_ranks_each_arrival_by_its_own_offset():
 
     rng = random.Random(4)
     docs = [_arrivals(a, a + rng.randint(1, 2000)) for a in (rng.randint(0, 2000) for _ in range(200))]
-    fitted = report.fit_position_rule(docs)[2]
+    fitted = fit_position_rule(docs)[2]
     pairs = [tuple(k["token_offset"] for k in d["keys"]) for d in docs]
     best = max(sum(a < t <= b for a, b in pairs) for t in range(0, 4100))
     assert fitted["train_exact"] * len(docs) == best
     (t,) = fitted["thresholds"]
     assert sum(d["keys"][0]["token_offset"] < t <= d["keys"][1]["token_offset"] for d in docs) == best
-    with pytest.raises(report.ConfigError, match="no training document has 3 arrivals"):
-        report.position_rule_scores([right], report.fit_position_rule(docs))
+    with pytest.raises(ConfigError, match="no training document has 3 arrivals"):
+        position_rule_scores([right], fit_position_rule(docs))
 
 
 def test_seed_resampled_interval_widens_with_seed_variance():
@@ -770,11 +771,11 @@ def test_report_tells_order_from_copying(tmp_path):
     assert list(res) == ["local_8", "position_only", "locost"]
     ref = res["position_only"]
     train = report.scored_documents(str(tmp_path / "outputs" / "order" / "data.json"), "train", 200)
-    assert ref["rule"] == {str(n): r for n, r in report.fit_position_rule(train).items()}
+    assert ref["rule"] == {str(n): r for n, r in fit_position_rule(train).items()}
     expected = [
         float(
             all(
-                report._band(k["token_offset"], ref["rule"][str(len(d["keys"]))]["thresholds"]) == i
+                band(k["token_offset"], ref["rule"][str(len(d["keys"]))]["thresholds"]) == i
                 for i, k in enumerate(d["keys"])
             )
         )

@@ -16,7 +16,8 @@ Where things are:
   ``examples/long_context``, ``scripts/key_recall.py``): "The red fox visited Paris on Monday."
   hidden in the document, restated in the summary; its scorers (``key_hits``, ``exact_match``);
 - :mod:`~lsg_text.synthetic.long_range`: ``binding``, ``count`` and ``order``, the variants of
-  ``examples/long_range``, with their scorers;
+  ``examples/long_range``, with their scorers; :mod:`~lsg_text.synthetic.position_rule`: the
+  ``order`` tables' no-model reference (each arrival ranked by its word offset alone);
 - :mod:`~lsg_text.synthetic.config`: :class:`SyntheticConfig` (``variant``, sizes, ``holdout``);
 - :mod:`~lsg_text.synthetic.vocabulary`: the key words and sentence templates;
   :mod:`~lsg_text.synthetic.filler`: the filler and how sentences are placed among it.
