@@ -10,6 +10,7 @@ from a reader of positions (``examples/long_range/report.py``'s ``position_only`
 """
 
 import bisect
+from typing import Dict, List, Tuple
 
 from lsg_text.errors import ConfigError
 
@@ -19,7 +20,7 @@ def band(position: int, thresholds) -> int:
     return bisect.bisect_right(thresholds, position)
 
 
-def _fit_level(docs, i: int):
+def _fit_level(docs, i: int) -> Tuple[int, List[int]]:
     """(documents right, thresholds t_i..t_last) for the arrivals i-1, i, ... of ``docs`` (position
     tuples, all of one length, each already right before arrival i): t_i must lie in
     (docs[i-1], docs[i]] for a document to stay right. Exact search: a candidate t_i is one of the
@@ -29,7 +30,7 @@ def _fit_level(docs, i: int):
     highs = sorted(d[i] for d in docs)
     # kept(t) = #{d: d[i-1] < t <= d[i]} = #{d[i] >= t} - #{d[i-1] >= t}, since d[i-1] < d[i]
     kept = {t: (len(highs) - bisect.bisect_left(highs, t)) - (len(lows) - bisect.bisect_left(lows, t)) for t in highs}
-    best = (0, [])
+    best: Tuple[int, List[int]] = (0, [])
     for t in sorted(kept, key=lambda t: (-kept[t], t)):
         if kept[t] <= best[0]:
             break
@@ -46,7 +47,7 @@ def fit_position_rule(examples) -> dict:
     have their i-th arrival in band i (an arrival before t_1 is called first, one at or past t_(n-1)
     last). Each arrival is ranked by where it lies alone, never against another arrival.
     Returns ``{n: {"thresholds": [...], "train_exact": fraction right, "n_docs": documents}}``."""
-    by_n = {}
+    by_n: Dict[int, List[Tuple[int, ...]]] = {}
     for ex in examples:
         by_n.setdefault(len(ex["keys"]), []).append(tuple(k["token_offset"] for k in ex["keys"]))
     rule = {}
