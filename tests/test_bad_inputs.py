@@ -380,3 +380,21 @@ def test_interactive_wrapper_needs_no_user_dir_or_task(word_data, tiny_checkpoin
     )
     out = capsys.readouterr().out
     assert [line.split("\t")[0] for line in out.splitlines() if line.startswith("H-")] == ["H-0", "H-1"]
+
+
+def test_interactive_truncates_a_line_longer_than_the_model(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """A typed document longer than --max-source-positions is truncated, as a binarized split's is
+    (it was refused, with advice to lower the flag to the value already given)."""
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    (tmp_path / "docs.txt").write_text(" ".join(["the patients were treated"] * 60) + "\nresults show a decrease\n")
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-interactive"])
+    fairseq_wrappers.interactive(
+        [str(word_data), "--path", tiny_checkpoint, "--input", str(tmp_path / "docs.txt"), "--beam", "1"]
+        + ["--max-len-b", "4", "--max-source-positions", "128", "--max-target-positions", "64", "--cpu"]
+        + ["--buffer-size", "2", "--batch-size", "2"]
+    )
+    out = capsys.readouterr().out
+    assert [line.split("\t")[0] for line in out.splitlines() if line.startswith("H-")] == ["H-0", "H-1"]
+    source = next(line for line in out.splitlines() if line.startswith("S-0")).split("\t")[1].split()
+    assert len(source) == 128 - 2  # <s> and </s> besides, as in a split truncated to 128

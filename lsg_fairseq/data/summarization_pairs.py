@@ -10,11 +10,13 @@ default: block-sparse attention aligns blocks from position 0).
 import os
 from typing import Dict, Tuple
 
+import torch
+
 from fairseq.data import Dictionary, LanguagePairDataset, PrependTokenDataset
 from fairseq.tasks.translation import load_langpair_dataset
 
 from lsg_fairseq.data.binarized import check_binarized_pair, require_split
-from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices
+from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices, truncate_keep_eos
 from lsg_text.fileio import DataError
 
 
@@ -73,6 +75,33 @@ def load_summarization_pair(
         pad_to_multiple=cfg.required_seq_len_multiple,
     )
     return pair, counts
+
+
+def inference_sources(cfg, src_tokens, src_dict: Dictionary, tgt_dict: Dictionary, prepend_bos: bool, constraints=None):
+    """Sources encoded at generation time (``fairseq-interactive``, the hub, ``lsg-fairseq-summarize``)
+    -> the dataset a split's sources would give: cut to ``--max-source-positions`` with eos kept,
+    ``<s>`` first when the model's convention has it (kept, not doubled, where the encoder already
+    put it: BART's hub does), padded as ``--left-pad-source`` says. TranslationTask's own passes them
+    as they are: no ``<s>`` for a model trained with it, a long line refused instead of truncated,
+    and left padding, which shifts every block of a block-sparse encoder for the shorter documents
+    of a batch. Returns (the dataset, how many sources were truncated)."""
+    bos, room = src_dict.bos(), cfg.max_source_positions - int(prepend_bos)
+    sources, truncated = [], 0
+    for tokens in src_tokens:
+        if prepend_bos and tokens.numel() and tokens[0] == bos:
+            tokens = tokens[1:]
+        truncated += tokens.numel() > room
+        tokens = truncate_keep_eos(tokens, room, src_dict.eos())
+        sources.append(torch.cat([tokens.new_tensor([bos]), tokens]) if prepend_bos else tokens)
+    pair = LanguagePairDataset(
+        sources,
+        torch.tensor([t.numel() for t in sources]),
+        src_dict,
+        tgt_dict=tgt_dict,
+        left_pad_source=cfg.left_pad_source,
+        constraints=constraints,
+    )
+    return pair, truncated
 
 
 def refuse_empty(sizes, path: str, side: str) -> None:

@@ -15,6 +15,12 @@ from fairseq.data import BaseWrapperDataset
 logger = logging.getLogger(__name__)
 
 
+def truncate_keep_eos(item, max_len: int, eos: int):
+    """``item`` (``tokens + [eos]``) cut to at most ``max_len`` tokens: the first ``max_len - 1``,
+    then eos, closing the sequence as fairseq-preprocess did."""
+    return torch.cat([item[: max_len - 1], item.new_tensor([eos])]) if item.numel() > max_len else item
+
+
 class TruncateKeepEosDataset(BaseWrapperDataset):
     """Cut every item to at most ``max_len`` tokens, keeping its final ``eos``.
 
@@ -33,11 +39,7 @@ class TruncateKeepEosDataset(BaseWrapperDataset):
         self._sizes = np.minimum(sizes, max_len)
 
     def __getitem__(self, index):
-        item = self.dataset[index]
-        if item.numel() > self.max_len:
-            # keep the first max_len-1 tokens, then close the sequence like preprocess did
-            item = torch.cat([item[: self.max_len - 1], item.new_tensor([self.eos])])
-        return item
+        return truncate_keep_eos(self.dataset[index], self.max_len, self.eos)
 
     @property
     def sizes(self):

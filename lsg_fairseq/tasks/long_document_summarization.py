@@ -11,6 +11,8 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   else an over-long target is refused up front in every split (fairseq would skip training examples
   silently); so is an example larger than ``--max-tokens``; an empty source (or target) line is
   refused with its index (the split's loading: :mod:`lsg_fairseq.data.summarization_pairs`);
+  sources typed at generation time (``fairseq-interactive``, the hub, ``lsg-fairseq-summarize``)
+  are made the same way, ``<s>``, truncation and right padding included;
 * ``--eval-rouge``: ROUGE-1/2/L/Lsum F1 (rouge-score, stemmed) of generated summaries, logged as
   ``rouge1 rouge2 rougeL rougeLsum`` so that ``--best-checkpoint-metric rougeL
   --maximize-best-checkpoint-metric`` works (:mod:`lsg_fairseq.tasks.eval_rouge`);
@@ -36,7 +38,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from lsg_fairseq import checkpoint_policy, device_policy
-from lsg_fairseq.data.summarization_pairs import load_summarization_pair
+from lsg_fairseq.data.summarization_pairs import inference_sources, load_summarization_pair
 from lsg_fairseq.generation import LongInputSequenceGenerator
 from lsg_fairseq.tasks.eval_rouge import (
     DEFAULT_EVAL_ROUGE_ARGS,
@@ -178,6 +180,17 @@ class LongDocumentSummarizationTask(TranslationTask):
             f"max target positions {self.cfg.max_target_positions})"
         )
         self.datasets[split] = pair
+
+    def build_dataset_for_inference(self, src_tokens, src_lengths, constraints=None):
+        pair, truncated = inference_sources(
+            self.cfg, src_tokens, self.src_dict, self.tgt_dict, self.prepend_bos, constraints=constraints
+        )
+        if truncated:
+            logger.warning(
+                f"{truncated} of {len(src_tokens)} inputs truncated to --max-source-positions "
+                f"{self.cfg.max_source_positions}"
+            )
+        return pair
 
     def get_batch_iterator(self, dataset, *args, **kwargs):
         # remembered for filter_indices_by_size's messages (fairseq folds it into max_positions)
