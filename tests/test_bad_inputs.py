@@ -398,3 +398,51 @@ def test_interactive_truncates_a_line_longer_than_the_model(word_data, tiny_chec
     assert [line.split("\t")[0] for line in out.splitlines() if line.startswith("H-")] == ["H-0", "H-1"]
     source = next(line for line in out.splitlines() if line.startswith("S-0")).split("\t")[1].split()
     assert len(source) == 128 - 2  # <s> and </s> besides, as in a split truncated to 128
+
+
+@pytest.fixture(scope="module")
+def separate_dictionaries(word_data, tmp_path_factory):
+    """The word-level data binarized as fairseq-preprocess does by default: one dictionary per side."""
+    from conftest import fairseq_cli
+
+    raw, dest = os.path.join(word_data, "..", "raw"), tmp_path_factory.mktemp("separate_dicts")
+    subprocess.run(
+        [fairseq_cli("fairseq-preprocess"), "--source-lang", "source", "--target-lang", "target"]
+        + ["--trainpref", os.path.join(raw, "train"), "--validpref", os.path.join(raw, "valid")]
+        + ["--destdir", str(dest), "--nwordssrc", "2000", "--nwordstgt", "500", "--workers", "1"],
+        check=True,
+        capture_output=True,
+    )
+    return dest
+
+
+@pytest.mark.parametrize("arch", ["lsg_bart_tiny", "led_tiny"])
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--encoder-attention-heads", "3"], "--encoder-attention-heads 3 must divide --encoder-embed-dim 16"),
+        (["--decoder-attention-heads", "3"], "--decoder-attention-heads 3 must divide --decoder-embed-dim 16"),
+        (["--decoder-embed-dim", "32"], "--decoder-embed-dim 32 differs from --encoder-embed-dim 16"),
+        (["--dropout", "1.5"], "--dropout 1.5: must be a number in [0, 1)"),
+        (["--attention-dropout", "2"], "--attention-dropout 2.0: must be a number in [0, 1)"),
+        (["--dropout", "-0.5"], "--dropout -0.5: must be a number in [0, 1)"),
+        ("separate", ": dict.source.txt (2001 symbols) and dict.target.txt (505) differ, but"),
+    ],
+)
+def test_bart_family_flags_and_dictionaries_refused_in_one_line(
+    word_data, separate_dictionaries, tmp_path, capsys, monkeypatch, arch, flags, expected
+):
+    """fairseq's BART refuses these with a traceback (a ValueError or assert at build time, or in
+    the first forward for a dropout of 1.5) or not at all (-0.5); LOCOST refused them already."""
+    from test_user_errors import TRAIN, fairseq_train
+
+    data, flags = (separate_dictionaries, []) if flags == "separate" else (word_data, flags)
+    code, err = fairseq_train(
+        [str(data), "--user-dir", lsg_fairseq.user_dir(), "--arch", arch, *TRAIN]
+        + ["--save-dir", str(tmp_path / "ck"), *flags],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("fairseq-train: error: ") and expected in err, err[-500:]
+    assert not (tmp_path / "ck" / "checkpoint_last.pt").exists()

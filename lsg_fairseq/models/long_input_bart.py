@@ -4,12 +4,48 @@ inputs without truncating them, its from-scratch weights follow ``--weight-init`
 (:mod:`~lsg_fairseq.models.long_source_decoder`). The encoder each subclass builds is a
 :class:`~lsg_fairseq.models.custom_encoder.LongInputEncoder`."""
 
+from fairseq import utils
 from fairseq.models.bart import BARTModel
 from fairseq.models.transformer import TransformerConfig
 
 from lsg_fairseq.models import hub
 from lsg_fairseq.models.long_source_decoder import LongSourceDecoder
 from lsg_fairseq.models.weight_init import add_weight_init_arg, init_weights
+from lsg_text.errors import ConfigError
+
+
+def check_bart_args(args, task) -> None:
+    """Refuse, naming the flags, what fairseq's BART would refuse only with a traceback at build time
+    (a ValueError or assert) or not at all (a dropout of 1.5 fails in the first forward, -0.5 turns
+    dropout off without a word). The LSG and LED flags are checked by their own models."""
+    for flag in ("dropout", "attention_dropout", "activation_dropout"):
+        value = getattr(args, flag, None) or 0.0
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"--{flag.replace('_', '-')} {value}: must be a number in [0, 1)")
+    for side in ("encoder", "decoder"):
+        dim, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
+        if heads < 1 or dim % heads:
+            raise ConfigError(
+                f"--{side}-attention-heads {heads} must divide --{side}-embed-dim {dim} (each head takes dim/heads)"
+            )
+    if not getattr(args, "share_all_embeddings", False):
+        return
+    if args.encoder_embed_dim != args.decoder_embed_dim:
+        raise ConfigError(
+            f"--decoder-embed-dim {args.decoder_embed_dim} differs from --encoder-embed-dim {args.encoder_embed_dim}: "
+            f"{getattr(args, 'arch', 'the model')} shares one embedding between encoder, decoder and output, so they "
+            "must be equal"
+        )
+    if task.source_dictionary != task.target_dictionary:
+        cfg = task.cfg
+        data = utils.split_paths(cfg.data)[0] if getattr(cfg, "data", None) else "the data folder"
+        src, tgt = getattr(cfg, "source_lang", None) or "SRC", getattr(cfg, "target_lang", None) or "TGT"
+        raise ConfigError(
+            f"{data}: dict.{src}.txt ({len(task.source_dictionary)} symbols) and dict.{tgt}.txt "
+            f"({len(task.target_dictionary)}) differ, but {getattr(args, 'arch', 'the model')} shares one "
+            "embedding between encoder, decoder and output: binarize with fairseq-preprocess --joined-dictionary, or "
+            "scripts/preprocess.sh --dict DICT (one dict.txt for both sides)"
+        )
 
 
 class LongInputBARTModel(BARTModel):
@@ -33,6 +69,7 @@ class LongInputBARTModel(BARTModel):
 
     @classmethod
     def build_model(cls, args, task):
+        check_bart_args(args, task)
         model = super().build_model(args, task)
         init_weights(model, args)
         return model
