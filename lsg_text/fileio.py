@@ -45,6 +45,69 @@ def require_dir(path: str, what: str) -> str:
     return path
 
 
+def require_text(path: str, what: str) -> str:
+    """Return ``path`` if it holds something besides whitespace, else raise a :class:`DataError`
+    (reads only up to the first non-blank chunk)."""
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            if chunk.strip():
+                return path
+    raise DataError(f"{what} {path}: no text (the file is empty or blank; give a file with text)")
+
+
+def check_output_path(path: str, flag: str, folder: bool = False) -> None:
+    """Refuse up front an output path of the wrong kind, naming ``flag`` and the path as given:
+    a folder where a file is to be written, a file where a folder is (``folder``), or a path below
+    a file. Otherwise the error comes from deep in a write, after the work, naming a temp file."""
+    if path in (None, "-"):
+        return
+    if folder and os.path.exists(path) and not os.path.isdir(path):
+        raise DataError(f"{flag} {path}: exists and is not a folder (choose another output folder)")
+    if not folder and os.path.isdir(path):
+        raise DataError(f"{flag} {path}: is a folder (give the path of a file, e.g. one inside it)")
+    above = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(above):  # the folders that will be created must not sit below a file
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise DataError(f"{flag} {path}: {above} is a file, not a folder (choose another path)")
+
+
+def check_output_files(paths: Sequence[str], flag: str, inputs: Sequence[str] = ()) -> None:
+    """The up-front checks of a list of output files: each of the right kind
+    (:func:`check_output_path`), none given twice (the second write would silently replace the
+    first), none one of ``inputs`` (:func:`refuse_clobber`)."""
+    seen: Dict[str, str] = {}  # realpath -> the path as given
+    for path in paths:
+        check_output_path(path, flag)
+        if path in (None, "-"):
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            same = "" if seen[real] == path else f" (as {seen[real]})"
+            raise DataError(f"{flag} {path}: given twice{same} (give one output path per input)")
+        seen[real] = path
+    refuse_clobber(paths, inputs, what=flag)
+
+
+@contextlib.contextmanager
+def made_folder(folder: str) -> Iterator[str]:
+    """``os.makedirs(folder)``; if the block then fails, the folders it created are removed again
+    (those still empty), so a refused run leaves no empty output folder behind."""
+    missing = []
+    above = os.path.abspath(folder)
+    while not os.path.exists(above):
+        missing.append(above)
+        above = os.path.dirname(above)
+    os.makedirs(folder, exist_ok=True)
+    try:
+        yield folder
+    except BaseException:
+        for made in missing:  # deepest first; rmdir never removes a folder that has files
+            with contextlib.suppress(OSError):
+                os.rmdir(made)
+        raise
+
+
 def count_lines(path: str) -> int:
     """Number of lines as fairseq reads them (a last line without ``\\n`` still counts)."""
     n = 0
@@ -311,6 +374,39 @@ def check_utf8(path: str, what: str = "") -> None:
             decoder.decode(b"", final=True)
         except UnicodeDecodeError as e:
             raise DataError(f"{prefix}{path}: not UTF-8 text (truncated character at the end: {e.reason})") from None
+
+
+# In every fairseq Dictionary before its dict.txt is read: listing them again is a duplicate.
+FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
+
+
+def check_fairseq_dict(path: str, what: str) -> None:
+    """Raise a :class:`DataError` naming the first line of ``path`` that fairseq's
+    ``Dictionary.load`` would fail on with a traceback (the same parse as its ``add_from_file``,
+    without importing fairseq): ``<token> <count>`` with an optional ``#fairseq:overwrite``."""
+    check_utf8(path, what)
+    fix = "give the dict.txt that scripts/spm_train.py, lsg-fairseq-convert or fairseq-preprocess wrote"
+    seen = set(FAIRSEQ_SPECIALS)
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            try:
+                word, field = line.rstrip().rsplit(" ", 1)
+                overwrite = field == "#fairseq:overwrite"
+                if overwrite:
+                    word, field = word.rsplit(" ", 1)
+                int(field)
+            except ValueError:
+                got = line.rstrip("\n")[:40]
+                raise DataError(
+                    f"{what} {path}: not a fairseq dict.txt (line {lineno} is {got!r}, expected "
+                    f"'<token> <count>'; {fix})"
+                ) from None
+            if word in seen and not overwrite:
+                raise DataError(
+                    f"{what} {path}: line {lineno} lists {word!r} a second time (fairseq's own "
+                    f"{' '.join(FAIRSEQ_SPECIALS)} count as listed; {fix})"
+                )
+            seen.add(word)
 
 
 def read_text(path: str, what: str = "", errors: str = "strict", fix: str = "convert it to UTF-8 text") -> str:

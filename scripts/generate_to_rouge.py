@@ -27,7 +27,15 @@ import sys
 
 from lsg_text.argtypes import POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, count_lines, read_text, require_file
+from lsg_text.fileio import (
+    DataError,
+    atomic_outputs,
+    check_output_files,
+    check_output_path,
+    count_lines,
+    read_text,
+    require_file,
+)
 from lsg_text.generate_output import hypotheses_and_references, parse_generate_output
 from lsg_text.rouge import rouge_corpus
 
@@ -110,11 +118,7 @@ def score_generate_output(args) -> dict:
             lead = [" ".join(sources[i].split()[:n]) for i in ids]
             leads[n] = (lead, dict(rouge_corpus(lead, refs_by_id), words_per_summary=_mean_words(lead)))
         report["lead_baselines"] = {f"lead-{n} words": r for n, (_, r) in leads.items()}
-    out = args.output_dir
-    paths = [os.path.join(out, f) for f in ("hyp.txt", "ref.txt", "rouge.json")]
-    for n in leads:
-        paths += [os.path.join(out, f"lead{n}.txt"), os.path.join(out, f"lead{n}.json")]
-    with atomic_outputs(paths) as files:
+    with atomic_outputs(output_paths(args)) as files:
         fh, fr, fj = files[:3]
         for h, r in zip(hyps, refs_by_id):
             # One example per line, whatever the text holds.
@@ -125,6 +129,25 @@ def score_generate_output(args) -> dict:
             files[3 + 2 * k].write("".join(line + "\n" for line in lead))
             files[4 + 2 * k].write(json.dumps(scores, indent=2) + "\n")
     return report
+
+
+def output_paths(args) -> list:
+    """What mode 1 writes into --output-dir: hyp.txt, ref.txt, rouge.json, then leadN.txt and
+    leadN.json for each --lead-words N."""
+    names = ["hyp.txt", "ref.txt", "rouge.json"]
+    for n in dict.fromkeys(args.lead_words):
+        names += [f"lead{n}.txt", f"lead{n}.json"]
+    return [os.path.join(args.output_dir, name) for name in names]
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any scoring, outputs of the wrong kind and outputs that are inputs
+    (``--json ref.txt`` would replace the references by the report)."""
+    inputs = [args.generate_output, args.ref_file, args.source_file, args.hyp, args.ref]
+    if args.output_dir:
+        check_output_path(args.output_dir, "--output-dir", folder=True)
+        check_output_files(output_paths(args), "--output-dir", inputs)
+    check_output_files([args.json], "--json", inputs)
 
 
 def _mean_words(texts) -> float:
@@ -157,12 +180,14 @@ def main(argv=None) -> int:
                 raise DataError("--generate-output needs --output-dir")
             if args.lead_words and not args.source_file:
                 raise DataError("--lead-words needs --source-file")
+            check_outputs(args)
             scores = score_generate_output(args)
         else:
             if args.lead_words or args.table:
                 raise DataError("--lead-words and --table go with --generate-output")
             if not (args.hyp and args.ref):
                 raise DataError("--hyp and --ref go together")
+            check_outputs(args)
             scores = score_files(args)
         if args.json:
             with atomic_outputs([args.json]) as (f,):

@@ -24,7 +24,15 @@ from multiprocessing import Pool
 
 from lsg_text.argtypes import POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, progress, unpaired_outputs
+from lsg_text.fileio import (
+    DataError,
+    atomic_outputs,
+    check_output_files,
+    check_utf8,
+    count_lines,
+    progress,
+    unpaired_outputs,
+)
 from lsg_text.offline_bpe import check_gpt2_files, gpt2_encode_line, require_local_file
 
 PROG = "gpt2_encode.py"
@@ -87,6 +95,7 @@ def main(argv=None) -> int:
     if args.inputs.count("-") > 1:
         return report("--inputs: stdin ('-') can be given only once", PROG)
     try:
+        check_output_files(args.outputs, "--outputs", inputs=list(args.inputs))
         # Validates both files (existence, URL, format) before any output exists.
         _init_worker(args.encoder_json, args.vocab_bpe, args.keep_empty)
         for path in args.inputs:

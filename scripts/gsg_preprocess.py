@@ -39,7 +39,7 @@ from lsg_text.documents import (
     read_documents,
 )
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, require_file
+from lsg_text.fileio import DataError, check_output_path, require_file
 
 PROG = "gsg_preprocess.py"
 
@@ -201,6 +201,7 @@ def main(argv=None) -> int:
     from lsg_fairseq.data.gsg_dataset import GSGCorpusWriter, corpus_prefix
 
     try:
+        check_output_path(args.output_dir, "--output-dir", folder=True)
         inputs = parse_inputs(args.input)
         t0 = time.time()
         split_docs = {}

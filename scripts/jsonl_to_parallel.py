@@ -16,7 +16,15 @@ import sys
 
 from lsg_text.argtypes import POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, count_lines, progress, require_dir, require_file
+from lsg_text.fileio import (
+    DataError,
+    atomic_outputs,
+    check_output_path,
+    count_lines,
+    progress,
+    require_dir,
+    require_file,
+)
 from lsg_text.jsonl import flatten, read_jsonl
 
 PROG = "jsonl_to_parallel.py"
@@ -85,6 +93,7 @@ def main(argv=None) -> int:
     if args.newline_token is not None and (not args.newline_token or any(c.isspace() for c in args.newline_token)):
         return report(f"--newline-token must be a single token without spaces, got {args.newline_token!r}", PROG)
     try:
+        check_output_path(args.output_dir, "--output-dir", folder=True)
         inputs = resolve_inputs(args)
         fields = (args.document_field, args.summary_field)
         outputs, exts = [], ["source", "target"] + (["id"] if args.write_ids else [])

@@ -23,9 +23,10 @@ import sys
 
 from lsg_text.argtypes import POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, require_file
+from lsg_text.fileio import DataError, atomic_outputs, check_output_files, require_file
 from lsg_text.generate_output import parse_generate_output
 from lsg_text.jsonl import read_jsonl
+from lsg_text.offline_bpe import load_sentencepiece
 from lsg_text.synthetic import FIELDS, chance_recall, key_hits
 
 PROG = "key_recall.py"
@@ -95,6 +96,12 @@ def main(argv=None) -> int:
     try:
         require_file(args.jsonl, "--jsonl")
         require_file(args.generate_output, "--generate-output")
+        # --json and --jsonl differ by one letter
+        check_output_files([args.json], "--json", inputs=[args.jsonl, args.generate_output, args.spm_model])
+        sp = None
+        if args.spm_model:
+            # any sentencepiece model: positions are counted, never looked up in a dict.txt
+            sp = load_sentencepiece(args.spm_model, "--spm-model", check_specials=False)
         examples = []
         for _, ex in read_jsonl(args.jsonl, fields=("document", "summary")):
             if not isinstance(ex.get("keys"), list):
@@ -112,11 +119,6 @@ def main(argv=None) -> int:
                 "examples (another split?)"
             )
         hyps = [generated[i].best_hypothesis if i in generated else None for i in range(len(examples))]
-        sp = None
-        if args.spm_model:
-            import sentencepiece
-
-            sp = sentencepiece.SentencePieceProcessor(model_file=require_file(args.spm_model, "--spm-model"))
     except DataError as e:
         return report(str(e), PROG)
     positions = [key_positions(ex["document"], ex["keys"], sp, not args.no_bos) for ex in examples]

@@ -19,7 +19,7 @@ import time
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import atomic_outputs, progress
+from lsg_text.fileio import DataError, atomic_outputs, check_output_path, progress
 from lsg_text.synthetic import VARIANTS, SyntheticConfig, make_split
 
 PROG = "make_synthetic_data.py"
@@ -115,6 +115,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         flags = "--min-tokens/--max-tokens/--min-keys/--max-keys/--min-gap/--decoy-names"
         return report(f"bad size flags ({flags}): {e}", PROG)
+    try:
+        check_output_path(args.output_dir, "--output-dir", folder=True)
+    except DataError as e:
+        return report(e, PROG)
     sizes = {"train": args.train, "valid": args.valid, "test": args.test}
     splits = [s for s, n in sizes.items() if n > 0]
     start = time.time()

@@ -30,8 +30,10 @@ from lsg_layers.modules.lsg_attention import LSGSelfAttention
 from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_layers.ops.blocks import local_window_indices, num_blocks
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range
-from lsg_text.errors import report
+from lsg_text.errors import OneLineArgumentParser, report
+from lsg_text.fileio import DataError, atomic_files, check_output_path
 
+PROG = "plot_attention_pattern.py"
 NONE, LOCAL, SPARSE, GLOBAL = 0, 1, 2, 3
 NAMES = {LOCAL: "local", SPARSE: "sparse", GLOBAL: "global"}
 COLOURS = ["#ffffff", "#1f77b4", "#ff7f0e", "#2ca02c"]  # none, local, sparse, global
@@ -126,8 +128,26 @@ def pattern(args, attn, queries) -> torch.Tensor:
     return led_categories(attn, args.length, queries, args.head, args.global_positions, args.seed)
 
 
+def output_path(out: str) -> str:
+    """--out as it will be written, refused up front if matplotlib cannot write it: a name without
+    an extension gets .png, as matplotlib's savefig would silently add."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    check_output_path(out, "--out")
+    ext = os.path.splitext(out)[1][1:].lower()
+    if not ext:
+        return out + ".png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if ext not in formats:
+        raise DataError(
+            f"--out {out}: matplotlib cannot write .{ext} files (use one of .{', .'.join(sorted(formats))})"
+        )
+    return out
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = OneLineArgumentParser(
+        prog=PROG,
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
@@ -158,6 +178,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
     p.add_argument("--out", required=True, help="PNG path")
     args = p.parse_args(argv)
+    try:
+        args.out = output_path(args.out)
+    except DataError as e:
+        p.exit(report(e, PROG))
     try:
         args.global_positions = [int(v) for v in args.global_positions.split(",") if v.strip()]
     except ValueError:
@@ -199,7 +223,7 @@ def main(argv=None):
     try:
         attn = build_attention(args)
     except ValueError as e:
-        sys.exit(report(e, "plot_attention_pattern.py"))
+        sys.exit(report(e, PROG))
     G = args.num_global_tokens if args.model == "lsg" else 0
     offset = G  # the query's index in the attention input (LSG puts the globals first)
     torch.set_num_threads(1)  # hundreds of tiny backward passes: threads only add overhead
@@ -238,8 +262,8 @@ def main(argv=None):
     ]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    fig.savefig(args.out, dpi=90)
+    with atomic_files([args.out]) as (f,):  # no half-written picture
+        fig.savefig(f, format=os.path.splitext(args.out)[1][1:].lower(), dpi=90)
     print(
         f"wrote {args.out}: query {args.query} attends to " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " keys"
     )

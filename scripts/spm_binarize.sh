@@ -42,6 +42,7 @@ done
 [[ -n "$raw" ]] || die "--raw-dir is required"
 [[ -n "$out" ]] || die "--out-dir is required"
 [[ -n "$vocab" ]] || die "--vocab-size is required"
+[[ ! -e "$out" || -d "$out" ]] || die "--out-dir $out: exists and is not a folder (choose another output folder)"
 for split in train valid test; do
   for side in source target; do
     [[ -f "$raw/$split.$side" ]] || die "--raw-dir $raw: missing $raw/$split.$side"

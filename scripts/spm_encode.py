@@ -16,7 +16,15 @@ import sys
 
 from lsg_text.argtypes import POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, check_utf8, count_lines, progress, unpaired_outputs
+from lsg_text.fileio import (
+    DataError,
+    atomic_outputs,
+    check_output_files,
+    check_utf8,
+    count_lines,
+    progress,
+    unpaired_outputs,
+)
 from lsg_text.offline_bpe import load_sentencepiece, require_local_file
 
 PROG = "spm_encode.py"
@@ -49,6 +57,8 @@ def main(argv=None) -> int:
     if unpaired:
         return report(unpaired, PROG)
     try:
+        # All outputs up front: the encoding loop commits them one by one.
+        check_output_files(args.outputs, "--outputs", inputs=list(args.inputs) + [args.model])
         sp = load_sentencepiece(args.model, "--model", check_specials=not args.allow_foreign_model)
         for path in args.inputs:
             if path != "-":

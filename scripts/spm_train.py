@@ -23,7 +23,7 @@ import tempfile
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_files, progress
+from lsg_text.fileio import DataError, atomic_files, check_output_files, check_utf8, made_folder, progress, require_text
 from lsg_text.offline_bpe import (
     fairseq_dict_lines,
     load_sentencepiece,
@@ -101,19 +101,56 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def train(spm, args, sentences, tmp_prefix: str) -> None:
+    """sentencepiece's training into ``tmp_prefix``.model/.vocab; its failures as a DataError."""
+    print(f"training sentencepiece ({args.model_type}, vocab {args.vocab_size}) ...", file=sys.stderr)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sentences,
+            model_prefix=tmp_prefix,
+            vocab_size=args.vocab_size,
+            model_type=args.model_type,
+            character_coverage=args.character_coverage,
+            hard_vocab_limit=not args.soft_vocab_limit,
+            user_defined_symbols=[s for s in args.user_defined_symbols.split(",") if s],
+            input_sentence_size=args.input_sentence_size,
+            shuffle_input_sentence=True,
+            max_sentence_length=args.max_sentence_length,
+            normalization_rule_name=args.normalization_rule,
+            num_threads=args.threads,
+            minloglevel=0 if args.verbose else 1,
+            **sentencepiece_special_kwargs(),
+        )
+    except (RuntimeError, OSError) as e:
+        hint = ""
+        if "Vocabulary size" in str(e):
+            hint = " (lower --vocab-size or pass --soft-vocab-limit"
+            hint += ", or use --model-type bpe, which grows up to whole words)" if args.model_type == "unigram" else ")"
+        raise DataError(f"sentencepiece training failed: {e}{hint}") from None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        for path in args.inputs:
-            require_local_file(path, "--inputs")
-    except DataError as e:
-        return report(str(e), PROG)
-    import sentencepiece as spm
-
     prefix = os.path.abspath(args.model_prefix)
     out_dir = os.path.dirname(prefix)
     dict_path = args.dict or os.path.join(out_dir, "dict.txt")
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        if args.model_prefix.endswith(("/", os.sep)) or os.path.isdir(args.model_prefix):
+            # "spm/" would write spm.model/.vocab beside the folder and a dict.txt in its parent
+            example = os.path.join(args.model_prefix.rstrip("/" + os.sep) or ".", "spm")
+            raise DataError(
+                f"--model-prefix {args.model_prefix}: names a folder (--model-prefix is a prefix, e.g. {example}, "
+                f"which writes {example}.model and {example}.vocab)"
+            )
+        for path in args.inputs:
+            require_local_file(path, "--inputs")
+            check_utf8(path, "--inputs")  # names the byte offset; sentencepiece's reader cannot
+            require_text(path, "--inputs")  # else sentencepiece's "[!sentences_.empty()]"
+        check_output_files([prefix + ".model", prefix + ".vocab"], "--model-prefix", inputs=args.inputs)
+        check_output_files([dict_path], "--dict", inputs=args.inputs)
+    except DataError as e:
+        return report(str(e), PROG)
+    import sentencepiece as spm
 
     def sentences():
         for path in args.inputs:
@@ -129,47 +166,20 @@ def main(argv=None) -> int:
     spm.set_random_generator_seed(args.seed)
     # sentencepiece writes its files by prefix, so it trains into a temp folder beside the outputs;
     # atomic_files then commits model, vocab and dict.txt together: a failed run leaves no model
-    # without its dictionary, and no half of an earlier one.
-    tmp_dir = tempfile.mkdtemp(prefix=".spm_train.", dir=out_dir)
+    # without its dictionary, no half of an earlier one, and no output folder it made (made_folder).
     try:
-        tmp_prefix = os.path.join(tmp_dir, "m")
-        print(f"training sentencepiece ({args.model_type}, vocab {args.vocab_size}) ...", file=sys.stderr)
-        try:
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=sentences(),
-                model_prefix=tmp_prefix,
-                vocab_size=args.vocab_size,
-                model_type=args.model_type,
-                character_coverage=args.character_coverage,
-                hard_vocab_limit=not args.soft_vocab_limit,
-                user_defined_symbols=[s for s in args.user_defined_symbols.split(",") if s],
-                input_sentence_size=args.input_sentence_size,
-                shuffle_input_sentence=True,
-                max_sentence_length=args.max_sentence_length,
-                normalization_rule_name=args.normalization_rule,
-                num_threads=args.threads,
-                minloglevel=0 if args.verbose else 1,
-                **sentencepiece_special_kwargs(),
-            )
-        except (RuntimeError, OSError) as e:
-            hint = ""
-            if "Vocabulary size" in str(e):
-                hint = " (lower --vocab-size or pass --soft-vocab-limit"
-                hint += (
-                    ", or use --model-type bpe, which grows up to whole words)" if args.model_type == "unigram" else ")"
-                )
-            raise DataError(f"sentencepiece training failed: {e}{hint}") from None
-        sp = load_sentencepiece(tmp_prefix + ".model", flag="--model-prefix")
-        with atomic_files([prefix + ".model", prefix + ".vocab", dict_path]) as (model, vocab, dictionary):
-            for trained, out in ((".model", model), (".vocab", vocab)):
-                with open(tmp_prefix + trained, "rb") as f:
-                    shutil.copyfileobj(f, out)
-            for line in fairseq_dict_lines(sp):
-                dictionary.write((line + "\n").encode("utf-8"))
+        with made_folder(out_dir), tempfile.TemporaryDirectory(prefix=".spm_train.", dir=out_dir) as tmp_dir:
+            tmp_prefix = os.path.join(tmp_dir, "m")
+            train(spm, args, sentences(), tmp_prefix)
+            sp = load_sentencepiece(tmp_prefix + ".model", flag="--model-prefix")
+            with atomic_files([prefix + ".model", prefix + ".vocab", dict_path]) as (model, vocab, dictionary):
+                for trained, out in ((".model", model), (".vocab", vocab)):
+                    with open(tmp_prefix + trained, "rb") as f:
+                        shutil.copyfileobj(f, out)
+                for line in fairseq_dict_lines(sp):
+                    dictionary.write((line + "\n").encode("utf-8"))
     except DataError as e:
         return report(str(e), PROG)
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
     n = sp.get_piece_size()
     print(
         f"wrote {prefix}.model/.vocab ({n} pieces) and {dict_path} ({n - 4} entries; index == piece id)",

@@ -659,3 +659,194 @@ def test_shell_refusals_are_one_line(tmp_path, script, env, message):
     r = subprocess.run(["bash", os.path.join(REPO_ROOT, script), "nope"], env=full, capture_output=True, text=True)
     assert (r.returncode, r.stderr) == (2, message + "\n")
     assert not os.path.exists(tmp_path / "out")
+
+
+# ----------------------------------------------------------------------------- refusals up front
+# Each mistake gets one line, `prog: error: <flag or file>: ...`, exit status 2, and nothing is
+# written or replaced.
+
+LATIN1 = "caf\xe9 au lait\n".encode("latin-1")  # byte 3 is not UTF-8
+
+
+def one_error_line(err, prog):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{prog}: error: "), err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (LATIN1, "--inputs: {path}: not UTF-8 text (byte offset 3, line 1"),
+        (b"", "--inputs {path}: no text"),
+        (b" \n\n", "--inputs {path}: no text"),
+    ],
+)
+def test_spm_train_refuses_unusable_text_up_front(tmp_path, capsys, content, message):
+    path = tmp_path / "in.txt"
+    path.write_bytes(content)
+    out = tmp_path / "spm"
+    rc = load_script("spm_train.py").main(["--inputs", str(path), "--model-prefix", str(out / "spm")])
+    assert rc == 2 and message.format(path=path) in one_error_line(capsys.readouterr().err, "spm_train.py")
+    assert not out.exists()  # no empty output folder either
+
+
+def test_spm_train_failure_leaves_no_output_folder(tmp_path, capsys):
+    (tmp_path / "t.txt").write_text("a tiny corpus. it has few words.\n" * 20)
+    out = tmp_path / "new" / "spm"
+    argv = ["--inputs", str(tmp_path / "t.txt"), "--model-prefix", str(out / "m"), "--vocab-size", "5000"]
+    assert load_script("spm_train.py").main(argv) == 2
+    assert "--vocab-size" in capsys.readouterr().err and files_in(tmp_path) == ["t.txt"]
+
+
+@pytest.mark.parametrize("prefix", ["spm/", "existing"])
+def test_spm_train_model_prefix_is_a_prefix(tmp_path, capsys, monkeypatch, prefix):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "t.txt").write_text("some text.\n")
+    rc = load_script("spm_train.py").main(["--inputs", "t.txt", "--model-prefix", prefix])
+    line = one_error_line(capsys.readouterr().err, "spm_train.py")
+    example = os.path.join(prefix.rstrip("/"), "spm")
+    assert rc == 2 and f"--model-prefix {prefix}: names a folder (--model-prefix is a prefix, e.g. {example}" in line
+    assert files_in(tmp_path) == ["existing", "t.txt"] and files_in(tmp_path / "existing") == []
+
+
+@pytest.mark.parametrize("script", ["key_recall.py", "generate_to_rouge.py"])
+def test_json_report_never_overwrites_an_input(tmp_path, capsys, script):
+    """--json and --jsonl differ by one letter: the report must not replace what it was made from."""
+    victim = tmp_path / "test.jsonl"
+    victim.write_text('{"document": "d", "summary": "s", "keys": []}\n')
+    (tmp_path / "gen.out").write_text("H-0\t-1\ts\nD-0\t-1\ts\n")
+    if script == "key_recall.py":
+        argv = ["--jsonl", str(victim), "--generate-output", str(tmp_path / "gen.out")]
+    else:
+        argv = ["--hyp", str(victim), "--ref", str(victim)]
+    before = victim.read_bytes()
+    assert load_script(script).main(argv + ["--json", str(victim)]) == 2
+    line = one_error_line(capsys.readouterr().err, script)
+    assert f"{victim}: the --json would overwrite the input {victim}" in line
+    assert victim.read_bytes() == before and files_in(tmp_path) == ["gen.out", "test.jsonl"]
+
+
+@pytest.fixture()
+def wrong_kinds(tmp_path):
+    """afile (a file where a folder is expected) and emptydir (a folder where a file is)."""
+    (tmp_path / "afile").write_text("keep me\n")
+    (tmp_path / "emptydir").mkdir()
+    (tmp_path / "in.txt").write_text("a line\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "script, argv, flag, target, what",
+    [
+        ("gsg_preprocess.py", ["--format", "file", "--input", "train=in.txt"], "--output-dir", "afile", "not a folder"),
+        (
+            "make_synthetic_data.py",
+            ["--train", "2", "--valid", "1", "--test", "1"],
+            "--output-dir",
+            "afile",
+            "not a folder",
+        ),
+        ("jsonl_to_parallel.py", ["--input-dir", "."], "--output-dir", "afile", "not a folder"),
+        ("jsonl_to_parallel.py", ["--input-dir", "."], "--output-dir", "afile/raw", "afile is a file"),
+        ("generate_to_rouge.py", ["--generate-output", "in.txt"], "--output-dir", "afile", "not a folder"),
+        ("generate_to_rouge.py", ["--hyp", "in.txt", "--ref", "in.txt"], "--json", "emptydir", "is a folder"),
+        ("spm_encode.py", ["--model", "m.model", "--inputs", "in.txt"], "--outputs", "emptydir", "is a folder"),
+        (
+            "gpt2_encode.py",
+            ["--encoder-json", "e", "--vocab-bpe", "v", "--inputs", "in.txt"],
+            "--outputs",
+            "emptydir",
+            "is a folder",
+        ),
+    ],
+)
+def test_output_path_of_the_wrong_kind_is_refused_first(
+    wrong_kinds, capsys, monkeypatch, script, argv, flag, target, what
+):
+    monkeypatch.chdir(wrong_kinds)
+    assert load_script(script).main(argv + [flag, target]) == 2
+    line = one_error_line(capsys.readouterr().err, script)
+    assert line.startswith(f"{script}: error: {flag} {target}: ") and what in line
+    assert files_in(wrong_kinds) == ["afile", "emptydir", "in.txt"] and files_in(wrong_kinds / "emptydir") == []
+    assert (wrong_kinds / "afile").read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize(
+    "script, argv, message",
+    [
+        ("spm_binarize.sh", ["--raw-dir", "raw", "--out-dir", "afile", "--vocab-size", "300"], "--out-dir afile"),
+        ("preprocess.sh", ["--trainpref", "p", "--destdir", "afile"], "--destdir afile"),
+    ],
+)
+def test_shell_output_folder_of_the_wrong_kind(wrong_kinds, script, argv, message):
+    for name in ("raw/train.source", "raw/train.target", "p.source", "p.target"):
+        os.makedirs(os.path.dirname(wrong_kinds / name), exist_ok=True)
+        (wrong_kinds / name).write_text("a\n")
+    cmd = ["bash", os.path.join(SCRIPTS, script), *argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=wrong_kinds)
+    assert proc.returncode == 2
+    assert (
+        one_error_line(proc.stderr, script)
+        == f"{script}: error: {message}: exists and is not a folder (choose another output folder)"
+    )
+    assert (wrong_kinds / "afile").read_text() == "keep me\n"
+
+
+@pytest.mark.parametrize(
+    "script, argv",
+    [("spm_encode.py", ["--model", "m.model"]), ("gpt2_encode.py", ["--encoder-json", "e", "--vocab-bpe", "v"])],
+)
+def test_encode_refuses_an_output_given_twice(tmp_path, capsys, monkeypatch, script, argv):
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / name).write_text("x\n")
+    rc = load_script(script).main(argv + ["--inputs", "a", "b", "--outputs", "o", "./o"])
+    assert rc == 2 and "--outputs ./o: given twice (as o)" in one_error_line(capsys.readouterr().err, script)
+    assert files_in(tmp_path) == ["a", "b"]
+
+
+def test_key_recall_spm_model_that_is_not_one(tmp_path, capsys):
+    (tmp_path / "t.jsonl").write_text('{"document": "d", "summary": "s", "keys": []}\n')
+    (tmp_path / "gen.out").write_text("H-0\t-1\ts\nD-0\t-1\ts\n")
+    (tmp_path / "spm.vocab").write_text("<s>\t0\n<pad>\t0\n")
+    argv = ["--jsonl", str(tmp_path / "t.jsonl"), "--generate-output", str(tmp_path / "gen.out")]
+    rc = load_script("key_recall.py").main(argv + ["--spm-model", str(tmp_path / "spm.vocab")])
+    line = one_error_line(capsys.readouterr().err, "key_recall.py")
+    assert rc == 2 and f"--spm-model: {tmp_path / 'spm.vocab'} is not a sentencepiece model" in line
+
+
+def test_plot_out_extension_and_the_path_written(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    plot = load_script("plot_attention_pattern.py")
+    flags = ["--length", "64", "--block-size", "16", "--sparse-block-size", "16", "--no-matrix", "--out"]
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main(flags + ["doc.txt"])
+    line = one_error_line(capsys.readouterr().err, "plot_attention_pattern.py")
+    assert exit_info.value.code == 2 and "--out doc.txt: matplotlib cannot write .txt files (use one of " in line
+    plot.main(flags + ["pattern"])  # no extension: matplotlib's .png, and the message says so
+    assert capsys.readouterr().out.startswith("wrote pattern.png: ") and files_in(tmp_path) == ["pattern.png"]
+
+
+@pytest.mark.parametrize(
+    "dict_text, source, message",
+    [
+        (
+            "<s>\t0\n<pad>\t0\n",
+            b"a\n",
+            "--dict dict.txt: not a fairseq dict.txt (line 1 is '<s>\\t0', expected '<token> <count>';",
+        ),
+        ("a 5\nb 3\na 1\n", b"a\n", "--dict dict.txt: line 3 lists 'a' a second time"),
+        ("a 5\n", LATIN1, "--trainpref: p.source: not UTF-8 text (byte offset 3, line 1"),
+    ],
+)
+def test_preprocess_checks_dict_and_text_before_fairseq(tmp_path, dict_text, source, message):
+    (tmp_path / "dict.txt").write_text(dict_text)
+    (tmp_path / "p.source").write_bytes(source)
+    (tmp_path / "p.target").write_text("a\n")
+    cmd = ["bash", os.path.join(SCRIPTS, "preprocess.sh"), "--trainpref", "p", "--destdir", "bin", "--dict", "dict.txt"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if "error" in line or "Traceback" in line]
+    assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr
+    assert files_in(tmp_path) == ["dict.txt", "p.source", "p.target"]
