@@ -5,7 +5,8 @@ Called through the task hooks of :mod:`lsg_fairseq.fairseq_fixes.restore_hooks`,
 task in the same process keeps fairseq's behaviour.
 
 * ``--restore-file some/typo.pt`` that does not exist: fairseq logs "No existing checkpoint found"
-  and trains from scratch, which for a fine-tuning run means days spent on the wrong thing; refused.
+  and trains from scratch, which for a fine-tuning run means days spent on the wrong thing; refused,
+  as is a ``--finetune-from-model`` that does not exist (fairseq's error is a traceback).
 * A checkpoint that does not fit the model: fairseq says "please ensure that the architectures
   match"; we say which ``--arch`` it was saved with, or how many positions its table holds and
   how to extend it.
@@ -32,12 +33,19 @@ def restore_path(cfg, trainer) -> str:
 
 
 def check_restore(cfg, trainer) -> None:
-    """Refuse a non-default ``--restore-file`` that does not exist."""
-    if cfg.restore_file == "checkpoint_last.pt":
-        return  # the default: a first launch has no checkpoint_last.pt, and starts fresh
+    """Refuse a non-default ``--restore-file``, or the ``--finetune-from-model`` a first launch
+    starts from, that does not exist."""
     path = restore_path(cfg, trainer)
     # Only rank 0 reads the file (the others get it by broadcast), so only it checks.
-    if trainer.data_parallel_rank == 0 and not PathManager.isfile(path):
+    if trainer.data_parallel_rank != 0 or PathManager.isfile(path):
+        return
+    if cfg.restore_file == "checkpoint_last.pt" and path == cfg.finetune_from_model:
+        # fairseq's own error is a ValueError traceback
+        raise MissingFileError(
+            f"--finetune-from-model {path}: no such file; give the checkpoint to start from (a "
+            "checkpoint_*.pt of fairseq-train, or model.pt of lsg-fairseq-convert)"
+        )
+    if cfg.restore_file != "checkpoint_last.pt":  # the default: a first launch starts fresh
         raise MissingFileError(
             f"--restore-file {cfg.restore_file}: no such file ({path}); fairseq would silently "
             "train from scratch. Give an existing checkpoint, or leave --restore-file out to "

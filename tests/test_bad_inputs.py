@@ -446,3 +446,43 @@ def test_bart_family_flags_and_dictionaries_refused_in_one_line(
     assert code == 2 and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("fairseq-train: error: ") and expected in err, err[-500:]
     assert not (tmp_path / "ck" / "checkpoint_last.pt").exists()
+
+
+def test_generate_with_another_vocabulary_is_one_line(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """The data folder of another vocabulary (here one symbol more) for a checkpoint: one line naming
+    both sizes, not torch's size-mismatch traceback; also for fairseq-train --finetune-from-model."""
+    import shutil
+
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    data = tmp_path / "other_vocabulary"
+    shutil.copytree(word_data, data)
+    for name in ("dict.source.txt", "dict.target.txt"):
+        with open(data / name, "a") as f:
+            f.write("zzzextra 1\n")
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-generate"])
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.generate([str(data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--cpu"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("lsg-fairseq-generate: error: the checkpoint's vocabulary has ") and "give the data" in line
+
+
+def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data, tmp_path, capsys, monkeypatch):
+    from lsg_fairseq.cli import fairseq_wrappers
+    from test_user_errors import TRAIN, fairseq_train
+
+    for command in (fairseq_wrappers.generate, fairseq_wrappers.interactive):
+        with pytest.raises(SystemExit) as e:
+            command([str(word_data), "--cpu"])
+        assert e.value.code == 2 and "error: --path is required" in capsys.readouterr().err
+    code, err = fairseq_train(
+        [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+        + ["--save-dir", str(tmp_path / "ck"), "--finetune-from-model", str(tmp_path / "nope.pt")],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 2 and "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"fairseq-train: error: --finetune-from-model {tmp_path / 'nope.pt'}: no such file")

@@ -8,8 +8,8 @@ argparse.Namespace`` (torch >= 2.6) or, with weights_only loading turned off, wi
 
 These wrappers run fairseq's own ``generate`` / ``interactive`` mains unchanged, after adding
 ``--user-dir <this plugin>`` and ``--task long_document_summarization`` when they are not given,
-and they refuse a missing ``--path`` file up front with a message naming it. The plugin's refusals
-(a corrupt checkpoint, an over-long target, ...) are printed as one line with exit status 2:
+and they refuse a missing ``--path`` flag or file up front with a message naming it. The plugin's
+refusals (a corrupt checkpoint, an over-long target, ...) are printed as one line with exit status 2:
 ``fairseq-generate`` itself calls its ``main`` where no plugin can catch them
 (lsg_fairseq.fairseq_fixes.one_line_errors).
 Every other flag is fairseq's (``lsg-fairseq-generate --help``).
@@ -20,7 +20,7 @@ import os
 import sys
 
 from lsg_fairseq._fairseq_logs import DropMessage
-from lsg_text.errors import MissingFileError, UserError, report
+from lsg_text.errors import ConfigError, MissingFileError, UserError, report
 
 
 def _has_flag(argv, flag) -> bool:
@@ -28,12 +28,14 @@ def _has_flag(argv, flag) -> bool:
 
 
 def _flag_value(argv, flag):
+    """The value argparse takes for ``flag``: its last occurrence's."""
+    value = None
     for i, a in enumerate(argv):
         if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 def plugin_argv(argv, prog: str):
@@ -52,6 +54,9 @@ def plugin_argv(argv, prog: str):
     if not _has_flag(argv, "--task") and "-h" not in argv and "--help" not in argv:
         argv += ["--task", TASK_NAME]
     paths = _flag_value(argv, "--path")
+    if not paths and "-h" not in argv and "--help" not in argv:
+        # fairseq's own: an AssertionError traceback (generate), a TypeError (interactive)
+        raise ConfigError("--path is required: the checkpoint to generate with (e.g. --path ckpt/checkpoint_best.pt)")
     if paths:
         for path in paths.split(os.pathsep):
             if not os.path.isfile(path):

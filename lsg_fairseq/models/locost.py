@@ -38,6 +38,7 @@ from fairseq.models import (
 )
 
 from lsg_fairseq.models.layer_wrap import wrap_layer
+from lsg_fairseq.models.vocabulary_fit import VocabularyCheckedLoad
 from lsg_layers.modules.lean_ffn import LeanDropout
 from lsg_layers.modules.locost_blocks import LOCOSTEncoderBlock, T5DecoderBlock
 from lsg_layers.modules.s4d import KERNEL_TAIL_TOL
@@ -321,7 +322,7 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
 
 
 @register_model("locost")
-class LOCOSTModel(FairseqEncoderDecoderModel):
+class LOCOSTModel(VocabularyCheckedLoad, FairseqEncoderDecoderModel):
     """LOCOST encoder-decoder. See the module docstring for token conventions."""
 
     # The token convention, read by the summarization task: T5's, no <s> on the source or target.

@@ -10,6 +10,7 @@ from fairseq.models.transformer import TransformerConfig
 
 from lsg_fairseq.models import hub
 from lsg_fairseq.models.long_source_decoder import LongSourceDecoder
+from lsg_fairseq.models.vocabulary_fit import VocabularyCheckedLoad
 from lsg_fairseq.models.weight_init import add_weight_init_arg, init_weights
 from lsg_text.errors import ConfigError
 
@@ -48,10 +49,11 @@ def check_bart_args(args, task) -> None:
         )
 
 
-class LongInputBARTModel(BARTModel):
+class LongInputBARTModel(VocabularyCheckedLoad, BARTModel):
     """BART subclass whose hub loads long-input models without truncating them, whose
-    from-scratch weights follow ``--weight-init``, and whose decoder cross-attends to long sources
-    without materialising the attention probabilities (``long_source_decoder``)."""
+    from-scratch weights follow ``--weight-init``, whose decoder cross-attends to long sources
+    without materialising the attention probabilities (``long_source_decoder``), and which refuses
+    a checkpoint of another vocabulary in one line (``vocabulary_fit``)."""
 
     long_source_decoder = True
 
