@@ -323,3 +323,19 @@ def test_hub_loading(tmp_path):
     assert hub.max_source_tokens == 2048  # the hub does not cut sources to 1,024 tokens
     hyps = hub.generate([src], beam=2, max_len_b=5)
     assert len(hyps) == 1 and hyps[0][0]["tokens"].numel() >= 1
+
+
+@pytest.mark.parametrize("to", [[], ["--to", "lsg_bart"]], ids=["own", "to_lsg_bart"])
+def test_fairseq_led_checkpoint_refused_naming_what_converts(converted, tmp_path, capsys, to):
+    """A led_* checkpoint written here is one (it used to read "not ... a fairseq checkpoint written
+    by lsg-fairseq", and with --to "a ... checkpoint this converter knows"): say what converts, and
+    that lsg-fairseq-export makes its HF folder."""
+    ckpt = os.path.join(converted, "model.pt")
+    with pytest.raises(SystemExit) as e:
+        cli_main([ckpt, str(tmp_path / "out"), *to])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{ckpt}: a fairseq led_base checkpoint; lsg-fairseq-convert takes HF folders and fairseq " in err
+    assert "checkpoints of bart_* and lsg_bart_* archs only" in err
+    assert f"lsg-fairseq-export {ckpt} HF_DIR" in err
+    assert os.listdir(tmp_path) == []

@@ -274,3 +274,17 @@ def test_safetensors_with_tied_weights_stored_once(tmp_path, converted):
     assert ck["model"].keys() == ref.keys()
     assert all(torch.equal(ck["model"][k], ref[k]) for k in ref)
     assert ck["cfg"]["model"].max_source_positions == 16384
+
+
+def test_fairseq_locost_checkpoint_refused_naming_what_converts(converted, tmp_path, capsys):
+    """A locost_* checkpoint written here: what converts, and lsg-fairseq-export for its HF folder."""
+    from lsg_fairseq.cli.convert import main
+
+    with pytest.raises(SystemExit) as e:
+        main([str(converted["out"]), str(tmp_path / "out")])  # the folder: its model.pt
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{converted['out']}: a fairseq locost_base checkpoint; " in err
+    assert "fairseq checkpoints of bart_* and lsg_bart_* archs only" in err
+    assert f"lsg-fairseq-export {converted['out']} HF_DIR" in err
+    assert os.listdir(tmp_path) == []

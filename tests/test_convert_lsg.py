@@ -294,6 +294,19 @@ def test_fairseq_bart_checkpoint_to_lsg_equals_hf_route(converted, tmp_path):
     assert m.encoder.num_global_tokens == 4 and m.encoder.max_positions() == 1024
 
 
+def test_training_folder_converts_with_the_checkpoint_export_takes(converted, tmp_path):
+    """A folder as fairseq-train writes it (checkpoint_best.pt, checkpoint_last.pt; no model.pt): the
+    converter takes checkpoint_best.pt, as lsg-fairseq-export does (it used to say "not a model")."""
+    run = tmp_path / "run"
+    shutil.copytree(converted["bart_plain"], run)
+    os.rename(run / "model.pt", run / "checkpoint_best.pt")
+    (run / "checkpoint_last.pt").write_bytes(b"not read: checkpoint_best.pt comes first")
+    cli_main([str(run), str(tmp_path / "out")])
+    a = torch.load(tmp_path / "out" / "model.pt", weights_only=True)["model"]
+    b = torch.load(os.path.join(converted["bart_plain"], "model.pt"), weights_only=True)["model"]
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_fairseq_bart_checkpoint_longer_positions(converted, tmp_path):
     longer = str(tmp_path / "longer")
     cli_main([converted["bart_plain"], longer, "--to", "bart", "--max-source-positions", "2048"])

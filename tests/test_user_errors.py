@@ -122,6 +122,29 @@ def test_convert_into_an_empty_out_and_refuses_a_folder_holding_the_source(tmp_p
     assert code == 2 and f"{out}: the output folder would replace the source {out / 'model.pt'}" in line
 
 
+def test_convert_truncated_checkpoint_named_as_train_and_export_do(tmp_path, capsys):
+    """It used to read "not a model this converter knows"."""
+    torch.save({"model": {"w": torch.zeros(4096)}}, tmp_path / "checkpoint_best.pt")
+    data = (tmp_path / "checkpoint_best.pt").read_bytes()
+    (tmp_path / "checkpoint_best.pt").write_bytes(data[: len(data) // 2])
+    code, line = run_convert([tmp_path / "checkpoint_best.pt", tmp_path / "out"], capsys)
+    assert code == 2 and f"{tmp_path / 'checkpoint_best.pt'}: truncated or corrupt checkpoint" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_reports_a_bad_flag_before_a_non_empty_out(tmp_path, capsys):
+    """The flags are checked first: the user is not asked to empty OUT (or pass --force) only to
+    learn that the flag was wrong."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    code, line = run_convert([BART_HF, out, "--attention-window", "16"], capsys)
+    assert code == 2 and "unknown option(s) for the bart family: attention_window" in line, line
+    code, line = run_convert([BART_HF, out, "--max-source-positions", "0"], capsys)
+    assert code == 2 and "--max-source-positions 0 is not achievable" in line, line
+    assert folder_state(out) == {"notes.txt": b"the user's"}
+
+
 # ----------------------------------------------------------------------------- tokenizer record
 def fake_model_folder(folder, files):
     folder.mkdir()
@@ -226,6 +249,77 @@ def test_summarize_never_writes_over_an_input(tmp_path, capsys, which):
     line = one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
     assert "the --output would overwrite the input" in line
     assert (docs.read_bytes(), (model_dir / "model.pt").read_bytes()) == before
+
+
+def run_summarize(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(a) for a in argv])
+    return e.value.code, one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
+
+
+def test_summarize_refuses_an_output_folder_up_front(tmp_path, capsys):
+    """Before any work (this model.pt is never read), naming the user's path, not a hidden temp file."""
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    (tmp_path / "doc.txt").write_text("a document\n")
+    (tmp_path / "summaries").mkdir()
+    code, line = run_summarize([model_dir, tmp_path / "doc.txt", "--output", tmp_path / "summaries"], capsys)
+    assert code == 2 and f"--output {tmp_path / 'summaries'}: is a folder (give the path of a file" in line, line
+    assert os.listdir(tmp_path / "summaries") == []  # and no temp file beside it
+    assert sorted(os.listdir(tmp_path)) == ["doc.txt", "model", "summaries"]
+
+
+@pytest.mark.parametrize(
+    "files,expected",
+    [
+        # an HF folder: the user never passed --checkpoint, and the fix is the converter
+        (
+            {"config.json": "{}", "model.safetensors": ""},
+            "MODEL_DIR {d}: an HF model folder (config.json), not a fairseq one; convert it first "
+            "(lsg-fairseq-convert {d} OUT_DIR)",
+        ),
+        # no dict.txt: the task's hint named --data, which this command does not have
+        (
+            {"model.pt": "", "encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"},
+            "MODEL_DIR {d}: no dict.txt; copy there, as dict.txt, the dictionary the model was trained with",
+        ),
+    ],
+    ids=["hf_folder", "no_dict"],
+)
+def test_summarize_model_dir_problems_say_what_to_do(tmp_path, capsys, files, expected):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for name, text in files.items():
+        (model_dir / name).write_text(text)
+    (tmp_path / "doc.txt").write_text("a document\n")
+    code, line = run_summarize([model_dir, tmp_path / "doc.txt"], capsys)
+    assert code == 2 and expected.format(d=model_dir) in line and "--data" not in line, line
+
+
+def test_summarize_folder_given_as_a_document(tmp_path, capsys):
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    (tmp_path / "docs").mkdir()
+    code, line = run_summarize([model_dir, tmp_path / "docs"], capsys)
+    assert code == 2 and f"{tmp_path / 'docs'}: a folder, not a text file" in line, line
+
+
+def test_summarize_quiet_prints_nothing_on_stderr(tmp_path, capfd):
+    """fairseq's INFO lines and torch's pin_memory warning (fairseq's DataLoader on a CPU) are kept
+    out of the command's stderr."""
+    import warnings
+
+    from lsg_fairseq.convert import convert
+
+    convert(BART_HF, str(tmp_path / "model"))
+    (tmp_path / "doc.txt").write_text("the patients were treated with a new drug\n")
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summarize.main(
+            [str(tmp_path / "model"), str(tmp_path / "doc.txt"), "--quiet", "--beam", "1", "--max-len-b", "3"]
+        )
+    out, err = capfd.readouterr()
+    assert len(out.splitlines()) == 1 and err == "", err
+    assert not [w for w in caught if "pin_memory" in str(w.message)]
 
 
 # ----------------------------------------------------------------------------- fairseq-train flags and resumes

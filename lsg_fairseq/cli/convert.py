@@ -28,7 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=f"Convert an HF model folder ({', '.join(f.label for f in known.values())}) or an "
         "lsg-fairseq checkpoint into a fairseq model folder (model.pt + dict.txt + tokenizer files).",
     )
-    p.add_argument("src", metavar="SRC_DIR", help="HF model folder, or a fairseq model.pt / its folder")
+    p.add_argument(
+        "src",
+        metavar="SRC_DIR",
+        help="HF model folder, or a fairseq checkpoint or a folder holding one (model.pt, else "
+        "checkpoint_best.pt, else checkpoint_last.pt, as lsg-fairseq-export picks)",
+    )
     p.add_argument("out", metavar="OUT_DIR", help="output folder (created; must be absent or empty unless --force)")
     p.add_argument(
         "--force",

@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 
 from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS, POSITIVE_INT, int_range
 from lsg_text.errors import OneLineArgumentParser
@@ -134,11 +135,22 @@ def check_arguments(args, parser) -> None:
         parser.error("give either FILES or --input-lines, not both")
     if not os.path.isdir(args.model_dir):
         parser.error(f"MODEL_DIR {args.model_dir}: no such folder")
-    if not os.path.isfile(os.path.join(args.model_dir, args.checkpoint)):
-        parser.error(f"--checkpoint: {os.path.join(args.model_dir, args.checkpoint)} does not exist")
+    checkpoint = os.path.join(args.model_dir, args.checkpoint)
+    if not os.path.isfile(checkpoint):
+        if os.path.isfile(os.path.join(args.model_dir, "config.json")):
+            parser.error(
+                f"MODEL_DIR {args.model_dir}: an HF model folder (config.json), not a fairseq one; convert it "
+                f"first (lsg-fairseq-convert {args.model_dir} OUT_DIR) and summarize with OUT_DIR"
+            )
+        parser.error(f"--checkpoint: {checkpoint} does not exist")
     for path in args.files + ([args.input_lines] if args.input_lines else []):
+        where = "--input-lines: " if path == args.input_lines else ""
+        if os.path.isdir(path):
+            parser.error(f"{where}{path}: a folder, not a text file (name the files in it)")
         if not os.path.isfile(path):
-            parser.error(f"{'--input-lines: ' if path == args.input_lines else ''}{path}: no such file")
+            parser.error(f"{where}{path}: no such file")
+    if args.output is not None and os.path.isdir(args.output):  # else found only after generating
+        parser.error(f"--output {args.output}: is a folder (give the path of a file, e.g. one inside it)")
     if args.min_len > args.max_len_b:
         parser.error(f"--min-len {args.min_len} is above --max-len-b {args.max_len_b}")
     model_files = [os.path.join(args.model_dir, n) for n in os.listdir(args.model_dir)]
@@ -158,6 +170,12 @@ def check_arguments(args, parser) -> None:
         parser.error(f"--device {args.device}: no CUDA device available; use --device cpu")
     if args.fp16 and device.type != "cuda":
         parser.error("--fp16 needs a GPU (--device cuda)")
+    # the task would say so after loading, naming a --data flag this command does not have
+    if not any(n.startswith("dict.") and n.endswith(".txt") for n in os.listdir(args.model_dir)):  # dict[.LANG].txt
+        parser.error(
+            f"MODEL_DIR {args.model_dir}: no dict.txt; copy there, as dict.txt, the dictionary the model was "
+            "trained with (dict.txt or dict.source.txt of its data-bin folder)"
+        )
 
 
 def main(argv=None) -> None:
@@ -165,6 +183,17 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     check_arguments(args, parser)
 
+    from lsg_fairseq._fairseq_logs import command_logging
+
+    # fairseq's INFO lines (loading, batching) are none of the user's business, as in the converter;
+    # fairseq's DataLoader asks torch to pin memory even on a CPU, and torch's warning about it too
+    with command_logging(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*'pin_memory' argument is set as true", category=UserWarning)
+        run(args, parser)
+
+
+def run(args, parser) -> None:
+    """Load the model, summarize, write (``args`` checked by :func:`check_arguments`)."""
     from lsg_text.errors import UserError, report
     from lsg_fairseq.models.hub import from_pretrained
 
@@ -189,7 +218,8 @@ def main(argv=None) -> None:
     try:
         write_summaries(hub, docs, args, start)
     except OSError as e:  # an unwritable --output folder, a full disk: nothing half-written is left
-        sys.exit(report(f"--output {e.filename or args.output}: {e.strerror or e}", PROG))
+        # the user's path, not the hidden temp file it was being written to
+        sys.exit(report(f"--output {args.output or '<stdout>'}: {e.strerror or e}", PROG))
 
 
 def write_summaries(hub, docs, args, start) -> None:

@@ -71,14 +71,16 @@ def convert(src: str, out: str, force: bool = False, **options) -> str:
     from lsg_text.offline_bpe import write_tokenizer_record
 
     options = {k: v for k, v in options.items() if v is not None}  # None: the family's default
-    try:
-        check_output_folder(out, force, [src])  # before the (slow) reading of the source
-    except DataError as e:
-        raise ConversionError(str(e)) from None
+    # what the source is and whether the options fit it before OUT: a bad flag is reported before
+    # the user is asked to empty OUT or pass --force (probing reads a config, or one checkpoint)
     source = probe(src)
     family = family_for_source(source, options)
     check_options(family, options)
     options.pop("to", None)
+    try:
+        check_output_folder(out, force, [src])  # before the (slow) conversion
+    except DataError as e:
+        raise ConversionError(str(e)) from None
     with atomic_folder(out, force=force, inputs=[src]) as tmp:
         path = family.convert(source, tmp, **options)
         try:

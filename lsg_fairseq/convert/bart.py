@@ -224,7 +224,10 @@ class BartFamily(Family):
             raise C.ConversionError(f"{path}: checkpoint has no cfg.model; cannot rebuild the model")
         src_dir = os.path.dirname(os.path.abspath(path))
         if not os.path.exists(os.path.join(src_dir, "dict.txt")):
-            raise C.ConversionError(f"{src_dir}/dict.txt: missing (needed beside the checkpoint)")
+            # fairseq-train writes none into its --save-dir: the dictionary is in the data folder
+            data = (cfg.get("task") or {}).get("data")
+            hint = f"; copy its training dictionary there ({data}/dict.txt or dict.source.txt)" if data else ""
+            raise C.ConversionError(f"{src_dir}/dict.txt: missing (needed beside the checkpoint{hint})")
         sd = dict(state["model"])
         model_args = cfg.model
         new_encoder = source.model not in self.models

@@ -33,12 +33,13 @@ report shows of each row into its JSON (``rows``), so ``benchmarks/report.py`` n
 
 import argparse
 import os
+import zipfile
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from lsg_fairseq._autoimport import import_all
 from lsg_fairseq.convert import common as C
-from lsg_fairseq.convert.checkpoint import Checkpoint
+from lsg_fairseq.convert.checkpoint import CHECKPOINT_NAMES, Checkpoint, resolve_checkpoint
 from lsg_text.argtypes import int_range
 
 # Longest position table a conversion makes: a longer learned table is surely a typo.
@@ -79,15 +80,23 @@ def probe(src: str) -> SourceInfo:
             return SourceInfo(src, hf_config=C.read_hf_config(src))
         except C.ConversionError:  # not JSON, not an object: no family's, said below
             return SourceInfo(src)
-    path = os.path.join(src, "model.pt") if os.path.isdir(src) else src
-    if not (os.path.isfile(path) and path.endswith(".pt")):
+    try:
+        path = resolve_checkpoint(src)  # a folder: the file lsg-fairseq-export takes from it
+    except C.ExportError:  # a folder without one: no family's
+        return SourceInfo(src)
+    if not path.endswith(".pt"):
         return SourceInfo(src)
     import torch
+    from fairseq import checkpoint_utils
     from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # noqa: BLE001  (any unreadable file: no family's)
+        if not zipfile.is_zipfile(path):
+            # damaged: fairseq's loader (as lsg_fairseq patches it) says "truncated or corrupt
+            # checkpoint" in the words train, generate and export use
+            checkpoint_utils.load_checkpoint_to_cpu(path)
         return SourceInfo(src)
     cfg = state.get("cfg") if isinstance(state, dict) else None
     model_args = cfg.get("model") if isinstance(cfg, dict) else None
@@ -221,7 +230,7 @@ def family_for_source(source: SourceInfo, options: dict) -> Family:
             reason = (
                 f"{source.path} ({source.describe()}) converts to {' or '.join(able)}{only}"
                 if able
-                else f"{source.path}: {source.describe()} this converter knows"
+                else unknown_source(source, known)
             )
         raise C.ConversionError(f"--to {to}: {reason}")
     for family in known.values():  # the options given claim it
@@ -230,11 +239,29 @@ def family_for_source(source: SourceInfo, options: dict) -> Family:
     for family in known.values():  # its own source
         if family.refusal(source, {}) is None:
             return family
+    raise C.ConversionError(unknown_source(source, known))
+
+
+def unknown_source(source: SourceInfo, known: Dict[str, Family]) -> str:
+    """Why no family converts ``source``: what the converter takes, and what to use instead."""
+    # the archs whose fairseq checkpoints convert: asked of each family, so that no list is kept here
+    archs = [
+        f.arch("*")
+        for f in known.values()
+        if any(f.refusal(SourceInfo(source.path, checkpoint=source.path, model=m), {}) is None for m in f.models)
+    ]
+    if source.checkpoint is not None and source.model is not None:
+        exported = any(source.model in f.models for f in known.values())
+        return (
+            f"{source.path}: a fairseq {source.arch} checkpoint; lsg-fairseq-convert takes HF folders and "
+            f"fairseq checkpoints of {' and '.join(archs)} archs only"
+            + (f" (to make an HF folder of it: lsg-fairseq-export {source.path} HF_DIR)" if exported else "")
+        )
     labels = [f.label for f in known.values()]
-    raise C.ConversionError(
+    return (
         f"{source.path}: not a model this converter knows (families: {', '.join(known)}). Expected an HF "
         f"folder whose config.json describes {', '.join(labels[:-1])} or {labels[-1]}, or a fairseq "
-        "checkpoint written by lsg-fairseq."
+        f"checkpoint of a {' or '.join(archs)} arch ({', '.join(CHECKPOINT_NAMES)}, or a folder holding one)."
     )
 
 
