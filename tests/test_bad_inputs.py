@@ -486,3 +486,33 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
     assert code == 2 and "Traceback" not in err
     line = err.strip().splitlines()[-1]
     assert line.startswith(f"fairseq-train: error: --finetune-from-model {tmp_path / 'nope.pt'}: no such file")
+
+
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--beam", "0"], "--beam 0: must be"),
+        (["--max-len-b", "-1"], "--max-len-b -1: must be"),
+        (["--min-len", "9", "--max-len-b", "4"], "--min-len 9 is above --max-len-b 4"),
+        (["--max-tokens", "10"], "more than --max-tokens 10"),
+        ("results_path_is_a_file", "--results-path {}: exists and is not a folder"),
+    ],
+)
+def test_generate_flags_refused_in_one_line(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch, flags, expected):
+    """fairseq's own errors: a reshape RuntimeError (--beam 0), asserts (--max-len-b -1, --min-len
+    above it, an example above --max-tokens), a FileExistsError (--results-path naming a file)."""
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    if flags == "results_path_is_a_file":
+        (tmp_path / "afile").write_text("kept\n")
+        flags, expected = ["--results-path", str(tmp_path / "afile")], expected.format(tmp_path / "afile")
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-generate"])
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.generate(
+            [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--cpu", "--truncate-target"]
+            + ["--max-source-positions", "128", "--max-target-positions", "64", *flags]
+        )
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("lsg-fairseq-generate: error: ") and expected in err, err[-600:]
+    assert not (tmp_path / "afile").exists() or (tmp_path / "afile").read_text() == "kept\n"

@@ -8,9 +8,10 @@ and around ``main``. Its train and interactive commands run ``main`` through
 ``main``, also looked up when called. Wrapping those two lets a :class:`~lsg_text.errors.UserError`
 (a bad flag or file of ours, a missing split, a step out of device memory) print ``prog: error:
 <message>`` instead of a traceback. Any other exception, and every run that raises none of ours,
-is untouched. A generation that stops so leaves no half-written ``--results-path`` file: fairseq
-opens (and so truncates) ``generate-<subset>.txt`` before it loads anything, so the file holds
-only this run's partial output, and it is removed. (``lsg-fairseq-generate`` imports the plugin
+is untouched. A ``--results-path`` that is a file is refused so before any work. A generation that
+stops so leaves no half-written ``--results-path`` file: fairseq opens (and so truncates)
+``generate-<subset>.txt`` before it loads anything, so the file holds only this run's partial
+output, and it is removed. (``lsg-fairseq-generate`` imports the plugin
 before ``fairseq_cli.generate`` and installs the fixes again once it is loaded.)
 """
 
@@ -50,6 +51,10 @@ def results_file(cfg):
 
 def _one_line_generate_errors(original):
     def main(cfg, *args, **kwargs):
+        results = results_file(cfg)
+        folder = None if results is None else os.path.dirname(results)
+        if folder and os.path.exists(folder) and not os.path.isdir(folder):  # fairseq's: FileExistsError
+            sys.exit(report(f"--results-path {folder}: exists and is not a folder (give a folder)", _prog()))
         try:
             return original(cfg, *args, **kwargs)
         except UserError as e:

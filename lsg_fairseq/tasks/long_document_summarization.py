@@ -32,6 +32,7 @@ from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.tasks import register_task
@@ -48,6 +49,7 @@ from lsg_fairseq.tasks.eval_rouge import (
     parse_eval_rouge_args,
     rouge_sums,
 )
+from lsg_text.argtypes import GENERATION_SETTINGS
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
 
@@ -108,6 +110,20 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     eval_rouge_print_samples: bool = field(
         default=False, metadata={"help": "log one generated summary and its reference per validation batch"}
     )
+
+
+def check_generation_args(args) -> None:
+    """fairseq-generate's / -interactive's search flags in the ranges ``lsg-fairseq-summarize`` and
+    ``--eval-rouge-args`` take (GENERATION_SETTINGS): fairseq's own errors for ``--beam 0`` or
+    ``--max-len-b -1`` are a reshape RuntimeError or an assert, deep in the search."""
+    for key, kind in GENERATION_SETTINGS.items():
+        value = getattr(args, key, None)
+        problem = None if value is None else kind.problem(value)
+        if problem:
+            raise ConfigError(f"--{key.replace('_', '-')} {value}: {problem}")
+    min_len, max_len_a, max_len_b = (getattr(args, k, None) for k in ("min_len", "max_len_a", "max_len_b"))
+    if min_len is not None and max_len_b is not None and not max_len_a and min_len > max_len_b:
+        raise ConfigError(f"--min-len {min_len} is above --max-len-b {max_len_b}")
 
 
 @register_task(TASK_NAME, dataclass=LongDocumentSummarizationConfig)
@@ -252,9 +268,23 @@ class LongDocumentSummarizationTask(TranslationTask):
             raise ConfigError(
                 f"{head}: the model accepts at most {limit} {side} tokens; lower --max-{side}-positions to {limit}"
             )
+        if max_tokens is not None and len(indices):
+            # fairseq-generate does not fold --max-tokens into the limits above (fairseq-train does);
+            # its own error is batch_by_size's assert
+            try:
+                tokens = np.asarray(dataset.num_tokens_vec(indices))
+            except NotImplementedError:  # a dataset without it: fairseq's own check stands
+                return
+            if tokens.max() > max_tokens:
+                first = int(indices[int((tokens > max_tokens).argmax())])
+                raise ConfigError(
+                    f"{where}: example #{first} has {int(dataset.num_tokens(first))} tokens, more than --max-tokens "
+                    f"{max_tokens} (largest {int(tokens.max())}): raise --max-tokens to at least {int(tokens.max())}"
+                )
 
     # ---------------------------------------------------------------- generation
     def build_generator(self, models, args, seq_gen_cls=None, extra_gen_cls_kwargs=None, **kwargs):
+        check_generation_args(args)
         extra = dict(extra_gen_cls_kwargs or {})
         if self.prepend_bos:
             extra.setdefault("symbols_to_strip_from_output", {self.tgt_dict.bos()})
