@@ -516,3 +516,22 @@ def test_generate_flags_refused_in_one_line(word_data, tiny_checkpoint, tmp_path
     assert e.value.code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("lsg-fairseq-generate: error: ") and expected in err, err[-600:]
     assert not (tmp_path / "afile").exists() or (tmp_path / "afile").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("task", ["long_document_summarization", "gap_sentence_generation"])
+def test_data_folder_mistakes_name_what_to_run(word_data, tmp_path, capsys, monkeypatch, task):
+    """A data path that is a file is called one (not "does not exist"); a folder without a training
+    split names the command that writes one for the task: preprocess.sh, or gsg_preprocess.py."""
+    from test_user_errors import TRAIN, fairseq_train
+
+    (tmp_path / "afile").write_text("x\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "dict.txt").write_text(open(os.path.join(word_data, "dict.source.txt")).read())
+    maker = "scripts/preprocess.sh --trainpref" if task.startswith("long") else "scripts/gsg_preprocess.py --input"
+    for data, expected in ((tmp_path / "afile", "is a file, not a data folder"), (empty, maker)):
+        argv = [str(data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+        argv[argv.index("--task") + 1] = task
+        code, err = fairseq_train(argv + ["--save-dir", str(tmp_path / "ck")], capsys, monkeypatch)
+        assert code == 2 and "Traceback" not in err
+        assert err.strip().splitlines()[-1].startswith("fairseq-train: error: ") and expected in err, err[-600:]

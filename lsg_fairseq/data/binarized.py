@@ -35,14 +35,18 @@ def splits_in(data_path: str, marker: str) -> List[str]:
     return sorted({name[: name.index(marker)] for name in names if marker in name and not name.startswith(marker)})
 
 
-def missing_split(data_path: str, split: str, expected: str, found: List[str], train: bool) -> MissingFileError:
+PAIR_MAKER = "scripts/preprocess.sh --trainpref"  # what binarizes a summarization split
+
+
+def missing_split(
+    data_path: str, split: str, expected: str, found: List[str], train: bool, maker: str = PAIR_MAKER
+) -> MissingFileError:
     """The refusal of a split that is not in ``data_path``: the folder, the split, what is there,
-    and the flags that choose another split or none."""
+    and the flags that choose another split or none (``maker``: the command that writes one)."""
     where = f"{data_path}: no {split!r} split ({expected} not found; splits there: {', '.join(found) or 'none'})"
     if train:
         return MissingFileError(
-            f"{where}; binarize the training data into this folder (scripts/preprocess.sh "
-            "--trainpref) or name another split with --train-subset"
+            f"{where}; binarize the training data into this folder ({maker}) or name another split with --train-subset"
         )
     return MissingFileError(
         f"{where}; binarize it, name an existing split (fairseq-train --valid-subset, "

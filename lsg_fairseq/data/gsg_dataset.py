@@ -44,9 +44,9 @@ def require_corpus_split(data_dir: str, split: str, train: bool) -> None:
     a corpus missing some parts is :class:`GSGCorpus`'s to report."""
     prefix = corpus_prefix(data_dir, split)
     if not any(os.path.exists(f"{prefix}.{part}.npy") for part in CORPUS_PARTS):
-        raise missing_split(
-            data_dir, split, f"{split}{CORPUS_SUFFIX}.*.npy", splits_in(data_dir, CORPUS_SUFFIX + "."), train
-        )
+        found = splits_in(data_dir, CORPUS_SUFFIX + ".")
+        maker = "scripts/gsg_preprocess.py --input train=FILE"
+        raise missing_split(data_dir, split, f"{split}{CORPUS_SUFFIX}.*.npy", found, train, maker=maker)
 
 
 def corpus_exists(prefix: str) -> bool:

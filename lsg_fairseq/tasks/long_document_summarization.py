@@ -170,7 +170,8 @@ class LongDocumentSummarizationTask(TranslationTask):
     def setup_task(cls, cfg, **kwargs):
         paths = utils.split_paths(cfg.data) if cfg.data else []
         if not paths or not os.path.isdir(paths[0]):
-            raise MissingFileError(f"--data: data directory {cfg.data!r} does not exist")
+            what = "is a file, not a data folder" if paths and os.path.exists(paths[0]) else "does not exist"
+            raise MissingFileError(f"--data: data directory {cfg.data!r} {what}")
         parse_eval_rouge_args(cfg.eval_rouge_args)  # refuse a bad option dictionary before any work
         for flag, value in (
             ("--max-source-positions", cfg.max_source_positions),
