@@ -13,7 +13,7 @@ PYTHON=${PYTHON:-python}
 mkdir -p "$out"
 data="$out/data"
 if [ ! -f "$data/bin/dict.source.txt" ]; then
-    "$PYTHON" scripts/make_synthetic_data.py --output-dir "$data" --train 64 --valid 8 --test 8 \
+    "$PYTHON" scripts/make_synthetic_data.py --output-dir "$data" --force --train 64 --valid 8 --test 8 \
         --min-tokens $(( doc_tokens / 2 )) --max-tokens "$doc_tokens" --min-keys 1 --max-keys 1 --seed 1 > /dev/null 2>&1
     "$PYTHON" scripts/jsonl_to_parallel.py --input-dir "$data" --output-dir "$data/raw" > /dev/null 2>&1
     fairseq-preprocess --source-lang source --target-lang target --trainpref "$data/raw/train" \

@@ -348,6 +348,22 @@ def atomic_folder(out: str, force: bool = False, inputs: Sequence[str] = (), fla
     _remove_stale_temps(out)  # of runs killed earlier (hidden, so nothing else ever reads them)
 
 
+@contextlib.contextmanager
+def staging_folder(folder: str, name: str) -> Iterator[str]:
+    """A hidden temp folder ``folder/.NAME.XXXXXXXX.tmp`` (same file system as ``folder``, so its
+    files can be renamed into place) for a command that replaces some files of ``folder`` but not
+    the folder as a whole (:func:`atomic_folder` does that). It is deleted on exit either way,
+    together with those that killed runs of the same command left."""
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, name)
+    tmp = tempfile.mkdtemp(prefix=_temp_prefix(marker), suffix=".tmp", dir=folder)
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _remove_stale_temps(marker)
+
+
 def check_utf8(path: str, what: str = "") -> None:
     """Raise a :class:`DataError` naming ``path``, the byte offset and the line of the first byte
     that is not UTF-8 (streamed: any file size)."""

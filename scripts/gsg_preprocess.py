@@ -8,6 +8,11 @@ sentence with the model's tokenizer and writes, per split, <output-dir>/<split>.
 lsg_fairseq/data/gsg_dataset.py) and <output-dir>/dict.txt. Gap-sentence selection and masking
 happen on the fly in the task, so one preprocessing run serves every epoch, seed and GSG flag.
 
+An --output-dir that already holds a GSG corpus (*.gsg.*.npy) or a dict.txt is refused: the splits
+of two runs would be encoded with two dictionaries. --force replaces every GSG file there (the
+splits not given this time are deleted, not kept) and dict.txt; other files are left alone. The
+new files are written to a hidden temp folder first, so a failed run changes nothing.
+
 Input formats (--format): lines (one document per line), blank (documents separated by blank
 lines), file (each file one document, e.g. a book), jsonl (field --document-field, default
 "document", as in shared/data).
@@ -39,7 +44,7 @@ from lsg_text.documents import (
     read_documents,
 )
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, check_output_path, require_file
+from lsg_text.fileio import DataError, check_output_path, made_folder, require_file, staging_folder
 
 PROG = "gsg_preprocess.py"
 
@@ -60,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON field holding the text for --format jsonl (default: document)",
     )
     p.add_argument("--output-dir", required=True, help="where <split>.gsg.*.npy and dict.txt are written")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the GSG corpus already in --output-dir: every *.gsg.*.npy there (also of splits not "
+        "given now) and dict.txt; without it such a folder is refused",
+    )
     p.add_argument(
         "--chunk-words",
         type=NON_NEGATIVE_INT,
@@ -127,6 +138,57 @@ def parse_inputs(items):
     return inputs
 
 
+def input_dictionary(args):
+    """The dict.txt this run reads (None: the whitespace tokenizer builds one from the text)."""
+    if args.spm_model and not args.dict:
+        return os.path.join(os.path.dirname(os.path.abspath(args.spm_model)), "dict.txt")
+    return args.dict
+
+
+def corpus_files(out_dir, dict_in):
+    """The files of ``out_dir`` a run replaces or deletes: every split's GSG arrays, and a dict.txt
+    unless it is the very dictionary read (``--dict OUT/dict.txt``, or --spm-model in OUT)."""
+    from lsg_fairseq.data.gsg_dataset import CORPUS_PARTS, CORPUS_SUFFIX
+
+    if not os.path.isdir(out_dir):
+        return []
+    suffixes = tuple(f"{CORPUS_SUFFIX}.{part}.npy" for part in CORPUS_PARTS)
+    names = sorted(
+        n for n in os.listdir(out_dir) if n.endswith(suffixes) and not os.path.isdir(os.path.join(out_dir, n))
+    )
+    out_dict = os.path.join(out_dir, "dict.txt")
+    if os.path.lexists(out_dict) and not (dict_in and os.path.realpath(dict_in) == os.path.realpath(out_dict)):
+        names.insert(0, "dict.txt")
+    return names
+
+
+def check_output_corpus(args, dict_in):
+    """Refuse, before any work, an --output-dir holding a corpus that this run would only partly
+    replace (the splits not given again would keep the old dictionary's ids) unless --force.
+    Returns the files to delete before the new ones are moved in."""
+    old = corpus_files(args.output_dir, dict_in)
+    if old and not args.force:
+        shown = ", ".join(old[:4]) + (", ..." if len(old) > 4 else "")
+        raise DataError(
+            f"--output-dir {args.output_dir}: already holds a GSG corpus ({shown}); pass --force to replace "
+            "it (every split's *.gsg.*.npy and dict.txt), or choose another folder"
+        )
+    return old
+
+
+def move_into(staged, out_dir, old):
+    """Put the files written to ``staged`` into ``out_dir``: first every old corpus file is deleted,
+    then the new files are renamed in, dict.txt last. Cut short, this leaves an incomplete corpus,
+    which the task refuses naming the missing file, never splits encoded with two dictionaries."""
+    for name in old:
+        try:
+            os.remove(os.path.join(out_dir, name))
+        except FileNotFoundError:
+            pass
+    for name in sorted(os.listdir(staged), key=lambda n: n == "dict.txt"):
+        os.replace(os.path.join(staged, name), os.path.join(out_dir, name))
+
+
 def build_encoder(args, first_split_docs):
     """(dictionary, dict_path or None, encode: list of sentences -> list of token id lists)."""
     from fairseq.data import Dictionary
@@ -137,7 +199,7 @@ def build_encoder(args, first_split_docs):
         from lsg_text.offline_bpe import load_sentencepiece
 
         sp = load_sentencepiece(args.spm_model, "--spm-model")
-        dict_path = args.dict or os.path.join(os.path.dirname(os.path.abspath(args.spm_model)), "dict.txt")
+        dict_path = input_dictionary(args)
         dictionary = Dictionary.load(require_file(dict_path, "--dict"))
 
         def encode(sentences):
@@ -202,6 +264,7 @@ def main(argv=None) -> int:
 
     try:
         check_output_path(args.output_dir, "--output-dir", folder=True)
+        old = check_output_corpus(args, input_dictionary(args))
         inputs = parse_inputs(args.input)
         t0 = time.time()
         split_docs = {}
@@ -215,26 +278,31 @@ def main(argv=None) -> int:
                 file=sys.stderr,
             )
         dictionary, dict_path, encode = build_encoder(args, next(iter(split_docs.values())))
-        os.makedirs(args.output_dir, exist_ok=True)
         out_dict = os.path.join(args.output_dir, "dict.txt")
-        if dict_path is None:
-            dictionary.save(out_dict)
-        elif os.path.abspath(dict_path) != os.path.abspath(out_dict):
-            shutil.copyfile(dict_path, out_dict)
-        writer = GSGCorpusWriter()
-        for split, docs in split_docs.items():
-            n_unk = 0
-            for doc in docs:
-                tokens = encode(doc)
-                n_unk += sum(t == dictionary.unk() for sent in tokens for t in sent)
-                writer.add_document(tokens, doc)
-            stats = writer.save(corpus_prefix(args.output_dir, split))
-            print(
-                f"{split}: {stats['documents']} documents, {stats['sentences']} sentences, {stats['tokens']} tokens "
-                f"({100.0 * n_unk / max(stats['tokens'], 1):.2f}% <unk>), {stats['words']} ROUGE words "
-                f"-> {corpus_prefix(args.output_dir, split)}.*.npy",
-                file=sys.stderr,
-            )
+        # Everything is written to a hidden folder inside --output-dir, then moved in (move_into).
+        with made_folder(args.output_dir), staging_folder(args.output_dir, "gsg_preprocess") as staged:
+            if dict_path is None:
+                dictionary.save(os.path.join(staged, "dict.txt"))
+            elif os.path.realpath(dict_path) != os.path.realpath(out_dict):
+                shutil.copyfile(dict_path, os.path.join(staged, "dict.txt"))
+            writer = GSGCorpusWriter()
+            for split, docs in split_docs.items():
+                n_unk = 0
+                for doc in docs:
+                    tokens = encode(doc)
+                    n_unk += sum(t == dictionary.unk() for sent in tokens for t in sent)
+                    writer.add_document(tokens, doc)
+                stats = writer.save(corpus_prefix(staged, split))
+                print(
+                    f"{split}: {stats['documents']} documents, {stats['sentences']} sentences, {stats['tokens']} "
+                    f"tokens ({100.0 * n_unk / max(stats['tokens'], 1):.2f}% <unk>), {stats['words']} ROUGE words "
+                    f"-> {corpus_prefix(args.output_dir, split)}.*.npy",
+                    file=sys.stderr,
+                )
+            move_into(staged, args.output_dir, old)
+        gone = sorted({n.split(".gsg.")[0] for n in old if ".gsg." in n} - set(split_docs))
+        if gone:
+            print(f"--force: deleted the old corpus of split(s) {', '.join(gone)}", file=sys.stderr)
         print(f"done in {time.time() - t0:.1f}s; dictionary: {out_dict} ({len(dictionary)} symbols)", file=sys.stderr)
     except DataError as e:
         return report(str(e), PROG)

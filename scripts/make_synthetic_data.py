@@ -6,6 +6,9 @@ at uniformly random positions; the summary restates the key sentences in documen
 lsg_text/synthetic/. Same arguments -> byte-identical files. The defaults (300/20/20
 documents of 2K-8K tokens) take a few seconds to generate.
 
+Files already in --output-dir are never replaced without --force: an existing {split}.jsonl that
+this run would write is refused. A split of size 0 is not written, and an older file of it is kept.
+
 Example:
     python scripts/make_synthetic_data.py --output-dir data/synthetic
     python scripts/jsonl_to_parallel.py --input-dir data/synthetic --output-dir data/synthetic/raw
@@ -19,7 +22,7 @@ import time
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, check_output_path, progress
+from lsg_text.fileio import DataError, atomic_outputs, check_output_files, check_output_path, progress
 from lsg_text.synthetic import VARIANTS, SyntheticConfig, make_split
 
 PROG = "make_synthetic_data.py"
@@ -29,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     d = SyntheticConfig()
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output-dir", required=True, help="where train.jsonl, valid.jsonl and test.jsonl are written")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the {split}.jsonl files that this run writes when --output-dir already has them",
+    )
     p.add_argument("--train", type=NON_NEGATIVE_INT, default=300, help="training documents (default: 300)")
     p.add_argument("--valid", type=NON_NEGATIVE_INT, default=20, help="validation documents (default: 20)")
     p.add_argument("--test", type=NON_NEGATIVE_INT, default=20, help="test documents (default: 20)")
@@ -115,14 +123,27 @@ def main(argv=None) -> int:
     except ValueError as e:
         flags = "--min-tokens/--max-tokens/--min-keys/--max-keys/--min-gap/--decoy-names"
         return report(f"bad size flags ({flags}): {e}", PROG)
-    try:
-        check_output_path(args.output_dir, "--output-dir", folder=True)
-    except DataError as e:
-        return report(e, PROG)
     sizes = {"train": args.train, "valid": args.valid, "test": args.test}
     splits = [s for s, n in sizes.items() if n > 0]
+    paths = [os.path.join(args.output_dir, f"{s}.jsonl") for s in splits]
+    try:
+        check_output_path(args.output_dir, "--output-dir", folder=True)
+        check_output_files(paths, "--output-dir")  # e.g. a folder named train.jsonl
+    except DataError as e:
+        return report(e, PROG)
+    existing = [path for path in paths if os.path.lexists(path)]
+    if existing and not args.force:
+        return report(
+            f"{existing[0]}: exists (pass --force to replace the {', '.join(map(os.path.basename, existing))} "
+            "there, or choose another --output-dir)",
+            PROG,
+        )
+    for split in sizes:
+        kept = os.path.join(args.output_dir, f"{split}.jsonl")
+        if split not in splits and os.path.lexists(kept):
+            print(f"note: {kept} is kept as it is (--{split} 0: not written by this run)", file=sys.stderr)
     start = time.time()
-    with atomic_outputs([os.path.join(args.output_dir, f"{s}.jsonl") for s in splits]) as handles:
+    with atomic_outputs(paths) as handles:
         for split, f in zip(splits, handles):
             for ex in progress(
                 make_split(split, sizes[split], args.seed, cfg), desc=split, total=sizes[split], unit="doc"

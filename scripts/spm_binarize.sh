@@ -15,7 +15,8 @@ usage: $prog --raw-dir RAW --out-dir OUT --vocab-size N [--workers N] [-- EXTRA 
   3. scripts/preprocess.sh with that dict.txt             -> OUT/bin (replaced), log OUT/preprocess.log
   4. OUT/spm/spm.model copied into OUT/bin (what --sentencepiece-model and the hub read)
 
-Every RAW file is checked first. EXTRA args go to spm_train.py (e.g. --soft-vocab-limit).
+Every RAW file is checked first (present, UTF-8, as many lines in each .source as in its .target),
+before anything is written. EXTRA args go to spm_train.py (e.g. --soft-vocab-limit).
 Python: \$PYTHON if set, else python.
   -h, --help     this help
 EOF
@@ -50,6 +51,29 @@ for split in train valid test; do
 done
 
 py=${PYTHON:-python}
+# The RAW text itself, before anything is written: UTF-8, and as many lines in each split's .source
+# as in its .target (lsg_text/fileio.py, fairseq-free, so it runs whatever $PYTHON is). Else the
+# mismatch surfaced only in step 3, naming OUT/spm-enc files, after spm/ and spm-enc/ were written.
+problem=$(PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" "$py" -c '
+import sys
+from lsg_text.fileio import DataError, check_utf8, count_lines
+raw = sys.argv[1]
+try:
+    for split in ("train", "valid", "test"):
+        src, tgt = (f"{raw}/{split}.{side}" for side in ("source", "target"))
+        for path in (src, tgt):
+            check_utf8(path, "--raw-dir")
+        ns, nt = count_lines(src), count_lines(tgt)
+        if ns != nt:
+            raise DataError(
+                f"--raw-dir: line counts differ: {src} has {ns} lines, {tgt} has {nt} lines "
+                "(one example per line in both; make them again, e.g. with scripts/jsonl_to_parallel.py)"
+            )
+        if ns == 0:
+            raise DataError(f"--raw-dir: {src} and {tgt} are empty (give every split at least one example)")
+except DataError as e:
+    sys.exit(str(e))' "$raw" 2>&1) || die "$problem"
+
 "$py" "$here/spm_train.py" --inputs "$raw/train.source" "$raw/train.target" \
   --model-prefix "$out/spm/spm" --vocab-size "$vocab" ${spm_args[@]+"${spm_args[@]}"}
 for split in train valid test; do

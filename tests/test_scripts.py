@@ -850,3 +850,64 @@ def test_preprocess_checks_dict_and_text_before_fairseq(tmp_path, dict_text, sou
     errors = [line for line in proc.stderr.splitlines() if "error" in line or "Traceback" in line]
     assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr
     assert files_in(tmp_path) == ["dict.txt", "p.source", "p.target"]
+
+
+# ----------------------------------------------------------------------------- never replaced unasked
+
+
+def test_gsg_preprocess_refuses_a_corpus_folder_without_force(tmp_path, capsys):
+    """A second run into the same --output-dir replaced dict.txt and the splits it was given but kept
+    the others (encoded with the old dictionary): refused without --force; --force leaves no old split."""
+    script = load_script("gsg_preprocess.py")
+    (tmp_path / "a.txt").write_text("One cat sat. Two dogs ran. Red birds sang.\nThe sun rose. The moon set.\n")
+    (tmp_path / "b.txt").write_text("Green trees grew tall. Blue rivers flowed fast. Old hills stood still.\n")
+    out = tmp_path / "gsg"
+    common = ["--format", "lines", "--output-dir", str(out)]
+    assert (
+        script.main(common + ["--input", f"train={tmp_path / 'a.txt'}", "--input", f"valid={tmp_path / 'a.txt'}"]) == 0
+    )
+    before = {name: (out / name).read_bytes() for name in files_in(out)}
+    assert "dict.txt" in before and "valid.gsg.tokens.npy" in before
+    capsys.readouterr()
+    again = common + ["--input", f"train={tmp_path / 'b.txt'}"]
+    assert script.main(again) == 2
+    line = one_error_line(capsys.readouterr().err, "gsg_preprocess.py")
+    assert f"--output-dir {out}: already holds a GSG corpus (dict.txt, train.gsg." in line and "--force" in line
+    assert {name: (out / name).read_bytes() for name in files_in(out)} == before  # nothing touched
+    assert script.main(again + ["--force"]) == 0
+    assert files_in(out) == ["dict.txt"] + [f"train.gsg.{p}.npy" for p in ("documents", "sentences", "tokens", "words")]
+    assert (out / "dict.txt").read_bytes() != before["dict.txt"]
+    assert not [n for n in os.listdir(out) if n.startswith(".")]  # no staging folder left
+    # The dictionary read from the folder itself (--dict OUT/dict.txt) is not "replaced": no --force needed.
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "dict.txt").write_bytes(before["dict.txt"])
+    keep = ["--format", "lines", "--output-dir", str(tmp_path / "keep"), "--dict", str(tmp_path / "keep" / "dict.txt")]
+    assert script.main(keep + ["--input", f"train={tmp_path / 'a.txt'}"]) == 0
+    assert (tmp_path / "keep" / "dict.txt").read_bytes() == before["dict.txt"]
+
+
+@pytest.mark.parametrize(
+    "split, content, message",
+    [
+        (
+            "valid.target",
+            b"a\nb\n",
+            "--raw-dir: line counts differ: {raw}/valid.source has 3 lines, {raw}/valid.target has 2 lines",
+        ),
+        ("test.source", LATIN1 + b"b\nc\n", "--raw-dir: {raw}/test.source: not UTF-8 text (byte offset 3, line 1"),
+    ],
+)
+def test_spm_binarize_checks_raw_text_before_writing(tmp_path, split, content, message):
+    """Both were found only after sentencepiece training and encoding, leaving OUT/spm and
+    OUT/spm-enc behind; the line-count case exited 1 naming OUT/spm-enc files."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for name in ("train", "valid", "test"):
+        for side in ("source", "target"):
+            (raw / f"{name}.{side}").write_text("a b c.\nd e f.\ng h i.\n")
+    (raw / split).write_bytes(content)
+    proc = run_script(
+        "spm_binarize.sh", "--raw-dir", raw, "--out-dir", tmp_path / "out", "--vocab-size", 300, check=False
+    )
+    assert proc.returncode == 2 and message.format(raw=raw) in one_error_line(proc.stderr, "spm_binarize.sh")
+    assert files_in(tmp_path) == ["raw"]

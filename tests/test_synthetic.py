@@ -139,3 +139,20 @@ def _valid(cfg):
     except ValueError:
         return False
     return True
+
+
+def test_existing_set_is_replaced_only_with_force(tmp_path, capsys):
+    """A re-run replaced {train,valid,test}.jsonl without asking (--output-dir data/ would lose a real set)."""
+    out = tmp_path / "set"
+    out.mkdir()
+    (out / "valid.jsonl").write_text("the user's own data\n")
+    args = ["--output-dir", str(out), "--train", "2", "--valid", "1", "--test", "1", "--min-tokens", "200"]
+    args += ["--max-tokens", "300"]
+    assert load_main()(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith(f"make_synthetic_data.py: error: {out / 'valid.jsonl'}: exists")
+    assert "--force" in err and sorted(os.listdir(out)) == ["valid.jsonl"]
+    assert (out / "valid.jsonl").read_text() == "the user's own data\n"
+    assert load_main()(args + ["--force"]) == 0
+    assert sorted(os.listdir(out)) == ["test.jsonl", "train.jsonl", "valid.jsonl"]
+    assert len((out / "valid.jsonl").read_text().splitlines()) == 1 and "user" not in (out / "valid.jsonl").read_text()

@@ -47,7 +47,7 @@ python scripts/spm_train.py --inputs "$GUTENBERG"/*.txt "$OUT/ft-raw/train.sourc
 step "3/6 GSG corpus: books -> ~$CHUNK_WORDS-word documents -> sentences -> pieces"
 python scripts/gsg_preprocess.py --format file --chunk-words "$CHUNK_WORDS" \
     --input "train=$TRAIN_BOOKS" --input "valid=$GUTENBERG/$VALID_BOOK" \
-    --spm-model "$OUT/spm/spm.model" --output-dir "$OUT/gsg-bin"
+    --spm-model "$OUT/spm/spm.model" --output-dir "$OUT/gsg-bin" --force  # a re-run replaces the corpus
 cp "$OUT/spm/spm.model" "$OUT/gsg-bin/spm.model"
 python examples/gsg_pretraining/throughput.py --data "$OUT/gsg-bin" --max-source-positions "$MAX_SRC" \
     --max-target-positions "$MAX_TGT" 2>&1 | quiet | tee "$OUT/throughput.txt"

@@ -13,7 +13,7 @@ synthetic_set() {  # synthetic_set DIR SPM_DIR [make_synthetic_data.py flags...]
     # Sentencepiece: SPM_DIR=DIR trains DIR/spm (800 pieces, DIR/bin from spm_binarize.sh); another
     # set's DIR encodes with that set's model and dictionary, so that every set shares one vocabulary.
     local dir=$1 spm_dir=$2; shift 2
-    python scripts/make_synthetic_data.py --output-dir "$dir/jsonl" --valid "${N_VALID:-10}" "$@" > /dev/null
+    python scripts/make_synthetic_data.py --output-dir "$dir/jsonl" --force --valid "${N_VALID:-10}" "$@" > /dev/null
     python scripts/jsonl_to_parallel.py --input-dir "$dir/jsonl" --output-dir "$dir/raw" > /dev/null 2>&1
     if [ "$spm_dir" = "$dir" ]; then
         bash scripts/spm_binarize.sh --raw-dir "$dir/raw" --out-dir "$dir" --vocab-size 800 --workers 2 \
