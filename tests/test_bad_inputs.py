@@ -535,3 +535,44 @@ def test_data_folder_mistakes_name_what_to_run(word_data, tmp_path, capsys, monk
         code, err = fairseq_train(argv + ["--save-dir", str(tmp_path / "ck")], capsys, monkeypatch)
         assert code == 2 and "Traceback" not in err
         assert err.strip().splitlines()[-1].startswith("fairseq-train: error: ") and expected in err, err[-600:]
+
+
+def test_save_dir_that_is_a_file_refused_before_any_work(word_data, tmp_path, capsys, monkeypatch):
+    """fairseq's own: NotADirectoryError ('afile/dummy') when it first writes into --save-dir."""
+    from test_user_errors import TRAIN, fairseq_train
+
+    (tmp_path / "afile").write_text("kept\n")
+    code, err = fairseq_train(
+        [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+        + ["--save-dir", str(tmp_path / "afile")],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 2 and "Traceback" not in err
+    expected = f"--save-dir {tmp_path / 'afile'}: exists and is not a folder (choose another output folder)"
+    assert err.strip().splitlines()[-1] == f"fairseq-train: error: {expected}"
+    assert (tmp_path / "afile").read_text() == "kept\n"
+
+
+def test_summarize_word_dictionary_with_gpt2_files_refused_before_generating(
+    word_data, tiny_checkpoint, tmp_path, capsys
+):
+    """A word-level dict.txt beside GPT-2 BPE files: fairseq's decoder failed with int()'s ValueError
+    after the whole generation; now one line naming dict.txt, before it."""
+    import shutil
+
+    from lsg_fairseq.cli import summarize
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    shutil.copy(tiny_checkpoint, model_dir / "model.pt")
+    (model_dir / "dict.txt").write_text(open(os.path.join(word_data, "dict.source.txt")).read())
+    (model_dir / "encoder.json").write_text('{"a": 0}')
+    (model_dir / "vocab.bpe").write_text("#version: 0.2\n")
+    (tmp_path / "doc.txt").write_text("a document\n")
+    with pytest.raises(SystemExit) as e:
+        summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--output", str(tmp_path / "out.txt")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"lsg-fairseq-summarize: error: {model_dir / 'dict.txt'}: holds ") and "not a GPT-2" in err
+    assert not (tmp_path / "out.txt").exists()

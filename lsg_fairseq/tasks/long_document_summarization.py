@@ -51,6 +51,7 @@ from lsg_fairseq.tasks.eval_rouge import (
 )
 from lsg_text.argtypes import GENERATION_SETTINGS
 from lsg_text.errors import ConfigError, MissingFileError
+from lsg_text.fileio import check_output_path
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
 
 logger = logging.getLogger(__name__)
@@ -314,6 +315,9 @@ class LongDocumentSummarizationTask(TranslationTask):
     @classmethod
     def vet_run(cls, cfg, command):
         device_policy.vet_run(cfg, command)
+        if command == "fairseq_cli.train" and not cfg.checkpoint.no_save:
+            # fairseq's own: NotADirectoryError when it first writes a checkpoint
+            check_output_path(cfg.checkpoint.save_dir, "--save-dir", folder=True)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         with device_policy.explain_out_of_memory(sample, "training"):
