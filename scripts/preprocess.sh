@@ -125,3 +125,12 @@ trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$destdir"
 for f in "$tmp"/* ; do mv -f "$f" "$destdir/"; done
 echo "$prog: binarized data in $destdir" >&2
+# Text never encoded with --dict's tokenizer binarizes without an error, mostly to <unk>; fairseq
+# says so only in its log. Above 5% this says it on stderr (without --dict the dictionary is built
+# from the text: no <unk>).
+if [[ -n "$dict" ]]; then
+  awk -v prog="$prog" -v limit=5 '/% replaced \(by <unk>\)/ {
+      for (i = 1; i <= NF; i++) if ($i ~ /%$/ && $i + 0 > limit)
+        printf "%s: warning: %s: %s of the tokens are not in --dict (<unk>): was the text encoded with its tokenizer (scripts/spm_encode.py, scripts/gpt2_encode.py)?\n", prog, substr($2, 1, length($2) - 1), $i
+    }' "$destdir/preprocess.log" >&2
+fi

@@ -911,3 +911,22 @@ def test_spm_binarize_checks_raw_text_before_writing(tmp_path, split, content, m
     )
     assert proc.returncode == 2 and message.format(raw=raw) in one_error_line(proc.stderr, "spm_binarize.sh")
     assert files_in(tmp_path) == ["raw"]
+
+
+def test_preprocess_warns_when_the_text_was_not_encoded_for_the_dict(tmp_path):
+    """Raw words binarized with a dictionary of other symbols: fairseq succeeds, mostly <unk>, and
+    says so only in preprocess.log; preprocess.sh says it on stderr, naming the file and the share
+    (6 of 11 tokens, the eos counted)."""
+    for side in ("source", "target"):
+        (tmp_path / f"train.{side}").write_text("the cat sat on the mat\na dog ran\n")
+    (tmp_path / "dict.txt").write_text("the 5\ncat 3\n")
+    r = subprocess.run(
+        ["bash", os.path.join(SCRIPTS, "preprocess.sh"), "--trainpref", str(tmp_path / "train")]
+        + ["--destdir", str(tmp_path / "bin"), "--dict", str(tmp_path / "dict.txt")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    warning = f"preprocess.sh: warning: {tmp_path / 'train.source'}: 54.5% of the tokens are not in --dict (<unk>)"
+    assert warning in r.stderr
