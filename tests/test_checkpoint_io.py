@@ -27,7 +27,7 @@ import lsg_fairseq  # noqa: F401  (installs the patches)
 from lsg_fairseq.checkpoint_io import CheckpointError
 from lsg_fairseq.fairseq_fixes._wrap import original
 
-from conftest import REPO_ROOT, TINY_DIMS, TINY_LOCOST
+from conftest import FIXTURES, REPO_ROOT, TINY_DIMS, TINY_LOCOST
 
 VOCAB = 40
 
@@ -393,3 +393,13 @@ def test_fairseq_save_checkpoint_writes_every_file_atomically(word_data, tmp_pat
     assert synced.count(save_dir.name) == 3  # and the folder after each rename
     a, b = (save_dir / "checkpoint_1_0.pt").read_bytes(), (save_dir / "checkpoint_last.pt").read_bytes()
     assert a == b
+
+
+def test_safetensors_file_named_as_hf_weights():
+    """An HF model.safetensors given as a fairseq checkpoint: said to be HF weights to convert, not
+    "truncated or corrupt" (it is not a zip archive either)."""
+    path = os.path.join(FIXTURES, "lsg", "bart_plain", "hf", "model.safetensors")
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: HF weights \(safetensors\), not a fairseq checkpoint"
+    ):
+        checkpoint_utils.load_checkpoint_to_cpu(path)

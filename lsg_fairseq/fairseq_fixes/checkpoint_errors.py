@@ -3,7 +3,7 @@
 ``checkpoint_utils.load_checkpoint_to_cpu`` passes torch's errors through: a truncated or corrupt
 file gives ``PytorchStreamReader failed reading zip archive: failed finding central directory``
 with no file name (fairseq#2684 is a restart dying on exactly that), an HF ``pytorch_model.bin``
-gives a bare ``KeyError``. Now a damaged file raises
+gives a bare ``KeyError``, and an HF ``model.safetensors`` looks truncated. Now a damaged file raises
 :class:`~lsg_fairseq.checkpoint_io.CheckpointError` naming it, its size and what to do; a torch
 file that is not a fairseq checkpoint is said to be one; any other error gets the file name as a
 note. A file that loads is returned unchanged.
@@ -22,6 +22,13 @@ def _first_line(error, limit=None) -> str:
     return type(error).__name__ + (f": {str(error).splitlines()[0][:limit]}" if str(error) else "")
 
 
+def _is_safetensors(path) -> bool:
+    """A safetensors file: an 8-byte little-endian header length, then the JSON header."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < os.path.getsize(path)
+
+
 def _checked_load(original):
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         try:
@@ -33,6 +40,11 @@ def _checked_load(original):
             # central directory, so a file that is not a readable zip and did not load is damaged
             # (old non-zip checkpoints that load fine never get here).
             local = is_local(path) and os.path.isfile(path)
+            if local and _is_safetensors(path):
+                raise CheckpointError(
+                    f"{path}: HF weights (safetensors), not a fairseq checkpoint; convert the HF folder "
+                    "holding it with lsg-fairseq-convert, and point at the model.pt it writes"
+                ) from e
             if local and not zipfile.is_zipfile(path):
                 raise CheckpointError(
                     f"{path}: truncated or corrupt checkpoint ({os.path.getsize(path)} bytes, not a complete "
