@@ -337,17 +337,24 @@ def test_generate_missing_gen_subset_is_one_line(word_data, tiny_checkpoint, tmp
     assert proc.stderr.strip().splitlines()[-1].startswith(f"fairseq-generate: error: {expected}")
 
 
+def word_model_with_gpt2_files(tmp_path, word_data, checkpoint: bytes, encoder_json: str):
+    """A model folder: ``checkpoint`` as model.pt, the word-level dict.txt, tiny GPT-2 BPE files; and
+    tmp_path/doc.txt, a document to summarize."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "model.pt").write_bytes(checkpoint)
+    (model_dir / "dict.txt").write_text(open(os.path.join(word_data, "dict.source.txt")).read())
+    (model_dir / "encoder.json").write_text(encoder_json)
+    (model_dir / "vocab.bpe").write_text("#version: 0.2\n")
+    (tmp_path / "doc.txt").write_text("a document\n")
+    return model_dir
+
+
 def test_summarize_corrupt_checkpoint_named(tiny_checkpoint, word_data, tmp_path, capsys):
     from lsg_fairseq.cli import summarize
 
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
     data = open(tiny_checkpoint, "rb").read()
-    (model_dir / "model.pt").write_bytes(data[: len(data) // 3])
-    (model_dir / "dict.txt").write_text(open(os.path.join(word_data, "dict.source.txt")).read())
-    (model_dir / "encoder.json").write_text("{}")
-    (model_dir / "vocab.bpe").write_text("#version: 0.2\n")
-    (tmp_path / "doc.txt").write_text("a document\n")
+    model_dir = word_model_with_gpt2_files(tmp_path, word_data, data[: len(data) // 3], "{}")
     with pytest.raises(SystemExit) as e:
         summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--output", str(tmp_path / "out.txt")])
     assert e.value.code == 2
@@ -559,17 +566,9 @@ def test_summarize_word_dictionary_with_gpt2_files_refused_before_generating(
 ):
     """A word-level dict.txt beside GPT-2 BPE files: fairseq's decoder failed with int()'s ValueError
     after the whole generation; now one line naming dict.txt, before it."""
-    import shutil
-
     from lsg_fairseq.cli import summarize
 
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    shutil.copy(tiny_checkpoint, model_dir / "model.pt")
-    (model_dir / "dict.txt").write_text(open(os.path.join(word_data, "dict.source.txt")).read())
-    (model_dir / "encoder.json").write_text('{"a": 0}')
-    (model_dir / "vocab.bpe").write_text("#version: 0.2\n")
-    (tmp_path / "doc.txt").write_text("a document\n")
+    model_dir = word_model_with_gpt2_files(tmp_path, word_data, open(tiny_checkpoint, "rb").read(), '{"a": 0}')
     with pytest.raises(SystemExit) as e:
         summarize.main([str(model_dir), str(tmp_path / "doc.txt"), "--output", str(tmp_path / "out.txt")])
     assert e.value.code == 2
