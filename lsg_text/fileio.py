@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import IO, Dict, Iterator, List, Optional, Sequence
+from typing import IO, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from lsg_text.errors import UserError
 
@@ -55,6 +55,17 @@ def require_text(path: str, what: str) -> str:
     raise DataError(f"{what} {path}: no text (the file is empty or blank; give a file with text)")
 
 
+def existing_above(path: str) -> Tuple[str, List[str]]:
+    """The nearest path at or above ``path`` that exists, and the missing ones on the way there
+    (deepest first: what ``os.makedirs(path)`` would create)."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return path, missing
+
+
 def check_output_path(path: str, flag: str, folder: bool = False) -> None:
     """Refuse up front an output path of the wrong kind, naming ``flag`` and the path as given:
     a folder where a file is to be written, a file where a folder is (``folder``), or a path below
@@ -65,10 +76,8 @@ def check_output_path(path: str, flag: str, folder: bool = False) -> None:
         raise DataError(f"{flag} {path}: exists and is not a folder (choose another output folder)")
     if not folder and os.path.isdir(path):
         raise DataError(f"{flag} {path}: is a folder (give the path of a file, e.g. one inside it)")
-    above = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(above):  # the folders that will be created must not sit below a file
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
+    above, _ = existing_above(os.path.dirname(os.path.abspath(path)))
+    if not os.path.isdir(above):  # the folders that will be created must not sit below a file
         raise DataError(f"{flag} {path}: {above} is a file, not a folder (choose another path)")
 
 
@@ -93,11 +102,7 @@ def check_output_files(paths: Sequence[str], flag: str, inputs: Sequence[str] = 
 def made_folder(folder: str) -> Iterator[str]:
     """``os.makedirs(folder)``; if the block then fails, the folders it created are removed again
     (those still empty), so a refused run leaves no empty output folder behind."""
-    missing = []
-    above = os.path.abspath(folder)
-    while not os.path.exists(above):
-        missing.append(above)
-        above = os.path.dirname(above)
+    _, missing = existing_above(folder)
     os.makedirs(folder, exist_ok=True)
     try:
         yield folder

@@ -21,8 +21,8 @@ intervals do not overlap, read once with each interval; as a weaker, second read
 are "above the control" when the far-slot recall intervals (document bootstrap) do not overlap.
 
 ``order`` tables carry one more row, ``position_only``: no model, each arrival ranked by its own word
-offset alone (``lsg_text.synthetic.position_rule``, fitted on the training split that run.sh's long stage trained
-on, regenerated from the same flags; scored on the scored split). Where a long row scores no higher,
+offset alone (``lsg_text.synthetic.position_rule``, fitted on the training split that run.sh's long
+stage trained on, regenerated from the same flags; scored on the scored split). Where a long row scores no higher,
 the table cannot tell it from a reader that only knows roughly where each arrival lies.
 
     python examples/long_range/report.py --outputs examples/long_range/outputs --report-dir examples/long_range \\

@@ -125,12 +125,10 @@ def check_spm_matches_dict(spm_path: str, dict_path: str) -> None:
     check_sentencepiece_dictionary(sp, load_dictionary(dict_path).symbols, spm_path, dict_path)
 
 
-def check_gpt2_matches_dict(dict_path: str, encoder_json: str) -> None:
-    """Raise a DataError naming both files when dict.txt is not a GPT-2 BPE dictionary (its symbols
-    are GPT-2 token ids): fairseq's decoder would fail with ``int()``'s ValueError after generating."""
-    if not os.path.exists(dict_path):
-        return  # fairseq reports the missing dictionary itself
-    dictionary = load_dictionary(dict_path)
+def check_gpt2_matches_dict(dictionary, dict_path: str, encoder_json: str) -> None:
+    """Raise a DataError naming both files when ``dictionary`` (read from ``dict_path``) is not a GPT-2
+    BPE dictionary (its symbols are GPT-2 token ids): fairseq's decoder would fail with ``int()``'s
+    ValueError after generating."""
     for symbol in dictionary.symbols[dictionary.nspecial :]:
         if symbol == "<mask>" or symbol.startswith("madeupword") or symbol.isdigit():
             continue
@@ -178,7 +176,7 @@ def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrid
             "written with this checkpoint"
         ) from None
     if kwargs.get("bpe") == "gpt2":  # after the checkpoint's own errors, before any generation
-        check_gpt2_matches_dict(dict_path, kwargs["gpt2_encoder_json"])
+        check_gpt2_matches_dict(loaded["task"].target_dictionary, dict_path, kwargs["gpt2_encoder_json"])
     hub = LongInputHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
     # The checkpoint carries the training run's --max-tokens / --batch-size; the hub batches with
     # them, so any document longer than a training batch would fail an assertion. Callers choose

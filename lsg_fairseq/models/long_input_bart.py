@@ -12,6 +12,7 @@ from lsg_fairseq.models import hub
 from lsg_fairseq.models.long_source_decoder import LongSourceDecoder
 from lsg_fairseq.models.vocabulary_fit import VocabularyCheckedLoad
 from lsg_fairseq.models.weight_init import add_weight_init_arg, init_weights
+from lsg_text.argtypes import PROBABILITY
 from lsg_text.errors import ConfigError
 
 
@@ -20,9 +21,10 @@ def check_bart_args(args, task) -> None:
     (a ValueError or assert) or not at all (a dropout of 1.5 fails in the first forward, -0.5 turns
     dropout off without a word). The LSG and LED flags are checked by their own models."""
     for flag in ("dropout", "attention_dropout", "activation_dropout"):
-        value = getattr(args, flag, None) or 0.0
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"--{flag.replace('_', '-')} {value}: must be a number in [0, 1)")
+        value = float(getattr(args, flag, None) or 0.0)
+        problem = PROBABILITY.problem(value)  # the range of LOCOST's --dropout
+        if problem:
+            raise ConfigError(f"--{flag.replace('_', '-')} {value}: {problem}")
     for side in ("encoder", "decoder"):
         dim, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
         if heads < 1 or dim % heads:

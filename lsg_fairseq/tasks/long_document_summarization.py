@@ -278,9 +278,9 @@ class LongDocumentSummarizationTask(TranslationTask):
             except NotImplementedError:  # a dataset without it: fairseq's own check stands
                 return
             if tokens.max() > max_tokens:
-                first = int(indices[int((tokens > max_tokens).argmax())])
+                at = int((tokens > max_tokens).argmax())
                 raise ConfigError(
-                    f"{where}: example #{first} has {int(dataset.num_tokens(first))} tokens, more than --max-tokens "
+                    f"{where}: example #{int(indices[at])} has {int(tokens[at])} tokens, more than --max-tokens "
                     f"{max_tokens} (largest {int(tokens.max())}): raise --max-tokens to at least {int(tokens.max())}"
                 )
 
