@@ -203,11 +203,27 @@ def test_lsh_requires_a_mask():
 
 
 def test_gradients_flow_to_selected_keys_only():
-    k = torch.randn(1, 8, 2, 4, requires_grad=True)
-    v = torch.randn(1, 8, 2, 4, requires_grad=True)
+    # two rows cut from a padded buffer, as the CPU path hands them over: not one (n * t * h, d) view
+    buf = torch.randn(2, 12, 2, 4, requires_grad=True)
+    vbuf = torch.randn(2, 12, 2, 4, requires_grad=True)
+    k, v = buf[:, 2:10], vbuf[:, 2:10]
     sk, sv, _ = sparse.stride(k, v, None, sf=4)  # head 0: tokens 0, 4; head 1: tokens 1, 5
+    assert torch.equal(sk[1, :, 1], k[1, [1, 5], 1]) and torch.equal(sv[0, :, 0], v[0, [0, 4], 0])
     (sk.sum() + 2 * sv.sum()).backward()
-    expect = torch.zeros(8, 2)
-    expect[[0, 4], 0] = 1
-    expect[[1, 5], 1] = 1
-    assert torch.equal(k.grad[0, :, :, 0], expect) and torch.equal(v.grad[0, :, :, 0], 2 * expect)
+    expect = torch.zeros(12, 2)
+    expect[[2, 6], 0] = 1
+    expect[[3, 7], 1] = 1
+    for r in range(2):
+        assert torch.equal(buf.grad[r, :, :, 0], expect) and torch.equal(vbuf.grad[r, :, :, 0], 2 * expect)
+
+
+def test_norm_gathers_each_rows_own_tokens_from_a_padded_buffer():
+    # each row picks other tokens (idx (n, ns, h)); the rows are apart in the buffer
+    buf = torch.randn(3, 20, 2, 4)
+    buf[1, 4:6] *= 10  # row 1: tokens 2 and 3 of k win its first chunk, whatever the other rows pick
+    k = buf[:, 2:18]
+    sk, _, _ = sparse.norm(k, k, None, chunk=4, sf=2, order_matters=False)
+    for r in range(3):
+        for hh in range(2):
+            want = k[r, :4, hh][k[r, :4, hh].norm(dim=-1).topk(2).indices]
+            assert torch.equal(_by_chunk(sk[r, :2, hh], 2), _by_chunk(want, 2))

@@ -37,14 +37,16 @@ Sparse = Tuple[Tensor, Tensor, Optional[Tensor]]
 def gather_rows(k: Tensor, v: Tensor, mask: Optional[Tensor], idx: Tensor) -> Sparse:
     """Entry p of head hh is token ``idx[., p, hh]``: idx (n | 1, ns, h) token positions.
 
-    Each (token, head) row of d values is copied whole (``index_select`` on the (t * h, d) rows
-    of each row of the batch), so the result is token-major without any transpose."""
+    Each (token, head) row of d values is copied whole: one ``index_select`` on the (n * t * h, d)
+    rows of the batch, so the result is token-major without any transpose. One call for the
+    whole batch, not one per row: a row's own gather would be a view of it, but in backward each
+    view's gradient is laid into zeros the size of the whole batch (n^2 in the batch size)."""
     n, t, h, d = k.shape
     ns = idx.size(1)
-    flat = (idx * h + torch.arange(h, device=idx.device)).reshape(idx.size(0), ns * h)  # (n|1, ns*h)
-    rows = [flat[min(r, flat.size(0) - 1)] for r in range(n)]
-    sk = torch.stack([k[r].reshape(t * h, d).index_select(0, rows[r]) for r in range(n)]).view(n, ns, h, d)
-    sv = torch.stack([v[r].reshape(t * h, d).index_select(0, rows[r]) for r in range(n)]).view(n, ns, h, d)
+    rows = idx * h + torch.arange(h, device=idx.device)  # (n|1, ns, h): rows of one (t * h, d) view
+    flat = (rows + torch.arange(0, n * t * h, t * h, device=idx.device)[:, None, None]).reshape(n * ns * h)
+    sk = k.reshape(n * t * h, d).index_select(0, flat).view(n, ns, h, d)  # reshape: a copy where rows are apart
+    sv = v.reshape(n * t * h, d).index_select(0, flat).view(n, ns, h, d)
     sm = None
     if mask is not None:
         sm = mask.gather(1, (idx.expand(n, ns, h)).reshape(n, ns * h)).view(n, ns, h).transpose(1, 2)  # (n, h, ns)
