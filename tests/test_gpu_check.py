@@ -256,7 +256,7 @@ def test_gpu_call_dry_run_brings_back_each_calls_files(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", SETUP="/dev/null", DEV="cpu", OUT=str(out))
-    env.update(GPU_CALL_WORK=str(work), TIMED_STAGES="locost600k", CHECK_STAGES="conformance")
+    env.update(GPU_CALL_WORK=str(work), TIMED_STAGES="convprobe", CHECK_STAGES="conformance")  # the cheapest of each kind
 
     def call(*args):
         proc = subprocess.run(
@@ -269,11 +269,11 @@ def test_gpu_call_dry_run_brings_back_each_calls_files(tmp_path):
     assert {"cuda.md", "cuda.json", "gpu_check.tgz", "cuda_checks.md", "cuda_checks.json", "gpu_checks.tgz"} <= {
         p.name for p in out.iterdir()
     }
-    for name, stage in (("cuda", "locost600k"), ("cuda_checks", "conformance")):
+    for name, stage in (("cuda", "convprobe"), ("cuda_checks", "conformance")):
         result = json.loads((out / f"{name}.json").read_text())
         assert result["env"]["commit"] == "abc1234"
         assert [s["stage"] for s in result["stages"] if s["status"] == "ok"] == [stage]
     assert call("collect", "1").startswith("gpu_call.sh: no long_context run to collect")
-    call("more", "abc1234", "120", "enc")
+    call("more", "abc1234", "120", "layerprobe")
     more = json.loads((out / "cuda_more.json").read_text())
-    assert [s["stage"] for s in more["stages"] if s["status"] == "ok"] == ["enc"]
+    assert [s["stage"] for s in more["stages"] if s["status"] == "ok"] == ["layerprobe"]
