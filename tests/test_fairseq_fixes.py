@@ -88,6 +88,22 @@ def test_nothing_outside_fairseq_fixes_patches_fairseq_or_torch():
     assert offenders == []
 
 
+def test_train_without_arch_is_argparses_error_not_a_bare_runtime_error(capsys):
+    """fairseq#4326: the stock parse raises ``RuntimeError()`` with no message; the installed one
+    says what argparse says of a missing required flag, exit status 2. With --arch nothing changes."""
+    argv = ["data-bin", "--task", "translation"]
+    with pytest.raises(RuntimeError) as stock:
+        original(options, "parse_args_and_arch")(options.get_training_parser(), argv)
+    assert stock.value.args == ()
+    with pytest.raises(SystemExit) as e:
+        options.parse_args_and_arch(options.get_training_parser(), argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: the following arguments are required: --arch/-a" in err
+    assert "Traceback" not in err
+    with_arch = options.parse_args_and_arch(options.get_training_parser(), argv + ["--arch", "transformer"])
+    assert with_arch.arch == "transformer"
+
+
 def test_weights_only_load_needs_the_allowlist(tmp_path):
     """fairseq#5603/#5610: torch >= 2.6 refuses what every legacy-arch fairseq checkpoint holds."""
     path = str(tmp_path / "legacy.pt")

@@ -256,7 +256,8 @@ def test_gpu_call_dry_run_brings_back_each_calls_files(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     out.mkdir()
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", SETUP="/dev/null", DEV="cpu", OUT=str(out))
-    env.update(GPU_CALL_WORK=str(work), TIMED_STAGES="convprobe", CHECK_STAGES="conformance")  # the cheapest of each kind
+    # the cheapest stage of each kind: the calls' orchestration is what this tests
+    env.update(GPU_CALL_WORK=str(work), TIMED_STAGES="convprobe", CHECK_STAGES="conformance")
 
     def call(*args):
         proc = subprocess.run(

@@ -8,18 +8,20 @@ breaks without it, its ``install()`` is idempotent, and the replaced function st
 patches anything.
 
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the
-fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, the
-weights-only allowlist. This plugin's policies (refusing a missing ``--restore-file``, explaining a
-checkpoint of another arch, refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run
-through task hooks that only its own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and
-one-line errors only concern its own exceptions. ``tests/stock_fairseq``
-checks that fairseq's own scenarios give identical results with and without the plugin.
+fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, a missing
+``--arch`` named, the weights-only allowlist. This plugin's policies (refusing a missing
+``--restore-file``, explaining a checkpoint of another arch, refusing ``--fp16`` where fairseq's
+fp16 trainer needs CUDA) run through task hooks that only its own tasks define
+(:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its own exceptions.
+``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and
+without the plugin.
 """
 
 from lsg_fairseq.fairseq_fixes import (
     atomic_checkpoints,
     bf16_off_tpu,
     checkpoint_errors,
+    missing_arch,
     one_line_errors,
     restore_hooks,
     run_hooks,
@@ -35,6 +37,7 @@ FIXES = (
     restore_hooks,
     run_hooks,
     bf16_off_tpu,
+    missing_arch,
     one_line_errors,
 )
 
