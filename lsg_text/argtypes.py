@@ -115,6 +115,14 @@ GENERATION_SETTINGS = {
     "diversity_rate": float_range(-1),
 }
 
+
+def min_len_out_of_reach(min_len, max_len_a, max_len_b) -> bool:
+    """The one rule across GENERATION_SETTINGS: with ``max_len_a`` 0 no summary is longer than
+    ``max_len_b`` tokens, so a ``min_len`` above it cannot be met (fairseq's search then ends every
+    hypothesis at its length limit, whatever the model says). None: not set, nothing to compare."""
+    return min_len is not None and max_len_b is not None and not max_len_a and min_len > max_len_b
+
+
 # Their defaults where our commands set them, the one home of these values: the tasks'
 # ``--eval-rouge-args`` (validation summaries) and lsg-fairseq-summarize's flags, so that a summary
 # is made as validation makes it. min_len 1 (fairseq's own default): never an empty summary.

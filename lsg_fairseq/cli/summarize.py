@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 
-from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS, POSITIVE_INT, int_range
+from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS, POSITIVE_INT, int_range, min_len_out_of_reach
 from lsg_text.errors import OneLineArgumentParser
 
 PROG = "lsg-fairseq-summarize"
@@ -151,7 +151,7 @@ def check_arguments(args, parser) -> None:
             parser.error(f"{where}{path}: no such file")
     if args.output is not None and os.path.isdir(args.output):  # else found only after generating
         parser.error(f"--output {args.output}: is a folder (give the path of a file, e.g. one inside it)")
-    if args.min_len > args.max_len_b:
+    if min_len_out_of_reach(args.min_len, 0, args.max_len_b):  # max_len_a is 0 here
         parser.error(f"--min-len {args.min_len} is above --max-len-b {args.max_len_b}")
     model_files = [os.path.join(args.model_dir, n) for n in os.listdir(args.model_dir)]
     try:

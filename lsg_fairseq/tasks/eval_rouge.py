@@ -17,7 +17,7 @@ from fairseq import metrics, utils
 from fairseq.data import encoders
 from fairseq.dataclass import ChoiceEnum
 
-from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS
+from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS, min_len_out_of_reach
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_sentencepiece_dictionary
 from lsg_text.rouge import ROUGE_KEYS, rouge_example
@@ -44,8 +44,9 @@ def parse_eval_rouge_args(text: str) -> dict:
         problem = GENERATION_SETTINGS[key].problem(value)
         if problem:
             raise ConfigError(f"{flag}: {key} {problem}, got {json.dumps(value)}")
-    if args.get("max_len_a", 0) == 0 and args.get("min_len", 0) > args.get("max_len_b", 200):
-        raise ConfigError(f"{flag}: min_len {args['min_len']} is above max_len_b {args.get('max_len_b', 200)}")
+    max_len_b = args.get("max_len_b", 200)  # fairseq's SequenceGenerator default
+    if min_len_out_of_reach(args.get("min_len"), args.get("max_len_a", 0), max_len_b):
+        raise ConfigError(f"{flag}: min_len {args['min_len']} is above max_len_b {max_len_b}")
     return args
 
 

@@ -49,7 +49,7 @@ from lsg_fairseq.tasks.eval_rouge import (
     parse_eval_rouge_args,
     rouge_sums,
 )
-from lsg_text.argtypes import GENERATION_SETTINGS
+from lsg_text.argtypes import GENERATION_SETTINGS, min_len_out_of_reach
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_output_path
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
@@ -123,7 +123,7 @@ def check_generation_args(args) -> None:
         if problem:
             raise ConfigError(f"--{key.replace('_', '-')} {value}: {problem}")
     min_len, max_len_a, max_len_b = (getattr(args, k, None) for k in ("min_len", "max_len_a", "max_len_b"))
-    if min_len is not None and max_len_b is not None and not max_len_a and min_len > max_len_b:
+    if min_len_out_of_reach(min_len, max_len_a, max_len_b):
         raise ConfigError(f"--min-len {min_len} is above --max-len-b {max_len_b}")
 
 
