@@ -5,6 +5,12 @@
 # and every refusal exits 2, as argparse does for the Python commands, so callers see one shape of error.
 die() { echo "${prog:-$(basename "$0")}: error: $*" >&2; exit 2; }
 
+# text_checks ARGS...: lsg_text/text_checks.py, the checks of the data scripts' files before they
+# write anything; with this repository on the path, so that it runs whatever $PYTHON is.
+text_checks() {
+    PYTHONPATH="$(dirname "${BASH_SOURCE[0]}")/..${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python}" -m lsg_text.text_checks "$@"
+}
+
 # threads: how many threads the script's commands take: $THREADS, else $OMP_NUM_THREADS, else every core.
 threads() { echo "${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}"; }
 

@@ -33,7 +33,7 @@ EOF
 source "$(dirname "$0")/lib.sh"  # die
 
 trainpref="" validpref="" testpref="" destdir="" dict="" workers=1
-extra=() texts=()
+extra=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
@@ -52,50 +52,18 @@ done
 [[ -n "$trainpref" ]] || die "--trainpref is required"
 [[ -n "$destdir" ]] || die "--destdir is required"
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive integer, got '$workers'"
-if [[ -n "$dict" && ! -f "$dict" ]]; then die "--dict: file not found: $dict"; fi
-# The output folder's kind before any work (mkdir would fail only after the binarizing).
-[[ ! -e "$destdir" || -d "$destdir" ]] || die "--destdir $destdir: exists and is not a folder (choose another output folder)"
-above=$destdir
-while [[ ! -e "$above" ]]; do above=$(dirname "$above"); done
-[[ -d "$above" ]] || die "--destdir $destdir: $above is a file, not a folder (choose another path)"
-
-# awk counts a last line without its newline, as fairseq reads it (wc -l would not).
-count_lines() { awk 'END { print NR }' "$1"; }
-
-check_pair() {  # $1 = flag name, $2 = prefix
-  local src="$2.source" tgt="$2.target"
-  [[ -f "$src" ]] || die "$1: file not found: $src"
-  [[ -f "$tgt" ]] || die "$1: file not found: $tgt"
-  local ns nt
-  ns=$(count_lines "$src"); nt=$(count_lines "$tgt")
-  [[ "$ns" == "$nt" ]] || die "$1: line counts differ: $src has $ns lines, $tgt has $nt lines"
-  [[ "$ns" -gt 0 ]] || die "$1: $src and $tgt are empty"
-  texts+=("$1" "$src" "$1" "$tgt")
-  echo "$prog: $2: $ns examples" >&2
-}
-
-check_pair --trainpref "$trainpref"
+# Every file before any work, each refusal naming its flag and file (lsg_text/text_checks.py): the
+# output folder's kind (mkdir would fail only after the binarizing), --dict a dict.txt, and each
+# split's two files present, UTF-8, with as many lines (fairseq would fail late or with a traceback,
+# or pair examples wrongly).
+checks=(output-folder --destdir "$destdir" pair --trainpref "$trainpref")
+if [[ -n "$dict" ]]; then checks+=(dict --dict "$dict"); fi
 IFS=, read -r -a valids <<< "$validpref"
-for p in "${valids[@]}"; do check_pair --validpref "$p"; done
+for p in "${valids[@]}"; do checks+=(pair --validpref "$p"); done
 IFS=, read -r -a tests <<< "$testpref"
-for p in "${tests[@]}"; do check_pair --testpref "$p"; done
-
-# fairseq-preprocess fails on a --dict that is not a dict.txt (an spm .vocab) or on non-UTF-8 text
-# only with a traceback: lsg_text/fileio.py's checks name the file and line first (fairseq-free, so
-# they run with the repository on the path whatever $PYTHON is).
-check_files() {  # FLAG PATH pairs
-  PYTHONPATH="$(dirname "$0")/..${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python}" -c '
-import sys
-from lsg_text.fileio import DataError, check_fairseq_dict, check_utf8
-pairs = sys.argv[1:]
-try:
-    for flag, path in zip(pairs[::2], pairs[1::2]):
-        (check_fairseq_dict if flag == "--dict" else check_utf8)(path, flag)
-except DataError as e:
-    sys.exit(str(e))' "$@" 2>&1
-}
-if [[ -n "$dict" ]]; then texts=(--dict "$dict" "${texts[@]}"); fi
-problem=$(check_files "${texts[@]}") || die "$problem"
+for p in "${tests[@]}"; do checks+=(pair --testpref "$p"); done
+counts=$(text_checks "${checks[@]}" 2>&1) || die "$counts"
+sed "s|^|$prog: |" <<< "$counts" >&2
 
 if [[ -n "${PYTHON:-}" ]]; then
   cmd=("$PYTHON" -m fairseq_cli.preprocess)

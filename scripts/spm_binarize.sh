@@ -43,36 +43,13 @@ done
 [[ -n "$raw" ]] || die "--raw-dir is required"
 [[ -n "$out" ]] || die "--out-dir is required"
 [[ -n "$vocab" ]] || die "--vocab-size is required"
-[[ ! -e "$out" || -d "$out" ]] || die "--out-dir $out: exists and is not a folder (choose another output folder)"
-for split in train valid test; do
-  for side in source target; do
-    [[ -f "$raw/$split.$side" ]] || die "--raw-dir $raw: missing $raw/$split.$side"
-  done
-done
-
+# Before anything is written (lsg_text/text_checks.py): OUT's kind, and each split's two RAW files
+# present, UTF-8, with as many lines. Else a mismatch surfaced only in step 3, naming OUT/spm-enc
+# files, after spm/ and spm-enc/ were written.
+checks=(output-folder --out-dir "$out")
+for split in train valid test; do checks+=(pair --raw-dir "$raw/$split"); done
+problem=$(text_checks "${checks[@]}" 2>&1) || die "$problem"
 py=${PYTHON:-python}
-# The RAW text itself, before anything is written: UTF-8, and as many lines in each split's .source
-# as in its .target (lsg_text/fileio.py, fairseq-free, so it runs whatever $PYTHON is). Else the
-# mismatch surfaced only in step 3, naming OUT/spm-enc files, after spm/ and spm-enc/ were written.
-problem=$(PYTHONPATH="$here/..${PYTHONPATH:+:$PYTHONPATH}" "$py" -c '
-import sys
-from lsg_text.fileio import DataError, check_utf8, count_lines
-raw = sys.argv[1]
-try:
-    for split in ("train", "valid", "test"):
-        src, tgt = (f"{raw}/{split}.{side}" for side in ("source", "target"))
-        for path in (src, tgt):
-            check_utf8(path, "--raw-dir")
-        ns, nt = count_lines(src), count_lines(tgt)
-        if ns != nt:
-            raise DataError(
-                f"--raw-dir: line counts differ: {src} has {ns} lines, {tgt} has {nt} lines "
-                "(one example per line in both; make them again, e.g. with scripts/jsonl_to_parallel.py)"
-            )
-        if ns == 0:
-            raise DataError(f"--raw-dir: {src} and {tgt} are empty (give every split at least one example)")
-except DataError as e:
-    sys.exit(str(e))' "$raw" 2>&1) || die "$problem"
 
 "$py" "$here/spm_train.py" --inputs "$raw/train.source" "$raw/train.target" \
   --model-prefix "$out/spm/spm" --vocab-size "$vocab" ${spm_args[@]+"${spm_args[@]}"}

@@ -297,7 +297,8 @@ def test_spm_binarize_equals_the_three_steps_run_by_hand(pipeline, tmp_path):
         600,
         check=False,
     )
-    assert proc.returncode == 2 and "missing" in proc.stderr and "valid.source" in proc.stderr
+    partial = pipeline["raw"].parent / "partial"
+    assert proc.returncode == 2 and f"--raw-dir: file not found: {partial}/valid.source" in proc.stderr
     assert "usage: spm_binarize.sh" in run_script("spm_binarize.sh", "--help").stdout
 
 
@@ -325,6 +326,22 @@ def test_preprocess_missing_file(tmp_path):
     )
     assert proc.returncode == 2 and f"--validpref: file not found: {tmp_path}/valid.source" in proc.stderr
     assert not (tmp_path / "bin").exists()
+
+
+def test_text_checks_counts_as_fairseq_reads_and_refuses_a_malformed_call(tmp_path, capsys):
+    """lsg_text/text_checks.py, the checks preprocess.sh and spm_binarize.sh run first: a last line
+    without its newline is an example (as fairseq reads it); counts are printed only once all passed."""
+    from lsg_text import text_checks
+
+    (tmp_path / "a.source").write_text("x\ny\n")
+    (tmp_path / "a.target").write_text("x\ny")
+    ok = ["pair", "--trainpref", str(tmp_path / "a"), "output-folder", "--destdir", str(tmp_path / "new" / "bin")]
+    assert text_checks.main(ok) == 0 and capsys.readouterr().out == f"{tmp_path / 'a'}: 2 examples\n"
+    assert text_checks.main(ok + ["dict", "--dict", str(tmp_path / "a.source")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "--dict " in err and "not a fairseq dict.txt (line 1 is 'x'" in err
+    for bad in (["pair", "--trainpref"], ["pairs", "--trainpref", str(tmp_path / "a")]):
+        assert text_checks.main(bad) == 2 and "usage: python -m lsg_text.text_checks" in capsys.readouterr().err
 
 
 def test_preprocess_help():
