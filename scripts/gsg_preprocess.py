@@ -132,6 +132,11 @@ def parse_inputs(items):
         split, sep, files = item.partition("=")
         if not sep or not split or not files:
             raise DataError(f"--input: expected SPLIT=FILE[,FILE...], got {item!r}")
+        if "/" in split or os.sep in split or split.startswith("."):  # else written outside --output-dir
+            raise DataError(
+                f"--input: split {split!r} is not a split name (a name such as train, valid, test: its "
+                "files are OUTPUT_DIR/<split>.gsg.*.npy)"
+            )
         if split in inputs:
             raise DataError(f"--input: split {split!r} given twice; list its files comma-separated")
         inputs[split] = [require_file(f, f"--input {split}") for f in files.split(",") if f]

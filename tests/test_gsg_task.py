@@ -159,6 +159,12 @@ def test_script_jsonl_and_errors(tmp_path):
         "--format", "lines", "--input", f"train={src}", "--min-sentences", "0", "--output-dir", str(tmp_path)
     )
     assert status == 2 and "argument --min-sentences: must be an integer >= 1, got '0'" in err
+    for split in ("../x", "a/b", ".hidden"):  # ../x wrote x.gsg.*.npy beside --output-dir
+        status, err = run_script(
+            "--format", "lines", "--input", f"{split}={src}", "--output-dir", str(tmp_path / "out")
+        )
+        assert status == 2 and f"--input: split {split!r} is not a split name" in err
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("x.gsg.*"))
 
 
 def _first_documents(out_dir):
