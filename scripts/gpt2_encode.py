@@ -18,6 +18,7 @@ Example:
 """
 
 import argparse
+import logging
 import contextlib
 import sys
 from multiprocessing import Pool
@@ -46,7 +47,9 @@ def _init_worker(encoder_json: str, vocab_bpe: str, keep_empty: bool) -> None:
     global _encoder, _keep_empty
     check_gpt2_files(encoder_json, vocab_bpe)
     # fairseq's own encoder, so the ids are exactly those that `--bpe gpt2` decodes (imported
-    # here, not at the top: --help and flag errors do not pay for importing fairseq)
+    # here, not at the top: --help and flag errors do not pay for importing fairseq). Its package
+    # logs INFO notices at import (tensorboardX missing) that say nothing to this script's user.
+    logging.getLogger("fairseq").setLevel(logging.WARNING)
     from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
 
     _encoder = get_encoder(encoder_json, vocab_bpe)

@@ -372,7 +372,7 @@ def test_gpt2_encode_matches_hand_merges(tiny_gpt2):
     extra = [" ".join(["the"] * (i % 4) + ["cat"]) for i in range(250)]
     (folder / "a.txt").write_text("the cat\n\n  the the \n" + "".join(x + "\n" for x in extra))
     (folder / "b.txt").write_text("a\nb\nc\n" + "a\n" * len(extra))
-    run_script(
+    proc = run_script(
         "gpt2_encode.py",
         "--encoder-json",
         folder / "encoder.json",
@@ -398,6 +398,7 @@ def test_gpt2_encode_matches_hand_merges(tiny_gpt2):
     ]
     assert read_lines(folder / "a.ids") == [ids("the", g + "ca", "t"), "", ids("the", g, "the")] + expected_extra
     assert read_lines(folder / "b.ids") == [ids("a"), ids("b"), ids("c")] + [ids("a")] * 250
+    assert "INFO" not in proc.stderr, proc.stderr  # fairseq's import-time notices (tensorboardX) say nothing here
 
 
 def test_gpt2_encode_drops_empty_without_keep_empty(tiny_gpt2, capsys):
