@@ -18,8 +18,8 @@ Example:
 """
 
 import argparse
-import logging
 import contextlib
+import logging
 import sys
 from multiprocessing import Pool
 

@@ -56,8 +56,9 @@ done
 # output folder's kind (mkdir would fail only after the binarizing), --dict a dict.txt, and each
 # split's two files present, UTF-8, with as many lines (fairseq would fail late or with a traceback,
 # or pair examples wrongly).
-checks=(output-folder --destdir "$destdir" pair --trainpref "$trainpref")
+checks=(output-folder --destdir "$destdir")
 if [[ -n "$dict" ]]; then checks+=(dict --dict "$dict"); fi
+checks+=(pair --trainpref "$trainpref")
 IFS=, read -r -a valids <<< "$validpref"
 for p in "${valids[@]}"; do checks+=(pair --validpref "$p"); done
 IFS=, read -r -a tests <<< "$testpref"
