@@ -13,11 +13,10 @@ prints ``PREFIX: N examples`` for each pair; else prints the first problem alone
 a malformed call).
 """
 
-import os
 import sys
 from typing import List, Optional
 
-from lsg_text.fileio import DataError, check_fairseq_dict, check_output_path, check_utf8, count_lines
+from lsg_text.fileio import DataError, check_fairseq_dict, check_output_path, check_utf8, count_lines, require_file
 
 SIDES = ("source", "target")
 
@@ -26,8 +25,7 @@ def check_pair(flag: str, prefix: str) -> int:
     """The number of examples of PREFIX.source / PREFIX.target, or a :class:`DataError`."""
     source, target = (f"{prefix}.{side}" for side in SIDES)
     for path in (source, target):
-        if not os.path.isfile(path):
-            raise DataError(f"{flag}: file not found: {path}")
+        require_file(path, flag)
     for path in (source, target):
         check_utf8(path, flag)
     ns, nt = count_lines(source), count_lines(target)
@@ -46,9 +44,7 @@ def check(kind: str, flag: str, path: str) -> Optional[int]:
     if kind == "output-folder":
         check_output_path(path, flag, folder=True)
     elif kind == "dict":
-        if not os.path.isfile(path):
-            raise DataError(f"{flag}: file not found: {path}")
-        check_fairseq_dict(path, flag)
+        check_fairseq_dict(require_file(path, flag), flag)
     else:
         return check_pair(flag, path)
     return None
