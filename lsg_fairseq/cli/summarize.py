@@ -129,7 +129,7 @@ def read_documents(args):
 
 def check_arguments(args, parser) -> None:
     """Everything that needs no model: paths, clobbering, cross-flag ranges, the device."""
-    from lsg_text.fileio import refuse_clobber
+    from lsg_text.fileio import check_output_files
 
     if args.input_lines and args.files:
         parser.error("give either FILES or --input-lines, not both")
@@ -149,13 +149,11 @@ def check_arguments(args, parser) -> None:
             parser.error(f"{where}{path}: a folder, not a text file (name the files in it)")
         if not os.path.isfile(path):
             parser.error(f"{where}{path}: no such file")
-    if args.output is not None and os.path.isdir(args.output):  # else found only after generating
-        parser.error(f"--output {args.output}: is a folder (give the path of a file, e.g. one inside it)")
     if min_len_out_of_reach(args.min_len, 0, args.max_len_b):  # max_len_a is 0 here
         parser.error(f"--min-len {args.min_len} is above --max-len-b {args.max_len_b}")
     model_files = [os.path.join(args.model_dir, n) for n in os.listdir(args.model_dir)]
-    try:
-        refuse_clobber([args.output], args.files + [args.input_lines] + model_files + [args.model_dir], "--output")
+    try:  # a folder, a path below a file, or one of the inputs: else found only after generating
+        check_output_files([args.output], "--output", args.files + [args.input_lines] + model_files + [args.model_dir])
     except ValueError as e:
         parser.error(str(e))
     import torch
