@@ -9,7 +9,7 @@ import torch
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.sequence_generator import SequenceGenerator
 
-from conftest import TINY_DIMS, TINY_LOCOST, build_task_and_model, toy_batch, write_toy_dict
+from conftest import TINY_DIMS, TINY_LOCOST, TOY_LSG, build_task_and_model, toy_batch, write_toy_dict
 from lsg_fairseq.generation import LongInputSequenceGenerator, NGramRepeatBlockFixed
 
 
@@ -57,6 +57,7 @@ def test_stock_cpu_blocker_misses_repeats():
 TINY_ARCHS = {
     "bart": ["--arch", "bart_base", *TINY_DIMS, "--max-source-positions", "64", "--max-target-positions", "32"],
     "locost": [*TINY_LOCOST, "--max-target-positions", "32"],
+    "lsg": ["--arch", "lsg_bart_tiny", *TINY_DIMS, *TOY_LSG, "--max-target-positions", "32"],  # 2 globals
 }
 
 
@@ -134,3 +135,33 @@ def test_beam_state_restored_after_an_exception_in_generation(toy_dir, family):
         task.inference_step(gen, [model], sample())
     assert calls == [2, 2, 2]  # it failed while the generator's beam was set
     assert beam_state(model) == before and beam_seen(model) == 3
+
+
+# ------------------------------------------------------- the attention generation returns, and ensembles
+def hypo_attention(task, models, s):
+    gen = task.build_generator(models, Namespace(beam=2, max_len_b=5))
+    with torch.no_grad():
+        return [h["attention"] for hyps in task.inference_step(gen, models, s) for h in hyps]
+
+
+def test_lsg_attention_covers_the_source_tokens_only(toy_dir):
+    """LSG's decoder attends to its 2 global tokens too; the attention it returns (fairseq's source x
+    target alignment) leaves their columns out: column j is source token j, padding gets none."""
+    task, model = build(toy_dir, "lsg")
+    assert model.encoder.num_global_tokens == 2
+    s = sample()  # rows of 45, 30 and 20 tokens, right-padded to 45
+    lengths = s["net_input"]["src_lengths"].repeat_interleave(2)  # two hypotheses per row
+    for attn, length in zip(hypo_attention(task, [model], s), lengths.tolist()):
+        assert attn.shape[0] == 45
+        assert (attn[:length] > 0).all() and (attn[length:] == 0).all()
+
+
+def test_an_ensemble_of_lsg_and_bart(toy_dir):
+    """fairseq's EnsembleModel adds its members' attentions: (2 + 45) and 45 columns failed with a size
+    mismatch (LSG-BART with LED or BART, or two LSG-BARTs with different numbers of global tokens)."""
+    task, lsg = build(toy_dir, "lsg")
+    _, bart = build(toy_dir, "bart")
+    s = sample()
+    lengths = s["net_input"]["src_lengths"].repeat_interleave(2)
+    for attn, length in zip(hypo_attention(task, [lsg, bart], s), lengths.tolist()):
+        assert attn.shape[0] == 45 and (attn[length:] == 0).all()

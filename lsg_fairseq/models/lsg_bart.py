@@ -235,6 +235,13 @@ class LSGBARTModel(LongInputBARTModel):
     def build_encoder(cls, args, src_dict, embed_tokens):
         return LSGBARTEncoder(args, src_dict, embed_tokens)
 
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        decoder = super().build_decoder(args, tgt_dict, embed_tokens)
+        # the globals passed to the decoder are not source tokens: left out of its returned attention
+        decoder.leading_rows = args.num_global_tokens if args.pass_global_tokens_to_decoder else 0
+        return decoder
+
 
 def lsg_architecture_defaults(args):
     """Defaults of the LSG flags: the attention's (the reference's, ``LSG_DEFAULTS``), then the encoder's."""
