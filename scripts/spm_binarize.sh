@@ -16,7 +16,8 @@ usage: $prog --raw-dir RAW --out-dir OUT --vocab-size N [--workers N] [-- EXTRA 
   4. OUT/spm/spm.model copied into OUT/bin (what --sentencepiece-model and the hub read)
 
 Every RAW file is checked first (present, UTF-8, as many lines in each .source as in its .target),
-before anything is written. EXTRA args go to spm_train.py (e.g. --soft-vocab-limit).
+before anything is written. A rerun replaces what an earlier one wrote in OUT (spm_train.py
+--force). EXTRA args go to spm_train.py (e.g. --soft-vocab-limit).
 Python: \$PYTHON if set, else python.
   -h, --help     this help
 EOF
@@ -51,8 +52,9 @@ for split in train valid test; do checks+=(pair --raw-dir "$raw/$split"); done
 problem=$(text_checks "${checks[@]}" 2>&1) || die "$problem"
 py=${PYTHON:-python}
 
+# --force: a rerun replaces OUT's model, and its encodings and binaries with it (below)
 "$py" "$here/spm_train.py" --inputs "$raw/train.source" "$raw/train.target" \
-  --model-prefix "$out/spm/spm" --vocab-size "$vocab" ${spm_args[@]+"${spm_args[@]}"}
+  --model-prefix "$out/spm/spm" --vocab-size "$vocab" --force ${spm_args[@]+"${spm_args[@]}"}
 for split in train valid test; do
   "$py" "$here/spm_encode.py" --model "$out/spm/spm.model" \
     --inputs "$raw/$split.source" "$raw/$split.target" \

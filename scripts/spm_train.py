@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """Train a sentencepiece model offline and write a fairseq dict.txt consistent with it.
 
-Writes PREFIX.model, PREFIX.vocab and (default) dict.txt beside them. The model reserves
+Writes PREFIX.model, PREFIX.vocab and (default) dict.txt beside them; existing ones are replaced
+only with --force (text encoded with the old model, and data binarized with its dictionary, would
+no longer match the new ones). The model reserves
 fairseq's specials at the same ids (<s>=0 <pad>=1 </s>=2 <unk>=3), and dict.txt lists every other
 piece in id order, so fairseq dictionary index == sentencepiece id (see
 lsg_text/offline_bpe.py). Input lines (whole documents) are split into sentences for
@@ -55,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sentencepiece algorithm (default: bpe)",
     )
     p.add_argument("--dict", default=None, help="fairseq dictionary to write (default: dict.txt beside PREFIX.model)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace an existing PREFIX.model, PREFIX.vocab or --dict (else refused before training)",
+    )
     p.add_argument(
         "--character-coverage",
         type=float_range(0, 1, lo_open=True),
@@ -148,6 +155,13 @@ def main(argv=None) -> int:
             require_text(path, "--inputs")  # else sentencepiece's "[!sentences_.empty()]"
         check_output_files([prefix + ".model", prefix + ".vocab"], "--model-prefix", inputs=args.inputs)
         check_output_files([dict_path], "--dict", inputs=args.inputs)
+        existing = [path for path in (prefix + ".model", prefix + ".vocab", dict_path) if os.path.lexists(path)]
+        if existing and not args.force:
+            raise DataError(
+                f"{existing[0]}: exists (pass --force to replace the {', '.join(map(os.path.basename, existing))} "
+                "there: text encoded with the old model, and data binarized with its dictionary, would no longer "
+                "match; or choose another --model-prefix)"
+            )
     except DataError as e:
         return report(str(e), PROG)
     import sentencepiece as spm

@@ -235,6 +235,23 @@ def test_spm_train_vocab_too_large_leaves_nothing(tmp_path, capsys):
     assert f"--inputs: file not found: {tmp_path / 'nope.txt'}" in capsys.readouterr().err
 
 
+def test_spm_train_replaces_a_model_only_with_force(tmp_path, capsys):
+    """A rerun into the same prefix would leave text encoded, and data binarized, with the old model."""
+    (tmp_path / "t.txt").write_text("a tiny corpus. it has few words, and a few more words.\n" * 20)
+    main = load_script("spm_train.py").main
+    args = ["--inputs", str(tmp_path / "t.txt"), "--model-prefix", str(tmp_path / "spm" / "m"), "--vocab-size", "30"]
+    assert main(args) == 0
+    before = {name: (tmp_path / "spm" / name).read_bytes() for name in files_in(tmp_path / "spm")}
+    assert sorted(before) == ["dict.txt", "m.model", "m.vocab"]
+    capsys.readouterr()
+    assert main([*args[:-1], "40"]) == 2
+    err = one_error_line(capsys.readouterr().err, "spm_train.py")
+    assert f"{tmp_path / 'spm' / 'm.model'}: exists (pass --force to replace the m.model, m.vocab, dict.txt" in err
+    assert {name: (tmp_path / "spm" / name).read_bytes() for name in files_in(tmp_path / "spm")} == before
+    assert main([*args[:-1], "40", "--force"]) == 0
+    assert len((tmp_path / "spm" / "dict.txt").read_text().splitlines()) == 40 - 4
+
+
 def test_spm_encode_missing_model(tmp_path, capsys):
     rc = load_script("spm_encode.py").main(
         ["--model", str(tmp_path / "nope.model"), "--inputs", "-", "--outputs", str(tmp_path / "o")]

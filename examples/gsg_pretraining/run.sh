@@ -42,7 +42,7 @@ python scripts/jsonl_to_parallel.py --input-dir "$FT_DATA" --output-dir "$OUT/ft
 
 step "2/6 sentencepiece ($VOCAB pieces) on the books + the fine-tuning train split: one vocabulary for both"
 python scripts/spm_train.py --inputs "$GUTENBERG"/*.txt "$OUT/ft-raw/train.source" "$OUT/ft-raw/train.target" \
-    --model-prefix "$OUT/spm/spm" --vocab-size "$VOCAB"
+    --model-prefix "$OUT/spm/spm" --vocab-size "$VOCAB" --force  # a re-run re-encodes everything below
 
 step "3/6 GSG corpus: books -> ~$CHUNK_WORDS-word documents -> sentences -> pieces"
 python scripts/gsg_preprocess.py --format file --chunk-words "$CHUNK_WORDS" \
