@@ -575,3 +575,93 @@ def test_summarize_word_dictionary_with_gpt2_files_refused_before_generating(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"lsg-fairseq-summarize: error: {model_dir / 'dict.txt'}: holds ") and "not a GPT-2" in err
     assert not (tmp_path / "out.txt").exists()
+
+
+# ----------------------------------------------------------------------------- fairseq-train's own settings
+# (flags, the one line), one case per row of TRAINING_SETTINGS and --adam-betas: fairseq checks none of
+# them; out of range it fails late (a traceback after the data and model are loaded) or trains
+# nothing, or wrongly, without a word (what each did is in the comment)
+TRAINING_CASES = [
+    (["--lr", "0.001,-1"], "--lr 0.001,-1: must be a number >= 0"),  # -1: stops at once, exit 0
+    (["--update-freq", "0"], "--update-freq 0: must be an integer >= 1"),  # ZeroDivisionError
+    (["--max-update", "-5"], "--max-update -5: must be an integer >= 0"),  # stops after 1 update
+    (["--max-epoch", "-1"], "--max-epoch -1: must be an integer >= 0"),  # trains no epoch, exit 0
+    (["--clip-norm", "-1"], "--clip-norm -1: must be a number >= 0"),  # no clipping
+    (["--max-tokens", "0"], "--max-tokens 0: must be an integer >= 1"),
+    (["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),  # no limit
+    (["--batch-size-valid", "-2"], "--batch-size-valid -2: must be an integer >= 1"),
+    (["--max-tokens-valid", "0"], "--max-tokens-valid 0: must be an integer >= 1"),
+    (["--num-workers", "-1"], "--num-workers -1: must be an integer >= 0"),  # torch's ValueError
+    (["--validate-interval", "0"], "--validate-interval 0: must be an integer >= 1"),  # at an epoch's end
+    (["--validate-interval-updates", "-1"], "--validate-interval-updates -1: must be an integer >= 0"),
+    (["--save-interval", "0"], "--save-interval 0: must be an integer >= 1"),  # at an epoch's end
+    (["--save-interval-updates", "-1"], "--save-interval-updates -1: must be an integer >= 0"),
+    (["--seed", "-1"], "--seed -1: must be an integer in [0, 4294967295]"),  # numpy's ValueError
+    (["--log-interval", "0"], "--log-interval 0: must be an integer >= 1"),  # ZeroDivisionError
+    (["--weight-decay", "-1"], "--weight-decay -1: must be a number >= 0"),  # weights grow
+    (["--adam-eps", "-0.5"], "--adam-eps -0.5: must be a number > 0"),
+    (["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "-10"], "--warmup-updates -10: must be an integer >= 0"),
+    (
+        ["--lr-scheduler", "polynomial_decay", "--total-num-update", "0"],  # AssertionError
+        "--total-num-update 0: must be a number > 0",
+    ),
+    (
+        ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "2"],  # trains, on a wrong loss
+        "--label-smoothing 2: must be a number in [0, 1)",
+    ),
+    (["--adam-betas", "(0.9, 2)"], "--adam-betas (0.9, 2): must be two numbers in [0, 1), e.g. '(0.9, 0.98)'"),
+    (["--adam-betas", "nonsense"], "--adam-betas nonsense: must be two numbers in [0, 1), e.g. '(0.9, 0.98)'"),
+]
+
+
+def training_cfg(data, *flags):
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    argv = [str(data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization"]
+    argv += [*TINY_LSG_BART, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "2048", "--cpu", *flags]
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+
+
+@pytest.mark.parametrize("flags,message", TRAINING_CASES, ids=[" ".join(f) for f, _ in TRAINING_CASES])
+def test_training_settings_out_of_range_refused(word_data, flags, message):
+    from lsg_fairseq.tasks.long_document_summarization import check_training_args
+    from lsg_text.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        check_training_args(training_cfg(word_data, *flags))
+    assert str(e.value) == message
+
+
+def test_every_training_setting_has_a_case():
+    from lsg_text.argtypes import TRAINING_SETTINGS
+
+    flags = {f[-2] for f, _ in TRAINING_CASES}
+    assert {f"--{key.replace('_', '-')}" for _, key in TRAINING_SETTINGS} | {"--adam-betas"} == flags
+
+
+def test_training_defaults_and_fairseq_sentinels_pass(word_data):
+    """fairseq's defaults, and the values that mean something there: --lr 0 (a run that measures),
+    0 for no limit / no clipping / no periodic save, -1 for keep all / no warmup init lr."""
+    from lsg_fairseq.tasks.long_document_summarization import check_training_args
+
+    check_training_args(training_cfg(word_data))
+    check_training_args(
+        training_cfg(
+            word_data,
+            *"--lr 0 --max-update 0 --max-epoch 0 --clip-norm 0 --save-interval-updates 0".split(),
+            *"--keep-last-epochs -1 --batch-size 1".split(),
+            *"--lr-scheduler inverse_sqrt --warmup-updates 0 --warmup-init-lr -1 --adam-betas [0.9,0.98]".split(),
+            *"--criterion label_smoothed_cross_entropy --label-smoothing 0 --update-freq 1,2 --seed 0".split(),
+        )
+    )
+
+
+def test_training_setting_refused_by_fairseq_train_before_any_work(word_data, tmp_path, capsys, monkeypatch):
+    from test_user_errors import TRAIN, fairseq_train
+
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    code, err = fairseq_train(argv + ["--update-freq", "0", "--save-dir", str(tmp_path / "ck")], capsys, monkeypatch)
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "fairseq-train: error: --update-freq 0: must be an integer >= 1"
+    assert not (tmp_path / "ck").exists()

@@ -37,6 +37,7 @@ from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import OmegaConf
 
 from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.summarization_pairs import inference_sources, load_summarization_pair
@@ -49,7 +50,7 @@ from lsg_fairseq.tasks.eval_rouge import (
     parse_eval_rouge_args,
     rouge_sums,
 )
-from lsg_text.argtypes import GENERATION_SETTINGS, min_len_out_of_reach
+from lsg_text.argtypes import GENERATION_SETTINGS, TRAINING_SETTINGS, adam_betas_problem, min_len_out_of_reach
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_output_path
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
@@ -125,6 +126,25 @@ def check_generation_args(args) -> None:
     min_len, max_len_a, max_len_b = (getattr(args, k, None) for k in ("min_len", "max_len_a", "max_len_b"))
     if min_len_out_of_reach(min_len, max_len_a, max_len_b):
         raise ConfigError(f"--min-len {min_len} is above --max-len-b {max_len_b}")
+
+
+def check_training_args(cfg) -> None:
+    """fairseq-train's own settings in TRAINING_SETTINGS's ranges, before any work: fairseq checks
+    none of them, and out of range they fail after data and model are loaded, or train nothing
+    (or wrongly) without a word."""
+    for (group, key), kind in TRAINING_SETTINGS.items():
+        value = getattr(getattr(cfg, group, None), key, None)
+        if value is None:
+            continue
+        values = list(value) if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
+        problems = [kind.problem(v) for v in values if kind.problem(v)]
+        if problems:
+            shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+            raise ConfigError(f"--{key.replace('_', '-')} {shown}: {problems[0]}")
+    betas = getattr(getattr(cfg, "optimizer", None), "adam_betas", None)
+    problem = None if betas is None else adam_betas_problem(betas)
+    if problem:
+        raise ConfigError(f"--adam-betas {betas}: {problem}")
 
 
 @register_task(TASK_NAME, dataclass=LongDocumentSummarizationConfig)
@@ -314,6 +334,8 @@ class LongDocumentSummarizationTask(TranslationTask):
     # vet_run: called by fairseq-train before any work (lsg_fairseq.fairseq_fixes.run_hooks)
     @classmethod
     def vet_run(cls, cfg, command):
+        if command == "fairseq_cli.train":
+            check_training_args(cfg)
         device_policy.vet_run(cfg, command)
         if command == "fairseq_cli.train" and not cfg.checkpoint.no_save:
             # fairseq's own: NotADirectoryError when it first writes a checkpoint
