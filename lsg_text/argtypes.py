@@ -124,34 +124,44 @@ def min_len_out_of_reach(min_len, max_len_a, max_len_b) -> bool:
     return min_len is not None and max_len_b is not None and not max_len_a and min_len > max_len_b
 
 
-# fairseq-train's own settings that out of range fail late or not at all, as (config group, field):
-# range. Late: a traceback after data and model are loaded (--update-freq 0, --log-interval 0, --seed
-# -1, --warmup-updates -1, --save-interval 0 at the end of an epoch). Not at all: a run that trains
-# nothing, or wrongly, without a word (--lr -1 stops at once, --max-epoch -1 trains no epoch,
+# fairseq's own settings of a run that out of range fail late or not at all, as (config group, field):
+# range, checked by the plugin's tasks before any work (lsg_fairseq.tasks.run_settings). Late: a
+# traceback after data and model are loaded (--update-freq 0, --log-interval 0, --seed -1,
+# --warmup-updates -1, --nbest 0; --save-interval 0 at the end of an epoch). Not at all: a run that
+# trains nothing, or wrongly, without a word (--lr -1 stops at once, --max-epoch -1 trains no epoch,
 # --weight-decay -1 grows the weights, --label-smoothing 2). 0 keeps fairseq's meaning where it has
 # one (no limit, no clipping, no periodic save). --lr and --update-freq are lists: each value.
+RUN_SETTINGS = {  # fairseq-train, -generate and -interactive
+    ("common", "seed"): int_range(0, 2**32 - 1),
+    ("dataset", "max_tokens"): POSITIVE_INT,
+    ("dataset", "batch_size"): POSITIVE_INT,
+    ("dataset", "num_workers"): NON_NEGATIVE_INT,
+}
 TRAINING_SETTINGS = {
+    **RUN_SETTINGS,
     ("optimization", "lr"): float_range(0),
     ("optimization", "update_freq"): POSITIVE_INT,
     ("optimization", "max_update"): NON_NEGATIVE_INT,
     ("optimization", "max_epoch"): NON_NEGATIVE_INT,
     ("optimization", "clip_norm"): float_range(0),
-    ("dataset", "max_tokens"): POSITIVE_INT,
-    ("dataset", "batch_size"): POSITIVE_INT,
     ("dataset", "batch_size_valid"): POSITIVE_INT,
     ("dataset", "max_tokens_valid"): POSITIVE_INT,
-    ("dataset", "num_workers"): NON_NEGATIVE_INT,
     ("dataset", "validate_interval"): POSITIVE_INT,
     ("dataset", "validate_interval_updates"): NON_NEGATIVE_INT,
     ("checkpoint", "save_interval"): POSITIVE_INT,
     ("checkpoint", "save_interval_updates"): NON_NEGATIVE_INT,
-    ("common", "seed"): int_range(0, 2**32 - 1),
     ("common", "log_interval"): POSITIVE_INT,
     ("optimizer", "weight_decay"): float_range(0),
     ("optimizer", "adam_eps"): float_range(0, lo_open=True),
     ("lr_scheduler", "warmup_updates"): NON_NEGATIVE_INT,
     ("lr_scheduler", "total_num_update"): float_range(0, lo_open=True),
     ("criterion", "label_smoothing"): PROBABILITY,
+}
+GENERATE_SETTINGS = {  # beside GENERATION_SETTINGS (the search's own)
+    **RUN_SETTINGS,
+    ("generation", "nbest"): POSITIVE_INT,
+    ("dataset", "num_shards"): POSITIVE_INT,
+    ("dataset", "shard_id"): NON_NEGATIVE_INT,
 }
 
 

@@ -3,6 +3,7 @@ and leaves no half-written output. Cases tested elsewhere are listed in README "
 file holds the ones no other test covers.
 """
 
+import io
 import json
 import os
 import subprocess
@@ -503,6 +504,17 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--min-len", "9", "--max-len-b", "4"], "--min-len 9 is above --max-len-b 4"),
         (["--max-tokens", "10"], "more than --max-tokens 10"),
         ("results_path_is_a_file", "--results-path {}: exists and is not a folder"),
+        # fairseq's own, with the plugin's task refused before any work (lsg_fairseq/tasks/run_settings.py)
+        (["--sampling", "--beam", "4", "--nbest", "1"], "--nbest 1: with --sampling it must equal --beam (4)"),
+        (["--nbest", "0"], "--nbest 0: must be an integer >= 1"),  # ZeroDivisionError
+        (["--diverse-beam-groups", "3", "--beam", "4"], "--diverse-beam-groups 3: must divide --beam (4)"),
+        (["--shard-id", "2", "--num-shards", "2"], "--shard-id 2: must be below --num-shards (2)"),  # exit 0
+        (["--seed", "-1"], "--seed -1: must be an integer in [0, 4294967295]"),
+        (["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
+        (["--print-step"], "--print-step: only for fairseq's iterative refinement models"),  # KeyError
+        (["--replace-unk"], "--replace-unk: fairseq-generate replaces <unk> from raw text datasets only"),
+        (["--lm-path", "nope.pt"], "--lm-path: file not found: nope.pt"),  # OSError
+        (["--model-overrides", "nonsense"], "--model-overrides nonsense: must be a Python dict"),  # ValueError
     ],
 )
 def test_generate_flags_refused_in_one_line(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch, flags, expected):
@@ -523,6 +535,32 @@ def test_generate_flags_refused_in_one_line(word_data, tiny_checkpoint, tmp_path
     assert e.value.code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("lsg-fairseq-generate: error: ") and expected in err, err[-600:]
     assert not (tmp_path / "afile").exists() or (tmp_path / "afile").read_text() == "kept\n"
+
+
+def test_generate_refused_before_any_work_keeps_earlier_results(word_data, tiny_checkpoint, tmp_path, capsys):
+    """A refusal before fairseq opens generate-valid.txt leaves an earlier run's file as it was (a
+    refusal after it, e.g. out of memory, removes this run's partial file: test_device_policy.py)."""
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    (tmp_path / "generate-valid.txt").write_text("an earlier run\n")
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.generate(
+            [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--cpu", "--nbest", "0"]
+            + ["--results-path", str(tmp_path)]
+        )
+    assert e.value.code == 2 and "--nbest 0: must be" in capsys.readouterr().err
+    assert (tmp_path / "generate-valid.txt").read_text() == "an earlier run\n"
+
+
+def test_interactive_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, monkeypatch):
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("a document\n"))
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.interactive([str(word_data), "--path", tiny_checkpoint, "--cpu", "--nbest", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "lsg-fairseq-interactive: error: --nbest 0: must be an integer >= 1"
 
 
 @pytest.mark.parametrize("task", ["long_document_summarization", "gap_sentence_generation"])
@@ -625,7 +663,7 @@ def training_cfg(data, *flags):
 
 @pytest.mark.parametrize("flags,message", TRAINING_CASES, ids=[" ".join(f) for f, _ in TRAINING_CASES])
 def test_training_settings_out_of_range_refused(word_data, flags, message):
-    from lsg_fairseq.tasks.long_document_summarization import check_training_args
+    from lsg_fairseq.tasks.run_settings import check_training_args
     from lsg_text.errors import ConfigError
 
     with pytest.raises(ConfigError) as e:
@@ -643,7 +681,7 @@ def test_every_training_setting_has_a_case():
 def test_training_defaults_and_fairseq_sentinels_pass(word_data):
     """fairseq's defaults, and the values that mean something there: --lr 0 (a run that measures),
     0 for no limit / no clipping / no periodic save, -1 for keep all / no warmup init lr."""
-    from lsg_fairseq.tasks.long_document_summarization import check_training_args
+    from lsg_fairseq.tasks.run_settings import check_training_args
 
     check_training_args(training_cfg(word_data))
     check_training_args(

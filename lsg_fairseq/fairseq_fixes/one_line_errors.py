@@ -11,7 +11,8 @@ and around ``main``. Its train and interactive commands run ``main`` through
 is untouched. A ``--results-path`` that is a file is refused so before any work. A generation that
 stops so leaves no half-written ``--results-path`` file: fairseq opens (and so truncates)
 ``generate-<subset>.txt`` before it loads anything, so the file holds only this run's partial
-output, and it is removed. (``lsg-fairseq-generate`` imports the plugin
+output, and it is removed (a refusal before fairseq opened it leaves the file of an earlier run as it
+was). (``lsg-fairseq-generate`` imports the plugin
 before ``fairseq_cli.generate`` and installs the fixes again once it is loaded.)
 """
 
@@ -49,18 +50,28 @@ def results_file(cfg):
     return None if folder is None else os.path.join(folder, f"generate-{subset}.txt")
 
 
+def _written(path):
+    """What tells a file written since: (inode, size, mtime), or None where there is none."""
+    if path is None or not os.path.isfile(path):
+        return None
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _one_line_generate_errors(original):
     def main(cfg, *args, **kwargs):
         results = results_file(cfg)
         folder = None if results is None else os.path.dirname(results)
         if folder and os.path.exists(folder) and not os.path.isdir(folder):  # fairseq's: FileExistsError
             sys.exit(report(f"--results-path {folder}: exists and is not a folder (give a folder)", _prog()))
+        before = _written(results)
         try:
             return original(cfg, *args, **kwargs)
         except UserError as e:
-            partial = results_file(cfg)
-            if partial is not None and os.path.isfile(partial):
-                os.remove(partial)
+            # this run's partial output only: a refusal before fairseq opened the file (the task's
+            # vet_run, run_hooks) leaves an earlier run's results as they were
+            if results is not None and _written(results) not in (None, before):
+                os.remove(results)
             sys.exit(report(e, _prog()))
 
     return main

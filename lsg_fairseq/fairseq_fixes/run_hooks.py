@@ -1,13 +1,16 @@
 """Let a task vet a fairseq command's whole configuration before any work (no such hook upstream).
 
 fairseq-train (and -validate, -interactive) run ``main(cfg)`` through
-``fairseq.distributed.utils.call_main`` without calling into the task first: a task is set up
+``fairseq.distributed.utils.call_main``, and fairseq-generate its module's ``main(args)``, without
+calling into the task first: a task is set up
 from ``cfg.task`` alone, so it cannot refuse a precision its device cannot run, nor settle a flag
 that its optimizer needs, until the run has loaded data and built the model (and then fails with
 fairseq's traceback: ``--fp16`` on a CPU ends in "Torch not compiled with CUDA enabled" when the
 optimizer is built). This wrapper calls the optional classmethod
 ``vet_run(cfg, command)`` of the task class named by ``cfg.task._name`` (``command``: the module
-of the ``main`` being run, e.g. ``"fairseq_cli.train"``) before ``main``; it may raise a
+of the ``main`` being run, e.g. ``"fairseq_cli.train"``) before ``main`` (fairseq-generate's
+``main`` is wrapped too, when the plugin is imported through its ``--user-dir``, its parsed
+arguments made the structured config its ``main`` makes of them first); it may raise a
 :class:`~lsg_text.errors.UserError` (printed as one line by :mod:`.one_line_errors`, installed
 after this fix so that it wraps this one) or settle a flag of ``cfg`` with a log line.
 
@@ -15,6 +18,10 @@ Stock fairseq tasks define no ``vet_run`` and run exactly as without the plugin;
 tasks define it (``lsg_fairseq.device_policy``).
 """
 
+import argparse
+import sys
+
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 
 from lsg_fairseq.fairseq_fixes._wrap import wrap
@@ -39,5 +46,20 @@ def _vetted_by_the_task(original):
     return call_main
 
 
+def _generate_vetted_by_the_task(original):
+    def main(cfg, *args, **kwargs):
+        if isinstance(cfg, argparse.Namespace):  # what fairseq-generate's cli_main passes
+            cfg = convert_namespace_to_omegaconf(cfg)
+        vet = getattr(task_class(cfg), "vet_run", None)
+        if vet is not None:
+            vet(cfg, "fairseq_cli.generate")
+        return original(cfg, *args, **kwargs)
+
+    return main
+
+
 def install() -> None:
     wrap(distributed_utils, "call_main", _vetted_by_the_task)
+    generate = sys.modules.get("fairseq_cli.generate")
+    if generate is not None:  # fairseq-generate is importing the plugin through --user-dir
+        wrap(generate, "main", _generate_vetted_by_the_task)

@@ -21,6 +21,8 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   (fairseq#5206);
 * a ``--restore-file`` that does not exist is refused, and a checkpoint that does not fit the
   model is explained (:mod:`lsg_fairseq.checkpoint_policy`);
+* fairseq's own numeric flags out of range (``--update-freq 0``, ``--lr -1``, ``--nbest 0``, ...)
+  are refused before any work (:mod:`lsg_fairseq.tasks.run_settings`);
 * precision flags the device cannot run are refused before any work, ``--fp16`` keeps
   ``grouped_adam``'s parameter groups, and running out of device memory in a step is one line
   naming the batch and the flags that shrink it (:mod:`lsg_fairseq.device_policy`).
@@ -37,11 +39,11 @@ from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
-from omegaconf import OmegaConf
 
 from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.summarization_pairs import inference_sources, load_summarization_pair
 from lsg_fairseq.generation import LongInputSequenceGenerator
+from lsg_fairseq.tasks.run_settings import check_generate_args, check_generation_args, check_training_args
 from lsg_fairseq.tasks.eval_rouge import (
     DEFAULT_EVAL_ROUGE_ARGS,
     EVAL_ROUGE_BPE_CHOICES,
@@ -50,7 +52,6 @@ from lsg_fairseq.tasks.eval_rouge import (
     parse_eval_rouge_args,
     rouge_sums,
 )
-from lsg_text.argtypes import GENERATION_SETTINGS, TRAINING_SETTINGS, adam_betas_problem, min_len_out_of_reach
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_output_path
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
@@ -112,39 +113,6 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     eval_rouge_print_samples: bool = field(
         default=False, metadata={"help": "log one generated summary and its reference per validation batch"}
     )
-
-
-def check_generation_args(args) -> None:
-    """fairseq-generate's / -interactive's search flags in the ranges ``lsg-fairseq-summarize`` and
-    ``--eval-rouge-args`` take (GENERATION_SETTINGS): fairseq's own errors for ``--beam 0`` or
-    ``--max-len-b -1`` are a reshape RuntimeError or an assert, deep in the search."""
-    for key, kind in GENERATION_SETTINGS.items():
-        value = getattr(args, key, None)
-        problem = None if value is None else kind.problem(value)
-        if problem:
-            raise ConfigError(f"--{key.replace('_', '-')} {value}: {problem}")
-    min_len, max_len_a, max_len_b = (getattr(args, k, None) for k in ("min_len", "max_len_a", "max_len_b"))
-    if min_len_out_of_reach(min_len, max_len_a, max_len_b):
-        raise ConfigError(f"--min-len {min_len} is above --max-len-b {max_len_b}")
-
-
-def check_training_args(cfg) -> None:
-    """fairseq-train's own settings in TRAINING_SETTINGS's ranges, before any work: fairseq checks
-    none of them, and out of range they fail after data and model are loaded, or train nothing
-    (or wrongly) without a word."""
-    for (group, key), kind in TRAINING_SETTINGS.items():
-        value = getattr(getattr(cfg, group, None), key, None)
-        if value is None:
-            continue
-        values = list(value) if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
-        problems = [kind.problem(v) for v in values if kind.problem(v)]
-        if problems:
-            shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
-            raise ConfigError(f"--{key.replace('_', '-')} {shown}: {problems[0]}")
-    betas = getattr(getattr(cfg, "optimizer", None), "adam_betas", None)
-    problem = None if betas is None else adam_betas_problem(betas)
-    if problem:
-        raise ConfigError(f"--adam-betas {betas}: {problem}")
 
 
 @register_task(TASK_NAME, dataclass=LongDocumentSummarizationConfig)
@@ -336,6 +304,8 @@ class LongDocumentSummarizationTask(TranslationTask):
     def vet_run(cls, cfg, command):
         if command == "fairseq_cli.train":
             check_training_args(cfg)
+        elif command in ("fairseq_cli.generate", "fairseq_cli.interactive"):
+            check_generate_args(cfg, command)
         device_policy.vet_run(cfg, command)
         if command == "fairseq_cli.train" and not cfg.checkpoint.no_save:
             # fairseq's own: NotADirectoryError when it first writes a checkpoint

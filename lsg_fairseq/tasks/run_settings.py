@@ -1,0 +1,105 @@
+"""fairseq's own settings of a run, checked by this plugin's tasks before any work.
+
+fairseq range-checks hardly any of its flags. Out of range they fail after the data and the model
+are loaded, with a traceback (``--update-freq 0``, ``--nbest 0``, ``--seed -1``, ``--sampling``
+with ``--nbest`` below ``--beam``), or not at all: a run that trains nothing or wrongly (``--lr
+-1``, ``--weight-decay -1``), or a generation of another shard than asked, with exit status 0.
+The tasks' ``vet_run``, which fairseq-train, -generate and -interactive call before any work
+(:mod:`lsg_fairseq.fairseq_fixes.run_hooks`), refuses them in one line naming the flag:
+:func:`check_training_args` for training, :func:`check_generate_args` for generation. The ranges
+live in :mod:`lsg_text.argtypes` (``TRAINING_SETTINGS``, ``GENERATE_SETTINGS``, and
+``GENERATION_SETTINGS`` for the search itself, which :func:`check_generation_args` checks wherever
+a generator is built: generate, ``--eval-rouge``, the hub, ``lsg-fairseq-summarize``).
+"""
+
+import ast
+
+from omegaconf import OmegaConf
+
+from lsg_text.argtypes import (
+    GENERATE_SETTINGS,
+    GENERATION_SETTINGS,
+    TRAINING_SETTINGS,
+    adam_betas_problem,
+    min_len_out_of_reach,
+)
+from lsg_text.errors import ConfigError
+from lsg_text.fileio import require_file
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def check_settings(cfg, table) -> None:
+    """Every ``(group, key)`` of ``table`` that ``cfg`` sets, in its range (each value of a list)."""
+    for (group, key), kind in table.items():
+        value = getattr(getattr(cfg, group, None), key, None)
+        if value is None:
+            continue
+        values = list(value) if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
+        problems = [kind.problem(v) for v in values if kind.problem(v)]
+        if problems:
+            shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+            raise ConfigError(f"{_flag(key)} {shown}: {problems[0]}")
+
+
+def check_generation_args(args) -> None:
+    """The search flags (``args``: fairseq-generate's Namespace or its ``generation`` config) in the
+    ranges ``lsg-fairseq-summarize`` and ``--eval-rouge-args`` take (GENERATION_SETTINGS): fairseq's
+    own errors for ``--beam 0`` or ``--max-len-b -1`` are a reshape RuntimeError or an assert, deep
+    in the search."""
+    for key, kind in GENERATION_SETTINGS.items():
+        value = getattr(args, key, None)
+        problem = None if value is None else kind.problem(value)
+        if problem:
+            raise ConfigError(f"{_flag(key)} {value}: {problem}")
+    min_len, max_len_a, max_len_b = (getattr(args, k, None) for k in ("min_len", "max_len_a", "max_len_b"))
+    if min_len_out_of_reach(min_len, max_len_a, max_len_b):
+        raise ConfigError(f"--min-len {min_len} is above --max-len-b {max_len_b}")
+
+
+def check_training_args(cfg) -> None:
+    """fairseq-train's settings (TRAINING_SETTINGS, ``--adam-betas``)."""
+    check_settings(cfg, TRAINING_SETTINGS)
+    betas = getattr(getattr(cfg, "optimizer", None), "adam_betas", None)
+    problem = None if betas is None else adam_betas_problem(betas)
+    if problem:
+        raise ConfigError(f"--adam-betas {betas}: {problem}")
+
+
+def check_generate_args(cfg, command: str) -> None:
+    """fairseq-generate's and -interactive's settings (``command``: ``fairseq_cli.generate`` or
+    ``fairseq_cli.interactive``), and the combinations fairseq asserts or fails on."""
+    check_settings(cfg, GENERATE_SETTINGS)
+    gen = cfg.generation
+    check_generation_args(gen)
+    if gen.sampling and gen.nbest != gen.beam:  # fairseq's AssertionError
+        raise ConfigError(f"--nbest {gen.nbest}: with --sampling it must equal --beam ({gen.beam})")
+    if gen.diverse_beam_groups > 0 and gen.beam % gen.diverse_beam_groups:  # fairseq's ValueError
+        raise ConfigError(
+            f"--diverse-beam-groups {gen.diverse_beam_groups}: must divide --beam ({gen.beam}) into equal groups"
+        )
+    if command == "fairseq_cli.generate":
+        for flag, on in (("--print-step", gen.print_step), ("--retain-iter-history", gen.retain_iter_history)):
+            if on:  # fairseq-generate's KeyError once the first batch is generated
+                raise ConfigError(
+                    f"{flag}: only for fairseq's iterative refinement models, not this task's beam search"
+                )
+        if gen.replace_unk is not None:  # fairseq-generate's AssertionError
+            raise ConfigError(
+                "--replace-unk: fairseq-generate replaces <unk> from raw text datasets only, and this task reads "
+                "binarized data"
+            )
+    data = cfg.dataset
+    if data.shard_id >= data.num_shards:  # fairseq would generate another shard, or none, without a word
+        raise ConfigError(f"--shard-id {data.shard_id}: must be below --num-shards ({data.num_shards})")
+    if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
+        require_file(gen.lm_path, "--lm-path")
+    overrides = cfg.common_eval.model_overrides
+    try:
+        parsed = ast.literal_eval(overrides)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict):  # fairseq's ValueError from literal_eval, or an AttributeError
+        raise ConfigError(f"--model-overrides {overrides}: must be a Python dict, e.g. \"{{'dropout': 0.0}}\"")
