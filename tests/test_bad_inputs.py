@@ -552,15 +552,25 @@ def test_generate_refused_before_any_work_keeps_earlier_results(word_data, tiny_
     assert (tmp_path / "generate-valid.txt").read_text() == "an earlier run\n"
 
 
-def test_interactive_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--nbest", "0"], "--nbest 0: must be an integer >= 1"),
+        (  # fairseq's AssertionError
+            ["--batch-size", "4"],
+            "--batch-size 4: must not exceed --buffer-size (1; lines read at a time): pass --buffer-size 4 or more",
+        ),
+    ],
+)
+def test_interactive_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, monkeypatch, flags, expected):
     from lsg_fairseq.cli import fairseq_wrappers
 
     monkeypatch.setattr("sys.stdin", io.StringIO("a document\n"))
     with pytest.raises(SystemExit) as e:
-        fairseq_wrappers.interactive([str(word_data), "--path", tiny_checkpoint, "--cpu", "--nbest", "0"])
+        fairseq_wrappers.interactive([str(word_data), "--path", tiny_checkpoint, "--cpu", *flags])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err
-    assert err.strip().splitlines()[-1] == "lsg-fairseq-interactive: error: --nbest 0: must be an integer >= 1"
+    assert err.strip().splitlines()[-1] == f"lsg-fairseq-interactive: error: {expected}"
 
 
 @pytest.mark.parametrize("task", ["long_document_summarization", "gap_sentence_generation"])

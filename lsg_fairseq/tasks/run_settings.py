@@ -92,6 +92,13 @@ def check_generate_args(cfg, command: str) -> None:
                 "binarized data"
             )
     data = cfg.dataset
+    if command == "fairseq_cli.interactive":
+        buffer = max(1, cfg.interactive.buffer_size)  # what fairseq-interactive's main makes of 0 (not given)
+        if data.batch_size and data.batch_size > buffer:  # its AssertionError
+            raise ConfigError(
+                f"--batch-size {data.batch_size}: must not exceed --buffer-size ({buffer}; lines read at a time): "
+                f"pass --buffer-size {data.batch_size} or more"
+            )
     if data.shard_id >= data.num_shards:  # fairseq would generate another shard, or none, without a word
         raise ConfigError(f"--shard-id {data.shard_id}: must be below --num-shards ({data.num_shards})")
     if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
