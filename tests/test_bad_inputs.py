@@ -515,6 +515,9 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--replace-unk"], "--replace-unk: fairseq-generate replaces <unk> from raw text datasets only"),
         (["--lm-path", "nope.pt"], "--lm-path: file not found: nope.pt"),  # OSError
         (["--model-overrides", "nonsense"], "--model-overrides nonsense: must be a Python dict"),  # ValueError
+        # the split is there, binarized (mmap): fairseq's assert on the index header; raw: "no 'valid' split"
+        (["--dataset-impl", "lazy"], "the 'valid' split is not in the format --dataset-impl lazy reads; drop"),
+        (["--dataset-impl", "raw"], "the 'valid' split is not in the format --dataset-impl raw reads; drop"),
     ],
 )
 def test_generate_flags_refused_in_one_line(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch, flags, expected):

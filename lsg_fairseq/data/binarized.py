@@ -62,10 +62,23 @@ def require_split(
     from fairseq.data import indexed_dataset
 
     pairs = (f"{src}-{tgt}", f"{tgt}-{src}")
+    other_format = MissingFileError(
+        f"{data_path}: the {split!r} split is not in the format --dataset-impl {dataset_impl} reads; drop "
+        "--dataset-impl (fairseq then reads the format it finds)"
+    )
     for pair in pairs:
-        if indexed_dataset.dataset_exists(os.path.join(data_path, f"{split}.{pair}.{src}"), impl=dataset_impl):
+        prefix = os.path.join(data_path, f"{split}.{pair}.{src}")
+        if indexed_dataset.dataset_exists(prefix, impl=dataset_impl):
+            # lazy/cached and mmap share the file names (.bin/.idx): fairseq's own error for the
+            # other format is an assert on the index header
+            written = indexed_dataset.infer_dataset_impl(prefix)
+            reads = "cached" if dataset_impl in ("lazy", "cached") else dataset_impl
+            if reads in ("cached", "mmap") and written in ("cached", "mmap") and written != reads:
+                raise other_format
             return
     found = sorted(set(splits_in(data_path, f".{pairs[0]}.")) | set(splits_in(data_path, f".{pairs[1]}.")))
+    if dataset_impl is not None and split in found:  # there, in a format --dataset-impl does not read
+        raise other_format
     raise missing_split(data_path, split, f"{split}.{pairs[0]}.{src}.*", found, train)
 
 
