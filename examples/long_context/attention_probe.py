@@ -69,9 +69,8 @@ def main(argv=None):
         grad_norm += enc_out.grad.norm().item()
         if not extra.get("attn") or extra["attn"][0] is None:
             continue  # a decoder that does not return its cross-attention (LOCOST's T5 decoder)
-        attn = extra["attn"][0][0].detach()  # (T, S'); S' may hold G global tokens first
-        G = attn.size(-1) - src.numel()
-        attn = attn[:, G:] if G >= 0 else attn
+        # (T, S): over the source tokens (LSG-BART's decoder leaves its global tokens out)
+        attn = extra["attn"][0][0].detach()
         target = sample["target"][0]
         fact_pos = torch.isin(target, key_ids)
         for t in fact_pos.nonzero().flatten().tolist():
