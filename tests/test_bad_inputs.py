@@ -576,6 +576,29 @@ def test_interactive_flags_refused_in_one_line(word_data, tiny_checkpoint, capsy
     assert err.strip().splitlines()[-1] == f"lsg-fairseq-interactive: error: {expected}"
 
 
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--max-tokens", "4096"], "--path is required: the checkpoint to validate"),  # AttributeError of None
+        (["--max-tokens", "4096", "--path", "nope.pt"], "--path nope.pt: no such checkpoint file"),  # OSError
+        (["--path", "CKPT"], "--max-tokens or --batch-size is required"),  # AssertionError
+        (["--path", "CKPT", "--max-tokens", "4096", "--model-overrides", "x"], "--model-overrides x: must be"),
+    ],
+)
+def test_validate_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, monkeypatch, flags, expected):
+    """fairseq-validate (fairseq's own main, through call_main and the task's vet_run)."""
+    from fairseq_cli import validate
+
+    flags = [tiny_checkpoint if f == "CKPT" else f for f in flags]
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization", "--cpu"]
+    monkeypatch.setattr("sys.argv", ["fairseq-validate", *argv, *flags])
+    with pytest.raises(SystemExit) as e:
+        validate.cli_main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"fairseq-validate: error: {expected}")
+
+
 @pytest.mark.parametrize("task", ["long_document_summarization", "gap_sentence_generation"])
 def test_data_folder_mistakes_name_what_to_run(word_data, tmp_path, capsys, monkeypatch, task):
     """A data path that is a file is called one (not "does not exist"); a folder without a training

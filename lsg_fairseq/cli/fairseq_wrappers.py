@@ -20,7 +20,7 @@ import os
 import sys
 
 from lsg_fairseq._fairseq_logs import DropMessage
-from lsg_text.errors import ConfigError, MissingFileError, UserError, report
+from lsg_text.errors import UserError, report
 
 
 def _has_flag(argv, flag) -> bool:
@@ -42,6 +42,7 @@ def plugin_argv(argv, prog: str):
     """``argv`` with ``--user-dir`` and ``--task`` added when missing; checks ``--path`` files."""
     from lsg_fairseq import user_dir
     from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
+    from lsg_fairseq.tasks.run_settings import check_checkpoint_paths
 
     argv = list(argv)
     if _has_flag(argv, "--user-dir"):
@@ -53,14 +54,10 @@ def plugin_argv(argv, prog: str):
         argv += ["--user-dir", user_dir()]
     if not _has_flag(argv, "--task") and "-h" not in argv and "--help" not in argv:
         argv += ["--task", TASK_NAME]
-    paths = _flag_value(argv, "--path")
-    if not paths and "-h" not in argv and "--help" not in argv:
-        # fairseq's own: an AssertionError traceback (generate), a TypeError (interactive)
-        raise ConfigError("--path is required: the checkpoint to generate with (e.g. --path ckpt/checkpoint_best.pt)")
-    if paths:
-        for path in paths.split(os.pathsep):
-            if not os.path.isfile(path):
-                raise MissingFileError(f"--path {path}: no such checkpoint file")
+    if "-h" not in argv and "--help" not in argv:
+        # before fairseq parses anything: its own errors are an AssertionError (generate), a TypeError
+        # (interactive), and an OSError once the data is loaded
+        check_checkpoint_paths(_flag_value(argv, "--path"), "generate with")
     return argv
 
 

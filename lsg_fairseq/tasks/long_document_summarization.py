@@ -43,7 +43,12 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.summarization_pairs import inference_sources, load_summarization_pair
 from lsg_fairseq.generation import LongInputSequenceGenerator
-from lsg_fairseq.tasks.run_settings import check_generate_args, check_generation_args, check_training_args
+from lsg_fairseq.tasks.run_settings import (
+    check_generate_args,
+    check_generation_args,
+    check_training_args,
+    check_validate_args,
+)
 from lsg_fairseq.tasks.eval_rouge import (
     DEFAULT_EVAL_ROUGE_ARGS,
     EVAL_ROUGE_BPE_CHOICES,
@@ -299,13 +304,16 @@ class LongDocumentSummarizationTask(TranslationTask):
             )
 
     # ---------------------------------------------------------------- devices and precision
-    # vet_run: called by fairseq-train before any work (lsg_fairseq.fairseq_fixes.run_hooks)
+    # vet_run: called by fairseq-train, -generate, -interactive and -validate before any work
+    # (lsg_fairseq.fairseq_fixes.run_hooks)
     @classmethod
     def vet_run(cls, cfg, command):
         if command == "fairseq_cli.train":
             check_training_args(cfg)
         elif command in ("fairseq_cli.generate", "fairseq_cli.interactive"):
             check_generate_args(cfg, command)
+        elif command == "fairseq_cli.validate":
+            check_validate_args(cfg)
         device_policy.vet_run(cfg, command)
         if command == "fairseq_cli.train" and not cfg.checkpoint.no_save:
             # fairseq's own: NotADirectoryError when it first writes a checkpoint

@@ -4,26 +4,30 @@ fairseq range-checks hardly any of its flags. Out of range they fail after the d
 are loaded, with a traceback (``--update-freq 0``, ``--nbest 0``, ``--seed -1``, ``--sampling``
 with ``--nbest`` below ``--beam``), or not at all: a run that trains nothing or wrongly (``--lr
 -1``, ``--weight-decay -1``), or a generation of another shard than asked, with exit status 0.
-The tasks' ``vet_run``, which fairseq-train, -generate and -interactive call before any work
-(:mod:`lsg_fairseq.fairseq_fixes.run_hooks`), refuses them in one line naming the flag:
-:func:`check_training_args` for training, :func:`check_generate_args` for generation. The ranges
+The tasks' ``vet_run``, which fairseq-train, -generate, -interactive and -validate call before any
+work (:mod:`lsg_fairseq.fairseq_fixes.run_hooks`), refuses them in one line naming the flag:
+:func:`check_training_args` for training, :func:`check_generate_args` for generation,
+:func:`check_validate_args` for validation. The ranges
 live in :mod:`lsg_text.argtypes` (``TRAINING_SETTINGS``, ``GENERATE_SETTINGS``, and
 ``GENERATION_SETTINGS`` for the search itself, which :func:`check_generation_args` checks wherever
 a generator is built: generate, ``--eval-rouge``, the hub, ``lsg-fairseq-summarize``).
 """
 
 import ast
+import os
+from typing import Optional
 
 from omegaconf import OmegaConf
 
 from lsg_text.argtypes import (
     GENERATE_SETTINGS,
     GENERATION_SETTINGS,
+    RUN_SETTINGS,
     TRAINING_SETTINGS,
     adam_betas_problem,
     min_len_out_of_reach,
 )
-from lsg_text.errors import ConfigError
+from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import require_file
 
 
@@ -68,9 +72,40 @@ def check_training_args(cfg) -> None:
         raise ConfigError(f"--adam-betas {betas}: {problem}")
 
 
+def check_checkpoint_paths(paths: Optional[str], verb: str, ensemble: bool = True) -> None:
+    """``--path`` given (fairseq's own: an AssertionError, or an AttributeError of None), and each of
+    its checkpoints a file (fairseq's own: an OSError traceback). ``ensemble``: ``paths`` may list
+    several, separated by ``os.pathsep`` (generate, interactive; validate reads one)."""
+    if not paths:
+        raise ConfigError(f"--path is required: the checkpoint to {verb} (e.g. --path ckpt/checkpoint_best.pt)")
+    for path in paths.split(os.pathsep) if ensemble else [paths]:
+        if not os.path.isfile(path):
+            raise MissingFileError(f"--path {path}: no such checkpoint file")
+
+
+def check_model_overrides(overrides: str) -> None:
+    """``--model-overrides``: a Python dict (fairseq's own: literal_eval's or eval's traceback)."""
+    try:
+        parsed = ast.literal_eval(overrides)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"--model-overrides {overrides}: must be a Python dict, e.g. \"{{'dropout': 0.0}}\"")
+
+
+def check_validate_args(cfg) -> None:
+    """fairseq-validate's settings: one checkpoint, a batch size, RUN_SETTINGS."""
+    check_settings(cfg, RUN_SETTINGS)
+    check_checkpoint_paths(cfg.common_eval.path, "validate", ensemble=False)
+    if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:  # fairseq's AssertionError
+        raise ConfigError("--max-tokens or --batch-size is required: how many tokens (or examples) per batch")
+    check_model_overrides(cfg.common_eval.model_overrides)
+
+
 def check_generate_args(cfg, command: str) -> None:
     """fairseq-generate's and -interactive's settings (``command``: ``fairseq_cli.generate`` or
     ``fairseq_cli.interactive``), and the combinations fairseq asserts or fails on."""
+    check_checkpoint_paths(cfg.common_eval.path, "generate with")
     check_settings(cfg, GENERATE_SETTINGS)
     gen = cfg.generation
     check_generation_args(gen)
@@ -103,10 +138,4 @@ def check_generate_args(cfg, command: str) -> None:
         raise ConfigError(f"--shard-id {data.shard_id}: must be below --num-shards ({data.num_shards})")
     if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
         require_file(gen.lm_path, "--lm-path")
-    overrides = cfg.common_eval.model_overrides
-    try:
-        parsed = ast.literal_eval(overrides)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        parsed = None
-    if not isinstance(parsed, dict):  # fairseq's ValueError from literal_eval, or an AttributeError
-        raise ConfigError(f"--model-overrides {overrides}: must be a Python dict, e.g. \"{{'dropout': 0.0}}\"")
+    check_model_overrides(cfg.common_eval.model_overrides)
