@@ -48,6 +48,21 @@ def test_stock_parser_would_take_the_tpu_path(word_data):
     assert asked.tpu is True  # an explicit --tpu is kept
 
 
+def test_fp16_with_bf16_is_one_line_about_those_flags(word_data, capsys):
+    """Stock: 'Cannot combine --fp16 and --tpu' (no --tpu was given), a ValueError traceback."""
+    flags = argv(word_data, "--fp16", "--memory-efficient-bf16")
+    with pytest.raises(ValueError, match="Cannot combine --fp16 and --tpu"):
+        original(options, "parse_args_and_arch")(options.get_training_parser(), flags)
+    with pytest.raises(SystemExit) as e:
+        options.parse_args_and_arch(options.get_training_parser(), flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    expected = "error: --fp16 and --bf16 cannot be combined (or their --memory-efficient- forms): give one"
+    assert err.strip().splitlines()[-1].endswith(expected)
+    with pytest.raises(ValueError, match="Cannot combine --fp16 and --tpu"):  # --tpu asked: fairseq's own
+        options.parse_args_and_arch(options.get_training_parser(), flags + ["--tpu"])
+
+
 @pytest.mark.parametrize(
     "flag,optimizer", [("--memory-efficient-bf16", "MemoryEfficientFP16Optimizer"), ("--bf16", "FP16Optimizer")]
 )
