@@ -731,6 +731,62 @@ def test_training_defaults_and_fairseq_sentinels_pass(word_data):
     )
 
 
+# combinations: fairseq's KeyError after the first epoch, its ValueError once the model is built, or
+# a checkpoint_best.pt picked the wrong way round without a word
+COMBINATION_CASES = [
+    (
+        ["--best-checkpoint-metric", "rougeL", "--maximize-best-checkpoint-metric"],
+        "--best-checkpoint-metric rougeL: validation logs ROUGE only with --eval-rouge (add it, or keep the default "
+        "metric, loss)",
+    ),
+    (
+        ["--best-checkpoint-metric", "rouge_l", "--maximize-best-checkpoint-metric"],
+        "--best-checkpoint-metric rouge_l: validation logs it as rougeL",
+    ),
+    (
+        ["--best-checkpoint-metric", "rouge2", "--eval-rouge", "--eval-rouge-bpe", "none"],
+        "--best-checkpoint-metric rouge2: higher is better, add --maximize-best-checkpoint-metric (else "
+        "checkpoint_best.pt is the one of lowest ROUGE)",
+    ),
+    (
+        ["--maximize-best-checkpoint-metric"],
+        "--maximize-best-checkpoint-metric: the metric is loss, lower is better (drop the flag, or choose a "
+        "higher-is-better metric such as rougeL with --eval-rouge)",
+    ),
+    (
+        ["--finetune-from-model", "m.pt", "--reset-optimizer", "--reset-meters"],
+        "--finetune-from-model with --reset-optimizer, --reset-meters: it resets the optimizer, the lr scheduler, "
+        "the meters and the dataloader itself (drop them)",
+    ),
+    (
+        ["--finetune-from-model", "m.pt", "--restore-file", "r.pt"],
+        "--finetune-from-model with --restore-file r.pt: give one (--restore-file resumes a training from its "
+        "checkpoint, --finetune-from-model starts a new one from a model's weights)",
+    ),
+]
+
+
+@pytest.mark.parametrize("flags,message", COMBINATION_CASES, ids=[" ".join(f) for f, _ in COMBINATION_CASES])
+def test_training_combinations_refused(word_data, flags, message):
+    from lsg_fairseq.tasks.run_settings import check_training_args
+    from lsg_text.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        check_training_args(training_cfg(word_data, *flags))
+    assert str(e.value) == message
+
+
+def test_best_checkpoint_metrics_that_hold(word_data):
+    from lsg_fairseq.tasks.run_settings import check_training_args
+
+    for flags in (
+        ["--best-checkpoint-metric", "rougeLsum", "--maximize-best-checkpoint-metric", "--eval-rouge"],
+        ["--best-checkpoint-metric", "rougeL", "--disable-validation"],  # never read
+        ["--best-checkpoint-metric", "nll_loss", "--finetune-from-model", "m.pt"],
+    ):
+        check_training_args(training_cfg(word_data, *flags, "--eval-rouge-bpe", "none"))
+
+
 def test_training_setting_refused_by_fairseq_train_before_any_work(word_data, tmp_path, capsys, monkeypatch):
     from test_user_errors import TRAIN, fairseq_train
 

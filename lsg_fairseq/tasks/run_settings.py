@@ -29,6 +29,7 @@ from lsg_text.argtypes import (
 )
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import require_file
+from lsg_text.rouge import ROUGE_KEYS
 
 
 def _flag(key: str) -> str:
@@ -64,12 +65,75 @@ def check_generation_args(args) -> None:
 
 
 def check_training_args(cfg) -> None:
-    """fairseq-train's settings (TRAINING_SETTINGS, ``--adam-betas``)."""
+    """fairseq-train's settings (TRAINING_SETTINGS, ``--adam-betas``) and the combinations fairseq
+    fails on late or keeps without a word (:func:`check_best_checkpoint_metric`,
+    :func:`check_finetune_from_model`)."""
     check_settings(cfg, TRAINING_SETTINGS)
     betas = getattr(getattr(cfg, "optimizer", None), "adam_betas", None)
     problem = None if betas is None else adam_betas_problem(betas)
     if problem:
         raise ConfigError(f"--adam-betas {betas}: {problem}")
+    check_best_checkpoint_metric(cfg)
+    check_finetune_from_model(cfg.checkpoint)
+
+
+LOWER_IS_BETTER = ("loss", "nll_loss", "ppl")  # what validation logs whatever the flags
+
+
+def check_best_checkpoint_metric(cfg) -> None:
+    """The metric that picks checkpoint_best.pt (also --keep-best-checkpoints, --patience) is logged
+    by validation and compared the right way round. Else fairseq's KeyError after the first
+    epoch (ROUGE without --eval-rouge), or, without a word, a checkpoint_best.pt with the lowest
+    ROUGE (--maximize-best-checkpoint-metric forgotten) or the highest loss (given for a loss)."""
+    if cfg.dataset.disable_validation:
+        return  # no validation, no metric read
+    ckpt = cfg.checkpoint
+    metric, maximize = ckpt.best_checkpoint_metric, ckpt.maximize_best_checkpoint_metric
+    spelled = [key for key in ROUGE_KEYS if key.lower() == metric.lower().replace("-", "").replace("_", "")]
+    if spelled and metric not in ROUGE_KEYS:  # fairseq's KeyError after the first epoch
+        raise ConfigError(f"--best-checkpoint-metric {metric}: validation logs it as {spelled[0]}")
+    if metric in ROUGE_KEYS and not getattr(cfg.task, "eval_rouge", False):
+        raise ConfigError(
+            f"--best-checkpoint-metric {metric}: validation logs ROUGE only with --eval-rouge (add it, or keep "
+            "the default metric, loss)"
+        )
+    if metric in ROUGE_KEYS and not maximize:
+        raise ConfigError(
+            f"--best-checkpoint-metric {metric}: higher is better, add --maximize-best-checkpoint-metric (else "
+            "checkpoint_best.pt is the one of lowest ROUGE)"
+        )
+    if metric in LOWER_IS_BETTER and maximize:
+        raise ConfigError(
+            f"--maximize-best-checkpoint-metric: the metric is {metric}, lower is better (drop the flag, or choose "
+            "a higher-is-better metric such as rougeL with --eval-rouge)"
+        )
+
+
+def check_finetune_from_model(ckpt) -> None:
+    """``--finetune-from-model`` alone: fairseq's own ValueError tracebacks, once the model is built,
+    for it beside a reset flag or a ``--restore-file``."""
+    if not ckpt.finetune_from_model:
+        return
+    resets = [
+        flag
+        for flag, on in (
+            ("--reset-optimizer", ckpt.reset_optimizer),
+            ("--reset-lr-scheduler", ckpt.reset_lr_scheduler),
+            ("--reset-meters", ckpt.reset_meters),
+            ("--reset-dataloader", ckpt.reset_dataloader),
+        )
+        if on
+    ]
+    if resets:
+        raise ConfigError(
+            f"--finetune-from-model with {', '.join(resets)}: it resets the optimizer, the lr scheduler, the meters "
+            f"and the dataloader itself (drop {'it' if len(resets) == 1 else 'them'})"
+        )
+    if ckpt.restore_file != "checkpoint_last.pt":  # fairseq's default
+        raise ConfigError(
+            f"--finetune-from-model with --restore-file {ckpt.restore_file}: give one (--restore-file resumes a "
+            "training from its checkpoint, --finetune-from-model starts a new one from a model's weights)"
+        )
 
 
 def check_checkpoint_paths(paths: Optional[str], verb: str, ensemble: bool = True) -> None:
