@@ -7,10 +7,10 @@ with ``--nbest`` below ``--beam``), or not at all: a run that trains nothing or 
 The tasks' ``vet_run``, which fairseq-train, -generate, -interactive and -validate call before any
 work (:mod:`lsg_fairseq.fairseq_fixes.run_hooks`), refuses them in one line naming the flag:
 :func:`check_training_args` for training, :func:`check_generate_args` for generation,
-:func:`check_validate_args` for validation. The ranges
-live in :mod:`lsg_text.argtypes` (``TRAINING_SETTINGS``, ``GENERATE_SETTINGS``, and
-``GENERATION_SETTINGS`` for the search itself, which :func:`check_generation_args` checks wherever
-a generator is built: generate, ``--eval-rouge``, the hub, ``lsg-fairseq-summarize``).
+:func:`check_validate_args` for validation. The ranges live in :mod:`lsg_text.argtypes`
+(``TRAINING_SETTINGS``, ``GENERATE_SETTINGS``, and ``GENERATION_SETTINGS`` for the search itself,
+which :func:`check_generation_args` checks wherever a generator is built: generate,
+``--eval-rouge``, the hub, ``lsg-fairseq-summarize``).
 """
 
 import ast
