@@ -1,5 +1,5 @@
 """What this plugin's tasks demand of the device and precision flags (policies, not fixes), and how
-they report running out of device memory.
+they report running out of device memory and a training that diverged.
 
 :func:`vet_run` is called before any work by ``fairseq-train`` (and -validate, -interactive)
 through the task hook of :mod:`lsg_fairseq.fairseq_fixes.run_hooks`, so it holds for
@@ -16,7 +16,9 @@ through the task hook of :mod:`lsg_fairseq.fairseq_fixes.run_hooks`, so it holds
 
 :func:`explain_out_of_memory` turns a device out-of-memory error of a training, validation or
 generation step into a one-line refusal naming the batch's length and the flags that shrink it
-(fairseq's trainer would log the OOM, skip the batch and go on, batch after batch).
+(fairseq's trainer would log the OOM, skip the batch and go on, batch after batch), and
+:func:`explain_divergence` a training whose gradients became NaN/Inf (or whose float16 loss scale
+hit its floor) into one line naming the flags that help, instead of fairseq's traceback.
 """
 
 import contextlib
@@ -27,6 +29,37 @@ import torch
 from lsg_text.errors import ConfigError, UserError
 
 logger = logging.getLogger(__name__)
+
+
+class TrainingDiverged(UserError, FloatingPointError):
+    """Gradients became NaN/Inf, or float16's loss scale reached its floor; the message names the
+    flags that help."""
+
+
+def explain_divergence(cfg, command: str, error: BaseException):
+    """fairseq's FloatingPointError of a training (``command`` ``fairseq_cli.train``) as a
+    :class:`TrainingDiverged` naming the flags that help, or None for anything else.
+
+    The error may be the context of another: after a FloatingPointError fairseq's trainer reruns
+    the step under its NanDetector (which logs the first module with a NaN output), and that rerun
+    can itself fail (torch's legacy backward hooks look for a tensor in a module's dict output, and
+    an encoder's output dict holds lists: StopIteration)."""
+    if command != "fairseq_cli.train" or isinstance(error, UserError):
+        return None
+    while error is not None and not isinstance(error, FloatingPointError):
+        error = error.__cause__ or error.__context__
+    if error is None:
+        return None
+    helps = ["lower --lr", "add warmup (--lr-scheduler inverse_sqrt --warmup-updates N)"]
+    if not cfg.optimization.clip_norm:
+        helps.append("clip gradients (--clip-norm 1.0)")
+    if cfg.common.fp16 or cfg.common.memory_efficient_fp16:
+        helps.append("train in --bf16 (float16 overflows where bfloat16 does not)")
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return TrainingDiverged(
+        f"training diverged ({first}): {', '.join(helps)}; the last checkpoint saved in --save-dir is intact, "
+        "resume from it with the new flags"
+    )
 
 
 class DeviceMemoryError(UserError, RuntimeError):

@@ -257,3 +257,32 @@ def test_generate_out_of_memory_is_one_line_and_leaves_no_partial_results(word_d
     )
     assert "--beam" in err[-1]
     assert os.listdir(out) == []  # generate-valid.txt held the first batch: removed
+
+
+# ---------------------------------------------------------------- divergence
+def test_fairseq_train_divergence_is_one_line(word_data, tmp_path, monkeypatch, capsys):
+    """fairseq's trainer raises FloatingPointError on NaN/Inf gradients, reruns the step under its
+    NanDetector (which here fails in turn: StopIteration) and ends in a traceback."""
+    from fairseq.trainer import Trainer
+    from fairseq_cli import train
+
+    monkeypatch.setattr(Trainer, "clip_grad_norm", lambda self, clip_norm: torch.tensor(float("nan")))
+    argv = ["fairseq-train", *train_argv(word_data, tmp_path / "ck", "--optimizer", "adam", "--max-update", "2")]
+    code, err = run_in_process(train.cli_main, argv, monkeypatch, capsys)
+    assert code == 2
+    assert err[-1] == (
+        "fairseq-train: error: training diverged (gradients are Nan/Inf): lower --lr, add warmup (--lr-scheduler "
+        "inverse_sqrt --warmup-updates N), clip gradients (--clip-norm 1.0); the last checkpoint saved in "
+        "--save-dir is intact, resume from it with the new flags"
+    )
+
+
+def test_divergence_explained_for_training_only(word_data, tmp_path):
+    cfg = training_cfg(word_data, "--clip-norm", "1.0")
+    explained = device_policy.explain_divergence(cfg, "fairseq_cli.train", FloatingPointError("Minimum loss scale"))
+    assert isinstance(explained, device_policy.TrainingDiverged) and "(Minimum loss scale)" in str(explained)
+    assert "--clip-norm" not in str(explained) and "--bf16" not in str(explained)  # clipping is on, no fp16
+    cfg.common.fp16 = True
+    assert "train in --bf16" in str(device_policy.explain_divergence(cfg, "fairseq_cli.train", FloatingPointError()))
+    assert device_policy.explain_divergence(cfg, "fairseq_cli.validate", FloatingPointError()) is None
+    assert device_policy.explain_divergence(cfg, "fairseq_cli.train", KeyError("not ours")) is None

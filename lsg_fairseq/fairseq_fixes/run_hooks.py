@@ -1,4 +1,5 @@
-"""Let a task vet a fairseq command's whole configuration before any work (no such hook upstream).
+"""Let a task vet a fairseq command's whole configuration before any work, and explain how the run
+failed (no such hooks upstream).
 
 fairseq-train (and -validate, -interactive) run ``main(cfg)`` through
 ``fairseq.distributed.utils.call_main``, and fairseq-generate its module's ``main(args)``, without
@@ -14,8 +15,12 @@ arguments made the structured config its ``main`` makes of them first); it may r
 :class:`~lsg_text.errors.UserError` (printed as one line by :mod:`.one_line_errors`, installed
 after this fix so that it wraps this one) or settle a flag of ``cfg`` with a log line.
 
-Stock fairseq tasks define no ``vet_run`` and run exactly as without the plugin; this plugin's
-tasks define it (``lsg_fairseq.device_policy``).
+The same wrapper calls the optional classmethod ``explain_failure(cfg, command, error)`` when
+``main`` raises: a :class:`~lsg_text.errors.UserError` it returns is raised instead (a training that
+diverged is fairseq's FloatingPointError traceback otherwise); None keeps the error as it is.
+
+Stock fairseq tasks define neither and run exactly as without the plugin; this plugin's tasks
+define both (``lsg_fairseq.tasks.run_settings``, ``lsg_fairseq.device_policy``).
 """
 
 import argparse
@@ -38,10 +43,18 @@ def task_class(cfg):
 
 def _vetted_by_the_task(original):
     def call_main(cfg, main, **kwargs):
-        vet = getattr(task_class(cfg), "vet_run", None)
+        task, command = task_class(cfg), getattr(main, "__module__", "")
+        vet = getattr(task, "vet_run", None)
         if vet is not None:
-            vet(cfg, getattr(main, "__module__", ""))
-        return original(cfg, main, **kwargs)
+            vet(cfg, command)
+        explain = getattr(task, "explain_failure", None)
+        try:
+            return original(cfg, main, **kwargs)
+        except Exception as e:  # noqa: BLE001  (re-raised unless the task explains it)
+            better = None if explain is None else explain(cfg, command, e)
+            if better is None:
+                raise
+            raise better from e
 
     return call_main
 

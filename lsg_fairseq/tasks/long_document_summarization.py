@@ -24,8 +24,9 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
 * fairseq's own numeric flags out of range (``--update-freq 0``, ``--lr -1``, ``--nbest 0``, ...)
   are refused before any work (:mod:`lsg_fairseq.tasks.run_settings`);
 * precision flags the device cannot run are refused before any work, ``--fp16`` keeps
-  ``grouped_adam``'s parameter groups, and running out of device memory in a step is one line
-  naming the batch and the flags that shrink it (:mod:`lsg_fairseq.device_policy`).
+  ``grouped_adam``'s parameter groups, running out of device memory in a step is one line
+  naming the batch and the flags that shrink it, and so is a training that diverged
+  (:mod:`lsg_fairseq.device_policy`).
 """
 
 import logging
@@ -318,6 +319,11 @@ class LongDocumentSummarizationTask(TranslationTask):
         if command == "fairseq_cli.train" and not cfg.checkpoint.no_save:
             # fairseq's own: NotADirectoryError when it first writes a checkpoint
             check_output_path(cfg.checkpoint.save_dir, "--save-dir", folder=True)
+
+    # explain_failure: called when fairseq-train, -validate or -interactive fails (run_hooks)
+    @classmethod
+    def explain_failure(cls, cfg, command, error):
+        return device_policy.explain_divergence(cfg, command, error)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         with device_policy.explain_out_of_memory(sample, "training"):
