@@ -57,8 +57,8 @@ def explain_divergence(cfg, command: str, error: BaseException):
         helps.append("train in --bf16 (float16 overflows where bfloat16 does not)")
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return TrainingDiverged(
-        f"training diverged ({first}): {', '.join(helps)}; the last checkpoint saved in --save-dir is intact, "
-        "resume from it with the new flags"
+        f"training diverged ({first}): {', '.join(helps)}; the checkpoints saved before it in --save-dir are "
+        "intact: resume with the new flags"
     )
 
 

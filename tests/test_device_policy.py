@@ -272,8 +272,8 @@ def test_fairseq_train_divergence_is_one_line(word_data, tmp_path, monkeypatch, 
     assert code == 2
     assert err[-1] == (
         "fairseq-train: error: training diverged (gradients are Nan/Inf): lower --lr, add warmup (--lr-scheduler "
-        "inverse_sqrt --warmup-updates N), clip gradients (--clip-norm 1.0); the last checkpoint saved in "
-        "--save-dir is intact, resume from it with the new flags"
+        "inverse_sqrt --warmup-updates N), clip gradients (--clip-norm 1.0); the checkpoints saved before it in "
+        "--save-dir are intact: resume with the new flags"
     )
 
 
