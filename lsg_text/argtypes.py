@@ -127,11 +127,11 @@ def min_len_out_of_reach(min_len, max_len_a, max_len_b) -> bool:
 # fairseq's own settings of a run that out of range fail late or not at all, as (config group, field):
 # range, checked by the plugin's tasks before any work (lsg_fairseq.tasks.run_settings). Late: a
 # traceback after data and model are loaded (--update-freq 0, --log-interval 0, --seed -1,
-# --warmup-updates -1, --nbest 0; --save-interval 0 at the end of an epoch). Not at all: a run that
+# --warmup-updates -10, --nbest 0; --save-interval 0 at the end of an epoch). Not at all: a run that
 # trains nothing, or wrongly, without a word (--lr -1 stops at once, --max-epoch -1 trains no epoch,
 # --weight-decay -1 grows the weights, --label-smoothing 2). 0 keeps fairseq's meaning where it has
 # one (no limit, no clipping, no periodic save). --lr and --update-freq are lists: each value.
-RUN_SETTINGS = {  # fairseq-train, -generate and -interactive
+RUN_SETTINGS = {  # fairseq-train, -generate, -interactive and -validate
     ("common", "seed"): int_range(0, 2**32 - 1),
     ("dataset", "max_tokens"): POSITIVE_INT,
     ("dataset", "batch_size"): POSITIVE_INT,
@@ -172,8 +172,7 @@ def adam_betas_problem(text) -> Optional[str]:
         betas = ast.literal_eval(text) if isinstance(text, str) else list(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # literal_eval's, list()'s
         betas = None
-    beta = PROBABILITY
-    if not isinstance(betas, (tuple, list)) or len(betas) != 2 or any(beta.problem(b) for b in betas):
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2 or any(PROBABILITY.problem(b) for b in betas):
         return "must be two numbers in [0, 1), e.g. '(0.9, 0.98)'"
     return None
 

@@ -11,9 +11,9 @@ and around ``main``. Its train and interactive commands run ``main`` through
 is untouched. A ``--results-path`` that is a file is refused so before any work. A generation that
 stops so leaves no half-written ``--results-path`` file: fairseq opens (and so truncates)
 ``generate-<subset>.txt`` before it loads anything, so the file holds only this run's partial
-output, and it is removed (a refusal before fairseq opened it leaves the file of an earlier run as it
-was). (``lsg-fairseq-generate`` imports the plugin
-before ``fairseq_cli.generate`` and installs the fixes again once it is loaded.)
+output, and it is removed; a refusal before fairseq opened it leaves an earlier run's file as it
+was. (``lsg-fairseq-generate`` imports the plugin before ``fairseq_cli.generate`` and installs the
+fixes again once it is loaded.)
 """
 
 import argparse

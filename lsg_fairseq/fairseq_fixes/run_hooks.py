@@ -3,17 +3,16 @@ failed (no such hooks upstream).
 
 fairseq-train (and -validate, -interactive) run ``main(cfg)`` through
 ``fairseq.distributed.utils.call_main``, and fairseq-generate its module's ``main(args)``, without
-calling into the task first: a task is set up
-from ``cfg.task`` alone, so it cannot refuse a precision its device cannot run, nor settle a flag
-that its optimizer needs, until the run has loaded data and built the model (and then fails with
-fairseq's traceback: ``--fp16`` on a CPU ends in "Torch not compiled with CUDA enabled" when the
-optimizer is built). This wrapper calls the optional classmethod
-``vet_run(cfg, command)`` of the task class named by ``cfg.task._name`` (``command``: the module
-of the ``main`` being run, e.g. ``"fairseq_cli.train"``) before ``main`` (fairseq-generate's
-``main`` is wrapped too, when the plugin is imported through its ``--user-dir``, its parsed
-arguments made the structured config its ``main`` makes of them first); it may raise a
-:class:`~lsg_text.errors.UserError` (printed as one line by :mod:`.one_line_errors`, installed
-after this fix so that it wraps this one) or settle a flag of ``cfg`` with a log line.
+calling into the task first: a task is set up from ``cfg.task`` alone, so it cannot refuse a
+precision its device cannot run, nor settle a flag that its optimizer needs, until the run has
+loaded data and built the model (and then fails with fairseq's traceback: ``--fp16`` on a CPU ends
+in "Torch not compiled with CUDA enabled" when the optimizer is built). This wrapper calls the
+optional classmethod ``vet_run(cfg, command)`` of the task class named by ``cfg.task._name``
+(``command``: the module of the ``main`` being run, e.g. ``"fairseq_cli.train"``) before ``main``.
+fairseq-generate's ``main`` is wrapped too when the plugin is imported through its ``--user-dir``;
+its parsed arguments are first made the structured config its ``main`` makes of them. ``vet_run``
+may raise a :class:`~lsg_text.errors.UserError` (printed as one line by :mod:`.one_line_errors`,
+installed after this fix so that it wraps this one) or settle a flag of ``cfg`` with a log line.
 
 The same wrapper calls the optional classmethod ``explain_failure(cfg, command, error)`` when
 ``main`` raises: a :class:`~lsg_text.errors.UserError` it returns is raised instead (a training that
