@@ -41,9 +41,8 @@ def explain_divergence(cfg, command: str, error: BaseException):
     :class:`TrainingDiverged` naming the flags that help, or None for anything else.
 
     The error may be the context of another: after a FloatingPointError fairseq's trainer reruns
-    the step under its NanDetector (which logs the first module with a NaN output), and that rerun
-    can itself fail (torch's legacy backward hooks look for a tensor in a module's dict output, and
-    an encoder's output dict holds lists: StopIteration)."""
+    the step under its NanDetector (which logs the first module with a NaN output or gradient), and
+    that rerun may fail in turn (it did on every encoder before ``fairseq_fixes.nan_detector_hooks``)."""
     if command != "fairseq_cli.train" or isinstance(error, UserError):
         return None
     while error is not None and not isinstance(error, FloatingPointError):

@@ -262,7 +262,7 @@ def test_generate_out_of_memory_is_one_line_and_leaves_no_partial_results(word_d
 # ---------------------------------------------------------------- divergence
 def test_fairseq_train_divergence_is_one_line(word_data, tmp_path, monkeypatch, capsys):
     """fairseq's trainer raises FloatingPointError on NaN/Inf gradients, reruns the step under its
-    NanDetector (which here fails in turn: StopIteration) and ends in a traceback."""
+    NanDetector (which logs where the NaN appears) and ends in a traceback."""
     from fairseq.trainer import Trainer
     from fairseq_cli import train
 

@@ -1,7 +1,7 @@
 """lsg_fairseq.fairseq_fixes: the only place that patches fairseq/torch, installed once.
 
 Each fix's own tests run the original function (kept by the patch) to show the upstream bug, then
-the installed one: weights-only loading and one-line errors here, atomic checkpoints, load errors
+the installed one: weights-only loading, one-line errors and the NaN detector here, atomic checkpoints, load errors
 and restore hooks in test_checkpoint_io.py, bf16 in test_bf16.py.
 """
 
@@ -17,6 +17,7 @@ from fairseq import checkpoint_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
+from fairseq.nan_detector import NanDetector
 
 import lsg_fairseq
 from lsg_fairseq import fairseq_fixes
@@ -30,6 +31,7 @@ PATCHED = [
     (PathManager, "copy"),
     (options, "parse_args_and_arch"),
     (distributed_utils, "call_main"),
+    (NanDetector, "add_hooks"),
 ]
 
 
@@ -139,3 +141,29 @@ def test_call_main_prints_our_refusals_as_one_line(tmp_path, capsys, monkeypatch
 
     with pytest.raises(KeyError):  # anything else keeps its traceback
         distributed_utils.call_main(cfg, bug)
+
+
+def test_nan_detector_reaches_the_backward_pass(tmp_path, monkeypatch, caplog):
+    """fairseq's trainer reruns a step whose gradients are NaN/Inf under NanDetector. With its
+    legacy backward hook on every module, calling an encoder (which returns a dict of lists) raises
+    StopIteration; hooked on leaves only, the step runs and the first NaN gradient is reported."""
+    from conftest import TINY_DIMS, TOY_LSG, build_task_and_model, toy_batch, write_toy_dict
+
+    argv = [write_toy_dict(tmp_path), "--task", "long_document_summarization", "--arch", "lsg_bart_tiny"]
+    _, model = build_task_and_model([*argv, *TINY_DIMS, *TOY_LSG])
+    src, lengths, prev = toy_batch()
+
+    def step():
+        out, _ = model(src, lengths, prev)
+        out.sum().backward()
+
+    with monkeypatch.context() as stock:
+        stock.setattr(NanDetector, "add_hooks", original(NanDetector, "add_hooks"))
+        with pytest.raises(StopIteration), NanDetector(model):  # the upstream failure, at the encoder's return
+            step()
+    with torch.no_grad():  # a NaN in the output projection: its forward output and every gradient below
+        model.decoder.output_projection.weight[5, 0] = float("nan")
+    with NanDetector(model):
+        step()
+    reports = [r.getMessage() for r in caplog.records if r.name == "fairseq.nan_detector"]
+    assert any(m.startswith("NaN detected in output of") and m.endswith("backward") for m in reports), reports

@@ -9,9 +9,10 @@ patches anything.
 
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the
 fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, a missing
-``--arch`` named, the weights-only allowlist. This plugin's policies (refusing a missing
-``--restore-file``, explaining a checkpoint of another arch, refusing ``--fp16`` where fairseq's
-fp16 trainer needs CUDA) run through task hooks that only its own tasks define
+``--arch`` named, the weights-only allowlist, NaN reports that reach the backward pass. This
+plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
+refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks that only its
+own tasks define
 (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its own exceptions.
 ``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and
 without the plugin.
@@ -22,6 +23,7 @@ from lsg_fairseq.fairseq_fixes import (
     bf16_off_tpu,
     checkpoint_errors,
     missing_arch,
+    nan_detector_hooks,
     one_line_errors,
     restore_hooks,
     run_hooks,
@@ -38,6 +40,7 @@ FIXES = (
     run_hooks,
     bf16_off_tpu,
     missing_arch,
+    nan_detector_hooks,
     one_line_errors,
 )
 
