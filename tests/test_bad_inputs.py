@@ -787,6 +787,27 @@ def test_best_checkpoint_metrics_that_hold(word_data):
         check_training_args(training_cfg(word_data, *flags, "--eval-rouge-bpe", "none"))
 
 
+def test_unknown_best_checkpoint_metric_is_one_line_at_validation(word_data, tmp_path, capsys, monkeypatch):
+    """fairseq reads --best-checkpoint-metric only once validation has run: its KeyError then."""
+    from test_user_errors import TRAIN, fairseq_train
+
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    argv.remove("--disable-validation")
+    code, err = fairseq_train(
+        argv + ["--truncate-target", "--best-checkpoint-metric", "bleu", "--save-dir", str(tmp_path / "ck")],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 2 and "Traceback" not in err
+    assert (
+        err.strip()
+        .splitlines()[-1]
+        .startswith(
+            "fairseq-train: error: --best-checkpoint-metric bleu: validation logged no such metric (the criterion's"
+        )
+    )
+
+
 def test_training_setting_refused_by_fairseq_train_before_any_work(word_data, tmp_path, capsys, monkeypatch):
     from test_user_errors import TRAIN, fairseq_train
 

@@ -49,6 +49,7 @@ from lsg_fairseq.tasks.run_settings import (
     check_generation_args,
     check_training_args,
     check_validate_args,
+    explain_missing_metric,
 )
 from lsg_fairseq.tasks.eval_rouge import (
     DEFAULT_EVAL_ROUGE_ARGS,
@@ -323,7 +324,7 @@ class LongDocumentSummarizationTask(TranslationTask):
     # explain_failure: called when fairseq-train, -validate or -interactive fails (run_hooks)
     @classmethod
     def explain_failure(cls, cfg, command, error):
-        return device_policy.explain_divergence(cfg, command, error)
+        return device_policy.explain_divergence(cfg, command, error) or explain_missing_metric(cfg, command, error)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         with device_policy.explain_out_of_memory(sample, "training"):

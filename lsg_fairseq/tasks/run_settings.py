@@ -109,6 +109,21 @@ def check_best_checkpoint_metric(cfg) -> None:
         )
 
 
+def explain_missing_metric(cfg, command: str, error: BaseException):
+    """fairseq-train's KeyError when validation logged no ``--best-checkpoint-metric`` (it reads the
+    metric only then, after the first epoch or ``--validate-interval-updates``), as one line; None
+    for any other error. The names this task's validation logs are known before any work only in
+    part (a criterion logs its own), hence this explanation after the fact."""
+    metric = cfg.checkpoint.best_checkpoint_metric
+    if command != "fairseq_cli.train" or not isinstance(error, KeyError) or error.args != (metric,):
+        return None
+    return ConfigError(
+        f"--best-checkpoint-metric {metric}: validation logged no such metric (the criterion's, such as loss, "
+        "nll_loss and ppl, and with --eval-rouge rouge1, rouge2, rougeL and rougeLsum); the checkpoints saved "
+        "before this validation are intact"
+    )
+
+
 def check_finetune_from_model(ckpt) -> None:
     """``--finetune-from-model`` alone: fairseq's own ValueError tracebacks, once the model is built,
     for it beside a reset flag or a ``--restore-file``."""
