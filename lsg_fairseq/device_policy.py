@@ -10,6 +10,8 @@ through the task hook of :mod:`lsg_fairseq.fairseq_fixes.run_hooks`, so it holds
   group (weight decay, the main learning rate) without a word; the float32 copies are kept per
   tensor instead (``--fp16-no-flatten-grads``, which carries the tags), said in the log.
   (``--bf16``, ``--memory-efficient-fp16`` and ``--amp`` keep the tensors apart already.)
+* ``--distributed-world-size N`` with more processes than GPUs for fairseq to spawn, and no
+  launcher (:func:`check_process_count`);
 * ``--fp16`` where fairseq's flat fp16 copies need CUDA (``--cpu``, or no GPU), and ``--amp``
   there (CUDA float16 autocast: on a CPU it trains in float32 and says nothing), are refused in one
   line that names the flag and the CPU's half precision (``--bf16``).
@@ -23,6 +25,7 @@ hit its floor) into one line naming the flags that help, instead of fairseq's tr
 
 import contextlib
 import logging
+import os
 
 import torch
 
@@ -83,6 +86,7 @@ def vet_run(cfg, command: str) -> None:
             "--optimizer grouped_adam with --fp16: float32 master copies kept per tensor "
             "(--fp16-no-flatten-grads), so that its parameter groups survive"
         )
+    check_process_count(cfg.distributed_training)
     if torch.cuda.is_available() and not common.cpu:
         return
     where = "--cpu is given" if common.cpu else f"torch {torch.__version__} sees no CUDA GPU"
@@ -96,6 +100,26 @@ def vet_run(cfg, command: str) -> None:
             f"--fp16: fairseq's fp16 trainer keeps its float32 master weights in one flat "
             f"CUDA tensor, and here {where}; use --bf16 for half precision on a CPU "
             "(or add --fp16-no-flatten-grads)"
+        )
+
+
+def check_process_count(dist) -> None:
+    """``--distributed-world-size N`` with nothing to start the processes but fairseq itself (no
+    ``--distributed-init-method``, no torchrun or SLURM environment, no port): fairseq then spawns
+    one process per visible GPU and asserts there are N ("world size is 2 but have 0 available
+    devices"), after the command has started. Refused here, with the ways that work."""
+    n = dist.distributed_world_size
+    launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+    launched = launched or "SLURM_JOB_NODELIST" in os.environ
+    if n <= 1 or dist.distributed_init_method is not None or launched or dist.distributed_port > 0:
+        return
+    gpus = torch.cuda.device_count()
+    if n > gpus:
+        raise ConfigError(
+            f"--distributed-world-size {n}: fairseq starts one process per GPU itself, and torch sees {gpus}; "
+            "launch the processes with torchrun (GPUs), or on CPUs start each one with --distributed-rank R "
+            "--distributed-init-method tcp://HOST:PORT --distributed-no-spawn --distributed-backend gloo "
+            "(README, 'Distributed')"
         )
 
 

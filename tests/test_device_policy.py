@@ -286,3 +286,20 @@ def test_divergence_explained_for_training_only(word_data, tmp_path):
     assert "train in --bf16" in str(device_policy.explain_divergence(cfg, "fairseq_cli.train", FloatingPointError()))
     assert device_policy.explain_divergence(cfg, "fairseq_cli.validate", FloatingPointError()) is None
     assert device_policy.explain_divergence(cfg, "fairseq_cli.train", KeyError("not ours")) is None
+
+
+def test_more_processes_than_gpus_without_a_launcher_is_one_line(word_data, tmp_path, monkeypatch, capsys):
+    """fairseq's own: "world size is 2 but have 0 available devices" (an AssertionError) once it
+    tries to spawn one process per GPU."""
+    from fairseq_cli import train
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+    flags = ["--optimizer", "adam", "--max-update", "1", "--distributed-world-size", "2"]
+    argv = ["fairseq-train", *train_argv(word_data, tmp_path / "ck", *flags)]
+    code, err = run_in_process(train.cli_main, argv, monkeypatch, capsys)
+    assert code == 2 and not (tmp_path / "ck").exists()
+    assert err[-1].startswith(
+        "fairseq-train: error: --distributed-world-size 2: fairseq starts one process per GPU itself, and torch "
+        "sees 0; launch the processes with torchrun (GPUs), or on CPUs start each one with --distributed-rank R"
+    )
