@@ -34,6 +34,12 @@ from lsg_text.errors import ConfigError, UserError
 logger = logging.getLogger(__name__)
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class TrainingDiverged(UserError, FloatingPointError):
     """Gradients became NaN/Inf, or float16's loss scale reached its floor; the message names the
     flags that help."""
@@ -57,10 +63,9 @@ def explain_divergence(cfg, command: str, error: BaseException):
         helps.append("clip gradients (--clip-norm 1.0)")
     if cfg.common.fp16 or cfg.common.memory_efficient_fp16:
         helps.append("train in --bf16 (float16 overflows where bfloat16 does not)")
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     return TrainingDiverged(
-        f"training diverged ({first}): {', '.join(helps)}; the checkpoints saved before it in --save-dir are "
-        "intact: resume with the new flags"
+        f"training diverged ({first_line(error)}): {', '.join(helps)}; the checkpoints saved before it in "
+        "--save-dir are intact: resume with the new flags"
     )
 
 
@@ -163,8 +168,7 @@ def explain_out_of_memory(sample, stage: str):
             shrink = "lower --max-tokens-valid (or --batch-size-valid)"
         else:
             shrink += " or --beam"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DeviceMemoryError(
             f"device memory ran out in {stage} on a batch of {describe_batch(sample)}: {shrink}, or shorten "
-            f"the inputs with --max-source-positions ({first.replace('out of memory', 'OOM')})"
+            f"the inputs with --max-source-positions ({first_line(e).replace('out of memory', 'OOM')})"
         ) from e
