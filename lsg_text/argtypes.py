@@ -165,13 +165,24 @@ GENERATE_SETTINGS = {  # beside GENERATION_SETTINGS (the search's own)
 }
 
 
+def python_literal(text: str):
+    """``text`` read as a Python literal (what fairseq ``eval``s from a flag), or None if it is not one."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # literal_eval's own
+        return None
+
+
 def adam_betas_problem(text) -> Optional[str]:
     """What is wrong with fairseq's ``--adam-betas`` (a Python tuple as text, which fairseq
-    ``eval``s when it builds the optimizer), or None: two numbers in [0, 1)."""
-    try:
-        betas = ast.literal_eval(text) if isinstance(text, str) else list(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):  # literal_eval's, list()'s
-        betas = None
+    ``eval``s when it builds the optimizer; a list once in the config), or None: two numbers in [0, 1)."""
+    if isinstance(text, str):
+        betas = python_literal(text)
+    else:  # a sequence once in the config; a bare number is no pair
+        try:
+            betas = list(text)
+        except TypeError:
+            betas = None
     if not isinstance(betas, (tuple, list)) or len(betas) != 2 or any(PROBABILITY.problem(b) for b in betas):
         return "must be two numbers in [0, 1), e.g. '(0.9, 0.98)'"
     return None

@@ -40,13 +40,19 @@ def task_class(cfg):
     return TASK_REGISTRY.get(name) if name else None
 
 
+def _vet(cfg, command: str):
+    """The task's ``vet_run(cfg, command)``, when its class defines one; returns that class."""
+    task = task_class(cfg)
+    vet = getattr(task, "vet_run", None)
+    if vet is not None:
+        vet(cfg, command)
+    return task
+
+
 def _vetted_by_the_task(original):
     def call_main(cfg, main, **kwargs):
-        task, command = task_class(cfg), getattr(main, "__module__", "")
-        vet = getattr(task, "vet_run", None)
-        if vet is not None:
-            vet(cfg, command)
-        explain = getattr(task, "explain_failure", None)
+        command = getattr(main, "__module__", "")
+        explain = getattr(_vet(cfg, command), "explain_failure", None)
         try:
             return original(cfg, main, **kwargs)
         except Exception as e:  # noqa: BLE001  (re-raised unless the task explains it)
@@ -62,9 +68,7 @@ def _generate_vetted_by_the_task(original):
     def main(cfg, *args, **kwargs):
         if isinstance(cfg, argparse.Namespace):  # what fairseq-generate's cli_main passes
             cfg = convert_namespace_to_omegaconf(cfg)
-        vet = getattr(task_class(cfg), "vet_run", None)
-        if vet is not None:
-            vet(cfg, "fairseq_cli.generate")
+        _vet(cfg, "fairseq_cli.generate")
         return original(cfg, *args, **kwargs)
 
     return main

@@ -13,7 +13,6 @@ which :func:`check_generation_args` checks wherever a generator is built: genera
 ``--eval-rouge``, the hub, ``lsg-fairseq-summarize``).
 """
 
-import ast
 import os
 from typing import Optional
 
@@ -26,6 +25,7 @@ from lsg_text.argtypes import (
     TRAINING_SETTINGS,
     adam_betas_problem,
     min_len_out_of_reach,
+    python_literal,
 )
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import require_file
@@ -43,7 +43,7 @@ def check_settings(cfg, table) -> None:
         if value is None:
             continue
         values = list(value) if isinstance(value, (list, tuple)) or OmegaConf.is_list(value) else [value]
-        problems = [kind.problem(v) for v in values if kind.problem(v)]
+        problems = [p for p in map(kind.problem, values) if p]
         if problems:
             shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
             raise ConfigError(f"{_flag(key)} {shown}: {problems[0]}")
@@ -164,11 +164,7 @@ def check_checkpoint_paths(paths: Optional[str], verb: str, ensemble: bool = Tru
 
 def check_model_overrides(overrides: str) -> None:
     """``--model-overrides``: a Python dict (fairseq's own: literal_eval's or eval's traceback)."""
-    try:
-        parsed = ast.literal_eval(overrides)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        parsed = None
-    if not isinstance(parsed, dict):
+    if not isinstance(python_literal(overrides), dict):
         raise ConfigError(f"--model-overrides {overrides}: must be a Python dict, e.g. \"{{'dropout': 0.0}}\"")
 
 
