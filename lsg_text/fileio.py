@@ -234,6 +234,19 @@ def _same_or_inside(path: str, folder: str) -> bool:
     return path == folder or os.path.commonpath([path, folder]) == folder
 
 
+def refuse_existing(paths: Sequence[str], force: bool, flag: str, why: str = "") -> None:
+    """Refuse to replace any of ``paths`` that exists, unless ``force`` (``--force``): the message
+    names the first, lists the names of all of them, and ``flag``, the choice of another place;
+    ``why``: what a replacement would break, if that needs saying."""
+    existing = [path for path in paths if os.path.lexists(path)]
+    if existing and not force:
+        names = ", ".join(os.path.basename(path) for path in existing)
+        reason = f": {why}; or" if why else ", or"
+        raise DataError(
+            f"{existing[0]}: exists (pass --force to replace the {names} there{reason} choose another {flag})"
+        )
+
+
 def refuse_clobber(
     outputs: Sequence[str], inputs: Sequence[str], what: str = "output", verb: str = "overwrite the input"
 ) -> None:

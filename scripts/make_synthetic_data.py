@@ -22,7 +22,7 @@ import time
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, check_output_files, check_output_path, progress
+from lsg_text.fileio import DataError, atomic_outputs, check_output_files, check_output_path, progress, refuse_existing
 from lsg_text.synthetic import VARIANTS, SyntheticConfig, make_split
 
 PROG = "make_synthetic_data.py"
@@ -129,15 +129,9 @@ def main(argv=None) -> int:
     try:
         check_output_path(args.output_dir, "--output-dir", folder=True)
         check_output_files(paths, "--output-dir")  # e.g. a folder named train.jsonl
+        refuse_existing(paths, args.force, "--output-dir")
     except DataError as e:
         return report(e, PROG)
-    existing = [path for path in paths if os.path.lexists(path)]
-    if existing and not args.force:
-        return report(
-            f"{existing[0]}: exists (pass --force to replace the {', '.join(map(os.path.basename, existing))} "
-            "there, or choose another --output-dir)",
-            PROG,
-        )
     for split in sizes:
         kept = os.path.join(args.output_dir, f"{split}.jsonl")
         if split not in splits and os.path.lexists(kept):

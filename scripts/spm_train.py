@@ -25,7 +25,16 @@ import tempfile
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_files, check_output_files, check_utf8, made_folder, progress, require_text
+from lsg_text.fileio import (
+    DataError,
+    atomic_files,
+    check_output_files,
+    check_utf8,
+    made_folder,
+    progress,
+    refuse_existing,
+    require_text,
+)
 from lsg_text.offline_bpe import (
     fairseq_dict_lines,
     load_sentencepiece,
@@ -155,13 +164,8 @@ def main(argv=None) -> int:
             require_text(path, "--inputs")  # else sentencepiece's "[!sentences_.empty()]"
         check_output_files([prefix + ".model", prefix + ".vocab"], "--model-prefix", inputs=args.inputs)
         check_output_files([dict_path], "--dict", inputs=args.inputs)
-        existing = [path for path in (prefix + ".model", prefix + ".vocab", dict_path) if os.path.lexists(path)]
-        if existing and not args.force:
-            raise DataError(
-                f"{existing[0]}: exists (pass --force to replace the {', '.join(map(os.path.basename, existing))} "
-                "there: text encoded with the old model, and data binarized with its dictionary, would no longer "
-                "match; or choose another --model-prefix)"
-            )
+        why = "text encoded with the old model, and data binarized with its dictionary, would no longer match"
+        refuse_existing([prefix + ".model", prefix + ".vocab", dict_path], args.force, "--model-prefix", why)
     except DataError as e:
         return report(str(e), PROG)
     import sentencepiece as spm
