@@ -166,15 +166,22 @@ def write_toy_dict(folder) -> str:
     return str(folder)
 
 
-def build_from_flags(argv, seed=0):
-    """fairseq's own path (parse_args_and_arch -> omegaconf -> task -> model), seeded weights:
-    ``(cfg, task, model)``, for the tests that also build the criterion or optimizer from ``cfg``."""
-    from fairseq import options, tasks
+def training_config(argv):
+    """fairseq-train's flags as fairseq-train makes them a config (parse_args_and_arch -> omegaconf)."""
+    from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     import lsg_fairseq  # noqa: F401  (registers the plugin's archs, task and optimizer)
 
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), list(argv)))
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), list(argv)))
+
+
+def build_from_flags(argv, seed=0):
+    """fairseq's own path (parse_args_and_arch -> omegaconf -> task -> model), seeded weights:
+    ``(cfg, task, model)``, for the tests that also build the criterion or optimizer from ``cfg``."""
+    from fairseq import tasks
+
+    cfg = training_config(argv)
     task = tasks.setup_task(cfg.task)
     import torch
 

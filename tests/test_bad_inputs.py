@@ -14,7 +14,7 @@ import lsg_fairseq
 from test_scripts import files_in, load_script
 from test_task import build as build_task
 
-from conftest import TINY_LSG_BART
+from conftest import TINY_LSG_BART, training_config
 
 
 def binarize(tmp_path, splits, name="bin"):
@@ -228,8 +228,7 @@ def test_convert_folder_that_is_not_a_model(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def tiny_checkpoint(word_data, tmp_path_factory):
     """An lsg_bart checkpoint on the word-level data, saved by fairseq's Trainer (no training)."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq import tasks
     from fairseq.trainer import Trainer
 
     d = tmp_path_factory.mktemp("tiny_ckpt")
@@ -252,7 +251,7 @@ def tiny_checkpoint(word_data, tmp_path_factory):
         "1e-3",
         "--cpu",
     ]
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    cfg = training_config(argv)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
@@ -689,12 +688,9 @@ TRAINING_CASES = [
 
 
 def training_cfg(data, *flags):
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
     argv = [str(data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization"]
     argv += [*TINY_LSG_BART, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "2048", "--cpu", *flags]
-    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    return training_config(argv)
 
 
 @pytest.mark.parametrize("flags,message", TRAINING_CASES, ids=[" ".join(f) for f, _ in TRAINING_CASES])

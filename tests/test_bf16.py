@@ -10,12 +10,11 @@ import math
 import pytest
 import torch
 from fairseq import options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 import lsg_fairseq
 from lsg_fairseq.fairseq_fixes._wrap import original
 
-from conftest import TINY_LSG_BART
+from conftest import TINY_LSG_BART, training_config
 
 TINY = [*TINY_LSG_BART, "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target"]
 
@@ -69,9 +68,7 @@ def test_fp16_with_bf16_is_one_line_about_those_flags(word_data, capsys):
 def test_bf16_training_steps_on_cpu(word_data, flag, optimizer):
     from fairseq.trainer import Trainer
 
-    cfg = convert_namespace_to_omegaconf(
-        options.parse_args_and_arch(options.get_training_parser(), argv(word_data, flag))
-    )
+    cfg = training_config(argv(word_data, flag))
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
     torch.manual_seed(0)

@@ -12,12 +12,11 @@ import sys
 
 import pytest
 import torch
-from fairseq import options, tasks
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq import tasks
 from fairseq.trainer import Trainer
 
 import lsg_fairseq
-from conftest import BIN, TINY_LOCOST, fairseq_cli, write_toy_dict
+from conftest import BIN, TINY_LOCOST, fairseq_cli, training_config, write_toy_dict
 from lsg_fairseq import device_policy
 from lsg_fairseq.optim.grouped_adam import GroupedAdam
 
@@ -52,7 +51,7 @@ def training_cfg(data, *flags, optimizer="grouped_adam"):
         "--cpu",
         *flags,
     ]
-    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    return training_config(argv)
 
 
 def groups_of(cfg):

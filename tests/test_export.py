@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never download anythin
 import lsg_fairseq  # noqa: F401
 from fairseq import checkpoint_utils
 
-from conftest import FIXTURES, TOY_VOCAB, build_task_and_model, toy_batch, write_toy_dict
+from conftest import FIXTURES, TOY_VOCAB, build_task_and_model, toy_batch, training_config, write_toy_dict
 from lsg_fairseq.cli.export import main as export_main
 from lsg_fairseq.convert import convert, export
 from lsg_fairseq.convert.common import load_hf_state_dict, save_checkpoint
@@ -98,10 +98,8 @@ def toy_checkpoint(folder, argv, seed=0, fine_tuned=True, data=None):
     head = [str(data), "--task", "long_document_summarization"]
     task, model = build_task_and_model(head + argv, seed=seed)
     perturb(model, seed)
-    from fairseq import options
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), head + argv))
+    cfg = training_config(head + argv)
     path = save_checkpoint(cfg, model, os.path.join(folder, "checkpoint_best.pt"))
     if fine_tuned:
         state = torch.load(path, weights_only=False)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import TINY_LOCOST, TOY_LSG, build_task_and_model, toy_batch, write_toy_dict
+from conftest import TINY_LOCOST, TOY_LSG, build_task_and_model, toy_batch, training_config, write_toy_dict
 from lsg_layers.modules.paths import forced_path
 
 ARCHS = {"bart_tiny": [], "lsg_bart_tiny": TOY_LSG, "led_tiny": ["--attention-window", "8"], "locost_tiny": []}
@@ -124,8 +124,7 @@ def test_fairseq_bf16_trainer_steps_every_arch(word_data, model):
     """fairseq's own trainer with --bf16 (FP16Optimizer, bf16 weights and fp32 master copies);
     lsg_bart_tiny: tests/test_bf16.py."""
     import lsg_fairseq
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq import tasks
     from fairseq.trainer import Trainer
 
     argv = [
@@ -144,7 +143,7 @@ def test_fairseq_bf16_trainer_steps_every_arch(word_data, model):
         "--cpu",
         "--bf16",
     ]
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    cfg = training_config(argv)
     task = tasks.setup_task(cfg.task)
     task.load_dataset("train")
     torch.manual_seed(0)
