@@ -12,10 +12,9 @@ fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPU
 ``--arch`` named, the weights-only allowlist, NaN reports that reach the backward pass. This
 plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
 refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks that only its
-own tasks define
-(:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its own exceptions.
-``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and
-without the plugin.
+own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its
+own exceptions. ``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results
+with and without the plugin.
 """
 
 from lsg_fairseq.fairseq_fixes import (
