@@ -150,6 +150,11 @@ TRAINING_SETTINGS = {
     ("dataset", "validate_interval_updates"): NON_NEGATIVE_INT,
     ("checkpoint", "save_interval"): POSITIVE_INT,
     ("checkpoint", "save_interval_updates"): NON_NEGATIVE_INT,
+    # -1 is fairseq's "off" (keep every checkpoint, never stop early); below it read the same, silently
+    ("checkpoint", "keep_interval_updates"): int_range(-1),
+    ("checkpoint", "keep_last_epochs"): int_range(-1),
+    ("checkpoint", "keep_best_checkpoints"): int_range(-1),
+    ("checkpoint", "patience"): int_range(-1),
     ("common", "log_interval"): POSITIVE_INT,
     ("optimizer", "weight_decay"): float_range(0),
     ("optimizer", "adam_eps"): float_range(0, lo_open=True),

@@ -669,6 +669,10 @@ TRAINING_CASES = [
     (["--validate-interval-updates", "-1"], "--validate-interval-updates -1: must be an integer >= 0"),
     (["--save-interval", "0"], "--save-interval 0: must be an integer >= 1"),  # at an epoch's end
     (["--save-interval-updates", "-1"], "--save-interval-updates -1: must be an integer >= 0"),
+    (["--keep-interval-updates", "-5"], "--keep-interval-updates -5: must be an integer >= -1"),  # as -1: all
+    (["--keep-last-epochs", "-2"], "--keep-last-epochs -2: must be an integer >= -1"),  # as -1: keeps all
+    (["--keep-best-checkpoints", "-3"], "--keep-best-checkpoints -3: must be an integer >= -1"),
+    (["--patience", "-10"], "--patience -10: must be an integer >= -1"),  # as -1: never stops early
     (["--seed", "-1"], "--seed -1: must be an integer in [0, 4294967295]"),  # numpy's ValueError
     (["--log-interval", "0"], "--log-interval 0: must be an integer >= 1"),  # ZeroDivisionError
     (["--weight-decay", "-1"], "--weight-decay -1: must be a number >= 0"),  # weights grow
@@ -720,7 +724,7 @@ def test_training_defaults_and_fairseq_sentinels_pass(word_data):
         training_cfg(
             word_data,
             *"--lr 0 --max-update 0 --max-epoch 0 --clip-norm 0 --save-interval-updates 0".split(),
-            *"--keep-last-epochs -1 --batch-size 1".split(),
+            *"--keep-last-epochs -1 --keep-interval-updates 0 --patience -1 --batch-size 1".split(),
             *"--lr-scheduler inverse_sqrt --warmup-updates 0 --warmup-init-lr -1 --adam-betas [0.9,0.98]".split(),
             *"--criterion label_smoothed_cross_entropy --label-smoothing 0 --update-freq 1,2 --seed 0".split(),
         )

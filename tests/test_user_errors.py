@@ -748,3 +748,21 @@ def test_unwritable_output_location_is_one_line(tmp_path, capsys):
         )
     assert e.value.code == 2
     assert f"--output {blocker}" in one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
+
+
+@pytest.mark.parametrize("flag", ["--save-dir", "--tensorboard-logdir"])
+@pytest.mark.parametrize("where", ["is_file", "below_file"])
+def test_train_output_folder_of_the_wrong_kind_is_one_line(word_data, tmp_path, capsys, monkeypatch, flag, where):
+    """fairseq's own: a traceback from os.makedirs (FileExistsError or NotADirectoryError), for
+    --save-dir after its "Unable to access checkpoint save directory" warning."""
+    (tmp_path / "taken").write_text("a file the user keeps\n")
+    folder = tmp_path / "taken" if where == "is_file" else tmp_path / "taken" / "run1"
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    argv += ["--block-size", "16", "--sparse-block-size", "16"]
+    if flag != "--save-dir":
+        argv += ["--save-dir", str(tmp_path / "ck")]
+    code, err = fairseq_train([*argv, flag, str(folder)], capsys, monkeypatch)
+    line = one_error_line(err, "fairseq-train")
+    assert code == 2 and line.startswith(f"fairseq-train: error: {flag} {folder}:"), line
+    assert (tmp_path / "taken").read_text() == "a file the user keeps\n"
+    assert not (tmp_path / "ck").exists()

@@ -60,7 +60,6 @@ from lsg_fairseq.tasks.eval_rouge import (
     rouge_sums,
 )
 from lsg_text.errors import ConfigError, MissingFileError
-from lsg_text.fileio import check_output_path
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
 
 logger = logging.getLogger(__name__)
@@ -317,9 +316,6 @@ class LongDocumentSummarizationTask(TranslationTask):
         elif command == "fairseq_cli.validate":
             check_validate_args(cfg)
         device_policy.vet_run(cfg, command)
-        if command == "fairseq_cli.train" and not cfg.checkpoint.no_save:
-            # fairseq's own: NotADirectoryError when it first writes a checkpoint
-            check_output_path(cfg.checkpoint.save_dir, "--save-dir", folder=True)
 
     # explain_failure: called when fairseq-train, -validate or -interactive fails (run_hooks)
     @classmethod

@@ -28,7 +28,7 @@ from lsg_text.argtypes import (
     python_literal,
 )
 from lsg_text.errors import ConfigError, MissingFileError
-from lsg_text.fileio import require_file
+from lsg_text.fileio import check_output_path, require_file
 from lsg_text.rouge import ROUGE_KEYS
 
 
@@ -75,6 +75,18 @@ def check_training_args(cfg) -> None:
         raise ConfigError(f"--adam-betas {betas}: {problem}")
     check_best_checkpoint_metric(cfg)
     check_finetune_from_model(cfg.checkpoint)
+    check_output_folders(cfg)
+
+
+def check_output_folders(cfg) -> None:
+    """``--save-dir`` and ``--tensorboard-logdir`` folders, or paths where one can be made. fairseq's
+    own: a NotADirectoryError or FileExistsError traceback from ``os.makedirs`` (for the logs only
+    after the data and the model are loaded)."""
+    if not cfg.checkpoint.no_save:
+        check_output_path(cfg.checkpoint.save_dir, "--save-dir", folder=True)
+    logdir = getattr(cfg.common, "tensorboard_logdir", None)
+    if logdir:
+        check_output_path(logdir, "--tensorboard-logdir", folder=True)
 
 
 LOWER_IS_BETTER = ("loss", "nll_loss", "ppl")  # what validation logs whatever the flags
