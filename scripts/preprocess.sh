@@ -21,7 +21,8 @@ sentencepiece-encoded: scripts/gpt2_encode.py or scripts/spm_encode.py).
                  without it a joined dictionary is built from the training data
                  (--joined-dictionary).
   --workers N    fairseq-preprocess workers (default: 1)
-Files already in DIR are kept; those fairseq-preprocess writes are replaced.
+Files already in DIR are kept; those fairseq-preprocess writes are replaced. A rerun that
+would leave splits in DIR beside a dictionary other than theirs is refused.
   -h, --help     this help
 
 The fairseq-preprocess of the active environment is used; set PYTHON=/path/to/python to run
@@ -91,6 +92,16 @@ trap 'rm -rf "$tmp"' EXIT
 "${cmd[@]}" "${args[@]}" --destdir "$tmp" ${extra[@]+"${extra[@]}"} \
   || die "fairseq-preprocess failed (nothing written to $destdir)"
 
+# Binaries this run does not rewrite hold the indices of the dictionary they were made with: beside
+# another dictionary they would read as other words, without an error (a rerun with --trainpref only
+# and no --dict builds a new one).
+if [[ -f "$destdir/dict.source.txt" ]] && ! cmp -s "$destdir/dict.source.txt" "$tmp/dict.source.txt"; then
+  stale=$(cd "$destdir" && for f in *.source-target.*.idx; do
+            [[ -e "$f" && ! -e "$tmp/$f" ]] && echo "${f%%.*}"; done | sort -u | paste -sd, -) || true
+  [[ -z "$stale" ]] || die "--destdir $destdir: its split(s) $stale were binarized with another dictionary" \
+    "than this run's; rerun with their prefixes too (--validpref, --testpref) or use another --destdir" \
+    "(nothing written)"
+fi
 mkdir -p "$destdir"
 for f in "$tmp"/* ; do mv -f "$f" "$destdir/"; done
 echo "$prog: binarized data in $destdir" >&2

@@ -965,3 +965,31 @@ def test_preprocess_warns_when_the_text_was_not_encoded_for_the_dict(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     warning = f"preprocess.sh: warning: {tmp_path / 'train.source'}: 54.5% of the tokens are not in --dict (<unk>)"
     assert warning in r.stderr
+
+
+def test_preprocess_refuses_to_leave_splits_beside_another_dictionary(tmp_path):
+    """A rerun with --trainpref only and no --dict builds a new dictionary: the valid binaries of
+    the first run, kept, would then read as other words without an error."""
+    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+
+    def preprocess(*flags):
+        cmd = ["bash", os.path.join(SCRIPTS, "preprocess.sh"), "--destdir", str(tmp_path / "bin"), *map(str, flags)]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env)
+
+    for prefix, text in (("a", "the cat sat on the mat\n"), ("b", "a dog ran far away today\n")):
+        for side in ("source", "target"):
+            (tmp_path / f"{prefix}.{side}").write_text(text)
+    assert preprocess("--trainpref", tmp_path / "a", "--validpref", tmp_path / "a").returncode == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "bin").iterdir()}
+    r = preprocess("--trainpref", tmp_path / "b")
+    assert r.returncode == 2 and r.stderr.splitlines()[-1] == (  # after fairseq-preprocess's log
+        f"preprocess.sh: error: --destdir {tmp_path / 'bin'}: its split(s) valid were binarized with another "
+        "dictionary than this run's; rerun with their prefixes too (--validpref, --testpref) or use another "
+        "--destdir (nothing written)"
+    )
+    assert {p.name: p.read_bytes() for p in (tmp_path / "bin").iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bin.tmp")]
+    # the same dictionary (--dict), or every split again: the kept binaries stay readable
+    assert preprocess("--trainpref", tmp_path / "b", "--dict", tmp_path / "bin" / "dict.source.txt").returncode == 0
+    assert preprocess("--trainpref", tmp_path / "b", "--validpref", tmp_path / "b").returncode == 0
+    assert (tmp_path / "bin" / "dict.source.txt").read_bytes() != before["dict.source.txt"]
