@@ -7,6 +7,7 @@ and restore hooks in test_checkpoint_io.py, bf16 in test_bf16.py.
 
 import argparse
 import ast
+import inspect
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from fairseq import checkpoint_utils, options
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
+from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.nan_detector import NanDetector
 
 import lsg_fairseq
@@ -32,6 +34,7 @@ PATCHED = [
     (options, "parse_args_and_arch"),
     (distributed_utils, "call_main"),
     (NanDetector, "add_hooks"),
+    (TransformerConfig, "from_namespace"),
 ]
 
 
@@ -41,6 +44,8 @@ def test_install_is_idempotent_and_keeps_the_originals():
     fairseq_fixes.install()
     assert [getattr(owner, name) for owner, name in PATCHED] == installed  # not wrapped twice
     assert original(PathManager, "copy").__name__ == "copy"  # a staticmethod stays one, name kept
+    assert isinstance(inspect.getattr_static(TransformerConfig, "from_namespace"), classmethod)  # so a classmethod
+    assert original(TransformerConfig, "from_namespace").__self__ is TransformerConfig
 
 
 UPSTREAM = ("fairseq", "fairseq_cli", "torch")

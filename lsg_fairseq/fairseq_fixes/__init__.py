@@ -9,7 +9,8 @@ patches anything.
 
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the
 fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, a missing
-``--arch`` named, the weights-only allowlist, NaN reports that reach the backward pass. This
+``--arch`` named, the weights-only allowlist, NaN reports that reach the backward pass, a legacy
+model's own flags under ``fairseq-hydra-train``. This
 plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
 refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks that only its
 own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its
@@ -21,6 +22,7 @@ from lsg_fairseq.fairseq_fixes import (
     atomic_checkpoints,
     bf16_off_tpu,
     checkpoint_errors,
+    hydra_model_flags,
     missing_arch,
     nan_detector_hooks,
     one_line_errors,
@@ -39,6 +41,7 @@ FIXES = (
     run_hooks,
     bf16_off_tpu,
     missing_arch,
+    hydra_model_flags,
     nan_detector_hooks,
     one_line_errors,
 )
