@@ -46,6 +46,7 @@ setup(
             "lsg-fairseq-export=lsg_fairseq.cli.export:main",
             "lsg-fairseq-generate=lsg_fairseq.cli.fairseq_wrappers:generate",
             "lsg-fairseq-interactive=lsg_fairseq.cli.fairseq_wrappers:interactive",
+            "lsg-fairseq-hydra-train=lsg_fairseq.cli.fairseq_wrappers:hydra_train",
         ]
     },
 )

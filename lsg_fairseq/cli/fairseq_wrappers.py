@@ -1,4 +1,4 @@
-"""``lsg-fairseq-generate`` / ``lsg-fairseq-interactive``: fairseq's commands with the plugin loaded.
+"""``lsg-fairseq-generate`` / ``-interactive`` / ``-hydra-train``: fairseq's commands with the plugin loaded.
 
 A checkpoint never imports the plugin that wrote it (fairseq_notes §1): ``fairseq-generate
 --path checkpoint_best.pt`` without ``--user-dir`` dies with ``UnpicklingError ... GLOBAL
@@ -13,6 +13,13 @@ refusals (a corrupt checkpoint, an over-long target, ...) are printed as one lin
 ``fairseq-generate`` itself calls its ``main`` where no plugin can catch them
 (lsg_fairseq.fairseq_fixes.one_line_errors).
 Every other flag is fairseq's (``lsg-fairseq-generate --help``).
+
+``lsg-fairseq-hydra-train`` is ``fairseq-hydra-train`` (a YAML config, hydra overrides) with the
+plugin imported before fairseq's ``main`` runs. Through ``common.user_dir`` alone, fairseq imports
+it inside ``main``: too late for what the plugin does around ``main`` (the task's checks of the run
+and its precision policy, :mod:`lsg_fairseq.fairseq_fixes.run_hooks`; one-line errors), and too
+late for hydra to know the plugin's task, model and optimizer configs (their defaults then come only
+from the task's and optimizer's own dataclasses, when fairseq builds them).
 """
 
 import logging
@@ -20,7 +27,7 @@ import os
 import sys
 
 from lsg_fairseq._fairseq_logs import DropMessage
-from lsg_text.errors import UserError, report
+from lsg_text.errors import ConfigError, MissingFileError, UserError, report
 
 
 def _has_flag(argv, flag) -> bool:
@@ -79,6 +86,71 @@ def _run(fairseq_main_module: str, prog: str, argv=None) -> None:
         module.cli_main()
     except UserError as e:
         sys.exit(report(e, prog))
+
+
+# hydra's warnings about fairseq's use of hydra (no version_base, a deprecated package header in its
+# configs, the schema fairseq stores under the config's name): not the user's to act on
+HYDRA_NOTICES = (
+    r"\s*The version_base parameter is not specified",
+    r"In '.*': Usage of deprecated keyword in package header",
+    r"\s*'.*' is validated against ConfigStore schema with the same name",
+)
+
+
+def check_hydra_config(argv) -> None:
+    """The YAML config named up front. Without ``--config-name``, or with a name that matches no
+    file, fairseq-hydra-train runs fairseq's empty defaults (hydra finds the schema fairseq stores
+    under that name) and fails with an AssertionError about the batch size."""
+    if any(a in ("-h", "--help", "--hydra-help", "--info") or a.startswith("--info=") for a in argv):
+        return
+    name = _flag_value(argv, "--config-name") or _flag_value(argv, "-cn")
+    folder = _flag_value(argv, "--config-dir") or _flag_value(argv, "-cd")
+    example = "e.g. --config-dir examples/lsg_summarization/hydra --config-name lsg_bart_base_4096"
+    if not name:
+        raise ConfigError(f"--config-name is required: the YAML config to train with ({example})")
+    if _flag_value(argv, "--config-path") or _flag_value(argv, "-cp"):
+        return  # hydra's path relative to its own module: left to hydra
+    if not folder:
+        raise ConfigError(f"--config-dir is required: the folder of {name}.yaml ({example})")
+    if not os.path.isdir(folder):
+        raise MissingFileError(f"--config-dir {folder}: no such folder")
+    file = name if name.endswith(".yaml") else name + ".yaml"
+    if not os.path.isfile(os.path.join(folder, file)):
+        there = sorted(f[: -len(".yaml")] for f in os.listdir(folder) if f.endswith(".yaml"))
+        raise MissingFileError(
+            f"--config-name {name}: no {file} in {folder} (configs there: {', '.join(there) or 'none'})"
+        )
+
+
+def hydra_train(argv=None) -> None:
+    """fairseq's ``fairseq_cli.hydra_train.cli_main`` after the plugin's import; hydra reads
+    ``sys.argv`` itself (``--config-dir``, ``--config-name``, ``key=value`` overrides).
+
+    Paths in the config are read from the current folder, as fairseq's own ``config.yaml`` means
+    them to be (``hydra.run.dir: .``, which a config of one's own does not inherit):
+    ``hydra.job.chdir=false`` unless given (hydra 1.1's default moves the run into
+    ``outputs/<date>/<time>/``, where a relative ``task.data`` is not found)."""
+    import warnings
+
+    import lsg_fairseq  # noqa: F401  (registrations and fixes, before hydra composes the config)
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        check_hydra_config(argv)
+    except UserError as e:
+        sys.exit(report(e, "lsg-fairseq-hydra-train"))
+    if not any(a.lstrip("+").startswith("hydra.job.chdir=") for a in argv):
+        argv.append("hydra.job.chdir=false")
+    sys.argv = ["lsg-fairseq-hydra-train"] + argv
+    user_dir_line = f"--user-dir={lsg_fairseq.user_dir()} has already been imported."
+    logging.getLogger("fairseq.utils").addFilter(DropMessage(user_dir_line))
+    logging.getLogger("hydra").setLevel(logging.INFO)  # its DEBUG lines of job names
+    with warnings.catch_warnings():
+        for notice in HYDRA_NOTICES:
+            warnings.filterwarnings("ignore", message=notice, category=UserWarning)
+        from fairseq_cli import hydra_train as module  # its @hydra.main warns when imported
+
+        module.cli_main()
 
 
 def generate(argv=None) -> None:

@@ -11,7 +11,7 @@ else about bf16 is fairseq's own code (the model is cast with ``.to(torch.bfloat
 Verified on CPU (tests/test_bf16.py): ``--bf16`` (fp32 master weights, ``FP16Optimizer``) and
 ``--memory-efficient-bf16`` (``MemoryEfficientFP16Optimizer``) both run fairseq's trainer with
 bf16 weights. Not verified: a GPU run (none was available). fairseq-hydra-train builds its config
-without ``parse_args_and_arch`` and is not covered: pass ``common.tpu=false`` there.
+without ``parse_args_and_arch`` and never had the bug (``common.tpu`` stays false; tests/test_hydra.py).
 """
 
 import sys

@@ -28,6 +28,7 @@ import logging
 
 import torch
 import torch.nn as nn
+from omegaconf import OmegaConf
 
 from fairseq.models import (
     FairseqEncoder,
@@ -373,9 +374,18 @@ class LOCOSTModel(VocabularyCheckedLoad, FairseqEncoderDecoderModel):
             elif ".DenseReluDense.wo" in name:
                 nn.init.normal_(p, std=args.d_ff**-0.5)
 
-    @staticmethod
-    def _ssm_lr_scale(args) -> float:
+    # fairseq-hydra-train hands the model its own config group only, without the learning rate and
+    # the optimizer fairseq-train's flat namespace holds: the config names them by interpolation
+    HYDRA_SSM_LR = "lr: ${optimization.lr}", "optimizer: ${optimizer._name}"
+
+    @classmethod
+    def _ssm_lr_scale(cls, args) -> float:
         ssm_lr = float(getattr(args, "ssm_lr", 0.0) or 0.0)
+        if ssm_lr > 0 and OmegaConf.is_config(args) and not ("lr" in args and "optimizer" in args):
+            raise ConfigError(
+                f"model.ssm_lr {ssm_lr}: the model config does not hold the learning rate and optimizer it is "
+                f"set against under fairseq-hydra-train; add to it: {' and '.join(cls.HYDRA_SSM_LR)}"
+            )
         optimizer = getattr(args, "optimizer", None)
         honours_tags = optimizer in (None, "grouped_adam", "composite")
         if ssm_lr > 0 and not honours_tags:
@@ -389,7 +399,7 @@ class LOCOSTModel(VocabularyCheckedLoad, FairseqEncoderDecoderModel):
                 "--optimizer grouped_adam exempts them (as the LOCOST/S4 authors intended)"
             )
         lr = getattr(args, "lr", None)
-        base = float(lr[0] if isinstance(lr, (list, tuple)) else lr) if lr is not None else 0.0
+        base = float(lr[0] if isinstance(lr, (list, tuple)) or OmegaConf.is_list(lr) else lr) if lr is not None else 0.0
         if ssm_lr <= 0:
             return 1.0
         if base <= 0:

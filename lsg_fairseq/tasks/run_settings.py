@@ -14,8 +14,10 @@ which :func:`check_generation_args` checks wherever a generator is built: genera
 """
 
 import os
+from argparse import Namespace
 from typing import Optional
 
+from fairseq.models import ARCH_CONFIG_REGISTRY
 from omegaconf import OmegaConf
 
 from lsg_text.argtypes import (
@@ -76,6 +78,29 @@ def check_training_args(cfg) -> None:
     check_best_checkpoint_metric(cfg)
     check_finetune_from_model(cfg.checkpoint)
     check_output_folders(cfg)
+    check_hydra_positions(cfg)
+
+
+def check_hydra_positions(cfg) -> None:
+    """Under fairseq-hydra-train, the task's and the model's position limits agree. fairseq-train's
+    ``--max-source-positions`` sets both; a hydra config keeps two settings, the task's defaulting
+    to 1,024 and the model's to its arch's (4,096 for lsg_bart_base): the effective limit is the
+    smaller one, and with ``truncate_source`` a long-input model would train on 1,024 tokens
+    without a word."""
+    model = cfg.model
+    arch = ARCH_CONFIG_REGISTRY.get(model.get("_name")) if OmegaConf.is_config(model) else None
+    if arch is None:
+        return  # fairseq-train (its model config is the flat namespace), or no legacy arch
+    defaults = Namespace(**OmegaConf.to_container(model, resolve=True))
+    arch(defaults)
+    for key in ("max_source_positions", "max_target_positions"):
+        ours, task = getattr(defaults, key, None), getattr(cfg.task, key, None)
+        if ours is not None and task is not None and ours != task:
+            raise ConfigError(
+                f"task.{key} {task} and model.{key} {ours} (arch {model._name}) differ: fairseq-hydra-train keeps "
+                f"them apart (fairseq-train's --{key.replace('_', '-')} sets both); set both to the length "
+                "to train at"
+            )
 
 
 def check_output_folders(cfg) -> None:

@@ -1,0 +1,191 @@
+"""fairseq-hydra-train: the plugin's models from a YAML config (examples/lsg_summarization/hydra/).
+
+The committed example configs run through ``lsg-fairseq-hydra-train`` in a temp folder, with
+overrides that make them tiny, then the checkpoint generates. Unit tests cover what makes the
+hydra path differ from fairseq-train's: the model's own flags reaching its layers
+(fairseq_fixes/hydra_model_flags.py), the task's and the model's position limits, LOCOST's
+``ssm_lr`` without the base learning rate in the model config.
+"""
+
+import os
+import subprocess
+
+import pytest
+from fairseq.models.transformer.transformer_config import TransformerConfig
+from omegaconf import OmegaConf
+
+from conftest import BIN, REPO_ROOT, fairseq_cli
+from lsg_fairseq.fairseq_fixes._wrap import original
+from lsg_text.errors import ConfigError, MissingFileError
+
+CONFIGS = os.path.join(REPO_ROOT, "examples", "lsg_summarization", "hydra")
+# the example configs at test size: no GPU, no checkpoint to start from, no ROUGE (word-level data)
+SMALL = [
+    "++common.cpu=true",
+    "common.log_interval=1",
+    "checkpoint.finetune_from_model=null",
+    "checkpoint.save_dir=ck",
+    "checkpoint.best_checkpoint_metric=loss",
+    "checkpoint.maximize_best_checkpoint_metric=false",
+    "task.eval_rouge=false",
+    "optimization.update_freq=[1]",
+    "++optimization.max_update=2",
+    "++dataset.num_workers=0",
+]
+LSG = [
+    "common.fp16=false",
+    "model._name=lsg_bart_tiny",
+    "model.block_size=16",
+    "task.max_target_positions=256",
+    "model.max_target_positions=256",
+]
+
+
+def hydra_train(folder, config, *overrides):
+    return subprocess.run(
+        [os.path.join(BIN, "lsg-fairseq-hydra-train"), "--config-dir", CONFIGS, "--config-name", config, *overrides],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.fixture
+def run_folder(word_data, tmp_path):
+    """A folder whose ``data-bin`` (the configs' relative task.data) is the word-level data."""
+    os.symlink(word_data, tmp_path / "data-bin")
+    return tmp_path
+
+
+def test_lsg_config_trains_and_its_checkpoint_generates(run_folder):
+    r = hydra_train(run_folder, "lsg_bart_base_4096", *SMALL, *LSG, "++task.truncate_target=true")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (run_folder / "ck" / "checkpoint_last.pt").is_file()  # ck: relative to the folder run in
+    assert "num_updates 2" in r.stdout + r.stderr
+    # hydra's notices about fairseq's use of hydra (fairseq's and torch's own warnings stay)
+    assert "version_base" not in r.stderr and "ConfigStore" not in r.stderr and "package header" not in r.stderr
+    gen = subprocess.run(
+        [os.path.join(BIN, "lsg-fairseq-generate"), "data-bin", "--path", "ck/checkpoint_last.pt"]
+        + ["--gen-subset", "valid", "--beam", "2", "--max-len-b", "5", "--batch-size", "2", "--cpu"]
+        + ["--max-source-positions", "4096", "--max-target-positions", "256", "--truncate-target"],
+        cwd=run_folder,
+        capture_output=True,
+        text=True,
+    )
+    assert gen.returncode == 0, gen.stderr[-3000:]
+    assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 4
+
+
+def test_locost_config_keeps_the_ssm_group_under_bf16(run_folder):
+    """bf16 needs no common.tpu=false here (fairseq's bf16-means-TPU bug is in its argparse path);
+    the SSM group gets ssm_lr / lr = 0.004 / 5e-4 and no weight decay."""
+    ssm = ["++model.ssm_lr=0.004", "++model.lr=${optimization.lr}", "++model.optimizer=${optimizer._name}"]
+    r = hydra_train(run_folder, "locost_base", *SMALL, "model._name=locost_tiny", "optimizer.weight_decay=0.1", *ssm)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = r.stdout + r.stderr
+    assert "grouped_adam: group ssm: 10 tensors, lr x8.0, weight decay 0.0" in log
+    assert "grouped_adam: group default:" in log and "weight decay 0.1" in log
+    assert "'bf16': True" in log and "num_updates 2" in log
+
+
+def test_a_refused_config_is_one_line_and_trains_nothing(run_folder):
+    r = hydra_train(run_folder, "lsg_bart_base_4096", *SMALL, *LSG, "task.max_source_positions=1024")
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == (
+        "lsg-fairseq-hydra-train: error: task.max_source_positions 1024 and model.max_source_positions 4096 "
+        "(arch lsg_bart_tiny) differ: fairseq-hydra-train keeps them apart (fairseq-train's --max-source-positions "
+        "sets both); set both to the length to train at"
+    )
+    assert "Traceback" not in r.stderr and not (run_folder / "ck").exists()
+
+
+def test_plain_fairseq_hydra_train_builds_the_models_too(run_folder):
+    """Through common.user_dir alone: the model builds (the model flags fix is installed when fairseq
+    imports the plugin, before the model is built)."""
+    from lsg_fairseq import user_dir
+
+    r = subprocess.run(
+        [fairseq_cli("fairseq-hydra-train"), "--config-dir", CONFIGS, "--config-name", "lsg_bart_base_4096"]
+        + [*SMALL, *LSG, "++task.truncate_target=true", f"++common.user_dir={user_dir()}", "hydra.job.chdir=false"],
+        cwd=run_folder,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (run_folder / "ck" / "checkpoint_last.pt").is_file()
+
+
+# ----------------------------------------------------------------------------- the pieces
+def test_from_namespace_reads_a_dictconfigs_keys():
+    """fairseq's own from_namespace copies ``vars()`` of a DictConfig (OmegaConf's internals): the
+    legacy model's flags are lost (LSG-BART's build: AttributeError: invalid argument
+    num_global_tokens)."""
+    model = OmegaConf.create({"_name": "lsg_bart_tiny", "num_global_tokens": 3, "encoder_layers": 2})
+    stock = original(TransformerConfig, "from_namespace")(model)
+    with pytest.raises(AttributeError, match="invalid argument num_global_tokens"):
+        stock.num_global_tokens
+    ours = TransformerConfig.from_namespace(model)
+    assert ours.num_global_tokens == 3 and ours.encoder.layers == 2
+    assert ours.task is None  # BART reads it when loading a checkpoint: fairseq-train's has the task name
+    built = TransformerConfig.from_namespace(ours)
+    assert built is ours  # a config already built passes untouched
+
+
+@pytest.mark.parametrize(
+    "model,task,problem",
+    [
+        (
+            {"_name": "lsg_bart_base"},
+            (1024, 1024),
+            "task.max_source_positions 1024 and model.max_source_positions 4096",
+        ),
+        ({"_name": "led_tiny", "max_source_positions": 512}, (512, 1024), "model.max_target_positions 256"),
+        ({"_name": "lsg_bart_base", "max_source_positions": 16384}, (16384, 1024), None),
+        ({"_name": "transformer"}, (1024, 1024), None),  # fairseq's own: its arch agrees
+    ],
+)
+def test_hydra_positions_agree(model, task, problem):
+    from lsg_fairseq.tasks.run_settings import check_hydra_positions
+
+    cfg = OmegaConf.create({"model": model, "task": {"max_source_positions": task[0], "max_target_positions": task[1]}})
+    if problem is None:
+        check_hydra_positions(cfg)
+    else:
+        with pytest.raises(ConfigError, match=problem.replace(".", r"\.")):
+            check_hydra_positions(cfg)
+
+
+def test_locost_ssm_lr_names_what_a_hydra_model_config_lacks():
+    import lsg_fairseq  # noqa: F401
+    from lsg_fairseq.models.locost import LOCOSTModel
+
+    with pytest.raises(ConfigError, match=r"add to it: lr: \$\{optimization.lr\} and optimizer: "):
+        LOCOSTModel._ssm_lr_scale(OmegaConf.create({"ssm_lr": 0.004}))
+    resolved = OmegaConf.create({"ssm_lr": 0.004, "lr": [0.001], "optimizer": "grouped_adam"})
+    assert LOCOSTModel._ssm_lr_scale(resolved) == pytest.approx(4.0)  # lr a ListConfig
+    assert LOCOSTModel._ssm_lr_scale(OmegaConf.create({})) == 1.0  # no ssm_lr: nothing needed
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        ([], "--config-name is required: the YAML config to train with (e.g. --config-dir"),
+        (["--config-name", "lsg_bart_base_4096"], "--config-dir is required: the folder of lsg_bart_base_4096.yaml"),
+        (["--config-dir", "nowhere", "-cn", "x"], "--config-dir nowhere: no such folder"),
+        (
+            ["--config-dir", CONFIGS, "--config-name=lsg_bart_base"],
+            f"--config-name lsg_bart_base: no lsg_bart_base.yaml in {CONFIGS} (configs there: locost_base, "
+            "lsg_bart_base_4096)",
+        ),
+    ],
+)
+def test_a_config_that_is_not_there_is_named(argv, message):
+    """fairseq-hydra-train's own: fairseq's empty defaults run, then an AssertionError about the
+    batch size (hydra finds the schema fairseq stores under any config name)."""
+    from lsg_fairseq.cli.fairseq_wrappers import check_hydra_config
+
+    with pytest.raises(ConfigError if "required" in message else MissingFileError) as e:
+        check_hydra_config(argv)
+    assert str(e.value).startswith(message)
+    check_hydra_config(["--config-dir", CONFIGS, "--config-name", "locost_base.yaml"])  # the file's name works
+    check_hydra_config(["--help"])
