@@ -14,6 +14,7 @@ import pytest
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from omegaconf import OmegaConf
 
+import lsg_fairseq
 from conftest import BIN, REPO_ROOT, fairseq_cli
 from lsg_fairseq.fairseq_fixes._wrap import original
 from lsg_text.errors import ConfigError, MissingFileError
@@ -61,6 +62,8 @@ def test_lsg_config_trains_and_its_checkpoint_generates(run_folder):
     r = hydra_train(run_folder, "lsg_bart_base_4096", *SMALL, *LSG, "++task.truncate_target=true")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (run_folder / "ck" / "checkpoint_last.pt").is_file()  # ck: relative to the folder run in
+    # the plugin named in the config: fairseq's processes per GPU import it from there
+    assert f"'user_dir': '{lsg_fairseq.user_dir()}'" in r.stdout + r.stderr
     assert "num_updates 2" in r.stdout + r.stderr
     # hydra's notices about fairseq's use of hydra (fairseq's and torch's own warnings stay)
     assert "version_base" not in r.stderr and "ConfigStore" not in r.stderr and "package header" not in r.stderr

@@ -129,7 +129,8 @@ def hydra_train(argv=None) -> None:
     Paths in the config are read from the current folder, as fairseq's own ``config.yaml`` means
     them to be (``hydra.run.dir: .``, which a config of one's own does not inherit):
     ``hydra.job.chdir=false`` unless given (hydra 1.1's default moves the run into
-    ``outputs/<date>/<time>/``, where a relative ``task.data`` is not found)."""
+    ``outputs/<date>/<time>/``, where a relative ``task.data`` is not found). ``common.user_dir``
+    names this plugin unless given, as ``--user-dir`` does for fairseq-train."""
     import warnings
 
     import lsg_fairseq  # noqa: F401  (registrations and fixes, before hydra composes the config)
@@ -141,6 +142,9 @@ def hydra_train(argv=None) -> None:
         sys.exit(report(e, "lsg-fairseq-hydra-train"))
     if not any(a.lstrip("+").startswith("hydra.job.chdir=") for a in argv):
         argv.append("hydra.job.chdir=false")
+    if not any(a.lstrip("+").startswith("common.user_dir=") for a in argv):
+        # in the config too: the processes fairseq spawns, one per GPU, import the plugin from it
+        argv.append(f"++common.user_dir={lsg_fairseq.user_dir()}")
     sys.argv = ["lsg-fairseq-hydra-train"] + argv
     user_dir_line = f"--user-dir={lsg_fairseq.user_dir()} has already been imported."
     logging.getLogger("fairseq.utils").addFilter(DropMessage(user_dir_line))
