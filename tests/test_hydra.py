@@ -192,3 +192,16 @@ def test_a_config_that_is_not_there_is_named(argv, message):
     assert str(e.value).startswith(message)
     check_hydra_config(["--config-dir", CONFIGS, "--config-name", "locost_base.yaml"])  # the file's name works
     check_hydra_config(["--help"])
+
+
+def test_paths_from_the_folder_run_in_except_for_a_sweep():
+    """A sweep's jobs keep a folder each (hydra's default): with the current folder for all of them,
+    a relative checkpoint.save_dir would be one for every job, each resuming the last one's."""
+    from lsg_fairseq.cli.fairseq_wrappers import hydra_argv
+
+    base = ["--config-dir", CONFIGS, "--config-name", "lsg_bart_base_4096"]
+    assert hydra_argv(base, "/p") == [*base, "hydra.job.chdir=false", "++common.user_dir=/p"]
+    assert hydra_argv([*base, "-m", "optimization.lr=[1e-4],[3e-4]"], "/p")[-1] == "++common.user_dir=/p"
+    assert "hydra.job.chdir=false" not in hydra_argv([*base, "--multirun"], "/p")
+    given = [*base, "hydra.job.chdir=true", "common.user_dir=/mine"]
+    assert hydra_argv(given, "/p") == given

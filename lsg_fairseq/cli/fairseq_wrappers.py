@@ -122,15 +122,35 @@ def check_hydra_config(argv) -> None:
         )
 
 
-def hydra_train(argv=None) -> None:
-    """fairseq's ``fairseq_cli.hydra_train.cli_main`` after the plugin's import; hydra reads
-    ``sys.argv`` itself (``--config-dir``, ``--config-name``, ``key=value`` overrides).
+def _overrides(argv, key: str) -> bool:
+    return any(a.lstrip("+").startswith(key + "=") for a in argv)
 
-    Paths in the config are read from the current folder, as fairseq's own ``config.yaml`` means
-    them to be (``hydra.run.dir: .``, which a config of one's own does not inherit):
-    ``hydra.job.chdir=false`` unless given (hydra 1.1's default moves the run into
-    ``outputs/<date>/<time>/``, where a relative ``task.data`` is not found). ``common.user_dir``
-    names this plugin unless given, as ``--user-dir`` does for fairseq-train."""
+
+def hydra_argv(argv, user_dir: str):
+    """``argv`` (hydra's: flags and ``key=value`` overrides) with this wrapper's defaults added
+    where not given:
+
+    - ``hydra.job.chdir=false``: paths in the config are read from the current folder, as
+      fairseq's own ``config.yaml`` means them to be (``hydra.run.dir: .``, which a config of one's
+      own does not inherit); hydra 1.1's default moves the run into ``outputs/<date>/<time>/``,
+      where a relative ``task.data`` is not found. Not with ``-m``/``--multirun``: there each job
+      keeps the folder of its own, or the jobs of a sweep would share one ``checkpoint.save_dir``
+      and each resume from the last one's checkpoint_last.pt.
+    - ``common.user_dir``: this plugin, as ``--user-dir`` names it for fairseq-train (the processes
+      fairseq spawns, one per GPU, import it from the config).
+    """
+    argv = list(argv)
+    if not _overrides(argv, "hydra.job.chdir") and not any(a in ("-m", "--multirun") for a in argv):
+        argv.append("hydra.job.chdir=false")
+    if not _overrides(argv, "common.user_dir"):
+        argv.append(f"++common.user_dir={user_dir}")
+    return argv
+
+
+def hydra_train(argv=None) -> None:
+    """fairseq's ``fairseq_cli.hydra_train.cli_main`` after the plugin's import, with
+    :func:`hydra_argv`'s defaults; hydra reads ``sys.argv`` itself (``--config-dir``,
+    ``--config-name``, ``key=value`` overrides)."""
     import warnings
 
     import lsg_fairseq  # noqa: F401  (registrations and fixes, before hydra composes the config)
@@ -140,12 +160,7 @@ def hydra_train(argv=None) -> None:
         check_hydra_config(argv)
     except UserError as e:
         sys.exit(report(e, "lsg-fairseq-hydra-train"))
-    if not any(a.lstrip("+").startswith("hydra.job.chdir=") for a in argv):
-        argv.append("hydra.job.chdir=false")
-    if not any(a.lstrip("+").startswith("common.user_dir=") for a in argv):
-        # in the config too: the processes fairseq spawns, one per GPU, import the plugin from it
-        argv.append(f"++common.user_dir={lsg_fairseq.user_dir()}")
-    sys.argv = ["lsg-fairseq-hydra-train"] + argv
+    sys.argv = ["lsg-fairseq-hydra-train"] + hydra_argv(argv, lsg_fairseq.user_dir())
     user_dir_line = f"--user-dir={lsg_fairseq.user_dir()} has already been imported."
     logging.getLogger("fairseq.utils").addFilter(DropMessage(user_dir_line))
     logging.getLogger("hydra").setLevel(logging.INFO)  # its DEBUG lines of job names
