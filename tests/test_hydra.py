@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 import lsg_fairseq
 from conftest import BIN, REPO_ROOT, fairseq_cli
 from lsg_fairseq.fairseq_fixes._wrap import original
+from lsg_fairseq.fairseq_fixes.run_hooks import TOO_LATE
 from lsg_text.errors import ConfigError, MissingFileError
 
 CONFIGS = os.path.join(REPO_ROOT, "examples", "lsg_summarization", "hydra")
@@ -67,6 +68,7 @@ def test_lsg_config_trains_and_its_checkpoint_generates(run_folder):
     assert "num_updates 2" in r.stdout + r.stderr
     # hydra's notices about fairseq's use of hydra (fairseq's and torch's own warnings stay)
     assert "version_base" not in r.stderr and "ConfigStore" not in r.stderr and "package header" not in r.stderr
+    assert TOO_LATE not in r.stdout + r.stderr
     gen = subprocess.run(
         [os.path.join(BIN, "lsg-fairseq-generate"), "data-bin", "--path", "ck/checkpoint_last.pt"]
         + ["--gen-subset", "valid", "--beam", "2", "--max-len-b", "5", "--batch-size", "2", "--cpu"]
@@ -104,7 +106,7 @@ def test_a_refused_config_is_one_line_and_trains_nothing(run_folder):
 
 def test_plain_fairseq_hydra_train_builds_the_models_too(run_folder):
     """Through common.user_dir alone: the model builds (the model flags fix is installed when fairseq
-    imports the plugin, before the model is built)."""
+    imports the plugin, before the model is built), and a warning names the command with the checks."""
     from lsg_fairseq import user_dir
 
     r = subprocess.run(
@@ -116,6 +118,7 @@ def test_plain_fairseq_hydra_train_builds_the_models_too(run_folder):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (run_folder / "ck" / "checkpoint_last.pt").is_file()
+    assert TOO_LATE in r.stdout + r.stderr  # hydra logs to stdout
 
 
 # ----------------------------------------------------------------------------- the pieces

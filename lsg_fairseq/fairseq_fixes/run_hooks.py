@@ -20,15 +20,27 @@ diverged is fairseq's FloatingPointError traceback otherwise); None keeps the er
 
 Stock fairseq tasks define neither and run exactly as without the plugin; this plugin's tasks
 define both (``lsg_fairseq.tasks.run_settings``, ``lsg_fairseq.device_policy``).
+
+fairseq-hydra-train imports ``common.user_dir`` inside ``main``, after ``call_main`` has been
+looked up: installed then, the wrapper never runs, and a warning says which command runs the
+checks (``lsg-fairseq-hydra-train``, which imports the plugin first).
 """
 
 import argparse
+import logging
 import sys
 
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 
 from lsg_fairseq.fairseq_fixes._wrap import wrap
+
+logger = logging.getLogger(__name__)
+
+TOO_LATE = (
+    "fairseq-hydra-train imported this plugin inside its main, past the point where the plugin checks a "
+    "run: no checks, fairseq's tracebacks. lsg-fairseq-hydra-train runs the same config with them"
+)
 
 
 def task_class(cfg):
@@ -75,6 +87,8 @@ def _generate_vetted_by_the_task(original):
 
 
 def install() -> None:
+    if "fairseq_cli.hydra_train" in sys.modules and not hasattr(distributed_utils.call_main, "__wrapped__"):
+        logger.warning(TOO_LATE)
     wrap(distributed_utils, "call_main", _vetted_by_the_task)
     generate = sys.modules.get("fairseq_cli.generate")
     if generate is not None:  # fairseq-generate is importing the plugin through --user-dir
