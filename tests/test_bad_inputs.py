@@ -7,6 +7,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -787,8 +788,9 @@ def test_best_checkpoint_metrics_that_hold(word_data):
         check_training_args(training_cfg(word_data, *flags, "--eval-rouge-bpe", "none"))
 
 
-def test_unknown_best_checkpoint_metric_is_one_line_at_validation(word_data, tmp_path, capsys, monkeypatch):
-    """fairseq reads --best-checkpoint-metric only once validation has run: its KeyError then."""
+def test_unknown_best_checkpoint_metric_is_one_line_at_the_first_training_log(word_data, tmp_path, capsys, monkeypatch):
+    """fairseq reads --best-checkpoint-metric only once validation has run, an epoch later: its
+    KeyError then, that epoch lost. Refused at the first training log instead, before any checkpoint."""
     from test_user_errors import TRAIN, fairseq_train
 
     argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
@@ -799,13 +801,51 @@ def test_unknown_best_checkpoint_metric_is_one_line_at_validation(word_data, tmp
         monkeypatch,
     )
     assert code == 2 and "Traceback" not in err
-    assert (
-        err.strip()
-        .splitlines()[-1]
-        .startswith(
-            "fairseq-train: error: --best-checkpoint-metric bleu: validation logged no such metric (the criterion's"
-        )
+    assert err.strip().splitlines()[-1] == (
+        "fairseq-train: error: --best-checkpoint-metric bleu: not a metric of this run (its criterion and task "
+        "log loss, ppl, bsz, wpb, wps); refused at the first training log, before any checkpoint"
     )
+    assert "valid on 'valid' subset" not in err and not os.listdir(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("metric", ["ppl", "bsz"])
+def test_a_metric_the_run_logs_trains(word_data, tmp_path, monkeypatch, metric):
+    """ppl: derived from the loss; bsz: fairseq's task logs it. (nll_loss: cross_entropy logs it only
+    with --sentence-avg, and fairseq's KeyError would then come at the first validation.)"""
+    from fairseq_cli import train
+
+    from test_user_errors import TRAIN
+
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    argv.remove("--disable-validation")
+    argv += ["--truncate-target", "--best-checkpoint-metric", metric, "--save-dir", str(tmp_path / "ck")]
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", *argv])
+    train.cli_main()
+    assert (tmp_path / "ck" / "checkpoint_best.pt").is_file()
+
+
+def test_a_metric_missing_at_validation_is_still_explained():
+    """What only a validation could fail to log (a criterion's eval-only metric) gets the
+    after-the-fact line instead of fairseq's KeyError."""
+    from omegaconf import OmegaConf
+
+    from lsg_fairseq.tasks.run_settings import explain_missing_metric
+
+    cfg = OmegaConf.create({"checkpoint": {"best_checkpoint_metric": "eval_acc"}})
+    line = explain_missing_metric(cfg, "fairseq_cli.train", KeyError("eval_acc"))
+    assert str(line).startswith("--best-checkpoint-metric eval_acc: validation logged no such metric")
+    assert explain_missing_metric(cfg, "fairseq_cli.train", KeyError("other")) is None
+
+
+def test_metrics_only_validation_logs_pass_the_first_training_log():
+    from lsg_fairseq.tasks.run_settings import check_metric_logged
+    from lsg_text.errors import ConfigError
+
+    train_log = ["loss", "nll_loss", "ppl", "wpb"]
+    check_metric_logged("rougeL", train_log, valid_only=["rouge1", "rougeL"])  # --eval-rouge
+    check_metric_logged("num_updates", train_log)  # fairseq adds it to the validation's stats
+    with pytest.raises(ConfigError, match="validation adds rouge1, rougeL"):
+        check_metric_logged("rouge_l", train_log, valid_only=["rouge1", "rougeL"])
 
 
 def test_training_setting_refused_by_fairseq_train_before_any_work(word_data, tmp_path, capsys, monkeypatch):

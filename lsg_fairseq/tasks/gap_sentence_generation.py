@@ -177,8 +177,8 @@ class GapSentenceGenerationTask(LongDocumentSummarizationTask):
         loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
         return loss, sample_size, self._add_truncation(sample, logging_output)
 
-    def reduce_metrics(self, logging_outputs, criterion):
-        super().reduce_metrics(logging_outputs, criterion)
+    def log_metrics(self, logging_outputs, criterion):
+        super().log_metrics(logging_outputs, criterion)
         for key in ("gsg_src_trunc", "gsg_tgt_trunc"):
             total = sum(int(log.get(key, 0)) for log in logging_outputs)
             metrics.log_scalar_sum(key, total, round=0)

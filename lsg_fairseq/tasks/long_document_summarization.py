@@ -38,6 +38,7 @@ from typing import Optional
 import numpy as np
 from fairseq import utils
 from fairseq.data import Dictionary
+from fairseq.logging import metrics
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
@@ -48,8 +49,10 @@ from lsg_fairseq.tasks.run_settings import (
     check_generate_args,
     check_generation_args,
     check_training_args,
+    check_metric_logged,
     check_validate_args,
     explain_missing_metric,
+    watched_metric,
 )
 from lsg_fairseq.tasks.eval_rouge import (
     DEFAULT_EVAL_ROUGE_ARGS,
@@ -61,6 +64,7 @@ from lsg_fairseq.tasks.eval_rouge import (
 )
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
+from lsg_text.rouge import ROUGE_KEYS
 
 logger = logging.getLogger(__name__)
 
@@ -307,8 +311,13 @@ class LongDocumentSummarizationTask(TranslationTask):
     # ---------------------------------------------------------------- devices and precision
     # vet_run: called by fairseq-train, -generate, -interactive and -validate before any work
     # (lsg_fairseq.fairseq_fixes.run_hooks)
+    # fairseq-train's --best-checkpoint-metric, set by vet_run and checked at the first training log
+    # (reduce_metrics): fairseq looks for it only after the first validation
+    metric_to_watch: Optional[str] = None
+
     @classmethod
     def vet_run(cls, cfg, command):
+        cls.metric_to_watch = None
         if command == "fairseq_cli.train":
             check_training_args(cfg)
         elif command in ("fairseq_cli.generate", "fairseq_cli.interactive"):
@@ -316,6 +325,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         elif command == "fairseq_cli.validate":
             check_validate_args(cfg)
         device_policy.vet_run(cfg, command)
+        cls.metric_to_watch = watched_metric(cfg, command)
 
     # explain_failure: called when fairseq-train, -validate or -interactive fails (run_hooks)
     @classmethod
@@ -375,6 +385,15 @@ class LongDocumentSummarizationTask(TranslationTask):
         return loss, sample_size, logging_output
 
     def reduce_metrics(self, logging_outputs, criterion):
+        self.log_metrics(logging_outputs, criterion)
+        metric, type(self).metric_to_watch = self.metric_to_watch, None  # the first log only
+        if metric is not None:
+            valid_only = [*(ROUGE_KEYS if self.cfg.eval_rouge else ()), *(("bleu",) if self.cfg.eval_bleu else ())]
+            check_metric_logged(metric, metrics.get_active_aggregators()[-1].keys(), valid_only)
+
+    def log_metrics(self, logging_outputs, criterion):
+        """What reduce_metrics logs (fairseq's, the criterion's, ROUGE in validation); a subclass
+        adds its own here."""
         super().reduce_metrics(logging_outputs, criterion)
         if self.cfg.eval_rouge:
             log_rouge(logging_outputs)

@@ -146,6 +146,32 @@ def check_best_checkpoint_metric(cfg) -> None:
         )
 
 
+def watched_metric(cfg, command: str) -> Optional[str]:
+    """The ``--best-checkpoint-metric`` a fairseq-train run's validation must log, to be checked
+    at the first training log (:func:`check_metric_logged`); None where no validation reads one."""
+    if command != "fairseq_cli.train" or cfg.dataset.disable_validation:
+        return None
+    return cfg.checkpoint.best_checkpoint_metric
+
+
+def check_metric_logged(metric: str, logged, valid_only=()) -> None:
+    """At the first training log: ``metric`` is among the names the criterion and the task
+    ``logged`` there (validation logs the same names, plus ``valid_only``: ROUGE with --eval-rouge,
+    bleu with --eval-bleu; fairseq adds num_updates). fairseq reads the metric only after the first
+    validation, an epoch of training later, and then fails with a KeyError (which
+    :func:`explain_missing_metric` still explains, for a metric only a validation could log)."""
+    known = set(logged) | set(valid_only) | {"num_updates"}
+    if metric not in known:
+        shown = ", ".join(
+            k for k in ("loss", "nll_loss", "ppl", *sorted(set(logged) - {"loss", "nll_loss", "ppl"})) if k in known
+        )
+        raise ConfigError(
+            f"--best-checkpoint-metric {metric}: not a metric of this run (its criterion and task log {shown}"
+            f"{'; validation adds ' + ', '.join(valid_only) if valid_only else ''}); refused at the first "
+            "training log, before any checkpoint"
+        )
+
+
 def explain_missing_metric(cfg, command: str, error: BaseException):
     """fairseq-train's KeyError when validation logged no ``--best-checkpoint-metric`` (it reads the
     metric only then, after the first epoch or ``--validate-interval-updates``), as one line; None
