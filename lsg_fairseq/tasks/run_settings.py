@@ -175,8 +175,8 @@ def check_metric_logged(metric: str, logged, valid_only=()) -> None:
 def explain_missing_metric(cfg, command: str, error: BaseException):
     """fairseq-train's KeyError when validation logged no ``--best-checkpoint-metric`` (it reads the
     metric only then, after the first epoch or ``--validate-interval-updates``), as one line; None
-    for any other error. The names this task's validation logs are known before any work only in
-    part (a criterion logs its own), hence this explanation after the fact."""
+    for any other error. :func:`check_metric_logged` refuses at the first training log a metric the
+    run does not log at all; this explains one that only a validation could have logged."""
     metric = cfg.checkpoint.best_checkpoint_metric
     if command != "fairseq_cli.train" or not isinstance(error, KeyError) or error.args != (metric,):
         return None
