@@ -7,12 +7,14 @@ on an argparse namespace, the model's own flags. ``fairseq-hydra-train`` hands m
 legacy model adds to BART's is lost, and the build fails (``AttributeError: invalid argument
 num_global_tokens``) or, for a flag read with a default, silently uses the default. The wrapper
 reads a ``DictConfig``'s keys as the namespace it stands for; a namespace, or a config already
-built, is passed on untouched. One key of fairseq-train's flat namespace that is not the model's
-is read by BART itself: ``args.task`` (the task's name, in ``upgrade_state_dict_named``, when a
-checkpoint is loaded). A hydra model config has none, so a BART trained with fairseq-hydra-train
-could not be loaded (``AttributeError: invalid argument task``); it reads as None (not
-``multilingual_denoising``, the one task that method looks for). Without a model of its own flags (fairseq's ``bart``,
-``transformer``) nothing changes: the declared fields were read the same way before.
+built, is passed on untouched.
+
+One key of fairseq-train's flat namespace that is not the model's is read by BART itself:
+``args.task`` (the task's name, in ``upgrade_state_dict_named``, when a checkpoint is loaded). A
+hydra model config has none, so a BART trained with fairseq-hydra-train could not be loaded
+(``AttributeError: invalid argument task``); it reads as None here (not ``multilingual_denoising``,
+the one task that method looks for). fairseq's own models under hydra read their declared fields
+as before, and their BART checkpoints load.
 """
 
 from argparse import Namespace

@@ -309,12 +309,12 @@ class LongDocumentSummarizationTask(TranslationTask):
             )
 
     # ---------------------------------------------------------------- devices and precision
-    # vet_run: called by fairseq-train, -generate, -interactive and -validate before any work
-    # (lsg_fairseq.fairseq_fixes.run_hooks)
     # fairseq-train's --best-checkpoint-metric, set by vet_run and checked at the first training log
     # (reduce_metrics): fairseq looks for it only after the first validation
     metric_to_watch: Optional[str] = None
 
+    # vet_run: called by fairseq-train, -generate, -interactive and -validate before any work
+    # (lsg_fairseq.fairseq_fixes.run_hooks)
     @classmethod
     def vet_run(cls, cfg, command):
         cls.metric_to_watch = None
