@@ -79,6 +79,25 @@ def test_lsg_config_trains_and_its_checkpoint_generates(run_folder):
     )
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 4
+    # the recipe's next step, a warm start at a longer length, reads the hydra checkpoint (its cfg.model
+    # names the arch by _name alone)
+    (run_folder / "ck" / "dict.txt").symlink_to(run_folder / "data-bin" / "dict.source.txt")
+    conv = subprocess.run(
+        [os.path.join(BIN, "lsg-fairseq-convert"), "ck/checkpoint_last.pt", "warm", "--max-source-positions", "8192"],
+        cwd=run_folder,
+        capture_output=True,
+        text=True,
+    )
+    assert conv.returncode == 0, conv.stderr[-3000:]
+    assert (run_folder / "warm" / "model.pt").is_file()
+    export = subprocess.run(
+        [os.path.join(BIN, "lsg-fairseq-export"), "ck/checkpoint_last.pt", "hf"],
+        cwd=run_folder,
+        capture_output=True,
+        text=True,
+    )
+    assert export.returncode == 0, export.stderr[-3000:]
+    assert (run_folder / "hf" / "config.json").is_file() and (run_folder / "hf" / "model.safetensors").is_file()
 
 
 def test_locost_config_keeps_the_ssm_group_under_bf16(run_folder):

@@ -255,7 +255,7 @@ class BartFamily(Family):
 
     def new_encoder(self, model_args, sd: Dict[str, torch.Tensor], src_dir: str, **init) -> None:
         """Step: turn a plain BART checkpoint's cfg and weights into this family's (in place)."""
-        raise C.ConversionError(f"{src_dir}: a {model_args.arch} checkpoint does not convert to {self.name}")
+        raise C.ConversionError(f"{src_dir}: a {C.model_arch(model_args)} checkpoint does not convert to {self.name}")
 
     # ------------------------------------------------------------- fairseq -> HF
     def hf_limits(self, checkpoint: Checkpoint) -> List[str]:

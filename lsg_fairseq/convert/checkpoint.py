@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from lsg_fairseq.convert.common import ExportError
+from lsg_fairseq.convert.common import ExportError, model_arch
 from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
 
 CHECKPOINT_NAMES = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")  # what a model folder holds
@@ -87,7 +87,7 @@ def read_checkpoint(src: str) -> Checkpoint:
     if cfg is None or cfg.get("model") is None or not isinstance(state.get("model"), dict):
         raise ExportError(f"{path}: no cfg.model or weights in this checkpoint; cannot tell what model it holds")
     model_cfg = cfg.model
-    arch = str(getattr(model_cfg, "arch", None) or model_cfg.get("arch", None) or model_cfg.get("_name", ""))
+    arch = model_arch(model_cfg)
     search_dirs = [os.path.dirname(os.path.abspath(path))]
     data = cfg.get("task", {}).get("data") if cfg.get("task") is not None else None
     if data:

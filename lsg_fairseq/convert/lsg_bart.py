@@ -157,7 +157,7 @@ class LSGBartFamily(BartFamily):
         option not given the architecture's, global tokens initialised exactly as from an HF folder."""
         from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-        arch = "lsg_" + model_args.arch
+        arch = "lsg_" + C.model_arch(model_args)
         model_args.arch = arch if ARCH_MODEL_NAME_REGISTRY.get(arch) == self.name else self.arch("large")
         model_args._name = model_args.arch  # fairseq builds legacy models by `_name`
         lsg_architecture_defaults(model_args)

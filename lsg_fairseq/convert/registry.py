@@ -102,8 +102,7 @@ def probe(src: str) -> SourceInfo:
     model_args = cfg.get("model") if isinstance(cfg, dict) else None
     if model_args is None and isinstance(state, dict):
         model_args = state.get("args")
-    get = model_args.get if isinstance(model_args, dict) else lambda key: getattr(model_args, key, None)
-    arch = str(get("arch") or "") if model_args is not None else ""
+    arch = C.model_arch(model_args) if model_args is not None else ""
     return SourceInfo(src, checkpoint=path, arch=arch or None, model=ARCH_MODEL_NAME_REGISTRY.get(arch))
 
 
