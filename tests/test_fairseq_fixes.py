@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 from fairseq import checkpoint_utils, options
+from fairseq.dataclass import initialize
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
@@ -35,6 +36,7 @@ PATCHED = [
     (distributed_utils, "call_main"),
     (NanDetector, "add_hooks"),
     (TransformerConfig, "from_namespace"),
+    (initialize, "add_defaults"),
 ]
 
 

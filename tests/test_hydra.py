@@ -112,15 +112,58 @@ def test_locost_config_keeps_the_ssm_group_under_bf16(run_folder):
     assert "'bf16': True" in log and "num_updates 2" in log
 
 
-def test_a_refused_config_is_one_line_and_trains_nothing(run_folder):
-    r = hydra_train(run_folder, "lsg_bart_base_4096", *SMALL, *LSG, "task.max_source_positions=1024")
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        (  # checked with the run (call_main)
+            "task.max_source_positions=1024",
+            "task.max_source_positions 1024 and model.max_source_positions 4096 (arch lsg_bart_tiny) differ: "
+            "fairseq-hydra-train keeps them apart (fairseq-train's --max-source-positions sets both); set both to "
+            "the length to train at",
+        ),
+        (  # checked with the config, before fairseq completes it (add_defaults): else ignored, no word
+            "++model.sparsity_typ=norm",
+            "model.sparsity_typ: not a setting of model lsg_bart_tiny; did you mean sparsity_type?",
+        ),
+    ],
+)
+def test_a_refused_config_is_one_line_and_trains_nothing(run_folder, override, line):
+    r = hydra_train(run_folder, "lsg_bart_base_4096", *SMALL, *LSG, override)
     assert r.returncode == 2
-    assert r.stderr.splitlines()[-1] == (
-        "lsg-fairseq-hydra-train: error: task.max_source_positions 1024 and model.max_source_positions 4096 "
-        "(arch lsg_bart_tiny) differ: fairseq-hydra-train keeps them apart (fairseq-train's --max-source-positions "
-        "sets both); set both to the length to train at"
-    )
+    assert r.stderr.splitlines()[-1] == f"lsg-fairseq-hydra-train: error: {line}"
     assert "Traceback" not in r.stderr and not (run_folder / "ck").exists()
+
+
+@pytest.mark.parametrize(
+    "group,key,expected",
+    [
+        (
+            "model",
+            "sparsity_typ",
+            "model.sparsity_typ: not a setting of model lsg_bart_tiny; did you mean sparsity_type?",
+        ),
+        ("task", "trunkate_target", "task.trunkate_target: not a setting of task long_document_summarization; did you"),
+        ("optimizer", "weigth_decay", "optimizer.weigth_decay: not a setting of optimizer adam; did you mean weight_d"),
+        ("lr_scheduler", "zzz", "lr_scheduler.zzz: not a setting of lr_scheduler fixed"),
+    ],
+)
+def test_a_key_that_is_no_setting_is_named(group, key, expected):
+    """fairseq's own: a legacy model ignores it without a word; the others end in omegaconf's
+    ConfigKeyError traceback when fairseq builds them."""
+    from lsg_fairseq.tasks.run_settings import check_hydra_keys
+
+    cfg = {
+        "model": {"_name": "lsg_bart_tiny", "block_size": 16, "lr": [1e-3]},  # lr: FLAT_KEYS_READ
+        "task": {"_name": "long_document_summarization", "data": "x", "truncate_target": True},
+        "optimizer": {"_name": "adam", "weight_decay": 0.1},
+        "lr_scheduler": {"_name": "fixed"},
+        "criterion": "cross_entropy",  # a bare name: nothing to check
+    }
+    check_hydra_keys(OmegaConf.create(cfg))
+    cfg[group] = {**cfg[group], key: 1}
+    with pytest.raises(ConfigError) as e:
+        check_hydra_keys(OmegaConf.create(cfg))
+    assert str(e.value).startswith(expected)
 
 
 def test_plain_fairseq_hydra_train_builds_the_models_too(run_folder):

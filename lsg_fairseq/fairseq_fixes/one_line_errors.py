@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 
+from fairseq.dataclass import initialize
 from fairseq.distributed import utils as distributed_utils
 
 from lsg_text.errors import UserError, report
@@ -79,6 +80,7 @@ def _one_line_generate_errors(original):
 
 def install() -> None:
     wrap(distributed_utils, "call_main", _one_line_user_errors)
+    wrap(initialize, "add_defaults", _one_line_user_errors)  # fairseq-hydra-train, before call_main
     generate = sys.modules.get("fairseq_cli.generate")
     if generate is not None:  # fairseq-generate is importing the plugin through --user-dir
         wrap(generate, "main", _one_line_generate_errors)

@@ -21,21 +21,28 @@ diverged is fairseq's FloatingPointError traceback otherwise); None keeps the er
 Stock fairseq tasks define neither and run exactly as without the plugin; this plugin's tasks
 define both (``lsg_fairseq.tasks.run_settings``, ``lsg_fairseq.device_policy``).
 
-fairseq-hydra-train imports ``common.user_dir`` inside ``main``, after ``call_main`` has been
-looked up: installed then, the wrapper never runs, and a warning says which command runs the
-checks (``lsg-fairseq-hydra-train``, which imports the plugin first).
+fairseq-hydra-train first completes the config hydra composed (``add_defaults``: the task's,
+model's, ... dataclass defaults, where a key that is no setting ends in omegaconf's ConfigKeyError
+traceback, or for a legacy model is ignored without a word): the task's ``vet_run(cfg,
+"fairseq_cli.hydra_train")`` is called before that, then ``vet_run(cfg, "fairseq_cli.train")`` in
+``call_main`` as for fairseq-train. It imports ``common.user_dir`` inside ``main``, though, after both
+have been looked up: installed then, the wrappers never run, and a warning says which command runs
+the checks (``lsg-fairseq-hydra-train``, which imports the plugin first).
 """
 
 import argparse
 import logging
 import sys
 
+from fairseq.dataclass import initialize
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 
 from lsg_fairseq.fairseq_fixes._wrap import wrap
 
 logger = logging.getLogger(__name__)
+
+HYDRA_CONFIG = "fairseq_cli.hydra_train"  # vet_run's command for fairseq-hydra-train's composed config
 
 TOO_LATE = (
     "fairseq-hydra-train imported this plugin inside its main, past the point where the plugin checks a "
@@ -76,6 +83,14 @@ def _vetted_by_the_task(original):
     return call_main
 
 
+def _config_vetted_by_the_task(original):
+    def add_defaults(cfg):
+        _vet(cfg, HYDRA_CONFIG)
+        return original(cfg)
+
+    return add_defaults
+
+
 def _generate_vetted_by_the_task(original):
     def main(cfg, *args, **kwargs):
         if isinstance(cfg, argparse.Namespace):  # what fairseq-generate's cli_main passes
@@ -90,6 +105,7 @@ def install() -> None:
     if "fairseq_cli.hydra_train" in sys.modules and not hasattr(distributed_utils.call_main, "__wrapped__"):
         logger.warning(TOO_LATE)
     wrap(distributed_utils, "call_main", _vetted_by_the_task)
+    wrap(initialize, "add_defaults", _config_vetted_by_the_task)
     generate = sys.modules.get("fairseq_cli.generate")
     if generate is not None:  # fairseq-generate is importing the plugin through --user-dir
         wrap(generate, "main", _generate_vetted_by_the_task)

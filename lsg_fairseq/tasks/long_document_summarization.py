@@ -48,6 +48,7 @@ from lsg_fairseq.generation import LongInputSequenceGenerator
 from lsg_fairseq.tasks.run_settings import (
     check_generate_args,
     check_generation_args,
+    check_hydra_keys,
     check_training_args,
     check_metric_logged,
     check_validate_args,
@@ -318,6 +319,9 @@ class LongDocumentSummarizationTask(TranslationTask):
     @classmethod
     def vet_run(cls, cfg, command):
         cls.metric_to_watch = None
+        if command == "fairseq_cli.hydra_train":  # the config as hydra composed it
+            check_hydra_keys(cfg)
+            return
         if command == "fairseq_cli.train":
             check_training_args(cfg)
         elif command in ("fairseq_cli.generate", "fairseq_cli.interactive"):

@@ -13,6 +13,9 @@ which :func:`check_generation_args` checks wherever a generator is built: genera
 ``--eval-rouge``, the hub, ``lsg-fairseq-summarize``).
 """
 
+import argparse
+import dataclasses
+import difflib
 import os
 from argparse import Namespace
 from typing import Optional
@@ -81,14 +84,64 @@ def check_training_args(cfg) -> None:
     check_hydra_positions(cfg)
 
 
+def hydra_model_arch(cfg):
+    """The arch function of a legacy model configured by fairseq-hydra-train (its ``cfg.model`` a
+    config, not fairseq-train's flat namespace), else None."""
+    model = cfg.model
+    return ARCH_CONFIG_REGISTRY.get(model.get("_name")) if OmegaConf.is_config(model) else None
+
+
+# keys a legacy model reads that fairseq-train's flat namespace holds beside its own flags (LOCOST's
+# ssm_lr is set against the base lr, named by interpolation in a hydra config: models/locost.py)
+FLAT_KEYS_READ = ("lr", "optimizer", "weight_decay")
+
+
+def model_settings(arch_name: str) -> set:
+    """What a legacy arch's config may hold: its model's flags (``add_args``), what its arch
+    function sets, and the keys of :data:`FLAT_KEYS_READ`."""
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ARCH_MODEL_REGISTRY[arch_name].add_args(parser)
+    defaults = Namespace()
+    ARCH_CONFIG_REGISTRY[arch_name](defaults)
+    return {a.dest for a in parser._actions} | set(vars(defaults)) | {"_name", "arch", *FLAT_KEYS_READ}
+
+
+def check_hydra_keys(cfg) -> None:
+    """Every key of a fairseq-hydra-train config's groups is a setting of what it configures. A
+    legacy model has no schema under hydra: a misspelt key (``sparsity_typ``) is ignored without a
+    word, the run trains the default. A misspelt key of a task, optimizer, scheduler or criterion
+    ends in omegaconf's ConfigKeyError traceback once fairseq builds it."""
+    from fairseq.registry import REGISTRIES
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+
+    groups = {"model": None, "task": TASK_DATACLASS_REGISTRY}
+    groups.update({g: REGISTRIES[g]["dataclass_registry"] for g in ("criterion", "optimizer", "lr_scheduler")})
+    for group, registry in groups.items():
+        section = cfg.get(group)
+        name = section.get("_name") if OmegaConf.is_config(section) else None  # a bare name: no keys
+        if group == "model":
+            known = model_settings(name) if name in ARCH_CONFIG_REGISTRY else None
+        else:
+            dc = registry.get(name)
+            known = None if dc is None else {f.name for f in dataclasses.fields(dc)} | {"_name"}
+        if known is None:
+            continue
+        for key in section:
+            if key not in known:
+                close = difflib.get_close_matches(key, sorted(known), n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ConfigError(f"{group}.{key}: not a setting of {group} {name}{hint}")
+
+
 def check_hydra_positions(cfg) -> None:
     """Under fairseq-hydra-train, the task's and the model's position limits agree. fairseq-train's
     ``--max-source-positions`` sets both; a hydra config keeps two settings, the task's defaulting
     to 1,024 and the model's to its arch's (4,096 for lsg_bart_base): the effective limit is the
     smaller one, and with ``truncate_source`` a long-input model would train on 1,024 tokens
     without a word."""
-    model = cfg.model
-    arch = ARCH_CONFIG_REGISTRY.get(model.get("_name")) if OmegaConf.is_config(model) else None
+    model, arch = cfg.model, hydra_model_arch(cfg)
     if arch is None:
         return  # fairseq-train (its model config is the flat namespace), or no legacy arch
     defaults = Namespace(**OmegaConf.to_container(model, resolve=True))
