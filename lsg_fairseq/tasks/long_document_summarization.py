@@ -318,10 +318,10 @@ class LongDocumentSummarizationTask(TranslationTask):
     # (lsg_fairseq.fairseq_fixes.run_hooks)
     @classmethod
     def vet_run(cls, cfg, command):
-        cls.metric_to_watch = None
-        if command == "fairseq_cli.hydra_train":  # the config as hydra composed it
+        if command == "fairseq_cli.hydra_train":  # the config (hydra's, then again in fairseq-train's main)
             check_hydra_keys(cfg)
             return
+        cls.metric_to_watch = None
         if command == "fairseq_cli.train":
             check_training_args(cfg)
         elif command in ("fairseq_cli.generate", "fairseq_cli.interactive"):
