@@ -155,6 +155,28 @@ def test_a_refused_config_is_one_line_and_trains_nothing(run_folder, override, l
 def test_a_key_that_is_no_setting_is_named(group, key, expected):
     """fairseq's own: a legacy model ignores it without a word; the others end in omegaconf's
     ConfigKeyError traceback when fairseq builds them."""
+    _check_one_change(group, key, 1, expected)
+
+
+@pytest.mark.parametrize(
+    "key,value,expected",
+    [  # what argparse says of the same flag in fairseq-train; hydra's YAML types them past it
+        ("block_size", "abc", "model.block_size abc: must be an integer >= 1, got 'abc'"),
+        ("block_size", 0, "model.block_size 0: must be an integer >= 1, got '0'"),
+        ("sparsity_type", "foo", "model.sparsity_type foo: must be one of none, norm, pooling, stride,"),
+        ("attention_dropout", "x", "model.attention_dropout x: must be a number"),
+        ("pass_global_tokens_to_decoder", "maybe", "model.pass_global_tokens_to_decoder maybe: expected true/false"),
+    ],
+)
+def test_a_model_value_its_flag_would_refuse_is_named(key, value, expected):
+    """fairseq's own: a TypeError deep in the model for block_size abc, a traceback for an unknown
+    sparsity type (the ranges the build checks, block_size 0 among them, say it in fairseq-train's
+    flag names)."""
+    _check_one_change("model", key, value, expected)
+
+
+def _check_one_change(group, key, value, expected):
+    """A config that passes, then the same with ``group.key = value``: refused with ``expected``."""
     from lsg_fairseq.tasks.run_settings import check_hydra_keys
 
     cfg = {
@@ -165,7 +187,7 @@ def test_a_key_that_is_no_setting_is_named(group, key, expected):
         "criterion": "cross_entropy",  # a bare name: nothing to check
     }
     check_hydra_keys(OmegaConf.create(cfg))
-    cfg[group] = {**cfg[group], key: 1}
+    cfg[group] = {**cfg[group], key: value}
     with pytest.raises(ConfigError) as e:
         check_hydra_keys(OmegaConf.create(cfg))
     assert str(e.value).startswith(expected)

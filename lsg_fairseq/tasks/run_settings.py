@@ -96,23 +96,49 @@ def hydra_model_arch(cfg):
 FLAT_KEYS_READ = ("lr", "optimizer", "weight_decay")
 
 
-def model_settings(arch_name: str) -> set:
-    """What a legacy arch's config may hold: its model's flags (``add_args``), what its arch
-    function sets, and the keys of :data:`FLAT_KEYS_READ`."""
+def model_flags(arch_name: str) -> dict:
+    """A legacy arch's model flags (``add_args``), as argparse actions by destination."""
     from fairseq.models import ARCH_MODEL_REGISTRY
 
     parser = argparse.ArgumentParser(add_help=False)
     ARCH_MODEL_REGISTRY[arch_name].add_args(parser)
+    return {a.dest: a for a in parser._actions}
+
+
+def model_settings(arch_name: str) -> set:
+    """What a legacy arch's config may hold: its model's flags (:func:`model_flags`), what its
+    arch function sets, and the keys of :data:`FLAT_KEYS_READ`."""
     defaults = Namespace()
     ARCH_CONFIG_REGISTRY[arch_name](defaults)
-    return {a.dest for a in parser._actions} | set(vars(defaults)) | {"_name", "arch", *FLAT_KEYS_READ}
+    return set(model_flags(arch_name)) | set(vars(defaults)) | {"_name", "arch", *FLAT_KEYS_READ}
+
+
+def flag_value_problem(action: argparse.Action, value) -> Optional[str]:
+    """What argparse would say of ``value`` for ``action`` (its type and choices), or None: a
+    hydra model config's values arrive already typed by YAML, past the flag's parser."""
+    if value is None or action.type is None and not action.choices:
+        return None
+    typed = value
+    if action.type is not None:
+        try:
+            typed = action.type(value if isinstance(value, str) else str(value))
+        except argparse.ArgumentTypeError as e:
+            return str(e)
+        except (TypeError, ValueError):
+            kind = {int: "an integer", float: "a number"}.get(action.type, getattr(action.type, "__name__", "valid"))
+            return f"must be {kind}"
+    if action.choices and typed not in action.choices:
+        return f"must be one of {', '.join(map(str, action.choices))}"
+    return None
 
 
 def check_hydra_keys(cfg) -> None:
-    """Every key of a fairseq-hydra-train config's groups is a setting of what it configures. A
-    legacy model has no schema under hydra: a misspelt key (``sparsity_typ``) is ignored without a
-    word, the run trains the default. A misspelt key of a task, optimizer, scheduler or criterion
-    ends in omegaconf's ConfigKeyError traceback once fairseq builds it."""
+    """Every key of a fairseq-hydra-train config's groups is a setting of what it configures, and a
+    legacy model's values are what its flags take. A legacy model has no schema under hydra: a
+    misspelt key (``sparsity_typ``) is ignored without a word, the run trains the default, and a
+    value of the wrong type or choice (``block_size: abc``, ``sparsity_type: foo``) ends in a
+    traceback deep in the model. A misspelt key of a task, optimizer, scheduler or criterion ends in
+    omegaconf's ConfigKeyError traceback once fairseq builds it."""
     from fairseq.registry import REGISTRIES
     from fairseq.tasks import TASK_DATACLASS_REGISTRY
 
@@ -121,8 +147,10 @@ def check_hydra_keys(cfg) -> None:
     for group, registry in groups.items():
         section = cfg.get(group)
         name = section.get("_name") if OmegaConf.is_config(section) else None  # a bare name: no keys
+        flags = {}
         if group == "model":
             known = model_settings(name) if name in ARCH_CONFIG_REGISTRY else None
+            flags = model_flags(name) if known else {}
         else:
             dc = registry.get(name)
             known = None if dc is None else {f.name for f in dataclasses.fields(dc)} | {"_name"}
@@ -133,6 +161,9 @@ def check_hydra_keys(cfg) -> None:
                 close = difflib.get_close_matches(key, sorted(known), n=1)
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise ConfigError(f"{group}.{key}: not a setting of {group} {name}{hint}")
+            problem = flag_value_problem(flags[key], section[key]) if key in flags else None
+            if problem:
+                raise ConfigError(f"{group}.{key} {section[key]}: {problem}")
 
 
 def check_hydra_positions(cfg) -> None:
