@@ -177,7 +177,7 @@ def test_a_model_value_its_flag_would_refuse_is_named(key, value, expected):
 
 def _check_one_change(group, key, value, expected):
     """A config that passes, then the same with ``group.key = value``: refused with ``expected``."""
-    from lsg_fairseq.tasks.run_settings import check_hydra_keys
+    from lsg_fairseq.tasks.hydra_config import check_hydra_keys
 
     cfg = {
         "model": {"_name": "lsg_bart_tiny", "block_size": 16, "lr": [1e-3]},  # lr: FLAT_KEYS_READ
@@ -240,7 +240,7 @@ def test_from_namespace_reads_a_dictconfigs_keys():
     ],
 )
 def test_hydra_positions_agree(model, task, problem):
-    from lsg_fairseq.tasks.run_settings import check_hydra_positions
+    from lsg_fairseq.tasks.hydra_config import check_hydra_positions
 
     cfg = OmegaConf.create({"model": model, "task": {"max_source_positions": task[0], "max_target_positions": task[1]}})
     if problem is None:

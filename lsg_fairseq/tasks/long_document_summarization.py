@@ -45,10 +45,10 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.summarization_pairs import inference_sources, load_summarization_pair
 from lsg_fairseq.generation import LongInputSequenceGenerator
+from lsg_fairseq.tasks.hydra_config import check_hydra_keys
 from lsg_fairseq.tasks.run_settings import (
     check_generate_args,
     check_generation_args,
-    check_hydra_keys,
     check_training_args,
     check_metric_logged,
     check_validate_args,

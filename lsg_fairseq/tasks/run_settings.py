@@ -13,14 +13,9 @@ which :func:`check_generation_args` checks wherever a generator is built: genera
 ``--eval-rouge``, the hub, ``lsg-fairseq-summarize``).
 """
 
-import argparse
-import dataclasses
-import difflib
 import os
-from argparse import Namespace
 from typing import Optional
 
-from fairseq.models import ARCH_CONFIG_REGISTRY
 from omegaconf import OmegaConf
 
 from lsg_text.argtypes import (
@@ -32,6 +27,7 @@ from lsg_text.argtypes import (
     min_len_out_of_reach,
     python_literal,
 )
+from lsg_fairseq.tasks.hydra_config import check_hydra_positions
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_output_path, require_file
 from lsg_text.rouge import ROUGE_KEYS
@@ -81,110 +77,7 @@ def check_training_args(cfg) -> None:
     check_best_checkpoint_metric(cfg)
     check_finetune_from_model(cfg.checkpoint)
     check_output_folders(cfg)
-    check_hydra_positions(cfg)
-
-
-def hydra_model_arch(cfg):
-    """The arch function of a legacy model configured by fairseq-hydra-train (its ``cfg.model`` a
-    config, not fairseq-train's flat namespace), else None."""
-    model = cfg.model
-    return ARCH_CONFIG_REGISTRY.get(model.get("_name")) if OmegaConf.is_config(model) else None
-
-
-# keys a legacy model reads that fairseq-train's flat namespace holds beside its own flags (LOCOST's
-# ssm_lr is set against the base lr, named by interpolation in a hydra config: models/locost.py)
-FLAT_KEYS_READ = ("lr", "optimizer", "weight_decay")
-
-
-def model_flags(arch_name: str) -> dict:
-    """A legacy arch's model flags (``add_args``), as argparse actions by destination."""
-    from fairseq.models import ARCH_MODEL_REGISTRY
-
-    parser = argparse.ArgumentParser(add_help=False)
-    ARCH_MODEL_REGISTRY[arch_name].add_args(parser)
-    return {a.dest: a for a in parser._actions}
-
-
-def model_settings(arch_name: str) -> set:
-    """What a legacy arch's config may hold: its model's flags (:func:`model_flags`), what its
-    arch function sets, and the keys of :data:`FLAT_KEYS_READ`."""
-    defaults = Namespace()
-    ARCH_CONFIG_REGISTRY[arch_name](defaults)
-    return set(model_flags(arch_name)) | set(vars(defaults)) | {"_name", "arch", *FLAT_KEYS_READ}
-
-
-def flag_value_problem(action: argparse.Action, value) -> Optional[str]:
-    """What argparse would say of ``value`` for ``action`` (its type and choices), or None: a
-    hydra model config's values arrive already typed by YAML, past the flag's parser."""
-    if value is None or action.type is None and not action.choices:
-        return None
-    typed = value
-    if action.type is not None:
-        try:
-            typed = action.type(value if isinstance(value, str) else str(value))
-        except argparse.ArgumentTypeError as e:
-            return str(e)
-        except (TypeError, ValueError):
-            kind = {int: "an integer", float: "a number"}.get(action.type, getattr(action.type, "__name__", "valid"))
-            return f"must be {kind}"
-    if action.choices and typed not in action.choices:
-        return f"must be one of {', '.join(map(str, action.choices))}"
-    return None
-
-
-def check_hydra_keys(cfg) -> None:
-    """Every key of a fairseq-hydra-train config's groups is a setting of what it configures, and a
-    legacy model's values are what its flags take. A legacy model has no schema under hydra: a
-    misspelt key (``sparsity_typ``) is ignored without a word, the run trains the default, and a
-    value of the wrong type or choice (``block_size: abc``, ``sparsity_type: foo``) ends in a
-    traceback deep in the model. A misspelt key of a task, optimizer, scheduler or criterion ends in
-    omegaconf's ConfigKeyError traceback once fairseq builds it."""
-    from fairseq.registry import REGISTRIES
-    from fairseq.tasks import TASK_DATACLASS_REGISTRY
-
-    groups = {"model": None, "task": TASK_DATACLASS_REGISTRY}
-    groups.update({g: REGISTRIES[g]["dataclass_registry"] for g in ("criterion", "optimizer", "lr_scheduler")})
-    for group, registry in groups.items():
-        section = cfg.get(group)
-        name = section.get("_name") if OmegaConf.is_config(section) else None  # a bare name: no keys
-        flags = {}
-        if group == "model":
-            known = model_settings(name) if name in ARCH_CONFIG_REGISTRY else None
-            flags = model_flags(name) if known else {}
-        else:
-            dc = registry.get(name)
-            known = None if dc is None else {f.name for f in dataclasses.fields(dc)} | {"_name"}
-        if known is None:
-            continue
-        for key in section:
-            if key not in known:
-                close = difflib.get_close_matches(key, sorted(known), n=1)
-                hint = f"; did you mean {close[0]}?" if close else ""
-                raise ConfigError(f"{group}.{key}: not a setting of {group} {name}{hint}")
-            problem = flag_value_problem(flags[key], section[key]) if key in flags else None
-            if problem:
-                raise ConfigError(f"{group}.{key} {section[key]}: {problem}")
-
-
-def check_hydra_positions(cfg) -> None:
-    """Under fairseq-hydra-train, the task's and the model's position limits agree. fairseq-train's
-    ``--max-source-positions`` sets both; a hydra config keeps two settings, the task's defaulting
-    to 1,024 and the model's to its arch's (4,096 for lsg_bart_base): the effective limit is the
-    smaller one, and with ``truncate_source`` a long-input model would train on 1,024 tokens
-    without a word."""
-    model, arch = cfg.model, hydra_model_arch(cfg)
-    if arch is None:
-        return  # fairseq-train (its model config is the flat namespace), or no legacy arch
-    defaults = Namespace(**OmegaConf.to_container(model, resolve=True))
-    arch(defaults)
-    for key in ("max_source_positions", "max_target_positions"):
-        ours, task = getattr(defaults, key, None), getattr(cfg.task, key, None)
-        if ours is not None and task is not None and ours != task:
-            raise ConfigError(
-                f"task.{key} {task} and model.{key} {ours} (arch {model._name}) differ: fairseq-hydra-train keeps "
-                f"them apart (fairseq-train's --{key.replace('_', '-')} sets both); set both to the length "
-                "to train at"
-            )
+    check_hydra_positions(cfg)  # a no-op for fairseq-train's flat model namespace
 
 
 def check_output_folders(cfg) -> None:
