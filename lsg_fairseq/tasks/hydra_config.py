@@ -42,12 +42,12 @@ def model_flags(arch_name: str) -> dict:
     return {a.dest: a for a in parser._actions}
 
 
-def model_settings(arch_name: str) -> set:
-    """What a legacy arch's config may hold: its model's flags (:func:`model_flags`), what its
+def model_settings(arch_name: str, flags: dict) -> set:
+    """What a legacy arch's config may hold: its model's ``flags`` (:func:`model_flags`), what its
     arch function sets, and the keys of :data:`FLAT_KEYS_READ`."""
     defaults = Namespace()
     ARCH_CONFIG_REGISTRY[arch_name](defaults)
-    return set(model_flags(arch_name)) | set(vars(defaults)) | {"_name", "arch", *FLAT_KEYS_READ}
+    return set(flags) | set(vars(defaults)) | {"_name", "arch", *FLAT_KEYS_READ}
 
 
 def flag_value_problem(action: argparse.Action, value) -> Optional[str]:
@@ -84,15 +84,16 @@ def check_hydra_keys(cfg) -> None:
     for group, registry in groups.items():
         section = cfg.get(group)
         name = section.get("_name") if OmegaConf.is_config(section) else None  # a bare name: no keys
-        flags = {}
         if group == "model":
-            known = model_settings(name) if name in ARCH_CONFIG_REGISTRY else None
-            flags = model_flags(name) if known else {}
+            if name not in ARCH_CONFIG_REGISTRY:
+                continue
+            flags = model_flags(name)
+            known = model_settings(name, flags)
         else:
             dc = registry.get(name)
-            known = None if dc is None else {f.name for f in dataclasses.fields(dc)} | {"_name"}
-        if known is None:
-            continue
+            if dc is None:
+                continue
+            flags, known = {}, {f.name for f in dataclasses.fields(dc)} | {"_name"}
         for key in section:
             if key not in known:
                 close = difflib.get_close_matches(key, sorted(known), n=1)

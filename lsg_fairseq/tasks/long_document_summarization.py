@@ -49,8 +49,8 @@ from lsg_fairseq.tasks.hydra_config import check_hydra_keys
 from lsg_fairseq.tasks.run_settings import (
     check_generate_args,
     check_generation_args,
-    check_training_args,
     check_metric_logged,
+    check_training_args,
     check_validate_args,
     explain_missing_metric,
     watched_metric,

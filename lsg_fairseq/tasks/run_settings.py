@@ -18,6 +18,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
+from lsg_fairseq.tasks.hydra_config import check_hydra_positions
 from lsg_text.argtypes import (
     GENERATE_SETTINGS,
     GENERATION_SETTINGS,
@@ -27,7 +28,6 @@ from lsg_text.argtypes import (
     min_len_out_of_reach,
     python_literal,
 )
-from lsg_fairseq.tasks.hydra_config import check_hydra_positions
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_output_path, require_file
 from lsg_text.rouge import ROUGE_KEYS
