@@ -15,7 +15,7 @@ from fairseq.models.transformer.transformer_config import TransformerConfig
 from omegaconf import OmegaConf
 
 import lsg_fairseq
-from conftest import BIN, REPO_ROOT, fairseq_cli
+from conftest import BIN, REPO_ROOT
 from lsg_fairseq.fairseq_fixes._wrap import original
 from lsg_fairseq.fairseq_fixes.run_hooks import TOO_LATE
 from lsg_text.errors import ConfigError, MissingFileError
@@ -43,13 +43,13 @@ LSG = [
 ]
 
 
+def command(folder, name, *args):
+    """The console script ``name`` of this environment run in ``folder``."""
+    return subprocess.run([os.path.join(BIN, name), *args], cwd=folder, capture_output=True, text=True)
+
+
 def hydra_train(folder, config, *overrides):
-    return subprocess.run(
-        [os.path.join(BIN, "lsg-fairseq-hydra-train"), "--config-dir", CONFIGS, "--config-name", config, *overrides],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-    )
+    return command(folder, "lsg-fairseq-hydra-train", "--config-dir", CONFIGS, "--config-name", config, *overrides)
 
 
 @pytest.fixture
@@ -69,33 +69,21 @@ def test_lsg_config_trains_and_its_checkpoint_generates(run_folder):
     # hydra's notices about fairseq's use of hydra (fairseq's and torch's own warnings stay)
     assert "version_base" not in r.stderr and "ConfigStore" not in r.stderr and "package header" not in r.stderr
     assert TOO_LATE not in r.stdout + r.stderr
-    gen = subprocess.run(
-        [os.path.join(BIN, "lsg-fairseq-generate"), "data-bin", "--path", "ck/checkpoint_last.pt"]
-        + ["--gen-subset", "valid", "--beam", "2", "--max-len-b", "5", "--batch-size", "2", "--cpu"]
-        + ["--max-source-positions", "4096", "--max-target-positions", "256", "--truncate-target"],
-        cwd=run_folder,
-        capture_output=True,
-        text=True,
+    gen = command(
+        run_folder,
+        "lsg-fairseq-generate",
+        *"data-bin --path ck/checkpoint_last.pt --gen-subset valid --beam 2 --max-len-b 5 --batch-size 2 --cpu".split(),
+        *"--max-source-positions 4096 --max-target-positions 256 --truncate-target".split(),
     )
     assert gen.returncode == 0, gen.stderr[-3000:]
     assert sum(line.startswith("H-") for line in gen.stdout.splitlines()) == 4
     # the recipe's next step, a warm start at a longer length, reads the hydra checkpoint (its cfg.model
     # names the arch by _name alone)
     (run_folder / "ck" / "dict.txt").symlink_to(run_folder / "data-bin" / "dict.source.txt")
-    conv = subprocess.run(
-        [os.path.join(BIN, "lsg-fairseq-convert"), "ck/checkpoint_last.pt", "warm", "--max-source-positions", "8192"],
-        cwd=run_folder,
-        capture_output=True,
-        text=True,
-    )
+    conv = command(run_folder, "lsg-fairseq-convert", "ck/checkpoint_last.pt", "warm", "--max-source-positions", "8192")
     assert conv.returncode == 0, conv.stderr[-3000:]
     assert (run_folder / "warm" / "model.pt").is_file()
-    export = subprocess.run(
-        [os.path.join(BIN, "lsg-fairseq-export"), "ck/checkpoint_last.pt", "hf"],
-        cwd=run_folder,
-        capture_output=True,
-        text=True,
-    )
+    export = command(run_folder, "lsg-fairseq-export", "ck/checkpoint_last.pt", "hf")
     assert export.returncode == 0, export.stderr[-3000:]
     assert (run_folder / "hf" / "config.json").is_file() and (run_folder / "hf" / "model.safetensors").is_file()
 
@@ -198,12 +186,11 @@ def test_plain_fairseq_hydra_train_builds_the_models_too(run_folder):
     imports the plugin, before the model is built), and a warning names the command with the checks."""
     from lsg_fairseq import user_dir
 
-    r = subprocess.run(
-        [fairseq_cli("fairseq-hydra-train"), "--config-dir", CONFIGS, "--config-name", "lsg_bart_base_4096"]
-        + [*SMALL, *LSG, "++task.truncate_target=true", f"++common.user_dir={user_dir()}", "hydra.job.chdir=false"],
-        cwd=run_folder,
-        capture_output=True,
-        text=True,
+    r = command(
+        run_folder,
+        "fairseq-hydra-train",
+        *("--config-dir", CONFIGS, "--config-name", "lsg_bart_base_4096", *SMALL, *LSG),
+        *("++task.truncate_target=true", f"++common.user_dir={user_dir()}", "hydra.job.chdir=false"),
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert (run_folder / "ck" / "checkpoint_last.pt").is_file()
