@@ -788,18 +788,22 @@ def test_best_checkpoint_metrics_that_hold(word_data):
         check_training_args(training_cfg(word_data, *flags, "--eval-rouge-bpe", "none"))
 
 
-def test_unknown_best_checkpoint_metric_is_one_line_at_the_first_training_log(word_data, tmp_path, capsys, monkeypatch):
-    """fairseq reads --best-checkpoint-metric only once validation has run, an epoch later: its
-    KeyError then, that epoch lost. Refused at the first training log instead, before any checkpoint."""
-    from test_user_errors import TRAIN, fairseq_train
+def validated_training(word_data, tmp_path, metric):
+    """fairseq-train's flags for a few updates of lsg_bart_tiny validated each epoch, checkpoints
+    picked by ``metric``."""
+    from test_user_errors import TRAIN
 
     argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
     argv.remove("--disable-validation")
-    code, err = fairseq_train(
-        argv + ["--truncate-target", "--best-checkpoint-metric", "bleu", "--save-dir", str(tmp_path / "ck")],
-        capsys,
-        monkeypatch,
-    )
+    return argv + ["--truncate-target", "--best-checkpoint-metric", metric, "--save-dir", str(tmp_path / "ck")]
+
+
+def test_unknown_best_checkpoint_metric_is_one_line_at_the_first_training_log(word_data, tmp_path, capsys, monkeypatch):
+    """fairseq reads --best-checkpoint-metric only once validation has run, an epoch later: its
+    KeyError then, that epoch lost. Refused at the first training log instead, before any checkpoint."""
+    from test_user_errors import fairseq_train
+
+    code, err = fairseq_train(validated_training(word_data, tmp_path, "bleu"), capsys, monkeypatch)
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
         "fairseq-train: error: --best-checkpoint-metric bleu: not a metric of this run (its criterion and task "
@@ -814,12 +818,7 @@ def test_a_metric_the_run_logs_trains(word_data, tmp_path, monkeypatch, metric):
     with --sentence-avg, and fairseq's KeyError would then come at the first validation.)"""
     from fairseq_cli import train
 
-    from test_user_errors import TRAIN
-
-    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
-    argv.remove("--disable-validation")
-    argv += ["--truncate-target", "--best-checkpoint-metric", metric, "--save-dir", str(tmp_path / "ck")]
-    monkeypatch.setattr(sys, "argv", ["fairseq-train", *argv])
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", *validated_training(word_data, tmp_path, metric)])
     train.cli_main()
     assert (tmp_path / "ck" / "checkpoint_best.pt").is_file()
 
