@@ -970,11 +970,9 @@ def test_preprocess_warns_when_the_text_was_not_encoded_for_the_dict(tmp_path):
 def test_preprocess_refuses_to_leave_splits_beside_another_dictionary(tmp_path):
     """A rerun with --trainpref only and no --dict builds a new dictionary: the valid binaries of
     the first run, kept, would then read as other words without an error."""
-    env = dict(os.environ, PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
 
     def preprocess(*flags):
-        cmd = ["bash", os.path.join(SCRIPTS, "preprocess.sh"), "--destdir", str(tmp_path / "bin"), *map(str, flags)]
-        return subprocess.run(cmd, capture_output=True, text=True, env=env)
+        return run_script("preprocess.sh", "--destdir", tmp_path / "bin", *flags, check=False)
 
     for prefix, text in (("a", "the cat sat on the mat\n"), ("b", "a dog ran far away today\n")):
         for side in ("source", "target"):
