@@ -1,4 +1,5 @@
-"""examples/long_context: key-recall scoring, the tiny archs' init, and the whole experiment (smoke)."""
+"""examples/long_context: key-recall scoring, the tiny archs' init and the attention probe's rows (the whole
+experiment runs in test_long_context_claim.py)."""
 
 import json
 
@@ -116,3 +117,20 @@ def test_tiny_archs_start_from_fan_in_weights(tmp_path, arch):
     assert abs(fc2.std().item() - 256**-0.5) < 0.005
     bert = _build(tmp_path, arch, "--weight-init", "bert")
     assert abs(bert.decoder.layers[0].encoder_attn.q_proj.weight.std().item() - 0.02) < 0.002
+
+
+def test_attention_probe_gives_each_checkpoint_its_own_file(tmp_path, capsys):
+    """Several checkpoints in one process (run.sh's probe_queued): a checkpoint that cannot be read
+    leaves {} in its own file, names itself, and the others still run; --out must match in number."""
+    from conftest import load_script as load
+
+    probe = load("examples/long_context/attention_probe.py", "attention_probe")
+    outs = [tmp_path / "a.json", tmp_path / "b.json"]
+    with pytest.raises(SystemExit) as e:
+        probe.main([str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), str(tmp_path), "--out", str(outs[0])])
+    assert e.value.code == 2 and "--out: 1 files for 2 checkpoints" in capsys.readouterr().err
+    argv = [str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), str(tmp_path), "--out", *map(str, outs)]
+    assert probe.main(argv) == 1
+    err = capsys.readouterr().err
+    assert all(f"attention_probe.py: {tmp_path / name}: " in err for name in ("a.pt", "b.pt")), err
+    assert [json.loads(o.read_text()) for o in outs] == [{}, {}]

@@ -56,6 +56,10 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
         assert row["recall"] is not None and 0 <= row["recall"] <= 1 and row["rouge1"] is not None
     for row in res["rows"]:
         assert row["train_wall_s"] > 0 and row["peak_rss_gib"] > 0
+    # the attention probe (one process for every row): each row's own reading, LSG's decoder on the keys
+    for row in res["rows"] + res["extrapolation"]:
+        assert 0 < row["attention_on_keys"] < 1, row
+    assert rows["lsg_norm"]["attention_on_keys"] > 2 * rows["bart_1024"]["attention_on_keys"], rows
     assert (tmp_path / "report" / "recall_vs_position.png").stat().st_size > 10_000
     md = (tmp_path / "report" / "results.md").read_text()
     assert "| LSG-BART (norm) at 4,096 |" in md and "code at commit " in md

@@ -12,7 +12,11 @@ layer's cross-attention (mean over heads) is read, and the script reports
 * ``grad_to_encoder``: the norm of d loss / d encoder output summed over the batch, i.e. how much
   training signal reaches the encoder at all.
 
-    python examples/long_context/attention_probe.py CHECKPOINT DATA_BIN [--split valid] [-n 8]
+    python examples/long_context/attention_probe.py CHECKPOINT [CHECKPOINT ...] DATA_BIN [--split valid] [-n 8]
+        [--out JSON [JSON ...]]
+
+Several checkpoints are probed in one process: fairseq is imported once (its import is most of
+the time a probe of a tiny model takes).
 """
 
 import argparse
@@ -23,27 +27,14 @@ import sys
 import torch
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint")
-    p.add_argument("data_bin")
-    p.add_argument("--split", default="valid")
-    p.add_argument("-n", type=int, default=8, help="documents to probe (default 8)")
-    args = p.parse_args(argv)
-
-    import lsg_fairseq  # noqa: F401
-    from fairseq import checkpoint_utils
-
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [args.checkpoint], arg_overrides={"data": args.data_bin}
-    )
-    model = models[0].eval()
-    task.load_dataset(args.split)
-    ds = task.dataset(args.split)
-    d = task.source_dictionary
-    key_words = set()
+def probe(model, task, split: str, n: int) -> dict:
+    """The three readings over the first ``n`` documents of ``split`` (see the module docstring)."""
     from lsg_text.synthetic import CHOICES
 
+    task.load_dataset(split)
+    ds = task.dataset(split)
+    d = task.source_dictionary
+    key_words = set()
     for words in CHOICES.values():
         key_words |= {"\u2581" + w for w in words}
     key_ids = torch.tensor(sorted(d.index(w) for w in key_words if d.index(w) != d.unk()))
@@ -51,7 +42,7 @@ def main(argv=None):
 
     mass, ent, n_pos = 0.0, 0.0, 0
     grad_norm = 0.0
-    for i in range(min(args.n, len(ds))):
+    for i in range(min(n, len(ds))):
         sample = ds.collater([ds[i]])
         net = sample["net_input"]
         src = net["src_tokens"][0]
@@ -79,14 +70,50 @@ def main(argv=None):
             ent += -(a.clamp_min(1e-12) * a.clamp_min(1e-12).log()).sum().item()
             n_pos += 1
     src_len = src.numel()
-    out = {
+    return {
         "mass_on_keys": mass / n_pos if n_pos else None,
         "entropy": ent / n_pos if n_pos else None,
         "uniform_entropy": math.log(src_len),
-        "grad_to_encoder": grad_norm / max(args.n, 1),
+        "grad_to_encoder": grad_norm / max(n, 1),
         "fact_positions": n_pos,
     }
-    print(json.dumps(out))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="one or more, probed in one process")
+    p.add_argument("data_bin")
+    p.add_argument("--split", default="valid")
+    p.add_argument("-n", type=int, default=8, help="documents to probe (default 8)")
+    p.add_argument(
+        "--out",
+        nargs="+",
+        metavar="JSON",
+        help="a file per checkpoint, in order (default: one JSON line per checkpoint on stdout)",
+    )
+    args = p.parse_args(argv)
+    if args.out and len(args.out) != len(args.checkpoints):
+        p.error(f"--out: {len(args.out)} files for {len(args.checkpoints)} checkpoints")
+
+    import lsg_fairseq  # noqa: F401
+    from fairseq import checkpoint_utils
+
+    failed = 0
+    for k, path in enumerate(args.checkpoints):
+        try:  # a probe that fails (a checkpoint it cannot read) leaves {} for that row and goes on
+            models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+                [path], arg_overrides={"data": args.data_bin}
+            )
+            reading = probe(models[0].eval(), task, args.split, args.n)
+        except Exception as e:  # one row's failure must not cost the others their reading
+            print(f"attention_probe.py: {path}: {type(e).__name__}: {e}", file=sys.stderr)
+            reading, failed = {}, failed + 1
+        if args.out:
+            with open(args.out[k], "w") as f:
+                f.write(json.dumps(reading) + "\n")
+        else:
+            print(json.dumps(reading), flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -60,10 +60,12 @@ greedy_generate() {  # greedy_generate DATA_BIN CHECKPOINT SUBSET MAX_SRC SPM_MO
         --bpe sentencepiece --sentencepiece-model "$5" --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$6"
 }
 
-evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the long test split, score
+PROBE_CHECKPOINTS=() PROBE_OUTPUTS=()
+evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the long test split, score; probe_queued probes
     local name=$1 ckpt=$2 max_src=$3 bos=${4:-}
     local dir="$OUT/eval/$name" SPM="$OUT/long/spm/spm.model"
     mkdir -p "$dir"
+    rm -f "$dir/probe.json"
     fairseq-generate "$OUT/long/bin" --user-dir "$USER_DIR" --task long_document_summarization \
         --path "$ckpt" --gen-subset test --max-source-positions "$max_src" --max-target-positions 128 \
         --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece --sentencepiece-model "$SPM" \
@@ -73,8 +75,17 @@ evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the lon
         --spm-model "$SPM" $bos --name "$name" --json "$dir/recall.json" | sed 's/^/   /' >&2
     python scripts/generate_to_rouge.py --generate-output "$dir/generate.out" \
         --ref-file "$OUT/long/raw/test.target" --output-dir "$dir" > /dev/null
-    python "$HERE/attention_probe.py" "$ckpt" "$OUT/long/bin" --split test -n 16 > "$dir/probe.json" 2> /dev/null \
-        || echo '{}' > "$dir/probe.json"
+    PROBE_CHECKPOINTS+=("$ckpt") PROBE_OUTPUTS+=("$dir/probe.json")
+}
+
+probe_queued() {  # the attention probe of every row evaluate() scored since the last call, in one process
+    [ ${#PROBE_CHECKPOINTS[@]} -gt 0 ] || return 0
+    python "$HERE/attention_probe.py" "${PROBE_CHECKPOINTS[@]}" "$OUT/long/bin" --split test -n 16 \
+        --out "${PROBE_OUTPUTS[@]}" 2> "$OUT/eval/probe.err" \
+        || echo "   attention probe: a row failed, its reading is n/a ($OUT/eval/probe.err)" >&2
+    local out
+    for out in "${PROBE_OUTPUTS[@]}"; do [ -s "$out" ] || echo '{}' > "$out"; done  # the report reads {} as n/a
+    PROBE_CHECKPOINTS=() PROBE_OUTPUTS=()
 }
 
 timed() {  # timed FILE CMD...: CMD's wall seconds and peak RSS (KiB) to FILE, "%e %M"; RSS 0 without GNU time

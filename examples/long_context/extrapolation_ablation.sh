@@ -38,6 +38,7 @@ for row in "${ROWS[@]}"; do
   evaluate "$name" "$OUT/runs/$name/model.pt" 4096
   printf '%s\t%s\n' "$label" "$(tr -d '\n' < "$OUT/eval/$name/recall.json")" >> "$OUT/ablation.tsv"
 done
+probe_queued
 
 python - "$OUT/ablation.tsv" "$REPORT_DIR/extrapolation_ablation.md" "$(( $(date +%s) - start ))" "$load_start" \
     "$(cut -d' ' -f1-3 /proc/loadavg)" "$(git rev-parse --short HEAD)" <<'EOF'

@@ -107,6 +107,8 @@ if [ "$EXTRAPOLATION" = 1 ] && [[ " $ARCHS " == *" bart_1024 "* ]]; then
     evaluate x_e_lsg_fine_tuned "$OUT/runs/x_e/checkpoint_last.pt" 4096
 fi
 
+step "attention probe of ${#PROBE_CHECKPOINTS[@]} rows"
+probe_queued
 step "report -> $REPORT_DIR"
 python "$HERE/report.py" --out "$OUT" --report-dir "$REPORT_DIR" --archs $ARCHS \
     --command "bash $HERE/run.sh" --settings "KEYS=$KEYS N_SHORT=$N_SHORT N_MID=$N_MID N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA U_BASE=$U_BASE THREADS=$THREADS DEVICE=$DEVICE PRECISION=$PRECISION$(device_name)" \
