@@ -106,8 +106,12 @@ def test_locost_config_keeps_the_ssm_group_under_bf16(run_folder):
         (  # checked with the run (call_main)
             "task.max_source_positions=1024",
             "task.max_source_positions 1024 and model.max_source_positions 4096 (arch lsg_bart_tiny) differ: "
-            "fairseq-hydra-train keeps them apart (fairseq-train's --max-source-positions sets both); set both to "
-            "the length to train at",
+            "fairseq-hydra-train keeps them apart (fairseq-train sets both with one flag); set both to the length "
+            "to train at",
+        ),
+        (  # a check fairseq-train shares, in the config's keys (fairseq: a traceback once the data is loaded)
+            "optimization.update_freq=[0]",
+            "optimization.update_freq 0: must be an integer >= 1",
         ),
         (  # checked with the config, before fairseq completes it (add_defaults): else ignored, no word
             "++model.sparsity_typ=norm",
@@ -115,8 +119,8 @@ def test_locost_config_keeps_the_ssm_group_under_bf16(run_folder):
         ),
         (  # checked at the first training log (fairseq: a KeyError after the first epoch)
             "checkpoint.best_checkpoint_metric=rouge",
-            "--best-checkpoint-metric rouge: not a metric of this run (its criterion and task log loss, ppl, bsz, "
-            "wpb, wps); refused at the first training log, before any checkpoint",
+            "checkpoint.best_checkpoint_metric rouge: not a metric of this run (its criterion and task log loss, "
+            "ppl, bsz, wpb, wps); refused at the first training log, before any checkpoint",
         ),
     ],
 )
@@ -284,3 +288,28 @@ def test_paths_from_the_folder_run_in_except_for_a_sweep():
     assert "hydra.job.chdir=false" not in hydra_argv([*base, "--multirun"], "/p")
     given = [*base, "hydra.job.chdir=true", "common.user_dir=/mine"]
     assert hydra_argv(given, "/p") == given
+
+
+def test_a_flag_in_a_message_becomes_the_config_key():
+    """The checks fairseq-hydra-train shares with fairseq-train name the flags; under hydra the
+    message names the keys (the first group holding one: lr is optimization's), a legacy model's
+    by its flags, a chosen component by its group's _name; what no group holds stays."""
+    from fairseq.dataclass.configs import FairseqConfig
+
+    from lsg_fairseq.tasks.hydra_config import in_config_keys, in_hydra_terms
+
+    cfg = OmegaConf.structured(FairseqConfig)
+    cfg.model = {"_name": "lsg_bart_tiny"}  # a legacy model's group: only what the YAML gives
+    cfg.task = {"_name": "long_document_summarization", "eval_rouge": False}
+    cfg.lr_scheduler = {"_name": "fixed", "warmup_updates": 0, "lr": [0.1]}
+    message = "--update-freq 0: x; --block-size 0; lower --lr (--lr-scheduler fixed --warmup-updates N), --arch"
+    expected = (
+        "optimization.update_freq 0: x; model.block_size 0; lower optimization.lr (lr_scheduler._name fixed "
+        "lr_scheduler.warmup_updates N), model._name"
+    )
+    assert in_config_keys(message, cfg) == expected
+    assert in_config_keys("--eval-rouge, --no-such-flag; see fairseq-train --help", cfg) == (
+        "task.eval_rouge, --no-such-flag; see fairseq-train --help"
+    )
+    error = ConfigError(message)  # this process runs no hydra job: fairseq-train's flags stay
+    assert in_hydra_terms(error, cfg) is error and str(error) == message

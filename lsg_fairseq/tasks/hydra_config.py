@@ -6,19 +6,23 @@ fails deep in the model. And the task's and the model's position limits, one fla
 fairseq-train, are two keys there. The tasks' ``vet_run`` calls :func:`check_hydra_keys` on the
 config as hydra composed it (command ``fairseq_cli.hydra_train``,
 :mod:`lsg_fairseq.fairseq_fixes.run_hooks`), and :func:`check_hydra_positions` with the run's
-other settings (:func:`lsg_fairseq.tasks.run_settings.check_training_args`).
+other settings (:func:`lsg_fairseq.tasks.run_settings.check_training_args`). The checks shared
+with fairseq-train name its flags; under hydra :func:`in_hydra_terms` puts the config's keys in
+their place (``--update-freq 0`` -> ``optimization.update_freq 0``).
 """
 
 import argparse
+import contextlib
 import dataclasses
 import difflib
+import re
 from argparse import Namespace
 from typing import Optional
 
 from fairseq.models import ARCH_CONFIG_REGISTRY
 from omegaconf import OmegaConf
 
-from lsg_text.errors import ConfigError
+from lsg_text.errors import ConfigError, UserError
 
 
 def hydra_model_arch(cfg):
@@ -120,6 +124,61 @@ def check_hydra_positions(cfg) -> None:
         if ours is not None and task is not None and ours != task:
             raise ConfigError(
                 f"task.{key} {task} and model.{key} {ours} (arch {model._name}) differ: fairseq-hydra-train keeps "
-                f"them apart (fairseq-train's --{key.replace('_', '-')} sets both); set both to the length "
-                "to train at"
+                "them apart (fairseq-train sets both with one flag); set both to the length to train at"
             )
+
+
+# The groups of a fairseq config in the order a setting is looked up: fairseq's own groups first (lr
+# lives in optimization, though the optimizer and the scheduler hold a copy), then what the run names
+CONFIG_GROUPS = (
+    "common", "common_eval", "distributed_training", "dataset", "optimization", "checkpoint", "bmuf",
+    "generation", "eval_lm", "interactive", "ema", "model", "task", "criterion", "optimizer",
+    "lr_scheduler", "scoring", "bpe", "tokenizer",
+)  # fmt: skip
+FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+
+
+def under_hydra() -> bool:
+    """Whether this process runs a hydra app's job (fairseq-hydra-train's main)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized()
+
+
+def config_key(flag: str, cfg) -> Optional[str]:
+    """The ``group.key`` of fairseq-train's ``--flag`` in a hydra config, or None where none holds it
+    (a legacy model's group holds only what the YAML gives: its flags are looked up too)."""
+    key = flag.replace("-", "_")
+    if key in CONFIG_GROUPS or key == "arch":  # --lr-scheduler, --arch: the name of a group's choice
+        return f"{'model' if key == 'arch' else key}._name"
+    arch = cfg.model.get("_name") if OmegaConf.is_config(cfg.get("model")) else None
+    for group in CONFIG_GROUPS:
+        section = cfg.get(group)
+        if OmegaConf.is_config(section) and key in section:
+            return f"{group}.{key}"
+        if group == "model" and arch in ARCH_CONFIG_REGISTRY and key in model_settings(arch, model_flags(arch)):
+            return f"model.{key}"
+    return None
+
+
+def in_config_keys(message: str, cfg) -> str:
+    """``message`` with each fairseq-train flag it names as the hydra config's key
+    (``--update-freq 0`` -> ``optimization.update_freq 0``); a flag no group holds stays."""
+    return FLAG.sub(lambda m: config_key(m.group(1), cfg) or m.group(0), message)
+
+
+def in_hydra_terms(error, cfg):
+    """``error`` (returned), its message naming the config's keys where this process runs
+    fairseq-hydra-train: the checks it shares with fairseq-train name that command's flags."""
+    if isinstance(error, UserError) and error.args and isinstance(error.args[0], str) and under_hydra():
+        error.args = (in_config_keys(error.args[0], cfg), *error.args[1:])
+    return error
+
+
+@contextlib.contextmanager
+def refusals_in_config_keys(cfg):
+    """A refusal raised inside, in the config's keys under fairseq-hydra-train (:func:`in_hydra_terms`)."""
+    try:
+        yield
+    except UserError as e:
+        raise in_hydra_terms(e, cfg)

@@ -45,7 +45,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.summarization_pairs import inference_sources, load_summarization_pair
 from lsg_fairseq.generation import LongInputSequenceGenerator
-from lsg_fairseq.tasks.hydra_config import check_hydra_keys
+from lsg_fairseq.tasks.hydra_config import check_hydra_keys, in_hydra_terms, refusals_in_config_keys
 from lsg_fairseq.tasks.run_settings import (
     check_generate_args,
     check_generation_args,
@@ -322,19 +322,24 @@ class LongDocumentSummarizationTask(TranslationTask):
             check_hydra_keys(cfg)
             return
         cls.metric_to_watch = None
-        if command == "fairseq_cli.train":
-            check_training_args(cfg)
-        elif command in ("fairseq_cli.generate", "fairseq_cli.interactive"):
-            check_generate_args(cfg, command)
-        elif command == "fairseq_cli.validate":
-            check_validate_args(cfg)
-        device_policy.vet_run(cfg, command)
+        with refusals_in_config_keys(cfg):
+            if command == "fairseq_cli.train":
+                check_training_args(cfg)
+            elif command in ("fairseq_cli.generate", "fairseq_cli.interactive"):
+                check_generate_args(cfg, command)
+            elif command == "fairseq_cli.validate":
+                check_validate_args(cfg)
+            device_policy.vet_run(cfg, command)
         cls.metric_to_watch = watched_metric(cfg, command)
 
-    # explain_failure: called when fairseq-train, -validate or -interactive fails (run_hooks)
+    # explain_failure: called when fairseq-train, -validate or -interactive fails (run_hooks); a
+    # refusal of ours raised during the run (None here) goes on as it is, in the config's keys under
+    # fairseq-hydra-train
     @classmethod
     def explain_failure(cls, cfg, command, error):
-        return device_policy.explain_divergence(cfg, command, error) or explain_missing_metric(cfg, command, error)
+        better = device_policy.explain_divergence(cfg, command, error) or explain_missing_metric(cfg, command, error)
+        in_hydra_terms(better or error, cfg)
+        return better
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         with device_policy.explain_out_of_memory(sample, "training"):
