@@ -48,9 +48,15 @@ def _init_worker(encoder_json: str, vocab_bpe: str, keep_empty: bool) -> None:
     check_gpt2_files(encoder_json, vocab_bpe)
     # fairseq's own encoder, so the ids are exactly those that `--bpe gpt2` decodes (imported
     # here, not at the top: --help and flag errors do not pay for importing fairseq). Its package
-    # logs INFO notices at import (tensorboardX missing) that say nothing to this script's user.
-    logging.getLogger("fairseq").setLevel(logging.WARNING)
-    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+    # logs INFO notices at import (tensorboardX missing) that say nothing to this script's user;
+    # quiet for the import only, so that a caller in the same process (the tests) keeps its logs.
+    fairseq_log = logging.getLogger("fairseq")
+    level = fairseq_log.level
+    fairseq_log.setLevel(logging.WARNING)
+    try:
+        from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+    finally:
+        fairseq_log.setLevel(level)
 
     _encoder = get_encoder(encoder_json, vocab_bpe)
     _keep_empty = keep_empty
