@@ -68,8 +68,10 @@ def existing_above(path: str) -> Tuple[str, List[str]]:
 
 def check_output_path(path: str, flag: str, folder: bool = False) -> None:
     """Refuse up front an output path of the wrong kind, naming ``flag`` and the path as given:
-    a folder where a file is to be written, a file where a folder is (``folder``), or a path below
-    a file. Otherwise the error comes from deep in a write, after the work, naming a temp file."""
+    a folder where a file is to be written, a file where a folder is (``folder``), a path below
+    a file, or one whose folder (or the nearest existing one above it, where the missing ones would
+    be made) this process may not write in: a read-only mount, another user's folder. Otherwise the
+    error comes from deep in a write, after the work, naming a temp file."""
     if path in (None, "-"):
         return
     if folder and os.path.exists(path) and not os.path.isdir(path):
@@ -79,6 +81,9 @@ def check_output_path(path: str, flag: str, folder: bool = False) -> None:
     above, _ = existing_above(os.path.dirname(os.path.abspath(path)))
     if not os.path.isdir(above):  # the folders that will be created must not sit below a file
         raise DataError(f"{flag} {path}: {above} is a file, not a folder (choose another path)")
+    writes_in, _ = existing_above(path if folder else os.path.dirname(os.path.abspath(path)))
+    if not os.access(writes_in, os.W_OK | os.X_OK):  # files are written beside their final name, then renamed
+        raise DataError(f"{flag} {path}: {writes_in} is not writable for this user (choose another path)")
 
 
 def check_output_files(paths: Sequence[str], flag: str, inputs: Sequence[str] = ()) -> None:

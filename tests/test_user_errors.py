@@ -766,3 +766,38 @@ def test_train_output_folder_of_the_wrong_kind_is_one_line(word_data, tmp_path, 
     assert code == 2 and line.startswith(f"fairseq-train: error: {flag} {folder}:"), line
     assert (tmp_path / "taken").read_text() == "a file the user keeps\n"
     assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("flag", ["--save-dir", "--tensorboard-logdir"])
+def test_train_output_folder_that_cannot_be_made_is_one_line(word_data, tmp_path, capsys, monkeypatch, flag):
+    """A folder the kernel will not make whatever the permissions (in /proc, even for root; on a
+    cluster, a read-only or foreign mount): fairseq's FileNotFoundError traceback from os.makedirs,
+    for the logs after the data and the model are loaded. Explained when it happens, naming the flag."""
+    folder = f"/proc/lsg-fairseq-{os.getpid()}/run1"
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    argv += ["--block-size", "16", "--sparse-block-size", "16", "--truncate-target", "--save-dir", str(tmp_path / "ck")]
+    code, err = fairseq_train([*argv, flag, folder], capsys, monkeypatch)
+    line = one_error_line(err, "fairseq-train")
+    assert code == 2 and "Traceback" not in err
+    assert line == (
+        f"fairseq-train: error: {flag} {folder}: cannot be made or written in (No such file or directory: "
+        f"{os.path.dirname(folder)}); choose another folder"
+    ), line
+
+
+def test_an_output_folder_this_user_may_not_write_in_is_refused_up_front(tmp_path, monkeypatch):
+    """check_output_path: the nearest existing folder where an output goes must be writable (as
+    root here every folder is, so os.access is stood in for: a read-only mount or another user's
+    folder on a cluster). The check is the first writable one above, not the path's own parent."""
+    from lsg_text.fileio import DataError, check_output_path
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: os.path.abspath(p) != str(locked) and real_access(p, mode))
+    for path, folder in ((locked / "a" / "run1", True), (locked, True), (locked / "out.txt", False)):
+        with pytest.raises(DataError) as e:
+            check_output_path(str(path), "--out", folder=folder)
+        assert str(e.value) == f"--out {path}: {locked} is not writable for this user (choose another path)"
+    check_output_path(str(tmp_path / "free" / "run1"), "--out", folder=True)
+    check_output_path(str(tmp_path / "out.txt"), "--out")

@@ -53,6 +53,7 @@ from lsg_fairseq.tasks.run_settings import (
     check_training_args,
     check_validate_args,
     explain_missing_metric,
+    explain_output_folder_error,
     watched_metric,
 )
 from lsg_fairseq.tasks.eval_rouge import (
@@ -337,7 +338,11 @@ class LongDocumentSummarizationTask(TranslationTask):
     # fairseq-hydra-train
     @classmethod
     def explain_failure(cls, cfg, command, error):
-        better = device_policy.explain_divergence(cfg, command, error) or explain_missing_metric(cfg, command, error)
+        better = (
+            device_policy.explain_divergence(cfg, command, error)
+            or explain_missing_metric(cfg, command, error)
+            or explain_output_folder_error(cfg, command, error)
+        )
         in_hydra_terms(better or error, cfg)
         return better
 

@@ -164,6 +164,28 @@ def explain_missing_metric(cfg, command: str, error: BaseException):
     )
 
 
+def explain_output_folder_error(cfg, command: str, error: BaseException):
+    """fairseq-train's OSError making ``--save-dir`` (the first thing its ``main`` does, with a test
+    file ``dummy`` in it) or ``--tensorboard-logdir`` (after the data and the model are loaded), as
+    one line; None for any other error. :func:`check_output_folders` refuses what can be seen
+    before (a file in the way, a folder this user may not write in); this explains the rest, such
+    as a folder in ``/proc`` or on a mount that refuses it."""
+    if command != "fairseq_cli.train" or not isinstance(error, OSError) or not error.filename:
+        return None
+    failed = os.path.abspath(os.fsdecode(error.filename))
+    folders = (("--save-dir", cfg.checkpoint.save_dir), ("--tensorboard-logdir", cfg.common.tensorboard_logdir))
+    for flag, folder in folders:
+        if not folder:
+            continue
+        made = os.path.abspath(folder)
+        if failed in (made, os.path.join(made, "dummy")) or made.startswith(failed + os.sep):
+            return ConfigError(
+                f"{flag} {folder}: cannot be made or written in ({error.strerror}: {error.filename}); choose "
+                "another folder"
+            )
+    return None
+
+
 def check_finetune_from_model(ckpt) -> None:
     """``--finetune-from-model`` alone: fairseq's own ValueError tracebacks, once the model is built,
     for it beside a reset flag or a ``--restore-file``."""
