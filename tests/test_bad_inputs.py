@@ -504,6 +504,7 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--min-len", "9", "--max-len-b", "4"], "--min-len 9 is above --max-len-b 4"),
         (["--max-tokens", "10"], "more than --max-tokens 10"),
         ("results_path_is_a_file", "--results-path {}: exists and is not a folder"),
+        ("results_path_below_a_file", "--results-path {}/run1: {} is a file, not a folder"),  # NotADirectoryError
         # fairseq's own, with the plugin's task refused before any work (lsg_fairseq/tasks/run_settings.py)
         (["--sampling", "--beam", "4", "--nbest", "1"], "--nbest 1: with --sampling it must equal --beam (4)"),
         (["--nbest", "0"], "--nbest 0: must be an integer >= 1"),  # ZeroDivisionError
@@ -522,12 +523,14 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
 )
 def test_generate_flags_refused_in_one_line(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch, flags, expected):
     """fairseq's own errors: a reshape RuntimeError (--beam 0), asserts (--max-len-b -1, --min-len
-    above it, an example above --max-tokens), a FileExistsError (--results-path naming a file)."""
+    above it, an example above --max-tokens), a FileExistsError (--results-path naming a file), a
+    NotADirectoryError (below one)."""
     from lsg_fairseq.cli import fairseq_wrappers
 
-    if flags == "results_path_is_a_file":
+    if flags in ("results_path_is_a_file", "results_path_below_a_file"):
         (tmp_path / "afile").write_text("kept\n")
-        flags, expected = ["--results-path", str(tmp_path / "afile")], expected.format(tmp_path / "afile")
+        path = tmp_path / "afile" if flags.endswith("is_a_file") else tmp_path / "afile" / "run1"
+        flags, expected = ["--results-path", str(path)], expected.format(tmp_path / "afile", tmp_path / "afile")
     monkeypatch.setattr("sys.argv", ["lsg-fairseq-generate"])
     with pytest.raises(SystemExit) as e:
         fairseq_wrappers.generate(

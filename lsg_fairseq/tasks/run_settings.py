@@ -253,6 +253,9 @@ def check_generate_args(cfg, command: str) -> None:
             f"--diverse-beam-groups {gen.diverse_beam_groups}: must divide --beam ({gen.beam}) into equal groups"
         )
     if command == "fairseq_cli.generate":
+        # below a file, or where this user may not write: fairseq's makedirs traceback (a file
+        # itself is refused for every task by one_line_errors, before this)
+        check_output_path(cfg.common_eval.results_path, "--results-path", folder=True)
         for flag, on in (("--print-step", gen.print_step), ("--retain-iter-history", gen.retain_iter_history)):
             if on:  # fairseq-generate's KeyError once the first batch is generated
                 raise ConfigError(
