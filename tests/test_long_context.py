@@ -129,6 +129,9 @@ def test_attention_probe_gives_each_checkpoint_its_own_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         probe.main([str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), str(tmp_path), "--out", str(outs[0])])
     assert e.value.code == 2 and "--out: 1 files for 2 checkpoints" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # nothing probed: every reading would be 0 / 0
+        probe.main([str(tmp_path / "a.pt"), str(tmp_path), "-n", "0"])
+    assert e.value.code == 2 and "must be an integer >= 1" in capsys.readouterr().err
     argv = [str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), str(tmp_path), "--out", *map(str, outs)]
     assert probe.main(argv) == 1
     err = capsys.readouterr().err

@@ -26,6 +26,8 @@ import sys
 
 import torch
 
+from lsg_text.argtypes import POSITIVE_INT
+
 
 def probe(model, task, split: str, n: int) -> dict:
     """The three readings over the first ``n`` documents of ``split`` (see the module docstring)."""
@@ -40,9 +42,12 @@ def probe(model, task, split: str, n: int) -> dict:
     key_ids = torch.tensor(sorted(d.index(w) for w in key_words if d.index(w) != d.unk()))
     visited = d.index("\u2581visited")
 
+    count = min(n, len(ds))
+    if count == 0:
+        raise ValueError(f"the {split} split is empty")
     mass, ent, n_pos = 0.0, 0.0, 0
     grad_norm = 0.0
-    for i in range(min(n, len(ds))):
+    for i in range(count):
         sample = ds.collater([ds[i]])
         net = sample["net_input"]
         src = net["src_tokens"][0]
@@ -74,7 +79,7 @@ def probe(model, task, split: str, n: int) -> dict:
         "mass_on_keys": mass / n_pos if n_pos else None,
         "entropy": ent / n_pos if n_pos else None,
         "uniform_entropy": math.log(src_len),
-        "grad_to_encoder": grad_norm / max(n, 1),
+        "grad_to_encoder": grad_norm / count,
         "fact_positions": n_pos,
     }
 
@@ -84,7 +89,7 @@ def main(argv=None):
     p.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT", help="one or more, probed in one process")
     p.add_argument("data_bin")
     p.add_argument("--split", default="valid")
-    p.add_argument("-n", type=int, default=8, help="documents to probe (default 8)")
+    p.add_argument("-n", type=POSITIVE_INT, default=8, help="documents to probe (default 8)")
     p.add_argument(
         "--out",
         nargs="+",
