@@ -788,7 +788,8 @@ def test_train_output_folder_that_cannot_be_made_is_one_line(word_data, tmp_path
 def test_an_output_folder_this_user_may_not_write_in_is_refused_up_front(tmp_path, monkeypatch):
     """check_output_path: the nearest existing folder where an output goes must be writable (as
     root here every folder is, so os.access is stood in for: a read-only mount or another user's
-    folder on a cluster). The check is the first writable one above, not the path's own parent."""
+    folder on a cluster). The folder checked is the nearest one that exists, where the missing ones
+    would be made, not only the path's own parent."""
     from lsg_text.fileio import DataError, check_output_path
 
     locked = tmp_path / "locked"
