@@ -271,6 +271,20 @@ def test_led_compiled_flex_matches_dense_reference():
         assert (out[:L, b].double() - ref[:L, b]).abs().max() < 1e-5
 
 
+def test_compiled_flex_may_keep_many_versions(monkeypatch):
+    """Past dynamo's recompile limit flex runs uncompiled (the dense fallback, with a warning only):
+    the first compiled call raises the limit, and never lowers a higher one."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    monkeypatch.setattr(config, "recompile_limit", 8)
+    monkeypatch.setattr(flex, "_compiled", {})
+    test_led_compiled_flex_matches_dense_reference()
+    assert config.recompile_limit == flex.RECOMPILE_LIMIT > 8
+    flex.raise_recompile_limit(4)
+    assert config.recompile_limit == flex.RECOMPILE_LIMIT
+
+
 # ----------------------------------------------------------------------------- models: one block mask per forward
 @pytest.mark.parametrize(
     "arch,extra,builder",

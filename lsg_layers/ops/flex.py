@@ -37,6 +37,12 @@ MIN_HEAD_DIM = 16
 
 # device type -> torch.compile(flex_attention), made on first use (a compile takes seconds)
 _compiled: Dict[str, Callable] = {}
+# Dynamo keeps at most ``recompile_limit`` compiled versions of one function (8 by default), then
+# runs it uncompiled: for flex that is the dense fallback, every score of every head materialised
+# (gigabytes per layer at 16K tokens) with only a warning. Each mask_mod, dtype, grad mode and (on
+# CPU) shape is a version of its own: a conformance run on one card hit the limit (the
+# second GPU reading's conformance.log), so the compiled flex raises it to this.
+RECOMPILE_LIMIT = 64
 
 
 def available() -> bool:
@@ -67,7 +73,16 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) ->
         # default). CPU (tests): static shapes, a compile per shape; inductor's C++ code for a
         # dynamic-shape flex kernel did not compile with torch 2.13
         _compiled[device] = torch.compile(flex, dynamic=False if device == "cpu" else None)
+        raise_recompile_limit()
     return _compiled[device](q, k, v, block_mask=block_mask, scale=scale)
+
+
+def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
+    """Let dynamo keep ``limit`` compiled versions of a function (never lowers a higher setting)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, limit)
 
 
 def with_mask_mod(block_mask, mask_mod: Callable):
