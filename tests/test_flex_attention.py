@@ -274,15 +274,19 @@ def test_led_compiled_flex_matches_dense_reference():
 def test_compiled_flex_may_keep_many_versions(monkeypatch):
     """Past dynamo's recompile limit flex runs uncompiled (the dense fallback, with a warning only):
     the first compiled call raises the limit, and never lowers a higher one."""
-    import torch._dynamo
+    from torch import _dynamo
 
-    config = torch._dynamo.config
-    monkeypatch.setattr(config, "recompile_limit", 8)
-    monkeypatch.setattr(flex, "_compiled", {})
-    test_led_compiled_flex_matches_dense_reference()
-    assert config.recompile_limit == flex.RECOMPILE_LIMIT > 8
-    flex.raise_recompile_limit(4)
-    assert config.recompile_limit == flex.RECOMPILE_LIMIT
+    config = _dynamo.config
+    saved = config.recompile_limit  # (set back by hand: monkeypatch deletes a config entry on undo)
+    try:
+        config.recompile_limit = 8
+        monkeypatch.setattr(flex, "_compiled", {})
+        test_led_compiled_flex_matches_dense_reference()
+        assert config.recompile_limit == flex.RECOMPILE_LIMIT > 8
+        flex.raise_recompile_limit(4)
+        assert config.recompile_limit == flex.RECOMPILE_LIMIT
+    finally:
+        config.recompile_limit = saved
 
 
 # ----------------------------------------------------------------------------- models: one block mask per forward

@@ -79,9 +79,11 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) ->
 
 def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
     """Let dynamo keep ``limit`` compiled versions of a function (never lowers a higher setting)."""
-    import torch._dynamo
+    if torch.compiler.is_compiling():  # inside a compiled caller (dynamo cannot trace a config write)
+        return
+    from torch import _dynamo
 
-    config = torch._dynamo.config
+    config = _dynamo.config
     config.recompile_limit = max(config.recompile_limit, limit)
 
 
