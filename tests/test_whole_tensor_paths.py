@@ -172,6 +172,31 @@ def test_models_give_the_same_outputs_and_gradients_on_both_paths(arch, tmp_path
     assert all(m.__dict__.get("path") is None for m in model.modules() if isinstance(m, PathChoice))
 
 
+@pytest.mark.parametrize("windows,plans", [("8", 1), ("8,16", 2)])
+def test_led_encoder_builds_one_whole_plan_per_window_and_forward(windows, plans, tmp_path, monkeypatch):
+    """The whole path's key index and mask are built once per encoder forward for the layers of one
+    window (each layer rebuilt them, a third of LED's attention time on an H200), one per window
+    when the layers' windows differ; the encoder output equals the CPU path's."""
+    data = write_toy_dict(tmp_path)
+    args = [data, "--task", "long_document_summarization", "--arch", "led_tiny", "--max-source-positions", "64"]
+    _, model = build_task_and_model(args + ["--dropout", "0", "--attention-window", windows, "--global-token-ids", "7"])
+    built = []
+    original = LongformerSelfAttention._whole_plan
+    monkeypatch.setattr(LongformerSelfAttention, "_whole_plan", lambda *a: built.append(1) or original(*a))
+    src, lengths, _ = toy_batch(L=45, lengths=(45, 30))
+    model.eval()
+    outs = {}
+    for path in ("cpu", "whole"):
+        with forced_path(model, path), torch.no_grad():
+            out = model.encoder(src, src_lengths=lengths)
+        outs[path] = out["encoder_out"][0].masked_fill(out["encoder_padding_mask"][0].t()[..., None], 0)
+    assert len(model.encoder.layers) == 2 and len(built) == plans
+    assert torch.allclose(outs["cpu"], outs["whole"], atol=1e-5), (outs["cpu"] - outs["whole"]).abs().max()
+    with forced_path(model, "whole"), torch.no_grad():
+        model.encoder(src, src_lengths=lengths)
+    assert len(built) == 2 * plans  # a new forward (its own padding and globals): its own plans
+
+
 def test_forced_path_restores_what_was_set():
     model = nn.Sequential(S4D(4, 4), S4D(4, 4))
     model[1].path = "cpu"

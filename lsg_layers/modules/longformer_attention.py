@@ -117,7 +117,8 @@ class LongformerSelfAttention(PathChoice, nn.Module):
     Three key paths (``lsg_layers.modules.paths``): strided windows on CPU (``_local_windows``),
     on whole tensors (GPU, attention dropout; ``_local``): one gather and one SDPA for all blocks,
     and FlexAttention when forced (CUDA without attention dropout; ``_local_flex``). ``block_masks``, a dict
-    the encoder makes once per forward and hands to every layer, keeps flex's block masks.
+    the encoder makes once per forward and hands to every layer, keeps flex's block masks and the
+    whole path's key index and mask (``_whole_plan``) for the layers after the first.
 
     ``block_size`` (default w) only trades speed for memory: results do not depend on it.
     ``fold_global`` (class default True) lets few global rows skip the global key/value
@@ -238,7 +239,8 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
         k = self.k_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
         v = self.v_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
-        out = self._local(q, k, v, real, glob, g_idx, g_valid, bs, r)  # (n, t, C)
+        plans = {} if block_masks is None else block_masks
+        out = self._local(q, k, v, real, glob, g_idx, g_valid, bs, r, plans)  # (n, t, C)
         if glob is not None:
             out = self._global_rows(x, out, real, g_idx, g_valid)
         out = out.transpose(0, 1)[:T]  # (T, n, C): drop the internal padding
@@ -312,13 +314,36 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         out = flex.flex_attention(q, k, v, block_masks[tables], scale=d**-0.5)  # (n, h, T, d)
         return out.transpose(1, 2).reshape(n, T, C)
 
-    def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int) -> Tensor:
-        """Every query against its window and the row's global keys (local projections)."""
+    def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int, plans: dict) -> Tensor:
+        """Every query against its window and the row's global keys (local projections).
+
+        ``plans`` keeps the key index and mask (:meth:`_whole_plan`) for the next layers of the
+        same window: they depend on the batch's padding, globals and the window, not on the layer."""
         n, t, h, d = q.shape
         nb = t // bs
+        key = ("led_whole", t, bs, r, self.one_sided, q.dtype)
+        if key not in plans:
+            plans[key] = self._whole_plan(real, glob, g_idx, g_valid, bs, r, q.dtype)
+        flat, mask = plans[key]
+        Kn = flat.numel() // (n * nb)
+        # one gather over the flattened (row, token) axis: rows have different global positions
+        keys = k.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
+        values = v.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
+
+        queries = q.view(n * nb, bs, h, d).transpose(1, 2)  # (n*nb, h, bs, d)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (n*nb, h, bs, d)
+        return out.transpose(1, 2).reshape(n, t, h * d)  # (n, t, C)
+
+    def _whole_plan(self, real, glob, g_idx, g_valid, bs: int, r: int, dtype) -> Tuple[Tensor, Tensor]:
+        """The whole-tensor path's keys per query block: (flat token index (n*nb*Kn,) into the
+        (n*t) flattened rows, additive mask (n*nb, 1, bs, Kn) in ``dtype``); real, glob (n, t)."""
+        n, t = real.shape
+        nb = t // bs
         Gm = 0 if g_idx is None else g_idx.size(1)
-        neg = torch.finfo(q.dtype).min
-        device = q.device
+        neg = torch.finfo(dtype).min
+        device = real.device
 
         # window keys: real tokens that are not global (globals come through their own slots)
         window_ok = real if glob is None else real & ~glob  # (n, t)
@@ -342,19 +367,10 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         index = torch.cat(parts, dim=2)  # (n, nb, Kn) token positions
         Kn = index.size(2)
         allowed = torch.cat(allow_parts, dim=3).view(n * nb, 1, bs, Kn)  # broadcast over heads
-        zero = torch.zeros((), dtype=q.dtype, device=device)
-        mask = torch.where(allowed, zero, zero + neg)  # (n*nb, 1, bs, Kn) additive, in q's dtype
-
-        # one gather over the flattened (row, token) axis: rows have different global positions
+        zero = torch.zeros((), dtype=dtype, device=device)
+        mask = torch.where(allowed, zero, zero + neg)  # (n*nb, 1, bs, Kn) additive
         flat = (index + torch.arange(n, device=device)[:, None, None] * t).reshape(-1)  # (n*nb*Kn,)
-        keys = k.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
-        values = v.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
-
-        queries = q.view(n * nb, bs, h, d).transpose(1, 2)  # (n*nb, h, bs, d)
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (n*nb, h, bs, d)
-        return out.transpose(1, 2).reshape(n, t, h * d)  # (n, t, C)
+        return flat, mask
 
     # ------------------------------------------------------------------ global queries
     def _global_rows(self, x, out, real, g_idx, g_valid) -> Tensor:
