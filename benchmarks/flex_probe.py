@@ -9,9 +9,11 @@ The second H200 reading put 70% of the LSG encoder's device time in one kernel,
 and changes one thing at a time:
 
 - ``model``: the call as the layer makes it (``ops.flex.flex_attention``: compiled once, shapes
-  dynamic after the first; q, k, v strided views of the projections);
+  dynamic after the first; q, k, v strided views of the projections; on CUDA its kernel options,
+  ``ops.flex.CUDA_KERNEL_OPTIONS``, since the third reading);
 - ``contiguous``: q, k, v copied contiguous; ``static`` / ``dynamic``: a fresh
-  ``torch.compile(flex_attention, dynamic=False / True)``;
+  ``torch.compile(flex_attention, dynamic=False / True)``, flex's default kernel options (what
+  ``model`` ran before the third reading);
 - ``trivial_mod``: the same tables, a mask_mod that keeps everything (no loads of the validity
   tensors in partial tiles); ``all_full``: every kept tile whole (no mask_mod evaluated at all);
 - ``opt_*``: kernel options (tile sizes, warps, stages, TMA, the row-safety and prescale flags), on
@@ -59,7 +61,7 @@ SAME_MATH = {"model", "contiguous", "static", "dynamic", *OPTIONS}
 # the rows that tell the hypotheses apart first (a probe cut off by its stage's limit keeps the rows
 # it measured)
 LSG_VARIANTS = ["model", "all_full", "band", "sdpa_dense", "trivial_mod", "static", *OPTIONS, "contiguous", "dynamic"]
-LED_VARIANTS = ["model", "all_full", "trivial_mod", "static", "opt_bm64_bn64", "opt_warps8"]
+LED_VARIANTS = ["model", "all_full", "trivial_mod", "static", "opt_bn64", "opt_bm64_bn64", "opt_warps8"]
 TOLERANCE = 2e-2  # bf16 outputs of one softmax through two tilings: rounding, not a different function
 
 

@@ -289,6 +289,17 @@ def test_compiled_flex_may_keep_many_versions(monkeypatch):
         config.recompile_limit = saved
 
 
+def test_cuda_calls_take_the_measured_kernel_options(monkeypatch):
+    """CUDA flex calls pass ``CUDA_KERNEL_OPTIONS`` (measured 8x faster on an H200); CPU calls none."""
+    calls = []
+    fake = {d: (lambda *a, **kw: calls.append(kw["kernel_options"])) for d in ("cpu", "cuda")}
+    monkeypatch.setattr(flex, "_compiled", fake)
+    for device in ("cuda", "cpu"):
+        q = types.SimpleNamespace(device=types.SimpleNamespace(type=device))
+        flex.flex_attention(q, None, None, None, 1.0)
+    assert calls == [{"BLOCK_N": 64}, None] and calls[0] is flex.CUDA_KERNEL_OPTIONS
+
+
 # ----------------------------------------------------------------------------- models: one block mask per forward
 @pytest.mark.parametrize(
     "arch,extra,builder",

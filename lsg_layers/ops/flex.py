@@ -43,6 +43,10 @@ _compiled: Dict[str, Callable] = {}
 # CPU) shape is a version of its own: a conformance run on one card hit the limit (the
 # second GPU reading's conformance.log), so the compiled flex raises it to this.
 RECOMPILE_LIMIT = 64
+# The forward kernel's key tile on CUDA: with the layers' mask_mods, the default configuration ran
+# 8x slower than key tiles of 64 on the one card measured (an LSG layer's call at 16K; the
+# third reading's flexprobe rows model and opt_bn64, benchmarks/flex_gpu_notes.md); same results.
+CUDA_KERNEL_OPTIONS = {"BLOCK_N": 64}
 
 
 def available() -> bool:
@@ -74,7 +78,8 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) ->
         # dynamic-shape flex kernel did not compile with torch 2.13
         _compiled[device] = torch.compile(flex, dynamic=False if device == "cpu" else None)
         raise_recompile_limit()
-    return _compiled[device](q, k, v, block_mask=block_mask, scale=scale)
+    options = CUDA_KERNEL_OPTIONS if device == "cuda" else None
+    return _compiled[device](q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
 
 
 def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
