@@ -198,16 +198,16 @@ class S4D(PathChoice, KernelCache, nn.Module):
         self, k: torch.Tensor, q: torch.Tensor, u: torch.Tensor, fft_size: int
     ) -> torch.Tensor:
         """``((K * k) + D k) q`` without autograd, (B, L, H) in u's dtype: a chunk of channels at a
-        time through float32 buffers made once per call. One copy casts, transposes and places k in
-        the FFT buffer (its zero padding is never written), the product with the spectrum is in
-        place, and one multiply takes the slice, transposes back, gates and casts.
+        time through a float32 input buffer made once per call. One copy casts, transposes and
+        places k in it (its zero padding is never written), the product with the spectrum is in
+        place, and one multiply takes the slice, transposes back, gates and casts. The FFTs write
+        fresh tensors: given ``out=``, torch's CUDA FFTs compute into a temporary and copy it over
+        (the third GPU reading's profile and conv_probe, benchmarks/locost_gpu_notes.md).
         """
         B, L, H = k.shape
         spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
         chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
         xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=k.device)  # (B c F)
-        spec = torch.empty(B, chunk, fft_size // 2 + 1, dtype=torch.complex64, device=k.device)  # (B c F/2+1)
-        yp = torch.empty(B, chunk, fft_size, dtype=torch.float32, device=k.device)  # (B c F)
         out = torch.empty(B, L, H, dtype=u.dtype, device=u.device)  # (B L H)
         clamp = fp16_in_play(u)
         for c0 in range(0, H, chunk):
@@ -217,10 +217,9 @@ class S4D(PathChoice, KernelCache, nn.Module):
                 kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
             else:
                 kh = spectrum[ch]
-            xc, sc, yc = xp[:, :c], spec[:, :c], yp[:, :c]
+            xc = xp[:, :c]
             xc[..., :L].copy_(k[..., ch].transpose(1, 2))  # (B c L) float32
-            torch.fft.rfft(xc, out=sc)
-            torch.fft.irfft(sc.mul_(kh), n=fft_size, out=yc)  # (B c F)
+            yc = torch.fft.irfft(torch.fft.rfft(xc).mul_(kh), n=fft_size)  # (B c F)
             y = yc[..., :L].transpose(1, 2)  # (B L c) view
             if clamp:  # the gated product in float32, clamped before it meets a float16 op
                 out[..., ch].copy_(within_fp16(y * q[..., ch].float()))
