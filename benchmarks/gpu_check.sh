@@ -14,7 +14,8 @@
 #      one profiled call of each (gpu_check/profile_<arch>_enc_<length>.txt: the kernels by device time);
 #   3. fairseq-train smokes (30 updates, tiny archs) with --fp16 and --bf16: finite, decreasing loss,
 #      LOCOST's parameter group lines in the log (the four runs side by side on the GPU);
-#   4. forward+backward at 16K, and at 64K with --checkpoint-activations;
+#   4. forward+backward at 16K (one profiled step of each: profile_<arch>_train_16384.txt), and at
+#      64K with --checkpoint-activations;
 #   5. while time is left: LOCOST at 600K; LSG and LED on both GPU paths (whole tensors, what auto
 #      takes, and flex, forced) beside linear at 16K and 64K; one attention layer alone, eager, in a
 #      CUDA graph and compiled (benchmarks/layer_probe.py: launch-bound or not); LOCOST's convolution
@@ -145,7 +146,7 @@ stage enc 60 "$PYTHON" "${bench[@]}" --tag enc --modes enc --lengths "$L16" "$L6
 stage train_smoke 60 bash benchmarks/gpu_train_smoke.sh "$work/train_smoke" "$DEV" "$UPDATES" "$TRAIN_TOKENS" \
     "$DOC_TOKENS"
 # 4. forward + backward
-stage train16k 40 "$PYTHON" "${bench[@]}" --tag train16k --modes train --lengths "$L16" \
+stage train16k 40 "$PYTHON" "${bench[@]}" --tag train16k --modes train --lengths "$L16" --profile \
     --arch linear bart lsg_norm led locost
 stage train64k_ckpt 40 "$PYTHON" "${bench[@]}" --tag train64k_ckpt --modes train --lengths "$L64" \
     --checkpoint-activations --arch linear lsg_norm led locost
