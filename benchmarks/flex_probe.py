@@ -48,6 +48,7 @@ from probes import (  # benchmarks/probes.py, beside this script
     write,
 )
 from lsg_layers.ops import flex
+from lsg_layers.ops.compiling import raise_recompile_limit
 
 OPTIONS = {
     "opt_bm64_bn64": {"BLOCK_M": 64, "BLOCK_N": 64},
@@ -243,7 +244,7 @@ def main(argv=None):
     result["patterns"] = {}
     # every variant compiles flex anew: past dynamo's default limit (8 versions, hit at the third
     # reading's 9th variant) the rest ran uncompiled, 170 ms each
-    flex.raise_recompile_limit()
+    raise_recompile_limit()
     warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
     for name in args.patterns:
         variants = LSG_VARIANTS if name == "lsg" else LED_VARIANTS

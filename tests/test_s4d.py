@@ -13,6 +13,7 @@ from lsg_layers.ops.ssm import (
     FFTConv,
     channel_groups,
     circular_bidirectional_kernel,
+    compiled_fft_len,
     decay_lengths,
     next_fast_len,
     vandermonde_blocked,
@@ -54,6 +55,16 @@ def test_next_fast_len_is_minimal_even_5_smooth():
         f = next_fast_len(n)
         assert f >= n and f % 2 == 0 and smooth(f), (n, f)
         assert not any(m % 2 == 0 and smooth(m) for m in range(max(n, 2), f)), (n, f)
+
+
+def test_compiled_fft_len_is_a_ladder_of_four_even_5_smooth_sizes_per_octave():
+    """The fused generator's FFT sizes: even, 5-smooth, >= n and within 25% of it (n >= 16), and
+    so few that lengths from 1K to 16K tokens share 17 of them (next_fast_len: hundreds)."""
+    for n in range(1, 5000):
+        f = compiled_fft_len(n)
+        assert f >= n and f % 2 == 0 and next_fast_len(f) == f and (n < 16 or f <= 1.25 * n), (n, f)
+    assert len({compiled_fft_len(2 * L) for L in range(1024, 16385)}) == 17
+    assert len({next_fast_len(2 * L) for L in range(1024, 16385)}) > 100
 
 
 @pytest.mark.parametrize("length", [1, 2, 3, 17, 100, 1000])

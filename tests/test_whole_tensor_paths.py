@@ -465,6 +465,35 @@ def test_fused_generator_matches_the_naive_formula_and_the_eager_layer():
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_fused_generator_sees_few_shapes_across_lengths(monkeypatch):
+    """Training at 32 different lengths asks the compiled generator for 4 shapes (one per FFT size
+    of ops.ssm.compiled_fft_len, kernels of the longest length each size serves), with outputs and
+    gradients equal to the eager generator's at every length. (The eager function stands in for the
+    compiled one, tested above: what is checked is what the layer asks of it.)"""
+    from lsg_layers.ops.ssm import blocked_circular_kernel, compiled_fft_len
+
+    shapes = set()
+
+    def spy(c_prime, dt_a, length, fft_size, *rest):
+        shapes.add((length, fft_size))
+        return blocked_circular_kernel(c_prime, dt_a, length, fft_size, *rest)
+
+    monkeypatch.setattr(s4d_kernel, "fused_circular_kernel", lambda: spy)
+    eager = _whole(_perturbed_layer(H=6, N=8)).train()
+    fused = _whole(_perturbed_layer(H=6, N=8)).train()
+    fused.kernel_compile = True
+    for L in range(33, 65):
+        u, mask = _masked_batch(6, L, L - 7)
+        outs = [layer(u, mask) for layer in (eager, fused)]
+        if L % 8 == 1:  # gradients at a few lengths
+            grads = [torch.autograd.grad(o.sum(), [m.kernel.C, m.D]) for o, m in zip(outs, (eager, fused))]
+            for a, b in zip(*grads):
+                assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), L
+        assert torch.allclose(outs[0], outs[1], atol=1e-5), L
+    sizes = {compiled_fft_len(2 * L) for L in range(33, 65)}
+    assert shapes == {((f + 1) // 2, f) for f in sizes} and len(shapes) == 4
+
+
 def test_tf32_rounding_keeps_ten_mantissa_bits_to_nearest():
     """ops.ssm.round_to_tf32, the CPU's stand-in for a GPU's TF32 operands: 10 explicit bits, to
     nearest, ties away from zero; exact values unchanged."""

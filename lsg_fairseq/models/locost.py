@@ -115,7 +115,7 @@ LOCOST_ARGS = [
         bool_flag,
         "GPU (whole-tensor) path: generate the SSM kernels with the fused, "
         "torch.compile'd generator (ops.ssm.fused_circular_kernel; one compile per "
-        "new length) instead of eagerly",
+        "FFT size, four sizes per octave of length: ops.ssm.compiled_fft_len) instead of eagerly",
     ),
     (
         "--ssm-kernel-product",

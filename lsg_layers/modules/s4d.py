@@ -47,7 +47,7 @@ from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_pl
 from lsg_layers.modules.s4d_cache import KernelCache
 from lsg_layers.modules.s4d_config import D_STATE, DT_MAX, DT_MIN, check_kernel_product
 from lsg_layers.modules.s4d_kernel import KERNEL_TAIL_TOL, S4DKernel, fused_kernel
-from lsg_layers.ops.ssm import FFTConv, circular_bidirectional_kernel, next_fast_len
+from lsg_layers.ops.ssm import FFTConv, circular_bidirectional_kernel, compiled_fft_len, next_fast_len
 
 # The CPU path without autograd (``s4d_inference``) convolves a few channels at a time: its (B, chunk,
 # F) FFT buffers hold at most a quarter of this many float32 elements (three such buffers and the
@@ -182,7 +182,8 @@ class S4D(PathChoice, KernelCache, nn.Module):
         most ``WHOLE_FFT_ELEMS`` per FFT buffer: one chunk up to ~64K tokens at base size.
         """
         B, L, H = u.shape
-        fft_size = next_fast_len(2 * L)
+        # the fused generator compiles once per FFT size: a few sizes per octave (compiled_fft_len)
+        fft_size = compiled_fft_len(2 * L) if self.kernel_compile else next_fast_len(2 * L)
         k, q = self._kq(u, padding_mask)  # (B L H) each
         if not torch.is_grad_enabled():
             with float32_region(u):
@@ -233,12 +234,17 @@ class S4D(PathChoice, KernelCache, nn.Module):
         """The whole-tensor path's circular kernels (h, F) of ``channels`` for inputs of ``length``,
         ``D`` folded in: from :meth:`S4DKernel.forward` and :meth:`_circular`, or in one compiled
         function (``kernel_compile``; recomputed in backward like the eager kernel, its product in
-        ``product`` precision: float32 unless training in half precision with ``kernel_product``)."""
+        ``product`` precision: float32 unless training in half precision with ``kernel_product``).
+
+        The compiled function makes the kernels of the longest length F serves, ``(F + 1) // 2 >=
+        length`` (as :meth:`whole_spectrum` does), so its shapes depend on F alone: the lags past
+        ``length`` only meet the zero padding of the input or land on outputs that are cut off."""
         if not self.kernel_compile:
             return self._circular(self.kernel(length, channels, whole=True), channels, fft_size)
         with record_function("s4d.kernel"), float32_region(self.D):
             c_prime, dt_a = self.kernel.discretize(channels)
-            args = (c_prime, dt_a, length, fft_size, self.D[channels].float(), s4d_kernel.WHOLE_KERNEL_ELEMS, product)
+            served = (fft_size + 1) // 2  # >= length: F >= 2 length - 1
+            args = (c_prime, dt_a, served, fft_size, self.D[channels].float(), s4d_kernel.WHOLE_KERNEL_ELEMS, product)
             if self.kernel.recompute and torch.is_grad_enabled() and c_prime.requires_grad:
                 return checkpoint(fused_kernel, *args, use_reentrant=False)  # (h F)
             return fused_kernel(*args)  # (h F)

@@ -2,4 +2,4 @@
 arithmetic shared by LSG and LED (``blocks.py``), LSG's sparse sequences (``sparse.py``), the
 windowed attention kernel of the CPU path (``window_attention.py``), LSG's and LED's patterns as
 FlexAttention masks (``flex.py``; it keeps the compiled kernel), S4D kernel math and the FFT
-convolution (``ssm.py``)."""
+convolution (``ssm.py``); what the compiled ones share (``compiling.py``)."""

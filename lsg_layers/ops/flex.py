@@ -32,17 +32,13 @@ from typing import Callable, Dict, NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from lsg_layers.ops.compiling import raise_recompile_limit
+
 BLOCK = 128
 MIN_HEAD_DIM = 16
 
 # device type -> torch.compile(flex_attention), made on first use (a compile takes seconds)
 _compiled: Dict[str, Callable] = {}
-# Dynamo keeps at most ``recompile_limit`` compiled versions of one function (8 by default), then
-# runs it uncompiled: for flex that is the dense fallback, every score of every head materialised
-# (gigabytes per layer at 16K tokens) with only a warning. Each mask_mod, dtype, grad mode and (on
-# CPU) shape is a version of its own: a conformance run on one card hit the limit (the
-# second GPU reading's conformance.log), so the compiled flex raises it to this.
-RECOMPILE_LIMIT = 64
 # The forward kernel's key tile on CUDA: with the layers' mask_mods, the default configuration ran
 # 8x slower than key tiles of 64 on the one card measured (an LSG layer's call at 16K; the
 # third reading's flexprobe rows model and opt_bn64, benchmarks/flex_gpu_notes.md); same results.
@@ -80,16 +76,6 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, scale: float) ->
         raise_recompile_limit()
     options = CUDA_KERNEL_OPTIONS if device == "cuda" else None
     return _compiled[device](q, k, v, block_mask=block_mask, scale=scale, kernel_options=options)
-
-
-def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
-    """Let dynamo keep ``limit`` compiled versions of a function (never lowers a higher setting)."""
-    if torch.compiler.is_compiling():  # inside a compiled caller (dynamo cannot trace a config write)
-        return
-    from torch import _dynamo
-
-    config = _dynamo.config
-    config.recompile_limit = max(config.recompile_limit, limit)
 
 
 def with_mask_mod(block_mask, mask_mod: Callable):

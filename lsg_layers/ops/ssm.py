@@ -30,6 +30,8 @@ from typing import Callable, List, Optional
 import torch
 import torch.nn.functional as F
 
+from lsg_layers.ops.compiling import raise_recompile_limit
+
 
 def next_fast_len(n: int) -> int:
     """Smallest even 5-smooth integer >= n (2^a 3^b 5^c): FFT sizes that every backend is fast at.
@@ -51,6 +53,24 @@ def next_fast_len(n: int) -> int:
             p35 *= 3
         p5 *= 5
     return best
+
+
+def compiled_fft_len(n: int) -> int:
+    """Smallest size >= n of the form 2^k x {1, 5/4, 3/2, 15/8} (even, 5-smooth): four FFT sizes per
+    octave, at most 25% above ``n`` (from 16 on).
+
+    The fused generator (:func:`fused_circular_kernel`) is compiled for fixed shapes, once per FFT
+    size; with :func:`next_fast_len` every few tokens of length would be a size of its own, and a
+    training run whose batches change length at every step would compile at every step. On this
+    ladder lengths from 1K to 16K tokens share 17 sizes.
+    """
+    octave = 16  # 2^k >= 16: 15/8 * 2^k is then an even integer
+    while octave * 2 <= n:
+        octave *= 2
+    for size in (octave, octave * 5 // 4, octave * 3 // 2, octave * 15 // 8, octave * 2):
+        if size >= n:
+            return size
+    raise AssertionError("unreachable: 2 * octave > n")
 
 
 def vandermonde_naive(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int) -> torch.Tensor:
@@ -276,11 +296,13 @@ _FUSED: List[Callable[..., torch.Tensor]] = []
 
 def fused_circular_kernel():
     """:func:`blocked_circular_kernel` compiled (made once per process, on first use; one compile per
-    new shape: ``dynamic=False``, as the shapes of a layer repeat). The float64 phase of
+    new shape: ``dynamic=False``, as the shapes of a layer repeat; the layer asks for a few shapes
+    only, :func:`compiled_fft_len`). The float64 phase of
     :func:`_exp_outer` is kept; its error against :func:`vandermonde_naive` is tested with the
     eager function's bound."""
     if not _FUSED:
         _FUSED.append(torch.compile(blocked_circular_kernel, dynamic=False))
+        raise_recompile_limit()
     return _FUSED[0]
 
 
