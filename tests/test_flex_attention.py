@@ -290,7 +290,7 @@ def test_compiled_flex_may_keep_many_versions(monkeypatch):
 
 
 def test_cuda_calls_take_the_measured_kernel_options(monkeypatch):
-    """CUDA flex calls pass ``CUDA_KERNEL_OPTIONS`` (measured 8x faster on an H200); CPU calls none."""
+    """CUDA flex calls pass ``CUDA_KERNEL_OPTIONS`` (the measured faster tiles); CPU calls none."""
     calls = []
     fake = {d: (lambda *a, **kw: calls.append(kw["kernel_options"])) for d in ("cpu", "cuda")}
     monkeypatch.setattr(flex, "_compiled", fake)

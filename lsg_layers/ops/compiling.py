@@ -4,7 +4,7 @@ Dynamo keeps at most ``recompile_limit`` versions of a compiled function (8 by d
 runs it uncompiled, with a warning only. Each new mask_mod, dtype, grad mode or specialised shape
 is a version: for FlexAttention the uncompiled run is the dense fallback, every score of every head
 materialised (gigabytes per layer at 16K tokens); for S4D's fused kernel generator it is the eager
-generator (LOCOST's training step 358 instead of 281 ms at 16K on an H200). A conformance run on one card hit the limit in the model's own
+generator, slower (benchmarks/locost_gpu_notes.md). A conformance run on one card hit the limit in the model's own
 flex (the second GPU reading's conformance.log), so the compiled paths raise it when they compile.
 """
 

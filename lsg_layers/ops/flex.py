@@ -39,9 +39,9 @@ MIN_HEAD_DIM = 16
 
 # device type -> torch.compile(flex_attention), made on first use (a compile takes seconds)
 _compiled: Dict[str, Callable] = {}
-# The forward kernel's key tile on CUDA: with the layers' mask_mods, the default configuration ran
-# 8x slower than key tiles of 64 on the one card measured (an LSG layer's call at 16K; the
-# third reading's flexprobe rows model and opt_bn64, benchmarks/flex_gpu_notes.md); same results.
+# The forward kernel's key tile on CUDA: with the layers' mask_mods, flex's default configuration ran
+# far slower than key tiles of 64, with the same results (an LSG layer's call on the one card
+# measured: the flexprobe rows model and opt_bn64 in benchmarks/flex_gpu_notes.md).
 CUDA_KERNEL_OPTIONS = {"BLOCK_N": 64}
 
 
