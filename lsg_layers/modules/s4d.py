@@ -92,7 +92,8 @@ class S4D(PathChoice, KernelCache, nn.Module):
         super().__init__()
         self.H = d_model
         # the whole-tensor path generates its circular kernels with ops.ssm.fused_circular_kernel
-        # (torch.compile) instead of eagerly: --ssm-kernel-compile, off until measured on a GPU
+        # (torch.compile) instead of eagerly: --ssm-kernel-compile, off until its compiles per FFT
+        # size are measured in a training run on a GPU (benchmarks/locost_gpu_notes.md)
         self.kernel_compile = kernel_compile
         # the fused generator's product when training in half precision (ops.ssm.PRODUCT_MODES)
         check_kernel_product(kernel_product, kernel_compile)
