@@ -81,7 +81,8 @@ def check_output_path(path: str, flag: str, folder: bool = False) -> None:
     above, _ = existing_above(os.path.dirname(os.path.abspath(path)))
     if not os.path.isdir(above):  # the folders that will be created must not sit below a file
         raise DataError(f"{flag} {path}: {above} is a file, not a folder (choose another path)")
-    writes_in, _ = existing_above(path if folder else os.path.dirname(os.path.abspath(path)))
+    # an existing output folder is written in itself; anything else in the nearest folder above
+    writes_in = os.path.abspath(path) if folder and os.path.isdir(path) else above
     if not os.access(writes_in, os.W_OK | os.X_OK):  # files are written beside their final name, then renamed
         raise DataError(f"{flag} {path}: {writes_in} is not writable for this user (choose another path)")
 
