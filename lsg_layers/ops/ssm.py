@@ -67,10 +67,7 @@ def compiled_fft_len(n: int) -> int:
     octave = 16  # 2^k >= 16: 15/8 * 2^k is then an even integer
     while octave * 2 <= n:
         octave *= 2
-    for size in (octave, octave * 5 // 4, octave * 3 // 2, octave * 15 // 8, octave * 2):
-        if size >= n:
-            return size
-    raise AssertionError("unreachable: 2 * octave > n")
+    return next(size for size in (octave, octave * 5 // 4, octave * 3 // 2, octave * 15 // 8, octave * 2) if size >= n)
 
 
 def vandermonde_naive(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int) -> torch.Tensor:
