@@ -19,7 +19,7 @@
 # CHECK_STAGES skips the second check.
 #
 # The long_context run (issue 31), only where LC_ARCHS names its rows (default none: lsg_norm and
-# bart_1024 are measured, examples/long_context/gpu_fp16/; lsg_norm alone took 374 s on an H200):
+# bart_1024 are measured, examples/long_context/gpu_fp16/; the two took 365 s on an H200):
 # examples/long_context/run.sh with DEVICE=cuda PRECISION=fp16, no extrapolation rows, its default
 # sizes and seeds. It goes on between the two calls. A dry run here: SETUP=/dev/null DEV=cpu
 # LC_DEVICE=cpu LC_PRECISION=bf16 SMOKE=1 OUT=/tmp/o (tests/test_gpu_check.py runs one without
