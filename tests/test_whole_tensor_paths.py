@@ -331,6 +331,37 @@ class LEDRun:
         return layer(x, key_padding_mask=torch.zeros(1, x.shape[0], dtype=torch.bool), global_index=first)[0]
 
 
+# what an LED layer issues to know the batch: its padding, its global positions and where their
+# rows go (the plan's work: WholePlan)
+LED_BATCH_OPS = {"ones", "bitwise_not", "full_like", "zeros", "scatter_", "where", "arange"}
+
+
+@pytest.mark.parametrize("T", [4096, 4000], ids=["whole_blocks", "padded"])
+def test_led_later_layers_issue_nothing_for_the_batch(T):
+    """With the encoder's per-forward dict, the first LED layer builds the plan and a later layer
+    issues only its own work (projections, one gather each for keys and values, one SDPA, the
+    global rows' products and write-back): ~25 launches instead of ~36 when each layer found the
+    batch's padding and globals again. On a GPU at batch 1 every launch is host time."""
+    layer = LEDRun.make("cpu").eval()
+    x = LEDRun.make_input(T, "cpu").detach()
+    kw = dict(
+        key_padding_mask=torch.zeros(1, T, dtype=torch.bool),
+        global_index=(torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool)),
+        block_masks={},
+    )
+    with torch.no_grad():
+        with OpCounter() as first:
+            reference = layer(x, **kw)[0]
+        with OpCounter() as later:
+            out = layer(x, **kw)[0]
+    assert LED_BATCH_OPS & set(first.ops), "the first layer builds the plan"
+    assert not LED_BATCH_OPS & set(later.ops), {op: later.ops[op] for op in LED_BATCH_OPS & set(later.ops)}
+    # one pad, of the layer's input to whole blocks, where T needs it (the first also pads the masks)
+    assert later.ops["constant_pad_nd"] == int(T % layer.block_size > 0)
+    assert later.launches <= 26, later.ops
+    assert torch.equal(out, reference)
+
+
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "fwd_bwd"])
 @pytest.mark.parametrize("run", [S4DRun, LSGRun, LEDRun], ids=["s4d", "lsg", "led"])
 def test_launches_do_not_grow_with_length(run, grad):

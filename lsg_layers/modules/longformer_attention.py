@@ -37,7 +37,7 @@ every layer of the same window.
 """
 
 import math
-from typing import Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -104,6 +104,32 @@ def global_positions_mask(g_idx: Tensor, g_valid: Tensor, length: int) -> Tensor
     return torch.zeros(n, length + 1, dtype=torch.bool, device=g_idx.device).scatter_(1, at, True)[:, :length]
 
 
+def global_targets(real: Tensor, g_idx: Tensor, g_valid: Tensor) -> Tuple[Tensor, Tensor]:
+    """What the global rows' pass needs besides the tokens: ``outside`` (n, 1, 1, t) bool, True at
+    the padding (the keys a global query skips), and ``rows`` (n*Gm,), the flattened (row, token)
+    position each global row's output overwrites; the filler entries of rows with fewer globals
+    point at scratch rows after the n*t outputs (one each: no index is written twice), so nothing
+    depends on reading ``g_valid`` on the host."""
+    n, t = real.shape
+    Gm = g_idx.size(1)
+    rows = (g_idx + torch.arange(n, device=real.device)[:, None] * t).reshape(-1)  # (n*Gm,)
+    scratch = n * t + torch.arange(n * Gm, device=real.device)  # (n*Gm,)
+    return ~real[:, None, None, :], torch.where(g_valid.reshape(-1), rows, scratch)
+
+
+class WholePlan(NamedTuple):
+    """What the layers of one forward and window share on the whole-tensor path, built by the first
+    (``LongformerSelfAttention._whole_plan``): it depends on the batch's padding, its global tokens
+    and the window, not on the layer. Gm = 0 (no global token in the batch): the last four are None."""
+
+    flat: Tensor  # (n*nb*Kn,) each block's keys: positions in the (n*t) flattened rows
+    mask: Tensor  # (n*nb, 1, bs, Kn) additive: the band, real non-global window keys, real globals
+    g_idx: Optional[Tensor]  # (n, Gm) the global positions (``compact_indices``' form)
+    g_valid: Optional[Tensor]  # (n, Gm)
+    outside: Optional[Tensor]  # (n, 1, 1, t) bool, the global rows' keys to skip (``global_targets``)
+    rows: Optional[Tensor]  # (n*Gm,) where the global rows' outputs go (``global_targets``)
+
+
 class LongformerSelfAttention(PathChoice, nn.Module):
     """Drop-in encoder self-attention for fairseq (``MultiheadAttention``'s call signature).
 
@@ -118,7 +144,8 @@ class LongformerSelfAttention(PathChoice, nn.Module):
     on whole tensors (GPU, attention dropout; ``_local``): one gather and one SDPA for all blocks,
     and FlexAttention when forced (CUDA without attention dropout; ``_local_flex``). ``block_masks``, a dict
     the encoder makes once per forward and hands to every layer, keeps flex's block masks and the
-    whole path's key index and mask (``_whole_plan``) for the layers after the first.
+    whole path's plan (``WholePlan``: key index, mask, global positions and targets) for the layers
+    after the first, which then issue no op for the batch's padding or globals.
 
     ``block_size`` (default w) only trades speed for memory: results do not depend on it.
     ``fold_global`` (class default True) lets few global rows skip the global key/value
@@ -205,46 +232,56 @@ class LongformerSelfAttention(PathChoice, nn.Module):
             raise NotImplementedError("Longformer self-attention does not take an attn_mask (encoder only)")
         # self-attention only: key and value are the same tensor as query and are not read
         T, n, C = query.shape
+        x = query.transpose(0, 1)  # (n, T, C)
+        path = self.choose_attention_path(x, self.head_dim, self.dropout if self.training else 0.0)
+        if path in (CPU, FLEX):
+            real, glob, g_idx, g_valid = self._batch_rows(query, key_padding_mask, global_attention_mask, global_index)
+            if path == CPU:
+                out = self._local_windows(x, real, glob, g_idx, g_valid)  # (n, T, C)
+            else:
+                out = self._local_flex(x, real, glob, {} if block_masks is None else block_masks)  # (n, T, C)
+            if g_idx is not None and g_valid is not None:
+                out = self._global_rows(x, out, g_idx, *global_targets(real, g_idx, g_valid))
+            return self.out_proj(out.transpose(0, 1)), None
+
         bs = min(self.block_size, T)
         nb = num_blocks(T, bs)
         t = nb * bs
         r = min(num_blocks(self.one_sided, bs), nb - 1)  # neighbouring blocks per side
+        if t > T:
+            # internal padding to the block size only; padded keys are masked, outputs dropped
+            x = F.pad(x, (0, 0, 0, t - T))  # (n, t, C)
+        q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
+        k = self.k_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
+        v = self.v_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
+        plans = {} if block_masks is None else block_masks
+        plan_key = ("led_whole", t, bs, r, self.one_sided, q.dtype)  # q's: the mask's dtype, also under autocast
+        if plan_key not in plans:
+            real, glob, g_idx, g_valid = self._batch_rows(query, key_padding_mask, global_attention_mask, global_index)
+            plans[plan_key] = self._whole_plan(real, glob, g_idx, g_valid, t, bs, r, q.dtype)
+        plan = plans[plan_key]
+        out = self._local(q, k, v, plan, bs)  # (n, t, C)
+        if plan.g_idx is not None:
+            out = self._global_rows(x, out, plan.g_idx, plan.outside, plan.rows)
+        out = out.transpose(0, 1)[:T]  # (T, n, C): drop the internal padding
+        return self.out_proj(out), None
 
+    def _batch_rows(
+        self, query, key_padding_mask, global_attention_mask, global_index
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        """(real, glob, g_idx, g_valid) of the batch: real (n, T) bool, True at tokens; the global
+        positions as (n, Gm) index and validity and as an (n, T) mask; the last three None
+        without a global token in the batch."""
+        T, n, _ = query.shape
         real = torch.ones(n, T, dtype=torch.bool, device=query.device)
         if key_padding_mask is not None:
             real = ~key_padding_mask.bool()  # (n, T)
         if global_index is None and global_attention_mask is not None:
             global_index = compact_indices(global_attention_mask.bool() & real)  # a flag on a pad is ignored
-        g_idx = g_valid = glob = None  # stay None without a global token in the batch
-        if global_index is not None and global_index[0].size(1) > 0:
-            g_idx, g_valid = global_index
-            glob = global_positions_mask(g_idx, g_valid, T)  # (n, T)
-
-        x = query.transpose(0, 1)  # (n, T, C)
-        path = self.choose_attention_path(x, self.head_dim, self.dropout if self.training else 0.0)
-        if path in (CPU, FLEX):
-            if path == CPU:
-                out = self._local_windows(x, real, glob, g_idx, g_valid)  # (n, T, C)
-            else:
-                out = self._local_flex(x, real, glob, {} if block_masks is None else block_masks)  # (n, T, C)
-            if glob is not None:
-                out = self._global_rows(x, out, real, g_idx, g_valid)
-            return self.out_proj(out.transpose(0, 1)), None
-        if t > T:
-            # internal padding to the block size only; padded keys are masked, outputs dropped
-            x = F.pad(x, (0, 0, 0, t - T))  # (n, t, C)
-            real = F.pad(real, (0, t - T), value=False)  # (n, t)
-            if glob is not None:
-                glob = F.pad(glob, (0, t - T), value=False)
-        q = self.q_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
-        k = self.k_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
-        v = self.v_proj(x).view(n, t, self.num_heads, self.head_dim)  # (n, t, h, d)
-        plans = {} if block_masks is None else block_masks
-        out = self._local(q, k, v, real, glob, g_idx, g_valid, bs, r, plans)  # (n, t, C)
-        if glob is not None:
-            out = self._global_rows(x, out, real, g_idx, g_valid)
-        out = out.transpose(0, 1)[:T]  # (T, n, C): drop the internal padding
-        return self.out_proj(out), None
+        if global_index is None or global_index[0].size(1) == 0:
+            return real, None, None, None
+        g_idx, g_valid = global_index
+        return real, global_positions_mask(g_idx, g_valid, T), g_idx, g_valid
 
     # ------------------------------------------------------------------ local queries
     def _local_windows(self, x, real, glob, g_idx, g_valid) -> Tensor:
@@ -314,17 +351,12 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         out = flex.flex_attention(q, k, v, block_masks[tables], scale=d**-0.5)  # (n, h, T, d)
         return out.transpose(1, 2).reshape(n, T, C)
 
-    def _local(self, q, k, v, real, glob, g_idx, g_valid, bs: int, r: int, plans: dict) -> Tensor:
-        """Every query against its window and the row's global keys (local projections).
-
-        ``plans`` keeps the key index and mask (:meth:`_whole_plan`) for the next layers of the
-        same window: they depend on the batch's padding, globals and the window, not on the layer."""
+    def _local(self, q, k, v, plan: WholePlan, bs: int) -> Tensor:
+        """Every query against its window and the row's global keys (local projections), in blocks
+        of ``bs`` queries whose keys and mask ``plan`` (:meth:`_whole_plan`) holds."""
         n, t, h, d = q.shape
         nb = t // bs
-        key = ("led_whole", t, bs, r, self.one_sided, q.dtype)
-        if key not in plans:
-            plans[key] = self._whole_plan(real, glob, g_idx, g_valid, bs, r, q.dtype)
-        flat, mask = plans[key]
+        flat, mask = plan.flat, plan.mask
         Kn = flat.numel() // (n * nb)
         # one gather over the flattened (row, token) axis: rows have different global positions
         keys = k.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
@@ -336,10 +368,15 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         )  # (n*nb, h, bs, d)
         return out.transpose(1, 2).reshape(n, t, h * d)  # (n, t, C)
 
-    def _whole_plan(self, real, glob, g_idx, g_valid, bs: int, r: int, dtype) -> Tuple[Tensor, Tensor]:
-        """The whole-tensor path's keys per query block: (flat token index (n*nb*Kn,) into the
-        (n*t) flattened rows, additive mask (n*nb, 1, bs, Kn) in ``dtype``); real, glob (n, t)."""
-        n, t = real.shape
+    def _whole_plan(self, real, glob, g_idx, g_valid, t: int, bs: int, r: int, dtype) -> WholePlan:
+        """The whole-tensor path's plan (:class:`WholePlan`) for blocks of ``bs`` over ``t`` (T
+        padded to whole blocks) positions, from :meth:`_batch_rows`' (real, glob (n, T), g_idx,
+        g_valid)."""
+        n, T = real.shape
+        if t > T:  # the internal padding: masked keys, dropped outputs
+            real = F.pad(real, (0, t - T), value=False)  # (n, t)
+            if glob is not None:
+                glob = F.pad(glob, (0, t - T), value=False)
         nb = t // bs
         Gm = 0 if g_idx is None else g_idx.size(1)
         neg = torch.finfo(dtype).min
@@ -370,11 +407,14 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         zero = torch.zeros((), dtype=dtype, device=device)
         mask = torch.where(allowed, zero, zero + neg)  # (n*nb, 1, bs, Kn) additive
         flat = (index + torch.arange(n, device=device)[:, None, None] * t).reshape(-1)  # (n*nb*Kn,)
-        return flat, mask
+        if not Gm:
+            return WholePlan(flat, mask, None, None, None, None)
+        return WholePlan(flat, mask, g_idx, g_valid, *global_targets(real, g_idx, g_valid))
 
     # ------------------------------------------------------------------ global queries
-    def _global_rows(self, x, out, real, g_idx, g_valid) -> Tensor:
-        """Global queries attend to every real token with the global projections.
+    def _global_rows(self, x, out, g_idx, outside, rows) -> Tensor:
+        """Global queries attend to every real token with the global projections; ``outside`` and
+        ``rows`` as :func:`global_targets` makes them.
 
         With few global rows (Gm * h <= C) the global key and value projections are never
         applied to the t tokens: per head, Qg_i . Kg_j = (Wk_h^T Qg_i) . x_j + Qg_i . bk_h and
@@ -399,8 +439,8 @@ class LongformerSelfAttention(PathChoice, nn.Module):
             qk = torch.einsum("nghd,hdc->nghc", qg, wk).reshape(n, Gm * h, C)  # (n, Gm*h, C)
             scores = torch.bmm(qk, x.transpose(1, 2)).view(n, Gm, h, t)  # (n, Gm, h, t)
             if self.k_proj_global.bias is not None:
-                scores = scores + torch.einsum("nghd,hd->ngh", qg, self.k_proj_global.bias.view(h, d))[..., None]
-            p = torch.softmax(scores.masked_fill(~real[:, None, None, :], neg), dim=-1)
+                scores = scores + (qg * self.k_proj_global.bias.view(h, d)).sum(-1)[..., None]
+            p = torch.softmax(scores.masked_fill(outside, neg), dim=-1)
             p = F.dropout(p, dropout, self.training)
             pooled = torch.bmm(p.view(n, Gm * h, t), x).view(n, Gm, h, C)  # (n, Gm, h, C)
             og = torch.einsum("nghc,hdc->nghd", pooled, wv)  # (n, Gm, h, d)
@@ -409,18 +449,13 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         else:
             kg = self.k_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
             vg = self.v_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
-            mask = torch.zeros(n, 1, 1, t, dtype=x.dtype, device=x.device)
-            mask.masked_fill_(~real[:, None, None, :], neg)  # (n, 1, 1, t)
+            mask = torch.zeros(n, 1, 1, t, dtype=x.dtype, device=x.device).masked_fill_(outside, neg)  # (n, 1, 1, t)
             og = F.scaled_dot_product_attention(
                 qg.transpose(1, 2), kg, vg, attn_mask=mask, dropout_p=dropout, scale=1.0
             ).transpose(1, 2)  # (n, Gm, h, d)
         og = og.reshape(n * Gm, C)  # (n*Gm, C)
-        # overwrite the (discarded) local result of every real global position; the filler entries
-        # of rows with fewer globals go to scratch rows after the output (one each: no index is
-        # written twice), so nothing depends on reading g_valid on the host
-        rows = (g_idx + torch.arange(n, device=x.device)[:, None] * t).reshape(-1)  # (n*Gm,)
-        scratch = n * t + torch.arange(n * Gm, device=x.device)  # (n*Gm,)
-        rows = torch.where(g_valid.reshape(-1), rows, scratch)
-        # a fresh buffer (``out`` may be a view of the SDPA output, which autograd still needs)
+        # overwrite the (discarded) local result of every real global position (filler entries go
+        # to the scratch rows after the output); a fresh buffer (``out`` may be a view of the SDPA
+        # output, which autograd still needs)
         out = torch.cat([out.reshape(n * t, C), og.new_zeros(n * Gm, C)]).index_copy_(0, rows, og)
         return out[: n * t].view(n, t, C)  # (n, t, C)
