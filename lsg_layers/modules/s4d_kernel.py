@@ -23,15 +23,16 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 from torch.profiler import record_function
-from torch.utils.checkpoint import checkpoint
 
 from lsg_layers.modules.precision import float32_region
 from lsg_layers.modules.s4d_config import D_STATE, DT_MAX, DT_MIN, check_ssm_config
 from lsg_layers.ops.ssm import (
+    BlockedVandermonde,
     channel_groups,
     decay_lengths,
     fused_circular_kernel,
     grouped_kernel,
+    VANDERMONDE_CHUNK_ELEMS,
     tf32_matmul,
     vandermonde_blocked,
     vandermonde_naive,
@@ -147,9 +148,9 @@ class S4DKernel(nn.Module):
             fn = grouped_kernel
         if self.recompute and torch.is_grad_enabled() and (c_prime.requires_grad or dt_a.requires_grad):
             # The blocked product's temporaries (H*M*(A + 2S) floats, hundreds of MiB per base
-            # layer) would all be kept for backward; they depend only on the parameters, so they
-            # are recomputed in backward instead and only C', dtA and the kernel are kept.
-            return checkpoint(fn, c_prime, dt_a, groups, length, use_reentrant=False)  # (2 h L)
+            # layer) would all be kept for backward; they depend only on the parameters, so only
+            # C' and dtA are kept and the backward is written out (one blocked product).
+            return fn(c_prime, dt_a, groups, length, _trained[whole])  # (2 h L)
         return fn(c_prime, dt_a, groups, length)  # (2 h L)
 
     def reference(self, length: int) -> torch.Tensor:
@@ -165,6 +166,15 @@ def fused_kernel(c_prime, dt_a, length, fft_size, skip, max_chunk_elems, product
         return fused_circular_kernel()(c_prime, dt_a, length, fft_size, skip, max_chunk_elems, product)
 
 
-def _whole_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int) -> torch.Tensor:
+def _whole_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int, blocked=None) -> torch.Tensor:
     """``grouped_kernel``'s signature for the ungrouped kernel (``groups`` unused)."""
-    return vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems=WHOLE_KERNEL_ELEMS)  # (2 h L)
+    if blocked is None:
+        return vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems=WHOLE_KERNEL_ELEMS)  # (2 h L)
+    return blocked(c_prime, dt_a, length)  # (2 h L)
+
+
+# the product with its written-out backward, per path (whole: WHOLE_KERNEL_ELEMS per chunk of channels)
+_trained = {
+    False: lambda c_prime, dt_a, length: BlockedVandermonde.apply(c_prime, dt_a, length, VANDERMONDE_CHUNK_ELEMS),
+    True: lambda c_prime, dt_a, length: BlockedVandermonde.apply(c_prime, dt_a, length, WHOLE_KERNEL_ELEMS),
+}

@@ -12,7 +12,8 @@ and the layer convolves its input with both kernels in one FFT: ``y[t] = sum_{s<
 
 - :func:`vandermonde_naive`: the kernel sum as written (one exp per entry; tests);
   :func:`vandermonde_blocked`: the same as real batched matmuls, H*M*(A + S) exponentials instead
-  of H*M*L;
+  of H*M*L; :class:`BlockedVandermonde`: it with its gradients written out (one more blocked
+  product in backward, nothing kept but C' and dtA);
 - :func:`decay_lengths` / :func:`channel_groups` / :func:`grouped_kernel`: each channel's kernel
   only until every mode has decayed below a tolerance, channels grouped by that length;
 - :func:`next_fast_len`, :func:`circular_bidirectional_kernel`: FFT sizes and the two kernels laid
@@ -169,10 +170,7 @@ def vandermonde_blocked(
     """
     two, H, M = c_prime.shape
     real_dtype = c_prime.real.dtype
-    step = max(1, int(math.ceil(math.sqrt(length / 2))))  # S: inner block length
-    n_blocks = -(-length // step)  # A: number of blocks, A*S >= L
-    idx_in = torch.arange(step, device=dt_a.device, dtype=torch.float64)  # (S)
-    idx_out = torch.arange(n_blocks, device=dt_a.device, dtype=torch.float64) * step  # (A)
+    step, n_blocks, idx_in, idx_out = _blocks(length, dt_a.device)
 
     per_channel = 2 * M * (n_blocks + 2 * step) * 3 + 2 * n_blocks * step
     h_chunk = max(1, min(H, max_chunk_elems // max(per_channel, 1)))
@@ -193,6 +191,78 @@ def vandermonde_blocked(
         k = k.reshape(k.shape[0], two, n_blocks * step)[..., :length]  # (h 2 L)
         out.append(k)
     return torch.cat(out, dim=0).transpose(0, 1)  # (2 H L)
+
+
+def _blocks(length: int, device):
+    """The blocked product's split ``l = a*S + b``: (S, A, b (S,) and a*S (A,) in float64), with
+    S ~ sqrt(L / 2) (see :func:`vandermonde_blocked`) and A*S >= L."""
+    step = max(1, int(math.ceil(math.sqrt(length / 2))))  # S: inner block length
+    n_blocks = -(-length // step)  # A: number of blocks
+    idx_in = torch.arange(step, device=device, dtype=torch.float64)  # (S)
+    idx_out = torch.arange(n_blocks, device=device, dtype=torch.float64) * step  # (A)
+    return step, n_blocks, idx_in, idx_out
+
+
+def vandermonde_blocked_grads(grad: torch.Tensor, c_prime: torch.Tensor, dt_a: torch.Tensor, max_chunk_elems: int):
+    """Gradients of :func:`vandermonde_blocked` (PyTorch's convention for complex inputs:
+    d/dRe + i d/dIm) for the real output gradient ``grad`` (2, H, L). With u = exp(dtA l):
+
+        dC'[c,h,n] = 2 sum_l G[c,h,l] conj(u)
+        d dtA[h,n] = 2 sum_c conj(C'[c,h,n]) sum_l G[c,h,l] l conj(u)
+
+    blocked as the kernel is (``l = a*S + b``, ``conj(u) = conj(W_a) conj(Z_b)``): per channel one
+    real product of the rows [G_c; l G_c] (both directions; 4S x A) with the forward's left factor
+    [Re W | -Im W] (A x 2M, interleaved here) gives ``T_b = sum_a G conj(W_a)`` and
+    ``U_b = sum_a l G conj(W_a)``; then dC' = 2 sum_b T_b conj(Z_b) and
+    ``sum_l G l conj(u) = sum_b U_b conj(Z_b)``. The exponentials are recomputed, as the forward
+    made them (:func:`_exp_outer`).
+
+    c_prime: (2, H, M) complex, dt_a: (H, M) complex -> (dC' (2, H, M), d dtA (H, M)) complex."""
+    two, H, M = c_prime.shape
+    L = grad.shape[-1]
+    real_dtype = c_prime.real.dtype
+    step, n_blocks, idx_in, idx_out = _blocks(L, dt_a.device)
+    g = F.pad(grad.to(real_dtype), (0, n_blocks * step - L)).view(two, H, n_blocks, step)  # (2 H A S)
+    lag = (idx_out[:, None] + idx_in).to(real_dtype)  # (A S): l = a*S + b
+
+    per_channel = 4 * step * n_blocks + 4 * M * n_blocks + 12 * step * M
+    h_chunk = max(1, min(H, max_chunk_elems // max(per_channel, 1)))
+    grad_c, grad_a = [], []
+    for h0 in range(0, H, h_chunk):
+        sl = slice(h0, h0 + h_chunk)
+        h = dt_a[sl].shape[0]
+        wr, wi = _exp_outer(dt_a[sl], idx_out, real_dtype)  # (h M A) each: exp(dtA a S)
+        conj_w = torch.stack([wr, -wi], dim=-1).transpose(1, 2).reshape(h, n_blocks, 2 * M)  # (h A 2M) interleaved
+        gs = g[:, sl]  # (2 h A S)
+        rows = torch.cat([gs, gs * lag], dim=0).permute(1, 0, 3, 2).reshape(h, 4 * step, n_blocks)  # (h 4S A)
+        tu = torch.view_as_complex(torch.bmm(rows, conj_w).view(h, 4, step, M, 2))  # (h 4 S M): T_c, U_c
+        zr, zi = _exp_outer(dt_a[sl], idx_in, real_dtype)  # (h M S) each: exp(dtA b)
+        tu.mul_(torch.complex(zr, -zi).transpose(1, 2)[:, None])  # times conj(Z_b)
+        sums = tu.sum(2)  # (h 4 M): sum_l G conj(u), sum_l G l conj(u)
+        grad_c.append(2 * sums[:, :two])  # (h 2 M)
+        grad_a.append(2 * (c_prime[:, sl].transpose(0, 1).conj() * sums[:, two:]).sum(1))  # (h M)
+    return torch.cat(grad_c).transpose(0, 1), torch.cat(grad_a)
+
+
+class BlockedVandermonde(torch.autograd.Function):
+    """:func:`vandermonde_blocked` for training: keeps only C' and dtA, and its backward is
+    :func:`vandermonde_blocked_grads` (one blocked product) where autograd would keep the product's
+    temporaries, or recompute the whole forward under a checkpoint and then run its backward.
+    Tests hold it to autograd through :func:`vandermonde_naive` in float64. ``apply(c_prime, dt_a,
+    length, max_chunk_elems)`` -> (2, H, L)."""
+
+    @staticmethod
+    def forward(ctx, c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, max_chunk_elems: int) -> torch.Tensor:
+        ctx.save_for_backward(c_prime, dt_a)
+        ctx.max_chunk_elems = max_chunk_elems
+        return vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        c_prime, dt_a = ctx.saved_tensors
+        grad_c, grad_a = vandermonde_blocked_grads(grad, c_prime, dt_a, ctx.max_chunk_elems)
+        return grad_c, grad_a, None, None
 
 
 def decay_lengths(c_prime: torch.Tensor, dt_a: torch.Tensor, length: int, tail_tol: float) -> torch.Tensor:
@@ -233,15 +303,18 @@ def channel_groups(lengths: torch.Tensor, ratio: float = GROUP_RATIO):
     return groups
 
 
-def grouped_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int) -> torch.Tensor:
+def grouped_kernel(
+    c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int, blocked=vandermonde_blocked
+) -> torch.Tensor:
     """Kernels (2, H, length) of :func:`vandermonde_blocked`, each channel group computed up to its own
-    length and zero after it. c_prime: (2, H, M) complex, dt_a: (H, M) complex."""
+    length and zero after it. c_prime: (2, H, M) complex, dt_a: (H, M) complex. ``blocked``: the
+    product to call, ``(c_prime, dt_a, length)`` (e.g. :class:`BlockedVandermonde`'s ``apply``)."""
     if len(groups) == 1 and groups[0][1] == length and torch.equal(groups[0][0], torch.arange(dt_a.shape[0])):
-        return vandermonde_blocked(c_prime, dt_a, length)  # (2 H L): nothing decays early
+        return blocked(c_prime, dt_a, length)  # (2 H L): nothing decays early
     out = c_prime.real.new_zeros(2, dt_a.shape[0], length)  # (2 H L): zero past each group's length
     for idx, n in groups:
         idx = idx.to(dt_a.device)
-        out[:, idx, :n] = vandermonde_blocked(c_prime[:, idx], dt_a[idx], n)  # (2 g n), differentiable
+        out[:, idx, :n] = blocked(c_prime[:, idx], dt_a[idx], n)  # (2 g n), differentiable
     return out
 
 
