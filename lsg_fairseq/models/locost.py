@@ -106,9 +106,9 @@ LOCOST_ARGS = [
     (
         "--ssm-kernel-recompute",
         bool_flag,
-        "training: recompute the SSM kernel in backward instead of keeping its "
-        "temporaries (a fraction of the memory, at the cost of a second kernel "
-        "generation per step)",
+        "training: keep only what the SSM kernel's backward needs to recompute, not its "
+        "temporaries (a fraction of the memory; the eager generator's backward is written "
+        "out, one blocked product; --ssm-kernel-compile's reruns under a checkpoint)",
     ),
     (
         "--ssm-kernel-compile",

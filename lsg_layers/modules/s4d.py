@@ -19,8 +19,9 @@ Where the time goes and what is done about it (the figures behind each choice: `
 "Figures behind the constants"). On CPU:
 
 - kernels: the blocked Vandermonde product, each channel only until its modes have decayed
-  (``ops.ssm``); in training their temporaries are recomputed in backward (``recompute``) and
-  ``ops.ssm.FFTConv`` keeps only the input and the circular kernel;
+  (``ops.ssm``); in training the kernel keeps only C' and dtA, its backward written out
+  (``ops.ssm.BlockedVandermonde``, ``recompute``), and ``ops.ssm.FFTConv`` keeps only the input and
+  the circular kernel;
 - without autograd the layer runs ``lsg_layers.modules.s4d_inference.forward`` (channel chunks,
   FFT size ``L + n - 1`` per decay group, wide k/q projections, no (B, L, H) intermediate), and in
   eval mode the *time-domain* kernels are cached (:meth:`S4D.kernel_groups`), the shortest first

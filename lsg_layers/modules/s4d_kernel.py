@@ -150,7 +150,7 @@ class S4DKernel(nn.Module):
             # The blocked product's temporaries (H*M*(A + 2S) floats, hundreds of MiB per base
             # layer) would all be kept for backward; they depend only on the parameters, so only
             # C' and dtA are kept and the backward is written out (one blocked product).
-            return fn(c_prime, dt_a, groups, length, _trained[whole])  # (2 h L)
+            return fn(c_prime, dt_a, groups, length, _trained_product(whole))  # (2 h L)
         return fn(c_prime, dt_a, groups, length)  # (2 h L)
 
     def reference(self, length: int) -> torch.Tensor:
@@ -173,8 +173,8 @@ def _whole_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int
     return blocked(c_prime, dt_a, length)  # (2 h L)
 
 
-# the product with its written-out backward, per path (whole: WHOLE_KERNEL_ELEMS per chunk of channels)
-_trained = {
-    False: lambda c_prime, dt_a, length: BlockedVandermonde.apply(c_prime, dt_a, length, VANDERMONDE_CHUNK_ELEMS),
-    True: lambda c_prime, dt_a, length: BlockedVandermonde.apply(c_prime, dt_a, length, WHOLE_KERNEL_ELEMS),
-}
+def _trained_product(whole: bool):
+    """The blocked product for training (``BlockedVandermonde``: its backward written out), in the
+    path's chunks of channels."""
+    chunk = WHOLE_KERNEL_ELEMS if whole else VANDERMONDE_CHUNK_ELEMS
+    return lambda c_prime, dt_a, length: BlockedVandermonde.apply(c_prime, dt_a, length, chunk)
