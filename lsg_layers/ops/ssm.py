@@ -308,7 +308,7 @@ def grouped_kernel(
 ) -> torch.Tensor:
     """Kernels (2, H, length) of :func:`vandermonde_blocked`, each channel group computed up to its own
     length and zero after it. c_prime: (2, H, M) complex, dt_a: (H, M) complex. ``blocked``: the
-    product to call, ``(c_prime, dt_a, length)`` (e.g. :class:`BlockedVandermonde`'s ``apply``)."""
+    product to call as ``blocked(c_prime, dt_a, length)`` (training: :class:`BlockedVandermonde`)."""
     if len(groups) == 1 and groups[0][1] == length and torch.equal(groups[0][0], torch.arange(dt_a.shape[0])):
         return blocked(c_prime, dt_a, length)  # (2 H L): nothing decays early
     out = c_prime.real.new_zeros(2, dt_a.shape[0], length)  # (2 H L): zero past each group's length
