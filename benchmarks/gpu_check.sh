@@ -155,7 +155,7 @@ stage locost600k 60 "$PYTHON" "${bench[@]}" --tag locost600k --modes enc --lengt
     --repeat 1 --arch locost
 stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "${PATH_LENGTHS[@]}" \
     --arch "${PATH_ARCHS[@]}"
-stage layerprobe 40 "$PYTHON" benchmarks/layer_probe.py "${layer[@]}" --out "$work/layerprobe.json"
+stage layerprobe 40 "$PYTHON" benchmarks/layer_probe.py "${layer[@]}" --profile-dir "$work" --out "$work/layerprobe.json"
 stage convprobe 40 "$PYTHON" benchmarks/conv_probe.py "${conv[@]}" --out "$work/convprobe.json"
 stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \
     --arch bart locost locost_cold

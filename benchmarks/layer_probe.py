@@ -20,14 +20,21 @@ If ``cuda_graph`` is much faster than ``model``, the layer is launch-bound and t
 fewer launches or captured graphs (``torch.compile(mode="reduce-overhead")``, CUDA graphs per
 length bucket); if not, the kernels themselves are the cost (the enc stage's profile says which).
 
+``--profile-dir DIR``: after its rows, each path's ``model`` call runs ``--profile-calls`` more
+times under the profiler: its host and device time and its aten ops a call go into the path's
+record, the table of ops by host time into ``DIR/profile_layer_<path>.txt`` (where the host's time
+goes: the ops, the compiled call's guards, the launches).
+
     python benchmarks/layer_probe.py --device cuda --length 16384 --out /tmp/layerprobe.json
     python benchmarks/layer_probe.py --device cpu --length 512 --paths lsg_whole led_whole \
         --variants model cuda_graph --out /tmp/l.json                       # CI: the harness only
 """
 
 import argparse
+import os
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import LSGSelfAttention
@@ -118,7 +125,40 @@ def run_path(name, args, device, dtype, on_row=None):
     time_variants(
         args.variants, prepare, device, args.warmup, args.repeat, SAME_MATH, relative_difference, part, row_done
     )
+    profile_dir = getattr(args, "profile_dir", None)
+    if profile_dir and part["rows"][0]["status"] == "ok":
+        part["profile"], table = host_profile(call_of(layer), torch.device(device), args.profile_calls)
+        with open(os.path.join(profile_dir, f"profile_layer_{name}.txt"), "w") as f:
+            f.write(table)
+        if on_row is not None:
+            on_row(part)
     return part
+
+
+def host_profile(call, device, calls: int):
+    """(summary, table) of ``calls`` calls of ``call`` (after one more untimed) under the profiler:
+    host and device milliseconds and aten ops a call (self times summed: nothing counted twice),
+    and the ops' table by self host time."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.no_grad():
+        call()
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                call()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def device_us(e):  # the attribute's name before torch 2.4
+        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+
+    summary = {
+        "calls": calls,
+        "host_ms": sum(e.self_cpu_time_total for e in events) / calls / 1e3,
+        "device_ms": sum(device_us(e) for e in events) / calls / 1e3,
+        "aten_ops": sum(e.count for e in events if e.key.startswith("aten::")) / calls,
+    }
+    return summary, events.table(sort_by="self_cpu_time_total", row_limit=25)
 
 
 def markdown(result) -> str:
@@ -133,6 +173,18 @@ def markdown(result) -> str:
         for r in part["rows"]:
             head = f"| {part['path']} | {r['variant']} | {r.get('path_ran') or ''} |"
             out.append(head + row_cells(r, TOLERANCE))
+    profiled = [part for part in result["paths"] if "profile" in part]
+    if profiled:
+        calls = profiled[0]["profile"]["calls"]
+        out += [
+            f"\n`model` under the profiler ({calls} calls; self times summed, per call; the ops by host time: "
+            "`profile_layer_<path>.txt`):\n",
+            "| layer, path | host ms | device ms | aten calls (nested too) |",
+            "|---|---:|---:|---:|",
+        ]
+        for part in profiled:
+            pr = part["profile"]
+            out.append(f"| {part['path']} | {pr['host_ms']:.3f} | {pr['device_ms']:.3f} | {pr['aten_ops']:.0f} |")
     return "\n".join(out) + "\n"
 
 
@@ -144,6 +196,8 @@ def main(argv=None):
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--paths", nargs="+", default=PATHS, choices=PATHS)
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    p.add_argument("--profile-dir", help="profile each path's model call; its op table goes here")
+    p.add_argument("--profile-calls", type=int, default=3, help="calls profiled (after one untimed)")
     args = p.parse_args(argv)
     if args.length % 128:
         p.error(f"--length must be a multiple of 128, got {args.length}")

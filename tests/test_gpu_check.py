@@ -84,7 +84,8 @@ def test_layer_probe_stage_times_the_layers(smoke):
         model, graph = part["rows"]
         assert model["status"] == "ok" and model["path_ran"] == "whole"
         assert graph["status"] == ("ok" if torch.cuda.is_available() else "error")
-    assert "## 5b'. One attention layer alone" in md
+        assert part["profile"]["host_ms"] > 0  # the stage profiles each path's model call
+    assert "## 5b'. One attention layer alone" in md and "`model` under the profiler" in md
 
 
 def test_conv_probe_stage_compares_the_variants(smoke):

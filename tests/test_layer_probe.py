@@ -32,6 +32,26 @@ def test_the_compiled_layer_computes_the_same():
     assert compiled["status"] == "ok" and compiled["diff"] <= 1e-5  # float32: the same function
 
 
+def test_profile_dir_gets_each_paths_op_table_and_the_record_its_times(tmp_path):
+    """--profile-dir: each path's model call profiled after its rows: host time and aten calls a
+    call in the record (no device time on CPU), the ops by host time in profile_layer_<path>.txt,
+    and the report's table of them."""
+    result = {"heads": 4, "dim": 64, "dtype": "float32", "length": 256, "device": "cpu", "repeat": 1, "warmup": 0}
+    result["paths"] = [
+        probe.run_path(name, args(variants=["model"], profile_dir=str(tmp_path), profile_calls=2), "cpu", torch.float32)
+        for name in ("lsg_whole", "led_whole")
+    ]
+    for part in result["paths"]:
+        pr = part["profile"]
+        assert pr["calls"] == 2 and pr["host_ms"] > 0 and pr["device_ms"] == 0 and pr["aten_ops"] > 10
+        table = (tmp_path / f"profile_layer_{part['path']}.txt").read_text()
+        assert "aten::addmm" in table and "Self CPU" in table
+    text = probe.markdown(result)
+    assert "| led_whole | " in text.split("under the profiler")[1]
+    without = probe.run_path("lsg_whole", args(variants=["model"]), "cpu", torch.float32)
+    assert "profile" not in without and "under the profiler" not in probe.markdown({**result, "paths": [without]})
+
+
 def test_cli_refuses_what_it_cannot_run(tmp_path, capsys):
     for argv, needle in (
         (["--length", "500"], "--length must be a multiple of 128"),
