@@ -120,12 +120,11 @@ def global_targets(real: Tensor, g_idx: Tensor, g_valid: Tensor) -> Tuple[Tensor
 class WholePlan(NamedTuple):
     """What the layers of one forward and window share on the whole-tensor path, built by the first
     (``LongformerSelfAttention._whole_plan``): it depends on the batch's padding, its global tokens
-    and the window, not on the layer. Gm = 0 (no global token in the batch): the last four are None."""
+    and the window, not on the layer. Gm = 0 (no global token in the batch): the last three are None."""
 
     flat: Tensor  # (n*nb*Kn,) each block's keys: positions in the (n*t) flattened rows
     mask: Tensor  # (n*nb, 1, bs, Kn) additive: the band, real non-global window keys, real globals
-    g_idx: Optional[Tensor]  # (n, Gm) the global positions (``compact_indices``' form)
-    g_valid: Optional[Tensor]  # (n, Gm)
+    g_idx: Optional[Tensor]  # (n, Gm) the global positions (``compact_indices``' form; fillers in ``rows``)
     outside: Optional[Tensor]  # (n, 1, 1, t) bool, the global rows' keys to skip (``global_targets``)
     rows: Optional[Tensor]  # (n*Gm,) where the global rows' outputs go (``global_targets``)
 
@@ -408,8 +407,8 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         mask = torch.where(allowed, zero, zero + neg)  # (n*nb, 1, bs, Kn) additive
         flat = (index + torch.arange(n, device=device)[:, None, None] * t).reshape(-1)  # (n*nb*Kn,)
         if not Gm:
-            return WholePlan(flat, mask, None, None, None, None)
-        return WholePlan(flat, mask, g_idx, g_valid, *global_targets(real, g_idx, g_valid))
+            return WholePlan(flat, mask, None, None, None)
+        return WholePlan(flat, mask, g_idx, *global_targets(real, g_idx, g_valid))
 
     # ------------------------------------------------------------------ global queries
     def _global_rows(self, x, out, g_idx, outside, rows) -> Tensor:

@@ -139,19 +139,15 @@ class S4DKernel(nn.Module):
 
     def _generate(self, length: int, channels, whole: bool) -> torch.Tensor:
         c_prime, dt_a = self.discretize(channels)
+        # The blocked product's temporaries (H*M*(A + 2S) floats, hundreds of MiB per base layer)
+        # would all be kept for backward; they depend only on the parameters, so in training only
+        # C' and dtA are kept and the backward is written out (one blocked product).
+        trained = self.recompute and torch.is_grad_enabled() and (c_prime.requires_grad or dt_a.requires_grad)
+        blocked = _product(whole, trained)
         if whole:
-            groups = None
-            fn = _whole_kernel
-        else:
-            lengths = decay_lengths(c_prime, dt_a, length, self.tail_tol)  # (h) ints <= L
-            groups = channel_groups(lengths)
-            fn = grouped_kernel
-        if self.recompute and torch.is_grad_enabled() and (c_prime.requires_grad or dt_a.requires_grad):
-            # The blocked product's temporaries (H*M*(A + 2S) floats, hundreds of MiB per base
-            # layer) would all be kept for backward; they depend only on the parameters, so only
-            # C' and dtA are kept and the backward is written out (one blocked product).
-            return fn(c_prime, dt_a, groups, length, _trained_product(whole))  # (2 h L)
-        return fn(c_prime, dt_a, groups, length)  # (2 h L)
+            return blocked(c_prime, dt_a, length)  # (2 h L)
+        lengths = decay_lengths(c_prime, dt_a, length, self.tail_tol)  # (h) ints <= L
+        return grouped_kernel(c_prime, dt_a, channel_groups(lengths), length, blocked)  # (2 h L)
 
     def reference(self, length: int) -> torch.Tensor:
         """The same kernels, one complex exp per entry (slow; for tests)."""
@@ -166,15 +162,11 @@ def fused_kernel(c_prime, dt_a, length, fft_size, skip, max_chunk_elems, product
         return fused_circular_kernel()(c_prime, dt_a, length, fft_size, skip, max_chunk_elems, product)
 
 
-def _whole_kernel(c_prime: torch.Tensor, dt_a: torch.Tensor, groups, length: int, blocked=None) -> torch.Tensor:
-    """``grouped_kernel``'s signature for the ungrouped kernel (``groups`` unused)."""
-    if blocked is None:
-        return vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems=WHOLE_KERNEL_ELEMS)  # (2 h L)
-    return blocked(c_prime, dt_a, length)  # (2 h L)
-
-
-def _trained_product(whole: bool):
-    """The blocked product for training (``BlockedVandermonde``: its backward written out), in the
-    path's chunks of channels."""
+def _product(whole: bool, trained: bool):
+    """The blocked product as ``(c_prime, dt_a, length) -> (2, h, L)`` in the path's chunks of
+    channels (whole: ``WHOLE_KERNEL_ELEMS``); for training ``BlockedVandermonde``, its backward
+    written out."""
     chunk = WHOLE_KERNEL_ELEMS if whole else VANDERMONDE_CHUNK_ELEMS
-    return lambda c_prime, dt_a, length: BlockedVandermonde.apply(c_prime, dt_a, length, chunk)
+    if trained:
+        return lambda c_prime, dt_a, length: BlockedVandermonde.apply(c_prime, dt_a, length, chunk)
+    return lambda c_prime, dt_a, length: vandermonde_blocked(c_prime, dt_a, length, max_chunk_elems=chunk)
