@@ -9,14 +9,11 @@
   shape (``nonzero``, boolean indexing) raises there.
 """
 
-import collections
-
 import pytest
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import TOY_LSG, build_task_and_model, toy_batch, write_toy_dict
+from conftest import TOY_LSG, build_task_and_model, load_script, toy_batch, write_toy_dict
 from lsg_layers.modules import s4d as s4d_module
 from lsg_layers.modules import s4d_cache, s4d_kernel
 from lsg_layers.modules.longformer_attention import LongformerSelfAttention
@@ -209,46 +206,8 @@ def test_forced_path_restores_what_was_set():
 
 
 # ------------------------------------------------------------------------------ launches
-# Ops that only make a view, and the profiler's labels: no kernel runs for them; the rest are
-# counted as launches.
-VIEWS = {
-    "view",
-    "_unsafe_view",
-    "reshape",
-    "transpose",
-    "t",
-    "permute",
-    "expand",
-    "unsqueeze",
-    "squeeze",
-    "slice",
-    "select",
-    "alias",
-    "as_strided",
-    "detach",
-    "split",
-    "narrow",
-    "view_as_real",
-    "view_as_complex",
-    "unbind",
-    "_reshape_alias",
-    "_record_function_enter_new",
-    "_record_function_exit",
-}
-
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def launches(self):
-        return sum(n for name, n in self.ops.items() if name not in VIEWS)
+# the counter of benchmarks/op_count.py: dispatcher ops by name, and those that launch a kernel
+OpCounter = load_script("benchmarks/op_count.py", "op_count").OpCounter
 
 
 def _launches(run, layer, length, device, grad):

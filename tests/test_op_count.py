@@ -1,0 +1,43 @@
+"""benchmarks/op_count.py: what the host issues for one call of a benchmark row (the counter, and
+its command on the smoke rows)."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import load_script
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+op_count = load_script("benchmarks/op_count.py", "op_count")
+
+
+def test_the_counter_separates_views_from_launches():
+    x = torch.ones(4, 3)
+    with op_count.OpCounter() as c:
+        y = x.add(1).t().reshape(12)  # add launches; t is a view; reshape of a transposed tensor copies
+        y.view(3, 4).sum()
+    assert c.ops["add"] == 1 and c.ops["t"] == 1 and c.ops["sum"] == 1
+    assert c.launches == sum(c.ops.values()) - sum(c.ops[v] for v in op_count.VIEWS)
+    assert c.launches >= 3  # add, the copy of reshape, sum
+    assert [name for name, _ in c.top_launches(10)] and all(n not in op_count.VIEWS for n, _ in c.top_launches(10))
+
+
+def test_smoke_rows_are_counted_on_the_paths_a_gpu_runs(tmp_path):
+    out = tmp_path / "ops.md"
+    op_count.main(["--smoke", "--arch", "linear", "lsg_norm", "led", "--out", str(out)])
+    result = json.loads((tmp_path / "ops.json").read_text())
+    rows = {r["arch"]: r for r in result["rows"]}
+    assert set(rows) == {"linear", "lsg_norm", "led"} and {r["length"] for r in rows.values()} == {256}
+    assert rows["lsg_norm"]["path"] == "whole" and rows["led"]["path"] == "whole"
+    # an attention issues more than the four projections that stand in for it in `linear`
+    assert rows["linear"]["launches"] < rows["lsg_norm"]["launches"] < rows["lsg_norm"]["ops"]
+    text = out.read_text()
+    assert "| lsg_norm | enc | 256 | whole |" in text and "1.00x" in text
+
+
+def test_out_must_be_a_markdown_path(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        op_count.main(["--smoke", "--out", str(tmp_path / "ops.txt")])
+    assert "--out" in capsys.readouterr().err and not list(tmp_path.iterdir())
