@@ -119,6 +119,16 @@ def bench_tables(records) -> str:
         paths = sorted({f"{r['arch']}: {r['layer_path']}" for r in rs if r.get("layer_path")})
         if paths:
             out.append("\nLayer paths taken: " + ", ".join(paths))
+        shares = [r for r in ok.values() if "host_share" in r and r.get("device_name")]  # 1 on a CPU: not shown
+        if shares:
+            out.append(
+                "\nHost share of the wall (the host's time to queue the call over the call's time; near 1: "
+                "the host sets the pace, not the device): "
+                + ", ".join(
+                    f"{r['arch']} {r['length']:,} {r['host_share']:.2f}"
+                    for r in sorted(shares, key=lambda r: (r["length"], _order(r["arch"])))
+                )
+            )
         splits = [r for r in rs if "ssm_share" in r and r["status"] == "ok"]
         if splits:
             out.append(

@@ -371,11 +371,12 @@ def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
     base = reset_peak(device)
     for _ in range(args.warmup):
         step()
-    times = []
+    times, issued = [], []
     while len(times) < max(1, args.repeat):
         sync(device)
         t = time.perf_counter()
         out = step()
+        issued.append(time.perf_counter() - t)  # the host has queued the call (on a GPU, not run it)
         sync(device)
         times.append(time.perf_counter() - t)
         if sum(times) >= args.budget:
@@ -384,6 +385,10 @@ def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
     rec = {
         "times_s": times,
         "median_s": statistics.median(times),
+        # on a GPU: the host's share of the wall, near 1 where the host sets the pace (batch 1, many
+        # small kernels) or where the driver's queue of pending launches is full, lower where the
+        # device sets it; 1 on a CPU by definition
+        "host_share": statistics.median(i / w for i, w in zip(issued, times)),
         "peak_mb": peak,
         "base_mb": base,
         "activations_mb": peak - base,

@@ -136,6 +136,30 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     locost = next(r for r in benchmarks["enc"]["records"] if r["arch"] == "locost")
     assert locost["ssm_conv_s"] >= 0 and 0 < locost["ssm_share"] < 1
     assert locost["ssm_cache_mb"] > 0  # kernels cached in the warm-up: the record says they are in its peak
+    # the host's share of each call (1 on a CPU: the call has run when it returns)
+    assert all(0.9 <= r["host_share"] <= 1.0 for r in benchmarks["enc"]["records"])
+
+
+def test_the_report_says_how_much_of_each_gpu_call_the_host_took():
+    gpu_report = load_script("benchmarks/gpu_check_report.py", "gpu_check_report")
+
+    def rec(arch, length, share, device_name="NVIDIA H200"):
+        return dict(
+            arch=arch,
+            mode="enc",
+            length=length,
+            median_s=0.01,
+            activations_mb=1.0,
+            status="ok",
+            host_share=share,
+            device_name=device_name,
+        )
+
+    table = gpu_report.bench_tables([rec("led", 16384, 0.97), rec("linear", 16384, 0.31), rec("linear", 4096, 0.99)])
+    assert "Host share of the wall" in table
+    assert "linear 4,096 0.99, linear 16,384 0.31, led 16,384 0.97" in table
+    cpu = [rec("linear", 4096, 1.0, device_name=None)]
+    assert "Host share" not in gpu_report.bench_tables(cpu)
 
 
 def test_train_smokes_fall_and_keep_locost_groups(smoke):
