@@ -20,10 +20,12 @@ If ``cuda_graph`` is much faster than ``model``, the layer is launch-bound and t
 fewer launches or captured graphs (``torch.compile(mode="reduce-overhead")``, CUDA graphs per
 length bucket); if not, the kernels themselves are the cost (the enc stage's profile says which).
 
-``--profile-dir DIR``: after its rows, each path's ``model`` call runs ``--profile-calls`` more
-times under the profiler: its host and device time and its aten ops a call go into the path's
-record, the table of ops by host time into ``DIR/profile_layer_<path>.txt`` (where the host's time
-goes: the ops, the compiled call's guards, the launches).
+``--profile-dir DIR``: after every path's rows are timed (a profiler with CUDA activity stays
+attached after its block and slows later launches), each path's ``model`` call runs
+``--profile-calls`` more times under the profiler, in a layer built again: its host and device time
+and its aten ops a call go into the path's record, the table of ops by host time into
+``DIR/profile_layer_<path>.txt`` (where the host's time goes: the ops, the compiled call's guards,
+the launches).
 
     python benchmarks/layer_probe.py --device cuda --length 16384 --out /tmp/layerprobe.json
     python benchmarks/layer_probe.py --device cpu --length 512 --paths lsg_whole led_whole \
@@ -125,14 +127,20 @@ def run_path(name, args, device, dtype, on_row=None):
     time_variants(
         args.variants, prepare, device, args.warmup, args.repeat, SAME_MATH, relative_difference, part, row_done
     )
-    profile_dir = getattr(args, "profile_dir", None)
-    if profile_dir and part["rows"][0]["status"] == "ok":
-        part["profile"], table = host_profile(call_of(layer), torch.device(device), args.profile_calls)
-        with open(os.path.join(profile_dir, f"profile_layer_{name}.txt"), "w") as f:
-            f.write(table)
-        if on_row is not None:
-            on_row(part)
     return part
+
+
+def profile_path(name, args, device, dtype) -> dict:
+    """The path's ``model`` call under the profiler, in a layer built again (``main`` times every
+    path first: a profiler with CUDA activity stays attached after its block and slows every later
+    launch); its op table into ``args.profile_dir``."""
+    pattern, path = name.split("_")
+    layer, call_of = build(pattern, args.length, args.dim, args.heads, device, dtype, torch.Generator().manual_seed(0))
+    layer.path = path
+    summary, table = host_profile(call_of(layer), torch.device(device), args.profile_calls)
+    with open(os.path.join(args.profile_dir, f"profile_layer_{name}.txt"), "w") as f:
+        f.write(table)
+    return summary
 
 
 def host_profile(call, device, calls: int):
@@ -212,6 +220,11 @@ def main(argv=None):
             write(result, args.out, markdown)
 
         run_path(name, args, args.device, dtype, on_row)
+    if args.profile_dir:  # after every path's rows were timed
+        for part in result["paths"]:
+            if part["rows"] and part["rows"][0]["status"] == "ok":
+                part["profile"] = profile_path(part["path"], args, args.device, dtype)
+                write(result, args.out, markdown)
     print(f"wrote {args.out}")
 
 

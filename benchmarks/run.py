@@ -349,16 +349,23 @@ def build_model(arch: str, length: int, args):
 
 
 # ---------------------------------------------------------------------------------- one measurement
-def measure(arch, mode, length, args) -> dict:
+def _built(arch, length, args):
+    """(model on the device in the run's dtype, dictionary, device), seeded."""
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     torch.manual_seed(0)
     model, dictionary = build_model(arch, length, args)
     model.to(device=device, dtype=dtype)
+    return model, dictionary, device
+
+
+def measure(arch, mode, length, args, readings: bool = True) -> dict:
+    """One row timed and, with ``readings``, profiled after (``take_readings``)."""
+    model, dictionary, device = _built(arch, length, args)
     params = sum(p.numel() for p in model.parameters())
     with forced_path(model, ROWS[arch].layer_path or args.layer_path):
-        rec = measure_model(model, dictionary, arch, mode, length, args, device)
+        rec = measure_model(model, dictionary, arch, mode, length, args, device, readings)
         rec["layer_path"] = paths_ran(model)  # as the layers took it: cpu, whole, flex (None: no such layer)
     rec["params"] = params
     if device.type == "cuda":
@@ -366,7 +373,32 @@ def measure(arch, mode, length, args) -> dict:
     return rec
 
 
-def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
+def wants_readings(arch, mode, length, args) -> bool:
+    """Whether a row is profiled after it is timed: the S4D split, ``--profile``'s table."""
+    return bool(args.profile) or (ROWS[arch].ssm_split and mode == "enc" and length <= args.ssm_breakdown_max_length)
+
+
+def take_readings(model, step, arch, mode, length, args, device) -> dict:
+    """The row's readings under the profiler (after its timed calls, never before them)."""
+    rec = {}
+    if ROWS[arch].ssm_split and mode == "enc" and length <= args.ssm_breakdown_max_length:
+        rec.update(ssm_breakdown(model, step, device))
+    if args.profile:
+        rec["profile"] = profile_table(step, arch, mode, length, args)
+    return rec
+
+
+def measure_readings(arch, mode, length, args) -> dict:
+    """``take_readings`` of a row in a model built again, after one warm-up call (``--one-process``:
+    every row of the process is timed before any is profiled)."""
+    model, dictionary, device = _built(arch, length, args)
+    with forced_path(model, ROWS[arch].layer_path or args.layer_path):
+        step = make_step(model, dictionary, mode, length, args, device)
+        step()  # what the timed calls found built: LOCOST's cached spectra, compiled kernels
+        return take_readings(model, step, arch, mode, length, args, device)
+
+
+def measure_model(model, dictionary, arch, mode, length, args, device, readings: bool = True) -> dict:
     step = make_step(model, dictionary, mode, length, args, device)
     base = reset_peak(device)
     for _ in range(args.warmup):
@@ -399,71 +431,88 @@ def measure_model(model, dictionary, arch, mode, length, args, device) -> dict:
     if mode == "gen":
         rec["new_tokens"] = out
         rec["new_tokens_per_s"] = out / rec["median_s"]
-    if ROWS[arch].ssm_split and mode == "enc" and length <= args.ssm_breakdown_max_length:
-        rec.update(ssm_breakdown(model, step, device))
-    if args.profile:
-        rec["profile"] = profile_table(step, arch, mode, length, args)
+    if readings:
+        rec.update(take_readings(model, step, arch, mode, length, args, device))
     return rec
 
 
 def _child(conn, arch, mode, length, args):
-    try:
-        rec = measure(arch, mode, length, args)
-        rec["status"] = "ok"
-    except Exception as e:  # noqa: BLE001  (reported in the results, the suite goes on)
-        rec = {"status": f"failed: {type(e).__name__}: {str(e)[:300]}"}
-        traceback.print_exc()
-    conn.send(rec)
+    conn.send(_attempt(measure, arch, mode, length, args))  # its own process: profiled after its timing
     conn.close()
 
 
-def _child_rows(conn, rows, args):
-    """``_child`` for several rows: each record is sent as soon as it is measured."""
-    for arch, mode, length in rows:
-        try:
-            rec = measure(arch, mode, length, args)
-            rec["status"] = "ok"
-        except Exception as e:  # noqa: BLE001  (reported in the results, the next row goes on)
-            rec = {"status": f"failed: {type(e).__name__}: {str(e)[:300]}"}
-            traceback.print_exc()
+def _attempt(fn, *a, **kw) -> dict:
+    """``fn``'s record with status ok, or the failure as a status (the next row goes on)."""
+    try:
+        return dict(fn(*a, **kw), status="ok")
+    except Exception as e:  # noqa: BLE001  (reported in the results)
+        traceback.print_exc()
+        return {"status": f"failed: {type(e).__name__}: {str(e)[:300]}"}
+    finally:
         gc.collect()
-        if args.device == "cuda":
+        if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
-        conn.send((arch, mode, length, rec))
+
+
+def _child_rows(conn, rows, args):
+    """``_child`` for several rows, each record sent as soon as it is measured: every row timed
+    first, then the profiled readings of those that want them (``measure_readings``), each sent
+    again with its readings. A profiler with CUDA activity stays attached to the process after its
+    block (CUPTI is not torn down; pytorch/pytorch#144455) and slows every later launch: a row
+    timed after another row's profile waited on a slower host (LED's encoder at 16K on an H200:
+    16.5 ms after the profiles of the rows before it, 12.7 ms in a run without a profiler)."""
+    timed = {}
+    for row in rows:
+        timed[row] = _attempt(measure, *row, args, readings=False)
+        conn.send((*row, timed[row]))
+    for row in rows:
+        if timed[row]["status"] == "ok" and wants_readings(*row, args):
+            extra = _attempt(measure_readings, *row, args)
+            if extra.pop("status") == "ok":
+                conn.send((*row, dict(timed[row], **extra)))
+    conn.send(None)  # the end: every row sent
     conn.close()
 
 
 def run_rows(rows, args):
-    """The records of ``rows`` [(arch, mode, length)] in order, from one process (``--one-process``);
-    a row that times out or kills the process ends it, and it and the rows after it say so."""
+    """The records of ``rows`` [(arch, mode, length)] from one process (``--one-process``), as they
+    come: each row once timed, in order, then again with its profiled readings where it has any. A
+    row that times out or kills the process ends it, and it and the rows not timed yet say so (a
+    reading that does: the rows keep their times, without it)."""
     ctx = mp.get_context(start_method(args))
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child_rows, args=(send, rows, args))
     proc.start()
     send.close()
-    for i, (arch, mode, length) in enumerate(rows):
-        base = {"arch": arch, "mode": mode, "length": length, "device": args.device}
-        status = None
-        if recv.poll(args.timeout):
-            try:
-                _, _, _, rec = recv.recv()
-                yield dict(base, **rec)
-                continue
-            except EOFError:
-                proc.join()
-                status = f"died (exit code {proc.exitcode}; out of memory?)"
-        else:
+    untimed = list(rows)
+    status = None
+    while True:
+        if not recv.poll(args.timeout):
             proc.kill()
             status = f"timeout after {args.timeout:.0f} s"
-        for arch, mode, length in rows[i:]:
-            yield {
-                "arch": arch,
-                "mode": mode,
-                "length": length,
-                "device": args.device,
-                "status": status if (arch, mode, length) == rows[i] else f"not run: {status} in an earlier row",
-            }
-        break
+            break
+        try:
+            message = recv.recv()
+        except EOFError:
+            proc.join()
+            status = f"died (exit code {proc.exitcode}; out of memory?)"
+            break
+        if message is None:
+            break
+        arch, mode, length, rec = message
+        if (arch, mode, length) in untimed:
+            untimed.remove((arch, mode, length))
+        yield dict({"arch": arch, "mode": mode, "length": length, "device": args.device}, **rec)
+    for i, (arch, mode, length) in enumerate(untimed):
+        yield {
+            "arch": arch,
+            "mode": mode,
+            "length": length,
+            "device": args.device,
+            "status": status if i == 0 else f"not run: {status} in an earlier row",
+        }
+    if status is not None and not untimed:
+        print(f"run.py: the profiled readings stopped ({status}); every row was timed", file=sys.stderr)
     proc.join()
 
 
@@ -610,6 +659,8 @@ def main(argv=None):
                 f"{rec['median_s']:8.3f} s  peak {rec['peak_mb']:8.0f} MiB  "
                 f"above weights {rec['activations_mb']:8.0f} MiB  ({len(rec['times_s'])} timed)"
             )
+            if any(k in rec for k in ("profile", "ssm_share")):
+                msg += "  + profiled readings"
         else:
             msg = rec["status"]
         print(f"{rec['length']:>7} {rec['mode']:<5} {rec['arch']:<16} {msg}", flush=True)

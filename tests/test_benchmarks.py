@@ -737,3 +737,70 @@ def test_ab_report_judges_each_change_against_the_old_commits_spread(tmp_path):
 def test_ab_report_needs_no_torch():
     code = "import sys; sys.path.insert(0, 'benchmarks'); import ab_report; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
+
+
+def test_one_process_times_every_row_before_it_profiles_any(run_module, monkeypatch, tmp_path):
+    """--one-process with --profile (and LOCOST's S4D split): all rows timed, then each profiled in a
+    model built again, its record sent again with the readings; the times are the first pass's. A
+    profiler with CUDA activity stays attached after its block and slows later launches, so no row
+    may be timed after another's profile (the fork start method: the child has these patches)."""
+    events = tmp_path / "events"
+
+    def logged(name, fn):
+        def wrapper(*a, **kw):
+            with open(events, "a") as f:
+                f.write(f"{name} {a[2]}\n")  # the arch
+            return fn(*a, **kw)
+
+        return wrapper
+
+    monkeypatch.setattr(run_module, "measure_model", logged("time", run_module.measure_model))
+    monkeypatch.setattr(run_module, "take_readings", logged("read", run_module.take_readings))
+    args = run_module.parse_args(
+        [
+            "--smoke",
+            "--arch",
+            "linear",
+            "locost",
+            "--modes",
+            "enc",
+            "--one-process",
+            "--profile",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert run_module.start_method(args) == "fork"
+    records = list(run_module.run_rows([("linear", "enc", 256), ("locost", "enc", 256)], args))
+    assert events.read_text().split("\n")[:-1] == ["time linear", "time locost", "read linear", "read locost"]
+    assert [(r["arch"], "profile" in r) for r in records] == [
+        ("linear", False),
+        ("locost", False),
+        ("linear", True),
+        ("locost", True),
+    ]
+    timed, read = records[1], records[3]
+    assert read["times_s"] == timed["times_s"] and read["status"] == "ok"
+    assert 0 <= read["ssm_share"] <= 1 and os.path.exists(read["profile"])
+
+
+def test_one_process_rows_not_timed_say_why(run_module, monkeypatch, tmp_path):
+    """A child that dies: the rows timed keep their records, the first one not timed says it died,
+    the rest that they did not run."""
+
+    def dies(arch, *a, **kw):
+        if arch == "locost":
+            os._exit(3)
+        return {"times_s": [1.0], "median_s": 1.0}
+
+    monkeypatch.setattr(run_module, "measure", dies)
+    args = run_module.parse_args(
+        ["--smoke", "--arch", "linear", "--modes", "enc", "--one-process", "--out", str(tmp_path)]
+    )
+    rows = [("linear", "enc", 256), ("locost", "enc", 256), ("led", "enc", 256)]
+    records = list(run_module.run_rows(rows, args))
+    assert [(r["arch"], r["status"]) for r in records] == [
+        ("linear", "ok"),
+        ("locost", "died (exit code 3; out of memory?)"),
+        ("led", "not run: died (exit code 3; out of memory?) in an earlier row"),
+    ]

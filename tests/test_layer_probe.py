@@ -1,6 +1,8 @@
 """benchmarks/layer_probe.py, one attention layer eager against captured (issue 33's next GPU
 reading): its harness on CPU, where a CUDA graph cannot be captured and says so in its row."""
 
+import json
+
 import pytest
 import torch
 
@@ -32,15 +34,20 @@ def test_the_compiled_layer_computes_the_same():
     assert compiled["status"] == "ok" and compiled["diff"] <= 1e-5  # float32: the same function
 
 
-def test_profile_dir_gets_each_paths_op_table_and_the_record_its_times(tmp_path):
-    """--profile-dir: each path's model call profiled after its rows: host time and aten calls a
-    call in the record (no device time on CPU), the ops by host time in profile_layer_<path>.txt,
-    and the report's table of them."""
-    result = {"heads": 4, "dim": 64, "dtype": "float32", "length": 256, "device": "cpu", "repeat": 1, "warmup": 0}
-    result["paths"] = [
-        probe.run_path(name, args(variants=["model"], profile_dir=str(tmp_path), profile_calls=2), "cpu", torch.float32)
-        for name in ("lsg_whole", "led_whole")
-    ]
+def test_profile_dir_gets_each_paths_op_table_and_the_record_its_times(tmp_path, monkeypatch):
+    """--profile-dir: every path's rows timed first, then each path's model call profiled: host time
+    and aten calls a call in the record (no device time on CPU), the ops by host time in
+    profile_layer_<path>.txt, and the report's table of them."""
+    events = []
+    for name in ("time_variants", "host_profile"):
+        original = getattr(probe, name)
+        monkeypatch.setattr(probe, name, lambda *a, _f=original, _n=name, **kw: events.append(_n) or _f(*a, **kw))
+    out = tmp_path / "layer.json"
+    argv = ["--device", "cpu", "--dtype", "fp32", "--length", "256", "--dim", "64", "--heads", "4", "--warmup", "0"]
+    argv += ["--repeat", "1", "--paths", "lsg_whole", "led_whole", "--variants", "model", "--out", str(out)]
+    probe.main(argv + ["--profile-dir", str(tmp_path), "--profile-calls", "2"])
+    assert events == ["time_variants", "time_variants", "host_profile", "host_profile"]
+    result = json.loads(out.read_text())
     for part in result["paths"]:
         pr = part["profile"]
         assert pr["calls"] == 2 and pr["host_ms"] > 0 and pr["device_ms"] == 0 and pr["aten_ops"] > 10
@@ -48,8 +55,11 @@ def test_profile_dir_gets_each_paths_op_table_and_the_record_its_times(tmp_path)
         assert "aten::addmm" in table and "Self CPU" in table
     text = probe.markdown(result)
     assert "| led_whole | " in text.split("under the profiler")[1]
-    without = probe.run_path("lsg_whole", args(variants=["model"]), "cpu", torch.float32)
-    assert "profile" not in without and "under the profiler" not in probe.markdown({**result, "paths": [without]})
+    probe.main(argv)
+    without = json.loads(out.read_text())
+    assert all("profile" not in part for part in without["paths"]) and "under the profiler" not in probe.markdown(
+        without
+    )
 
 
 def test_cli_refuses_what_it_cannot_run(tmp_path, capsys):
