@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -108,7 +109,8 @@ def markdown(result: dict) -> str:
         "# Dispatcher ops of one call, whole-tensor paths forced (`benchmarks/op_count.py`)",
         "",
         f"Command: `{result['command']}`  ",
-        f"torch {result['torch']}, {result['machine']}; counts do not depend on the machine's load.",
+        f"torch {result['torch']}, {result['machine']}, {result['seconds']:.0f} s in all; counts do not depend on the "
+        "machine's load.",
         "",
         "| row | mode | tokens | path | ops | launches | launches vs first row | most frequent launches |",
         "|---|---|---:|---|---:|---:|---:|---|",
@@ -139,6 +141,7 @@ def main(argv=None):
     settings = run.parse_args(bench_argv)  # the benchmark's row settings (block sizes, window, vocab)
     lengths = settings.lengths if args.smoke else args.lengths
     torch.set_num_threads(min(2, torch.get_num_threads()))
+    start = time.time()
     rows = []
     for arch in args.arch:
         for mode in args.modes:
@@ -152,6 +155,7 @@ def main(argv=None):
         "command": "python benchmarks/op_count.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {run.cpu_name()}",
+        "seconds": time.time() - start,
         "rows": rows,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

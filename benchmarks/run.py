@@ -663,7 +663,8 @@ def main(argv=None):
                 msg += "  + profiled readings"
         else:
             msg = rec["status"]
-        print(f"{rec['length']:>7} {rec['mode']:<5} {rec['arch']:<16} {msg}", flush=True)
+        # the seconds since the start: where a stage's wall goes (model builds, compiles, timed calls)
+        print(f"{rec['length']:>7} {rec['mode']:<5} {rec['arch']:<16} {msg}  [{time.time() - start:.0f} s]", flush=True)
         write_outputs(records, meta_runs + [run_meta], args, stem, plots=False)
     run_meta["seconds"] = round(time.time() - start, 1)
     run_meta["load_average_end"] = load_average()
