@@ -11,6 +11,10 @@ the logits, float32 on the device against the reference's outputs (the fixture's
 whole-tensor paths; with ``--device cpu`` (the CI smoke) ``--layer-path whole`` forces them, so
 the comparison with the CPU result is not empty there either.
 
+Besides, per dtype: whether the layers' one-pass gelu (``lsg_fairseq.models.activation``) gives
+fairseq's ``gelu`` bit for bit on the device, values and gradients (a line under the table; the
+exit status says no if it does not).
+
     python benchmarks/device_conformance.py --device cuda --out /tmp/conformance.json
     python benchmarks/device_conformance.py --device cpu --layer-path whole --fixtures ../shared/fixtures
 """
@@ -185,6 +189,35 @@ def check(fixtures, device, layer_path, dtypes, work, families=tuple(FAMILIES)):
     return rows
 
 
+def gelu_check(device, dtypes) -> dict:
+    """{dtype: {"values": bool, "grads": bool}}: one-pass gelu against fairseq's on ``device``, on a
+    seeded (4096, 3072) tensor (the FFN's width) with zeros, tiny, huge and infinite entries (NaN
+    where both are NaN counts as equal)."""
+    from fairseq.modules.gelu import gelu as fairseq_gelu
+
+    from lsg_fairseq.models.activation import one_pass_gelu
+
+    def same(a, b):
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+    out = {}
+    for name in dtypes:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(4096, 3072, generator=g) * 4
+        x[0, :7] = torch.tensor([0.0, -0.0, 1e-8, -30.0, 30.0, float("inf"), -float("inf")])
+        x = x.to(device=device, dtype=DTYPES[name]).requires_grad_(True)
+        ours, theirs = one_pass_gelu(x), fairseq_gelu(x)
+        (g_ours,) = torch.autograd.grad(ours.float().nansum(), x)
+        (g_theirs,) = torch.autograd.grad(theirs.float().nansum(), x)
+        out[name] = {"values": same(ours, theirs), "grads": same(g_ours, g_theirs)}
+    return out
+
+
+def gelu_line(gelu: dict) -> str:
+    cells = ", ".join(f"{t} {'yes' if r['values'] and r['grads'] else '**NO**'}" for t, r in gelu.items())
+    return f"\nOne-pass gelu equals fairseq's bit for bit (values and gradients): {cells}.\n"
+
+
 def markdown(rows, dtypes) -> str:
     half = [t for t in dtypes if t != "fp32"]
     head = (
@@ -220,6 +253,7 @@ def main(argv=None):
     start = time.time()
     with tempfile.TemporaryDirectory() as work:
         rows = check(fixtures, args.device, args.layer_path, args.dtypes, work, args.families)
+    gelu = gelu_check(args.device, args.dtypes)
     result = {
         "device": args.device,
         "layer_path": args.layer_path,
@@ -227,16 +261,18 @@ def main(argv=None):
         "seconds": round(time.time() - start, 1),
         "rows": rows,
         "all_fp32_within_tolerance": all(r["fp32_ok"] for r in rows),
+        "gelu_one_pass": gelu,
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(markdown(rows, args.dtypes))
+        f.write(markdown(rows, args.dtypes) + gelu_line(gelu))
+    gelu_same = all(r["values"] and r["grads"] for r in gelu.values())
     print(
-        f"{len(rows)} rows, fp32 within {TOLERANCE:g} of the references: {result['all_fp32_within_tolerance']} "
-        f"({result['seconds']:.0f} s)"
+        f"{len(rows)} rows, fp32 within {TOLERANCE:g} of the references: {result['all_fp32_within_tolerance']}; "
+        f"one-pass gelu the same as fairseq's: {gelu_same} ({result['seconds']:.0f} s)"
     )
-    return 0 if result["all_fp32_within_tolerance"] else 1
+    return 0 if result["all_fp32_within_tolerance"] and gelu_same else 1
 
 
 if __name__ == "__main__":

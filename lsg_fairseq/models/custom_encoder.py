@@ -27,6 +27,7 @@ from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from lsg_fairseq.models.activation import activation_fn
 from lsg_fairseq.models.layer_wrap import wrap_layer
 from lsg_layers.modules.lean_ffn import bool_dropout, ffn_recompute_activation
 from lsg_text.argtypes import bool_flag
@@ -139,7 +140,8 @@ class LongInputEncoder(TransformerEncoder):
 
 class LongInputEncoderLayer(TransformerEncoderLayerBase):
     """fairseq's encoder layer (same modules and state dict) whose self-attention is
-    ``cfg.self_attention`` (:class:`LongInputConfig`), with two changes to ``forward``.
+    ``cfg.self_attention`` (:class:`LongInputConfig`) and whose gelu is one pass
+    (:mod:`~lsg_fairseq.models.activation`), with two changes to ``forward``.
 
     - Keyword arguments after ``attn_mask`` go to the self-attention (LED: the global mask), so
       subclasses need no side channel around fairseq's fixed call.
@@ -154,6 +156,7 @@ class LongInputEncoderLayer(TransformerEncoderLayerBase):
     def __init__(self, cfg: LongInputConfig, return_fc: bool = False, lean: bool = True):
         super().__init__(cfg, return_fc=return_fc)
         self.lean = lean
+        self.activation_fn = activation_fn(cfg.activation_fn)  # gelu in one pass (models.activation)
 
     def build_self_attention(self, embed_dim, cfg):
         return cfg.self_attention(embed_dim, cfg.encoder.attention_heads, dropout=cfg.attention_dropout)

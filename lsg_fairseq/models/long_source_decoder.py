@@ -13,13 +13,19 @@ with LED, BART or an LSG-BART of another number of global tokens would otherwise
 from fairseq.models.transformer import TransformerDecoderBase
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
 
+from lsg_fairseq.models.activation import activation_fn
 from lsg_fairseq.models.layer_wrap import wrap_layer
 from lsg_fairseq.models.cross_attention import LongSourceCrossAttention
 
 
 class LongSourceDecoderLayer(TransformerDecoderLayerBase):
     """fairseq's decoder layer whose cross-attention keeps no probability tensor (see
-    :mod:`lsg_fairseq.models.cross_attention`)."""
+    :mod:`lsg_fairseq.models.cross_attention`) and whose gelu is one pass
+    (:mod:`~lsg_fairseq.models.activation`)."""
+
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
+        self.activation_fn = activation_fn(cfg.activation_fn)
 
     def build_encoder_attention(self, embed_dim, cfg):
         return LongSourceCrossAttention(
