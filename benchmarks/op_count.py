@@ -24,16 +24,12 @@ import platform
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-import run  # noqa: E402  (benchmarks/run.py: the rows, their flags and models)
-from bench_models import make_step  # noqa: E402
-from lsg_layers.modules.paths import forced_path, paths_ran  # noqa: E402
+import run  # benchmarks/run.py, beside this script: the rows, their flags and models
+from bench_models import make_step
+from lsg_layers.modules.paths import forced_path, paths_ran
 
 # Ops that only make a view, and the profiler's labels: no kernel runs for them; the rest are
 # counted as launches.
