@@ -300,8 +300,9 @@ LED_BATCH_OPS = {"ones", "bitwise_not", "full_like", "zeros", "scatter_", "where
 def test_led_later_layers_issue_nothing_for_the_batch(T):
     """With the encoder's per-forward dict, the first LED layer builds the plan and a later layer
     issues only its own work (projections, one gather each for keys and values, one SDPA, the
-    global rows' products and write-back): ~25 launches instead of ~36 when each layer found the
-    batch's padding and globals again. On a GPU at batch 1 every launch is host time."""
+    global rows' products and write-back): ~23 launches instead of ~36 when each layer found the
+    batch's padding and globals again, and ~80 ops in all (the global rows' products as batched
+    matrix products, not einsums: ~100 before). On a GPU at batch 1 every op is host time."""
     layer = LEDRun.make("cpu").eval()
     x = LEDRun.make_input(T, "cpu").detach()
     kw = dict(
@@ -318,7 +319,7 @@ def test_led_later_layers_issue_nothing_for_the_batch(T):
     assert not LED_BATCH_OPS & set(later.ops), {op: later.ops[op] for op in LED_BATCH_OPS & set(later.ops)}
     # one pad, of the layer's input to whole blocks, where T needs it (the first also pads the masks)
     assert later.ops["constant_pad_nd"] == int(T % layer.block_size > 0)
-    assert later.launches <= 26, later.ops
+    assert later.launches <= 24 and sum(later.ops.values()) <= 82, later.ops
     assert torch.equal(out, reference)
 
 

@@ -435,16 +435,20 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         ):
             wk = self.k_proj_global.weight.view(h, d, C)
             wv = self.v_proj_global.weight.view(h, d, C)
-            qk = torch.einsum("nghd,hdc->nghc", qg, wk).reshape(n, Gm * h, C)  # (n, Gm*h, C)
+            # per head, one product of the weight with the rows of every batch row and global (the
+            # batch folded into the rows: no weight copied per batch row, few ops on the host)
+            qh = qg.view(n * Gm, h, d).transpose(0, 1)  # (h, n*Gm, d)
+            qk = torch.bmm(qh, wk).transpose(0, 1).reshape(n, Gm * h, C)  # (n, Gm*h, C)
             scores = torch.bmm(qk, x.transpose(1, 2)).view(n, Gm, h, t)  # (n, Gm, h, t)
             if self.k_proj_global.bias is not None:
                 scores = scores + (qg * self.k_proj_global.bias.view(h, d)).sum(-1)[..., None]
             p = torch.softmax(scores.masked_fill(outside, neg), dim=-1)
             p = F.dropout(p, dropout, self.training)
-            pooled = torch.bmm(p.view(n, Gm * h, t), x).view(n, Gm, h, C)  # (n, Gm, h, C)
-            og = torch.einsum("nghc,hdc->nghd", pooled, wv)  # (n, Gm, h, d)
-            if self.v_proj_global.bias is not None:
-                og = og + p.sum(-1)[..., None] * self.v_proj_global.bias.view(h, d)
+            pooled = torch.bmm(p.view(n, Gm * h, t), x).view(n * Gm, h, C).transpose(0, 1)  # (h, n*Gm, C)
+            og = torch.bmm(pooled, wv.transpose(1, 2)).transpose(0, 1).reshape(n, Gm, h, d)  # (n, Gm, h, d)
+            bv = self.v_proj_global.bias
+            if bv is not None:  # sum_j p_j bv: the probabilities sum to 1 unless dropout zeroed some
+                og = og + (p.sum(-1)[..., None] * bv.view(h, d) if dropout > 0 else bv.view(h, d))
         else:
             kg = self.k_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
             vg = self.v_proj_global(x).view(n, t, h, d).transpose(1, 2)  # (n, h, t, d)
