@@ -227,3 +227,49 @@ def test_norm_gathers_each_rows_own_tokens_from_a_padded_buffer():
         for hh in range(2):
             want = k[r, :4, hh][k[r, :4, hh].norm(dim=-1).topk(2).indices]
             assert torch.equal(_by_chunk(sk[r, :2, hh], 2), _by_chunk(want, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,idx_rows", [(1, 1), (2, 2), (2, 1)], ids=["one_row", "per_row_index", "shared_index"])
+def test_both_copy_forms_give_the_same_rows_and_gradients(n, idx_rows, dtype):
+    """gather_rows' CPU form (index_select on the batch's (token, head) rows) and its form elsewhere
+    (gather by the index expanded over d) copy the same rows: the same values and gradients, for
+    keys that are a strided slice of a bigger buffer (the tokens after the globals)."""
+    g = torch.Generator().manual_seed(0)
+    t, h, d, G, ns = 40, 3, 8, 2, 10
+    buf = torch.randn(n, G + t, h, d, generator=g).to(dtype)
+    idx = torch.randint(0, t, (idx_rows, ns, h), generator=g)
+    results = []
+    for form in (sparse._rows_by_index, sparse._rows_by_gather):
+        kb, vb = buf.clone().requires_grad_(True), (buf * 2).clone().requires_grad_(True)
+        sk, sv = form(kb[:, G:], vb[:, G:], idx)
+        weights = torch.linspace(-1, 1, sk.numel()).view(sk.shape).to(dtype)
+        ((sk * weights).sum() + (sv * weights).sum()).backward()
+        results.append((sk, sv, kb.grad, vb.grad))
+    for a, b in zip(*results):
+        assert a.shape == b.shape and torch.equal(a, b)
+    assert results[0][0].shape == (n, ns, h, d)
+
+
+def test_the_gather_form_issues_four_ops():
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    k = torch.randn(1, 64, 4, 8)
+    idx = torch.randint(0, 64, (1, 16, 4))
+    with Ops() as by_gather:
+        sparse._rows_by_gather(k, k, idx)
+    with Ops() as by_index:
+        sparse._rows_by_index(k, k, idx)
+    assert sum(by_gather.ops.values()) == 4 and by_gather.ops["gather"] == 2
+    assert sum(by_index.ops.values()) > 10

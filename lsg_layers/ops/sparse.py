@@ -37,20 +37,39 @@ Sparse = Tuple[Tensor, Tensor, Optional[Tensor]]
 def gather_rows(k: Tensor, v: Tensor, mask: Optional[Tensor], idx: Tensor) -> Sparse:
     """Entry p of head hh is token ``idx[., p, hh]``: idx (n | 1, ns, h) token positions.
 
-    Each (token, head) row of d values is copied whole: one ``index_select`` on the (n * t * h, d)
-    rows of the batch, so the result is token-major without any transpose. One call for the
-    whole batch, not one per row: a row's own gather would be a view of it, but in backward each
-    view's gradient is laid into zeros the size of the whole batch (n^2 in the batch size)."""
+    Each (token, head) row of d values is copied whole, token-major, for the whole batch in one
+    call per tensor. Two forms of the same copies: on a CPU one ``index_select`` on the (n * t * h,
+    d) rows of the batch (:func:`_rows_by_index`: whole rows, the fastest copy there); elsewhere
+    one ``gather`` along the tokens by the index expanded over d (:func:`_rows_by_gather`: a GPU's
+    gather reads such an index once a row), four ops to issue where the row arithmetic takes a
+    dozen: at batch 1 a GPU waits on the host's ops (``benchmarks/op_count.py``)."""
+    n, t, h, d = k.shape
+    ns = idx.size(1)
+    sk, sv = (_rows_by_index if k.device.type == "cpu" else _rows_by_gather)(k, v, idx)
+    sm = None
+    if mask is not None:
+        sm = mask.gather(1, (idx.expand(n, ns, h)).reshape(n, ns * h)).view(n, ns, h).transpose(1, 2)  # (n, h, ns)
+    return sk, sv, sm
+
+
+def _rows_by_index(k: Tensor, v: Tensor, idx: Tensor) -> Tuple[Tensor, Tensor]:
+    """:func:`gather_rows`' copies as one ``index_select`` per tensor. One call for the whole batch,
+    not one per row: a row's own gather would be a view of it, but in backward each view's gradient
+    is laid into zeros the size of the whole batch (n^2 in the batch size)."""
     n, t, h, d = k.shape
     ns = idx.size(1)
     rows = idx * h + torch.arange(h, device=idx.device)  # (n|1, ns, h): rows of one (t * h, d) view
     flat = (rows + torch.arange(0, n * t * h, t * h, device=idx.device)[:, None, None]).reshape(n * ns * h)
     sk = k.reshape(n * t * h, d).index_select(0, flat).view(n, ns, h, d)  # reshape: a copy where rows are apart
     sv = v.reshape(n * t * h, d).index_select(0, flat).view(n, ns, h, d)
-    sm = None
-    if mask is not None:
-        sm = mask.gather(1, (idx.expand(n, ns, h)).reshape(n, ns * h)).view(n, ns, h).transpose(1, 2)  # (n, h, ns)
-    return sk, sv, sm
+    return sk, sv
+
+
+def _rows_by_gather(k: Tensor, v: Tensor, idx: Tensor) -> Tuple[Tensor, Tensor]:
+    """:func:`gather_rows`' copies as one ``gather`` per tensor (k and v may be strided views)."""
+    n, t, h, d = k.shape
+    rows = idx[..., None].expand(n, idx.size(1), h, d)  # (n, ns, h, d), no copy
+    return k.gather(1, rows), v.gather(1, rows)
 
 
 def norm(k: Tensor, v: Tensor, mask: Optional[Tensor], chunk: int, sf: int, order_matters: bool) -> Sparse:
