@@ -373,15 +373,19 @@ def measure(arch, mode, length, args, readings: bool = True) -> dict:
     return rec
 
 
+def _splits_ssm(arch, mode, length, args) -> bool:
+    return bool(ROWS[arch].ssm_split) and mode == "enc" and length <= args.ssm_breakdown_max_length
+
+
 def wants_readings(arch, mode, length, args) -> bool:
     """Whether a row is profiled after it is timed: the S4D split, ``--profile``'s table."""
-    return bool(args.profile) or (ROWS[arch].ssm_split and mode == "enc" and length <= args.ssm_breakdown_max_length)
+    return bool(args.profile) or _splits_ssm(arch, mode, length, args)
 
 
 def take_readings(model, step, arch, mode, length, args, device) -> dict:
     """The row's readings under the profiler (after its timed calls, never before them)."""
     rec = {}
-    if ROWS[arch].ssm_split and mode == "enc" and length <= args.ssm_breakdown_max_length:
+    if _splits_ssm(arch, mode, length, args):
         rec.update(ssm_breakdown(model, step, device))
     if args.profile:
         rec["profile"] = profile_table(step, arch, mode, length, args)
