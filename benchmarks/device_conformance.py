@@ -11,9 +11,11 @@ the logits, float32 on the device against the reference's outputs (the fixture's
 whole-tensor paths; with ``--device cpu`` (the CI smoke) ``--layer-path whole`` forces them, so
 the comparison with the CPU result is not empty there either.
 
-Besides, per dtype: whether the layers' one-pass gelu (``lsg_fairseq.models.activation``) gives
-fairseq's ``gelu`` bit for bit on the device, values and gradients (a line under the table; the
-exit status says no if it does not).
+Besides, per dtype, two forms the models take on a GPU against the operations they replace, on
+the device, values and gradients (lines under the table; the exit status says no if one fails):
+the layers' one-pass gelu (``lsg_fairseq.models.activation``) against fairseq's ``gelu``, bit for
+bit; LOCOST's fused RMSNorm (``T5LayerNorm``, ``F.rms_norm``) against HF's operations, within one
+rounding of the dtype (``RMS_ULP``) relative to the largest entry (gradients: four).
 
     python benchmarks/device_conformance.py --device cuda --out /tmp/conformance.json
     python benchmarks/device_conformance.py --device cpu --layer-path whole --fixtures ../shared/fixtures
@@ -213,6 +215,48 @@ def gelu_check(device, dtypes) -> dict:
     return out
 
 
+RMS_ULP = {"fp32": 2**-22, "bf16": 2**-7, "fp16": 2**-10}
+
+
+def rms_norm_check(device, dtypes) -> dict:
+    """{dtype: {"fused": whether T5LayerNorm takes it there, "values": rel. diff, "grads": rel. diff,
+    "ok": within the bounds}}: ``F.rms_norm`` against ``T5LayerNorm.reference`` on a seeded
+    (3, 4096, 768) input (base width)."""
+    import torch.nn.functional as F
+
+    from lsg_layers.modules.t5_layers import T5LayerNorm
+
+    out = {}
+    for name in dtypes:
+        g = torch.Generator().manual_seed(0)
+        norm = T5LayerNorm(768, eps=1e-6)
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(768, generator=g) + 0.5)
+        norm = norm.to(device=device, dtype=DTYPES[name])
+        x = (torch.randn(3, 4096, 768, generator=g) * 3).to(device=device, dtype=DTYPES[name]).requires_grad_(True)
+        fused, reference = F.rms_norm(x, (768,), norm.weight, norm.variance_epsilon), norm.reference(x)
+        grad = torch.randn(fused.shape, generator=g).to(device=device, dtype=fused.dtype)
+        pairs = zip(
+            torch.autograd.grad(fused, (x, norm.weight), grad), torch.autograd.grad(reference, (x, norm.weight), grad)
+        )
+        grads = max(float((a.float() - b.float()).abs().max() / b.float().abs().max()) for a, b in pairs)
+        values = float(
+            (fused.detach().float() - reference.detach().float()).abs().max() / reference.detach().abs().max()
+        )
+        ok = values <= RMS_ULP[name] and grads <= 4 * RMS_ULP[name]
+        out[name] = {"fused": norm.fused(x), "values": values, "grads": grads, "ok": ok}
+    return out
+
+
+def rms_norm_line(checks: dict) -> str:
+    cells = ", ".join(
+        f"{t} {r['values']:.1e} / {r['grads']:.1e} ({'ok' if r['ok'] else '**NO**'}"
+        f"{'' if r['fused'] else ', not taken here'})"
+        for t, r in checks.items()
+    )
+    return f"\nFused RMSNorm against HF's operations (values / gradients, relative to the largest entry): {cells}.\n"
+
+
 def gelu_line(gelu: dict) -> str:
     cells = ", ".join(f"{t} {'yes' if r['values'] and r['grads'] else '**NO**'}" for t, r in gelu.items())
     return f"\nOne-pass gelu equals fairseq's bit for bit (values and gradients): {cells}.\n"
@@ -254,6 +298,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as work:
         rows = check(fixtures, args.device, args.layer_path, args.dtypes, work, args.families)
     gelu = gelu_check(args.device, args.dtypes)
+    rms = rms_norm_check(args.device, args.dtypes)
     result = {
         "device": args.device,
         "layer_path": args.layer_path,
@@ -262,17 +307,20 @@ def main(argv=None):
         "rows": rows,
         "all_fp32_within_tolerance": all(r["fp32_ok"] for r in rows),
         "gelu_one_pass": gelu,
+        "rms_norm_fused": rms,
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(markdown(rows, args.dtypes) + gelu_line(gelu))
+        f.write(markdown(rows, args.dtypes) + gelu_line(gelu) + rms_norm_line(rms))
     gelu_same = all(r["values"] and r["grads"] for r in gelu.values())
+    rms_ok = all(r["ok"] for r in rms.values())
     print(
         f"{len(rows)} rows, fp32 within {TOLERANCE:g} of the references: {result['all_fp32_within_tolerance']}; "
-        f"one-pass gelu the same as fairseq's: {gelu_same} ({result['seconds']:.0f} s)"
+        f"one-pass gelu the same as fairseq's: {gelu_same}; fused RMSNorm within a rounding of HF's: {rms_ok} "
+        f"({result['seconds']:.0f} s)"
     )
-    return 0 if result["all_fp32_within_tolerance"] and gelu_same else 1
+    return 0 if result["all_fp32_within_tolerance"] and gelu_same and rms_ok else 1
 
 
 if __name__ == "__main__":

@@ -103,6 +103,10 @@ def test_conformance_stage_compares_with_the_references(smoke):
     for row in conformance["rows"]:
         assert 0 < row["logits_vs_reference"] <= 1e-4 and 0 < row["enc_vs_cpu"] <= 1e-4  # paths differ a little
         assert 1e-4 < row["bf16_logits_rel_vs_cpu"] < 0.1  # bfloat16 drifts, boundedly
+    # the forms a GPU takes against what they replace, measured on the device (here the CPU)
+    assert all(r["values"] and r["grads"] for r in conformance["gelu_one_pass"].values())
+    rms = conformance["rms_norm_fused"]
+    assert all(r["ok"] for r in rms.values()) and 0 < rms["bf16"]["values"] <= 2**-7
 
 
 def test_flex_stage_compares_with_the_whole_tensor_path(smoke):

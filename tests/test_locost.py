@@ -494,3 +494,43 @@ def test_gated_gelu_ffn_keeps_only_input_and_mask():
         ff(h)
     big = [t for t in saved if t.dtype.is_floating_point and t.numel() >= 50 * 32]
     assert big == [], [t.shape for t in big]  # no (.., d_ff) float tensor kept
+
+
+@pytest.mark.parametrize("dtype,ulp", [(torch.float32, 2**-22), (torch.bfloat16, 2**-7), (torch.float16, 2**-10)])
+def test_t5_layer_norm_fused_form_is_hfs_within_a_rounding(dtype, ulp, monkeypatch):
+    """T5LayerNorm's fused form (``F.rms_norm``: CUDA's kernels where x and the weight share a dtype;
+    forced here on CPU, torch's composite of the same function) against HF's operations
+    (``reference``): values and gradients within one rounding of the output dtype, relative to the
+    largest entry. A CPU tensor takes HF's operations, bit for bit."""
+    from lsg_layers.modules.t5_layers import T5LayerNorm
+
+    g = torch.Generator().manual_seed(0)
+    norm = T5LayerNorm(768, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(768, generator=g) + 0.5)
+    norm = norm.to(dtype)
+    x = (torch.randn(3, 257, 768, generator=g) * 3).to(dtype).requires_grad_(True)
+    assert not norm.fused(x) and torch.equal(norm(x), norm.reference(x))
+    monkeypatch.setattr(T5LayerNorm, "fused", lambda self, x: x.dtype == self.weight.dtype)
+    fused, reference = norm(x), norm.reference(x)
+    assert fused.dtype == reference.dtype == dtype
+    assert (fused.float() - reference.float()).abs().max() <= ulp * reference.float().abs().max()
+    grad = torch.randn(fused.shape, generator=g).to(dtype)
+    for a, b in zip(
+        torch.autograd.grad(fused, (x, norm.weight), grad), torch.autograd.grad(reference, (x, norm.weight), grad)
+    ):
+        assert (a.float() - b.float()).abs().max() <= 4 * ulp * b.float().abs().max()
+
+
+def test_fused_norms_give_the_models_outputs(tiny, monkeypatch):
+    """Every T5LayerNorm of the model in its fused form (forced on CPU): the logits of a padded
+    batch within float32 rounding of HF's operations."""
+    from lsg_layers.modules.t5_layers import T5LayerNorm
+
+    task, model = tiny
+    sample = batch(task, "valid", 3)["net_input"]
+    with torch.no_grad():
+        reference = model(**sample)[0]
+        monkeypatch.setattr(T5LayerNorm, "fused", lambda self, x: x.dtype == self.weight.dtype)
+        fused = model(**sample)[0]
+    assert torch.allclose(fused, reference, rtol=1e-5, atol=1e-5), (fused - reference).abs().max()
