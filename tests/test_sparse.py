@@ -252,24 +252,14 @@ def test_both_copy_forms_give_the_same_rows_and_gradients(n, idx_rows, dtype):
 
 
 def test_the_gather_form_issues_four_ops():
-    import collections
+    from conftest import load_script
 
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
+    OpCounter = load_script("benchmarks/op_count.py", "op_count").OpCounter
     k = torch.randn(1, 64, 4, 8)
     idx = torch.randint(0, 64, (1, 16, 4))
-    with Ops() as by_gather:
+    with OpCounter() as by_gather:
         sparse._rows_by_gather(k, k, idx)
-    with Ops() as by_index:
+    with OpCounter() as by_index:
         sparse._rows_by_index(k, k, idx)
     assert sum(by_gather.ops.values()) == 4 and by_gather.ops["gather"] == 2
     assert sum(by_index.ops.values()) > 10
