@@ -11,6 +11,8 @@ sparse-row copies timed on this CPU: the figures behind the host-op changes of
   base width on this CPU, interleaved, one thread: why the CPU keeps ``index_select``.
 
     python benchmarks/layer_ops.py --out benchmarks/results/layer_ops.md
+    git worktree add /tmp/old <commit> && cp benchmarks/layer_ops.py benchmarks/op_count.py /tmp/old/benchmarks/ \
+        && cd /tmp/old && PYTHONPATH=$PWD python benchmarks/layer_ops.py --copy-lengths --out /tmp/old.md  # before
 """
 
 import argparse
@@ -73,7 +75,7 @@ def copy_forms(length: int, rounds: int) -> dict:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--length", type=int, default=4096)
-    p.add_argument("--copy-lengths", type=int, nargs="+", default=[4096, 16384])
+    p.add_argument("--copy-lengths", type=int, nargs="*", default=[4096, 16384], help="none: no copy timing")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", required=True, help="markdown table")
     args = p.parse_args(argv)
@@ -95,8 +97,9 @@ def main(argv=None):
         counts = [layer_ops(pattern, args.length, device) for device in ("cpu", "meta")]
         cells = [f"{ops} / {launches}" for ops, launches in counts]
         lines.append(f"| {pattern} | {cells[0]} | {cells[1]} |")
-    lines += ["", f"Sparse-row copies, median ms a call over {args.rounds} interleaved rounds:", ""]
-    lines += ["| tokens | index_select | gather | gather / index_select |", "|---:|---:|---:|---:|"]
+    if args.copy_lengths:
+        lines += ["", f"Sparse-row copies, median ms a call over {args.rounds} interleaved rounds:", ""]
+        lines += ["| tokens | index_select | gather | gather / index_select |", "|---:|---:|---:|---:|"]
     for length in args.copy_lengths:
         t = copy_forms(length, args.rounds)
         ratio = t["gather"] / t["index_select"]
