@@ -2,8 +2,8 @@
 sparse-row copies timed on this CPU: the figures behind the host-op changes of
 ``flex_gpu_notes.md`` ("fewer ops for the host to issue").
 
-- ops: an lsg_bart_base attention layer (norm sparsity, one global token) and an led_base one
-  (window 1,024, the first token global), each called a second time with the first call's tables
+- ops: ``layer_probe.py``'s base attention layers (lsg: norm sparsity, one global token; led:
+  window 1,024, the first token global), each called a second time with the first call's tables
   (as a later layer of the encoder is), counted on ``cpu`` and on ``meta``. A ``meta`` tensor
   takes the form a GPU takes where a layer chooses by device (``ops.sparse.gather_rows``); meta
   decomposes a few ops, so compare counts within a device, not across.
@@ -24,33 +24,22 @@ import time
 
 import torch
 
-from lsg_layers.modules.longformer_attention import LongformerSelfAttention
-from lsg_layers.modules.lsg_attention import LSGSelfAttention
+from layer_probe import build  # benchmarks/layer_probe.py and op_count.py, beside this script
 from lsg_layers.ops import sparse
 from lsg_text.provenance import cpu_name
-from op_count import OpCounter  # benchmarks/op_count.py, beside this script
+from op_count import OpCounter
 
 
 def layer_ops(pattern: str, length: int, device: str) -> tuple:
-    """(ops, launches) of a later layer's call: the second, with the first call's tables."""
-    torch.manual_seed(0)
-    if pattern == "lsg":
-        sizes = dict(block_size=128, sparse_block_size=128, sparsity_factor=4, sparsity_type="norm")
-        layer = LSGSelfAttention(768, 12, **sizes)
-        x, extra = torch.randn(length + 1, 1, 768), {}
-    else:
-        layer = LongformerSelfAttention(768, 12, 1024)
-        x = torch.randn(length, 1, 768)
-        extra = {"global_index": (torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1, dtype=torch.bool))}
-    layer = layer.to(device).eval()
+    """(ops, launches) of a later layer's call: the second, with the first call's tables
+    (``layer_probe.build``'s base layer and input, float32)."""
+    layer, call_of = build(pattern, length, 768, 12, device, torch.float32, torch.Generator().manual_seed(0))
     layer.path = "whole"
-    x = x.to(device)
-    extra = {k: tuple(t.to(device) for t in v) for k, v in extra.items()}
-    tables: dict = {}
+    call = call_of(layer)
     with torch.no_grad():
-        layer(x, key_padding_mask=None, block_masks=tables, **extra)
+        call()
         with OpCounter() as counter:
-            layer(x, key_padding_mask=None, block_masks=tables, **extra)
+            call()
     return sum(counter.ops.values()), counter.launches
 
 
