@@ -9,10 +9,18 @@ on every device; the SDPA's backend and a few fused kernels may differ on CUDA).
 
 Each row's call is the benchmark's own (``bench_models.make_step``: ``enc`` the encoder without
 gradients, ``train`` forward, loss and backward), counted on its second call (caches warm, as the
-timed calls find them). The table gives the ops, the launches, and the launches' most frequent ops.
+timed calls find them). ``gen`` counts one decoding step of beam search (fairseq's
+``SequenceGenerator``, ``--beam``): the generation of 2N new tokens less that of N, over N
+(``--step-tokens`` N), so the encoder and the first steps drop out. The table gives the ops, the
+launches, the reads (ops whose result the host reads from the device: on a GPU each waits for
+every kernel queued before it) and the launches' most frequent ops.
+
+LOCOST's RMSNorms are HF's chain of element-wise ops on a CPU (7 ops), one fused op on CUDA
+(``T5LayerNorm.fused``): its CPU counts are the higher by that.
 
     python benchmarks/op_count.py --arch linear bart lsg_norm led locost --modes enc \
         --lengths 4096 16384 --out benchmarks/results/op_counts.md
+    python benchmarks/op_count.py --arch bart lsg_norm locost --modes gen --lengths 4096 --out /tmp/gen_ops.md
     python benchmarks/op_count.py --smoke --out /tmp/ops.md        # tiny models, 256 tokens (CI)
 """
 
@@ -59,6 +67,8 @@ VIEWS = frozenset(
         "_record_function_exit",
     }
 )
+# Ops that hand a device value to the host (a GPU's host waits for the device to finish first).
+READS = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "masked_select", "unique_dim", "_unique2"})
 
 
 class OpCounter(TorchDispatchMode):
@@ -76,19 +86,30 @@ class OpCounter(TorchDispatchMode):
     def launches(self) -> int:
         return sum(n for name, n in self.ops.items() if name not in VIEWS)
 
+    @property
+    def reads(self) -> int:
+        return sum(n for name, n in self.ops.items() if name in READS)
+
     def top_launches(self, n: int) -> list:
         return [(name, k) for name, k in self.ops.most_common() if name not in VIEWS][:n]
 
 
-def count_row(arch: str, mode: str, length: int, args, top: int = 6) -> dict:
+def count_row(arch: str, mode: str, length: int, args, top: int = 6, step_tokens: int = 8) -> dict:
+    """One row's counts: of one call (``enc``, ``train``), or of one decoding step (``gen``)."""
     torch.manual_seed(0)
     model, dictionary = run.build_model(arch, length, args)
     with forced_path(model, run.ROWS[arch].layer_path or "whole"):
-        step = make_step(model, dictionary, mode, length, args, torch.device("cpu"))
-        step()  # the first call builds what later calls reuse (LOCOST's spectra)
-        with OpCounter() as counter:
-            step()
+        if mode == "gen":
+            ops = _per_step(model, dictionary, length, args, step_tokens)
+        else:
+            step = make_step(model, dictionary, mode, length, args, torch.device("cpu"))
+            step()  # the first call builds what later calls reuse (LOCOST's spectra)
+            with OpCounter() as counter:
+                step()
+            ops = counter.ops
         path = paths_ran(model)
+    counter = OpCounter()
+    counter.ops = ops
     return {
         "arch": arch,
         "mode": mode,
@@ -96,8 +117,32 @@ def count_row(arch: str, mode: str, length: int, args, top: int = 6) -> dict:
         "path": path,
         "ops": sum(counter.ops.values()),
         "launches": counter.launches,
+        "reads": counter.reads,
         "top": counter.top_launches(top),
     }
+
+
+def _per_step(model, dictionary, length: int, args, n: int) -> collections.Counter:
+    """Ops of one decoding step: generating 2n tokens less generating n, over n (rounded)."""
+    counts = []
+    for tokens in (n, 2 * n):
+        step = make_step(
+            model,
+            dictionary,
+            "gen",
+            length,
+            argparse.Namespace(**{**vars(args), "new_tokens": tokens}),
+            torch.device("cpu"),
+        )
+        step()
+        with OpCounter() as counter:
+            made = step()
+        if made != tokens:
+            raise RuntimeError(f"gen: {made} tokens generated where {tokens} were asked")
+        counts.append(counter.ops)
+    diff = collections.Counter(counts[1])
+    diff.subtract(counts[0])
+    return collections.Counter({name: round(k / n) for name, k in diff.items() if round(k / n)})
 
 
 def markdown(result: dict) -> str:
@@ -108,8 +153,11 @@ def markdown(result: dict) -> str:
         f"torch {result['torch']}, {result['machine']}, {result['seconds']:.0f} s in all; counts do not depend on the "
         "machine's load.",
         "",
-        "| row | mode | tokens | path | ops | launches | launches vs first row | most frequent launches |",
-        "|---|---|---:|---|---:|---:|---:|---|",
+        "`gen`: one decoding step of beam search (beam {beam}); reads: ops whose value the host reads "
+        "from the device.".format(beam=result.get("beam", "-")),
+        "",
+        "| row | mode | tokens | path | ops | launches | reads | launches vs first row | most frequent launches |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|",
     ]
     first = {}
     for r in result["rows"]:
@@ -117,7 +165,7 @@ def markdown(result: dict) -> str:
         top = ", ".join(f"{name} {k}" for name, k in r["top"])
         lines.append(
             f"| {r['arch']} | {r['mode']} | {r['length']} | {r['path'] or '-'} | {r['ops']} | {r['launches']} "
-            f"| {r['launches'] / ref:.2f}x | {top} |"
+            f"| {r['reads']} | {r['launches'] / ref:.2f}x | {top} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -125,7 +173,9 @@ def markdown(result: dict) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arch", nargs="+", default=["linear", "bart", "lsg_norm", "led", "locost"], choices=run.ALL_ARCHS)
-    p.add_argument("--modes", nargs="+", default=["enc"], choices=["enc", "train"])
+    p.add_argument("--modes", nargs="+", default=["enc"], choices=["enc", "train", "gen"])
+    p.add_argument("--beam", type=int, default=4, help="gen: the beam size")
+    p.add_argument("--step-tokens", type=int, default=8, help="gen: N, the steps counted are 2N less N")
     p.add_argument("--lengths", type=int, nargs="+", default=[4096])
     p.add_argument("--top", type=int, default=6, help="most frequent launching ops listed per row")
     p.add_argument("--out", required=True, help="markdown table (the records beside it, .json)")
@@ -133,7 +183,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if not args.out.endswith(".md"):
         p.error(f"--out {args.out}: give a .md path (the records go beside it as .json)")
-    bench_argv = ["--arch", *args.arch] + (["--smoke"] if args.smoke else [])
+    bench_argv = ["--arch", *args.arch, "--beam", str(args.beam)] + (["--smoke"] if args.smoke else [])
     settings = run.parse_args(bench_argv)  # the benchmark's row settings (block sizes, window, vocab)
     lengths = settings.lengths if args.smoke else args.lengths
     torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -144,14 +194,18 @@ def main(argv=None):
             if mode not in (run.ROWS[arch].modes or run.MODES):
                 continue
             for length in lengths:
-                rows.append(count_row(arch, mode, length, settings, args.top))
+                rows.append(count_row(arch, mode, length, settings, args.top, args.step_tokens))
                 r = rows[-1]
-                print(f"{arch:>10} {mode:>5} {length:>6}: {r['ops']} ops, {r['launches']} launches", flush=True)
+                print(
+                    f"{arch:>10} {mode:>5} {length:>6}: {r['ops']} ops, {r['launches']} launches, {r['reads']} reads",
+                    flush=True,
+                )
     result = {
         "command": "python benchmarks/op_count.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {run.cpu_name()}",
         "seconds": time.time() - start,
+        "beam": args.beam,
         "rows": rows,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -41,3 +41,20 @@ def test_out_must_be_a_markdown_path(tmp_path, capsys):
     with pytest.raises(SystemExit):
         op_count.main(["--smoke", "--out", str(tmp_path / "ops.txt")])
     assert "--out" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_gen_counts_one_decoding_step(tmp_path):
+    """gen: 2N tokens less N, over N: the encoder and the first steps drop out, so the count is the
+    same whatever N (here 2 and 3), and a step reads the device (beam search picks on the host)."""
+    counts = {}
+    for n in (2, 3):
+        out = tmp_path / f"gen{n}.md"
+        op_count.main(
+            ["--smoke", "--arch", "bart", "--modes", "gen", "--beam", "2", "--step-tokens", str(n), "--out", str(out)]
+        )
+        (row,) = json.loads(out.with_suffix(".json").read_text())["rows"]
+        counts[n] = row
+    assert counts[2]["mode"] == "gen" and counts[2]["ops"] > counts[2]["launches"] >= counts[2]["reads"] >= 1
+    # a step's count, not the call's: the encoder's layers (6 layer norms and more) are not in it
+    assert abs(counts[2]["ops"] - counts[3]["ops"]) <= 0.02 * counts[2]["ops"]
+    assert "| bart | gen | 256 |" in (tmp_path / "gen2.md").read_text()
