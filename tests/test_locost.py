@@ -12,7 +12,7 @@ import lsg_fairseq  # noqa: F401  (registers the model, task, optimizer)
 from lsg_fairseq.models.locost import LOCOSTModel
 from lsg_fairseq.optim.grouped_adam import GroupedAdam, GroupedAdamConfig
 
-from conftest import build_from_flags
+from conftest import build_from_flags, load_script
 
 TINY = [
     "--arch",
@@ -534,3 +534,34 @@ def test_fused_norms_give_the_models_outputs(tiny, monkeypatch):
         monkeypatch.setattr(T5LayerNorm, "fused", lambda self, x: x.dtype == self.weight.dtype)
         fused = model(**sample)[0]
     assert torch.allclose(fused, reference, rtol=1e-5, atol=1e-5), (fused - reference).abs().max()
+
+
+def test_a_beam_search_step_reads_nothing_from_the_device(tiny):
+    """Past the first step, a decoding step of beam search (the generator's reorder, then the
+    decoder) hands no device value to the host: on a GPU each read waits for every queued kernel,
+    and the cross-attention caches used to be checked in every layer at every step (and the source
+    padding at every step). Counted on CPU by dispatcher op; the outputs are held by
+    test_beamable_cross_attention_equals_tiled and test_incremental_equals_full_decoding."""
+    op_count = load_script("benchmarks/op_count.py", "op_count")
+    task, model = tiny
+    sample = batch(task, "valid", 2)
+    src, lengths = sample["net_input"]["src_tokens"][:, :60].clone(), torch.tensor([60, 40])
+    src[1, 40:] = task.src_dict.pad()  # a padded source: the cross-attention bias is in play
+    beam = 2
+    tokens = torch.full((2 * beam, 3), task.tgt_dict.eos())
+    tokens[:, 1:] = torch.randint(4, 40, (2 * beam, 2), generator=torch.Generator().manual_seed(0))
+    new_order = torch.tensor([1, 1, 2, 3])  # source 0: beam 1 twice; source 1 as it was
+    model.set_beam_size(beam)
+    try:
+        with torch.no_grad():
+            enc = model.encoder(src, lengths)
+            state = {}
+            model.decoder(tokens[:, :1], encoder_out=enc, incremental_state=state)
+            with op_count.OpCounter() as counter:
+                model.decoder.reorder_incremental_state_scripting(state, new_order)
+                enc = model.encoder.reorder_encoder_out(enc, new_order)
+                model.decoder(tokens[new_order, :2], encoder_out=enc, incremental_state=state)
+    finally:
+        model.set_beam_size(1)
+    assert counter.reads == 0, {name: n for name, n in counter.ops.items() if name in op_count.READS}
+    assert counter.ops["index_select"] == 2 * 2  # the self-attention caches of 2 layers; cross: none

@@ -304,7 +304,9 @@ class LOCOSTDecoder(FairseqIncrementalDecoder):
         if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
             memory = encoder_out["encoder_out"][0].transpose(0, 1)  # (B S_enc C)
             enc_pad = encoder_out["encoder_padding_mask"]
-            if len(enc_pad) > 0 and enc_pad[0].any():
+            # the mask only at the first step: later steps' cross-attentions read the bias they
+            # cached, and the check would read the device at every step
+            if offset == 0 and len(enc_pad) > 0 and enc_pad[0].any():
                 cross_bias = torch.zeros(enc_pad[0].shape, device=x.device, dtype=torch.float32)
                 cross_bias = cross_bias.masked_fill(enc_pad[0], neg)[:, None, None, :]  # (B 1 1 S_enc)
         inner_states = [x]

@@ -29,7 +29,8 @@ from torch.utils.checkpoint import checkpoint
 
 from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_play
 
-IncrementalState = Dict[str, Dict[str, torch.Tensor]]
+# module key -> its cache: tensors, and the beam of a cross-attention cache (an int)
+IncrementalState = Dict[str, Dict[str, Any]]
 
 # T5 v1.1's settings as the LOCOST reference's config.json holds them (spec locost.md section 5),
 # keyed by the locost_* flags' names: the one home of these defaults, read by the layers' keyword
@@ -261,21 +262,23 @@ class T5Attention(nn.Module):
         if incremental_state is not None:
             saved = incremental_state.get(self._state_key)
         if static_kv and saved is not None:
-            k, v, bias = saved["prev_key"], saved["prev_value"], saved.get("bias")  # from step 0
+            # cached at the first step; only a reorder changes this state
+            k, v, bias = saved["prev_key"], saved["prev_value"], saved.get("bias")
         else:
             src = x if memory is None else memory
             k, v = self._shape(self.k(src)), self._shape(self.v(src))  # (B_m heads S d_kv)
-            if saved is not None and not static_kv:
+            if saved is not None:
                 k = torch.cat([saved["prev_key"], k], dim=2)  # (B heads S_prev+T d_kv)
                 v = torch.cat([saved["prev_value"], v], dim=2)
-        if incremental_state is not None:
-            state = {"prev_key": k, "prev_value": v}
-            if static_kv:
-                # hypotheses per cached row (> 1 for beamable cross-attention), for reordering
-                if bias is not None:
-                    state["bias"] = bias
-                state["beam"] = torch.tensor(B // k.shape[0])
-            incremental_state[self._state_key] = state
+            if incremental_state is not None:
+                state: Dict[str, Any] = {"prev_key": k, "prev_value": v}
+                if static_kv:
+                    if bias is not None:
+                        state["bias"] = bias
+                    # hypotheses per cached row (> 1 for beamable cross-attention), for reordering:
+                    # a Python int, so that a reorder reads no tensor
+                    state["beam"] = B // k.shape[0]
+                incremental_state[self._state_key] = state
 
         beam = B // k.shape[0]
         if beam * k.shape[0] != B:
@@ -321,22 +324,26 @@ class T5Attention(nn.Module):
         return incremental_state[self._state_key]["prev_key"].shape[2]
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: torch.Tensor):
-        """Beam search: select batch rows ``new_order`` of the cached keys / values."""
+        """Beam search: select batch rows ``new_order`` of the cached keys / values.
+
+        Beamable cross-attention (beam > 1, set only while a generator runs) caches one row per
+        source, and ``new_order`` indexes hypotheses (source * beam + k): the rows kept are the
+        sources of its groups of ``beam``. When every source still has hypotheses the cache stays as
+        it is, decided from sizes alone, as in fairseq's ``MultiheadAttention.reorder_incremental_state``:
+        ``SequenceGenerator`` moves hypotheses within their source only, so sources that all remain
+        are in order (a check of the indices would wait for the device in every layer at every
+        step). Other caches (self-attention; cross-attention at beam 1, whose rows any caller may
+        permute) take ``new_order``'s rows."""
         saved = incremental_state.get(self._state_key)
         if saved is None:
             return
-        beam = int(saved["beam"]) if "beam" in saved else 1
+        beam = saved.get("beam", 1)
         if beam > 1:
-            # one cached row per source: new_order indexes hypotheses (source * beam + k)
+            if new_order.numel() == saved["prev_key"].shape[0] * beam:
+                return
             rows = new_order.view(-1, beam)[:, 0] // beam  # (B_m')
         else:
             rows = new_order
-        if (
-            beam > 1
-            and rows.numel() == saved["prev_key"].shape[0]
-            and torch.equal(rows, torch.arange(rows.numel(), device=rows.device))
-        ):
-            return  # every source still has hypotheses, in order: the per-source caches stay as they are
         incremental_state[self._state_key] = {
             name: (t if name == "beam" else t.index_select(0, rows)) for name, t in saved.items()
         }
