@@ -197,3 +197,47 @@ def test_locost_block_half_forward_matches_float32():
         assert ref.abs().max() > FP16_MAX
         out = block.half()(x.half())
     assert torch.isfinite(out).all() and rel(out, ref) < 1e-2
+
+
+def _attention_inputs(dtype, beam: int, T: int, S: int, padded: bool):
+    """q (2, 4 heads, beam*T, 16), k, v (2, 4, S, 16) and a bias as the decoder makes them: the
+    position bias with the causal mask (self-attention), or the padding mask (cross-attention);
+    scores of T5's unscaled size (tens)."""
+    g = torch.Generator().manual_seed(beam * 100 + T)
+    q = 2.0 * torch.randn(2, 4, beam * T, 16, generator=g, dtype=torch.float64)
+    k, v = (
+        torch.randn(2, 4, S, 16, generator=g, dtype=torch.float64),
+        torch.randn(2, 4, S, 16, generator=g, dtype=torch.float64),
+    )
+    neg = torch.finfo(torch.float32).min
+    if padded:  # cross-attention: source 1 padded past S // 2
+        bias = torch.zeros(2, 1, 1, S)
+        bias[1, ..., S // 2 :] = neg
+    else:  # self-attention at the last T of S positions
+        bias = 3.0 * torch.randn(1, 4, T, S, generator=g)
+        bias = bias.masked_fill(torch.arange(S)[None, :] > torch.arange(S - T, S)[:, None], neg)
+    return (q.to(dtype), k.to(dtype), v.to(dtype)), (q, k, v), bias
+
+
+@pytest.mark.parametrize(
+    ("beam", "T", "S", "padded"), [(1, 1, 9, False), (1, 7, 7, False), (3, 1, 40, True), (1, 5, 40, True)]
+)
+def test_fused_t5_attention_equals_the_reference(beam, T, S, padded):
+    """Eval-mode T5 attention as one SDPA call (``T5Attention.fused``) against HF's operations
+    (``reference``): float32 to rounding; bfloat16 no further from the float64 result than HF's own
+    bfloat16 arithmetic (which rounds the scores to bfloat16 where the fused kernel keeps them in
+    float32, and adds the bias in float32 where the kernel takes it in bfloat16)."""
+    attn = T5Attention(64, 16, 4).eval()
+    for dtype, bound in ((torch.float32, 1e-6), (torch.bfloat16, None)):
+        (q, k, v), exact_in, bias = _attention_inputs(dtype, beam, T, S, padded)
+        assert attn.fused(q)
+        fused, ref = attn._attend(q, k, v, bias), attn.reference(q, k, v, bias)
+        exact = attn.reference(*exact_in, bias.double())  # float64 throughout
+        assert fused.dtype == ref.dtype == dtype and fused.shape == ref.shape
+        if bound is not None:
+            assert rel(fused, ref) < bound, rel(fused, ref)
+        else:
+            assert 0 < rel(fused, exact) <= 1.25 * rel(ref, exact), (rel(fused, exact), rel(ref, exact))
+    assert not attn.train().fused(q) and not attn.eval().fused(
+        q.half()
+    )  # dropout; float16's range (HF's float32 scores)

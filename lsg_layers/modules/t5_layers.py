@@ -304,8 +304,28 @@ class T5Attention(nn.Module):
         out = out.transpose(1, 2).reshape(B, T, self.num_heads * self.d_kv)  # (B T heads*d_kv)
         return self.o(out)
 
+    def fused(self, q: torch.Tensor) -> bool:
+        """Whether :meth:`_attend` takes one ``F.scaled_dot_product_attention`` call for ``q``: in
+        eval mode (no dropout), neither float16 nor autocast in play. Its scores stay float32 inside
+        the kernel where :meth:`reference` (HF's arithmetic) rounds them to a half dtype first, and
+        the float32 bias enters it in q's dtype: float32 agrees with HF's to rounding, bfloat16 is no
+        further from float64 than HF's (tests/test_locost.py). A decoding step issues ~12 ops fewer
+        per attention."""
+        return not self.training and not fp16_in_play(q) and not autocast_on(q)
+
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """softmax(q k^T + bias) v, dropout on the probabilities, no score scaling (T5)."""
+        """softmax(q k^T + bias) v, no score scaling (T5): :meth:`reference`, or one fused call
+        (:meth:`fused`)."""
+        if self.fused(q):
+            mask = None if bias is None else bias.to(q.dtype)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        return self.reference(q, k, v, bias)
+
+    def reference(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        """softmax(q k^T + bias) v, dropout on the probabilities, no score scaling, HF T5's operations;
+        q (B_m, heads, beam*T, d_kv), k, v (B_m, heads, S, d_kv), bias (B_m or 1, heads or 1, T or 1, S)."""
         if fp16_in_play(q):  # unscaled scores can pass float16's range: formed in float32
             with float32_region(q):
                 scores = torch.matmul(q.float(), k.float().transpose(-1, -2))  # (B_m heads beam*T S)
