@@ -3,7 +3,8 @@
 - :class:`T5LayerNorm`: RMSNorm ``x * rsqrt(mean(x^2) + eps) * w`` (no mean, no bias), in float32.
 - :class:`T5DenseGatedGelu`: ``wo(gelu_new(wi_0 h) * wi_1 h)``, no biases.
 - :class:`T5Attention`: multi-head attention without the 1/sqrt(d_kv) score scaling, softmax in
-  float32, optional T5 relative position bias (bucketed), and fairseq-style incremental decoding.
+  float32 (in eval mode one SDPA call: ``T5Attention.fused``), optional T5 relative position bias
+  (bucketed), and fairseq-style incremental decoding.
 
 float16 (``--fp16``, or ``--amp``'s autocast; :mod:`lsg_layers.modules.precision`): as in HF's
 T5, ``wo`` runs in float32 and returns float32, so the residual stream it is added to becomes
