@@ -310,8 +310,8 @@ class T5Attention(nn.Module):
         eval mode (no dropout), neither float16 nor autocast in play. Its scores stay float32 inside
         the kernel where :meth:`reference` (HF's arithmetic) rounds them to a half dtype first, and
         the float32 bias enters it in q's dtype: float32 agrees with HF's to rounding, bfloat16 is no
-        further from float64 than HF's (tests/test_locost.py). A decoding step issues ~12 ops fewer
-        per attention."""
+        further from float64 than HF's (tests/test_precision.py). One call where HF's chain is a
+        dozen ops: a decoding step waits on the host (benchmarks/locost_gpu_notes.md)."""
         return not self.training and not fp16_in_play(q) and not autocast_on(q)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
