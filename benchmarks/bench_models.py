@@ -9,6 +9,8 @@
 Which fairseq arch and flags a benchmark row builds is the registry's (``run.build_model``).
 """
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -116,6 +118,9 @@ def make_step(model, dictionary, mode, length, args, device):
 
         return step
     if mode == "gen":
+        # prepared as fairseq-generate and the hub prepare it: attention weights are asked of the
+        # alignment (last) decoder layer only
+        model.prepare_for_inference_(SimpleNamespace(generation=SimpleNamespace(beam=args.beam, print_alignment=False)))
         model.eval()
         generator = SequenceGenerator(
             [model], dictionary, beam_size=args.beam, max_len_a=0, max_len_b=args.new_tokens, min_len=args.new_tokens
