@@ -165,3 +165,48 @@ def test_an_ensemble_of_lsg_and_bart(toy_dir):
     lengths = s["net_input"]["src_lengths"].repeat_interleave(2)
     for attn, length in zip(hypo_attention(task, [lsg, bart], s), lengths.tolist()):
         assert attn.shape[0] == 45 and (attn[length:] == 0).all()
+
+
+# ------------------------------------------------------- cross-attention steps as one SDPA call
+# the families whose decoder is the plugin's (LongSourceDecoder); `bart` is fairseq's own
+FUSED_STEP_ARCHS = {
+    "lsg": TINY_ARCHS["lsg"],
+    "led": ["--arch", "led_tiny", *TINY_DIMS, "--attention-window", "8", "--max-target-positions", "32"],
+}
+
+
+@pytest.mark.parametrize("family", sorted(FUSED_STEP_ARCHS))
+@pytest.mark.parametrize("beam", [1, 3])
+def test_fused_cross_attention_steps_generate_what_fairseqs_path_does(toy_dir, family, beam, monkeypatch):
+    """Decoding steps past the first take one SDPA call over the cached source keys in every layer
+    that returns no weights (``fairseq-generate`` and the hub ask the last layer only,
+    ``make_generation_fast_``): the same hypotheses, scores and alignment as fairseq's path in every
+    layer (a model fresh from the build asks every layer for weights), float32, padded sources, a
+    source's hypotheses folded onto its one cached row (beam 3) or not (greedy)."""
+    from lsg_fairseq.models.cross_attention import LongSourceCrossAttention
+
+    task, model = build_task_and_model(
+        [toy_dir, "--task", "long_document_summarization", *FUSED_STEP_ARCHS[family], "--decoder-layers", "3"]
+    )
+    model.eval()
+    fused_steps = []
+    step = LongSourceCrossAttention._fused_step
+    monkeypatch.setattr(
+        LongSourceCrossAttention, "_fused_step", lambda self, *a: fused_steps.append(1) or step(self, *a)
+    )
+
+    def generate():
+        gen = task.build_generator([model], Namespace(beam=beam, max_len_b=8, min_len=8))
+        with torch.no_grad():
+            return task.inference_step(gen, [model], sample())
+
+    reference = generate()
+    assert not fused_steps  # every layer asked for weights: fairseq's path throughout
+    for layer in model.decoder.layers:
+        layer.need_attn = False  # what make_generation_fast_(need_attn=False) sets
+    fused = generate()
+    assert len(fused_steps) == 2 * 8  # the two layers below the alignment layer, at each step past the first
+    for ref_hyps, hyps in zip(reference, fused):
+        assert [h["tokens"].tolist() for h in hyps] == [h["tokens"].tolist() for h in ref_hyps]
+        for h, r in zip(hyps, ref_hyps):
+            assert abs(h["score"] - r["score"]) < 1e-5 and torch.allclose(h["attention"], r["attention"], atol=1e-5)

@@ -7,8 +7,17 @@ decoder layer and step, more than any encoder layer keeps. :class:`LongSourceCro
 the same module (same parameters and state dict) whose full-sequence calls that ask for no
 attention weights run ``F.scaled_dot_product_attention`` instead, which keeps only q, k, v, the
 output and one log-sum-exp per query. Same math: softmax(q k^T * d^-0.5 + pad mask) v.
-Incremental decoding, ``need_weights`` (the alignment layer), ``before_softmax``, attention masks,
-bias_k / zero attention and attention dropout in training keep fairseq's path.
+
+Incremental decoding: the first step runs fairseq's path, which projects and caches the source's
+keys and values (one row per source under beam search, ``set_beam_size``); every later step that
+asks for no weights is one SDPA call over that cache (:meth:`_fused_step`), a source's hypotheses as
+its query rows, where fairseq's path issues some thirty ops (einsums, masked fill, softmax, casts)
+and a decoding step waits on the host. ``fairseq-generate`` and the hub ask for weights from the
+last layer only (its alignment, ``make_generation_fast_``); that layer keeps fairseq's path.
+
+``need_weights``, ``before_softmax``, attention masks, bias_k / zero attention and attention
+dropout in training keep fairseq's path. Scores stay float32 inside SDPA where fairseq's path rounds
+them to a half dtype: float32 agrees to rounding (tests/test_generation.py).
 """
 
 from typing import Optional
@@ -32,10 +41,8 @@ class LongSourceCrossAttention(MultiheadAttention):
         before_softmax=False,
         need_head_weights=False,
     ):
-        fused = (
-            incremental_state is None
-            and key is not None
-            and not need_weights
+        plain = (
+            not need_weights
             and not need_head_weights
             and not before_softmax
             and attn_mask is None
@@ -43,7 +50,11 @@ class LongSourceCrossAttention(MultiheadAttention):
             and not self.add_zero_attn
             and (not self.training or self.dropout_module.p == 0)
         )
-        if not fused:
+        if plain and incremental_state is not None and static_kv:
+            cached = self._get_input_buffer(incremental_state)
+            if cached.get("prev_key") is not None:
+                return self._fused_step(query, cached), None
+        if not (plain and incremental_state is None and key is not None):
             return super().forward(
                 query,
                 key,
@@ -71,3 +82,22 @@ class LongSourceCrossAttention(MultiheadAttention):
             mask.masked_fill_(key_padding_mask.bool()[:, None, None, :], torch.finfo(q.dtype).min)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (n, h, tgt, d)
         return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt, n, C))
+
+    def _fused_step(self, query, cached):
+        """One decoding step over the keys and values fairseq's path cached at the first step:
+        query (tgt, bsz, C), ``prev_key`` / ``prev_value`` (kv_bsz, h, S, d), ``bsz = beam * kv_bsz``
+        (a source's hypotheses adjacent), ``prev_key_padding_mask`` (kv_bsz, S) True at pads."""
+        tgt, bsz, C = query.shape
+        h, d = self.num_heads, self.head_dim
+        k, v = cached["prev_key"], cached["prev_value"]
+        kv_bsz = k.size(0)
+        beam = bsz // kv_bsz
+        q = self.q_proj(query) * self.scaling  # scaled before the product, as fairseq's path does
+        q = q.view(tgt, kv_bsz, beam, h, d).permute(1, 3, 2, 0, 4).reshape(kv_bsz, h, beam * tgt, d)
+        mask = None
+        pad = cached.get("prev_key_padding_mask")
+        if pad is not None and pad.dim() == 2:  # fairseq may store a 0-dim tensor for "none"
+            mask = ~pad.bool()[:, None, None, :]  # (kv_bsz, 1, 1, S): True where a key is attended
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)  # (kv_bsz, h, beam*tgt, d)
+        out = out.view(kv_bsz, h, beam, tgt, d).permute(3, 0, 2, 1, 4).reshape(tgt, bsz, C)
+        return self.out_proj(out)
