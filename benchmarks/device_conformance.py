@@ -15,13 +15,18 @@ Besides, per dtype, two forms the models take on a GPU against the operations th
 the device, values and gradients (lines under the table; the exit status says no if one fails):
 the layers' one-pass gelu (``lsg_fairseq.models.activation``) against fairseq's ``gelu``, bit for
 bit; LOCOST's fused RMSNorm (``T5LayerNorm``, ``F.rms_norm``) against HF's operations, within one
-rounding of the dtype (``RMS_ULP``) relative to the largest entry (gradients: four).
+rounding of the dtype (``RMS_ULP``) relative to the largest entry (gradients: four); and the
+decoders' attention in one SDPA call (a decoding step of the plugin decoder's cross-attention over a
+16K-token source, beam 4; LOCOST's T5 attention in eval mode) against the operations it replaces:
+float32 within ``SDPA_FP32`` relative error, half dtypes no further from the float32 result than the
+replaced operations' own (x ``SDPA_HALF``).
 
     python benchmarks/device_conformance.py --device cuda --out /tmp/conformance.json
     python benchmarks/device_conformance.py --device cpu --layer-path whole --fixtures ../shared/fixtures
 """
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -248,6 +253,68 @@ def rms_norm_check(device, dtypes) -> dict:
     return out
 
 
+SDPA_FP32, SDPA_HALF = 1e-5, 1.25
+
+
+def sdpa_check(device, dtypes, source: int = 16384) -> dict:
+    """{"cross_step" | "t5": {dtype: {"fused": rel. diff from the float32 result, "replaced": the same
+    for the operations replaced, "ok"}}} on ``device``, base sizes (768, 12 heads), beam 4, a seeded
+    ``source``-token memory whose last quarter is padding for the second of two sources."""
+    from lsg_fairseq.models.cross_attention import LongSourceCrossAttention
+    from lsg_layers.modules.t5_layers import T5Attention
+
+    g = torch.Generator().manual_seed(0)
+    beam, n = 4, 2
+    memory = torch.randn(source, n, 768, generator=g)
+    pad = torch.zeros(n, source, dtype=torch.bool)
+    pad[1, 3 * source // 4 :] = True
+    query = torch.randn(1, n * beam, 768, generator=g)
+    cross = LongSourceCrossAttention(768, 12, kdim=768, vdim=768, encoder_decoder_attention=True).eval()
+    t5 = T5Attention(768, 64, 12).eval()
+    bias = torch.zeros(n, 1, 1, source).masked_fill(pad[:, None, None, :], torch.finfo(torch.float32).min)
+
+    def cross_step(dtype, fused: bool):
+        attn = copy.deepcopy(cross).to(device=device, dtype=dtype)
+        attn.set_beam_size(beam)
+        state: dict = {}
+        mem, q = memory.to(device=device, dtype=dtype), query.to(device=device, dtype=dtype)
+        attn(q, mem, mem, pad.to(device), state, need_weights=True, static_kv=True)  # the first step: caches
+        out, _ = attn(q, mem, mem, pad.to(device), state, need_weights=not fused, static_kv=True)
+        return out.float()
+
+    def t5_step(dtype, fused: bool):
+        attn = copy.deepcopy(t5).to(device=device, dtype=dtype)
+        x, mem = query.transpose(0, 1).to(device=device, dtype=dtype), memory.transpose(0, 1).to(device, dtype)
+        q = attn._shape(attn.q(x)).reshape(n, beam, 12, 1, 64).transpose(1, 2).reshape(n, 12, beam, 64)
+        k, v = attn._shape(attn.k(mem)), attn._shape(attn.v(mem))
+        b = bias.to(device)
+        return (attn._attend(q, k, v, b) if fused else attn.reference(q, k, v, b)).float()
+
+    out = {}
+    with torch.no_grad():
+        for label, step in (("cross_step", cross_step), ("t5", t5_step)):
+            exact = step(torch.float32, fused=False)
+            out[label] = {}
+            for name in dtypes:
+                fused, replaced = (
+                    rel_err(step(DTYPES[name], f).cpu().numpy(), exact.cpu().numpy()) for f in (True, False)
+                )
+                ok = fused <= SDPA_FP32 if name == "fp32" else fused <= SDPA_HALF * replaced
+                out[label][name] = {"fused": fused, "replaced": replaced, "ok": bool(ok)}
+    return out
+
+
+def sdpa_line(checks: dict) -> str:
+    cells = "; ".join(
+        f"{label}: "
+        + ", ".join(
+            f"{t} {r['fused']:.1e} / {r['replaced']:.1e} ({'ok' if r['ok'] else '**NO**'})" for t, r in c.items()
+        )
+        for label, c in checks.items()
+    )
+    return f"\nDecoder attention in one SDPA call against the float32 result (fused / replaced operations): {cells}.\n"
+
+
 def rms_norm_line(checks: dict) -> str:
     cells = ", ".join(
         f"{t} {r['values']:.1e} / {r['grads']:.1e} ({'ok' if r['ok'] else '**NO**'}"
@@ -299,6 +366,7 @@ def main(argv=None):
         rows = check(fixtures, args.device, args.layer_path, args.dtypes, work, args.families)
     gelu = gelu_check(args.device, args.dtypes)
     rms = rms_norm_check(args.device, args.dtypes)
+    sdpa = sdpa_check(args.device, args.dtypes, source=16384 if args.device != "cpu" else 1024)
     result = {
         "device": args.device,
         "layer_path": args.layer_path,
@@ -308,19 +376,22 @@ def main(argv=None):
         "all_fp32_within_tolerance": all(r["fp32_ok"] for r in rows),
         "gelu_one_pass": gelu,
         "rms_norm_fused": rms,
+        "decoder_sdpa": sdpa,
     }
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(markdown(rows, args.dtypes) + gelu_line(gelu) + rms_norm_line(rms))
+        f.write(markdown(rows, args.dtypes) + gelu_line(gelu) + rms_norm_line(rms) + sdpa_line(sdpa))
     gelu_same = all(r["values"] and r["grads"] for r in gelu.values())
     rms_ok = all(r["ok"] for r in rms.values())
+    sdpa_ok = all(r["ok"] for c in sdpa.values() for r in c.values())
     print(
         f"{len(rows)} rows, fp32 within {TOLERANCE:g} of the references: {result['all_fp32_within_tolerance']}; "
-        f"one-pass gelu the same as fairseq's: {gelu_same}; fused RMSNorm within a rounding of HF's: {rms_ok} "
+        f"one-pass gelu the same as fairseq's: {gelu_same}; fused RMSNorm within a rounding of HF's: {rms_ok}; "
+        f"decoder attention in one SDPA call within its bounds: {sdpa_ok} "
         f"({result['seconds']:.0f} s)"
     )
-    return 0 if result["all_fp32_within_tolerance"] and gelu_same and rms_ok else 1
+    return 0 if result["all_fp32_within_tolerance"] and gelu_same and rms_ok and sdpa_ok else 1
 
 
 if __name__ == "__main__":

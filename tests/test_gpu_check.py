@@ -107,6 +107,9 @@ def test_conformance_stage_compares_with_the_references(smoke):
     assert all(r["values"] and r["grads"] for r in conformance["gelu_one_pass"].values())
     rms = conformance["rms_norm_fused"]
     assert all(r["ok"] for r in rms.values()) and 0 < rms["bf16"]["values"] <= 2**-7
+    sdpa = conformance["decoder_sdpa"]
+    assert set(sdpa) == {"cross_step", "t5"} and all(r["ok"] for c in sdpa.values() for r in c.values())
+    assert all(0 < c["fp32"]["fused"] <= 1e-5 and 0 < c["bf16"]["fused"] < 0.05 for c in sdpa.values())
 
 
 def test_flex_stage_compares_with_the_whole_tensor_path(smoke):
