@@ -10,10 +10,11 @@ output and one log-sum-exp per query. Same math: softmax(q k^T * d^-0.5 + pad ma
 
 Incremental decoding: the first step runs fairseq's path, which projects and caches the source's
 keys and values (one row per source under beam search, ``set_beam_size``); every later step that
-asks for no weights is one SDPA call over that cache (:meth:`_fused_step`), a source's hypotheses as
-its query rows, where fairseq's path issues some thirty ops (einsums, masked fill, softmax, casts)
-and a decoding step waits on the host. ``fairseq-generate`` and the hub ask for weights from the
-last layer only (its alignment, ``make_generation_fast_``); that layer keeps fairseq's path.
+asks for no weights is one SDPA call over that cache (:meth:`_fused_step`), a source's hypotheses
+as its query rows, where fairseq's path issues einsums and their reshapes, a masked fill, a
+softmax and casts, and a decoding step waits on the host (counts: benchmarks/flex_gpu_notes.md).
+``fairseq-generate`` and the hub ask for weights from the last layer only (its alignment,
+``make_generation_fast_``); that layer keeps fairseq's path.
 
 ``need_weights``, ``before_softmax``, attention masks, bias_k / zero attention and attention
 dropout in training keep fairseq's path. Scores stay float32 inside SDPA where fairseq's path rounds
