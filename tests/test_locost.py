@@ -91,7 +91,7 @@ def test_incremental_equals_full_decoding(tiny, reorder):
     sample = batch(task, "valid", 3)
     src, lengths = sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"]
     prev = sample["net_input"]["prev_output_tokens"][:, :12]
-    order = torch.tensor([2, 0, 1])
+    order = torch.tensor([2, 0])  # source 1 finished, the others' rows swapped: every cache is selected
     with torch.no_grad():
         enc = model.encoder(src, lengths)
         state, steps = {}, []
@@ -536,25 +536,28 @@ def test_fused_norms_give_the_models_outputs(tiny, monkeypatch):
     assert torch.allclose(fused, reference, rtol=1e-5, atol=1e-5), (fused - reference).abs().max()
 
 
-def test_a_beam_search_step_reads_nothing_from_the_device(tiny):
+@pytest.mark.parametrize("beam", [1, 2])
+def test_a_beam_search_step_reads_nothing_from_the_device(tiny, beam):
     """Past the first step, a decoding step of beam search (the generator's reorder, then the
     decoder) hands no device value to the host: on a GPU each read waits for every queued kernel,
     and the cross-attention caches used to be checked in every layer at every step (and the source
-    padding at every step). Counted on CPU by dispatcher op; the outputs are held by
-    test_beamable_cross_attention_equals_tiled and test_incremental_equals_full_decoding."""
+    padding at every step). Nor does it copy the cross-attention caches while every source keeps
+    hypotheses (at beam 1 they were selected at every step: each layer's source keys copied).
+    Counted on CPU by dispatcher op; the outputs are held by test_beamable_cross_attention_equals_tiled
+    and test_incremental_equals_full_decoding."""
     op_count = load_script("benchmarks/op_count.py", "op_count")
     task, model = tiny
     sample = batch(task, "valid", 2)
     src, lengths = sample["net_input"]["src_tokens"][:, :60].clone(), torch.tensor([60, 40])
     src[1, 40:] = task.src_dict.pad()  # a padded source: the cross-attention bias is in play
-    beam = 2
     tokens = torch.full((2 * beam, 3), task.tgt_dict.eos())
     tokens[:, 1:] = torch.randint(4, 40, (2 * beam, 2), generator=torch.Generator().manual_seed(0))
-    new_order = torch.tensor([1, 1, 2, 3])  # source 0: beam 1 twice; source 1 as it was
+    new_order = torch.tensor([1, 1, 2, 3][: 2 * beam])  # beam 2, source 0: beam 1 twice; source 1 as it was
     model.set_beam_size(beam)
     try:
         with torch.no_grad():
             enc = model.encoder(src, lengths)
+            enc = model.encoder.reorder_encoder_out(enc, torch.arange(2).repeat_interleave(beam))
             state = {}
             model.decoder(tokens[:, :1], encoder_out=enc, incremental_state=state)
             with op_count.OpCounter() as counter:
@@ -564,4 +567,7 @@ def test_a_beam_search_step_reads_nothing_from_the_device(tiny):
     finally:
         model.set_beam_size(1)
     assert counter.reads == 0, {name: n for name, n in counter.ops.items() if name in op_count.READS}
-    assert counter.ops["index_select"] == 2 * 2  # the self-attention caches of 2 layers; cross: none
+    # the self-attention caches of 2 layers (k, v); the cross-attention caches: none (nor, at beam 1,
+    # the encoder output, which reorder_encoder_out selects: 6 tensors' worth beside)
+    cross = counter.ops["index_select"] - 2 * 2 - (0 if beam > 1 else 4)
+    assert cross == 0, counter.ops["index_select"]

@@ -345,26 +345,24 @@ class T5Attention(nn.Module):
         return incremental_state[self._state_key]["prev_key"].shape[2]
 
     def reorder_incremental_state(self, incremental_state: IncrementalState, new_order: torch.Tensor):
-        """Beam search: select batch rows ``new_order`` of the cached keys / values.
+        """Beam search: select batch rows ``new_order`` (hypotheses) of the cached keys / values.
 
-        Beamable cross-attention (beam > 1, set only while a generator runs) caches one row per
-        source, and ``new_order`` indexes hypotheses (source * beam + k): the rows kept are the
-        sources of its groups of ``beam``. When every source still has hypotheses the cache stays as
-        it is, decided from sizes alone, as in fairseq's ``MultiheadAttention.reorder_incremental_state``:
-        ``SequenceGenerator`` moves hypotheses within their source only, so sources that all remain
-        are in order (a check of the indices would wait for the device in every layer at every
-        step). Other caches (self-attention; cross-attention at beam 1, whose rows any caller may
-        permute) take ``new_order``'s rows."""
+        A cross-attention cache holds the source's keys: one row per source under beamable
+        cross-attention (beam > 1, set only while a generator runs; ``new_order`` indexes
+        hypotheses source * beam + k, so the rows kept are the sources of its groups of ``beam``),
+        one row per hypothesis otherwise, the rows of a source's hypotheses alike (the encoder output
+        tiled). It is left as it is when every source still has hypotheses, decided from sizes alone,
+        as fairseq's ``MultiheadAttention.reorder_incremental_state`` does for every beam size: a
+        sequence generator moves hypotheses within their source only, so sources that all remain are
+        in order. (A check of the indices would wait for the device, and a selection would copy
+        every layer's source keys, at every step.) Self-attention caches take ``new_order``'s rows."""
         saved = incremental_state.get(self._state_key)
         if saved is None:
             return
         beam = saved.get("beam", 1)
-        if beam > 1:
-            if new_order.numel() == saved["prev_key"].shape[0] * beam:
-                return
-            rows = new_order.view(-1, beam)[:, 0] // beam  # (B_m')
-        else:
-            rows = new_order
+        if "beam" in saved and new_order.numel() == saved["prev_key"].shape[0] * beam:
+            return
+        rows = new_order.view(-1, beam)[:, 0] // beam if beam > 1 else new_order  # (B_m')
         incremental_state[self._state_key] = {
             name: (t if name == "beam" else t.index_select(0, rows)) for name, t in saved.items()
         }
