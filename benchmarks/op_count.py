@@ -153,8 +153,8 @@ def markdown(result: dict) -> str:
         f"torch {result['torch']}, {result['machine']}, {result['seconds']:.0f} s in all; counts do not depend on the "
         "machine's load.",
         "",
-        "`gen`: one decoding step of beam search (beam {beam}); reads: ops whose value the host reads "
-        "from the device.".format(beam=result.get("beam", "-")),
+        "Reads: ops whose value the host reads from the device."
+        + (f" `gen`: one decoding step of beam search (beam {result['beam']})." if result.get("beam") else ""),
         "",
         "| row | mode | tokens | path | ops | launches | reads | launches vs first row | most frequent launches |",
         "|---|---|---:|---|---:|---:|---:|---:|---|",
@@ -205,7 +205,7 @@ def main(argv=None):
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {run.cpu_name()}",
         "seconds": time.time() - start,
-        "beam": args.beam,
+        "beam": settings.beam if "gen" in args.modes else None,  # --smoke sets its own
         "rows": rows,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

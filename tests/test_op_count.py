@@ -57,4 +57,5 @@ def test_gen_counts_one_decoding_step(tmp_path):
     assert counts[2]["mode"] == "gen" and counts[2]["ops"] > counts[2]["launches"] >= counts[2]["reads"] >= 1
     # a step's count, not the call's: the encoder's layers (6 layer norms and more) are not in it
     assert abs(counts[2]["ops"] - counts[3]["ops"]) <= 0.02 * counts[2]["ops"]
-    assert "| bart | gen | 256 |" in (tmp_path / "gen2.md").read_text()
+    text = (tmp_path / "gen2.md").read_text()
+    assert "| bart | gen | 256 |" in text and "(beam 2)" in text
