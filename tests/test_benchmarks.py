@@ -147,6 +147,19 @@ def test_a_row_forces_its_layer_path(monkeypatch):
     assert not run.ROWS["lsg_norm_flex"].default and not run.ROWS["led_flex"].smoke  # only when named
 
 
+def test_gen_rows_prepare_the_model_as_fairseq_generate_does():
+    """A gen row's model asks its alignment (last) decoder layer only for attention weights, as
+    ``fairseq-generate`` and the hub prepare it (``prepare_for_inference_``); a fresh model asks
+    every layer, and the plugin decoder's cross-attention then never takes its fused steps."""
+    run = load("benchmarks/run.py", "bench_run")
+    bench_models = sys.modules["bench_models"]  # imported by run.py from beside it
+    args = run.parse_args(["--smoke", "--arch", "lsg_norm"])
+    model, dictionary = run.build_model("lsg_norm", 256, args)
+    assert all(layer.need_attn for layer in model.decoder.layers)
+    bench_models.make_step(model, dictionary, "gen", 256, args, torch.device("cpu"))
+    assert not any(layer.need_attn for layer in model.decoder.layers) and not model.training
+
+
 def test_every_arch_trains_at_16k_in_the_default_suite():
     run = load("benchmarks/run.py", "bench_run")
     args = run.parse_args([])
