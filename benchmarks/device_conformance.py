@@ -269,6 +269,7 @@ def sdpa_check(device, dtypes, source: int = 16384) -> dict:
     pad = torch.zeros(n, source, dtype=torch.bool)
     pad[1, 3 * source // 4 :] = True
     query = torch.randn(1, n * beam, 768, generator=g)
+    torch.manual_seed(0)  # the layers' initial weights
     cross = LongSourceCrossAttention(768, 12, kdim=768, vdim=768, encoder_decoder_attention=True).eval()
     t5 = T5Attention(768, 64, 12).eval()
     bias = torch.zeros(n, 1, 1, source).masked_fill(pad[:, None, None, :], torch.finfo(torch.float32).min)
@@ -284,11 +285,10 @@ def sdpa_check(device, dtypes, source: int = 16384) -> dict:
 
     def t5_step(dtype, fused: bool):
         attn = copy.deepcopy(t5).to(device=device, dtype=dtype)
+        if not fused:
+            attn.fused = lambda q: False  # the layer's own forward, on HF's operations
         x, mem = query.transpose(0, 1).to(device=device, dtype=dtype), memory.transpose(0, 1).to(device, dtype)
-        q = attn._shape(attn.q(x)).reshape(n, beam, 12, 1, 64).transpose(1, 2).reshape(n, 12, beam, 64)
-        k, v = attn._shape(attn.k(mem)), attn._shape(attn.v(mem))
-        b = bias.to(device)
-        return (attn._attend(q, k, v, b) if fused else attn.reference(q, k, v, b)).float()
+        return attn(x, memory=mem, bias=bias.to(device)).float()  # a source's beam folded by forward
 
     out = {}
     with torch.no_grad():
