@@ -74,9 +74,10 @@ READS = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "mas
 class OpCounter(TorchDispatchMode):
     """Counts the dispatcher ops run under it, by name (``ops``), and those that launch (``launches``)."""
 
-    def __init__(self):
+    def __init__(self, ops=None):
+        """``ops``: counts to start from (a decoding step's, made by subtraction)."""
         super().__init__()
-        self.ops = collections.Counter()
+        self.ops = collections.Counter(ops or {})
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops[func.overloadpacket.__name__] += 1
@@ -100,16 +101,13 @@ def count_row(arch: str, mode: str, length: int, args, top: int = 6, step_tokens
     model, dictionary = run.build_model(arch, length, args)
     with forced_path(model, run.ROWS[arch].layer_path or "whole"):
         if mode == "gen":
-            ops = _per_step(model, dictionary, length, args, step_tokens)
+            counter = OpCounter(_per_step(model, dictionary, length, args, step_tokens))
         else:
             step = make_step(model, dictionary, mode, length, args, torch.device("cpu"))
             step()  # the first call builds what later calls reuse (LOCOST's spectra)
             with OpCounter() as counter:
                 step()
-            ops = counter.ops
         path = paths_ran(model)
-    counter = OpCounter()
-    counter.ops = ops
     return {
         "arch": arch,
         "mode": mode,
