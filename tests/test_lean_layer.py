@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from conftest import build_task_and_model, toy_batch, write_toy_dict
 
-from lsg_layers.modules.lean_ffn import bool_dropout, ffn_recompute_activation
+from lsg_layers.modules.lean_ffn import bool_dropout, ffn_recompute_activation, where_dropout
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
 
@@ -60,6 +60,72 @@ def test_bool_dropout_is_inverted_dropout_with_a_bool_mask():
     assert torch.allclose(y[kept], torch.full_like(y[kept], 1 / 0.75))
     y.sum().backward()
     assert torch.equal(x.grad, kept.float() / 0.75)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("p", [0.1, 0.25, 0.5])
+def test_bool_dropout_is_the_written_out_formula_bit_for_bit(dtype, p):
+    x = (torch.randn(37, 129) * 3).to(dtype).requires_grad_(True)
+    go = torch.randn(37, 129).to(dtype)
+    out = {}
+    for name, fn in (("fast", bool_dropout), ("reference", where_dropout)):
+        torch.manual_seed(5)
+        y = fn(x, p)
+        (g,) = torch.autograd.grad(y, x, go)
+        out[name] = (y, g)
+    (y, g), (y_ref, g_ref) = out["fast"], out["reference"]
+    # x * 0 is -0.0 for negative x where `where` gives +0.0: equal as numbers, not as bits
+    assert y.dtype == dtype and torch.equal(y, y_ref) and torch.equal(g, g_ref)
+    assert 0 < (y == 0).float().mean() < 2 * p
+
+
+def test_bool_dropout_issues_one_op_each_way():
+    """What a GPU's host issues for it: torch's own dropout (CUDA: one kernel), not five ops and three."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(8, 16, requires_grad=True)
+    go = torch.ones(8, 16)
+    counts = {}
+    for name, fn in (("fast", bool_dropout), ("reference", where_dropout)):
+        with Ops() as ops:
+            y = fn(x, 0.25)
+            forward = len(ops.names)
+            torch.autograd.grad(y, x, go)
+        counts[name] = (forward, len([n for n in ops.names[forward:] if n != "detach"]))
+    assert counts["fast"] == (1, 1)
+    assert counts["reference"] == (5, 3)  # the test's own yardstick: fails if the reference changes form
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bool_dropout_on_cuda_is_torchs_fused_dropout_in_every_dtype(dtype):
+    """A CUDA tensor (a fake one: no device here) takes native_dropout in half precision too."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with FakeTensorMode():
+        x = torch.empty(4, 8, dtype=dtype, device="cuda")
+        with Ops() as ops:
+            y = bool_dropout(x, 0.1)
+    assert [n for n in ops.names if n != "device"] == ["native_dropout"]  # "device": the fake mode's
+    assert y.shape == x.shape and y.dtype == dtype
 
 
 @pytest.fixture(scope="module")

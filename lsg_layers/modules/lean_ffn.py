@@ -8,7 +8,8 @@ float noise tensor, 4 bytes per element). These helpers keep less and give the s
 - :func:`ffn_recompute_activation`: ``fc2(act(fc1(x)))`` keeping x and fc1's output only; the
   activation is recomputed in backward (an elementwise op: cheap next to the two matmuls);
 - :func:`bool_dropout`: inverted dropout keeping a bool mask (1 byte per element), and
-  :class:`LeanDropout`, an ``nn.Dropout`` that uses it in training.
+  :class:`LeanDropout`, an ``nn.Dropout`` that uses it in training (torch's ``native_dropout``,
+  which ``F.dropout`` calls on CUDA and not on a CPU).
 """
 
 import torch
@@ -49,7 +50,21 @@ def ffn_recompute_activation(x: Tensor, fc1: torch.nn.Linear, fc2: torch.nn.Line
 
 
 def bool_dropout(x: Tensor, p: float) -> Tensor:
-    """Inverted dropout (training) whose backward keeps a bool mask; ``where`` saves only it."""
+    """Inverted dropout (training) whose backward keeps only its bool mask: ``x * keep / (1 - p)``
+    with ``keep`` drawn as ``empty(bool).bernoulli_(1 - p)``.
+
+    torch's ``native_dropout`` is that, one op each way (on CUDA one kernel, the one ``F.dropout``
+    runs there) where the formula written with ``where`` issues five forward and three backward.
+    Its CPU kernel rounds the scale to the input's dtype first, so a CPU in half precision keeps
+    the written-out formula (:func:`where_dropout`); tests/test_lean_layer.py holds the two equal
+    elsewhere, bit for bit."""
+    if x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+        return torch.native_dropout(x, p, True)[0]
+    return where_dropout(x, p)
+
+
+def where_dropout(x: Tensor, p: float) -> Tensor:
+    """:func:`bool_dropout` written out: ``where`` keeps only the bool mask for backward."""
     keep = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
     return torch.where(keep, x, x.new_zeros(())) * (1.0 / (1.0 - p))
 
