@@ -8,7 +8,13 @@ import torch.nn.functional as F
 
 from conftest import build_task_and_model, toy_batch, write_toy_dict
 
-from lsg_layers.modules.lean_ffn import bool_dropout, ffn_recompute_activation, where_dropout
+from lsg_layers.modules.lean_ffn import (
+    bool_dropout,
+    dropout_with_mask,
+    ffn_recompute_activation,
+    masked_scale,
+    where_dropout,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
 
@@ -77,6 +83,22 @@ def test_bool_dropout_is_the_written_out_formula_bit_for_bit(dtype, p):
     # x * 0 is -0.0 for negative x where `where` gives +0.0: equal as numbers, not as bits
     assert y.dtype == dtype and torch.equal(y, y_ref) and torch.equal(g, g_ref)
     assert 0 < (y == 0).float().mean() < 2 * p
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_dropout_with_mask_and_masked_scale_are_the_written_out_formula(dtype):
+    """The forms a written-out backward uses (t5_layers.GatedGeluFFN): the output and mask of
+    where_dropout's draw, and x * keep / (1 - p) for a mask already drawn, bit for bit."""
+    p = 0.3
+    x = (torch.randn(41, 67) * 3).to(dtype)
+    torch.manual_seed(9)
+    out, keep = dropout_with_mask(x, p)
+    torch.manual_seed(9)
+    ref = where_dropout(x, p)
+    keep_ref = ref != 0
+    assert keep.dtype == torch.bool and torch.equal(keep, keep_ref) and torch.equal(out, ref)
+    g = (torch.randn(41, 67) * 3).to(dtype)
+    assert torch.equal(masked_scale(g, keep, p), torch.where(keep, g, g.new_zeros(())) * (1 / (1 - p)))
 
 
 def test_bool_dropout_issues_one_op_each_way():

@@ -12,6 +12,8 @@ float noise tensor, 4 bytes per element). These helpers keep less and give the s
   which ``F.dropout`` calls on CUDA and not on a CPU).
 """
 
+from typing import Tuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -49,24 +51,46 @@ def ffn_recompute_activation(x: Tensor, fc1: torch.nn.Linear, fc2: torch.nn.Line
     return _FFNRecomputeActivation.apply(x, fc1.weight, fc1.bias, fc2.weight, fc2.bias, activation)
 
 
+def native_dropout_ok(x: Tensor) -> bool:
+    """Whether dropout on ``x`` runs as torch's ``native_dropout`` (one op each way; on CUDA the one
+    kernel ``F.dropout`` runs there) rather than the formula written out (:func:`where_dropout`,
+    five ops forward and three backward). Not on a CPU in half precision: its kernel rounds the scale
+    to the half dtype first; in float32 and float64 it gives the formula's bits
+    (tests/test_lean_layer.py)."""
+    return x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16)
+
+
 def bool_dropout(x: Tensor, p: float) -> Tensor:
     """Inverted dropout (training) whose backward keeps only its bool mask: ``x * keep / (1 - p)``
-    with ``keep`` drawn as ``empty(bool).bernoulli_(1 - p)``.
-
-    torch's ``native_dropout`` is that, one op each way (on CUDA one kernel, the one ``F.dropout``
-    runs there) where the formula written with ``where`` issues five forward and three backward.
-    Its CPU kernel rounds the scale to the input's dtype first, so a CPU in half precision keeps
-    the written-out formula (:func:`where_dropout`); tests/test_lean_layer.py holds the two equal
-    elsewhere, bit for bit."""
-    if x.is_cuda or x.dtype not in (torch.float16, torch.bfloat16):
+    with ``keep`` drawn as ``empty(bool).bernoulli_(1 - p)``."""
+    if native_dropout_ok(x):
         return torch.native_dropout(x, p, True)[0]
     return where_dropout(x, p)
 
 
+def dropout_with_mask(x: Tensor, p: float) -> Tuple[Tensor, Tensor]:
+    """:func:`bool_dropout`'s output and ``keep``, for a backward written out (``t5_layers.GatedGeluFFN``)."""
+    if native_dropout_ok(x):
+        out, keep = torch.native_dropout(x, p, True)
+        return out, keep
+    keep = _draw_keep(x, p)
+    return masked_scale(x, keep, p), keep
+
+
+def masked_scale(x: Tensor, keep: Tensor, p: float) -> Tensor:
+    """``x * keep / (1 - p)`` for a mask already drawn: dropout's backward, or its forward replayed."""
+    if native_dropout_ok(x):
+        return torch.ops.aten.native_dropout_backward(x, keep, 1.0 / (1.0 - p))
+    return torch.where(keep, x, x.new_zeros(())) * (1.0 / (1.0 - p))
+
+
 def where_dropout(x: Tensor, p: float) -> Tensor:
     """:func:`bool_dropout` written out: ``where`` keeps only the bool mask for backward."""
-    keep = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
-    return torch.where(keep, x, x.new_zeros(())) * (1.0 / (1.0 - p))
+    return torch.where(_draw_keep(x, p), x, x.new_zeros(())) * (1.0 / (1.0 - p))
+
+
+def _draw_keep(x: Tensor, p: float) -> Tensor:
+    return torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1.0 - p)
 
 
 class LeanDropout(torch.nn.Dropout):

@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from lsg_layers.modules.lean_ffn import dropout_with_mask, masked_scale
 from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_play
 
 # module key -> its cache: tensors, and the beam of a cross-attention cache (an int)
@@ -119,8 +120,7 @@ class GatedGeluFFN(torch.autograd.Function):
         del a
         mask = None
         if p > 0:
-            mask = torch.empty(x.shape, dtype=torch.bool, device=x.device).bernoulli_(1 - p)
-            x.mul_(mask).mul_(1.0 / (1 - p))
+            x, mask = dropout_with_mask(x, p)
         ctx.p = p
         ctx.save_for_backward(h, w0, w1, wo, mask)
         if wo_fp32:  # float16 in play: wo in float32, the output too (module doc)
@@ -137,12 +137,12 @@ class GatedGeluFFN(torch.autograd.Function):
         g = gelu_new(a)  # (.. F)
         dx = F.linear(grad, wo.t().to(grad.dtype)).to(a.dtype)  # (.. F): d loss / d (dropped product)
         if mask is not None:
-            dx.mul_(mask).mul_(1.0 / (1 - p))
+            dx = masked_scale(dx, mask, p)
         d_wo = None
         if ctx.needs_input_grad[3]:
             x = g * b
             if mask is not None:
-                x.mul_(mask).mul_(1.0 / (1 - p))
+                x = masked_scale(x, mask, p)  # the forward's dropped product, replayed
             d_wo = grad.reshape(-1, grad.shape[-1]).t() @ x.reshape(-1, x.shape[-1]).to(grad.dtype)  # (C F)
             d_wo = d_wo.to(wo.dtype)
             del x
