@@ -26,7 +26,8 @@ TORCH=${DEVICE_TORCH:-2.11.0}
 venv=${DEVICE_TORCH_VENV:-/tmp/lsg-device-torch-$TORCH}
 TESTS=${TESTS:-tests/test_gpu_check.py tests/test_flex_probe.py tests/test_conv_probe.py tests/test_layer_probe.py
 tests/test_flex_attention.py tests/test_whole_tensor_paths.py tests/test_mixed_precision.py tests/test_precision.py
-tests/test_s4d.py tests/test_benchmarks.py tests/test_activation.py}
+tests/test_s4d.py tests/test_benchmarks.py tests/test_activation.py tests/test_lean_layer.py tests/test_locost.py
+tests/test_generation.py}
 [ $# -eq 0 ] || die "no arguments (TESTS names the tests), got '$*'"
 [ -x "$VENV/bin/python" ] || die "no $VENV/bin/python: run 'bash scripts/setup_env.sh' first"
 
