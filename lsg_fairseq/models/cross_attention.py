@@ -79,8 +79,7 @@ class LongSourceCrossAttention(MultiheadAttention):
         v = self.v_proj(value).view(src, n, h, d).permute(1, 2, 0, 3)
         mask = None
         if key_padding_mask is not None:
-            mask = torch.zeros(n, 1, 1, src, dtype=q.dtype, device=q.device)
-            mask.masked_fill_(key_padding_mask.bool()[:, None, None, :], torch.finfo(q.dtype).min)
+            mask = ~key_padding_mask.bool()[:, None, None, :]  # (n, 1, 1, src): True where a key is attended
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)  # (n, h, tgt, d)
         return self.out_proj(out.permute(2, 0, 1, 3).reshape(tgt, n, C))
 
