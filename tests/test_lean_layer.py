@@ -87,20 +87,23 @@ def test_bool_dropout_is_the_written_out_formula_bit_for_bit(dtype, p):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_dropout_with_mask_and_masked_scale_are_the_written_out_formula(dtype):
-    """The forms a written-out backward uses (t5_layers.GatedGeluFFN): the output and mask of
-    where_dropout's draw, and x * keep / (1 - p) for a mask already drawn, bit for bit."""
+    """The forms a written-out backward uses (t5_layers.GatedGeluFFN): where_dropout's draw with its
+    mask, and x * keep / (1 - p) for a mask already drawn, bit for bit; and the ops they take on
+    CUDA (torch's native dropout and its backward), run here on CPU kernels in float32 and float64."""
     p = 0.3
     x = (torch.randn(41, 67) * 3).to(dtype)
+    g = (torch.randn(41, 67) * 3).to(dtype)
     torch.manual_seed(9)
-    out, keep = dropout_with_mask(x, p)
+    out, keep = dropout_with_mask(x.clone(), p)
     torch.manual_seed(9)
     ref = where_dropout(x, p)
-    keep_ref = ref != 0
-    assert keep.dtype == torch.bool and torch.equal(keep, keep_ref) and torch.equal(out, ref)
-    g = (torch.randn(41, 67) * 3).to(dtype)
+    assert keep.dtype == torch.bool and torch.equal(keep, ref != 0) and torch.equal(out, ref)
     expected = torch.where(keep, g, g.new_zeros(())) * (1 / (1 - p))
     assert torch.equal(masked_scale(g.clone(), keep, p), expected)
-    if dtype in (torch.float32, torch.float64):  # the op masked_scale runs on CUDA, on CPU kernels
+    if dtype in (torch.float32, torch.float64):
+        torch.manual_seed(9)
+        native_out, native_keep = torch.native_dropout(x, p, True)
+        assert torch.equal(native_out, ref) and torch.equal(native_keep, keep)
         assert torch.equal(torch.ops.aten.native_dropout_backward(g, keep, 1 / (1 - p)), expected)
 
 
@@ -131,8 +134,9 @@ def test_bool_dropout_issues_one_op_each_way():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_bool_dropout_on_cuda_is_torchs_fused_dropout_in_every_dtype(dtype):
-    """A CUDA tensor (a fake one: no device here) takes native_dropout in half precision too."""
+def test_dropouts_on_cuda_are_torchs_fused_ones_in_every_dtype(dtype):
+    """A CUDA tensor (a fake one: no device here) takes native_dropout and its backward, in half
+    precision too."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -149,8 +153,11 @@ def test_bool_dropout_on_cuda_is_torchs_fused_dropout_in_every_dtype(dtype):
         x = torch.empty(4, 8, dtype=dtype, device="cuda")
         with Ops() as ops:
             y = bool_dropout(x, 0.1)
-    assert [n for n in ops.names if n != "device"] == ["native_dropout"]  # "device": the fake mode's
-    assert y.shape == x.shape and y.dtype == dtype
+            out, keep = dropout_with_mask(x, 0.1)
+            grad = masked_scale(x, keep, 0.1)
+    launched = [n for n in ops.names if n != "device"]  # "device": the fake mode's
+    assert launched == ["native_dropout", "native_dropout", "native_dropout_backward"]
+    assert y.shape == out.shape == grad.shape == x.shape and y.dtype == out.dtype == grad.dtype == dtype
 
 
 @pytest.fixture(scope="module")

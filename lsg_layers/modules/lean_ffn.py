@@ -69,12 +69,13 @@ def bool_dropout(x: Tensor, p: float) -> Tensor:
 
 
 def dropout_with_mask(x: Tensor, p: float) -> Tuple[Tensor, Tensor]:
-    """:func:`bool_dropout`'s output and ``keep``, for a backward written out (``t5_layers.GatedGeluFFN``)."""
-    if native_dropout_ok(x):
-        out, keep = torch.native_dropout(x, p, True)
-        return out, keep
+    """Dropout outside autograd, for a backward written out (``t5_layers.GatedGeluFFN``): the output
+    and ``keep``. ``x`` is a temporary the result may overwrite: on CUDA torch's ``native_dropout``
+    (one kernel), elsewhere ``keep`` drawn as :func:`bool_dropout` draws it and :func:`masked_scale`."""
+    if x.is_cuda:
+        return torch.native_dropout(x, p, True)
     keep = _draw_keep(x, p)
-    return torch.where(keep, x, x.new_zeros(())) * (1.0 / (1.0 - p)), keep
+    return masked_scale(x, keep, p), keep
 
 
 def masked_scale(x: Tensor, keep: Tensor, p: float) -> Tensor:
