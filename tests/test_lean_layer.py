@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import build_task_and_model, toy_batch, write_toy_dict
 
@@ -107,24 +108,25 @@ def test_dropout_with_mask_and_masked_scale_are_the_written_out_formula(dtype):
         assert torch.equal(torch.ops.aten.native_dropout_backward(g, keep, 1 / (1 - p)), expected)
 
 
+class OpNames(TorchDispatchMode):
+    """The dispatcher ops run under it, by name, in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
 def test_bool_dropout_issues_one_op_each_way():
     """What a GPU's host issues for it: torch's own dropout (CUDA: one kernel), not five ops and three."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
     x = torch.randn(8, 16, requires_grad=True)
     go = torch.ones(8, 16)
     counts = {}
     for name, fn in (("fast", bool_dropout), ("reference", where_dropout)):
-        with Ops() as ops:
+        with OpNames() as ops:
             y = fn(x, 0.25)
             forward = len(ops.names)
             torch.autograd.grad(y, x, go)
@@ -138,20 +140,10 @@ def test_dropouts_on_cuda_are_torchs_fused_ones_in_every_dtype(dtype):
     """A CUDA tensor (a fake one: no device here) takes native_dropout and its backward, in half
     precision too."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
 
     with FakeTensorMode():
         x = torch.empty(4, 8, dtype=dtype, device="cuda")
-        with Ops() as ops:
+        with OpNames() as ops:
             y = bool_dropout(x, 0.1)
             out, keep = dropout_with_mask(x, 0.1)
             grad = masked_scale(x, keep, 0.1)
