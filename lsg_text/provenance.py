@@ -5,6 +5,9 @@ import platform
 import subprocess
 from typing import Sequence
 
+# the installed code (setup.py's packages): every experiment runs some of it, so every stamp covers it
+PACKAGES = ("lsg_layers", "lsg_fairseq", "lsg_text")
+
 
 def git_stamp(repo: str, code_paths: Sequence[str]) -> str:
     """The last commit (short hash) that changed any of ``code_paths`` in ``repo``, plus

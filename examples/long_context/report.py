@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 
-from lsg_text.provenance import git_stamp
+from lsg_text.provenance import PACKAGES, git_stamp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,9 +22,8 @@ CODE_PATHS = (
     "examples/long_context/common.sh",
     "examples/long_context/report.py",
     "examples/long_context/attention_probe.py",
-    "lsg_text",
-    "lsg_fairseq",
     "scripts",
+    *PACKAGES,
 )
 
 LABELS = {

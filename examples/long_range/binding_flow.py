@@ -44,7 +44,7 @@ from lsg_text.synthetic import ANIMALS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what the table measures: a commit that touches none of these does not change it
-CODE_PATHS = ("examples/long_range/binding_flow.py", "lsg_fairseq", "lsg_text")
+CODE_PATHS = ("examples/long_range/binding_flow.py", *provenance.PACKAGES)
 
 FAR = 1024  # tokens from the binding sentence: the binding variant's least gap is 1,024 words
 

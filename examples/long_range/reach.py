@@ -32,7 +32,7 @@ from lsg_text import provenance
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what the table measures: a commit that touches none of these does not change it
-CODE_PATHS = ("examples/long_range/reach.py", "examples/long_context/common.sh", "lsg_fairseq")
+CODE_PATHS = ("examples/long_range/reach.py", "examples/long_context/common.sh", *provenance.PACKAGES)
 ROWS = ("local_8", "bart_1024", "full_4096", "lsg_norm", "lsg_wide", "led", "locost")
 FAR = 1024  # tokens: the binding variant's least gap is 1,024 words (more pieces)
 REPLACEMENTS = 8  # words tried in place of each probed token (one layer)

@@ -209,9 +209,8 @@ CODE_PATHS = (
     "examples/long_range/run.sh",
     "examples/long_range/report.py",
     "examples/long_context/common.sh",
-    "lsg_text",
-    "lsg_fairseq",
     "scripts",
+    *provenance.PACKAGES,
 )  # not the generated tables and outputs
 
 
