@@ -81,8 +81,8 @@ def dropout_with_mask(x: Tensor, p: float) -> Tuple[Tensor, Tensor]:
 def masked_scale(x: Tensor, keep: Tensor, p: float) -> Tensor:
     """``x * keep / (1 - p)`` for a mask already drawn: dropout's backward, or its forward replayed.
     ``x`` is a temporary the result may overwrite: on CUDA torch's ``native_dropout_backward`` (one
-    kernel), elsewhere two products in place (a CPU's ``native_dropout_backward`` first makes the
-    mask a tensor of x's dtype: slower, benchmarks/results/ab_0911a25_d28760c.md)."""
+    kernel), elsewhere two products in place (a CPU's ``native_dropout_backward`` is the same two
+    products, each allocating its result: slower, benchmarks/results/ab_0911a25_d28760c.md)."""
     if x.is_cuda:
         return torch.ops.aten.native_dropout_backward(x, keep, 1.0 / (1.0 - p))
     return x.mul_(keep).mul_(1.0 / (1.0 - p))
