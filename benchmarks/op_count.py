@@ -22,6 +22,11 @@ LOCOST's RMSNorms are HF's chain of element-wise ops on a CPU (7 ops), one fused
         --lengths 4096 16384 --out benchmarks/results/op_counts.md
     python benchmarks/op_count.py --arch bart lsg_norm locost --modes gen --lengths 4096 --out /tmp/gen_ops.md
     python benchmarks/op_count.py --smoke --out /tmp/ops.md        # tiny models, 256 tokens (CI)
+    python benchmarks/op_count.py --arch locost --modes train --by-module --out /tmp/ops.md
+
+``--by-module`` also gives each row's launches by the innermost module whose forward issued them
+(forward hooks); what runs outside every forward (the backward pass with its checkpoints'
+recomputes, the loss, the generator's beam search) is counted as ``OUTSIDE``.
 """
 
 import argparse
@@ -69,18 +74,33 @@ VIEWS = frozenset(
 )
 # Ops that hand a device value to the host (a GPU's host waits for the device to finish first).
 READS = frozenset({"_local_scalar_dense", "equal", "is_nonzero", "nonzero", "masked_select", "unique_dim", "_unique2"})
+OUTSIDE = "(backward, loss, generator: outside every forward)"
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the dispatcher ops run under it, by name (``ops``), and those that launch (``launches``)."""
+    """Counts the dispatcher ops run under it, by name (``ops``), and those that launch (``launches``);
+    with ``stack`` (module labels, the innermost last: :func:`module_stack`), the launches by module
+    too (``modules``)."""
 
-    def __init__(self, ops=None):
-        """``ops``: counts to start from (a decoding step's, made by subtraction)."""
+    def __init__(self, ops=None, stack=None, modules=None):
+        """``ops``, ``modules``: counts to start from (a decoding step's, made by subtraction)."""
         super().__init__()
         self.ops = collections.Counter(ops or {})
+        self.modules = collections.Counter(modules or {})
+        self.stack = stack
+
+    def __enter__(self):
+        if self.stack:
+            # a checkpoint's recompute in backward stops early, its modules' forwards unfinished
+            self.stack.clear()
+        return super().__enter__()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
+        name = func.overloadpacket.__name__
+        self.ops[name] += 1
+        if self.stack is not None and name not in VIEWS:
+            backward = torch._C._current_autograd_node() is not None  # checkpoint recomputes included
+            self.modules[self.stack[-1] if self.stack and not backward else OUTSIDE] += 1
         return func(*args, **(kwargs or {}))
 
     @property
@@ -95,20 +115,40 @@ class OpCounter(TorchDispatchMode):
         return [(name, k) for name, k in self.ops.most_common() if name not in VIEWS][:n]
 
 
-def count_row(arch: str, mode: str, length: int, args, top: int = 6, step_tokens: int = 8) -> dict:
+def module_stack(model) -> list:
+    """The class names of the modules whose forward is running, the innermost last (forward hooks)."""
+    stack: list = []
+
+    def enter(module, _args):
+        stack.append(type(module).__name__)
+
+    def leave(_module, _args, _output):  # returns None: the output stays the module's
+        stack.pop()
+
+    for m in model.modules():
+        m.register_forward_pre_hook(enter)
+        m.register_forward_hook(leave)
+    return stack
+
+
+def count_row(
+    arch: str, mode: str, length: int, args, top: int = 6, step_tokens: int = 8, by_module: bool = False
+) -> dict:
     """One row's counts: of one call (``enc``, ``train``), or of one decoding step (``gen``)."""
     torch.manual_seed(0)
     model, dictionary = run.build_model(arch, length, args)
+    stack = module_stack(model) if by_module else None
     with forced_path(model, run.ROWS[arch].layer_path or "whole"):
         if mode == "gen":
-            counter = OpCounter(_per_step(model, dictionary, length, args, step_tokens))
+            ops, modules = _per_step(model, dictionary, length, args, step_tokens, stack)
+            counter = OpCounter(ops, modules=modules)
         else:
             step = make_step(model, dictionary, mode, length, args, torch.device("cpu"))
             step()  # the first call builds what later calls reuse (LOCOST's spectra)
-            with OpCounter() as counter:
+            with OpCounter(stack=stack) as counter:
                 step()
         path = paths_ran(model)
-    return {
+    row = {
         "arch": arch,
         "mode": mode,
         "length": length,
@@ -118,11 +158,15 @@ def count_row(arch: str, mode: str, length: int, args, top: int = 6, step_tokens
         "reads": counter.reads,
         "top": counter.top_launches(top),
     }
+    if by_module:
+        row["modules"] = counter.modules.most_common()
+    return row
 
 
-def _per_step(model, dictionary, length: int, args, n: int) -> collections.Counter:
-    """Ops of one decoding step: generating 2n tokens less generating n, over n (rounded)."""
-    counts = []
+def _per_step(model, dictionary, length: int, args, n: int, stack=None):
+    """Ops (and launches by module) of one decoding step: generating 2n tokens less generating n,
+    over n (rounded)."""
+    counts, modules = [], []
     for tokens in (n, 2 * n):
         step = make_step(
             model,
@@ -133,11 +177,16 @@ def _per_step(model, dictionary, length: int, args, n: int) -> collections.Count
             torch.device("cpu"),
         )
         step()
-        with OpCounter() as counter:
+        with OpCounter(stack=stack) as counter:
             made = step()
         if made != tokens:
             raise RuntimeError(f"gen: {made} tokens generated where {tokens} were asked")
         counts.append(counter.ops)
+        modules.append(counter.modules)
+    return _step_of(counts, n), _step_of(modules, n)
+
+
+def _step_of(counts: list, n: int) -> collections.Counter:
     diff = collections.Counter(counts[1])
     diff.subtract(counts[0])
     return collections.Counter({name: round(k / n) for name, k in diff.items() if round(k / n)})
@@ -165,6 +214,12 @@ def markdown(result: dict) -> str:
             f"| {r['arch']} | {r['mode']} | {r['length']} | {r['path'] or '-'} | {r['ops']} | {r['launches']} "
             f"| {r['reads']} | {r['launches'] / ref:.2f}x | {top} |"
         )
+    with_modules = [r for r in result["rows"] if "modules" in r]
+    if with_modules:
+        lines += ["", "Launches by the innermost module whose forward issued them:", ""]
+        for r in with_modules:
+            by = ", ".join(f"{name} {k}" for name, k in r["modules"])
+            lines.append(f"- {r['arch']} {r['mode']} {r['length']}: {by}")
     return "\n".join(lines) + "\n"
 
 
@@ -178,6 +233,7 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=6, help="most frequent launching ops listed per row")
     p.add_argument("--out", required=True, help="markdown table (the records beside it, .json)")
     p.add_argument("--smoke", action="store_true", help="tiny models at 256 tokens (CI)")
+    p.add_argument("--by-module", action="store_true", help="each row's launches by module too")
     args = p.parse_args(argv)
     if not args.out.endswith(".md"):
         p.error(f"--out {args.out}: give a .md path (the records go beside it as .json)")
@@ -192,7 +248,7 @@ def main(argv=None):
             if mode not in (run.ROWS[arch].modes or run.MODES):
                 continue
             for length in lengths:
-                rows.append(count_row(arch, mode, length, settings, args.top, args.step_tokens))
+                rows.append(count_row(arch, mode, length, settings, args.top, args.step_tokens, args.by_module))
                 r = rows[-1]
                 print(
                     f"{arch:>10} {mode:>5} {length:>6}: {r['ops']} ops, {r['launches']} launches, {r['reads']} reads",

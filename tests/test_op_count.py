@@ -59,3 +59,21 @@ def test_gen_counts_one_decoding_step(tmp_path):
     assert abs(counts[2]["ops"] - counts[3]["ops"]) <= 0.02 * counts[2]["ops"]
     text = (tmp_path / "gen2.md").read_text()
     assert "| bart | gen | 256 |" in text and "(beam 2)" in text
+
+
+def test_by_module_splits_a_rows_launches_among_its_modules(tmp_path):
+    """--by-module: every launch once, under the innermost module whose forward issued it; the
+    backward pass (the lean layers' checkpoint recomputes too, which stop early with their modules'
+    forwards unfinished) under OUTSIDE, not under a module left on the stack."""
+    out = tmp_path / "ops.md"
+    op_count.main(["--smoke", "--arch", "lsg_norm", "--modes", "enc", "train", "--by-module", "--out", str(out)])
+    rows = {r["mode"]: r for r in json.loads(out.with_suffix(".json").read_text())["rows"]}
+    for row in rows.values():
+        modules = dict(row["modules"])
+        assert sum(modules.values()) == row["launches"]
+        assert modules.get("LSGSelfAttention", 0) > 0
+    enc, train = dict(rows["enc"]["modules"]), dict(rows["train"]["modules"])
+    assert op_count.OUTSIDE not in enc  # an encoder call is all forwards
+    forward = sum(k for name, k in train.items() if name != op_count.OUTSIDE)
+    assert train[op_count.OUTSIDE] > forward  # backward issues more than the forward it follows
+    assert "Launches by the innermost module" in out.read_text()
