@@ -5,9 +5,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import build_task_and_model, toy_batch, write_toy_dict
+from conftest import build_task_and_model, load_script, toy_batch, write_toy_dict
 
 from lsg_layers.modules.lean_ffn import (
     bool_dropout,
@@ -18,6 +17,8 @@ from lsg_layers.modules.lean_ffn import (
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
+
+OpCounter = load_script("benchmarks/op_count.py", "op_count").OpCounter  # dispatcher ops by name
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -108,29 +109,17 @@ def test_dropout_with_mask_and_masked_scale_are_the_written_out_formula(dtype):
         assert torch.equal(torch.ops.aten.native_dropout_backward(g, keep, 1 / (1 - p)), expected)
 
 
-class OpNames(TorchDispatchMode):
-    """The dispatcher ops run under it, by name, in order."""
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
 def test_bool_dropout_issues_one_op_each_way():
     """What a GPU's host issues for it: torch's own dropout (CUDA: one kernel), not five ops and three."""
     x = torch.randn(8, 16, requires_grad=True)
     go = torch.ones(8, 16)
     counts = {}
     for name, fn in (("fast", bool_dropout), ("reference", where_dropout)):
-        with OpNames() as ops:
+        with OpCounter() as forward:
             y = fn(x, 0.25)
-            forward = len(ops.names)
+        with OpCounter() as backward:
             torch.autograd.grad(y, x, go)
-        counts[name] = (forward, len([n for n in ops.names[forward:] if n != "detach"]))
+        counts[name] = (sum(forward.ops.values()), sum(backward.ops.values()) - backward.ops["detach"])
     assert counts["fast"] == (1, 1)
     assert counts["reference"] == (5, 3)  # the test's own yardstick: fails if the reference changes form
 
@@ -143,12 +132,16 @@ def test_dropouts_on_cuda_are_torchs_fused_ones_in_every_dtype(dtype):
 
     with FakeTensorMode():
         x = torch.empty(4, 8, dtype=dtype, device="cuda")
-        with OpNames() as ops:
+        with OpCounter() as drop:
             y = bool_dropout(x, 0.1)
+        with OpCounter() as with_mask:
             out, keep = dropout_with_mask(x, 0.1)
+        with OpCounter() as scale:
             grad = masked_scale(x, keep, 0.1)
-    launched = [n for n in ops.names if n != "device"]  # "device": the fake mode's
-    assert launched == ["native_dropout", "native_dropout", "native_dropout_backward"]
+    # "device": the fake mode's
+    launched = [{name: k for name, k in c.ops.items() if name != "device"} for c in (drop, with_mask, scale)]
+    assert launched == [{"native_dropout": 1}, {"native_dropout": 1}, {"native_dropout_backward": 1}]
+    assert keep.dtype == torch.bool
     assert y.shape == out.shape == grad.shape == x.shape and y.dtype == out.dtype == grad.dtype == dtype
 
 
