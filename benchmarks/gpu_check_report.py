@@ -1,6 +1,7 @@
 """The GPU check's report: ``<out>.md`` and ``<out>.json`` from what the stages of
 ``benchmarks/gpu_check.sh`` left in its work folder (pure Python, no torch: it is rerun after
-every stage, and a stage that did not run is reported as such).
+every stage, and a stage that did not run is reported as such). It opens with the issues' [GPU]
+targets, judged from the stages' records by ``gpu_targets.py``.
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
 ``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``layerprobe.json``,
@@ -16,6 +17,8 @@ JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``
 import argparse
 import json
 import os
+
+import gpu_targets  # benchmarks/gpu_targets.py, beside this script
 
 # whole16k: the readings before the paths stage replaced it (its section only where it has records)
 LEGACY_STAGES = ("whole16k",)
@@ -182,6 +185,7 @@ def build(work):
         part = _read(os.path.join(work, f"{tag}.json"))
         if part is not None:
             result["benchmarks"][tag] = {"records": part["records"], "runs": part["runs"]}
+    result["targets"] = [dict(zip(("issue", "target", "measured", "verdict"), row)) for row in gpu_targets.checks(work)]
     return result
 
 
@@ -202,6 +206,12 @@ def markdown(result, work) -> str:
     ]
     head += [f"| {s['stage']} | {s['status']} | {s['seconds']} |" for s in result["stages"]]
     out = ["\n".join(head), ""]
+    out.append("## Against the issues' targets\n")
+    out.append(
+        "Judged by `benchmarks/gpu_targets.py` from the stages above: a ratio is one stage's (one "
+        "process); where two stages hold both rows, each is shown and the first decides.\n"
+    )
+    out.append(gpu_targets.markdown([tuple(t.values()) for t in result["targets"]]))
     conf = result["conformance"]
     out.append("## 1. Conformance on every fixture\n")
     if conf:
