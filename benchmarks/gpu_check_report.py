@@ -1,7 +1,8 @@
 """The GPU check's report: ``<out>.md`` and ``<out>.json`` from what the stages of
 ``benchmarks/gpu_check.sh`` left in its work folder (pure Python, no torch: it is rerun after
 every stage, and a stage that did not run is reported as such). It opens with the issues' [GPU]
-targets, judged from the stages' records by ``gpu_targets.py``.
+targets, judged from the stages' records by ``gpu_targets.py``, then the predictions written before
+the reading (``predictions.json``), judged by ``predictions.py``.
 
 Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, status, seconds),
 ``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``layerprobe.json``,
@@ -19,6 +20,7 @@ import json
 import os
 
 import gpu_targets  # benchmarks/gpu_targets.py, beside this script
+import predictions  # benchmarks/predictions.py
 
 # whole16k: the readings before the paths stage replaced it (its section only where it has records)
 LEGACY_STAGES = ("whole16k",)
@@ -185,6 +187,11 @@ def build(work):
         part = _read(os.path.join(work, f"{tag}.json"))
         if part is not None:
             result["benchmarks"][tag] = {"records": part["records"], "runs": part["runs"]}
+    said = predictions.load()
+    result["predictions"] = {
+        "made_after": said["made_after"],
+        "rows": [dict(row, measured=m, verdict=v) for row, m, v in predictions.judge(work, said)],
+    }
     result["targets"] = [dict(zip(("issue", "target", "measured", "verdict"), row)) for row in gpu_targets.checks(work)]
     return result
 
@@ -212,6 +219,15 @@ def markdown(result, work) -> str:
         "process); where two stages hold both rows, each is shown and the first decides.\n"
     )
     out.append(gpu_targets.markdown([tuple(t.values()) for t in result["targets"]]))
+    said = result["predictions"]
+    out.append("## Predictions for this reading\n")
+    if env.get("commit") == said["made_after"]:
+        out.append(
+            f"`benchmarks/predictions.json` was written from this reading (`{said['made_after']}`): not judged.\n"
+        )
+    else:
+        judged = [(r, r["measured"], r["verdict"]) for r in said["rows"]]
+        out.append(predictions.markdown(judged, said))
     conf = result["conformance"]
     out.append("## 1. Conformance on every fixture\n")
     if conf:
