@@ -5,13 +5,13 @@ fairseq's ``gelu`` (``fairseq.modules.gelu``, what ``--activation-fn gelu``, BAR
 tensor (the cast up, the gelu, the cast down; the enc profiles of ``benchmarks/results/h200_*/``
 show the three kernels in every layer). ``F.gelu`` on the half tensor is one pass, and its CUDA
 kernel computes in float32 and rounds once, as fairseq's three passes do, so the numbers are the
-same; the GPU check's conformance stage compares both forms, values and gradients, on the card. On a CPU the two
-forms are one and the same op in float32 (fairseq's casts do nothing there) but not in half
-precision on every CPU: the float16 kernel rounds otherwise, and in bfloat16 the gradients differ
-in the last bit at tiny values on some CPUs and not on others (an AMD EPYC of family 23 computes
-fairseq's float32 gradient there with a cancellation that the bfloat16 kernel avoids). So on a CPU
-the layers keep fairseq's function, whose bits do not depend on which CPU runs it; the one pass is
-for the device where its passes cost time.
+same; the GPU check's conformance stage compares both forms, values and gradients, on the card. On
+a CPU the two forms are one and the same op in float32 (fairseq's casts do nothing there) but not
+in half precision on every CPU: the float16 kernel rounds otherwise, and in bfloat16 the gradients
+differ in the last bit at tiny values on some CPUs and not on others (an AMD EPYC of family 23
+computes fairseq's float32 gradient there with a cancellation that the bfloat16 kernel avoids). So
+on a CPU the layers keep fairseq's function, whose bits do not depend on which CPU runs it; the one
+pass is for the device where its passes cost time.
 
 :func:`activation_fn` is what :class:`~lsg_fairseq.models.custom_encoder.LongInputEncoderLayer`
 and :class:`~lsg_fairseq.models.long_source_decoder.LongSourceDecoderLayer` use in place of
