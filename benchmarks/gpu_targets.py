@@ -173,9 +173,11 @@ def check_flex_grad(flex):
         return (33, text, "flex_grad: not run", NOT_MEASURED)
     if not str(flex.get("device", "")).startswith("cuda") or not flex.get("backward"):
         return (33, text, f"flex_grad ran on {flex.get('device')}, forward only", NOT_MEASURED)
-    worst = max((r["gradients"] for r in flex["rows"] if r["gradients"] is not None), default=None)
+    worst = max((r["gradients"] for r in flex["rows"] if r.get("gradients") is not None), default=None)
+    if worst is None:
+        return (33, text, "flex_grad: no gradient compared", NOT_MEASURED)
     measured = f"flex_grad: {len(flex['rows'])} cases, worst gradient {worst:.1e} (tolerance {flex['tolerance']:g})"
-    return (33, text, measured, MET if flex["all_ok"] else MISSED)
+    return (33, text, measured, MET if flex.get("all_ok") else MISSED)
 
 
 def check_hf_rows(by_stage):

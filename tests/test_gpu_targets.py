@@ -146,3 +146,18 @@ def test_the_gpu_report_carries_the_targets(tmp_path):
     text = report.markdown(result, str(tmp_path))
     assert "## Against the issues' targets" in text
     assert "| 32 | `locost` encoder at 16K: time <= 3x `linear`'s | enc: 2 ms / 1 ms = **2.00x** | met |" in text
+
+
+@pytest.mark.parametrize(
+    "flex, verdict",
+    [
+        ({"device": "cuda", "backward": True, "tolerance": 1e-4, "all_ok": True}, targets.MET),
+        ({"device": "cuda", "backward": True, "tolerance": 1e-4, "all_ok": False}, targets.MISSED),
+        ({"device": "cpu", "backward": False, "tolerance": 1e-4, "all_ok": True}, targets.NOT_MEASURED),
+    ],
+)
+def test_the_flex_gradient_check_counts_on_the_card_only(tmp_path, flex, verdict):
+    rows = [{"case": "lsg_norm", "gradients": 2e-7 if flex["backward"] else None}]
+    with open(tmp_path / "flex_grad.json", "w") as f:
+        json.dump(dict(flex, rows=rows), f)
+    assert row(judged(str(tmp_path)), "flex fwd+bwd")[1] == verdict
