@@ -28,7 +28,7 @@ MET, MISSED, NOT_MEASURED, SHOWN = "met", "missed", "not measured", "shown"
 L4, L16, L64, L600 = 4096, 16384, 65536, 600000
 GIB = 1024  # MiB
 # the stages holding run.py records, in the order a target without its own order reads them
-RECORD_STAGES = ("enc", "train16k", "paths", "extra4k", "peers16k", "fused16k", "locost600k")
+RECORD_STAGES = ("enc", "train16k", "paths", "extra4k", "peers16k", "fused16k", "locost600k", "gen16k")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Ratio:
     def text(self):
         what = {"enc": "encoder", "train": "fwd+bwd"}[self.mode]
         of = "time" if self.key == "median_s" else "memory above the weights"
-        return f"`{self.arch}` {what} at {_k(self.length)}: {of} <= {self.limit:g}x `{self.ref}`'s"
+        return f"`{self.arch}` {what} at {short_length(self.length)}: {of} <= {self.limit:g}x `{self.ref}`'s"
 
 
 RATIOS = (
@@ -68,7 +68,8 @@ RATIOS = (
 LOCOST_600K_S, LOCOST_600K_GIB = 3.0, 16
 
 
-def _k(n):
+def short_length(n):
+    """16384 -> "16K", 600000 -> "600K"."""
     return f"{n // 1024}K" if n % 1024 == 0 else f"{n // 1000}K"
 
 
@@ -89,24 +90,27 @@ def stage_records(work):
     return out
 
 
-def _record(records, arch, mode, length):
+def record(records, arch, mode, length):
+    """The record of (arch, mode, length) in a stage's records, whatever its status, or None."""
     return next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, length)), None)
 
 
-def _usable(r):
+def usable(r):
+    """Whether a record counts: measured, and on a CUDA device."""
     return r is not None and r["status"] == "ok" and str(r.get("device", "")).startswith("cuda")
 
 
-def _why_not(records, keys):
+def why_not(records, keys):
+    """Why the records of ``keys`` (arch, mode, length) do not count: missing, failed or not on CUDA."""
     why = []
     for arch, mode, n in keys:
-        r = _record(records, arch, mode, n)
+        r = record(records, arch, mode, n)
         if r is None:
-            why.append(f"no {arch} {mode} {_k(n)} record")
+            why.append(f"no {arch} {mode} {short_length(n)} record")
         elif r["status"] != "ok":
-            why.append(f"{arch} {mode} {_k(n)}: {r['status'][:60]}")
-        elif not _usable(r):
-            why.append(f"{arch} {mode} {_k(n)} ran on {r.get('device')}")
+            why.append(f"{arch} {mode} {short_length(n)}: {r['status'][:60]}")
+        elif not usable(r):
+            why.append(f"{arch} {mode} {short_length(n)} ran on {r.get('device')}")
     return "; ".join(why)
 
 
@@ -124,15 +128,15 @@ def check_ratio(t, by_stage):
         if records is None:
             missing.append(f"{stage}: not run")
             continue
-        a, ref = _record(records, t.arch, t.mode, t.length), _record(records, t.ref, t.mode, t.length)
-        if not (_usable(a) and _usable(ref)):
-            missing.append(f"{stage}: " + _why_not(records, [(t.arch, t.mode, t.length), (t.ref, t.mode, t.length)]))
+        a, ref = record(records, t.arch, t.mode, t.length), record(records, t.ref, t.mode, t.length)
+        if not (usable(a) and usable(ref)):
+            missing.append(f"{stage}: " + why_not(records, [(t.arch, t.mode, t.length), (t.ref, t.mode, t.length)]))
             continue
         ratio = a[t.key] / ref[t.key]
         path = f" ({a['layer_path']})" if a.get("layer_path") else ""
         text = f"{stage}{path}: {_value(a, t.key)} / {_value(ref, t.key)} = **{ratio:.2f}x**"
-        flex = _record(records, f"{t.arch}_flex", t.mode, t.length)
-        if _usable(flex):
+        flex = record(records, f"{t.arch}_flex", t.mode, t.length)
+        if usable(flex):
             text += f" (`{flex['arch']}` {flex[t.key] / ref[t.key]:.2f}x)"
         readings.append(text)
         if verdict is None:
@@ -145,9 +149,9 @@ def check_ratio(t, by_stage):
 def check_600k(by_stage):
     text = f"`locost` encoder at 600K tokens: <= {LOCOST_600K_S:g} s within {LOCOST_600K_GIB} GB peak"
     records = by_stage.get("locost600k")
-    r = None if records is None else _record(records, "locost", "enc", L600)
-    if not _usable(r):
-        why = "locost600k: not run" if records is None else _why_not(records, [("locost", "enc", L600)])
+    r = None if records is None else record(records, "locost", "enc", L600)
+    if not usable(r):
+        why = "locost600k: not run" if records is None else why_not(records, [("locost", "enc", L600)])
         return (32, text, why, NOT_MEASURED)
     met = r["median_s"] <= LOCOST_600K_S and r["peak_mb"] <= LOCOST_600K_GIB * GIB
     measured = f"locost600k: **{r['median_s']:.3g} s**, peak **{r['peak_mb'] / GIB:.1f} GiB**"
@@ -161,8 +165,8 @@ def check_s4d_split(by_stage):
     seen = {"locost": [], "locost_cold": []}
     for stage, records in by_stage.items():
         for r in records:
-            if r["arch"] in seen and _usable(r) and "ssm_share" in r:
-                seen[r["arch"]].append(f"{stage} {_k(r['length'])}")
+            if r["arch"] in seen and usable(r) and "ssm_share" in r:
+                seen[r["arch"]].append(f"{stage} {short_length(r['length'])}")
     measured = "; ".join(f"`{arch}`: {', '.join(where) or 'none'}" for arch, where in seen.items())
     return (32, text, measured, SHOWN if all(seen.values()) else NOT_MEASURED)
 
@@ -185,8 +189,8 @@ def check_hf_rows(by_stage):
     seen = {"hf_bart": [], "hf_led": []}
     for stage, records in by_stage.items():
         for r in records:
-            if r["arch"] in seen and _usable(r):
-                seen[r["arch"]].append(f"{stage} {r['mode']} {_k(r['length'])}")
+            if r["arch"] in seen and usable(r):
+                seen[r["arch"]].append(f"{stage} {r['mode']} {short_length(r['length'])}")
     measured = "; ".join(f"`{arch}`: {', '.join(where) or 'none'}" for arch, where in seen.items())
     return (33, text, measured, SHOWN if all(seen.values()) else NOT_MEASURED)
 

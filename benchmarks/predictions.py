@@ -10,6 +10,8 @@ or not measured on a CUDA device.
 import json
 import os
 
+import gpu_targets  # benchmarks/gpu_targets.py: which records count, and why one does not
+
 HELD, WRONG, NOT_MEASURED = "held", "wrong", "not measured"
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "predictions.json")
 
@@ -19,37 +21,20 @@ def load(path=DEFAULT):
         return json.load(f)
 
 
-def _record(work, stage, arch, mode, length, cache):
-    if stage not in cache:
-        path = os.path.join(work, f"{stage}.json")
-        cache[stage] = None
-        if os.path.exists(path):
-            with open(path) as f:
-                cache[stage] = json.load(f)["records"]
-    records = cache[stage]
-    if records is None:
-        return None, f"{stage}: not run"
-    for r in records:
-        if (r["arch"], r["mode"], r["length"]) == (arch, mode, length):
-            if r["status"] != "ok":
-                return None, f"{stage}: {r['status'][:60]}"
-            if not str(r.get("device", "")).startswith("cuda"):
-                return None, f"{stage}: ran on {r.get('device')}"
-            return r, ""
-    return None, f"{stage}: no record"
-
-
 def _ms(ms):
     return f"{ms:,.0f} ms" if ms >= 100 else f"{ms:.3g} ms"
 
 
 def judge(work, predictions):
     """``[(row, measured text, verdict)]`` for every row of ``predictions`` (a loaded JSON)."""
-    out, cache = [], {}
+    out, by_stage = [], gpu_targets.stage_records(work)
     for p in predictions["rows"]:
-        r, why = _record(work, p["stage"], p["arch"], p["mode"], p["length"], cache)
-        if r is None:
-            out.append((p, why, NOT_MEASURED))
+        records = by_stage.get(p["stage"])
+        key = (p["arch"], p["mode"], p["length"])
+        r = None if records is None else gpu_targets.record(records, *key)
+        if not gpu_targets.usable(r):
+            why = "not run" if records is None else gpu_targets.why_not(records, [key])
+            out.append((p, f"{p['stage']}: {why}", NOT_MEASURED))
             continue
         ms, (low, high) = 1e3 * r["median_s"], p["ms"]
         if low <= ms <= high:
@@ -69,8 +54,7 @@ def markdown(judged, predictions):
         "|---|---|---|---|---|---|",
     ]
     for p, measured, verdict in judged:
-        n = p["length"]
-        length = f"{n // 1024}K" if n % 1024 == 0 else f"{n:,}"
+        length = gpu_targets.short_length(p["length"])
         out.append(
             f"| {p['stage']}: {p['arch']} {p['mode']} {length} | {p.get('before', '')} | {p['said']} "
             f"({p['ms'][0]:g}-{p['ms'][1]:g} ms) "
