@@ -238,15 +238,32 @@ def _absent(records, *keys) -> str:
     return "; ".join(why)
 
 
+def on_cuda(record) -> bool:
+    """Whether a record was measured on a CUDA device (no ``device``: an older CPU record)."""
+    return str(record.get("device", "")).startswith("cuda")
+
+
+CUDA_TARGETS = (
+    "Issue 13's targets (and the earlier issues' kept here) are a CPU's, and these records are a GPU's: "
+    "issues 32 and 33's targets are judged in the report of `benchmarks/gpu_check.sh` (`benchmarks/gpu_targets.py`)."
+)
+
+
 def target_checks(records, main_lsg="lsg_norm"):
     """The targets, each ``{"issue", "target", "measured", "verdict"}`` with verdict MET, MISSED or
     "not measured" (a record it needs is absent or failed; ``measured`` then says which).
+
+    They are a CPU's and read CPU records only: a GPU run gets none (:data:`CUDA_TARGETS` says where
+    its targets are judged), where it once got issue 13's CPU targets judged on the card's figures.
 
     Issue 13's "Done when" targets come first. Kept from the earlier issues: LSG memory growth (3),
     the LOCOST SSM share, 256K within 16 GB and memory growth (4), LED memory growth (6). Dropped:
     LSG encoder time <= 0.30x / 0.65x `bart` (3) and LED encoder <= 14 s at 16K (6), both superseded
     by the ratios to the `linear` floor below (and `bart` ratios are now in every table cell).
     """
+    records = [r for r in records if not on_cuda(r)]
+    if not records:
+        return []
     rows = []
 
     def add(issue, target, measured, verdict):
@@ -386,6 +403,16 @@ def checks_markdown(checks):
 
 
 # ---------------------------------------------------------------------------------- the report
+def targets_markdown(records, checks) -> str:
+    """The targets' section: the checks, or where a GPU run's targets are judged."""
+    if not checks:
+        return CUDA_TARGETS
+    return (
+        "Issue 13's targets first, then the earlier issues' that still apply (GB read as GiB).\n\n"
+        + checks_markdown(checks)
+    )
+
+
 def report_markdown(records, meta_runs, growth, checks, rows=None):
     """The whole markdown; ``rows`` None: every arch with the defaults, in :func:`display_order`."""
     if rows is None:
@@ -404,15 +431,7 @@ def report_markdown(records, meta_runs, growth, checks, rows=None):
         growth_markdown(growth),
         "",
     ]
-    if checks:
-        md += [
-            "### Targets",
-            "",
-            "Issue 13's targets first, then the earlier issues' that still apply (GB read as GiB).",
-            "",
-            checks_markdown(checks),
-            "",
-        ]
+    md += ["### Targets", "", targets_markdown(records, checks), ""] if records else []
     return "\n".join(md)
 
 

@@ -257,6 +257,22 @@ def test_targets_met_missed_and_not_measured(report, tmp_path):
     assert json.loads((tmp_path / "syn.json").read_text())["targets"] == checks
 
 
+def test_a_gpu_run_gets_no_cpu_targets(report, tmp_path):
+    """Issue 13's targets are a CPU's: on a CUDA run's records the report judges none of them (it
+    once did, on the card's figures) and says where that run's targets are judged."""
+    cpu = [rec("linear", "enc", 4096, 2.0), rec("lsg_norm", "enc", 4096, 2.4)]
+    cuda = [dict(r, device="cuda:0") for r in cpu]
+    assert [c["verdict"] for c in report.target_checks(cpu)][:1] == ["MET"]
+    assert report.target_checks(cuda) == []
+    with open(tmp_path / "gpu.json", "w") as f:
+        json.dump({"runs": [], "records": cuda}, f)
+    run = load("benchmarks/run.py", "bench_run")
+    run.main(["--report-only", "--out", str(tmp_path), "--tag", "gpu", "--no-plots"])
+    md = (tmp_path / "gpu.md").read_text()
+    assert report.CUDA_TARGETS in md and "| 13 |" not in md
+    assert json.loads((tmp_path / "gpu.json").read_text())["targets"] == []
+
+
 def test_report_only_renders_the_committed_cpu_json(tmp_path):
     """Records from before the int8 and linear-train rows, and a JSON from before run.py wrote the
     rows' display metadata, still render (``--report-only``): in the order its runs asked for them,
