@@ -125,7 +125,7 @@ def test_flex_stage_compares_with_the_whole_tensor_path(smoke):
 def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     benchmarks = smoke[0]["benchmarks"]
     expected = {
-        "enc": {"linear", "bart", "lsg_norm", "led", "locost"},
+        "enc": {"linear", "bart", "lsg_norm", "led", "locost", "locost_cold"},
         "train64k_ckpt": {"linear", "lsg_norm", "led", "locost"},
         "peers16k": {"hf_bart", "hf_led"},
         "paths": {"lsg_norm", "led", "led_flex"},  # on CUDA: linear and lsg_norm_flex too
@@ -146,6 +146,8 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     locost = next(r for r in benchmarks["enc"]["records"] if r["arch"] == "locost")
     assert locost["ssm_conv_s"] >= 0 and 0 < locost["ssm_share"] < 1
     assert locost["ssm_cache_mb"] > 0  # kernels cached in the warm-up: the record says they are in its peak
+    cold = next(r for r in benchmarks["enc"]["records"] if r["arch"] == "locost_cold")
+    assert 0 < cold["ssm_share"] < 1 and not cold.get("ssm_cache_mb")  # split, every kernel made in the call
     # the host's share of each call (1 on a CPU: the call has run when it returns)
     assert all(0.9 <= r["host_share"] <= 1.0 for r in benchmarks["enc"]["records"])
 
