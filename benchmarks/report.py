@@ -403,7 +403,7 @@ def checks_markdown(checks):
 
 
 # ---------------------------------------------------------------------------------- the report
-def targets_markdown(records, checks) -> str:
+def targets_markdown(checks) -> str:
     """The targets' section: the checks, or where a GPU run's targets are judged."""
     if not checks:
         return CUDA_TARGETS
@@ -431,7 +431,7 @@ def report_markdown(records, meta_runs, growth, checks, rows=None):
         growth_markdown(growth),
         "",
     ]
-    md += ["### Targets", "", targets_markdown(records, checks), ""] if records else []
+    md += ["### Targets", "", targets_markdown(checks), ""] if records else []
     return "\n".join(md)
 
 

@@ -679,7 +679,7 @@ def main(argv=None):
     print(report.growth_markdown(growth))
     if records:
         print("\n## Targets\n")
-        print(report.targets_markdown(records, checks))
+        print(report.targets_markdown(checks))
     print(
         f"\nwrote {stem}.json, {stem}.md"
         + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png")
