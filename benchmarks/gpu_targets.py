@@ -95,9 +95,14 @@ def record(records, arch, mode, length):
     return next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, length)), None)
 
 
+def on_cuda(result):
+    """Whether a record (or flex_grad's result) was measured on a CUDA device."""
+    return str(result.get("device", "")).startswith("cuda")
+
+
 def usable(r):
     """Whether a record counts: measured, and on a CUDA device."""
-    return r is not None and r["status"] == "ok" and str(r.get("device", "")).startswith("cuda")
+    return r is not None and r["status"] == "ok" and on_cuda(r)
 
 
 def why_not(records, keys):
@@ -175,7 +180,7 @@ def check_flex_grad(flex):
     text = "flex fwd+bwd gradient check against the whole-tensor reference, on the GPU"
     if flex is None:
         return (33, text, "flex_grad: not run", NOT_MEASURED)
-    if not str(flex.get("device", "")).startswith("cuda") or not flex.get("backward"):
+    if not on_cuda(flex) or not flex.get("backward"):
         return (33, text, f"flex_grad ran on {flex.get('device')}, forward only", NOT_MEASURED)
     worst = max((r["gradients"] for r in flex["rows"] if r.get("gradients") is not None), default=None)
     if worst is None:
