@@ -31,7 +31,7 @@
 # the stages to run, in the order above whatever the order given, or the groups `timed` (every
 # benchmark stage) and `untimed` (conformance, flex_grad, train_smoke); default all: the others are
 # recorded as not selected), COMMIT (the commit measured, where the copy has no .git), PYTHON
-# (default python).
+# (default python), FORCE (1: replace the check RESULTS holds; without it such a folder is refused).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
@@ -57,6 +57,13 @@ for name in ${STAGES:-}; do
 done
 STAGES=$(echo $selected)
 work="$RESULTS/gpu_check"
+# A folder that holds a check is replaced only when asked, and then as a whole: the report reads every
+# stage file it finds, so an earlier check's files would sit in this one's tables under this card's name.
+if [ -e "$RESULTS/cuda.json" ] || [ -e "$work/stages.tsv" ]; then
+    [ -n "${FORCE:-}" ] \
+        || die "RESULTS=$RESULTS holds a check ($RESULTS/cuda.md): another RESULTS for a new one, or FORCE=1 to replace it"
+    rm -rf "$work" "$RESULTS/cuda.md" "$RESULTS/cuda.json"
+fi
 mkdir -p "$work"
 : > "$work/stages.tsv"
 start=$(date +%s)

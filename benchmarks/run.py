@@ -61,13 +61,15 @@ run's targets (issues 32, 33) are judged by ``gpu_check.sh``'s report instead.
 
 Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target checks) and
 ``<tag>_time.png`` / ``<tag>_memory.png`` (log-log), drawn by ``benchmarks/report.py``.
-``--append`` merges into an existing JSON (e.g. a separate run of the long LOCOST lengths).
+``--append`` merges into an existing JSON (e.g. a separate run of the long LOCOST lengths). A
+``<tag>.json`` that is not run.py's (``gpu_check.sh`` writes ``cuda.json``), or that holds the other
+kind of figures (``--smoke`` beside measured), is refused before anything runs.
 
     python benchmarks/run.py                                   # the default suite (CPU: ~70 min)
     python benchmarks/run.py --arch locost --modes enc --lengths 65536 262144 --warmup 0 --append
     python benchmarks/run.py --append --arch lsg_norm_int8 led_int8 --modes enc   # int8 rows only
     python benchmarks/run.py --smoke --out /tmp/bench          # tiny models, one length (CI)
-    python benchmarks/run.py --device cuda --dtype bf16 --tag cuda --max-full-length 65536 --warmup 2 \
+    python benchmarks/run.py --device cuda --dtype bf16 --tag cuda_rows --max-full-length 65536 --warmup 2 \
         --repeat 5 --lengths 4096 16384 65536 --arch bart linear lsg_norm led locost locost_cold hf_bart hf_led
 """
 
@@ -99,7 +101,9 @@ from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 
 from lsg_fairseq.convert import families  # noqa: E402
 from lsg_fairseq.convert.registry import BenchRow, BenchSettings  # noqa: E402
+from lsg_text.errors import ConfigError, MissingFileError, UserError  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
+from lsg_text.fileio import atomic_outputs  # noqa: E402
 from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
 from lsg_layers.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
 from report import MODES  # noqa: E402
@@ -598,6 +602,39 @@ def modes_of(arch, length, args):
     return modes
 
 
+def earlier_table(stem: str, args) -> tuple:
+    """The records and runs that ``<stem>.json`` holds for this run to merge into (``--append``) or
+    redraw (``--report-only``); ``[], []`` for a run that replaces it. Refused (:class:`UserError`),
+    before anything is measured or written: a file there that is not a run.py table
+    (``benchmarks/results/cuda.json`` is ``gpu_check.sh``'s report), and a table of the other kind
+    of figures: a ``--smoke`` run into measured figures, a measured run merged into smoke ones."""
+    path = stem + ".json"
+    if not os.path.exists(path):
+        if args.report_only:
+            raise MissingFileError(
+                f"{path}: does not exist (--report-only redraws a table run.py wrote; --out and --tag name it)"
+            )
+        return [], []
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{path}: not a run.py table (not JSON: {e.msg}, line {e.lineno}): choose another --out or --tag"
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a run.py table ({e}): choose another --out or --tag") from None
+    if not (isinstance(old, dict) and isinstance(old.get("records"), list) and isinstance(old.get("runs"), list)):
+        what = "gpu_check.sh's report" if isinstance(old, dict) and "stages" in old else "no records and runs"
+        raise ConfigError(f"{path}: not a run.py table ({what}): choose another --out or --tag")
+    smoke = {bool(run.get("config", {}).get("smoke")) for run in old["runs"]}
+    if not args.report_only and ((args.smoke and False in smoke) or (args.append and not args.smoke and True in smoke)):
+        held, this = ("measured", "--smoke") if args.smoke else ("--smoke", "measured")
+        verb = "merge into" if args.append else "replace"
+        raise ConfigError(f"{path} holds {held} figures, which a {this} run would {verb}: choose another --out")
+    return (old["records"], old["runs"]) if args.append or args.report_only else ([], [])
+
+
 def load_average():
     try:
         return [round(x, 2) for x in os.getloadavg()]
@@ -607,13 +644,12 @@ def load_average():
 
 def main(argv=None):
     args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, args.tag)
-    records, meta_runs = [], []
-    if (args.append or args.report_only) and os.path.exists(stem + ".json"):
-        with open(stem + ".json") as f:
-            old = json.load(f)
-        records, meta_runs = old["records"], old["runs"]
+    try:
+        records, meta_runs = earlier_table(stem, args)
+    except UserError as e:
+        sys.exit(report_error(e, "run.py"))
+    os.makedirs(args.out, exist_ok=True)
     if args.report_only:
         write_outputs(records, meta_runs, args, stem, plots=not args.no_plots)
         print(f"wrote {stem}.md" + ("" if args.no_plots else f", {stem}_time.png, {stem}_memory.png"))
@@ -710,10 +746,9 @@ def write_outputs(records, meta_runs, args, stem, plots=True):
     growth = report.growth_rows(records, rows)
     checks = report.target_checks(records, args.main_lsg)
     result = {"runs": meta_runs, "rows": rows, "records": records, "growth": growth, "targets": checks}
-    with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(report.report_markdown(records, meta_runs, growth, checks, rows))
+    with atomic_outputs([stem + ".json", stem + ".md"]) as (js, md):  # a killed run keeps the last table whole
+        json.dump(result, js, indent=1)
+        md.write(report.report_markdown(records, meta_runs, growth, checks, rows))
     if plots:
         report.plot(records, stem, rows)
     return growth, checks

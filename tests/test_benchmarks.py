@@ -294,6 +294,80 @@ def test_report_only_renders_the_committed_cpu_json(tmp_path):
     assert rows["locost_cold"]["family"] == "locost" and rows["linear"]["family"] is None
 
 
+def _kind(smoke: bool, path):
+    """The committed CPU table, its runs marked as smoke runs or not."""
+    with open(os.path.join(REPO_ROOT, "benchmarks", "results", "cpu.json")) as f:
+        table = json.load(f)
+    for run in table["runs"]:
+        run.setdefault("config", {})["smoke"] = smoke
+    path.write_text(json.dumps(table))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "held, argv, message",
+    [
+        ("gpu_check", [], "not a run.py table (gpu_check.sh's report): choose another --out or --tag"),
+        ("gpu_check", ["--append"], "not a run.py table (gpu_check.sh's report): choose another --out or --tag"),
+        ("gpu_check", ["--report-only"], "not a run.py table (gpu_check.sh's report): choose another --out or --tag"),
+        ("truncated", [], "not a run.py table (not JSON: Unterminated string starting at, line 1)"),
+        ("measured", ["--smoke"], "holds measured figures, which a --smoke run would replace: choose another --out"),
+        ("measured", ["--smoke", "--append"], "holds measured figures, which a --smoke run would merge into"),
+        ("smoke", ["--append"], "holds --smoke figures, which a measured run would merge into: choose another --out"),
+        (
+            "none",
+            ["--report-only"],
+            "does not exist (--report-only redraws a table run.py wrote; --out and --tag name it)",
+        ),
+    ],
+)
+def test_a_table_of_another_kind_is_refused_before_anything_runs(tmp_path, capsys, held, argv, message):
+    """``<tag>.json`` is run.py's table, measured or smoke: another writer's file there (gpu_check.sh
+    writes ``cuda.json`` into ``benchmarks/results`` too), or the other kind of figures, is refused in
+    one line before anything is measured, and the file is left as it was."""
+    table = tmp_path / "t.json"
+    if held == "gpu_check":
+        shutil.copy(os.path.join(REPO_ROOT, "benchmarks", "results", "cuda.json"), table)
+        before = table.read_bytes()
+    elif held == "truncated":
+        before = _kind(False, table)[:1000]
+        table.write_bytes(before)
+    elif held != "none":
+        before = _kind(held == "smoke", table)
+    run = load("benchmarks/run.py", "bench_run")
+    with pytest.raises(SystemExit) as e:
+        run.main(argv + ["--out", str(tmp_path), "--tag", "t", "--no-plots", "--arch", "linear"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"run.py: error: {table}") and message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if held == "none" else ["t.json"])
+    if held != "none":
+        assert table.read_bytes() == before
+
+
+def test_a_table_of_its_own_kind_is_replaced_and_written_whole(tmp_path, monkeypatch):
+    """The refusals above leave a table's own kind of run alone (a smoke run replaces a smoke table);
+    the JSON and the markdown are replaced together or not at all (a run that fails while writing
+    them leaves the last table whole)."""
+    run = load("benchmarks/run.py", "bench_run")
+    _kind(True, tmp_path / "cpu.json")
+    argv = ["--smoke", "--out", str(tmp_path), "--no-plots", "--arch", "linear", "--modes", "enc"]
+    run.main(argv)
+    table = json.loads((tmp_path / "cpu.json").read_text())
+    assert [(r["arch"], r["mode"], r["status"]) for r in table["records"]] == [("linear", "enc", "ok")]
+    assert len(table["runs"]) == 1 and table["runs"][0]["config"]["smoke"]
+    before = {name: (tmp_path / name).read_bytes() for name in ("cpu.json", "cpu.md")}
+
+    def fails(*a, **kw):
+        raise RuntimeError("killed while writing")
+
+    monkeypatch.setattr(run.report, "report_markdown", fails)
+    with pytest.raises(RuntimeError):
+        run.main(argv)
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    assert sorted(os.listdir(tmp_path)) == ["cpu.json", "cpu.md"]
+
+
 def test_report_needs_no_torch():
     code = "import sys; sys.path.insert(0, 'benchmarks'); import report; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)

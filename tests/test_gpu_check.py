@@ -225,6 +225,36 @@ def test_stage_groups_name_the_timed_and_the_untimed_stages(tmp_path, group):
         assert s["status"].startswith("not run: " if s["stage"] in expected else "not selected"), s
 
 
+def test_a_folder_that_holds_a_check_is_replaced_only_when_asked(tmp_path):
+    """RESULTS defaults to benchmarks/results, where the committed reading lies: a check into a folder
+    that holds one is refused in one line, that folder untouched; FORCE=1 replaces it as a whole, so
+    that no stage file of the earlier check reaches this one's report (it reads every file it finds)."""
+    work = tmp_path / "gpu_check"
+    work.mkdir()
+    held = {
+        tmp_path / "cuda.json": '{"env": {"card": "NVIDIA H200"}}',
+        tmp_path / "cuda.md": "# GPU check: NVIDIA H200 (cuda)\n",
+        work / "stages.tsv": "flexprobe\tok\t108\n",
+        work / "flexprobe.json": open(
+            os.path.join(REPO_ROOT, "benchmarks/results/h200_1817c8f/gpu_check/flexprobe.json")
+        ).read(),
+    }
+    for path, text in held.items():
+        path.write_text(text)
+    proc = gpu_check(tmp_path, DEV="cpu", STAGES="untimed", BUDGET_S="1")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"gpu_check.sh: error: RESULTS={tmp_path} holds a check ({tmp_path}/cuda.md): another RESULTS for a new one,"
+        " or FORCE=1 to replace it"
+    ]
+    assert {p: p.read_text() for p in held} == held and sorted(os.listdir(work)) == ["flexprobe.json", "stages.tsv"]
+    proc = gpu_check(tmp_path, DEV="cpu", STAGES="untimed", BUDGET_S="1", FORCE="1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads((tmp_path / "cuda.json").read_text())
+    assert result["flexprobe"] is None and not (work / "flexprobe.json").exists()
+    assert [s["stage"] for s in result["stages"]] == STAGES and "not measured" in (tmp_path / "cuda.md").read_text()
+
+
 def test_an_unknown_stage_is_one_line(tmp_path):
     proc = gpu_check(tmp_path, DEV="cpu", STAGES="enc trian16k")
     assert proc.returncode == 2 and not (tmp_path / "cuda.md").exists()
