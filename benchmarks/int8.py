@@ -19,6 +19,9 @@ One seeded command, three measurements, written to ``<out>/int8.md`` and ``<out>
     python benchmarks/int8.py --long-context work_dirs/long_context   # (a), (b), (c): ~20 min on 2 cores
     python benchmarks/int8.py --parts c --long-context DIR --append    # (c) only, merged into int8.json
     python benchmarks/int8.py --lengths 512 --arch-size tiny --parts a b --out /tmp/x   # seconds (a check)
+
+A ``<tag>.json`` that is not this script's, or that holds the other kind of figures (tiny beside
+base), is refused before anything runs (as benchmarks/run.py refuses its own).
 """
 
 import argparse
@@ -44,8 +47,9 @@ from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 
 from lsg_fairseq.convert.registry import BenchSettings  # noqa: E402
 from lsg_fairseq.quantize import quantize_int8  # noqa: E402
-from lsg_text.errors import report  # noqa: E402
-from run import ROWS, cpu_name, load_average  # noqa: E402  (benchmarks/run.py: its rows, the same run metadata)
+from lsg_text.errors import UserError, report  # noqa: E402
+from lsg_text.fileio import atomic_outputs  # noqa: E402
+from run import ROWS, cpu_name, load_average, read_table, refuse_mixed_figures  # noqa: E402  (benchmarks/run.py)
 
 FIXTURES = os.path.join(REPO, "tests", "data", "fixtures")
 ARCHS = ("lsg_norm", "led")  # rows of benchmarks/run.py, built as it builds them
@@ -413,16 +417,23 @@ def main(argv=None):
         "torch": torch.__version__,
         "quantized_engine": torch.backends.quantized.engine,
         "repeat": args.repeat,
+        "arch_size": args.arch_size,
     }
     stem = os.path.join(args.out, args.tag)
+    try:  # nothing measured before the table there is known to be this script's, of the same kind
+        old = read_table(stem + ".json", "int8.py", ("runs", "speed", "fixtures"), args.report_only)
+        if old is not None and not args.report_only:
+            held = {run.get("arch_size", "base") == "tiny" for run in old["runs"]}
+            refuse_mixed_figures(stem + ".json", held, args.arch_size == "tiny", args.append, "--arch-size tiny")
+    except UserError as e:
+        sys.exit(report(e, "int8.py"))
     if args.report_only:
-        with open(stem + ".json") as f, open(stem + ".md", "w") as g:
-            g.write(markdown(json.load(f)))
+        with atomic_outputs([stem + ".md"]) as (md,):
+            md.write(markdown(old))
         return
-    results = {"runs": [], "speed": [], "fixtures": [], "long_context": None}
-    if args.append and os.path.exists(stem + ".json"):
-        with open(stem + ".json") as f:
-            results = json.load(f)
+    results = (
+        old if args.append and old is not None else {"runs": [], "speed": [], "fixtures": [], "long_context": None}
+    )
     start = time.time()
     if "a" in args.parts:
         results["speed"] = [speed(arch, n, args) for n in args.lengths for arch in args.archs]
@@ -433,11 +444,9 @@ def main(argv=None):
     meta["wall_s"] = time.time() - start
     meta["load_average_end"] = load_average()
     results["runs"].append(meta)
-    os.makedirs(args.out, exist_ok=True)
-    with open(stem + ".json", "w") as f:
-        json.dump(results, f, indent=1)
-    with open(stem + ".md", "w") as f:
-        f.write(markdown(results))
+    with atomic_outputs([stem + ".json", stem + ".md"]) as (js, md):
+        json.dump(results, js, indent=1)
+        md.write(markdown(results))
     print(f"wrote {stem}.md, {stem}.json in {meta['wall_s']:.0f} s")
 
 

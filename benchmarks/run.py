@@ -86,6 +86,7 @@ import statistics
 import sys
 import time
 import traceback
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -602,36 +603,57 @@ def modes_of(arch, length, args):
     return modes
 
 
-def earlier_table(stem: str, args) -> tuple:
-    """The records and runs that ``<stem>.json`` holds for this run to merge into (``--append``) or
-    redraw (``--report-only``); ``[], []`` for a run that replaces it. Refused (:class:`UserError`),
-    before anything is measured or written: a file there that is not a run.py table
-    (``benchmarks/results/cuda.json`` is ``gpu_check.sh``'s report), and a table of the other kind
-    of figures: a ``--smoke`` run into measured figures, a measured run merged into smoke ones."""
-    path = stem + ".json"
+# what wrote a JSON of benchmarks/results, by a key only that writer's JSON has
+TABLE_WRITERS = {"records": "run.py's table", "stages": "gpu_check.sh's report", "speed": "int8.py's table"}
+
+
+def read_table(path: str, script: str, keys: tuple, report_only: bool) -> Optional[dict]:
+    """The table ``script`` (``run.py``, ``int8.py``) wrote at ``path``, None where there is none.
+    Refused (:class:`UserError`), before anything is measured or written: no file for
+    ``--report-only``, and a file that is not JSON or lacks any of ``keys`` (another writer's:
+    ``benchmarks/results/cuda.json`` is ``gpu_check.sh``'s report)."""
     if not os.path.exists(path):
-        if args.report_only:
+        if report_only:
             raise MissingFileError(
-                f"{path}: does not exist (--report-only redraws a table run.py wrote; --out and --tag name it)"
+                f"{path}: does not exist (--report-only redraws a table {script} wrote; --out and --tag name it)"
             )
-        return [], []
+        return None
     try:
         with open(path) as f:
             old = json.load(f)
     except json.JSONDecodeError as e:
         raise ConfigError(
-            f"{path}: not a run.py table (not JSON: {e.msg}, line {e.lineno}): choose another --out or --tag"
+            f"{path}: not {script}'s table (not JSON: {e.msg}, line {e.lineno}): choose another --out or --tag"
         ) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not a run.py table ({e}): choose another --out or --tag") from None
-    if not (isinstance(old, dict) and isinstance(old.get("records"), list) and isinstance(old.get("runs"), list)):
-        what = "gpu_check.sh's report" if isinstance(old, dict) and "stages" in old else "no records and runs"
-        raise ConfigError(f"{path}: not a run.py table ({what}): choose another --out or --tag")
-    smoke = {bool(run.get("config", {}).get("smoke")) for run in old["runs"]}
-    if not args.report_only and ((args.smoke and False in smoke) or (args.append and not args.smoke and True in smoke)):
-        held, this = ("measured", "--smoke") if args.smoke else ("--smoke", "measured")
-        verb = "merge into" if args.append else "replace"
+        raise ConfigError(f"{path}: not {script}'s table ({e}): choose another --out or --tag") from None
+    if not (isinstance(old, dict) and all(key in old for key in keys)):
+        found = [w for key, w in TABLE_WRITERS.items() if isinstance(old, dict) and key in old]
+        what = found[0] if found else "no " + " and ".join(keys)
+        raise ConfigError(f"{path}: not {script}'s table ({what}): choose another --out or --tag")
+    return old
+
+
+def refuse_mixed_figures(path: str, held_smoke: set, smoke: bool, append: bool, smoke_flag: str) -> None:
+    """Smoke figures (tiny models: ``smoke_flag``) never replace or join measured ones, nor measured
+    ones join smoke ones (``held_smoke``: whether each run of the table at ``path`` was a smoke run)."""
+    if (smoke and False in held_smoke) or (append and not smoke and True in held_smoke):
+        held, this = ("measured", smoke_flag) if smoke else (smoke_flag, "measured")
+        verb = "merge into" if append else "replace"
         raise ConfigError(f"{path} holds {held} figures, which a {this} run would {verb}: choose another --out")
+
+
+def earlier_table(stem: str, args) -> tuple:
+    """The records and runs that ``<stem>.json`` holds for this run to merge into (``--append``) or
+    redraw (``--report-only``); ``[], []`` for a run that replaces it. Refused (:class:`UserError`):
+    what :func:`read_table` refuses, and a table of the other kind of figures
+    (:func:`refuse_mixed_figures`)."""
+    old = read_table(stem + ".json", "run.py", ("records", "runs"), args.report_only)
+    if old is None:
+        return [], []
+    if not args.report_only:
+        held = {bool(run.get("config", {}).get("smoke")) for run in old["runs"]}
+        refuse_mixed_figures(stem + ".json", held, args.smoke, args.append, "--smoke")
     return (old["records"], old["runs"]) if args.append or args.report_only else ([], [])
 
 

@@ -117,6 +117,37 @@ def test_int8_script_times_run_rows(tmp_path):
     assert (tmp_path / "int8.md").stat().st_size > 0
 
 
+@pytest.mark.parametrize(
+    "held, argv, message",
+    [
+        ("int8", ["--arch-size", "tiny"], "holds measured figures, which a --arch-size tiny run would replace"),
+        (
+            "int8",
+            ["--arch-size", "tiny", "--append"],
+            "holds measured figures, which a --arch-size tiny run would merge",
+        ),
+        ("cpu", ["--report-only"], "not int8.py's table (run.py's table): choose another --out or --tag"),
+        ("none", ["--report-only"], "does not exist (--report-only redraws a table int8.py wrote;"),
+    ],
+)
+def test_int8_script_refuses_a_table_of_another_kind(tmp_path, capsys, held, argv, message):
+    """int8.py's table is refused as run.py's are (``read_table``, ``refuse_mixed_figures``): here the
+    committed measured table under a tiny run, and run.py's table read as its own."""
+    table = tmp_path / "int8.json"
+    if held != "none":
+        shutil.copy(os.path.join(REPO_ROOT, "benchmarks", "results", f"{held}.json"), table)
+        before = table.read_bytes()
+    int8 = load("benchmarks/int8.py", "bench_int8")
+    with pytest.raises(SystemExit) as e:
+        int8.main([*argv, "--parts", "a", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"int8.py: error: {table}"), err
+    assert message in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if held == "none" else ["int8.json"])
+    if held != "none":
+        assert table.read_bytes() == before
+
+
 def test_full_attention_rows_stop_at_the_full_length_limit():
     """bart and its HF peer are quadratic: neither runs beyond --max-full-length; the others do."""
     run = load("benchmarks/run.py", "bench_run")
@@ -307,10 +338,10 @@ def _kind(smoke: bool, path):
 @pytest.mark.parametrize(
     "held, argv, message",
     [
-        ("gpu_check", [], "not a run.py table (gpu_check.sh's report): choose another --out or --tag"),
-        ("gpu_check", ["--append"], "not a run.py table (gpu_check.sh's report): choose another --out or --tag"),
-        ("gpu_check", ["--report-only"], "not a run.py table (gpu_check.sh's report): choose another --out or --tag"),
-        ("truncated", [], "not a run.py table (not JSON: Unterminated string starting at, line 1)"),
+        ("gpu_check", [], "not run.py's table (gpu_check.sh's report): choose another --out or --tag"),
+        ("gpu_check", ["--append"], "not run.py's table (gpu_check.sh's report): choose another --out or --tag"),
+        ("gpu_check", ["--report-only"], "not run.py's table (gpu_check.sh's report): choose another --out or --tag"),
+        ("truncated", [], "not run.py's table (not JSON: Unterminated string starting at, line 1)"),
         ("measured", ["--smoke"], "holds measured figures, which a --smoke run would replace: choose another --out"),
         ("measured", ["--smoke", "--append"], "holds measured figures, which a --smoke run would merge into"),
         ("smoke", ["--append"], "holds --smoke figures, which a measured run would merge into: choose another --out"),
