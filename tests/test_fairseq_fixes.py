@@ -1,7 +1,8 @@
 """lsg_fairseq.fairseq_fixes: the only place that patches fairseq/torch, installed once.
 
 Each fix's own tests run the original function (kept by the patch) to show the upstream bug, then
-the installed one: weights-only loading, one-line errors and the NaN detector here, atomic checkpoints, load errors
+the installed one: weights-only loading, one-line errors, the NaN detector and the workers' temp folder here,
+atomic checkpoints, load errors
 and restore hooks in test_checkpoint_io.py, bf16 in test_bf16.py.
 """
 
@@ -38,6 +39,30 @@ PATCHED = [
     (TransformerConfig, "from_namespace"),
     (initialize, "add_defaults"),
 ]
+
+# fairseq's EpochBatchIterator with one data-loader worker (--num-workers 1, fairseq's default): main
+# takes one batch and returns with the workers running, as fairseq-train's main does at its last update.
+WORKER_RUN = """
+import sys
+import torch
+from fairseq import options
+from fairseq.data.iterators import EpochBatchIterator
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.distributed import utils as distributed_utils
+import lsg_fairseq
+from lsg_fairseq.fairseq_fixes._wrap import original
+
+running = []
+def main(cfg):
+    data = torch.utils.data.TensorDataset(torch.arange(8))
+    batches = EpochBatchIterator(data, torch.utils.data.default_collate, [[0, 1], [2, 3]], num_workers=1)
+    running.append(batches.next_epoch_itr(shuffle=False))
+    assert next(running[-1])[0].tolist() == [0, 1]
+
+argv = [sys.argv[2], "--arch", "transformer", "--cpu"]
+cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+(original(distributed_utils, "call_main") if sys.argv[1] == "stock" else distributed_utils.call_main)(cfg, main)
+"""
 
 
 def test_install_is_idempotent_and_keeps_the_originals():
@@ -148,6 +173,23 @@ def test_call_main_prints_our_refusals_as_one_line(tmp_path, capsys, monkeypatch
 
     with pytest.raises(KeyError):  # anything else keeps its traceback
         distributed_utils.call_main(cfg, bug)
+
+
+def test_a_run_with_data_loader_workers_leaves_no_temp_folder(tmp_path):
+    """fairseq's data-loader workers are terminated at exit; one that sent a batch had made a
+    ``pymp-*`` folder of its own and leaves it in the temp dir (stock ``call_main``). Under the
+    fix the workers use the main process's folder, which it removes when it exits."""
+    left = {}
+    for run in ("stock", "fixed"):
+        tmp = tmp_path / run
+        tmp.mkdir()
+        env = dict(os.environ, TMPDIR=str(tmp))
+        proc = subprocess.run(
+            [sys.executable, "-c", WORKER_RUN, run, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        left[run] = sorted(p.name[:5] for p in tmp.iterdir() if p.name.startswith("pymp-"))
+    assert left == {"stock": ["pymp-"], "fixed": []}
 
 
 def test_nan_detector_reaches_the_backward_pass(tmp_path, monkeypatch, caplog):

@@ -10,7 +10,7 @@ patches anything.
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the
 fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, a missing
 ``--arch`` named, the weights-only allowlist, NaN reports that reach the backward pass, a legacy
-model's own flags under ``fairseq-hydra-train``. This
+model's own flags under ``fairseq-hydra-train``, no data-loader worker's temp folder left behind. This
 plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
 refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks that only its
 own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its
@@ -29,6 +29,7 @@ from lsg_fairseq.fairseq_fixes import (
     restore_hooks,
     run_hooks,
     weights_only_load,
+    worker_temp_dir,
 )
 
 # run_hooks before one_line_errors: both wrap call_main, and the refusals of the task's vet_run are
@@ -43,6 +44,7 @@ FIXES = (
     missing_arch,
     hydra_model_flags,
     nan_detector_hooks,
+    worker_temp_dir,
     one_line_errors,
 )
 

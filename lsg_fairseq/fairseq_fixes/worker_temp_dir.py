@@ -1,0 +1,38 @@
+"""Leave no ``pymp-*`` folder in the temp dir after a run whose data loader had workers (no
+upstream issue found; the mechanism is torch's and Python's, the trigger fairseq's).
+
+fairseq builds its ``DataLoader`` with ``persistent_workers=True`` whenever ``--num-workers`` > 0
+(the default is 1) and never shuts the workers down: at exit, multiprocessing terminates them
+(SIGTERM). A worker that has sent a batch made a temp folder of its own on the way
+(``multiprocessing.util.get_temp_dir``: the socket through which its tensors' file descriptors
+pass), and a terminated worker cannot remove it. So every fairseq-train, -validate and -generate
+run left one empty ``pymp-XXXXXXXX`` folder behind (a cluster's ``/tmp`` fills with them).
+
+A process uses the temp folder of the process that started it, if that one had made it already.
+So the wrapper makes the main process's folder before ``main`` runs: the workers (and the ranks of
+a distributed run) use it, and the main process removes it when it exits, after multiprocessing has
+stopped them. Wraps ``fairseq.distributed.utils.call_main`` (fairseq-train, -validate,
+-hydra-train) and fairseq-generate's ``main`` when the plugin comes in through its ``--user-dir``.
+"""
+
+import multiprocessing.util
+import sys
+
+from fairseq.distributed import utils as distributed_utils
+
+from lsg_fairseq.fairseq_fixes._wrap import wrap
+
+
+def _temp_dir_made_first(original):
+    def main(*args, **kwargs):
+        multiprocessing.util.get_temp_dir()  # made once per process, removed at its exit
+        return original(*args, **kwargs)
+
+    return main
+
+
+def install() -> None:
+    wrap(distributed_utils, "call_main", _temp_dir_made_first)
+    generate = sys.modules.get("fairseq_cli.generate")
+    if generate is not None:  # fairseq-generate is importing the plugin through --user-dir
+        wrap(generate, "main", _temp_dir_made_first)
