@@ -192,6 +192,26 @@ def test_a_run_with_data_loader_workers_leaves_no_temp_folder(tmp_path):
     assert left == {"stock": ["pymp-"], "fixed": []}
 
 
+def test_a_run_without_workers_makes_no_temp_folder(tmp_path, monkeypatch):
+    """The folder is made for runs with workers only: a process that ends without its exit handlers
+    (killed, or a forked rank's ``os._exit``) would leave one made for nothing."""
+    from lsg_fairseq.fairseq_fixes import worker_temp_dir
+
+    made = []
+    monkeypatch.setattr(worker_temp_dir.multiprocessing.util, "get_temp_dir", lambda: made.append(1))
+    argv = [str(tmp_path), "--arch", "transformer", "--cpu", "--num-workers"]
+    for workers in (0, 2):
+        cfg = convert_namespace_to_omegaconf(
+            options.parse_args_and_arch(options.get_training_parser(), [*argv, str(workers)])
+        )
+        ran = []
+        distributed_utils.call_main(cfg, lambda cfg: ran.append(cfg.dataset.num_workers))
+        assert ran == [workers] and len(made) == (workers > 0)
+    main = worker_temp_dir._temp_dir_made_first(lambda args: args.num_workers)  # fairseq-generate's namespace
+    assert main(argparse.Namespace(num_workers=0)) == 0 and len(made) == 1
+    assert main(argparse.Namespace(num_workers=1)) == 1 and len(made) == 2
+
+
 def test_nan_detector_reaches_the_backward_pass(tmp_path, monkeypatch, caplog):
     """fairseq's trainer reruns a step whose gradients are NaN/Inf under NanDetector. With its
     legacy backward hook on every module, calling an encoder (which returns a dict of lists) raises

@@ -9,10 +9,12 @@ pass), and a terminated worker cannot remove it. So every fairseq-train, -valida
 run left one empty ``pymp-XXXXXXXX`` folder behind (a cluster's ``/tmp`` fills with them).
 
 A process uses the temp folder of the process that started it, if that one had made it already.
-So the wrapper makes the main process's folder before ``main`` runs: the workers (and the ranks of
-a distributed run) use it, and the main process removes it when it exits, after multiprocessing has
-stopped them. Wraps ``fairseq.distributed.utils.call_main`` (fairseq-train, -validate,
--hydra-train) and fairseq-generate's ``main`` when the plugin comes in through its ``--user-dir``.
+So, for a run with workers, the wrapper makes the main process's folder before ``main`` runs: the
+workers (and the ranks of a distributed run) use it, and the main process removes it when it exits,
+after multiprocessing has stopped them. A run without workers gets none (a folder made for nothing
+would be left by a process that ends without its exit handlers, killed or through ``os._exit``).
+Wraps ``fairseq.distributed.utils.call_main`` (fairseq-train, -validate, -hydra-train) and
+fairseq-generate's ``main`` when the plugin comes in through its ``--user-dir``.
 """
 
 import multiprocessing.util
@@ -23,10 +25,16 @@ from fairseq.distributed import utils as distributed_utils
 from lsg_fairseq.fairseq_fixes._wrap import wrap
 
 
+def _num_workers(cfg) -> int:
+    """``--num-workers`` of a run: a structured config's ``dataset``, or fairseq-generate's namespace."""
+    return getattr(getattr(cfg, "dataset", cfg), "num_workers", 0) or 0
+
+
 def _temp_dir_made_first(original):
-    def main(*args, **kwargs):
-        multiprocessing.util.get_temp_dir()  # made once per process, removed at its exit
-        return original(*args, **kwargs)
+    def main(cfg, *args, **kwargs):
+        if _num_workers(cfg) > 0:
+            multiprocessing.util.get_temp_dir()  # made once per process, removed at its exit
+        return original(cfg, *args, **kwargs)
 
     return main
 
