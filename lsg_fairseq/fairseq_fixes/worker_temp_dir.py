@@ -5,8 +5,8 @@ fairseq builds its ``DataLoader`` with ``persistent_workers=True`` whenever ``--
 (the default is 1) and never shuts the workers down: at exit, multiprocessing terminates them
 (SIGTERM). A worker that has sent a batch made a temp folder of its own on the way
 (``multiprocessing.util.get_temp_dir``: the socket through which its tensors' file descriptors
-pass), and a terminated worker cannot remove it. So every fairseq-train, -validate and -generate
-run left one empty ``pymp-XXXXXXXX`` folder behind (a cluster's ``/tmp`` fills with them).
+pass), and a terminated worker cannot remove it. So every fairseq-train and fairseq-generate run
+left a ``pymp-XXXXXXXX`` folder behind, holding a dead socket (a cluster's ``/tmp`` fills with them).
 
 A process uses the temp folder of the process that started it, if that one had made it already.
 So, for a run with workers, the wrapper makes the main process's folder before ``main`` runs: the
