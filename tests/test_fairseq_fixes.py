@@ -10,8 +10,10 @@ import argparse
 import ast
 import inspect
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -181,14 +183,23 @@ def test_a_run_with_data_loader_workers_leaves_no_temp_folder(tmp_path):
     fix the workers use the main process's folder, which it removes when it exits."""
     left = {}
     for run in ("stock", "fixed"):
-        tmp = tmp_path / run
-        tmp.mkdir()
-        env = dict(os.environ, TMPDIR=str(tmp))
-        proc = subprocess.run(
-            [sys.executable, "-c", WORKER_RUN, run, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        left[run] = sorted(p.name[:5] for p in tmp.iterdir() if p.name.startswith("pymp-"))
+        # the system's temp dir, not tmp_path: a worker's socket path inside it must stay within
+        # AF_UNIX's 108 bytes (under pytest-xdist's longer tmp_path the worker's feeder thread dies
+        # with "AF_UNIX path too long" and the loader waits for its batch forever)
+        tmp = tempfile.mkdtemp(prefix=f"{run}-")
+        try:
+            env = dict(os.environ, TMPDIR=tmp)
+            proc = subprocess.run(
+                [sys.executable, "-c", WORKER_RUN, run, str(tmp_path)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            left[run] = sorted(name[:5] for name in os.listdir(tmp) if name.startswith("pymp-"))
+        finally:
+            shutil.rmtree(tmp)
     assert left == {"stock": ["pymp-"], "fixed": []}
 
 
@@ -198,7 +209,7 @@ def test_a_run_without_workers_makes_no_temp_folder(tmp_path, monkeypatch):
     from lsg_fairseq.fairseq_fixes import worker_temp_dir
 
     made = []
-    monkeypatch.setattr(worker_temp_dir.multiprocessing.util, "get_temp_dir", lambda: made.append(1))
+    monkeypatch.setattr(worker_temp_dir.multiprocessing.util, "get_temp_dir", lambda: made.append(1) or "/tmp/pymp-x")
     argv = [str(tmp_path), "--arch", "transformer", "--cpu", "--num-workers"]
     for workers in (0, 2):
         cfg = convert_namespace_to_omegaconf(
@@ -210,6 +221,32 @@ def test_a_run_without_workers_makes_no_temp_folder(tmp_path, monkeypatch):
     main = worker_temp_dir._temp_dir_made_first(lambda args: args.num_workers)  # fairseq-generate's namespace
     assert main(argparse.Namespace(num_workers=0)) == 0 and len(made) == 1
     assert main(argparse.Namespace(num_workers=1)) == 1 and len(made) == 2
+
+
+def test_a_temp_folder_too_long_for_the_workers_sockets_is_one_line(tmp_path, monkeypatch, capsys):
+    """Under a TMPDIR whose workers' socket paths pass AF_UNIX's 107 bytes, fairseq's loader waits
+    for its first batch forever; the run is refused in one line instead, before main."""
+    from lsg_fairseq.fairseq_fixes import worker_temp_dir
+
+    for length, refused in ((107 - worker_temp_dir.SOCKET_NAME, False), (108 - worker_temp_dir.SOCKET_NAME, True)):
+        folder = "/" + "t" * (length - 1)
+        monkeypatch.setattr(worker_temp_dir.multiprocessing.util, "get_temp_dir", lambda: folder)
+        argv = [str(tmp_path), "--arch", "transformer", "--cpu", "--num-workers", "2"]
+        cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+        ran = []
+        monkeypatch.setattr(sys, "argv", ["fairseq-train"])
+        if not refused:
+            distributed_utils.call_main(cfg, ran.append)
+            assert len(ran) == 1
+            continue
+        with pytest.raises(SystemExit) as e:
+            distributed_utils.call_main(cfg, ran.append)
+        assert e.value.code == 2 and ran == []
+        assert capsys.readouterr().err == (
+            f"fairseq-train: error: --num-workers 2: the temp folder {folder} is too long a path for the data-loader "
+            "workers' sockets (AF_UNIX: 107 bytes; the workers would wait forever): set TMPDIR to a shorter folder, "
+            "or --num-workers 0\n"
+        )
 
 
 def test_nan_detector_reaches_the_backward_pass(tmp_path, monkeypatch, caplog):

@@ -15,14 +15,23 @@ after multiprocessing has stopped them. A run without workers gets none (a folde
 would be left by a process that ends without its exit handlers, killed or through ``os._exit``).
 Wraps ``fairseq.distributed.utils.call_main`` (fairseq-train, -validate, -hydra-train) and
 fairseq-generate's ``main`` when the plugin comes in through its ``--user-dir``.
+
+The same folder holds the workers' sockets, whose paths AF_UNIX limits to 107 bytes: under a
+longer ``TMPDIR`` a worker's feeder thread dies ("AF_UNIX path too long") and the loader waits for
+its first batch forever, without a word. Such a run is refused before ``main``, in one line.
 """
 
 import multiprocessing.util
+import os
 import sys
 
 from fairseq.distributed import utils as distributed_utils
 
 from lsg_fairseq.fairseq_fixes._wrap import wrap
+from lsg_text.errors import ConfigError
+
+SOCKET_PATH_MAX = 107  # bytes of an AF_UNIX socket path on Linux (sun_path: 108, NUL included)
+SOCKET_NAME = len("/listener-XXXXXXXX")  # multiprocessing's name of a socket in the folder
 
 
 def _num_workers(cfg) -> int:
@@ -32,8 +41,15 @@ def _num_workers(cfg) -> int:
 
 def _temp_dir_made_first(original):
     def main(cfg, *args, **kwargs):
-        if _num_workers(cfg) > 0:
-            multiprocessing.util.get_temp_dir()  # made once per process, removed at its exit
+        workers = _num_workers(cfg)
+        if workers > 0:
+            folder = multiprocessing.util.get_temp_dir()  # made once per process, removed at its exit
+            if len(os.fsencode(folder)) + SOCKET_NAME > SOCKET_PATH_MAX:
+                raise ConfigError(
+                    f"--num-workers {workers}: the temp folder {folder} is too long a path for the data-loader "
+                    f"workers' sockets (AF_UNIX: {SOCKET_PATH_MAX} bytes; the workers would wait forever): "
+                    "set TMPDIR to a shorter folder, or --num-workers 0"
+                )
         return original(cfg, *args, **kwargs)
 
     return main
