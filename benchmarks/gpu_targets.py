@@ -95,8 +95,9 @@ def record(records, arch, mode, length):
     return next((r for r in records if (r["arch"], r["mode"], r["length"]) == (arch, mode, length)), None)
 
 
-def on_cuda(result):
-    """Whether a record (or flex_grad's result) was measured on a CUDA device."""
+def on_cuda(result) -> bool:
+    """Whether a record (or flex_grad's result) was measured on a CUDA device (no ``device``: an
+    older CPU record); ``benchmarks/report.py`` keeps issue 13's CPU targets to the others."""
     return str(result.get("device", "")).startswith("cuda")
 
 

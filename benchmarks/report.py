@@ -17,6 +17,8 @@ arch the rows lack (a JSON written before run.py wrote them) is shown after them
 
 import math
 
+from gpu_targets import on_cuda  # benchmarks/gpu_targets.py: which device a record counts for, one rule
+
 MODES = ("enc", "train", "gen")
 ROW_DEFAULTS = {"growth": "1", "line": "solid", "color": None}  # color None: matplotlib's next
 TITLES = {
@@ -236,11 +238,6 @@ def _absent(records, *keys) -> str:
         elif r["status"] != "ok":
             why.append(f"{arch} {mode} {n // 1024}K: {r['status'][:80]}")
     return "; ".join(why)
-
-
-def on_cuda(record) -> bool:
-    """Whether a record was measured on a CUDA device (no ``device``: an older CPU record)."""
-    return str(record.get("device", "")).startswith("cuda")
 
 
 CUDA_TARGETS = (
