@@ -42,6 +42,14 @@ PATCHED = [
     (initialize, "add_defaults"),
 ]
 
+
+def train_cfg(data, *flags):
+    """fairseq-train's structured config of a stock transformer on ``data`` with ``flags``, as
+    ``call_main`` receives it."""
+    argv = [str(data), "--arch", "transformer", "--cpu", *flags]
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+
+
 # fairseq's EpochBatchIterator with one data-loader worker (--num-workers 1, fairseq's default): main
 # takes one batch and returns with the workers running, as fairseq-train's main does at its last update.
 WORKER_RUN = """
@@ -155,9 +163,7 @@ def test_weights_only_load_needs_the_allowlist(tmp_path):
 
 
 def test_call_main_prints_our_refusals_as_one_line(tmp_path, capsys, monkeypatch):
-    cfg = convert_namespace_to_omegaconf(
-        options.parse_args_and_arch(options.get_training_parser(), [str(tmp_path), "--arch", "transformer", "--cpu"])
-    )
+    cfg = train_cfg(tmp_path)
 
     def main(cfg):
         raise ConfigError("--block-size must be >= 1, got 0")
@@ -210,13 +216,11 @@ def test_a_run_without_workers_makes_no_temp_folder(tmp_path, monkeypatch):
 
     made = []
     monkeypatch.setattr(worker_temp_dir.multiprocessing.util, "get_temp_dir", lambda: made.append(1) or "/tmp/pymp-x")
-    argv = [str(tmp_path), "--arch", "transformer", "--cpu", "--num-workers"]
     for workers in (0, 2):
-        cfg = convert_namespace_to_omegaconf(
-            options.parse_args_and_arch(options.get_training_parser(), [*argv, str(workers)])
-        )
         ran = []
-        distributed_utils.call_main(cfg, lambda cfg: ran.append(cfg.dataset.num_workers))
+        distributed_utils.call_main(
+            train_cfg(tmp_path, "--num-workers", str(workers)), lambda cfg: ran.append(cfg.dataset.num_workers)
+        )
         assert ran == [workers] and len(made) == (workers > 0)
     main = worker_temp_dir._temp_dir_made_first(lambda args: args.num_workers)  # fairseq-generate's namespace
     assert main(argparse.Namespace(num_workers=0)) == 0 and len(made) == 1
@@ -228,25 +232,22 @@ def test_a_temp_folder_too_long_for_the_workers_sockets_is_one_line(tmp_path, mo
     for its first batch forever; the run is refused in one line instead, before main."""
     from lsg_fairseq.fairseq_fixes import worker_temp_dir
 
-    for length, refused in ((107 - worker_temp_dir.SOCKET_NAME, False), (108 - worker_temp_dir.SOCKET_NAME, True)):
-        folder = "/" + "t" * (length - 1)
-        monkeypatch.setattr(worker_temp_dir.multiprocessing.util, "get_temp_dir", lambda: folder)
-        argv = [str(tmp_path), "--arch", "transformer", "--cpu", "--num-workers", "2"]
-        cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
-        ran = []
-        monkeypatch.setattr(sys, "argv", ["fairseq-train"])
-        if not refused:
-            distributed_utils.call_main(cfg, ran.append)
-            assert len(ran) == 1
-            continue
-        with pytest.raises(SystemExit) as e:
-            distributed_utils.call_main(cfg, ran.append)
-        assert e.value.code == 2 and ran == []
-        assert capsys.readouterr().err == (
-            f"fairseq-train: error: --num-workers 2: the temp folder {folder} is too long a path for the data-loader "
-            "workers' sockets (AF_UNIX: 107 bytes; the workers would wait forever): set TMPDIR to a shorter folder, "
-            "or --num-workers 0\n"
-        )
+    cfg, ran = train_cfg(tmp_path, "--num-workers", "2"), []
+    monkeypatch.setattr(sys, "argv", ["fairseq-train"])
+    fits = "/" + "t" * (worker_temp_dir.SOCKET_PATH_MAX - worker_temp_dir.SOCKET_NAME - 1)  # 107 bytes with a socket
+    monkeypatch.setattr(worker_temp_dir.multiprocessing.util, "get_temp_dir", lambda: fits)
+    distributed_utils.call_main(cfg, ran.append)
+    assert len(ran) == 1
+    folder = fits + "t"  # one byte more
+    monkeypatch.setattr(worker_temp_dir.multiprocessing.util, "get_temp_dir", lambda: folder)
+    with pytest.raises(SystemExit) as e:
+        distributed_utils.call_main(cfg, ran.append)
+    assert e.value.code == 2 and len(ran) == 1
+    assert capsys.readouterr().err == (
+        f"fairseq-train: error: --num-workers 2: the temp folder {folder} is too long a path for the data-loader "
+        "workers' sockets (AF_UNIX: 107 bytes; the workers would wait forever): set TMPDIR to a shorter folder, "
+        "or --num-workers 0\n"
+    )
 
 
 def test_nan_detector_reaches_the_backward_pass(tmp_path, monkeypatch, caplog):
