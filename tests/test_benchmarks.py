@@ -117,6 +117,19 @@ def test_int8_script_times_run_rows(tmp_path):
     assert (tmp_path / "int8.md").stat().st_size > 0
 
 
+def assert_refused_untouched(call, capsys, prog, table, before, message):
+    """``call()`` refuses in one line, ``prog: error: <table>...`` holding ``message``, with exit
+    status 2, and leaves the folder as it was: ``table`` holding ``before`` (None: no file at all)."""
+    with pytest.raises(SystemExit) as e:
+        call()
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{prog}: error: {table}") and message in err[0], err
+    assert sorted(p.name for p in table.parent.iterdir()) == ([] if before is None else [table.name])
+    if before is not None:
+        assert table.read_bytes() == before
+
+
 @pytest.mark.parametrize(
     "held, argv, message",
     [
@@ -133,19 +146,13 @@ def test_int8_script_times_run_rows(tmp_path):
 def test_int8_script_refuses_a_table_of_another_kind(tmp_path, capsys, held, argv, message):
     """int8.py's table is refused as run.py's are (``read_table``, ``refuse_mixed_figures``): here the
     committed measured table under a tiny run, and run.py's table read as its own."""
-    table = tmp_path / "int8.json"
+    table, before = tmp_path / "int8.json", None
     if held != "none":
         shutil.copy(os.path.join(REPO_ROOT, "benchmarks", "results", f"{held}.json"), table)
         before = table.read_bytes()
     int8 = load("benchmarks/int8.py", "bench_int8")
-    with pytest.raises(SystemExit) as e:
-        int8.main([*argv, "--parts", "a", "--out", str(tmp_path)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"int8.py: error: {table}"), err
-    assert message in err[0], err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if held == "none" else ["int8.json"])
-    if held != "none":
-        assert table.read_bytes() == before
+    argv = [*argv, "--parts", "a", "--out", str(tmp_path)]
+    assert_refused_untouched(lambda: int8.main(argv), capsys, "int8.py", table, before, message)
 
 
 def test_full_attention_rows_stop_at_the_full_length_limit():
@@ -356,7 +363,7 @@ def test_a_table_of_another_kind_is_refused_before_anything_runs(tmp_path, capsy
     """``<tag>.json`` is run.py's table, measured or smoke: another writer's file there (gpu_check.sh
     writes ``cuda.json`` into ``benchmarks/results`` too), or the other kind of figures, is refused in
     one line before anything is measured, and the file is left as it was."""
-    table = tmp_path / "t.json"
+    table, before = tmp_path / "t.json", None
     if held == "gpu_check":
         shutil.copy(os.path.join(REPO_ROOT, "benchmarks", "results", "cuda.json"), table)
         before = table.read_bytes()
@@ -366,14 +373,8 @@ def test_a_table_of_another_kind_is_refused_before_anything_runs(tmp_path, capsy
     elif held != "none":
         before = _kind(held == "smoke", table)
     run = load("benchmarks/run.py", "bench_run")
-    with pytest.raises(SystemExit) as e:
-        run.main(argv + ["--out", str(tmp_path), "--tag", "t", "--no-plots", "--arch", "linear"])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"run.py: error: {table}") and message in err[0], err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if held == "none" else ["t.json"])
-    if held != "none":
-        assert table.read_bytes() == before
+    argv = argv + ["--out", str(tmp_path), "--tag", "t", "--no-plots", "--arch", "linear"]
+    assert_refused_untouched(lambda: run.main(argv), capsys, "run.py", table, before, message)
 
 
 def test_a_table_of_its_own_kind_is_replaced_and_written_whole(tmp_path, monkeypatch):
