@@ -59,9 +59,13 @@ STAGES=$(echo $selected)
 work="$RESULTS/gpu_check"
 # A folder that holds a check is replaced only when asked, and then as a whole: the report reads every
 # stage file it finds, so an earlier check's files would sit in this one's tables under this card's name.
-if [ -e "$RESULTS/cuda.json" ] || [ -e "$work/stages.tsv" ]; then
+held=
+for f in "$RESULTS/cuda.md" "$RESULTS/cuda.json" "$work/stages.tsv"; do
+    [ -n "$held" ] || [ ! -e "$f" ] || held=$f  # the first that is there, named in the refusal
+done
+if [ -n "$held" ]; then
     [ -n "${FORCE:-}" ] \
-        || die "RESULTS=$RESULTS holds a check ($RESULTS/cuda.md): another RESULTS for a new one, or FORCE=1 to replace it"
+        || die "RESULTS=$RESULTS holds a check ($held): another RESULTS for a new one, or FORCE=1 to replace it"
     rm -rf "$work" "$RESULTS/cuda.md" "$RESULTS/cuda.json"
 fi
 mkdir -p "$work"

@@ -248,6 +248,12 @@ def test_a_folder_that_holds_a_check_is_replaced_only_when_asked(tmp_path):
         " or FORCE=1 to replace it"
     ]
     assert {p: p.read_text() for p in held} == held and sorted(os.listdir(work)) == ["flexprobe.json", "stages.tsv"]
+    # an interrupted check (its stages, no report yet) is a check too, and the refusal names what is there
+    for report in ("cuda.md", "cuda.json"):
+        (tmp_path / report).unlink()
+    proc = gpu_check(tmp_path, DEV="cpu", STAGES="untimed", BUDGET_S="1")
+    assert proc.returncode == 2 and f"holds a check ({work}/stages.tsv): " in proc.stderr
+    assert sorted(os.listdir(work)) == ["flexprobe.json", "stages.tsv"]
     proc = gpu_check(tmp_path, DEV="cpu", STAGES="untimed", BUDGET_S="1", FORCE="1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "cuda.json").read_text())
