@@ -1,6 +1,8 @@
 """README figures have a committed source: every percentage quoted in the sections that report an
 experiment appears in a committed table that the paragraph (or an earlier one of its section) links
-to (as the same number: 67% is not 67.3%), and the demo output names the commit it came from."""
+to (as the same number: 67% is not 67.3%), in one of its table rows or as a percentage in its prose
+(not a command's setting, a load average or a wall time that happens to match), and the demo output
+names the commit it came from."""
 
 import os
 import re
@@ -12,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PERCENT = re.compile(r"(?<![\d.,])(\d+(?:\.\d+)?)%")
 RANGE = re.compile(r"(?<![\d.,])(\d+(?:\.\d+)?)-(\d+(?:\.\d+)?)%")  # "29.5-34.5%": both ends
 INTERVAL = re.compile(r"\[(\d+(?:\.\d+)?)%?, (\d+(?:\.\d+)?)%?\]")
-NUMBER = re.compile(r"(?<![\d.,])\d+(?:\.\d+)?")  # a table's figures, with or without "%"
+NUMBER = re.compile(r"(?<![\d.,])\d+(?:\.\d+)?")  # a table row's figures, with or without "%"
 LINK = re.compile(r"\]\(([^)#\s]+\.md)\)")  # a linked table; a link to a README is a cross-reference
 FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
@@ -41,6 +43,15 @@ def figures(block):
     return found
 
 
+def table_figures(text):
+    """The figures a committed table file quotes: every number of its table rows ("| ... |"), and
+    the percentages of its prose."""
+    found = []
+    for line in text.splitlines():
+        found += NUMBER.findall(line) if line.lstrip().startswith("|") else PERCENT.findall(line)
+    return {float(x) for x in found}
+
+
 def unsourced(readme):
     """(section, figure, block's start) for each checked figure that none of its block's sources quotes.
     A block's sources are the .md files it links to, else those of the last block of its section that
@@ -59,7 +70,7 @@ def unsourced(readme):
                 sources = []
                 for link in links:
                     with open(os.path.normpath(os.path.join(folder, link)), encoding="utf-8") as f:
-                        sources.append({float(x) for x in NUMBER.findall(f.read())})
+                        sources.append(table_figures(f.read()))
             for x in figures(block):
                 if not any(x in s for s in sources):
                     missing.append((heading, x, " ".join(block.split())[:80]))
@@ -73,13 +84,19 @@ def test_quoted_figures_are_in_the_linked_committed_tables(readme):
 
 def test_unsourced_figures_are_caught(tmp_path, monkeypatch):
     """The check itself: a figure its linked table lacks is reported, one the table has is not."""
-    (tmp_path / "t.md").write_text("| a | 12.5% [10.0%, 15.0%] |\n")
+    (tmp_path / "t.md").write_text("Command: `run.sh` (N=40), load 1.5; chance 8.8%.\n\n| a | 12.5% [10.0%, 15.0%] |\n")
     (tmp_path / "README.md").write_text(
-        "## Results\n\nSee [t](t.md): 12.5% [10.0, 15.0].\n\nThen 13.0%.\n\n## Other\n\n99.0%\n"
+        "## Results\n\nSee [t](t.md): 12.5% [10.0, 15.0], chance 8.8%.\n\n"
+        "Then 13.0%, 40% and 1.5%.\n\n## Other\n\n99.0%\n"
     )
     monkeypatch.setattr(__import__(__name__), "REPO", str(tmp_path))
     monkeypatch.setitem(CHECKED, "README.md", ("## Results",))
-    assert [(h, x) for h, x, _ in unsourced("README.md")] == [("## Results", 13.0)]
+    # 40 and 1.5 are in the file, as a setting and a load average, not as figures
+    assert [(h, x) for h, x, _ in unsourced("README.md")] == [
+        ("## Results", 13.0),
+        ("## Results", 40.0),
+        ("## Results", 1.5),
+    ]
 
 
 def test_demo_output_names_the_commit_it_came_from():
@@ -94,5 +111,5 @@ def test_demo_output_names_the_commit_it_came_from():
         table = f.read()
     assert f"code at commit {stamp.group(1)}" in table
     block = FENCE.findall(text[stamp.end() :])[0]
-    numbers = {float(x) for x in NUMBER.findall(table)}
+    numbers = table_figures(table)
     assert all(float(x) in numbers for x in PERCENT.findall(block)), block
