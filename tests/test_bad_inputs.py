@@ -516,6 +516,18 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--replace-unk"], "--replace-unk: fairseq-generate replaces <unk> from raw text datasets only"),
         (["--lm-path", "nope.pt"], "--lm-path: file not found: nope.pt"),  # OSError
         (["--model-overrides", "nonsense"], "--model-overrides nonsense: must be a Python dict"),  # ValueError
+        # the tokenizer's files, once the models are loaded: a download of fairseq's GPT-2 files (no
+        # internet: a ConnectionError), omegaconf's MissingMandatoryValue, OSErrors
+        (["--bpe", "gpt2"], "--gpt2-encoder-json https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json: a URL"),
+        (
+            ["--bpe", "sentencepiece"],
+            "--sentencepiece-model is required with --bpe sentencepiece: the model's spm.model",
+        ),
+        (["--bpe", "sentencepiece", "--sentencepiece-model", "nope.model"], "--sentencepiece-model: file not found"),
+        (
+            ["--bpe", "gpt2", "--gpt2-encoder-json", "nope.json", "--gpt2-vocab-bpe", "nope.bpe"],
+            "--gpt2-encoder-json: file not found: nope.json",
+        ),
         # the split is there, binarized (mmap): fairseq's assert on the index header; raw: "no 'valid' split"
         (["--dataset-impl", "lazy"], "the 'valid' split is not in the format --dataset-impl lazy reads; drop"),
         (["--dataset-impl", "raw"], "the 'valid' split is not in the format --dataset-impl raw reads; drop"),
@@ -562,6 +574,12 @@ def test_generate_refused_before_any_work_keeps_earlier_results(word_data, tiny_
     "flags,expected",
     [
         (["--nbest", "0"], "--nbest 0: must be an integer >= 1"),
+        (  # a download of fairseq's GPT-2 files: a ConnectionError without internet
+            ["--bpe", "gpt2", "--gpt2-encoder-json", "ENC", "--gpt2-vocab-bpe", "https://example.org/vocab.bpe"],
+            "--gpt2-vocab-bpe https://example.org/vocab.bpe: a URL, which fairseq would download at run time; give "
+            "the model's own file (e.g. --gpt2-vocab-bpe MODEL_DIR/vocab.bpe: lsg-fairseq-convert writes it beside "
+            "model.pt)",
+        ),
         (  # fairseq's AssertionError
             ["--batch-size", "4"],
             "--batch-size 4: must not exceed --buffer-size (1; lines read at a time): pass --buffer-size 4 or more",
@@ -571,6 +589,7 @@ def test_generate_refused_before_any_work_keeps_earlier_results(word_data, tiny_
 def test_interactive_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, monkeypatch, flags, expected):
     from lsg_fairseq.cli import fairseq_wrappers
 
+    flags = [str(word_data / "dict.source.txt") if f == "ENC" else f for f in flags]  # a file that is there
     monkeypatch.setattr("sys.stdin", io.StringIO("a document\n"))
     with pytest.raises(SystemExit) as e:
         fairseq_wrappers.interactive([str(word_data), "--path", tiny_checkpoint, "--cpu", *flags])

@@ -230,6 +230,36 @@ def check_model_overrides(overrides: str) -> None:
         raise ConfigError(f"--model-overrides {overrides}: must be a Python dict, e.g. \"{{'dropout': 0.0}}\"")
 
 
+# --bpe NAME -> the settings naming the files it reads, and the file each names in a model folder
+# (lsg-fairseq-convert's, the hub's); the other tokenizers are fairseq's affair
+BPE_FILES = {
+    "gpt2": (("gpt2_encoder_json", "encoder.json"), ("gpt2_vocab_bpe", "vocab.bpe")),
+    "sentencepiece": (("sentencepiece_model", "spm.model"),),
+}
+
+
+def check_bpe_files(bpe) -> None:
+    """The files ``--bpe gpt2`` or ``--bpe sentencepiece`` reads (fairseq-generate and -interactive
+    build the tokenizer once the models are loaded): given, local and there. fairseq's own: omegaconf's
+    MissingMandatoryValue traceback (no ``--sentencepiece-model``), an OSError traceback (a missing
+    file), and for ``--bpe gpt2`` without its two files a download of fairseq's GPT-2 files (where
+    there is no internet, as on many cluster nodes, a ConnectionError traceback). This plugin
+    downloads nothing: a model's tokenizer files sit beside its model.pt."""
+    name = None if bpe is None else bpe.get("_name")
+    for key, usual in BPE_FILES.get(name, ()):
+        flag = _flag(key)
+        if OmegaConf.is_missing(bpe, key) or not bpe[key]:
+            raise ConfigError(
+                f"{flag} is required with --bpe {name}: the model's {usual} (e.g. {flag} MODEL_DIR/{usual})"
+            )
+        if "://" in bpe[key]:
+            raise ConfigError(
+                f"{flag} {bpe[key]}: a URL, which fairseq would download at run time; give the model's own file "
+                f"(e.g. {flag} MODEL_DIR/{usual}: lsg-fairseq-convert writes it beside model.pt)"
+            )
+        require_file(bpe[key], flag)
+
+
 def check_validate_args(cfg) -> None:
     """fairseq-validate's settings: one checkpoint, a batch size, RUN_SETTINGS."""
     check_settings(cfg, RUN_SETTINGS)
@@ -279,3 +309,4 @@ def check_generate_args(cfg, command: str) -> None:
     if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
         require_file(gen.lm_path, "--lm-path")
     check_model_overrides(cfg.common_eval.model_overrides)
+    check_bpe_files(getattr(cfg, "bpe", None))
