@@ -223,13 +223,30 @@ def saved(data_dir, tmp_path_factory):
     }
 
 
-@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "zip_head"])
 def test_corrupt_checkpoint_named_on_load(saved, tmp_path, damage):
     data = open(saved["lsg64"], "rb").read()
     bad = tmp_path / "bad.pt"
-    bad.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "garbage": b"\x80junk" * 50}[damage])
+    damaged = {"truncated": data[: len(data) // 2], "empty": b"", "garbage": b"\x80junk" * 50, "zip_head": b"PK"}
+    bad.write_bytes(damaged[damage])
     with pytest.raises(CheckpointError, match=r"bad\.pt: truncated or corrupt checkpoint"):
         checkpoint_utils.load_checkpoint_to_cpu(str(bad))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\n\x0c\n\x03<s>\x15\x00\x00\x00\x00 a sentencepiece model", b"the 796\n, 512\n"],
+    ids=["spm_model", "dict_txt"],
+)
+def test_a_file_of_another_kind_is_not_called_damaged(tmp_path, content):
+    """A tokenizer model or a dictionary given as the checkpoint: no restart from an earlier
+    checkpoint mends it, so the error says what the file is not, and how it begins."""
+    other = tmp_path / "other.pt"
+    other.write_bytes(content)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_utils.load_checkpoint_to_cpu(str(other))
+    assert str(e.value).startswith(f"{other}: not a checkpoint (not a torch.save file; it begins {content[:12]!r});")
+    assert "truncated" not in str(e.value) and "weights_only" not in str(e.value)
 
 
 def test_stock_load_error_names_no_file(saved, tmp_path):

@@ -94,8 +94,9 @@ def probe(src: str) -> SourceInfo:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # noqa: BLE001  (any unreadable file: no family's)
         if not zipfile.is_zipfile(path):
-            # damaged: fairseq's loader (as lsg_fairseq patches it) says "truncated or corrupt
-            # checkpoint" in the words train, generate and export use
+            # damaged, or no torch file: fairseq's loader (as lsg_fairseq patches it) says which
+            # ("truncated or corrupt checkpoint", "not a checkpoint") in the words train, generate
+            # and export use
             checkpoint_utils.load_checkpoint_to_cpu(path)
         return SourceInfo(src)
     cfg = state.get("cfg") if isinstance(state, dict) else None

@@ -5,8 +5,9 @@ file gives ``PytorchStreamReader failed reading zip archive: failed finding cent
 with no file name (fairseq#2684 is a restart dying on exactly that), an HF ``pytorch_model.bin``
 gives a bare ``KeyError``, and an HF ``model.safetensors`` looks truncated. Now a damaged file raises
 :class:`~lsg_fairseq.checkpoint_io.CheckpointError` naming it, its size and what to do; a torch
-file that is not a fairseq checkpoint is said to be one; any other error gets the file name as a
-note. A file that loads is returned unchanged.
+file that is not a fairseq checkpoint is said to be one, and a file that is no torch file at all
+(a tokenizer model or a dictionary passed as the checkpoint) is not called damaged; any other
+error gets the file name as a note. A file that loads is returned unchanged.
 """
 
 import os
@@ -29,6 +30,21 @@ def _is_safetensors(path) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") < os.path.getsize(path)
 
 
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's zip archive (since torch 1.6)
+PICKLE_MAGIC = b"\x80"  # an older torch.save's pickle (protocol 2 and later)
+
+
+def _torch_save_head(path):
+    """None where ``path`` begins as a torch.save file does (or is empty: what a save killed at once
+    leaves), else its first bytes: a file of another kind (a sentencepiece model, a dictionary, an
+    HTML page saved as the file), which no restart would mend."""
+    with open(path, "rb") as f:
+        head = f.read(12)
+    if not head or head.startswith(ZIP_MAGIC) or ZIP_MAGIC.startswith(head) or head.startswith(PICKLE_MAGIC):
+        return None
+    return head
+
+
 def _checked_load(original):
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         try:
@@ -44,6 +60,12 @@ def _checked_load(original):
                 raise CheckpointError(
                     f"{path}: HF weights (safetensors), not a fairseq checkpoint; convert the HF folder "
                     "holding it with lsg-fairseq-convert, and point at the model.pt it writes"
+                ) from e
+            head = _torch_save_head(path) if local else None
+            if head is not None:
+                raise CheckpointError(
+                    f"{path}: not a checkpoint (not a torch.save file; it begins {head!r}); point at a "
+                    "checkpoint_*.pt written by fairseq-train, or a model.pt written by lsg-fairseq-convert"
                 ) from e
             if local and not zipfile.is_zipfile(path):
                 raise CheckpointError(
