@@ -274,3 +274,26 @@ def test_nan_detector_reaches_the_backward_pass(tmp_path, monkeypatch, caplog):
         step()
     reports = [r.getMessage() for r in caplog.records if r.name == "fairseq.nan_detector"]
     assert any(m.startswith("NaN detected in output of") and m.endswith("backward") for m in reports), reports
+
+
+def test_a_training_does_not_start_from_the_last_ones_best_score(word_data, tmp_path, monkeypatch):
+    """fairseq keeps the best validation score on ``save_checkpoint`` itself: a second training in
+    one process was held to the first one's best (here 0.0, as a perfect loss would leave), and
+    wrote no checkpoint_best.pt; with the fix it writes one, carrying its own score."""
+    from fairseq_cli import train
+    from test_bad_inputs import validated_training
+
+    def trained(save_dir):
+        argv = validated_training(word_data, tmp_path / save_dir, "loss")
+        monkeypatch.setattr(sys, "argv", ["fairseq-train", *argv])
+        checkpoint_utils.save_checkpoint.best = 0.0  # what an earlier training in this process left
+        train.cli_main()
+        return tmp_path / save_dir / "ck"
+
+    with monkeypatch.context() as stock:
+        stock.setattr(distributed_utils, "call_main", original(distributed_utils, "call_main"))
+        ck = trained("stock")
+    assert (ck / "checkpoint_last.pt").is_file() and not (ck / "checkpoint_best.pt").exists()
+    ck = trained("fixed")
+    extra = torch.load(ck / "checkpoint_best.pt", map_location="cpu", weights_only=False)["extra_state"]
+    assert extra["best"] == extra["val_loss"] > 0.0

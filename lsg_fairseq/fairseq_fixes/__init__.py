@@ -7,19 +7,21 @@ breaks without it, its ``install()`` is idempotent, and the replaced function st
 :func:`install` is called once, by ``lsg_fairseq/__init__.py``; no other module of the package
 patches anything.
 
-A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the
-fixes: atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, a missing
-``--arch`` named, the weights-only allowlist, NaN reports that reach the backward pass, a legacy
-model's own flags under ``fairseq-hydra-train``, no data-loader worker's temp folder left behind. This
-plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
-refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks that only its
-own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its
-own exceptions. ``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results
-with and without the plugin.
+A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the fixes:
+atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, a missing ``--arch``
+named, the weights-only allowlist, NaN reports that reach the backward pass, a legacy model's own
+flags under ``fairseq-hydra-train``, no data-loader worker's temp folder left behind, no best score
+carried from one training to the next in a process. This plugin's policies (refusing a missing
+``--restore-file``, explaining a checkpoint of another arch, refusing ``--fp16`` where fairseq's
+fp16 trainer needs CUDA) run through task hooks that only its own tasks define
+(:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its own exceptions.
+``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and without
+the plugin.
 """
 
 from lsg_fairseq.fairseq_fixes import (
     atomic_checkpoints,
+    best_per_run,
     bf16_off_tpu,
     checkpoint_errors,
     hydra_model_flags,
@@ -45,6 +47,7 @@ FIXES = (
     hydra_model_flags,
     nan_detector_hooks,
     worker_temp_dir,
+    best_per_run,
     one_line_errors,
 )
 
