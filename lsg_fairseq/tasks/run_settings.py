@@ -30,6 +30,7 @@ from lsg_text.argtypes import (
 )
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_output_path, require_file
+from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
 from lsg_text.rouge import ROUGE_KEYS
 
 
@@ -233,8 +234,8 @@ def check_model_overrides(overrides: str) -> None:
 # --bpe NAME -> the settings naming the files it reads, and the file each names in a model folder
 # (lsg-fairseq-convert's, the hub's); the other tokenizers are fairseq's affair
 BPE_FILES = {
-    "gpt2": (("gpt2_encoder_json", "encoder.json"), ("gpt2_vocab_bpe", "vocab.bpe")),
-    "sentencepiece": (("sentencepiece_model", "spm.model"),),
+    "gpt2": tuple(zip(("gpt2_encoder_json", "gpt2_vocab_bpe"), GPT2_FILES)),
+    "sentencepiece": (("sentencepiece_model", SENTENCEPIECE_MODEL),),
 }
 
 
