@@ -555,6 +555,53 @@ def test_generate_flags_refused_in_one_line(word_data, tiny_checkpoint, tmp_path
     assert not (tmp_path / "afile").exists() or (tmp_path / "afile").read_text() == "kept\n"
 
 
+GOOD_ENCODER = {"a": 0, "b": 1, "ab": 2}
+
+
+@pytest.mark.parametrize(
+    "encoder,vocab,expected",
+    [
+        (GOOD_ENCODER, "#version: 0.2\na b\n", None),
+        # fairseq's get_encoder drops the first and the last line of vocab.bpe: a merge lost, no error
+        (GOOD_ENCODER, "a b\n", "--gpt2-vocab-bpe: {vocab}: first line must be the '#version: ...' header"),
+        (GOOD_ENCODER, "#version: 0.2\na b", "--gpt2-vocab-bpe: {vocab}: missing trailing newline"),
+        ("<unk> 1\n", "#version: 0.2\na b\n", "--gpt2-encoder-json: {encoder} is not a JSON file"),
+    ],
+    ids=["good", "no_header", "no_last_newline", "encoder_not_json"],
+)
+def test_bpe_gpt2_files_are_read_as_fairseq_reads_them(tmp_path, encoder, vocab, expected):
+    from omegaconf import OmegaConf
+
+    from lsg_fairseq.tasks.run_settings import check_bpe_files
+    from lsg_text.errors import UserError
+
+    enc, voc = tmp_path / "encoder.json", tmp_path / "vocab.bpe"
+    enc.write_text(encoder if isinstance(encoder, str) else json.dumps(encoder))
+    voc.write_text(vocab)
+    bpe = OmegaConf.create({"_name": "gpt2", "gpt2_encoder_json": str(enc), "gpt2_vocab_bpe": str(voc)})
+    if expected is None:
+        check_bpe_files(bpe)
+        return
+    with pytest.raises(UserError) as e:
+        check_bpe_files(bpe)
+    assert str(e.value).startswith(expected.format(vocab=voc, encoder=enc)), e.value
+
+
+def test_generate_with_a_vocab_bpe_fairseq_would_misread_is_one_line(word_data, tiny_checkpoint, tmp_path, capsys):
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    (tmp_path / "encoder.json").write_text(json.dumps(GOOD_ENCODER))
+    (tmp_path / "vocab.bpe").write_text("a b\n")  # no '#version' header
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.generate(
+            [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--cpu", "--bpe", "gpt2"]
+            + ["--gpt2-encoder-json", str(tmp_path / "encoder.json"), "--gpt2-vocab-bpe", str(tmp_path / "vocab.bpe")]
+        )
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert "--gpt2-vocab-bpe: " in err.strip().splitlines()[-1] and "'#version: ...' header" in err, err[-600:]
+
+
 def test_generate_refused_before_any_work_keeps_earlier_results(word_data, tiny_checkpoint, tmp_path, capsys):
     """A refusal before fairseq opens generate-valid.txt leaves an earlier run's file as it was (a
     refusal after it, e.g. out of memory, removes this run's partial file: test_device_policy.py)."""

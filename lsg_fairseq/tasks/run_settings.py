@@ -30,7 +30,7 @@ from lsg_text.argtypes import (
 )
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_output_path, require_file
-from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
+from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_gpt2_files
 from lsg_text.rouge import ROUGE_KEYS
 
 
@@ -245,7 +245,10 @@ def check_bpe_files(bpe) -> None:
     MissingMandatoryValue traceback (no ``--sentencepiece-model``), an OSError traceback (a missing
     file), and for ``--bpe gpt2`` without its two files a download of fairseq's GPT-2 files (where
     there is no internet, as on many cluster nodes, a ConnectionError traceback). This plugin
-    downloads nothing: a model's tokenizer files sit beside its model.pt."""
+    downloads nothing: a model's tokenizer files sit beside its model.pt. The GPT-2 files are also
+    read as fairseq's ``get_encoder`` will read them (:func:`lsg_text.offline_bpe.check_gpt2_files`):
+    a vocab.bpe without its ``#version`` header or its last newline silently loses a merge there, so
+    that interactive input is split into other ids than the model was trained on."""
     name = None if bpe is None else bpe.get("_name")
     for key, usual in BPE_FILES.get(name, ()):
         flag = _flag(key)
@@ -259,6 +262,9 @@ def check_bpe_files(bpe) -> None:
                 f"(e.g. {flag} MODEL_DIR/{usual}: lsg-fairseq-convert writes it beside model.pt)"
             )
         require_file(bpe[key], flag)
+    if name == "gpt2":
+        flags = [_flag(key) for key, _ in BPE_FILES[name]]
+        check_gpt2_files(bpe.gpt2_encoder_json, bpe.gpt2_vocab_bpe, *flags)
 
 
 def check_validate_args(cfg) -> None:
