@@ -602,6 +602,54 @@ def test_generate_with_a_vocab_bpe_fairseq_would_misread_is_one_line(word_data, 
     assert "--gpt2-vocab-bpe: " in err.strip().splitlines()[-1] and "'#version: ...' header" in err, err[-600:]
 
 
+def test_each_tokenizer_package_is_the_one_fairseq_imports():
+    """TOKENIZER_PACKAGES names, for each --tokenizer/--bpe, the package its fairseq class imports."""
+    import inspect
+    import re
+
+    from fairseq.registry import REGISTRIES
+
+    from lsg_fairseq.tasks.run_settings import TOKENIZER_PACKAGES
+
+    import lsg_fairseq.tasks  # noqa: F401  (fairseq's encoders registered)
+
+    for (group, name), (module, _) in TOKENIZER_PACKAGES.items():
+        source = inspect.getsource(REGISTRIES[group]["registry"][name])
+        assert re.search(rf"\b(import|from) {module}[\s.]", source), (group, name, module)
+
+
+def test_generate_with_a_tokenizer_whose_package_is_missing_is_one_line(
+    word_data, tiny_checkpoint, capsys, monkeypatch
+):
+    """fairseq's own: an ImportError traceback once the models are loaded."""
+    import importlib.util
+
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sacremoses" else find_spec(name, *a)
+    )
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.generate(
+            [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--cpu", "--tokenizer", "moses"]
+            + [
+                "--truncate-source",
+                "--max-source-positions",
+                "128",
+                "--max-target-positions",
+                "64",
+                "--truncate-target",
+            ]
+        )
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "lsg-fairseq-generate: error: --tokenizer moses: fairseq's moses tokenizer needs the package sacremoses, "
+        "which is not installed here (pip install sacremoses)"
+    ), err[-600:]
+
+
 def test_generate_refused_before_any_work_keeps_earlier_results(word_data, tiny_checkpoint, tmp_path, capsys):
     """A refusal before fairseq opens generate-valid.txt leaves an earlier run's file as it was (a
     refusal after it, e.g. out of memory, removes this run's partial file: test_device_policy.py)."""

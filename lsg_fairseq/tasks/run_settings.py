@@ -13,6 +13,7 @@ which :func:`check_generation_args` checks wherever a generator is built: genera
 ``--eval-rouge``, the hub, ``lsg-fairseq-summarize``).
 """
 
+import importlib.util
 import os
 from typing import Optional
 
@@ -267,6 +268,33 @@ def check_bpe_files(bpe) -> None:
         check_gpt2_files(bpe.gpt2_encoder_json, bpe.gpt2_vocab_bpe, *flags)
 
 
+# --tokenizer / --bpe NAME -> the package fairseq's tokenizer imports once the models are loaded (its
+# own: an ImportError traceback then, the models' loading time spent), and the name pip installs it by
+TOKENIZER_PACKAGES = {
+    ("tokenizer", "moses"): ("sacremoses", "sacremoses"),
+    ("tokenizer", "nltk"): ("nltk", "nltk"),
+    ("bpe", "sentencepiece"): ("sentencepiece", "sentencepiece"),
+    ("bpe", "byte_bpe"): ("sentencepiece", "sentencepiece"),
+    ("bpe", "subword_nmt"): ("subword_nmt", "subword-nmt"),
+    ("bpe", "fastbpe"): ("fastBPE", "fastBPE"),
+    ("bpe", "hf_byte_bpe"): ("tokenizers", "tokenizers"),
+    ("bpe", "bert"): ("transformers", "transformers"),
+}
+
+
+def check_tokenizer_packages(cfg) -> None:
+    """The package ``--tokenizer`` and ``--bpe`` import, installed (looked up, not imported)."""
+    for group in ("tokenizer", "bpe"):
+        section = getattr(cfg, group, None)
+        name = None if section is None else section.get("_name")
+        module, pip_name = TOKENIZER_PACKAGES.get((group, name), (None, None))
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"--{group} {name}: fairseq's {name} {group} needs the package {module}, which is not installed "
+                f"here (pip install {pip_name})"
+            )
+
+
 def check_validate_args(cfg) -> None:
     """fairseq-validate's settings: one checkpoint, a batch size, RUN_SETTINGS."""
     check_settings(cfg, RUN_SETTINGS)
@@ -316,4 +344,5 @@ def check_generate_args(cfg, command: str) -> None:
     if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
         require_file(gen.lm_path, "--lm-path")
     check_model_overrides(cfg.common_eval.model_overrides)
+    check_tokenizer_packages(cfg)
     check_bpe_files(getattr(cfg, "bpe", None))
