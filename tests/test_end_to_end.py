@@ -322,8 +322,6 @@ def test_hub_ignores_training_batch_limits_and_takes_max_source_positions(pipeli
         [
             os.path.join(BIN, "lsg-fairseq-summarize"),
             model_dir,
-            "--input-lines",
-            tmp_path / "doc.txt",
             "--output",
             tmp_path / "s.txt",
             "--beam",
@@ -332,6 +330,7 @@ def test_hub_ignores_training_batch_limits_and_takes_max_source_positions(pipeli
             "3",
             "--max-source-positions",
             "512",
+            tmp_path / "doc.txt",  # a FILE after the options (argparse's parse_args refused it)
         ],
         tmp_path,
     )

@@ -232,6 +232,26 @@ def test_summarize_flag_ranges(tmp_path, capsys, flags, expected):
     assert expected in one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
 
 
+def test_summarize_files_may_come_before_or_after_the_options(tmp_path, capsys):
+    """``MODEL_DIR --beam 2 doc.txt``: argparse's parse_args matched FILES (nargs="*"), empty, before the
+    option and refused doc.txt as an unrecognized argument."""
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    (tmp_path / "doc.txt").write_text("a document\n")
+    code, line = run_summarize([model_dir, "--beam", "2", tmp_path / "doc.txt"], capsys)
+    assert code == 2 and "model.pt: not a checkpoint" in line, line  # past the arguments, at the model
+    parse = summarize.build_parser().parse_intermixed_args
+    assert parse(["m", "--beam", "2", "a.txt", "b.txt"]).files == ["a.txt", "b.txt"]
+    assert parse(["m", "a.txt", "--checkpoint", "c.pt", "b.txt"]).files == ["a.txt", "b.txt"]
+    assert parse(["m"]).files == [] and parse(["n"]).files == []  # the default list is not shared
+    for argv, expected in (
+        ([], "the following arguments are required: model_dir ("),  # FILES is not required
+        (["m", "--bogus", "a.txt"], "unrecognized arguments: --bogus"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            summarize.main(argv)
+        assert e.value.code == 2 and expected in one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
+
+
 @pytest.mark.parametrize("which", ["input-lines", "file", "checkpoint"])
 def test_summarize_never_writes_over_an_input(tmp_path, capsys, which):
     model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})

@@ -26,7 +26,9 @@ PROG = "lsg-fairseq-summarize"
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model_dir", help="folder with the checkpoint, dict.txt and tokenizer files")
-    p.add_argument("files", nargs="*", help="text files, one document each (default: stdin, one document per line)")
+    p.add_argument(  # a default, or argparse names FILES among the missing arguments when MODEL_DIR is
+        "files", nargs="*", default=[], help="text files, one document each (default: stdin, one document per line)"
+    )
     p.add_argument("--input-lines", help="a text file with one document per line (instead of FILES/stdin)")
     p.add_argument("--output", help="write summaries here, one per line (default: stdout)")
     p.add_argument(
@@ -178,7 +180,9 @@ def check_arguments(args, parser) -> None:
 
 def main(argv=None) -> None:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # intermixed: FILES may follow an option (MODEL_DIR --checkpoint X doc.txt), where parse_args
+    # matches FILES, empty, before the option and refuses doc.txt as an unrecognized argument
+    args = parser.parse_intermixed_args(argv)
     check_arguments(args, parser)
 
     from lsg_fairseq._fairseq_logs import command_logging
