@@ -41,7 +41,8 @@ if [ -z "$DATA" ]; then
         N_SHORT=${N_SHORT:-3000} N_LONG=${N_LONG:-1000} N_TEST=${N_TEST:-40} \
         bash examples/long_context/run.sh > "$OUT/run.log"
     python examples/long_context/summary.py "$OUT"
-    step "done: tables in $OUT/report/results.md, plot $OUT/report/recall_vs_position.png, tensorboard logs in $OUT/tensorboard"
+    bash examples/long_context/model_folder.sh "$OUT" lsg_norm "$OUT/model"
+    step "done: tables in $OUT/report/results.md, plot $OUT/report/recall_vs_position.png, tensorboard logs in $OUT/tensorboard, the LSG-BART model in $OUT/model"
     exit 0
 fi
 # shellcheck source=scripts/need_data.sh

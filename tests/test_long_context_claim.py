@@ -85,6 +85,31 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
         capture_output=True,
     )
     assert json.loads(rescored.read_text())["recall_beyond"] == rows["lsg_norm"]["recall_beyond_1024"]
+    # make demo's last two steps (scripts/demo.sh) on this run: what it prints, then the model folder
+    # that lsg-fairseq-summarize reads, tried on test document 0
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]
+    summary = subprocess.run(
+        [sys.executable, os.path.join(REPO, "examples", "long_context", "summary.py"), str(tmp_path / "out")]
+        + ["--report", str(tmp_path / "report")],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert summary.startswith("Key facts recalled on 20 test documents") and "lsg_norm at 4,096 tokens" in summary
+    model = tmp_path / "out" / "model"
+    r = subprocess.run(
+        ["bash", os.path.join(REPO, "examples", "long_context", "model_folder.sh"), str(tmp_path / "out"), "lsg_norm"]
+        + [str(model)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(p.name for p in model.iterdir()) == ["dict.txt", "model.pt", "spm.model"]
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), r.stdout  # one document, one summary
+    assert f"lsg-fairseq-summarize {model} FILE..." in r.stderr
     assert sorted(p.name for p in (tmp_path / "report" / "outputs").iterdir()) == sorted(
         f"{n}.out" for n in ["bart_1024", "lsg_norm"] + [x["name"] for x in res["extrapolation"]]
     )
