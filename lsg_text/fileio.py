@@ -416,6 +416,11 @@ def check_utf8(path: str, what: str = "") -> None:
             raise DataError(f"{prefix}{path}: not UTF-8 text (truncated character at the end: {e.reason})") from None
 
 
+# A model folder's checkpoint: the first of these that is there (lsg-fairseq-convert's model.pt, else a
+# training's best, else its last), as the converter, the exporter and lsg-fairseq-summarize pick it.
+CHECKPOINT_NAMES = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")
+
+
 # In every fairseq Dictionary before its dict.txt is read: listing them again is a duplicate.
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 

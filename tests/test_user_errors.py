@@ -252,6 +252,27 @@ def test_summarize_files_may_come_before_or_after_the_options(tmp_path, capsys):
         assert e.value.code == 2 and expected in one_error_line(capsys.readouterr().err, "lsg-fairseq-summarize")
 
 
+@pytest.mark.parametrize(
+    "names,expected",
+    [
+        (["checkpoint_last.pt"], "checkpoint_last.pt: not a checkpoint"),
+        (["checkpoint_last.pt", "checkpoint_best.pt"], "checkpoint_best.pt: not a checkpoint"),
+        (["model.pt", "checkpoint_best.pt"], "model.pt: not a checkpoint"),
+        ([], "MODEL_DIR {d}: no checkpoint (none of model.pt, checkpoint_best.pt, checkpoint_last.pt); name its file"),
+    ],
+)
+def test_summarize_picks_the_checkpoint_as_the_converter_does(tmp_path, capsys, names, expected):
+    """Without --checkpoint: model.pt, else checkpoint_best.pt, else checkpoint_last.pt (a training's
+    --save-dir with dict.txt and the tokenizer copied in is a model folder too)."""
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    (model_dir / "model.pt").unlink()
+    for name in names:
+        (model_dir / name).write_bytes(b"never a checkpoint")
+    (tmp_path / "doc.txt").write_text("a document\n")
+    code, line = run_summarize([model_dir, tmp_path / "doc.txt"], capsys)
+    assert code == 2 and expected.format(d=model_dir) in line, line
+
+
 @pytest.mark.parametrize("which", ["input-lines", "file", "checkpoint"])
 def test_summarize_never_writes_over_an_input(tmp_path, capsys, which):
     model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})

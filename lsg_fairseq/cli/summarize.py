@@ -4,7 +4,8 @@
     cat docs.txt | lsg-fairseq-summarize MODEL_DIR             # stdin: one document per line
     lsg-fairseq-summarize MODEL_DIR --input-lines docs.txt --output summaries.txt
 
-MODEL_DIR holds the checkpoint (``--checkpoint``, default ``model.pt``), ``dict.txt`` and the
+MODEL_DIR holds the checkpoint (``--checkpoint``; by default ``model.pt``, else ``checkpoint_best.pt``,
+else ``checkpoint_last.pt``, as lsg-fairseq-convert and -export pick), ``dict.txt`` and the
 tokenizer files (``encoder.json`` + ``vocab.bpe`` for GPT-2 BPE, or ``spm.model``). Inputs longer
 than the model's ``max_source_positions`` are truncated with a warning, never refused. Inputs must
 be UTF-8 (``--errors replace`` turns bad bytes into U+FFFD); ``--output`` is written only when every
@@ -19,6 +20,7 @@ import warnings
 
 from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS, POSITIVE_INT, int_range, min_len_out_of_reach
 from lsg_text.errors import OneLineArgumentParser
+from lsg_text.fileio import CHECKPOINT_NAMES
 
 PROG = "lsg-fairseq-summarize"
 
@@ -38,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="non-UTF-8 bytes in the inputs: strict = refuse, naming the file and byte offset "
         "(default); replace = read them as U+FFFD",
     )
-    p.add_argument("--checkpoint", default="model.pt", help="checkpoint file name inside MODEL_DIR (default: model.pt)")
+    p.add_argument(
+        "--checkpoint",
+        help=f"checkpoint file name inside MODEL_DIR (default: the first there of {', '.join(CHECKPOINT_NAMES)})",
+    )
     g, d = GENERATION_SETTINGS, GENERATION_DEFAULTS  # the ranges and defaults of --eval-rouge-args too
     p.add_argument("--beam", type=g["beam"], default=d["beam"], help="beam size (default: %(default)s; 1 = greedy)")
     p.add_argument(
@@ -137,6 +142,10 @@ def check_arguments(args, parser) -> None:
         parser.error("give either FILES or --input-lines, not both")
     if not os.path.isdir(args.model_dir):
         parser.error(f"MODEL_DIR {args.model_dir}: no such folder")
+    given = args.checkpoint is not None
+    if not given:
+        there = [n for n in CHECKPOINT_NAMES if os.path.isfile(os.path.join(args.model_dir, n))]
+        args.checkpoint = (there or CHECKPOINT_NAMES)[0]
     checkpoint = os.path.join(args.model_dir, args.checkpoint)
     if not os.path.isfile(checkpoint):
         if os.path.isfile(os.path.join(args.model_dir, "config.json")):
@@ -144,7 +153,12 @@ def check_arguments(args, parser) -> None:
                 f"MODEL_DIR {args.model_dir}: an HF model folder (config.json), not a fairseq one; convert it "
                 f"first (lsg-fairseq-convert {args.model_dir} OUT_DIR) and summarize with OUT_DIR"
             )
-        parser.error(f"--checkpoint: {checkpoint} does not exist")
+        if given:
+            parser.error(f"--checkpoint: {checkpoint} does not exist")
+        parser.error(
+            f"MODEL_DIR {args.model_dir}: no checkpoint (none of {', '.join(CHECKPOINT_NAMES)}); name its file "
+            "with --checkpoint"
+        )
     for path in args.files + ([args.input_lines] if args.input_lines else []):
         where = "--input-lines: " if path == args.input_lines else ""
         if os.path.isdir(path):

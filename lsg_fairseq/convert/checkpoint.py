@@ -9,8 +9,7 @@ import torch
 
 from lsg_fairseq.convert.common import ExportError, model_arch
 from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
-
-CHECKPOINT_NAMES = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")  # what a model folder holds
+from lsg_text.fileio import CHECKPOINT_NAMES
 
 
 @dataclass

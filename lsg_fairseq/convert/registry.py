@@ -39,8 +39,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from lsg_fairseq._autoimport import import_all
 from lsg_fairseq.convert import common as C
-from lsg_fairseq.convert.checkpoint import CHECKPOINT_NAMES, Checkpoint, resolve_checkpoint
+from lsg_fairseq.convert.checkpoint import Checkpoint, resolve_checkpoint
 from lsg_text.argtypes import int_range
+from lsg_text.fileio import CHECKPOINT_NAMES
 
 # Longest position table a conversion makes: a longer learned table is surely a typo.
 MAX_POSITIONS = 1 << 20
