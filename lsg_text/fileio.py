@@ -421,6 +421,11 @@ def check_utf8(path: str, what: str = "") -> None:
 CHECKPOINT_NAMES = ("model.pt", "checkpoint_best.pt", "checkpoint_last.pt")
 
 
+def folder_checkpoint(model_dir: str) -> Optional[str]:
+    """The name of ``model_dir``'s checkpoint: the first of :data:`CHECKPOINT_NAMES` there, else None."""
+    return next((n for n in CHECKPOINT_NAMES if os.path.isfile(os.path.join(model_dir, n))), None)
+
+
 # In every fairseq Dictionary before its dict.txt is read: listing them again is a duplicate.
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 

@@ -273,6 +273,19 @@ def test_summarize_picks_the_checkpoint_as_the_converter_does(tmp_path, capsys, 
     assert code == 2 and expected.format(d=model_dir) in line, line
 
 
+def test_the_hub_picks_the_checkpoint_as_summarize_does(tmp_path):
+    from lsg_fairseq.models.hub import from_pretrained
+    from lsg_text.errors import UserError
+
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    (model_dir / "model.pt").rename(model_dir / "checkpoint_last.pt")
+    with pytest.raises(UserError, match="checkpoint_last.pt: not a checkpoint"):
+        from_pretrained(str(model_dir))
+    (model_dir / "checkpoint_last.pt").unlink()
+    with pytest.raises(UserError, match=r"no checkpoint \(none of model.pt, checkpoint_best.pt, checkpoint_last.pt\)"):
+        from_pretrained(str(model_dir))
+
+
 @pytest.mark.parametrize("which", ["input-lines", "file", "checkpoint"])
 def test_summarize_never_writes_over_an_input(tmp_path, capsys, which):
     model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})

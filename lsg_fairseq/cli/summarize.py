@@ -20,7 +20,7 @@ import warnings
 
 from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS, POSITIVE_INT, int_range, min_len_out_of_reach
 from lsg_text.errors import OneLineArgumentParser
-from lsg_text.fileio import CHECKPOINT_NAMES
+from lsg_text.fileio import CHECKPOINT_NAMES, folder_checkpoint
 
 PROG = "lsg-fairseq-summarize"
 
@@ -144,8 +144,7 @@ def check_arguments(args, parser) -> None:
         parser.error(f"MODEL_DIR {args.model_dir}: no such folder")
     given = args.checkpoint is not None
     if not given:
-        there = [n for n in CHECKPOINT_NAMES if os.path.isfile(os.path.join(args.model_dir, n))]
-        args.checkpoint = (there or CHECKPOINT_NAMES)[0]
+        args.checkpoint = folder_checkpoint(args.model_dir) or CHECKPOINT_NAMES[0]
     checkpoint = os.path.join(args.model_dir, args.checkpoint)
     if not os.path.isfile(checkpoint):
         if os.path.isfile(os.path.join(args.model_dir, "config.json")):

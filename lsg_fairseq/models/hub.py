@@ -10,7 +10,7 @@ the model as it found it (fairseq#3893), as ``lsg-fairseq-summarize`` (built on 
 
 import logging
 import os
-from typing import List
+from typing import List, Optional
 
 import torch
 from fairseq import hub_utils, utils
@@ -20,7 +20,7 @@ from omegaconf import open_dict
 
 from lsg_fairseq.checkpoint_io import CheckpointError
 from lsg_text.errors import MissingFileError, one_line
-from lsg_text.fileio import DataError
+from lsg_text.fileio import CHECKPOINT_NAMES, DataError, folder_checkpoint
 from lsg_text.offline_bpe import (
     GPT2_FILES,
     SENTENCEPIECE_NAMES,
@@ -150,8 +150,13 @@ def load_dictionary(dict_path: str):
         ) from None
 
 
-def from_pretrained(model_dir: str, checkpoint_file: str = "model.pt", **overrides) -> LongInputHubInterface:
-    """Load ``model_dir/checkpoint_file`` with the dictionary and tokenizer files beside it."""
+def from_pretrained(model_dir: str, checkpoint_file: Optional[str] = None, **overrides) -> LongInputHubInterface:
+    """Load ``model_dir/checkpoint_file`` with the dictionary and tokenizer files beside it; by default
+    the folder's ``model.pt``, else ``checkpoint_best.pt``, else ``checkpoint_last.pt``."""
+    if checkpoint_file is None:
+        checkpoint_file = folder_checkpoint(model_dir)
+        if checkpoint_file is None:
+            raise MissingFileError(f"{model_dir}: no checkpoint (none of {', '.join(CHECKPOINT_NAMES)})")
     path = os.path.join(model_dir, checkpoint_file)
     if not os.path.isfile(path):
         raise MissingFileError(f"{path}: no such checkpoint")
