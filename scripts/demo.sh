@@ -11,6 +11,8 @@
 # (short documents, then 4K-token ones whose 2-3 key sentences sit anywhere), then greedy
 # generation on 40 test documents, key recall by position, ROUGE. Prints the recall of the keys
 # beyond token 1,024 for both, and one test document whose far keys the LSG model got right.
+# Either way the trained model ends as a folder, OUT/model, that lsg-fairseq-summarize reads
+# (scripts/model_folder.sh), and summarizes the first test document.
 #
 # With DATA: sentencepiece -> binarize -> lsg_bart_tiny (ROUGE in validation) -> beam search ->
 # ROUGE. Knobs (environment): OUT (work dir, default demo_out), MAX_UPDATE, MAX_SRC (max source
@@ -41,7 +43,9 @@ if [ -z "$DATA" ]; then
         N_SHORT=${N_SHORT:-3000} N_LONG=${N_LONG:-1000} N_TEST=${N_TEST:-40} \
         bash examples/long_context/run.sh > "$OUT/run.log"
     python examples/long_context/summary.py "$OUT"
-    bash examples/long_context/model_folder.sh "$OUT" lsg_norm "$OUT/model"
+    rm -rf "$OUT/model"
+    bash scripts/model_folder.sh "$OUT/runs/lsg_norm/checkpoint_last.pt" "$OUT/long/spm" "$OUT/model" \
+        "$OUT/long/raw/test.source"
     step "done: tables in $OUT/report/results.md, plot $OUT/report/recall_vs_position.png, tensorboard logs in $OUT/tensorboard, the LSG-BART model in $OUT/model"
     exit 0
 fi
@@ -98,4 +102,6 @@ ref = open(f"{out}/eval/ref.txt").readline().strip()
 print("example reference:", ref)
 print("example summary:  ", hyp)
 EOF
-step "done: scores in $OUT/eval/rouge.json, model in $OUT/checkpoints, tensorboard logs in $OUT/tensorboard"
+rm -rf "$OUT/model"
+bash scripts/model_folder.sh "$OUT/checkpoints/checkpoint_best.pt" "$OUT/spm" "$OUT/model" "$OUT/raw/test.source"
+step "done: scores in $OUT/eval/rouge.json, the model in $OUT/model, tensorboard logs in $OUT/tensorboard"

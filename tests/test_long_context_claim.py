@@ -98,9 +98,14 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     ).stdout
     assert summary.startswith("Key facts recalled on 20 test documents") and "lsg_norm at 4,096 tokens" in summary
     model = tmp_path / "out" / "model"
+    out = tmp_path / "out"
     r = subprocess.run(
-        ["bash", os.path.join(REPO, "examples", "long_context", "model_folder.sh"), str(tmp_path / "out"), "lsg_norm"]
-        + [str(model)],
+        [
+            "bash",
+            os.path.join(REPO, "scripts", "model_folder.sh"),
+            str(out / "runs" / "lsg_norm" / "checkpoint_last.pt"),
+        ]
+        + [str(out / "long" / "spm"), str(model), str(out / "long" / "raw" / "test.source")],
         env=env,
         capture_output=True,
         text=True,

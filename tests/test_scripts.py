@@ -991,3 +991,38 @@ def test_preprocess_refuses_to_leave_splits_beside_another_dictionary(tmp_path):
     assert preprocess("--trainpref", tmp_path / "b", "--dict", tmp_path / "bin" / "dict.source.txt").returncode == 0
     assert preprocess("--trainpref", tmp_path / "b", "--validpref", tmp_path / "b").returncode == 0
     assert (tmp_path / "bin" / "dict.source.txt").read_bytes() != before["dict.source.txt"]
+
+
+def test_model_folder_refuses_before_writing_anything(tmp_path):
+    """scripts/model_folder.sh (make demo's last step): a missing input, or a MODEL_DIR that holds
+    something, is one line and leaves MODEL_DIR as it was (the summarizing itself: the long-context
+    claim test)."""
+    spm = tmp_path / "spm"
+    spm.mkdir()
+    (spm / "dict.txt").write_text("a 1\n")
+    (spm / "spm.model").write_bytes(b"x")
+    (tmp_path / "ck.pt").write_bytes(b"x")
+    (tmp_path / "docs.txt").write_text("a document\n")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine\n")
+    cases = [
+        ([tmp_path / "nope.pt", spm, tmp_path / "m", tmp_path / "docs.txt"], f"{tmp_path / 'nope.pt'}: no such file"),
+        ([tmp_path / "ck.pt", tmp_path, tmp_path / "m", tmp_path / "docs.txt"], f"{tmp_path / 'dict.txt'}: no such"),
+        ([tmp_path / "ck.pt", spm, kept, tmp_path / "docs.txt"], f"MODEL_DIR {kept}: exists and is not an empty"),
+        (
+            [tmp_path / "ck.pt", spm, tmp_path / "docs.txt", tmp_path / "docs.txt"],
+            f"MODEL_DIR {tmp_path / 'docs.txt'}: exists",
+        ),
+        ([tmp_path / "ck.pt", spm], "usage: model_folder.sh CHECKPOINT SPM_DIR MODEL_DIR DOCS (got 2 arguments)"),
+    ]
+    for args, expected in cases:
+        r = run_script("model_folder.sh", *args, check=False)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"model_folder.sh: error: {expected}"), r.stderr
+    assert not (tmp_path / "m").exists() and os.listdir(kept) == ["notes.txt"]
+    assert (tmp_path / "docs.txt").read_text() == "a document\n"
+    assert (
+        "usage: bash scripts/model_folder.sh CHECKPOINT SPM_DIR MODEL_DIR DOCS"
+        in run_script("model_folder.sh", "--help").stdout
+    )
