@@ -10,15 +10,24 @@ task in the same process keeps fairseq's behaviour.
 * A checkpoint that does not fit the model: fairseq says "please ensure that the architectures
   match"; we say which ``--arch`` it was saved with, or how many positions its table holds and
   how to extend it.
+* A checkpoint that fits, but whose model was built with other settings that no weight records
+  (LSG's blocks and sparsity, LED's window: the model class's ``weightless_settings``): fairseq
+  builds the model from the command line, so a forgotten flag trains another attention without a
+  word. Resuming with other settings is refused; ``--finetune-from-model`` (where a change may be
+  meant) logs a warning naming each setting, the checkpoint's value and the run's.
 """
 
+import logging
 import os
+import shlex
 
 import torch
 from fairseq.file_io import PathManager
 
 from lsg_fairseq.checkpoint_io import CheckpointError
-from lsg_text.errors import MissingFileError
+from lsg_text.errors import ConfigError, MissingFileError
+
+logger = logging.getLogger(__name__)
 
 
 def restore_path(cfg, trainer) -> str:
@@ -51,6 +60,76 @@ def check_restore(cfg, trainer) -> None:
             "train from scratch. Give an existing checkpoint, or leave --restore-file out to "
             "resume from --save-dir/checkpoint_last.pt"
         )
+
+
+def check_built_as_saved(cfg, trainer) -> None:
+    """Refuse to resume from (warn on fine-tuning from) a checkpoint whose model was built with other
+    weightless settings than this run's (module docstring)."""
+    path = restore_path(cfg, trainer)
+    if trainer.data_parallel_rank != 0 or not PathManager.isfile(path):
+        return
+    model_cls = type(trainer.get_model())
+    settings = getattr(model_cls, "weightless_settings", None)
+    saved_cfg = _saved_model_cfg(path)
+    if settings is None or saved_cfg is None or _model_class(saved_cfg) is not model_cls:
+        return  # nothing to compare, or another model (whose weights will not fit: explained then)
+    try:
+        theirs, ours = settings(saved_cfg), settings(trainer.cfg.model)
+    except (ValueError, TypeError):  # settings this code cannot read: the load decides
+        return
+    differ = [n for n in theirs if n in ours and theirs[n] != ours[n]]
+    if not differ:
+        return
+
+    def flags(values):
+        return " ".join(f"--{n.replace('_', '-')} {_flag_value(values[n])}" for n in differ)
+
+    finetune = cfg.restore_file == "checkpoint_last.pt" and path == cfg.finetune_from_model
+    what = f"--finetune-from-model {path}" if finetune else f"{path} (the checkpoint this run resumes)"
+    said = (
+        f"{what}: its model was built with {flags(theirs)}, this run builds {flags(ours)}; no weight records "
+        "these settings, so the checkpoint loads into either"
+    )
+    if finetune:
+        logger.warning(f"{said}: pass the checkpoint's flags unless the change is meant")
+        return
+    raise ConfigError(
+        f"{said}, and the training would go on with another attention. Resume with the checkpoint's flags, or "
+        f"start a new run from it on purpose (--finetune-from-model {path} in another --save-dir)"
+    )
+
+
+def _saved_model_cfg(path):
+    """``cfg.model`` of the checkpoint at ``path`` (a Namespace or DictConfig), None if unreadable.
+    Memory-mapped: no copy of the weights."""
+    from omegaconf import OmegaConf
+
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True)
+    except Exception:  # noqa: BLE001  (fairseq's loader says what is wrong with the file)
+        return None
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    model_cfg = cfg.get("model") if cfg is not None and hasattr(cfg, "get") else None
+    if model_cfg is None and isinstance(state, dict):
+        model_cfg = state.get("args")
+    if isinstance(model_cfg, dict):
+        model_cfg = OmegaConf.create(model_cfg)
+    return model_cfg
+
+
+def _model_class(model_cfg):
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
+    return ARCH_MODEL_REGISTRY.get(arch)
+
+
+def _flag_value(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "''"
+    return shlex.quote(str(value))
 
 
 def explain_restore_failure(cfg, trainer, error) -> None:

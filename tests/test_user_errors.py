@@ -3,6 +3,7 @@ is skipped silently; outputs are all-or-nothing and never clobber an input. One 
 issue's table (README "Bad inputs"); the random-input properties are in test_fuzz_cli.py.
 """
 
+import logging
 import os
 import shutil
 import signal
@@ -565,6 +566,75 @@ def test_train_resume_from_bad_checkpoint_last_is_one_line(word_data, tmp_path, 
     assert f"{save_dir / 'checkpoint_last.pt'}: {expected}" in one_error_line(err, "fairseq-train")
 
 
+def test_resume_with_other_attention_settings_is_refused_and_finetuning_warns(
+    word_data, tmp_path, capsys, monkeypatch, caplog
+):
+    """No weight records LSG's sparsity: fairseq builds the model from the command line, so a resumed
+    run without the first one's flags trained another attention without a word."""
+    from fairseq_cli import train
+
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    argv += ["--block-size", "16", "--sparse-block-size", "16", "--truncate-source", "--truncate-target"]
+    first = tmp_path / "ck"
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", *argv, "--save-dir", str(first)])
+    train.cli_main()
+    last = first / "checkpoint_last.pt"
+    saved = last.read_bytes()
+    code, err = fairseq_train(
+        [*argv, "--save-dir", str(first), "--max-update", "2", "--sparsity-type", "stride", "--block-size", "32"],
+        capsys,
+        monkeypatch,
+    )
+    assert code == 2 and "Traceback" not in err
+    assert one_error_line(err, "fairseq-train").startswith(
+        f"fairseq-train: error: {last} (the checkpoint this run resumes): its model was built with --block-size 16 "
+        "--sparsity-type norm, this run builds --block-size 32 --sparsity-type stride; no weight records these settings"
+    ), err[-800:]
+    assert last.read_bytes() == saved
+    # a new run from it, with other settings: meant, maybe; said, and it trains
+    tuned = tmp_path / "tuned"
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "fairseq-train",
+            *argv,
+            "--save-dir",
+            str(tuned),
+            "--finetune-from-model",
+            str(last),
+            "--sparsity-type",
+            "stride",
+        ],
+    )
+    with caplog.at_level(logging.WARNING, logger="lsg_fairseq.checkpoint_policy"):
+        train.cli_main()
+    assert (
+        f"--finetune-from-model {last}: its model was built with --sparsity-type norm, this run builds "
+        "--sparsity-type stride; no weight records these settings, so the checkpoint loads into either: pass the "
+        "checkpoint's flags unless the change is meant" in caplog.text
+    )
+    assert (tuned / "checkpoint_last.pt").is_file()
+
+
+def test_led_windows_compare_as_the_encoder_reads_them():
+    """One window for every layer and the same window listed per layer are one setting."""
+    from argparse import Namespace
+
+    from lsg_fairseq.models.led import LEDModel
+
+    def settings(**kw):
+        return LEDModel.weightless_settings(Namespace(encoder_layers=2, global_attention="first", **kw))
+
+    assert settings(attention_window="32", global_token_ids="5,0") == settings(
+        attention_window="32,32", global_token_ids="0,5"
+    )
+    assert settings(attention_window="32", global_token_ids="")["attention_window"] == [32, 32]
+    assert settings(attention_window="32,64", global_token_ids="") != settings(
+        attention_window="32", global_token_ids=""
+    )
+
+
 def test_real_fairseq_train_process_prints_one_line(word_data, tmp_path):
     """The console script itself (the hook is installed by --user-dir's import, not by the tests)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -812,7 +882,7 @@ def test_train_output_folder_of_the_wrong_kind_is_one_line(word_data, tmp_path, 
     (tmp_path / "taken").write_text("a file the user keeps\n")
     folder = tmp_path / "taken" if where == "is_file" else tmp_path / "taken" / "run1"
     argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
-    argv += ["--block-size", "16", "--sparse-block-size", "16"]
+    argv += ["--block-size", "16", "--sparse-block-size", "16", "--truncate-source", "--truncate-target"]
     if flag != "--save-dir":
         argv += ["--save-dir", str(tmp_path / "ck")]
     code, err = fairseq_train([*argv, flag, str(folder)], capsys, monkeypatch)

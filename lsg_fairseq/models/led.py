@@ -203,6 +203,20 @@ class LEDModel(LongInputBARTModel):
         )
 
     @classmethod
+    def weightless_settings(cls, args) -> dict:
+        """The Longformer settings of ``args`` (a run's, or a checkpoint's ``cfg.model``), as the
+        encoder reads them (a window per layer, the global ids as a set): no weight records them
+        (``checkpoint_policy``)."""
+        values = {}
+        if getattr(args, "attention_window", None) is not None and getattr(args, "encoder_layers", None):
+            values["attention_window"] = parse_attention_windows(args.attention_window, args.encoder_layers)
+        if getattr(args, "global_attention", None) is not None:
+            values["global_attention"] = args.global_attention
+        if getattr(args, "global_token_ids", None) is not None:
+            values["global_token_ids"] = sorted(set(parse_global_token_ids(args.global_token_ids)))
+        return values
+
+    @classmethod
     def build_model(cls, args, task):
         led_architecture_defaults(args)
         validate_led_args(args, len(task.source_dictionary))

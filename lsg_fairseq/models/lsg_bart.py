@@ -222,6 +222,15 @@ class LSGBARTModel(LongInputBARTModel):
         )
 
     @classmethod
+    def weightless_settings(cls, args) -> dict:
+        """The LSG settings of ``args`` (a run's, or a checkpoint's ``cfg.model``): they shape the
+        attention and no weight records them (the global token table always holds 512 rows), so a
+        checkpoint loads into a model built with others without a word (``checkpoint_policy``)."""
+        names = [*LSG_DEFAULTS, *(n for n in ENCODER_DEFAULTS if n != "train_global_only")]
+        bools = set(ENCODER_DEFAULTS)
+        return {n: bool_flag(v) if n in bools else v for n in names if (v := getattr(args, n, None)) is not None}
+
+    @classmethod
     def build_model(cls, args, task):
         lsg_architecture_defaults(args)
         validate_lsg_args(args)

@@ -355,6 +355,7 @@ class LongDocumentSummarizationTask(TranslationTask):
     # policies hold for this task only, stock tasks keep fairseq's behaviour.
     def check_restore(self, cfg, trainer):
         checkpoint_policy.check_restore(cfg, trainer)
+        checkpoint_policy.check_built_as_saved(cfg, trainer)
 
     def explain_restore_failure(self, cfg, trainer, error):
         checkpoint_policy.explain_restore_failure(cfg, trainer, error)
