@@ -70,7 +70,7 @@ def check_built_as_saved(cfg, trainer) -> None:
         return
     model_cls = type(trainer.get_model())
     settings = getattr(model_cls, "weightless_settings", None)
-    saved_cfg = _saved_model_cfg(path)
+    saved_cfg = saved_model_cfg(path)
     if settings is None or saved_cfg is None or _model_class(saved_cfg) is not model_cls:
         return  # nothing to compare, or another model (whose weights will not fit: explained then)
     try:
@@ -82,7 +82,7 @@ def check_built_as_saved(cfg, trainer) -> None:
         return
 
     def flags(values):
-        return " ".join(f"--{n.replace('_', '-')} {_flag_value(values[n])}" for n in differ)
+        return settings_flags({n: values[n] for n in differ})
 
     finetune = cfg.restore_file == "checkpoint_last.pt" and path == cfg.finetune_from_model
     what = f"--finetune-from-model {path}" if finetune else f"{path} (the checkpoint this run resumes)"
@@ -99,7 +99,7 @@ def check_built_as_saved(cfg, trainer) -> None:
     )
 
 
-def _saved_model_cfg(path):
+def saved_model_cfg(path):
     """``cfg.model`` of the checkpoint at ``path`` (a Namespace or DictConfig), None if unreadable.
     Memory-mapped: no copy of the weights."""
     from omegaconf import OmegaConf
@@ -122,6 +122,11 @@ def _model_class(model_cfg):
 
     arch = getattr(model_cfg, "arch", None) or getattr(model_cfg, "_name", None)
     return ARCH_MODEL_REGISTRY.get(arch)
+
+
+def settings_flags(values: dict) -> str:
+    """``{"block_size": 64, "mask_first_token": False}`` -> ``--block-size 64 --mask-first-token false``."""
+    return " ".join(f"--{n.replace('_', '-')} {_flag_value(v)}" for n, v in values.items())
 
 
 def _flag_value(value) -> str:

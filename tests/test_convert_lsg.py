@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import shutil
 
 import numpy as np
@@ -320,3 +321,51 @@ def test_fairseq_bart_checkpoint_longer_positions(converted, tmp_path):
     assert np.abs(logits0 - logits1).max() < 1e-6  # short inputs: only the table grew
     with pytest.raises(ConversionError, match="LSG options need --to lsg_bart"):
         convert(converted["bart_plain"], str(tmp_path / "x"), to="bart", block_size=32)
+
+
+@pytest.mark.parametrize(
+    "source,options",
+    [
+        ("lsg/plain_to_lsg", dict(to="lsg_bart", block_size=64, sparse_block_size=0, sparsity_type="none")),
+        ("led/led_w32", {}),
+        ("locost/model", {}),
+        ("lsg/bart_plain", {}),
+    ],
+    ids=["lsg_bart", "led", "locost", "bart"],
+)
+def test_the_printed_training_flags_build_the_converted_model(tmp_path, capsys, source, options):
+    """lsg-fairseq-convert says which fairseq-train flags build its model (fairseq builds the model
+    from the command line; a forgotten LSG flag trains another attention): those flags, parsed as
+    fairseq-train parses them, build a model that takes model.pt's weights strictly, with the same
+    weightless settings."""
+    from fairseq import options as fairseq_options
+    from fairseq import tasks
+
+    from lsg_fairseq.checkpoint_policy import saved_model_cfg
+
+    folder = os.path.join(conftest.FIXTURES, source.replace("plain_to_lsg", "bart_plain"))
+    hf = os.path.join(folder, "hf") if os.path.isdir(os.path.join(folder, "hf")) else folder
+    argv = [hf, str(tmp_path / "out")]
+    for name, value in options.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    cli_main(argv)
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("fairseq-train builds the model")]
+    assert len(said) == 1, err
+    flags = said[0].split(" with ", 1)[1]
+    data = tmp_path / "data"
+    data.mkdir()
+    for side in ("source", "target"):
+        shutil.copy(tmp_path / "out" / "dict.txt", data / f"dict.{side}.txt")
+    parser = fairseq_options.get_training_parser()
+    args = fairseq_options.parse_args_and_arch(
+        parser,
+        [str(data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization"] + shlex.split(flags),
+    )
+    task = tasks.setup_task(args)
+    model = task.build_model(args)
+    state = torch.load(tmp_path / "out" / "model.pt", map_location="cpu", weights_only=False)
+    model.load_state_dict(state["model"], strict=True)
+    settings = getattr(type(model), "weightless_settings", None)
+    if settings is not None:
+        assert settings(args) == settings(saved_model_cfg(str(tmp_path / "out" / "model.pt")))

@@ -84,6 +84,43 @@ def main(argv=None) -> None:
                 report(f"{e.filename or args.out}: {e.strerror or e} (OUT_DIR left unchanged)", "lsg-fairseq-convert")
             )
         print(path)
+        flags = training_flags(path)
+        if flags:
+            print(
+                f"fairseq-train builds the model from its command line; fine-tune {path} with {flags}", file=sys.stderr
+            )
+
+
+# The model sizes, for a checkpoint whose sizes are not its --arch's (BART's names, then LOCOST's)
+SIZE_SETTINGS = (
+    *(f"{side}_{name}" for side in ("encoder", "decoder") for name in ("embed_dim", "ffn_embed_dim", "layers")),
+    *("encoder_attention_heads", "decoder_attention_heads", "d_model", "d_ff", "d_kv", "d_state"),
+)
+
+
+def training_flags(path: str) -> str:
+    """The fairseq-train flags that build the model of the checkpoint at ``path`` (fairseq builds the
+    model from the command line): its ``--arch`` and lengths, its sizes where ``--arch`` alone would
+    give others, and its ``weightless_settings`` (LSG's or LED's attention, which no weight records)."""
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    from lsg_fairseq.checkpoint_policy import saved_model_cfg, settings_flags
+
+    cfg = saved_model_cfg(path)
+    arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None)
+    if arch not in ARCH_MODEL_REGISTRY:
+        return ""
+    sizes = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](sizes)  # what --arch alone gives
+    values = {"arch": arch}
+    for name in ("max_source_positions", "max_target_positions", *SIZE_SETTINGS):
+        value = getattr(cfg, name, None)
+        if value is not None and (name.startswith("max_") or value != getattr(sizes, name, value)):
+            values[name] = value
+    settings = getattr(ARCH_MODEL_REGISTRY[arch], "weightless_settings", None)
+    return settings_flags({**values, **(settings(cfg) if settings else {})})
 
 
 if __name__ == "__main__":
