@@ -15,6 +15,7 @@ import lsg_fairseq
 from lsg_fairseq.fairseq_fixes._wrap import original
 
 from conftest import TINY_LSG_BART, training_config
+from test_bad_inputs import tiny_checkpoint  # noqa: F401  (a fixture)
 
 TINY = [*TINY_LSG_BART, "--max-source-positions", "128", "--max-target-positions", "64", "--truncate-target"]
 
@@ -85,3 +86,51 @@ def test_bf16_training_steps_on_cpu(word_data, flag, optimizer):
     assert all(math.isfinite(x) for x in losses)
     after = trainer.model.encoder.layers[0].self_attn.q_proj.weight
     assert after.dtype == torch.bfloat16 and not torch.equal(after, before)  # bf16 weights were updated
+
+
+@pytest.mark.parametrize("command", ["generate", "interactive", "validate"])
+def test_bf16_inference_runs_the_models_in_bfloat16(word_data, tiny_checkpoint, monkeypatch, capsys, command):  # noqa: F811
+    """fairseq's inference commands cast their models for --fp16 only: under --bf16 the encoder ran
+    in float32 (the stock command, shown first), now in bfloat16 (fairseq_fixes/bf16_inference.py)."""
+    import io
+    import sys
+
+    from fairseq_cli import generate, interactive, validate
+
+    from lsg_fairseq.models.custom_encoder import LongInputEncoder
+
+    # as when the command imports the plugin through --user-dir (or lsg-fairseq-generate, after
+    # importing fairseq_cli.generate): the fixes of a command's main are installed once it is loaded
+    lsg_fairseq.fairseq_fixes.install()
+
+    seen = []
+    forward = LongInputEncoder.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.embed_tokens.weight.dtype)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LongInputEncoder, "forward", spy)
+    module = {"generate": generate, "interactive": interactive, "validate": validate}[command]
+    argv = [f"fairseq-{command}", str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--path", tiny_checkpoint]
+    argv += ["--task", "long_document_summarization", "--cpu", "--bf16", "--max-source-positions", "128"]
+    argv += ["--max-target-positions", "64", "--truncate-source", "--truncate-target"]
+    argv += {
+        "generate": ["--gen-subset", "valid", "--max-len-b", "3", "--beam", "2", "--batch-size", "2"],
+        "interactive": ["--max-len-b", "3", "--beam", "2"],
+        "validate": ["--valid-subset", "valid", "--batch-size", "2"],
+    }[command]
+    monkeypatch.setattr(sys, "argv", argv)
+
+    def run():
+        monkeypatch.setattr(sys, "stdin", io.StringIO("a document\n"))
+        module.cli_main()
+
+    with monkeypatch.context() as stock:
+        stock.setattr(module, "main", original(module, "main"))
+        run()
+    assert seen and set(seen) == {torch.float32}, seen  # the upstream behaviour
+    seen.clear()
+    run()
+    assert seen and set(seen) == {torch.bfloat16}, seen
+    capsys.readouterr()

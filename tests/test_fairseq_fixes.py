@@ -3,7 +3,7 @@
 Each fix's own tests run the original function (kept by the patch) to show the upstream bug, then
 the installed one: weights-only loading, one-line errors, the NaN detector and the workers' temp folder here,
 atomic checkpoints, load errors
-and restore hooks in test_checkpoint_io.py, bf16 in test_bf16.py.
+and restore hooks in test_checkpoint_io.py, bf16 (training off TPUs, inference) in test_bf16.py.
 """
 
 import argparse

@@ -79,9 +79,13 @@ def convert(tmp_path, quiet: bool):
 
 def test_a_conversion_prints_its_result_and_nothing_of_fairseq(tmp_path):
     """Building the model goes through fairseq's hydra config conversion: its DEBUG lines and hydra's
-    deprecation warnings reached the user's terminal (26 lines); now only the result's path."""
+    deprecation warnings reached the user's terminal (26 lines); now only the result's path, and on
+    stderr the one line of the flags that fine-tune it."""
     out, err = convert(tmp_path, quiet=True)
-    assert out.strip() == str(tmp_path / "out" / "model.pt") and err == "", err[:2000]
+    model = tmp_path / "out" / "model.pt"
+    assert out.strip() == str(model), out
+    assert err.startswith(f"fairseq-train builds the model from its command line; fine-tune {model} with --arch ")
+    assert err.count("\n") == 1, err[:2000]
 
 
 def test_the_conversion_check_can_fail(tmp_path):

@@ -8,13 +8,14 @@ breaks without it, its ``install()`` is idempotent, and the replaced function st
 patches anything.
 
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the fixes:
-atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, a missing ``--arch``
-named, the weights-only allowlist, NaN reports that reach the backward pass, a legacy model's own
-flags under ``fairseq-hydra-train``, no data-loader worker's temp folder left behind, no best score
-carried from one training to the next in a process. This plugin's policies (refusing a missing
-``--restore-file``, explaining a checkpoint of another arch, refusing ``--fp16`` where fairseq's
-fp16 trainer needs CUDA) run through task hooks that only its own tasks define
-(:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its own exceptions.
+atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, ``--bf16`` inference in
+bfloat16, a missing ``--arch`` named, the weights-only allowlist, NaN reports that reach the
+backward pass, a legacy model's own flags under ``fairseq-hydra-train``, no data-loader worker's
+temp folder left behind, no best score carried from one training to the next in a process. This
+plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
+refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks that only its
+own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its
+own exceptions.
 ``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and without
 the plugin.
 """
@@ -22,6 +23,7 @@ the plugin.
 from lsg_fairseq.fairseq_fixes import (
     atomic_checkpoints,
     best_per_run,
+    bf16_inference,
     bf16_off_tpu,
     checkpoint_errors,
     hydra_model_flags,
@@ -43,6 +45,7 @@ FIXES = (
     restore_hooks,
     run_hooks,
     bf16_off_tpu,
+    bf16_inference,
     missing_arch,
     hydra_model_flags,
     nan_detector_hooks,
