@@ -173,3 +173,26 @@ def test_summarize_refuses_bad_quantize_flags(tmp_path, capsys, argv, message):
     assert code == 2
     lines = err.strip().split("\n")
     assert len(lines) == 1 and lines[0].startswith("lsg-fairseq-summarize: error: ") and message in lines[0], err
+
+
+def test_summarize_bf16_runs_the_model_in_bfloat16(model_dirs, tmp_path, capsys, monkeypatch):
+    """--bf16 (any device): the encoder reads bfloat16 weights, and the summaries come out."""
+    from lsg_fairseq.models.custom_encoder import LongInputEncoder
+
+    seen = []
+    forward = LongInputEncoder.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.embed_tokens.weight.dtype)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LongInputEncoder, "forward", spy)
+    doc = tmp_path / "docs.txt"
+    doc.write_text("the patients were treated with a new drug\na second document about the weather\n")
+    out = tmp_path / "bf16.txt"
+    argv = [model_dirs["lsg_norm"], "--input-lines", str(doc), "--output", str(out), "--max-len-b", "4", "--quiet"]
+    code, err = summarize([*argv, "--bf16"], capsys)
+    assert code == 0, err
+    assert len(out.read_text().splitlines()) == 2 and seen and set(seen) == {torch.bfloat16}, seen
+    code, err = summarize([*argv, "--bf16", "--quantize", "int8"], capsys)
+    assert code == 2 and "--quantize int8 quantizes the float32 model; drop --bf16" in err

@@ -221,6 +221,7 @@ def test_summarize_errors_replace_reads_bad_bytes(tmp_path):
         (["--max-source-positions", "1"], "argument --max-source-positions: must be an integer >= 2, got '1'"),
         (["--min-len", "9", "--max-len-b", "5"], "--min-len 9 is above --max-len-b 5"),
         (["--fp16"], "--fp16 needs a GPU (--device cuda)"),
+        (["--fp16", "--bf16"], "--fp16 and --bf16: give one"),
         (["--device", "tpu9"], "--device tpu9: not a torch device"),
     ],
 )

@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--fp16", action="store_true", help="run the model in half precision (GPU only)")
     p.add_argument(
+        "--bf16",
+        action="store_true",
+        help="run the model in bfloat16 (any device; a CPU without bfloat16 units runs it slower than float32)",
+    )
+    p.add_argument(
         "--quantize",
         choices=("none", "int8"),
         default="none",
@@ -181,8 +186,12 @@ def check_arguments(args, parser) -> None:
         parser.error(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got --device {args.device})")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: no CUDA device available; use --device cpu")
+    if args.fp16 and args.bf16:
+        parser.error("--fp16 and --bf16: give one")
     if args.fp16 and device.type != "cuda":
         parser.error("--fp16 needs a GPU (--device cuda)")
+    if args.quantize == "int8" and args.bf16:
+        parser.error("--quantize int8 quantizes the float32 model; drop --bf16")
     # the task would say so after loading, naming a --data flag this command does not have
     if not any(n.startswith("dict.") and n.endswith(".txt") for n in os.listdir(args.model_dir)):  # dict[.LANG].txt
         parser.error(
@@ -225,6 +234,10 @@ def run(args, parser) -> None:
     hub.to(args.device)
     if args.fp16:
         hub.half()
+    if args.bf16:
+        import torch
+
+        hub.to(torch.bfloat16)  # S4D's parameters stay float32 (S4DKernel._apply)
     if args.quantize == "int8":
         from lsg_fairseq.quantize import quantize_int8
 
