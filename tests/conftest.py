@@ -240,3 +240,19 @@ def pytest_collection_modifyitems(items):
     as the other frees up, and the longest file started last would finish alone (``make test``
     keeps this order with ``--no-loadscope-reorder``: tests/test_suite_order.py)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
+@pytest.fixture
+def encoder_dtypes(monkeypatch):
+    """The dtype of the long-input encoder's weights at each of its calls in the test (a list)."""
+    from lsg_fairseq.models.custom_encoder import LongInputEncoder
+
+    seen = []
+    forward = LongInputEncoder.forward
+
+    def spy(self, *args, **kwargs):
+        seen.append(self.embed_tokens.weight.dtype)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LongInputEncoder, "forward", spy)
+    return seen

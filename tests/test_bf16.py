@@ -89,7 +89,14 @@ def test_bf16_training_steps_on_cpu(word_data, flag, optimizer):
 
 
 @pytest.mark.parametrize("command", ["generate", "interactive", "validate"])
-def test_bf16_inference_runs_the_models_in_bfloat16(word_data, tiny_checkpoint, monkeypatch, capsys, command):  # noqa: F811
+def test_bf16_inference_runs_the_models_in_bfloat16(
+    word_data,
+    tiny_checkpoint,  # noqa: F811  (the fixture imported above)
+    monkeypatch,
+    capsys,
+    encoder_dtypes,
+    command,
+):
     """fairseq's inference commands cast their models for --fp16 only: under --bf16 the encoder ran
     in float32 (the stock command, shown first), now in bfloat16 (fairseq_fixes/bf16_inference.py)."""
     import io
@@ -97,20 +104,10 @@ def test_bf16_inference_runs_the_models_in_bfloat16(word_data, tiny_checkpoint, 
 
     from fairseq_cli import generate, interactive, validate
 
-    from lsg_fairseq.models.custom_encoder import LongInputEncoder
-
     # as when the command imports the plugin through --user-dir (or lsg-fairseq-generate, after
     # importing fairseq_cli.generate): the fixes of a command's main are installed once it is loaded
     lsg_fairseq.fairseq_fixes.install()
-
-    seen = []
-    forward = LongInputEncoder.forward
-
-    def spy(self, *args, **kwargs):
-        seen.append(self.embed_tokens.weight.dtype)
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(LongInputEncoder, "forward", spy)
+    seen = encoder_dtypes
     module = {"generate": generate, "interactive": interactive, "validate": validate}[command]
     argv = [f"fairseq-{command}", str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--path", tiny_checkpoint]
     argv += ["--task", "long_document_summarization", "--cpu", "--bf16", "--max-source-positions", "128"]

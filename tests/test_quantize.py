@@ -175,18 +175,9 @@ def test_summarize_refuses_bad_quantize_flags(tmp_path, capsys, argv, message):
     assert len(lines) == 1 and lines[0].startswith("lsg-fairseq-summarize: error: ") and message in lines[0], err
 
 
-def test_summarize_bf16_runs_the_model_in_bfloat16(model_dirs, tmp_path, capsys, monkeypatch):
+def test_summarize_bf16_runs_the_model_in_bfloat16(model_dirs, tmp_path, capsys, encoder_dtypes):
     """--bf16 (any device): the encoder reads bfloat16 weights, and the summaries come out."""
-    from lsg_fairseq.models.custom_encoder import LongInputEncoder
-
-    seen = []
-    forward = LongInputEncoder.forward
-
-    def spy(self, *args, **kwargs):
-        seen.append(self.embed_tokens.weight.dtype)
-        return forward(self, *args, **kwargs)
-
-    monkeypatch.setattr(LongInputEncoder, "forward", spy)
+    seen = encoder_dtypes
     doc = tmp_path / "docs.txt"
     doc.write_text("the patients were treated with a new drug\na second document about the weather\n")
     out = tmp_path / "bf16.txt"
