@@ -11,6 +11,11 @@ import pytest
 import torch
 from fairseq import options, tasks
 
+# imported here, not in a test: each sets up fairseq's root logging handler on sys.stdout when it is
+# first imported or run, and a test's capsys stream is closed after it (a later test's log lines
+# then end in "--- Logging error ---"); so no capsys in the test that runs them either
+from fairseq_cli import generate, interactive, validate
+
 import lsg_fairseq
 from lsg_fairseq.fairseq_fixes._wrap import original
 
@@ -93,7 +98,6 @@ def test_bf16_inference_runs_the_models_in_bfloat16(
     word_data,
     tiny_checkpoint,  # noqa: F811  (the fixture imported above)
     monkeypatch,
-    capsys,
     encoder_dtypes,
     command,
 ):
@@ -101,8 +105,6 @@ def test_bf16_inference_runs_the_models_in_bfloat16(
     in float32 (the stock command, shown first), now in bfloat16 (fairseq_fixes/bf16_inference.py)."""
     import io
     import sys
-
-    from fairseq_cli import generate, interactive, validate
 
     # as when the command imports the plugin through --user-dir (or lsg-fairseq-generate, after
     # importing fairseq_cli.generate): the fixes of a command's main are installed once it is loaded
@@ -130,4 +132,3 @@ def test_bf16_inference_runs_the_models_in_bfloat16(
     seen.clear()
     run()
     assert seen and set(seen) == {torch.bfloat16}, seen
-    capsys.readouterr()
