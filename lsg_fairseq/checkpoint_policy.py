@@ -108,10 +108,7 @@ def saved_model_cfg(path):
         state = torch.load(path, map_location="cpu", mmap=True)
     except Exception:  # noqa: BLE001  (fairseq's loader says what is wrong with the file)
         return None
-    cfg = state.get("cfg") if isinstance(state, dict) else None
-    model_cfg = cfg.get("model") if cfg is not None and hasattr(cfg, "get") else None
-    if model_cfg is None and isinstance(state, dict):
-        model_cfg = state.get("args")
+    model_cfg = _model_cfg_of(state)
     if isinstance(model_cfg, dict):
         model_cfg = OmegaConf.create(model_cfg)
     return model_cfg
@@ -144,14 +141,20 @@ def explain_restore_failure(cfg, trainer, error) -> None:
     raise CheckpointError(_explain_mismatch(restore_path(cfg, trainer), trainer, error)) from error
 
 
-def _arch_of(state) -> str:
-    """``model/arch`` as stored in a fairseq checkpoint (legacy Namespace or dict cfg)."""
-    model_cfg = None
-    cfg = state.get("cfg") if isinstance(state, dict) else None
+def _model_cfg_of(state):
+    """A loaded checkpoint's ``cfg.model`` (a dict, DictConfig or Namespace), else its legacy
+    ``args``; None when it holds neither."""
+    if not isinstance(state, dict):
+        return None
+    cfg, model_cfg = state.get("cfg"), None
     if cfg is not None:
         model_cfg = cfg.get("model") if isinstance(cfg, dict) else getattr(cfg, "model", None)
-    if model_cfg is None and isinstance(state, dict):
-        model_cfg = state.get("args")
+    return model_cfg if model_cfg is not None else state.get("args")
+
+
+def _arch_of(state) -> str:
+    """``model/arch`` as stored in a fairseq checkpoint (legacy Namespace or dict cfg)."""
+    model_cfg = _model_cfg_of(state)
     if model_cfg is None:
         return "unknown"
     get = model_cfg.get if isinstance(model_cfg, dict) else (lambda k, d=None: getattr(model_cfg, k, d))

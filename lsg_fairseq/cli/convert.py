@@ -107,9 +107,10 @@ def training_flags(path: str) -> str:
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     from lsg_fairseq.checkpoint_policy import saved_model_cfg, settings_flags
+    from lsg_fairseq.convert.common import model_arch
 
     cfg = saved_model_cfg(path)
-    arch = getattr(cfg, "arch", None) or getattr(cfg, "_name", None)
+    arch = model_arch(cfg) if cfg is not None else ""
     if arch not in ARCH_MODEL_REGISTRY:
         return ""
     sizes = argparse.Namespace()
