@@ -23,6 +23,34 @@ def row(rows, start):
     return rows[key]
 
 
+def test_the_fifth_reading_is_judged_as_its_readme_judged_it():
+    """h200_3ad560a/README.md, "Against the issues' targets": four calls' work folders merged, every
+    [GPU] target of issues 32 and 33 measured, three of LOCOST's and four of LSG/LED's met."""
+    rows = judged(os.path.join(READINGS, "h200_3ad560a", "gpu_check"))
+    expected = {
+        "`locost` encoder at 16K": ("3.51x", targets.MISSED),
+        "`locost` encoder at 64K": ("4.51x", targets.MISSED),
+        "`locost` fwd+bwd": ("2.57x", targets.MET),
+        "`lsg_norm` encoder at 16K": ("1.73x", targets.MISSED),
+        "`lsg_norm` encoder at 64K": ("1.75x", targets.MISSED),
+        "`lsg_norm` encoder at 4K": ("1.51x", targets.MISSED),
+        "`led` encoder at 16K": ("2.01x", targets.MISSED),
+        "`led` encoder at 64K": ("1.95x", targets.MISSED),
+        "`lsg_norm` fwd+bwd at 16K: time": ("0.91x", targets.MISSED),
+        "`led` fwd+bwd at 16K: time": ("1.04x", targets.MISSED),
+        "`lsg_norm` fwd+bwd at 16K: memory": ("0.98x", targets.MET),
+        "`led` fwd+bwd at 16K: memory": ("0.99x", targets.MET),
+    }
+    for start, (ratio, verdict) in expected.items():
+        measured, got = row(rows, start)
+        assert f"**{ratio}**" in measured and got == verdict, (start, measured, got)
+    assert row(rows, "`locost` encoder at 600K") == ("locost600k: **1.4 s**, peak **9.1 GiB**", targets.MET)
+    assert row(rows, "flex fwd+bwd")[1] == targets.MET
+    assert row(rows, "LOCOST's S4D split")[1] == targets.SHOWN
+    assert row(rows, "HF BART")[1] == targets.SHOWN
+    assert targets.NOT_MEASURED not in {verdict for _, verdict in rows.values()}
+
+
 def test_the_fourth_reading_is_judged_as_its_readme_judged_it():
     """h200_1817c8f/README.md, "Against the issues' targets", written by hand from the same records."""
     rows = judged(os.path.join(READINGS, "h200_1817c8f", "gpu_check"))
