@@ -122,7 +122,7 @@ EOF
 if [ "$DEV" = cuda ]; then
     "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
         || die "DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)"
-    bench=(benchmarks/run.py --device cuda --dtype bf16 --one-process --warmup 2 --repeat 5 --budget 3
+    bench=(benchmarks/run.py --device cuda --dtype bf16 --one-process --control-row --warmup 2 --repeat 5 --budget 3
            --timeout 240 --max-full-length 65536 --out "$work" --no-plots)
     conformance=(--device cuda)
     flex=(--device cuda)
@@ -132,7 +132,7 @@ if [ "$DEV" = cuda ]; then
     conv=(--device cuda --lengths "$L16" "$L64")
     layer=(--device cuda --length "$L16" --variants model cuda_graph)  # the compiled row when time allows
 elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
-    bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --smoke --out "$work" --no-plots)
+    bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --control-row --smoke --out "$work" --no-plots)
     conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
     flex=(--device cpu --cases led)  # forward only there
     L16=256; L64=512; L4=128; L600=1024; UPDATES=4; TRAIN_TOKENS=400; DOC_TOKENS=80

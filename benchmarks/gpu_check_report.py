@@ -134,6 +134,17 @@ def bench_tables(records) -> str:
                     for r in sorted(shares, key=lambda r: (r["length"], _order(r["arch"])))
                 )
             )
+        controls = [r for r in ok.values() if "control" in r]
+        if controls:
+            out.append(
+                "\nThe process's first row timed again after its other rows (`--control-row`; near 1: the "
+                "host and the device kept their pace): "
+                + ", ".join(
+                    f"{r['arch']} {r['length']:,} {1e3 * r['median_s']:.3g} -> {1e3 * r['control']['median_s']:.3g} ms "
+                    f"(**{r['control']['ratio']:.2f}x**)"
+                    for r in controls
+                )
+            )
         splits = [r for r in rs if "ssm_share" in r and r["status"] == "ok"]
         if splits:
             out.append(

@@ -290,6 +290,13 @@ def parse_args(argv=None):
         "then may include what earlier rows left in the heap)",
     )
     p.add_argument(
+        "--control-row",
+        action="store_true",
+        help="with --one-process: time the first row again after the others, in a model built again "
+        "(its record's `control`); a host or device that drifted while the process ran shows as a "
+        "ratio away from 1",
+    )
+    p.add_argument(
         "--profile", action="store_true", help="also write a torch.profiler op table of one call per measurement"
     )
     p.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
@@ -475,6 +482,12 @@ def _child_rows(conn, rows, args):
     for row in rows:
         timed[row] = _attempt(measure, *row, args, readings=False)
         conn.send((*row, timed[row]))
+    first = rows[0] if rows else None
+    if args.control_row and len(rows) > 1 and timed[first]["status"] == "ok":
+        again = _attempt(measure, *first, args, readings=False)
+        if again["status"] == "ok":
+            timed[first] = dict(timed[first], control=control_of(timed[first], again))
+            conn.send((*first, timed[first]))
     for row in rows:
         if timed[row]["status"] == "ok" and wants_readings(*row, args):
             extra = _attempt(measure_readings, *row, args)
@@ -482,6 +495,19 @@ def _child_rows(conn, rows, args):
                 conn.send((*row, dict(timed[row], **extra)))
     conn.send(None)  # the end: every row sent
     conn.close()
+
+
+def control_of(first: dict, again: dict) -> dict:
+    """The first row timed again at the end of its process (``--control-row``): its times and its
+    median over the first timing's. One process's rows are compared with one another; a ratio away
+    from 1 says the host or the device ran at another pace between the first row and the last, so
+    that the rows' ratios hold less than their spread suggests."""
+    return {
+        "times_s": again["times_s"],
+        "median_s": again["median_s"],
+        "host_share": again["host_share"],
+        "ratio": again["median_s"] / first["median_s"],
+    }
 
 
 def run_rows(rows, args):
@@ -724,6 +750,8 @@ def main(argv=None):
             )
             if any(k in rec for k in ("profile", "ssm_share")):
                 msg += "  + profiled readings"
+            if "control" in rec:
+                msg += f"  timed again last: {rec['control']['median_s']:.3f} s ({rec['control']['ratio']:.2f}x)"
         else:
             msg = rec["status"]
         # the seconds since the start: where a stage's wall goes (model builds, compiles, timed calls)

@@ -919,6 +919,39 @@ def test_one_process_times_every_row_before_it_profiles_any(run_module, monkeypa
     assert 0 <= read["ssm_share"] <= 1 and os.path.exists(read["profile"])
 
 
+def test_control_row_times_the_first_row_again_last(run_module, monkeypatch, tmp_path):
+    """--control-row: after every row is timed, the first is timed again in a model built again and
+    its record sent again with ``control`` (its times and the ratio to the first timing); the first
+    timing's times stay the record's. Without the flag, or with one row, nothing more is timed."""
+    events = tmp_path / "events"
+    medians = iter([0.010, 0.020, 0.015])
+
+    def fake(arch, mode, length, args, readings=True):
+        with open(events, "a") as f:
+            f.write(f"{arch}\n")
+        m = next(medians)
+        return {"times_s": [m], "median_s": m, "host_share": 0.5}
+
+    monkeypatch.setattr(run_module, "measure", fake)
+    argv = ["--smoke", "--arch", "linear", "--modes", "enc", "--one-process", "--out", str(tmp_path)]
+    rows = [("linear", "enc", 256), ("led", "enc", 256)]
+    records = list(run_module.run_rows(rows, run_module.parse_args(argv + ["--control-row"])))
+    assert events.read_text().split() == ["linear", "led", "linear"]
+    assert [(r["arch"], "control" in r) for r in records] == [("linear", False), ("led", False), ("linear", True)]
+    again = records[2]
+    assert again["times_s"] == [0.010] and again["control"]["median_s"] == 0.015
+    assert again["control"]["ratio"] == pytest.approx(1.5)
+
+    events.unlink()
+    medians = iter([0.010, 0.020, 0.015])
+    assert all("control" not in r for r in run_module.run_rows(rows, run_module.parse_args(argv)))
+    assert events.read_text().split() == ["linear", "led"]
+    events.unlink()
+    medians = iter([0.010])
+    one = list(run_module.run_rows(rows[:1], run_module.parse_args(argv + ["--control-row"])))
+    assert len(one) == 1 and "control" not in one[0]
+
+
 def test_one_process_rows_not_timed_say_why(run_module, monkeypatch, tmp_path):
     """A child that dies: the rows timed keep their records, the first one not timed says it died,
     the rest that they did not run."""

@@ -150,6 +150,12 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     assert 0 < cold["ssm_share"] < 1 and not cold.get("ssm_cache_mb")  # split, every kernel made in the call
     # the host's share of each call (1 on a CPU: the call has run when it returns)
     assert all(0.9 <= r["host_share"] <= 1.0 for r in benchmarks["enc"]["records"])
+    # each stage of several rows times its first row again last (--control-row): a drift check
+    for tag in expected:
+        config = benchmarks[tag]["runs"][-1]["config"]
+        (first,) = [r for r in benchmarks[tag]["records"] if "control" in r]
+        assert config["control_row"] and first["arch"] == config["arch"][0], tag  # the plan's first row
+        assert first["control"]["median_s"] > 0 and first["control"]["ratio"] > 0
 
 
 def test_the_report_says_how_much_of_each_gpu_call_the_host_took():
@@ -172,6 +178,19 @@ def test_the_report_says_how_much_of_each_gpu_call_the_host_took():
     assert "linear 4,096 0.99, linear 16,384 0.31, led 16,384 0.97" in table
     cpu = [rec("linear", 4096, 1.0, device_name=None)]
     assert "Host share" not in gpu_report.bench_tables(cpu)
+
+
+def test_the_report_shows_the_control_row():
+    """The first row timed again at the end of its process (run.py --control-row): one line under
+    its mode's table with both medians and their ratio; none where no record has a control."""
+    gpu_report = load_script("benchmarks/gpu_check_report.py", "gpu_check_report")
+    first = dict(arch="linear", mode="enc", length=4096, median_s=0.00362, activations_mb=1.0, status="ok")
+    later = dict(first, arch="led", median_s=0.00626)
+    assert "timed again" not in gpu_report.bench_tables([first, later])
+    controlled = dict(first, control={"median_s": 0.0019, "ratio": 0.0019 / 0.00362, "times_s": [0.0019]})
+    table = gpu_report.bench_tables([controlled, later])
+    assert "first row timed again after its other rows" in table
+    assert "linear 4,096 3.62 -> 1.9 ms (**0.52x**)" in table
 
 
 def test_train_smokes_fall_and_keep_locost_groups(smoke):
