@@ -60,6 +60,7 @@ from torch import Tensor
 from lsg_layers.modules.lsg_config import LSG_DEFAULTS, check_lsg_config
 from lsg_layers.modules.padded_projection import padded_projection
 from lsg_layers.modules.paths import CPU, FLEX, WHOLE, PathChoice
+from lsg_layers.ops import fan_in as fan_in_ops
 from lsg_layers.ops import flex, sparse
 from lsg_layers.ops import window_attention as wa
 from lsg_layers.ops.blocks import KEY_ALIGN, clamp_index, local_window_indices, padded_length, sparse_window_indices
@@ -113,7 +114,11 @@ class LSGSelfAttention(PathChoice, nn.Module):
         # Source of randomness for the lsh projections; None -> torch's global RNG (reference).
         self.generator = generator
         self.has_sparse = self.sparsity_type != "none" and sparse_block_size > 0
-        self._cache: Dict[tuple, Tuple[Tensor, Tensor]] = {}  # per-length block index tables (_block_keys); not state
+        self._cache: Dict[tuple, tuple] = {}  # per-length block index tables (_block_keys, _fan_in); not state
+        # the gathered path's backward as each key row's readers summed (ops.fan_in) instead of
+        # index_select's index_add_; None: off the CPU, where index_add_ is one atomic add an
+        # element (a CPU adds them in order, and keeps its numbers: the demo trains there)
+        self.fan_in_backward: Optional[bool] = None
 
         # BART names, so BART / HF LSG-BART weights load without renaming.
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -368,8 +373,17 @@ class LSGSelfAttention(PathChoice, nn.Module):
 
         index, static_mask = self._block_keys(nb, ns, S, q.device, q.dtype)  # (nb*Kn,), (nb, Kn)
         Kn = static_mask.size(1)
-        keys = src_k.index_select(1, index).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
-        values = src_v.index_select(1, index).view(n * nb, Kn, h, d).transpose(1, 2)
+        fan_in = self.fan_in_backward
+        if fan_in is None:
+            fan_in = q.device.type != "cpu"
+        if fan_in and torch.is_grad_enabled() and (src_k.requires_grad or src_v.requires_grad):
+            table = self._fan_in(nb, ns, S, q.device, q.dtype)
+            keys = fan_in_ops.gather_rows(src_k, index, table, G, nb)
+            values = fan_in_ops.gather_rows(src_v, index, table, G, nb)
+        else:
+            keys, values = src_k.index_select(1, index), src_v.index_select(1, index)
+        keys = keys.view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
+        values = values.view(n * nb, Kn, h, d).transpose(1, 2)
         if src_m is None:
             mask = static_mask[:, None, None, :]  # (nb, 1, 1, Kn): only out-of-range keys
             if n > 1:
@@ -420,3 +434,21 @@ class LSGSelfAttention(PathChoice, nn.Module):
             self._cache.clear()
         self._cache[cache_key] = (index.reshape(-1), mask)
         return self._cache[cache_key]
+
+    def _fan_in(self, nb: int, ns: int, S: int, device, dtype) -> Tensor:
+        """:meth:`_block_keys`' index transposed for ``ops.fan_in.gather_rows``' backward, cached:
+        (S + ns, R) the block positions that read each key row, the G global columns apart. R, the
+        most readers a row has: 3 local windows for a token; for a sparse entry the before and after
+        runs (sbs entries, one every step) that hold it, at most 2 * ceil(sbs / step)."""
+        cache_key = ("fan_in", nb, ns, S, str(device), dtype)
+        cached = self._cache.get(cache_key)
+        if cached is not None:
+            return cached
+        index, mask = self._block_keys(nb, ns, S, device, dtype)
+        width = 3
+        if self.has_sparse:
+            step = self.block_size // self.sparsity_factor
+            width = max(width, 2 * -(-self.sparse_block_size // step))
+        table = fan_in_ops.fan_in_table(index.view(nb, -1), mask == 0, S + ns, self.num_global_tokens, width)
+        self._cache[cache_key] = table
+        return table
