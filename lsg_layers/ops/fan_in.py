@@ -48,7 +48,7 @@ def fan_in_table(index: Tensor, valid: Tensor, num_rows: int, shared: int, width
     masked = ~valid
     masked[:, :shared] = False
     torch._assert_async(masked.any(), "the fan-in table needs a masked position (its zero slot)")
-    zero = torch.argmax(masked.view(-1).to(torch.uint8))  # the first masked position
+    zero = torch.argmax(masked.view(-1).to(torch.int32))  # the first masked position
     first = torch.cumsum(counts, 0) - counts  # where each row's readers start in the sorted order
     slot = torch.arange(rows.numel(), device=device) - first[rows]
     keep = (rows < num_rows) & (slot < width)
