@@ -23,27 +23,34 @@ def row(rows, start):
     return rows[key]
 
 
+def assert_ratios(rows, expected):
+    """Each target starting with a key of ``expected`` shows its (ratio, verdict)."""
+    for start, (ratio, verdict) in expected.items():
+        measured, got = row(rows, start)
+        assert f"**{ratio}**" in measured and got == verdict, (start, measured, got)
+
+
 def test_the_fifth_reading_is_judged_as_its_readme_judged_it():
     """h200_3ad560a/README.md, "Against the issues' targets": four calls' work folders merged, every
     [GPU] target of issues 32 and 33 measured, three of LOCOST's and four of LSG/LED's met."""
     rows = judged(os.path.join(READINGS, "h200_3ad560a", "gpu_check"))
-    expected = {
-        "`locost` encoder at 16K": ("3.51x", targets.MISSED),
-        "`locost` encoder at 64K": ("4.51x", targets.MISSED),
-        "`locost` fwd+bwd": ("2.57x", targets.MET),
-        "`lsg_norm` encoder at 16K": ("1.73x", targets.MISSED),
-        "`lsg_norm` encoder at 64K": ("1.75x", targets.MISSED),
-        "`lsg_norm` encoder at 4K": ("1.51x", targets.MISSED),
-        "`led` encoder at 16K": ("2.01x", targets.MISSED),
-        "`led` encoder at 64K": ("1.95x", targets.MISSED),
-        "`lsg_norm` fwd+bwd at 16K: time": ("0.91x", targets.MISSED),
-        "`led` fwd+bwd at 16K: time": ("1.04x", targets.MISSED),
-        "`lsg_norm` fwd+bwd at 16K: memory": ("0.98x", targets.MET),
-        "`led` fwd+bwd at 16K: memory": ("0.99x", targets.MET),
-    }
-    for start, (ratio, verdict) in expected.items():
-        measured, got = row(rows, start)
-        assert f"**{ratio}**" in measured and got == verdict, (start, measured, got)
+    assert_ratios(
+        rows,
+        {
+            "`locost` encoder at 16K": ("3.51x", targets.MISSED),
+            "`locost` encoder at 64K": ("4.51x", targets.MISSED),
+            "`locost` fwd+bwd": ("2.57x", targets.MET),
+            "`lsg_norm` encoder at 16K": ("1.73x", targets.MISSED),
+            "`lsg_norm` encoder at 64K": ("1.75x", targets.MISSED),
+            "`lsg_norm` encoder at 4K": ("1.51x", targets.MISSED),
+            "`led` encoder at 16K": ("2.01x", targets.MISSED),
+            "`led` encoder at 64K": ("1.95x", targets.MISSED),
+            "`lsg_norm` fwd+bwd at 16K: time": ("0.91x", targets.MISSED),
+            "`led` fwd+bwd at 16K: time": ("1.04x", targets.MISSED),
+            "`lsg_norm` fwd+bwd at 16K: memory": ("0.98x", targets.MET),
+            "`led` fwd+bwd at 16K: memory": ("0.99x", targets.MET),
+        },
+    )
     assert row(rows, "`locost` encoder at 600K") == ("locost600k: **1.4 s**, peak **9.1 GiB**", targets.MET)
     assert row(rows, "flex fwd+bwd")[1] == targets.MET
     assert row(rows, "LOCOST's S4D split")[1] == targets.SHOWN
@@ -54,18 +61,18 @@ def test_the_fifth_reading_is_judged_as_its_readme_judged_it():
 def test_the_fourth_reading_is_judged_as_its_readme_judged_it():
     """h200_1817c8f/README.md, "Against the issues' targets", written by hand from the same records."""
     rows = judged(os.path.join(READINGS, "h200_1817c8f", "gpu_check"))
-    expected = {
-        "`locost` encoder at 16K": ("3.33x", targets.MISSED),
-        "`locost` encoder at 64K": ("3.85x", targets.MISSED),
-        "`lsg_norm` encoder at 16K": ("1.57x", targets.MISSED),
-        "`lsg_norm` encoder at 64K": ("1.56x", targets.MISSED),
-        "`led` encoder at 16K": ("3.13x", targets.MISSED),
-        "`led` encoder at 64K": ("1.62x", targets.MISSED),
-        "`lsg_norm` encoder at 4K": ("1.63x", targets.MISSED),
-    }
-    for start, (ratio, verdict) in expected.items():
-        measured, got = row(rows, start)
-        assert f"**{ratio}**" in measured and got == verdict, (start, measured, got)
+    assert_ratios(
+        rows,
+        {
+            "`locost` encoder at 16K": ("3.33x", targets.MISSED),
+            "`locost` encoder at 64K": ("3.85x", targets.MISSED),
+            "`lsg_norm` encoder at 16K": ("1.57x", targets.MISSED),
+            "`lsg_norm` encoder at 64K": ("1.56x", targets.MISSED),
+            "`led` encoder at 16K": ("3.13x", targets.MISSED),
+            "`led` encoder at 64K": ("1.62x", targets.MISSED),
+            "`lsg_norm` encoder at 4K": ("1.63x", targets.MISSED),
+        },
+    )
     assert row(rows, "`locost` fwd+bwd")[1] == targets.NOT_MEASURED  # train16k did not run
     assert row(rows, "`locost` fwd+bwd")[0] == "train16k: not run"
     assert row(rows, "HF BART")[1] == targets.SHOWN  # extra4k's hf rows
