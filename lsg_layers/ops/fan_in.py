@@ -3,8 +3,8 @@ them one by one into the source.
 
 The whole-tensor paths copy every query block's key set out of the keys with one ``index_select``
 (LSG: ``LSGSelfAttention._lsg_gathered``). Autograd's backward of that is ``index_add_``: every
-gathered row added into its source row, on a GPU with one atomic add per element (in bfloat16
-there, ~11x the time of the forward copy of the same bytes on an H200, ``benchmarks/flex_gpu_notes.md``).
+gathered row added into its source row, on a GPU with one atomic add per element, far slower there
+than the forward's copy of the same bytes (measured in ``benchmarks/flex_gpu_notes.md``).
 The index is the same for every call of a shape, so its transpose can be made once: for every
 source row the positions that read it (its *fan-in*, bounded by the pattern: 3 local windows for a
 token, a few sparse windows for a sparse entry). The backward is then a gather of those positions
