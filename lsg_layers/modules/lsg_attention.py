@@ -114,7 +114,8 @@ class LSGSelfAttention(PathChoice, nn.Module):
         # Source of randomness for the lsh projections; None -> torch's global RNG (reference).
         self.generator = generator
         self.has_sparse = self.sparsity_type != "none" and sparse_block_size > 0
-        self._cache: Dict[tuple, tuple] = {}  # per-length block index tables (_block_keys, _fan_in); not state
+        self._cache: Dict[tuple, Tuple[Tensor, Tensor]] = {}  # per-length block index tables (_block_keys); not state
+        self._fan_in_tables: Dict[tuple, Tensor] = {}  # their transposes (_fan_in), cleared with them
         # the gathered path's backward as each key row's readers summed (ops.fan_in) instead of
         # index_select's index_add_; None: off the CPU, where index_add_ is one atomic add an
         # element (a CPU adds them in order, and keeps its numbers: the demo trains there)
@@ -432,6 +433,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
         mask.masked_fill_(~valid, torch.finfo(dtype).min)
         if len(self._cache) > MAX_CACHED_BLOCK_TABLES:
             self._cache.clear()
+            self._fan_in_tables.clear()
         self._cache[cache_key] = (index.reshape(-1), mask)
         return self._cache[cache_key]
 
@@ -440,8 +442,8 @@ class LSGSelfAttention(PathChoice, nn.Module):
         (S + ns, R) the block positions that read each key row, the G global columns apart. R, the
         most readers a row has: 3 local windows for a token; for a sparse entry the before and after
         runs (sbs entries, one every step) that hold it, at most 2 * ceil(sbs / step)."""
-        cache_key = ("fan_in", nb, ns, S, str(device), dtype)
-        cached = self._cache.get(cache_key)
+        cache_key = (nb, ns, S, str(device), dtype)
+        cached = self._fan_in_tables.get(cache_key)
         if cached is not None:
             return cached
         index, mask = self._block_keys(nb, ns, S, device, dtype)
@@ -450,5 +452,5 @@ class LSGSelfAttention(PathChoice, nn.Module):
             step = self.block_size // self.sparsity_factor
             width = max(width, 2 * -(-self.sparse_block_size // step))
         table = fan_in_ops.fan_in_table(index.view(nb, -1), mask == 0, S + ns, self.num_global_tokens, width)
-        self._cache[cache_key] = table
+        self._fan_in_tables[cache_key] = table
         return table
