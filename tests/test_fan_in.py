@@ -1,10 +1,12 @@
 """ops.fan_in: rows gathered by a fixed index, whose backward sums each row's readers (no atomic
-adds), against ``index_select``'s own backward and a table made by hand; and LSG's gathered path
-with it, against the same path with ``index_select`` (every sparsity type, padding, globals)."""
+adds), against ``index_select``'s own backward and a table made by hand; and LSG's and LED's
+gathered paths with it, against the same paths with ``index_select`` (every LSG sparsity type,
+padding, globals; LED's per-row globals)."""
 
 import pytest
 import torch
 
+from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import LSGSelfAttention
 from lsg_layers.ops import fan_in
 
@@ -159,3 +161,66 @@ def test_the_layer_takes_the_fan_in_backward_off_the_cpu_only(monkeypatch):
     with torch.no_grad():
         layer(x, x, x)
     assert len(calls) == 2
+
+
+def test_shared_columns_per_group():
+    """Groups of blocks (LED: one per batch row) whose shared columns read their own rows: the
+    gradient is index_select's where the masked positions' gradient is zero."""
+    g = torch.Generator().manual_seed(7)
+    groups, per, K, num_rows, shared = 3, 4, 10, 30, 2
+    index = torch.randint(0, num_rows, (groups * per, K), generator=g)
+    heads = torch.randint(0, num_rows, (groups, shared), generator=g)
+    index[:, :shared] = heads.repeat_interleave(per, dim=0)
+    valid = torch.rand(groups * per, K, generator=g) > 0.3
+    valid[:, :shared] = True
+    width = int(torch.bincount(index[:, shared:][valid[:, shared:]], minlength=num_rows).max())
+    table = fan_in.fan_in_table(index, valid, num_rows, shared, width, groups=groups)
+    src = torch.randn(2, num_rows, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    upstream = torch.randn(2, index.numel(), 3, dtype=torch.float64, generator=g) * valid.reshape(1, -1, 1)
+    out = fan_in.gather_rows(src, index.reshape(-1), table, shared, groups * per, groups)
+    (ours,) = torch.autograd.grad(out, src, upstream)
+    (reference,) = torch.autograd.grad(src.index_select(1, index.reshape(-1)), src, upstream)
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-12)
+    with pytest.raises(RuntimeError, match="same rows in a group"):
+        fan_in.fan_in_table(index, valid, num_rows, shared, width, groups=1)
+
+
+@pytest.mark.parametrize("with_globals", [False, True])
+def test_led_gathered_path_gradients_equal_index_selects(with_globals, monkeypatch):
+    """LED's whole-tensor path (a window spanning neighbouring blocks, two rows, one padded,
+    different global positions per row) with the fan-in backward against index_select's,
+    float64: the same outputs bit for bit, every gradient within 1e-12. The loss reads no padding
+    row, as the model's does (a padding query whose keys are all masked spreads its weight over
+    them: the fan-in backward leaves that out)."""
+    T, n, C = 70, 2, 32
+    x0 = torch.randn(T, n, C, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    pad = torch.zeros(n, T, dtype=torch.bool)
+    pad[1, -9:] = True
+    glob = None
+    if with_globals:
+        glob = torch.zeros(n, T, dtype=torch.bool)
+        glob[0, [0, 17]] = True
+        glob[1, [3]] = True
+    calls = []
+    real = fan_in.gather_rows
+    monkeypatch.setattr(fan_in, "gather_rows", lambda *a: calls.append(1) or real(*a))
+    results = []
+    for fan in (False, True):
+        torch.manual_seed(0)
+        layer = LongformerSelfAttention(C, 4, 8).double()
+        layer.path = "whole"
+        layer.fan_in_backward = fan
+        x = x0.clone().requires_grad_(True)
+        out, _ = layer(x, x, x, key_padding_mask=pad, global_attention_mask=glob)
+        assert layer.ran == "whole"
+        inputs = [x] + list(layer.parameters())
+        not_pad = (~pad).t()[:, :, None].double()  # (T, n, 1)
+        grads = torch.autograd.grad((out * out.detach().cos() * not_pad).sum(), inputs, allow_unused=True)
+        results.append((out, grads))
+        assert len(calls) == (2 if fan else 0)  # keys and values, once each
+    (out_a, grads_a), (out_b, grads_b) = results
+    assert torch.equal(out_a, out_b)
+    for a, b in zip(grads_a, grads_b):
+        assert (a is None) == (b is None) and (a is None) == (not with_globals and b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from lsg_layers.modules.padded_projection import padded_projection
 from lsg_layers.modules.paths import CPU, FLEX, PathChoice
+from lsg_layers.ops import fan_in as fan_in_ops
 from lsg_layers.ops import flex
 from lsg_layers.ops import window_attention as wa
 from lsg_layers.ops.blocks import (
@@ -174,6 +175,9 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         self._block_size = block_size  # None: follow the window
         self.set_attention_window(attention_window)
         self.dropout = dropout
+        # the whole path's gathers' backward as each key row's readers summed (ops.fan_in.wanted:
+        # None, off the CPU, where index_select's index_add_ is one atomic add an element)
+        self.fan_in_backward: Optional[bool] = None
 
         # local projections keep BART's names, so BART weights load without renaming
         self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
@@ -259,7 +263,12 @@ class LongformerSelfAttention(PathChoice, nn.Module):
             real, glob, g_idx, g_valid = self._batch_rows(query, key_padding_mask, global_attention_mask, global_index)
             plans[plan_key] = self._whole_plan(real, glob, g_idx, g_valid, t, bs, r, q.dtype)
         plan = plans[plan_key]
-        out = self._local(q, k, v, plan, bs)  # (n, t, C)
+        table = None
+        if r and fan_in_ops.wanted(self.fan_in_backward, k):  # r >= 1: block 0 has masked keys (the zero slot)
+            if plan_key + ("fan_in",) not in plans:  # the plan's index transposed, once per forward
+                plans[plan_key + ("fan_in",)] = self._fan_in(plan, n, t, bs, r)
+            table = plans[plan_key + ("fan_in",)]
+        out = self._local(q, k, v, plan, bs, table)  # (n, t, C)
         if plan.g_idx is not None:
             out = self._global_rows(x, out, plan.g_idx, plan.outside, plan.rows)
         out = out.transpose(0, 1)[:T]  # (T, n, C): drop the internal padding
@@ -350,22 +359,39 @@ class LongformerSelfAttention(PathChoice, nn.Module):
         out = flex.flex_attention(q, k, v, block_masks[tables], scale=d**-0.5)  # (n, h, T, d)
         return out.transpose(1, 2).reshape(n, T, C)
 
-    def _local(self, q, k, v, plan: WholePlan, bs: int) -> Tensor:
+    def _local(self, q, k, v, plan: WholePlan, bs: int, table: Optional[Tensor] = None) -> Tensor:
         """Every query against its window and the row's global keys (local projections), in blocks
-        of ``bs`` queries whose keys and mask ``plan`` (:meth:`_whole_plan`) holds."""
+        of ``bs`` queries whose keys and mask ``plan`` (:meth:`_whole_plan`) holds; ``table``
+        (:meth:`_fan_in`): the gathers' backward without atomic adds."""
         n, t, h, d = q.shape
         nb = t // bs
         flat, mask = plan.flat, plan.mask
         Kn = flat.numel() // (n * nb)
         # one gather over the flattened (row, token) axis: rows have different global positions
-        keys = k.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
-        values = v.reshape(n * t, h, d).index_select(0, flat).view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
+        if table is None:
+            keys, values = k.reshape(n * t, h, d).index_select(0, flat), v.reshape(n * t, h, d).index_select(0, flat)
+        else:
+            Gm = 0 if plan.g_idx is None else plan.g_idx.size(1)
+            keys = fan_in_ops.gather_rows(k.reshape(1, n * t, h, d), flat, table, Gm, n * nb, n)
+            values = fan_in_ops.gather_rows(v.reshape(1, n * t, h, d), flat, table, Gm, n * nb, n)
+        keys = keys.view(n * nb, Kn, h, d).transpose(1, 2)  # (n*nb, h, Kn, d)
+        values = values.view(n * nb, Kn, h, d).transpose(1, 2)
 
         queries = q.view(n * nb, bs, h, d).transpose(1, 2)  # (n*nb, h, bs, d)
         out = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
         )  # (n*nb, h, bs, d)
         return out.transpose(1, 2).reshape(n, t, h * d)  # (n, t, C)
+
+    def _fan_in(self, plan: WholePlan, n: int, t: int, bs: int, r: int) -> Tensor:
+        """``plan.flat`` transposed for ``ops.fan_in.gather_rows``' backward: (n*t, 2r+1) the block
+        positions that read each token (a token is in 2r+1 blocks' windows; a key no query of its
+        block may see is left out), each row's globals, read by all its blocks, apart."""
+        nb = t // bs
+        Kn = plan.flat.numel() // (n * nb)
+        seen = plan.mask.eq(0).any(dim=2).view(n * nb, Kn)  # a key some query of the block may see
+        Gm = 0 if plan.g_idx is None else plan.g_idx.size(1)
+        return fan_in_ops.fan_in_table(plan.flat.view(n * nb, Kn), seen, n * t, Gm, 2 * r + 1, groups=n)
 
     def _whole_plan(self, real, glob, g_idx, g_valid, t: int, bs: int, r: int, dtype) -> WholePlan:
         """The whole-tensor path's plan (:class:`WholePlan`) for blocks of ``bs`` over ``t`` (T

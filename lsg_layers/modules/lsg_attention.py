@@ -116,9 +116,8 @@ class LSGSelfAttention(PathChoice, nn.Module):
         self.has_sparse = self.sparsity_type != "none" and sparse_block_size > 0
         self._cache: Dict[tuple, Tuple[Tensor, Tensor]] = {}  # per-length block index tables (_block_keys); not state
         self._fan_in_tables: Dict[tuple, Tensor] = {}  # their transposes (_fan_in), cleared with them
-        # the gathered path's backward as each key row's readers summed (ops.fan_in) instead of
-        # index_select's index_add_; None: off the CPU, where index_add_ is one atomic add an
-        # element (a CPU adds them in order, and keeps its numbers: the demo trains there)
+        # the gathered path's backward as each key row's readers summed (ops.fan_in.wanted: None,
+        # off the CPU, where index_select's index_add_ is one atomic add an element)
         self.fan_in_backward: Optional[bool] = None
 
         # BART names, so BART / HF LSG-BART weights load without renaming.
@@ -374,10 +373,7 @@ class LSGSelfAttention(PathChoice, nn.Module):
 
         index, static_mask = self._block_keys(nb, ns, S, q.device, q.dtype)  # (nb*Kn,), (nb, Kn)
         Kn = static_mask.size(1)
-        fan_in = self.fan_in_backward
-        if fan_in is None:
-            fan_in = q.device.type != "cpu"
-        if fan_in and torch.is_grad_enabled() and (src_k.requires_grad or src_v.requires_grad):
+        if fan_in_ops.wanted(self.fan_in_backward, src_k):
             table = self._fan_in(nb, ns, S, q.device, q.dtype)
             keys = fan_in_ops.gather_rows(src_k, index, table, G, nb)
             values = fan_in_ops.gather_rows(src_v, index, table, G, nb)

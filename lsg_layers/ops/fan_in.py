@@ -10,27 +10,39 @@ source row the positions that read it (its *fan-in*, bounded by the pattern: 3 l
 token, a few sparse windows for a sparse entry). The backward is then a gather of those positions
 and a sum over them: plain copies and one reduction, no atomics, and the same bits in every run.
 
-Glossary: B blocks, K positions a block (its key set), P = B * K positions in all, N source rows,
-R the largest fan-in (the table's width). A block's first ``shared`` positions read source rows
-``0 .. shared - 1`` in every block (LSG's global tokens: a fan-in of B); their gradient is a sum
-over the blocks, kept out of the table. Positions the caller masks (``valid`` False: padding,
-out-of-range keys) are left out of the backward: a masked key has softmax weight exactly 0, so its
-gradient is exactly 0 (``tests/test_fan_in.py`` shows it through the attention); one of them fills
-the table where a row has fewer readers than R, so that the backward reads no padded copy.
+Glossary: B blocks in ``groups`` groups of consecutive blocks (LED: one per batch row), K positions
+a block (its key set), P = B * K positions in all, N source rows, R the largest fan-in (the table's
+width). A block's first ``shared`` positions read the same source rows in every block of its group
+(the global tokens: a fan-in of B / groups); their gradient is a sum over the group's blocks, added
+to those few rows, and kept out of the table. Positions the caller masks (``valid`` False: padding,
+out-of-range keys) are left out of the backward: a masked key has softmax weight exactly 0 for a
+query that sees any key, so its gradient is exactly 0 (``tests/test_fan_in.py`` shows it through
+the attention). A query that sees none (a padding row of LED, or of LSG without global tokens)
+spreads its weight over masked keys, but the model reads no padding row's output, so no gradient
+comes back through one. A masked position fills the table where a row has fewer readers than R,
+so that the backward reads no padded copy.
 """
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 
-def fan_in_table(index: Tensor, valid: Tensor, num_rows: int, shared: int, width: int) -> Tensor:
+def wanted(setting: Optional[bool], keys: Tensor) -> bool:
+    """Whether a layer's gathers take :func:`gather_rows`: ``setting`` (its ``fan_in_backward``)
+    True or False, or None: off the CPU (a CPU adds in order, and keeps its numbers); and only
+    where a gradient will flow back to ``keys``."""
+    on = keys.device.type != "cpu" if setting is None else setting
+    return on and torch.is_grad_enabled() and keys.requires_grad
+
+
+def fan_in_table(index: Tensor, valid: Tensor, num_rows: int, shared: int, width: int, groups: int = 1) -> Tensor:
     """The positions reading each source row, for :func:`gather_rows`' backward.
 
     index, valid (B, K): the source row of every position of every block and whether it counts
-    (see the module's docstring; the first ``shared`` columns read rows 0 .. shared - 1 in every
-    block and are not in the table; at least one other position must be masked). Returns
+    (see the module's docstring; the first ``shared`` columns read the same rows in every block of
+    a group and are not in the table; at least one other position must be masked). Returns
     (num_rows, width) int64: the flattened positions (b * K + k) that read each row, then the first
     masked position (whose gradient is zero) up to ``width``. No host-device synchronisation: a
     broken precondition trips an asynchronous device assert.
@@ -56,35 +68,38 @@ def fan_in_table(index: Tensor, valid: Tensor, num_rows: int, shared: int, width
     table = zero.expand(num_rows + 1, width + 1).clone()
     table.index_put_((torch.where(keep, rows, num_rows), torch.where(keep, slot, width)), pos)
     if shared:
-        head = index[:, :shared] == torch.arange(shared, device=device)
-        torch._assert_async(head.all(), "the shared columns must read rows 0 .. shared - 1 in every block")
+        head = index[:, :shared].reshape(groups, B // groups, shared)
+        torch._assert_async((head == head[:, :1]).all(), "the shared columns must read the same rows in a group")
     return table[:num_rows, :width].contiguous()
 
 
 class _GatherRows(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, src: Tensor, index: Tensor, table: Tensor, shared: int, blocks: int) -> Tensor:
-        ctx.save_for_backward(table)
-        ctx.shared, ctx.blocks = shared, blocks
+    def forward(ctx, src: Tensor, index: Tensor, table: Tensor, shared: int, blocks: int, groups: int) -> Tensor:
+        ctx.save_for_backward(index, table)
+        ctx.shared, ctx.blocks, ctx.groups = shared, blocks, groups
         return src.index_select(1, index)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tuple[Tensor, None, None, None, None]:
-        (table,) = ctx.saved_tensors
+    def backward(ctx, grad: Tensor) -> Tuple[Tensor, None, None, None, None, None]:
+        index, table = ctx.saved_tensors
         n, P = grad.shape[:2]
         rest = grad.shape[2:]
         N, R = table.shape
         # each row's readers summed (accumulated in float32 by the reduction, rounded once)
         out = grad.index_select(1, table.view(-1)).view(n, N, R, *rest).sum(2)  # (n, N, ...)
         if ctx.shared:
-            blocks = grad.reshape(n, ctx.blocks, P // ctx.blocks, *rest)[:, :, : ctx.shared]
-            out.narrow(1, 0, ctx.shared).add_(blocks.sum(1))
-        return out, None, None, None, None
+            B, G, S = ctx.blocks, ctx.groups, ctx.shared
+            K = P // B
+            summed = grad.reshape(n, G, B // G, K, *rest)[:, :, :, :S].sum(2)  # (n, G, S, ...)
+            rows = index.view(G, B // G, K)[:, 0, :S].reshape(-1)  # (G*S,) the groups' shared rows
+            out.index_add_(1, rows, summed.reshape(n, G * S, *rest))
+        return out, None, None, None, None, None
 
 
-def gather_rows(src: Tensor, index: Tensor, table: Tensor, shared: int, blocks: int) -> Tensor:
+def gather_rows(src: Tensor, index: Tensor, table: Tensor, shared: int, blocks: int, groups: int = 1) -> Tensor:
     """``src.index_select(1, index)`` (src (n, N, ...), index (P,) = (blocks * K,) flattened), whose
     backward sums each row's readers from ``table`` (:func:`fan_in_table` of the same index) and
-    the ``shared`` columns over the blocks. The forward is the same copy; the gradient is
+    the ``shared`` columns over each group's blocks. The forward is the same copy; the gradient is
     ``index_select``'s where the masked positions' gradient is zero (as the attention makes it)."""
-    return _GatherRows.apply(src, index, table, shared, blocks)
+    return _GatherRows.apply(src, index, table, shared, blocks, groups)
