@@ -2,13 +2,15 @@
 them one by one into the source.
 
 The whole-tensor paths copy every query block's key set out of the keys with one ``index_select``
-(LSG: ``LSGSelfAttention._lsg_gathered``). Autograd's backward of that is ``index_add_``: every
-gathered row added into its source row, on a GPU with one atomic add per element, far slower there
-than the forward's copy of the same bytes (measured in ``benchmarks/flex_gpu_notes.md``).
+(``LSGSelfAttention._lsg_gathered``, ``LongformerSelfAttention._local``). Autograd's backward of
+that is ``index_add_``: every gathered row added into its source row, on a GPU with one atomic add
+per element, far slower there than the forward's copy of the same bytes (measured in
+``benchmarks/flex_gpu_notes.md``).
 The index is the same for every call of a shape, so its transpose can be made once: for every
 source row the positions that read it (its *fan-in*, bounded by the pattern: 3 local windows for a
 token, a few sparse windows for a sparse entry). The backward is then a gather of those positions
-and a sum over them: plain copies and one reduction, no atomics, and the same bits in every run.
+and a sum over them: plain copies and one reduction, and the same bits in every run (the only
+atomic adds left are the few global rows', each added once, or with zeros).
 
 Glossary: B blocks in ``groups`` groups of consecutive blocks (LED: one per batch row), K positions
 a block (its key set), P = B * K positions in all, N source rows, R the largest fan-in (the table's
