@@ -17,7 +17,9 @@
 #   4. forward+backward at 16K (one profiled step of each: profile_<arch>_train_16384.txt), and at
 #      64K with --checkpoint-activations;
 #   5. while time is left: LOCOST at 600K; LSG and LED on both GPU paths (whole tensors, what auto
-#      takes, and flex, forced) beside linear at 16K and 64K; one attention layer alone, eager, in a
+#      takes, and flex, forced) beside linear at 16K and 64K; the encoder layers compiled (run.py
+#      --compile-layers: linear, bart, lsg_norm, led, forward and forward+backward at 16K and 4K:
+#      how much of a row is the host's eager dispatch); one attention layer alone, eager, in a
 #      CUDA graph and compiled (benchmarks/layer_probe.py: launch-bound or not); LOCOST's convolution
 #      alone at 16K and 64K (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel
 #      generator at 16K, cached and not, beside bart; the flex kernel alone in variants at 16K
@@ -41,8 +43,8 @@ RESULTS=${RESULTS:-benchmarks/results}
 BUDGET_S=${BUDGET_S:-480}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths layerprobe convprobe fused16k
-flexprobe extra4k peers16k gen16k fused16k_tf32"
+ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths compiled16k compiled4k layerprobe
+convprobe fused16k flexprobe extra4k peers16k gen16k fused16k_tf32"
 # right or wrong, not fast or slow: these may share the GPU with other work (benchmarks/gpu_call.sh)
 UNTIMED_STAGES="conformance flex_grad train_smoke"
 selected=""
@@ -131,6 +133,7 @@ if [ "$DEV" = cuda ]; then
     probe=(--device cuda --length "$L16")
     conv=(--device cuda --lengths "$L16" "$L64")
     layer=(--device cuda --length "$L16" --variants model cuda_graph)  # the compiled row when time allows
+    COMPILED=(--compile-layers --modes enc train --arch linear bart lsg_norm led)
 elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --control-row --smoke --out "$work" --no-plots)
     conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
@@ -143,6 +146,9 @@ elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     layer=(--device cpu --length "$L16" --dim 64 --heads 4 --paths lsg_whole led_whole --variants model cuda_graph
            --warmup 0 --repeat 1)
     export RUNS="locost_tiny:fp16 lsg_bart_tiny:bf16"  # one of each precision (a CPU's float16 is slow)
+    # the plumbing only: the captured graphs run by eager kernels (generating a CPU's code for them
+    # takes a minute; tests/test_compiled_layers.py does that once)
+    COMPILED=(--compile-layers --compile-backend aot_eager --modes train --arch lsg_norm)
 else
     die "DEV=$DEV: expected cuda or cpu"
 fi
@@ -168,6 +174,9 @@ stage locost600k 60 "$PYTHON" "${bench[@]}" --tag locost600k --modes enc --lengt
     --repeat 1 --arch locost
 stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "${PATH_LENGTHS[@]}" \
     --arch "${PATH_ARCHS[@]}"
+# the layers compiled: does the host's dispatch set the pace? (batch 1: training at 16K, everything at 4K)
+stage compiled16k 120 "$PYTHON" "${bench[@]}" --tag compiled16k --lengths "$L16" --profile "${COMPILED[@]}"
+stage compiled4k 90 "$PYTHON" "${bench[@]}" --tag compiled4k --lengths "$L4" "${COMPILED[@]}"
 stage layerprobe 40 "$PYTHON" benchmarks/layer_probe.py "${layer[@]}" --profile-dir "$work" --out "$work/layerprobe.json"
 stage convprobe 40 "$PYTHON" benchmarks/conv_probe.py "${conv[@]}" --out "$work/convprobe.json"
 stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \

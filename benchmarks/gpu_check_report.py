@@ -9,7 +9,7 @@ Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, st
 ``flexprobe.json`` and ``convprobe.json`` (+ ``.md``),
 ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
 JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``paths``, ``extra4k``,
-``peers16k``, ``gen16k``, ``locost600k``).
+``peers16k``, ``gen16k``, ``locost600k``, ``compiled16k``, ``compiled4k``).
 
     python benchmarks/gpu_check_report.py --work benchmarks/results/gpu_check --out benchmarks/results/cuda
     python benchmarks/gpu_check_report.py --work R/gpu_check --out R/cuda --plot   # here, with the figures
@@ -36,6 +36,8 @@ BENCH_STAGES = (
     ("peers16k", "5d. The HF peers at 16K"),
     ("gen16k", "5e. Generation (beam 4, 128 new tokens, encoder included)"),
     ("locost600k", "5f. LOCOST at the paper's longest inputs"),
+    ("compiled16k", "5g. The encoder layers compiled (run.py --compile-layers), 16K"),
+    ("compiled4k", "5g'. The encoder layers compiled, 4K"),
 )
 # the probes' sections: (stage, the benchmark stage they follow, title); their tables are their own .md
 PROBES = (
@@ -143,6 +145,16 @@ def bench_tables(records) -> str:
                     f"{r['arch']} {r['length']:,} {1e3 * r['median_s']:.3g} -> {1e3 * r['control']['median_s']:.3g} ms "
                     f"(**{r['control']['ratio']:.2f}x**)"
                     for r in controls
+                )
+            )
+        compared = [r for r in ok.values() if "compiled_vs_eager" in r]
+        if compared:
+            out.append(
+                "\nThe compiled encoder's output against the same model's eager one, on the device measured "
+                "(max |difference| / max |eager|): "
+                + ", ".join(
+                    f"{r['arch']} {r['length']:,} {r['compiled_vs_eager']:.1e}"
+                    for r in sorted(compared, key=lambda r: (r["length"], _order(r["arch"])))
                 )
             )
         splits = [r for r in rs if "ssm_share" in r and r["status"] == "ok"]

@@ -54,6 +54,11 @@ variants and the HF peers built here.
 (``lsg_layers.modules.paths``; default ``auto``: whole tensors on GPU, the CPU paths on CPU), e.g.
 to time the whole-tensor paths on a CPU.
 
+``--compile-layers`` compiles the encoder layers of the fairseq archs (``bart``, ``linear``, LSG,
+LED: ``lsg_fairseq.models.compiled_layers``; LOCOST and the HF peers have no such layers and are
+recorded as failed): one static graph per length, compiled by the first warm-up call. Where a GPU's
+step waits on the host (batch 1), it measures how much of a row's time is the eager dispatch.
+
 Every time cell shows the ratio to ``bart`` and to ``linear`` at the same length and mode, every
 memory cell the same ratios of the peak above the weights, then the absolute peak. The report
 checks issue 13's targets (and the earlier issues' that still apply) from the CPU records; a GPU
@@ -102,6 +107,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 
 from lsg_fairseq.convert import families  # noqa: E402
 from lsg_fairseq.convert.registry import BenchRow, BenchSettings  # noqa: E402
+from lsg_fairseq.models.compiled_layers import compile_encoder_layers  # noqa: E402
 from lsg_text.errors import ConfigError, MissingFileError, UserError  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
 from lsg_text.fileio import atomic_outputs  # noqa: E402
@@ -283,6 +289,19 @@ def parse_args(argv=None):
         help="every fairseq arch with --checkpoint-activations (e.g. train at 64K; the HF peers are unchanged)",
     )
     p.add_argument(
+        "--compile-layers",
+        action="store_true",
+        help="the fairseq archs' encoder layers torch.compile'd, one static graph per length "
+        "(lsg_fairseq.models.compiled_layers; the first warm-up call compiles)",
+    )
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        choices=["inductor", "aot_eager"],
+        help="with --compile-layers: torch.compile's backend (aot_eager: the same graphs run by eager "
+        "kernels, no code generated: the CPU smoke's plumbing check)",
+    )
+    p.add_argument(
         "--one-process",
         action="store_true",
         help="all rows in one process, one after the other, instead of one each (spawned with "
@@ -373,13 +392,38 @@ def _built(arch, length, args):
     return model, dictionary, device
 
 
+def _compiled(model, arch, args):
+    """``model`` with its encoder layers compiled where ``--compile-layers`` asks (in place)."""
+    if args.compile_layers:
+        if arch in HF_ARCHS:
+            raise ValueError(f"{arch}: --compile-layers compiles the fairseq archs' encoder layers only")
+        compile_encoder_layers(model, dynamic=False, backend=args.compile_backend)
+    return model
+
+
+def _relative_diff(a, b) -> float:
+    """max |a - b| / max |b|, in float32."""
+    a, b = a.float(), b.float()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
 def measure(arch, mode, length, args, readings: bool = True) -> dict:
     """One row timed and, with ``readings``, profiled after (``take_readings``)."""
     model, dictionary, device = _built(arch, length, args)
     params = sum(p.numel() for p in model.parameters())
     with forced_path(model, ROWS[arch].layer_path or args.layer_path):
-        rec = measure_model(model, dictionary, arch, mode, length, args, device, readings)
+        # a compiled encoder's output against the eager one's, on the device measured (enc: no dropout)
+        eager = (
+            make_step(model, dictionary, mode, length, args, device)()
+            if args.compile_layers and mode == "enc"
+            else None
+        )
+        rec = measure_model(_compiled(model, arch, args), dictionary, arch, mode, length, args, device, readings)
         rec["layer_path"] = paths_ran(model)  # as the layers took it: cpu, whole, flex (None: no such layer)
+        if args.compile_layers:
+            rec["compiled_layers"] = True
+        if eager is not None:
+            rec["compiled_vs_eager"] = _relative_diff(make_step(model, dictionary, mode, length, args, device)(), eager)
     rec["params"] = params
     if device.type == "cuda":
         rec["device_name"] = torch.cuda.get_device_name(device)
@@ -409,6 +453,7 @@ def measure_readings(arch, mode, length, args) -> dict:
     """``take_readings`` of a row in a model built again, after one warm-up call (``--one-process``:
     every row of the process is timed before any is profiled)."""
     model, dictionary, device = _built(arch, length, args)
+    _compiled(model, arch, args)
     with forced_path(model, ROWS[arch].layer_path or args.layer_path):
         step = make_step(model, dictionary, mode, length, args, device)
         step()  # what the timed calls found built: LOCOST's cached spectra, compiled kernels

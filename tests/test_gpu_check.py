@@ -20,6 +20,8 @@ STAGES = [
     "train64k_ckpt",
     "locost600k",
     "paths",
+    "compiled16k",
+    "compiled4k",
     "layerprobe",
     "convprobe",
     "fused16k",
@@ -139,6 +141,11 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     assert benchmarks["train64k_ckpt"]["runs"][-1]["config"]["checkpoint_activations"]
     assert benchmarks["fused16k"]["runs"][-1]["config"]["locost_kernel_compile"]
     assert benchmarks["fused16k_tf32"]["runs"][-1]["config"]["locost_kernel_product"] == "tf32"
+    # the compiled stages: the layers compiled, and each record says so (one row on a CPU: its plumbing)
+    for tag in ("compiled16k", "compiled4k"):
+        (rec,) = benchmarks[tag]["records"]
+        assert rec["status"] == "ok" and rec["compiled_layers"] and (rec["arch"], rec["mode"]) == ("lsg_norm", "train")
+        assert benchmarks[tag]["runs"][-1]["config"]["compile_layers"]
     # the _flex rows force flex (forward only on a CPU: their training falls back to whole tensors)
     ran = {(r["arch"], r["mode"]): r["layer_path"] for r in benchmarks["paths"]["records"]}
     assert ran["led_flex", "enc"] == "flex" and ran["led_flex", "train"] == "whole"
@@ -210,7 +217,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
     sections = (tmp_path / "cuda.md").read_text().split("## 1. Conformance")[1]  # after the targets
     assert (
-        sections.count("not measured") == 1 + 1 + 1 + 3 + 10
+        sections.count("not measured") == 1 + 1 + 1 + 3 + 12
     )  # conformance, flex, smokes, the three probes, benchmarks
 
 

@@ -142,6 +142,26 @@ def test_the_first_stage_decides_even_when_the_second_disagrees(tmp_path):
     assert measured == "paths: 1.2 s / 1 s = **1.20x**" and verdict == targets.MET
 
 
+def test_the_compiled_stages_are_shown_and_never_judge(tmp_path):
+    """run.py --compile-layers' rows beside the eager ones: shown with their ratio, marked compiled;
+    the eager stage decides, and with no eager stage the target stays not measured."""
+    train = [rec("bart", "train", 16384, 0.0868), rec("lsg_norm", "train", 16384, 0.0792)]
+    write_stage(tmp_path, "train16k", train)
+    compiled = [dict(r, median_s=r["median_s"] / 2, compiled_layers=True, layer_path="whole") for r in train]
+    compiled[0]["median_s"] = 0.07
+    write_stage(tmp_path, "compiled16k", compiled)
+    measured, verdict = row(judged(str(tmp_path)), "`lsg_norm` fwd+bwd at 16K: time")
+    assert (
+        measured
+        == "train16k: 79.2 ms / 86.8 ms = **0.91x**; compiled16k (whole, compiled): 39.6 ms / 70 ms = **0.57x**"
+    )
+    assert verdict == targets.MISSED
+    os.remove(tmp_path / "train16k.json")
+    measured, verdict = row(judged(str(tmp_path)), "`lsg_norm` fwd+bwd at 16K: time")
+    assert measured.startswith("compiled16k (whole, compiled)") and "train16k: not run" in measured
+    assert verdict == targets.NOT_MEASURED
+
+
 def test_failed_cpu_and_absent_records_are_not_measured_and_say_why(tmp_path):
     write_stage(
         tmp_path,

@@ -196,7 +196,14 @@ class LongInputEncoderLayer(TransformerEncoderLayerBase):
         residual = x
         if self.normalize_before:
             x = self.final_layer_norm(x)
-        if lean and self.activation_dropout_module.p == 0 and not self.quant_noise:
+        # the FFN's own backward calls autograd.grad, which dynamo cannot trace; a compiled layer's
+        # backward recomputes the activation by itself (the partitioner recomputes pointwise ops)
+        if (
+            lean
+            and self.activation_dropout_module.p == 0
+            and not self.quant_noise
+            and not torch.compiler.is_compiling()
+        ):
             x = ffn_recompute_activation(x, self.fc1, self.fc2, self.activation_fn)
         else:
             x = self.fc2(self.activation_dropout_module(self.activation_fn(self.fc1(x))))

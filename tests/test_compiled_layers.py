@@ -1,0 +1,126 @@
+"""lsg_fairseq.models.compiled_layers: the encoder layers compiled are the same function as eager,
+whole graphs (no graph break), and the same parameters and state dict."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from conftest import build_task_and_model, toy_batch, write_toy_dict
+
+from lsg_fairseq.models.compiled_layers import compile_encoder_layers
+from lsg_layers.modules.paths import forced_path
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
+
+ARCH_FLAGS = {
+    "lsg_bart_tiny": ["--block-size", "8", "--sparse-block-size", "8", "--sparsity-factor", "2"],
+    "led_tiny": ["--attention-window", "8"],
+    "bart_tiny": [],
+}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_toy_dict(tmp_path_factory.mktemp("compiled_data"))
+
+
+def build(data_dir, arch, *flags):
+    argv = [data_dir, "--task", "long_document_summarization", "--arch", arch, "--dropout", "0"]
+    argv += ["--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2"]
+    argv += ["--max-source-positions", "512", "--max-target-positions", "64"] + ARCH_FLAGS[arch] + list(flags)
+    return build_task_and_model(argv)[1]
+
+
+def step(model, src, lengths, prev):
+    """(decoder output, {name: gradient}) of one training step."""
+    out, _ = model(src, lengths, prev)
+    out.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out.detach(), grads
+
+
+def compiled_against_eager(model, backend, steps=2):
+    """(eager step, compiled steps) of ``model`` on a padded batch of two, whole-tensor path with the
+    gathers' fan-in backward (the forms a GPU takes), and the graph breaks dynamo counted."""
+    from torch._dynamo.utils import counters
+
+    for m in model.modules():
+        if hasattr(m, "fan_in_backward"):
+            m.fan_in_backward = True  # ops.fan_in, as off the CPU
+    src, lengths, prev = toy_batch(L=60, lengths=(60, 41))
+    with forced_path(model, "whole"):
+        eager = step(model, src, lengths, prev)
+        counters.clear()
+        assert compile_encoder_layers(model, backend=backend) == len(model.encoder.layers)
+        compiled = [step(model, src, lengths, prev) for _ in range(steps)]  # the first one compiles
+    return eager, compiled, dict(counters["graph_break"])
+
+
+def assert_same_step(eager, compiled, atol, grad_atol, rtol=0.0):
+    out, grads = compiled
+    assert torch.allclose(out, eager[0], rtol=rtol, atol=atol), (out - eager[0]).abs().max()
+    assert grads.keys() == eager[1].keys()
+    for name, g in grads.items():
+        assert torch.allclose(g, eager[1][name], rtol=rtol, atol=grad_atol), (name, (g - eager[1][name]).abs().max())
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_FLAGS))
+def test_compiled_layers_trace_whole_and_train_as_the_eager_ones(arch, data_dir):
+    """The graphs dynamo captures (forward, and the backward AOTAutograd derives, with
+    --lean-activations' attention recompute), run by eager kernels (``aot_eager``): every layer one
+    graph, no break (LSG's and LED's caches are written inside the checkpointed attention), and
+    the same outputs and gradients as eager to float64 rounding; the state dict untouched."""
+    model = build(data_dir, arch).double().train()
+    assert all(getattr(layer, "lean", True) for layer in model.encoder.layers)
+    keys = list(model.state_dict())
+    eager, compiled, breaks = compiled_against_eager(model, "aot_eager")
+    assert not breaks, breaks
+    assert list(model.state_dict()) == keys
+    for one in compiled:
+        assert_same_step(eager, one, atol=1e-10, grad_atol=1e-9)
+
+
+def test_inductor_compiled_layers_train_as_the_eager_ones(data_dir):
+    """The backend a GPU runs, its kernels generated (here C++ for the CPU), in float32: equal to
+    float32 rounding. (In float64 they differ by ~4e-7: fairseq's gelu rounds through float32,
+    ``F.gelu(x.float()).type_as(x)``, a round trip the generated code leaves out.)"""
+    model = build(data_dir, "lsg_bart_tiny").train()
+    eager, compiled, breaks = compiled_against_eager(model, "inductor", steps=1)
+    assert not breaks, breaks
+    assert_same_step(eager, compiled[0], atol=1e-5, grad_atol=1e-6, rtol=1e-4)
+
+
+def test_compiled_layers_in_eval_as_the_eager_ones(data_dir):
+    model = build(data_dir, "led_tiny").double().eval()
+    src, lengths, _ = toy_batch(L=60, lengths=(60, 41))
+    with torch.no_grad(), forced_path(model, "whole"):
+        eager = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+        compile_encoder_layers(model, backend="aot_eager")
+        compiled = model.encoder(src, src_lengths=lengths)["encoder_out"][0]
+    assert torch.allclose(compiled, eager, atol=1e-10)
+
+
+def test_a_model_without_encoder_layers_is_refused(data_dir):
+    locost = torch.nn.Module()
+    locost.encoder = torch.nn.Module()  # LOCOST's encoder: blocks, no fairseq layers
+    with pytest.raises(ValueError, match="no encoder.layers to compile"):
+        compile_encoder_layers(locost)
+
+
+def test_the_compiled_checkpoint_replays_dropout():
+    """What the compiled lean layers rely on: a checkpointed region recomputed in backward draws
+    the forward's dropout mask again (the gradient is the kept positions' and only theirs)."""
+
+    def region(x, w):
+        return F.dropout(x, 0.5, True) * w
+
+    f = torch.compile(lambda x, w: checkpoint(region, x, w, use_reentrant=False))
+    torch.manual_seed(0)
+    x, w = torch.randn(2000, requires_grad=True), torch.randn(2000)
+    y = f(x, w)
+    y.sum().backward()
+    kept = y != 0
+    assert 0.4 < kept.float().mean() < 0.6
+    assert torch.equal(x.grad, kept * w / 0.5)
