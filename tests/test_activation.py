@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 from fairseq.modules.gelu import gelu as fairseq_gelu
 
 from conftest import TOY_LSG, build_task_and_model, load_script, toy_batch, write_toy_dict
@@ -51,7 +50,9 @@ def test_one_pass_off_the_cpu():
         one_pass_gelu(x)
     assert fp32.launches == 1
     big = (torch.randn(512, 3072, generator=torch.Generator().manual_seed(0)) * 4).half()
-    assert not _same(F.gelu(big), fairseq_gelu(big))  # why a CPU keeps fairseq's: its float16 kernel
+    # on a CPU the layers give fairseq's bits: F.gelu's float16 kernel rounds otherwise on some CPUs
+    # (an AMD EPYC of family 25) and not on others (an Intel Xeon, 2026-12-05), so which is not asserted
+    assert _same(one_pass_gelu(big), fairseq_gelu(big))
 
 
 def test_other_activations_are_fairseqs():
