@@ -412,18 +412,18 @@ def measure(arch, mode, length, args, readings: bool = True) -> dict:
     model, dictionary, device = _built(arch, length, args)
     params = sum(p.numel() for p in model.parameters())
     with forced_path(model, ROWS[arch].layer_path or args.layer_path):
-        # a compiled encoder's output against the eager one's, on the device measured (enc: no dropout)
-        eager = (
-            make_step(model, dictionary, mode, length, args, device)()
-            if args.compile_layers and mode == "enc"
-            else None
+        # a compiled encoder's output against the eager one's, on the device measured (enc: no dropout);
+        # the step calls the model's layers, compiled in place in between
+        encode = (
+            make_step(model, dictionary, mode, length, args, device) if args.compile_layers and mode == "enc" else None
         )
+        eager = encode() if encode else None
         rec = measure_model(_compiled(model, arch, args), dictionary, arch, mode, length, args, device, readings)
         rec["layer_path"] = paths_ran(model)  # as the layers took it: cpu, whole, flex (None: no such layer)
         if args.compile_layers:
             rec["compiled_layers"] = True
-        if eager is not None:
-            rec["compiled_vs_eager"] = _relative_diff(make_step(model, dictionary, mode, length, args, device)(), eager)
+        if encode:
+            rec["compiled_vs_eager"] = _relative_diff(encode(), eager)
     rec["params"] = params
     if device.type == "cuda":
         rec["device_name"] = torch.cuda.get_device_name(device)
