@@ -142,10 +142,13 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     assert benchmarks["fused16k"]["runs"][-1]["config"]["locost_kernel_compile"]
     assert benchmarks["fused16k_tf32"]["runs"][-1]["config"]["locost_kernel_product"] == "tf32"
     # the compiled stages: the layers compiled, and each record says so (one row on a CPU: its plumbing)
-    for tag in ("compiled16k", "compiled4k"):
+    # (the rows the host sets at batch 1: training at 16K, the encoder at 4K)
+    for tag, mode in (("compiled16k", "train"), ("compiled4k", "enc")):
         (rec,) = benchmarks[tag]["records"]
-        assert rec["status"] == "ok" and rec["compiled_layers"] and (rec["arch"], rec["mode"]) == ("lsg_norm", "train")
+        assert rec["status"] == "ok" and rec["compiled_layers"] and (rec["arch"], rec["mode"]) == ("lsg_norm", mode)
         assert benchmarks[tag]["runs"][-1]["config"]["compile_layers"]
+    # the compiled encoder's output against its eager one (aot_eager on a CPU: the same kernels)
+    assert benchmarks["compiled4k"]["records"][0]["compiled_vs_eager"] < 1e-2
     # the _flex rows force flex (forward only on a CPU: their training falls back to whole tensors)
     ran = {(r["arch"], r["mode"]): r["layer_path"] for r in benchmarks["paths"]["records"]}
     assert ran["led_flex", "enc"] == "flex" and ran["led_flex", "train"] == "whole"
