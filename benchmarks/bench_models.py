@@ -4,7 +4,7 @@
 - :class:`ProjectionsOnly`: the ``linear`` row's stand-in for an encoder self-attention;
 - :func:`build_hf_model`: HF transformers' own BART (SDPA) and LED of ``bart_base``'s sizes;
 - :func:`make_step` / :func:`make_hf_step`: the call of one mode (``enc``, ``train``, ``gen``) on a
-  seeded random input of one length, batch 1.
+  seeded random input of one length, ``--batch`` sequences of it (1 unless asked).
 
 Which fairseq arch and flags a benchmark row builds is the registry's (``run.build_model``).
 """
@@ -87,12 +87,13 @@ def build_hf_model(arch: str, length: int, args):
 def make_step(model, dictionary, mode, length, args, device):
     g = torch.Generator().manual_seed(0)
     n_special = dictionary.nspecial
-    src = torch.randint(n_special, len(dictionary), (1, length), generator=g)
+    batch = args.batch  # sequences of one length: no padding
+    src = torch.randint(n_special, len(dictionary), (batch, length), generator=g)
     if getattr(model, "prepend_bos", True):  # LOCOST: T5 sources have no <s>
-        src[0, 0] = dictionary.bos()
-    src[0, -1] = dictionary.eos()
+        src[:, 0] = dictionary.bos()
+    src[:, -1] = dictionary.eos()
     src = src.to(device)
-    lengths = torch.tensor([length], device=device)
+    lengths = torch.full((batch,), length, device=device)
     if not hasattr(model, "encoder"):  # an HF model (hf_bart, hf_led)
         return make_hf_step(model, dictionary, mode, src, args, g)
     if mode == "enc":
@@ -105,8 +106,8 @@ def make_step(model, dictionary, mode, length, args, device):
         return step
     if mode == "train":
         model.train()
-        tgt = torch.randint(n_special, len(dictionary), (1, args.target_len), generator=g).to(device)
-        tgt[0, -1] = dictionary.eos()
+        tgt = torch.randint(n_special, len(dictionary), (batch, args.target_len), generator=g).to(device)
+        tgt[:, -1] = dictionary.eos()
         prev = torch.cat([tgt[:, -1:], tgt[:, :-1]], dim=1)  # fairseq's shifted target (eos first)
 
         def step():
@@ -129,7 +130,7 @@ def make_step(model, dictionary, mode, length, args, device):
 
         def step():
             hyps = generator.generate([model], sample)
-            return hyps[0][0]["tokens"].numel() - 1  # new tokens of the best hypothesis (eos dropped)
+            return sum(h[0]["tokens"].numel() - 1 for h in hyps)  # new tokens of each best hypothesis (eos dropped)
 
         return step
     raise ValueError(mode)
@@ -152,7 +153,8 @@ def make_hf_step(model, dictionary, mode, src, args, g):
         return step
     if mode == "train":
         model.train()
-        tgt = torch.randint(dictionary.nspecial, len(dictionary), (1, args.target_len), generator=g).to(src.device)
+        tgt = torch.randint(dictionary.nspecial, len(dictionary), (src.size(0), args.target_len), generator=g)
+        tgt = tgt.to(src.device)
 
         def step():
             logits = model(**kwargs, decoder_input_ids=tgt).logits

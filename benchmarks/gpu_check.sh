@@ -19,7 +19,8 @@
 #   5. while time is left: LOCOST at 600K; LSG and LED on both GPU paths (whole tensors, what auto
 #      takes, and flex, forced) beside linear at 16K and 64K; the encoder layers compiled (run.py
 #      --compile-layers: linear, bart, lsg_norm, led, forward+backward at 16K and the encoder at 4K:
-#      how much of a row is the host's eager dispatch); one attention layer alone, eager, in a
+#      how much of a row is the host's eager dispatch); training at 16K with 4 sequences a call
+#      (run.py --batch: the device's pace); one attention layer alone, eager, in a
 #      CUDA graph and compiled (benchmarks/layer_probe.py: launch-bound or not); LOCOST's convolution
 #      alone at 16K and 64K (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel
 #      generator at 16K, cached and not, beside bart; the flex kernel alone in variants at 16K
@@ -43,8 +44,8 @@ RESULTS=${RESULTS:-benchmarks/results}
 BUDGET_S=${BUDGET_S:-480}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths compiled16k compiled4k layerprobe
-convprobe fused16k flexprobe extra4k peers16k gen16k fused16k_tf32"
+ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths compiled16k compiled4k train16k_b4
+layerprobe convprobe fused16k flexprobe extra4k peers16k gen16k fused16k_tf32"
 # right or wrong, not fast or slow: these may share the GPU with other work (benchmarks/gpu_call.sh)
 UNTIMED_STAGES="conformance flex_grad train_smoke"
 selected=""
@@ -134,6 +135,7 @@ if [ "$DEV" = cuda ]; then
     conv=(--device cuda --lengths "$L16" "$L64")
     layer=(--device cuda --length "$L16" --variants model cuda_graph)  # the compiled row when time allows
     COMPILED=(--compile-layers --arch linear bart lsg_norm led)
+    BATCHED=(--batch 4 --arch linear bart lsg_norm led)
 elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     bench=(benchmarks/run.py --device cpu --dtype bf16 --one-process --control-row --smoke --out "$work" --no-plots)
     conformance=(--device cpu --layer-path whole --families led --dtypes fp32 bf16)
@@ -149,6 +151,7 @@ elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     # the plumbing only: the captured graphs run by eager kernels (generating a CPU's code for them
     # takes a minute; tests/test_compiled_layers.py does that once)
     COMPILED=(--compile-layers --compile-backend aot_eager --arch lsg_norm)
+    BATCHED=(--batch 2 --arch lsg_norm led)
 else
     die "DEV=$DEV: expected cuda or cpu"
 fi
@@ -178,6 +181,9 @@ stage paths 60 "$PYTHON" "${bench[@]}" --tag paths --modes enc train --lengths "
 # the targets judge: training at 16K, the encoder at 4K (each row compiles its own graphs: no others)
 stage compiled16k 120 "$PYTHON" "${bench[@]}" --tag compiled16k --modes train --lengths "$L16" --profile "${COMPILED[@]}"
 stage compiled4k 90 "$PYTHON" "${bench[@]}" --tag compiled4k --modes enc --lengths "$L4" "${COMPILED[@]}"
+# training at 16K with several sequences a call: where the device, not the host, sets the pace (the
+# targets are at batch 1; these rows are shown, never judged)
+stage train16k_b4 40 "$PYTHON" "${bench[@]}" --tag train16k_b4 --modes train --lengths "$L16" "${BATCHED[@]}"
 stage layerprobe 40 "$PYTHON" benchmarks/layer_probe.py "${layer[@]}" --profile-dir "$work" --out "$work/layerprobe.json"
 stage convprobe 40 "$PYTHON" benchmarks/conv_probe.py "${conv[@]}" --out "$work/convprobe.json"
 stage fused16k 60 "$PYTHON" "${bench[@]}" --tag fused16k --modes enc train --lengths "$L16" --locost-kernel-compile \

@@ -8,8 +8,8 @@ Work folder: ``env.json`` (card, torch, commit, load), ``stages.tsv`` (stage, st
 ``conformance.json`` (+ ``.md``), ``flex_grad.json``, ``layerprobe.json``,
 ``flexprobe.json`` and ``convprobe.json`` (+ ``.md``),
 ``train_smoke/train_smoke.json``, and one ``benchmarks/run.py``
-JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``fused16k``, ``paths``, ``extra4k``,
-``peers16k``, ``gen16k``, ``locost600k``, ``compiled16k``, ``compiled4k``).
+JSON per benchmark stage (``enc``, ``train16k``, ``train64k_ckpt``, ``train16k_b4``, ``fused16k``, ``paths``,
+``extra4k``, ``peers16k``, ``gen16k``, ``locost600k``, ``compiled16k``, ``compiled4k``).
 
     python benchmarks/gpu_check_report.py --work benchmarks/results/gpu_check --out benchmarks/results/cuda
     python benchmarks/gpu_check_report.py --work R/gpu_check --out R/cuda --plot   # here, with the figures
@@ -28,6 +28,7 @@ BENCH_STAGES = (
     ("enc", "2. Encoder forward, no grad"),
     ("train16k", "4a. Forward + backward of the whole model"),
     ("train64k_ckpt", "4b. Forward + backward with --checkpoint-activations"),
+    ("train16k_b4", "4c. Forward + backward at 16K, several sequences a call (run.py --batch, 4 on a GPU)"),
     ("fused16k", "5a. LOCOST with the fused (torch.compile'd) kernel generator, cached and not"),
     ("fused16k_tf32", "5a'. LOCOST training with the fused generator's product in TF32 (--ssm-kernel-product)"),
     ("paths", "5b. LSG and LED on both GPU paths: whole tensors (auto) and flex (`_flex` rows, forced)"),
@@ -36,8 +37,8 @@ BENCH_STAGES = (
     ("peers16k", "5d. The HF peers at 16K"),
     ("gen16k", "5e. Generation (beam 4, 128 new tokens, encoder included)"),
     ("locost600k", "5f. LOCOST at the paper's longest inputs"),
-    ("compiled16k", "5g. The encoder layers compiled (run.py --compile-layers), 16K"),
-    ("compiled4k", "5g'. The encoder layers compiled, 4K"),
+    ("compiled16k", "5g. The encoder layers compiled (run.py --compile-layers), forward+backward at 16K"),
+    ("compiled4k", "5g'. The encoder layers compiled, the encoder at 4K"),
 )
 # the probes' sections: (stage, the benchmark stage they follow, title); their tables are their own .md
 PROBES = (

@@ -14,7 +14,8 @@ The rules:
   the target's order (the stage the issue names, then the others).
 - The row judged is the arch the issue names (``lsg_norm``: the path ``auto`` takes on the card);
   the ``paths`` stage's forced flex rows (``lsg_norm_flex``, ``led_flex``) are shown beside it.
-- Only records measured on a CUDA device count (the CPU smoke of ``gpu_check.sh`` judges nothing).
+- Only records measured on a CUDA device at batch 1 count (the CPU smoke of ``gpu_check.sh`` judges
+  nothing; ``run.py --batch`` rows show the device's pace and are not the targets').
 - The stages of ``run.py --compile-layers`` (``compiled16k``, ``compiled4k``) are shown beside a
   target and never judge it: the layers run eagerly unless a user compiles them.
 - "GB" is read as GiB, as in the earlier issues' targets (``benchmarks/report.py``).
@@ -33,6 +34,7 @@ GIB = 1024  # MiB
 RECORD_STAGES = (
     "enc",
     "train16k",
+    "train16k_b4",
     "paths",
     "extra4k",
     "peers16k",
@@ -69,10 +71,10 @@ RATIOS = (
     Ratio(32, "locost", "linear", "enc", L16, 3.0, ("enc",)),
     Ratio(32, "locost", "linear", "enc", L64, 3.0, ("enc",)),
     Ratio(32, "locost", "bart", "train", L16, 3.0, ("train16k",)),
-    Ratio(33, "lsg_norm", "linear", "enc", L16, 1.3, ("enc", "paths", "compiled16k")),
+    Ratio(33, "lsg_norm", "linear", "enc", L16, 1.3, ("enc", "paths")),
     Ratio(33, "lsg_norm", "linear", "enc", L64, 1.3, ("enc", "paths")),
     Ratio(33, "lsg_norm", "bart", "enc", L4, 1.0, ("extra4k", "compiled4k")),
-    Ratio(33, "led", "linear", "enc", L16, 1.5, ("enc", "paths", "compiled16k")),
+    Ratio(33, "led", "linear", "enc", L16, 1.5, ("enc", "paths")),
     Ratio(33, "led", "linear", "enc", L64, 1.5, ("enc", "paths")),
     Ratio(33, "lsg_norm", "bart", "train", L16, 0.7, ("train16k", "compiled16k")),
     Ratio(33, "led", "bart", "train", L16, 0.7, ("train16k", "compiled16k")),
@@ -115,9 +117,14 @@ def on_cuda(result) -> bool:
     return str(result.get("device", "")).startswith("cuda")
 
 
-def usable(r):
-    """Whether a record counts: measured, and on a CUDA device."""
+def measured(r):
+    """Whether a record holds a measurement on a CUDA device (what a prediction is judged by)."""
     return r is not None and r["status"] == "ok" and on_cuda(r)
+
+
+def usable(r):
+    """Whether a record counts for a target: measured on a CUDA device, at batch 1 (the issues')."""
+    return measured(r) and r.get("batch", 1) == 1
 
 
 def why_not(records, keys):
@@ -129,8 +136,10 @@ def why_not(records, keys):
             why.append(f"no {arch} {mode} {short_length(n)} record")
         elif r["status"] != "ok":
             why.append(f"{arch} {mode} {short_length(n)}: {r['status'][:60]}")
-        elif not usable(r):
+        elif not on_cuda(r):
             why.append(f"{arch} {mode} {short_length(n)} ran on {r.get('device')}")
+        elif not usable(r):
+            why.append(f"{arch} {mode} {short_length(n)} ran at batch {r['batch']}")
     return "; ".join(why)
 
 

@@ -32,7 +32,7 @@ def judge(work, predictions):
         records = by_stage.get(p["stage"])
         key = (p["arch"], p["mode"], p["length"])
         r = None if records is None else gpu_targets.record(records, *key)
-        if not gpu_targets.usable(r):
+        if not gpu_targets.measured(r):
             why = "not run" if records is None else gpu_targets.why_not(records, [key])
             out.append((p, f"{p['stage']}: {why}", NOT_MEASURED))
             continue

@@ -1,7 +1,8 @@
 """Long-input benchmark suite: full-attention BART vs LSG-BART vs LED vs LOCOST, base size.
 
 For every (length, mode, arch) one fresh process builds the model with random weights and measures,
-at batch 1 (on CPU the process is forked from this one, so imports are paid once; with ``--device
+at batch 1 (``--batch N``: N sequences of the length a call, no padding; each record names its batch)
+(on CPU the process is forked from this one, so imports are paid once; with ``--device
 cuda`` it is spawned, since CUDA cannot be used in a child forked from a process that touched it,
 and this process never touches CUDA: the device is described by a spawned probe):
 
@@ -68,7 +69,8 @@ Outputs ``<out>/<tag>.json``, ``<tag>.md`` (tables, growth exponents, target che
 ``<tag>_time.png`` / ``<tag>_memory.png`` (log-log), drawn by ``benchmarks/report.py``.
 ``--append`` merges into an existing JSON (e.g. a separate run of the long LOCOST lengths). A
 ``<tag>.json`` that is not run.py's (``gpu_check.sh`` writes ``cuda.json``), or that holds the other
-kind of figures (``--smoke`` beside measured), is refused before anything runs.
+kind of figures (``--smoke`` beside measured, or rows of another ``--batch`` to append to), is
+refused before anything runs.
 
     python benchmarks/run.py                                   # the default suite (CPU: ~70 min)
     python benchmarks/run.py --arch locost --modes enc --lengths 65536 262144 --warmup 0 --append
@@ -108,6 +110,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 from lsg_fairseq.convert import families  # noqa: E402
 from lsg_fairseq.convert.registry import BenchRow, BenchSettings  # noqa: E402
 from lsg_fairseq.models.compiled_layers import compile_encoder_layers  # noqa: E402
+from lsg_text.argtypes import int_range  # noqa: E402
 from lsg_text.errors import ConfigError, MissingFileError, UserError  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
 from lsg_text.fileio import atomic_outputs  # noqa: E402
@@ -225,6 +228,12 @@ def parse_args(argv=None):
     p.add_argument("--main-lsg", default="lsg_norm", help="the variant row (LSG arch) that runs every mode")
     p.add_argument(
         "--max-full-length", type=int, default=16384, help="longest input for full-attention bart (quadratic time)"
+    )
+    p.add_argument(
+        "--batch",
+        type=int_range(1),
+        default=1,
+        help="sequences in each call, all of one length (no padding); the issues' targets are at batch 1",
     )
     p.add_argument("--target-len", type=int, default=256, help="teacher-forced target tokens (train)")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per hypothesis (gen)")
@@ -583,13 +592,14 @@ def run_rows(rows, args):
         arch, mode, length, rec = message
         if (arch, mode, length) in untimed:
             untimed.remove((arch, mode, length))
-        yield dict({"arch": arch, "mode": mode, "length": length, "device": args.device}, **rec)
+        yield dict({"arch": arch, "mode": mode, "length": length, "device": args.device, "batch": args.batch}, **rec)
     for i, (arch, mode, length) in enumerate(untimed):
         yield {
             "arch": arch,
             "mode": mode,
             "length": length,
             "device": args.device,
+            "batch": args.batch,
             "status": status if i == 0 else f"not run: {status} in an earlier row",
         }
     if status is not None and not untimed:
@@ -605,7 +615,7 @@ def skipped(arch, length, args):
 
 
 def run_one(arch, mode, length, args) -> dict:
-    base = {"arch": arch, "mode": mode, "length": length, "device": args.device}
+    base = {"arch": arch, "mode": mode, "length": length, "device": args.device, "batch": args.batch}
     ctx = mp.get_context(start_method(args))
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, arch, mode, length, args))
@@ -725,6 +735,12 @@ def earlier_table(stem: str, args) -> tuple:
     if not args.report_only:
         held = {bool(run.get("config", {}).get("smoke")) for run in old["runs"]}
         refuse_mixed_figures(stem + ".json", held, args.smoke, args.append, "--smoke")
+        batches = sorted({run.get("config", {}).get("batch", 1) for run in old["runs"]} - {args.batch})
+        if args.append and batches:  # its rows would replace rows of the same arch, mode and length
+            raise ConfigError(
+                f"{stem}.json holds rows at batch {', '.join(map(str, batches))}, which a --batch {args.batch} run "
+                "would merge into: choose another --out or --tag"
+            )
     return (old["records"], old["runs"]) if args.append or args.report_only else ([], [])
 
 
@@ -778,7 +794,7 @@ def main(argv=None):
         if mode in modes_of(arch, length, args)
     ]
     skips = [
-        dict(arch=a, mode=m, length=n, device=args.device, status=skipped(a, n, args))
+        dict(arch=a, mode=m, length=n, device=args.device, batch=args.batch, status=skipped(a, n, args))
         for a, m, n in plan
         if skipped(a, n, args)
     ]

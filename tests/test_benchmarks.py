@@ -332,12 +332,14 @@ def test_report_only_renders_the_committed_cpu_json(tmp_path):
     assert rows["locost_cold"]["family"] == "locost" and rows["linear"]["family"] is None
 
 
-def _kind(smoke: bool, path):
-    """The committed CPU table, its runs marked as smoke runs or not."""
+def _kind(smoke: bool, path, batch=None):
+    """The committed CPU table, its runs marked as smoke runs or not (and run at ``batch``)."""
     with open(os.path.join(REPO_ROOT, "benchmarks", "results", "cpu.json")) as f:
         table = json.load(f)
     for run in table["runs"]:
         run.setdefault("config", {})["smoke"] = smoke
+        if batch is not None:
+            run["config"]["batch"] = batch
     path.write_text(json.dumps(table))
     return path.read_bytes()
 
@@ -352,6 +354,8 @@ def _kind(smoke: bool, path):
         ("measured", ["--smoke"], "holds measured figures, which a --smoke run would replace: choose another --out"),
         ("measured", ["--smoke", "--append"], "holds measured figures, which a --smoke run would merge into"),
         ("smoke", ["--append"], "holds --smoke figures, which a measured run would merge into: choose another --out"),
+        ("batch4", ["--append"], "holds rows at batch 4, which a --batch 1 run would merge into: choose another"),
+        ("batch4", ["--append", "--batch", "2"], "holds rows at batch 4, which a --batch 2 run would merge into"),
         (
             "none",
             ["--report-only"],
@@ -370,6 +374,8 @@ def test_a_table_of_another_kind_is_refused_before_anything_runs(tmp_path, capsy
     elif held == "truncated":
         before = _kind(False, table)[:1000]
         table.write_bytes(before)
+    elif held == "batch4":
+        before = _kind(False, table, batch=4)
     elif held != "none":
         before = _kind(held == "smoke", table)
     run = load("benchmarks/run.py", "bench_run")
@@ -739,6 +745,28 @@ def test_spawned_whole_tensor_and_hf_rows(tmp_path):
     assert set(records) == {"lsg_norm", "led", "locost", "hf_bart", "hf_led"}
     assert all(r["status"] == "ok" and r["median_s"] > 0 for r in records.values()), records
     assert result["runs"][-1]["layer_path"] == "whole"
+
+
+@pytest.mark.parametrize("arch", ["linear", "hf_led"])
+def test_batch_rows_run_several_sequences_a_call(run_module, arch, monkeypatch):
+    """``--batch N``: each call takes N sequences of the length (a fairseq row and an HF peer),
+    its record says so, and a generation row counts every sequence's new tokens."""
+    args = run_module.parse_args(["--smoke", "--arch", arch, "--batch", "3"])
+    shapes = []
+    monkeypatch.setattr(torch.nn.Embedding, "forward", _recording(torch.nn.Embedding.forward, shapes))
+    rec = run_module.measure(arch, "train", 256, args)
+    assert rec["median_s"] > 0 and (3, 256) in shapes
+    if arch == "linear":
+        (one,) = [r for r in run_module.run_rows([(arch, "gen", 256)], args) if r["status"] == "ok"]
+        assert one["batch"] == 3 and one["new_tokens"] == 3 * args.new_tokens
+
+
+def _recording(forward, shapes):
+    def wrapped(self, ids, *a, **kw):
+        shapes.append(tuple(ids.shape))
+        return forward(self, ids, *a, **kw)
+
+    return wrapped
 
 
 @pytest.mark.parametrize("arch", ["hf_bart", "hf_led", "locost"])

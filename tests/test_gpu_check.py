@@ -22,6 +22,7 @@ STAGES = [
     "paths",
     "compiled16k",
     "compiled4k",
+    "train16k_b4",
     "layerprobe",
     "convprobe",
     "fused16k",
@@ -132,6 +133,7 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
         "peers16k": {"hf_bart", "hf_led"},
         "paths": {"lsg_norm", "led", "led_flex"},  # on CUDA: linear and lsg_norm_flex too
         "fused16k": {"bart", "locost", "locost_cold"},
+        "train16k_b4": {"lsg_norm", "led"},  # on CUDA: linear and bart too, 4 sequences a call
     }
     for tag, archs in expected.items():
         records = benchmarks[tag]["records"]
@@ -139,6 +141,8 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
         config = benchmarks[tag]["runs"][-1]["config"]
         assert config["one_process"] and config["dtype"] == "bf16"
     assert benchmarks["train64k_ckpt"]["runs"][-1]["config"]["checkpoint_activations"]
+    assert all(r["batch"] == 2 for r in benchmarks["train16k_b4"]["records"])
+    assert all(r["batch"] == 1 for r in benchmarks["train16k"]["records"])
     assert benchmarks["fused16k"]["runs"][-1]["config"]["locost_kernel_compile"]
     assert benchmarks["fused16k_tf32"]["runs"][-1]["config"]["locost_kernel_product"] == "tf32"
     # the compiled stages: the layers compiled, and each record says so (one row on a CPU: its plumbing)
@@ -220,7 +224,7 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
     assert all(s["status"].startswith("not run: ") for s in result["stages"])
     sections = (tmp_path / "cuda.md").read_text().split("## 1. Conformance")[1]  # after the targets
     assert (
-        sections.count("not measured") == 1 + 1 + 1 + 3 + 12
+        sections.count("not measured") == 1 + 1 + 1 + 3 + 13
     )  # conformance, flex, smokes, the three probes, benchmarks
 
 

@@ -162,6 +162,17 @@ def test_the_compiled_stages_are_shown_and_never_judge(tmp_path):
     assert verdict == targets.NOT_MEASURED
 
 
+def test_rows_of_several_sequences_a_call_judge_no_target(tmp_path):
+    """The targets are at batch 1: a stage's rows at batch 4 (``run.py --batch``) are not a target's
+    reading, and say why; a prediction is judged by them all the same."""
+    write_stage(tmp_path, "train16k", [rec("bart", "train", 16384, 0.26, batch=4), rec("led", "train", 16384, 0.15)])
+    measured, verdict = row(judged(str(tmp_path)), "`led` fwd+bwd at 16K: time")
+    assert measured == "train16k: bart train 16K ran at batch 4" and verdict == targets.NOT_MEASURED
+    predictions = load_script("benchmarks/predictions.py", "predictions")
+    said = {"rows": [{"stage": "train16k", "arch": "bart", "mode": "train", "length": 16384, "ms": [230, 290]}]}
+    assert [verdict for _, _, verdict in predictions.judge(str(tmp_path), said)] == [predictions.HELD]
+
+
 def test_failed_cpu_and_absent_records_are_not_measured_and_say_why(tmp_path):
     write_stage(
         tmp_path,

@@ -24,8 +24,9 @@ def test_every_prediction_names_a_record_the_check_makes_and_a_range():
         assert p["stage"] in stages and p["mode"] in ("enc", "train", "gen"), p
         line = next(line for line in script.splitlines() if line.startswith(f"stage {p['stage']} "))
         block = script[script.index(line) :].split("\nstage ")[0]  # the stage's command, continuation lines too
-        if '"${COMPILED[@]}"' in block:  # the compiled stages: the GPU branch's array (its first)
-            block += " " + script.split("COMPILED=(")[1].split(")")[0]
+        for array in ("COMPILED", "BATCHED"):  # a stage's flags in an array: the GPU branch's (its first)
+            if f'"${{{array}[@]}}"' in block:
+                block += " " + script.split(f"{array}=(")[1].split(")")[0]
         archs = block.split("--arch")[1]
         if '"${PATH_ARCHS[@]}"' in archs:  # the paths stage: the archs of the GPU branch's array
             archs = script.split("PATH_ARCHS=(")[1].split(")")[0]
@@ -98,12 +99,12 @@ def test_the_report_judges_a_later_reading_not_the_one_the_predictions_came_from
 
 def test_an_earlier_reading_judged_by_the_current_predictions():
     """The second reading (49a7388) against the current predictions: a row of every stage it ran
-    found (it ran no `paths` and no compiled stages: those rows, and only those, are not measured); `extra4k`'s linear
-    encoder at 4K (1.82 ms) inside its range."""
+    found (it ran no `paths`, no compiled and no batched stages: those rows, and only those, are not
+    measured); `extra4k`'s linear encoder at 4K (1.82 ms) inside its range."""
     work = os.path.join(REPO_ROOT, "benchmarks", "results", "h200_49a7388", "gpu_check")
     judged = predictions.judge(work, predictions.load())
     missing = {p["stage"] for p, _, verdict in judged if verdict == "not measured"}
-    later = {"paths", "compiled16k", "compiled4k"}  # stages it did not run
+    later = {"paths", "compiled16k", "compiled4k", "train16k_b4"}  # stages it did not run
     assert missing <= later and all(m == f"{p['stage']}: not run" for p, m, _ in judged if p["stage"] in later)
     linear4k = next(m for p, m, v in judged if (p["stage"], p["arch"], p["mode"]) == ("extra4k", "linear", "enc"))
     assert linear4k == "1.82 ms"
