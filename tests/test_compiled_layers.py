@@ -52,6 +52,7 @@ def compiled_against_eager(model, backend, steps=2):
     src, lengths, prev = toy_batch(L=60, lengths=(60, 41))
     with forced_path(model, "whole"):
         eager = step(model, src, lengths, prev)
+        torch._dynamo.reset()  # no graph of an earlier test in this process (dynamic ones broke a trace)
         counters.clear()
         assert compile_encoder_layers(model, backend=backend) == len(model.encoder.layers)
         compiled = [step(model, src, lengths, prev) for _ in range(steps)]  # the first one compiles
