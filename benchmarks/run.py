@@ -592,19 +592,19 @@ def run_rows(rows, args):
         arch, mode, length, rec = message
         if (arch, mode, length) in untimed:
             untimed.remove((arch, mode, length))
-        yield dict({"arch": arch, "mode": mode, "length": length, "device": args.device, "batch": args.batch}, **rec)
+        yield dict(row_fields(arch, mode, length, args), **rec)
     for i, (arch, mode, length) in enumerate(untimed):
-        yield {
-            "arch": arch,
-            "mode": mode,
-            "length": length,
-            "device": args.device,
-            "batch": args.batch,
-            "status": status if i == 0 else f"not run: {status} in an earlier row",
-        }
+        yield dict(
+            row_fields(arch, mode, length, args), status=status if i == 0 else f"not run: {status} in an earlier row"
+        )
     if status is not None and not untimed:
         print(f"run.py: the profiled readings stopped ({status}); every row was timed", file=sys.stderr)
     proc.join()
+
+
+def row_fields(arch, mode, length, args) -> dict:
+    """What names a row in its record, whatever became of it: the row and how the run measured it."""
+    return {"arch": arch, "mode": mode, "length": length, "device": args.device, "batch": args.batch}
 
 
 def skipped(arch, length, args):
@@ -615,7 +615,7 @@ def skipped(arch, length, args):
 
 
 def run_one(arch, mode, length, args) -> dict:
-    base = {"arch": arch, "mode": mode, "length": length, "device": args.device, "batch": args.batch}
+    base = row_fields(arch, mode, length, args)
     ctx = mp.get_context(start_method(args))
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, arch, mode, length, args))
@@ -793,11 +793,7 @@ def main(argv=None):
         for arch in args.arch
         if mode in modes_of(arch, length, args)
     ]
-    skips = [
-        dict(arch=a, mode=m, length=n, device=args.device, batch=args.batch, status=skipped(a, n, args))
-        for a, m, n in plan
-        if skipped(a, n, args)
-    ]
+    skips = [dict(row_fields(a, m, n, args), status=skipped(a, n, args)) for a, m, n in plan if skipped(a, n, args)]
     plan = [(a, m, n) for a, m, n in plan if not skipped(a, n, args)]
     measured = run_rows(plan, args) if args.one_process else (run_one(*row, args) for row in plan)
     for rec in itertools.chain(skips, measured):  # each record written as soon as it comes
