@@ -4,7 +4,7 @@ For every (length, mode, arch) one fresh process builds the model with random we
 at batch 1 (``--batch N``: N sequences of the length a call, no padding; each record names its batch)
 (on CPU the process is forked from this one, so imports are paid once; with ``--device
 cuda`` it is spawned, since CUDA cannot be used in a child forked from a process that touched it,
-and this process never touches CUDA: the device is described by a spawned probe):
+and this process never touches CUDA: the device is described by a spawned probe; ``processes.py``):
 
 - ``enc``:   encoder forward, no grad (eval mode);
 - ``train``: forward + backward of the whole model, teacher-forced ``--target-len``-token target,
@@ -83,17 +83,13 @@ refused before anything runs.
 import argparse
 import dataclasses
 import datetime
-import gc
 import itertools
 import json
 import logging
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
-import traceback
-from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -111,14 +107,17 @@ from lsg_fairseq.convert import families  # noqa: E402
 from lsg_fairseq.convert.registry import BenchRow, BenchSettings  # noqa: E402
 from lsg_fairseq.models.compiled_layers import compile_encoder_layers  # noqa: E402
 from lsg_text.argtypes import int_range  # noqa: E402
-from lsg_text.errors import ConfigError, MissingFileError, UserError  # noqa: E402
+from lsg_text.errors import ConfigError, UserError  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
 from lsg_text.fileio import atomic_outputs  # noqa: E402
 from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
 from lsg_layers.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
 from report import MODES  # noqa: E402
 from bench_models import ProjectionsOnly, _Task, build_hf_model, make_dictionary, make_step  # noqa: E402
+import processes  # noqa: E402  (benchmarks/processes.py: where a row is measured)
+from processes import probe_device, row_fields, start_method  # noqa: E402,F401
 from readings import profile_table, read_peak, reset_peak, ssm_breakdown, sync  # noqa: E402
+from tables import read_table, refuse_mixed_figures  # noqa: E402
 
 logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
@@ -507,104 +506,20 @@ def measure_model(model, dictionary, arch, mode, length, args, device, readings:
     return rec
 
 
-def _child(conn, arch, mode, length, args):
-    conn.send(_attempt(measure, arch, mode, length, args))  # its own process: profiled after its timing
-    conn.close()
+def measures() -> processes.Measures:
+    """What a child process runs for a row: this module's functions as they are at the call (a
+    spawned child finds them by name)."""
+    return processes.Measures(measure, measure_readings, wants_readings)
 
 
-def _attempt(fn, *a, **kw) -> dict:
-    """``fn``'s record with status ok, or the failure as a status (the next row goes on)."""
-    try:
-        return dict(fn(*a, **kw), status="ok")
-    except Exception as e:  # noqa: BLE001  (reported in the results)
-        traceback.print_exc()
-        return {"status": f"failed: {type(e).__name__}: {str(e)[:300]}"}
-    finally:
-        gc.collect()
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
-
-
-def _child_rows(conn, rows, args):
-    """``_child`` for several rows, each record sent as soon as it is measured: every row timed
-    first, then the profiled readings of those that want them (``measure_readings``), each sent
-    again with its readings. A profiler with CUDA activity stays attached to the process after its
-    block (CUPTI is not torn down; pytorch/pytorch#144455) and slows every later launch: a row
-    timed after another row's profile waited on a slower host (LED's encoder at 16K on an H200:
-    16.5 ms after the profiles of the rows before it, 12.7 ms in a run without a profiler)."""
-    timed = {}
-    for row in rows:
-        timed[row] = _attempt(measure, *row, args, readings=False)
-        conn.send((*row, timed[row]))
-    first = rows[0] if rows else None
-    if args.control_row and len(rows) > 1 and timed[first]["status"] == "ok":
-        again = _attempt(measure, *first, args, readings=False)
-        if again["status"] == "ok":
-            timed[first] = dict(timed[first], control=control_of(timed[first], again))
-            conn.send((*first, timed[first]))
-    for row in rows:
-        if timed[row]["status"] == "ok" and wants_readings(*row, args):
-            extra = _attempt(measure_readings, *row, args)
-            if extra.pop("status") == "ok":
-                conn.send((*row, dict(timed[row], **extra)))
-    conn.send(None)  # the end: every row sent
-    conn.close()
-
-
-def control_of(first: dict, again: dict) -> dict:
-    """The first row timed again at the end of its process (``--control-row``): its times and its
-    median over the first timing's. One process's rows are compared with one another; a ratio away
-    from 1 says the host or the device ran at another pace between the first row and the last, so
-    that the rows' ratios hold less than their spread suggests."""
-    return {
-        "times_s": again["times_s"],
-        "median_s": again["median_s"],
-        "host_share": again["host_share"],
-        "ratio": again["median_s"] / first["median_s"],
-    }
+def run_one(arch, mode, length, args) -> dict:
+    """The record of one row, measured in a process of its own."""
+    return processes.run_one(measures(), arch, mode, length, args)
 
 
 def run_rows(rows, args):
-    """The records of ``rows`` [(arch, mode, length)] from one process (``--one-process``), as they
-    come: each row once timed, in order, then again with its profiled readings where it has any. A
-    row that times out or kills the process ends it, and it and the rows not timed yet say so (a
-    reading that does: the rows keep their times, without it)."""
-    ctx = mp.get_context(start_method(args))
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_rows, args=(send, rows, args))
-    proc.start()
-    send.close()
-    untimed = list(rows)
-    status = None
-    while True:
-        if not recv.poll(args.timeout):
-            proc.kill()
-            status = f"timeout after {args.timeout:.0f} s"
-            break
-        try:
-            message = recv.recv()
-        except EOFError:
-            proc.join()
-            status = f"died (exit code {proc.exitcode}; out of memory?)"
-            break
-        if message is None:
-            break
-        arch, mode, length, rec = message
-        if (arch, mode, length) in untimed:
-            untimed.remove((arch, mode, length))
-        yield dict(row_fields(arch, mode, length, args), **rec)
-    for i, (arch, mode, length) in enumerate(untimed):
-        yield dict(
-            row_fields(arch, mode, length, args), status=status if i == 0 else f"not run: {status} in an earlier row"
-        )
-    if status is not None and not untimed:
-        print(f"run.py: the profiled readings stopped ({status}); every row was timed", file=sys.stderr)
-    proc.join()
-
-
-def row_fields(arch, mode, length, args) -> dict:
-    """What names a row in its record, whatever became of it: the row and how the run measured it."""
-    return {"arch": arch, "mode": mode, "length": length, "device": args.device, "batch": args.batch}
+    """The records of ``rows`` [(arch, mode, length)], measured in one process (``--one-process``)."""
+    return processes.run_rows(measures(), rows, args)
 
 
 def skipped(arch, length, args):
@@ -612,65 +527,6 @@ def skipped(arch, length, args):
     if ROWS[arch].full_attention and length > args.max_full_length:
         return f"skipped: full attention beyond --max-full-length {args.max_full_length}"
     return None
-
-
-def run_one(arch, mode, length, args) -> dict:
-    base = row_fields(arch, mode, length, args)
-    ctx = mp.get_context(start_method(args))
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, arch, mode, length, args))
-    proc.start()
-    send.close()
-    rec = None
-    if recv.poll(args.timeout):
-        try:
-            rec = recv.recv()
-        except EOFError:
-            rec = None
-    if rec is None:
-        if proc.is_alive():
-            proc.kill()
-            rec = {"status": f"timeout after {args.timeout:.0f} s"}
-        else:
-            proc.join()
-            rec = {"status": f"died (exit code {proc.exitcode}; out of memory?)"}
-    proc.join()
-    return dict(base, **rec)
-
-
-def start_method(args) -> str:
-    """fork on CPU (imports paid once), spawn with CUDA (a forked child cannot use it)."""
-    if args.start_method != "auto":
-        return args.start_method
-    return "spawn" if args.device == "cuda" else "fork"
-
-
-def _probe(conn, device):
-    import torch  # noqa: F811  (the spawned child's own)
-
-    info = {
-        "available": device == "cpu" or torch.cuda.is_available(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-    }
-    if device == "cuda" and info["available"]:
-        info["name"] = torch.cuda.get_device_name()
-    conn.send(info)
-    conn.close()
-
-
-def probe_device(args) -> dict:
-    """What the device is, asked of a child process (this one must not initialise CUDA)."""
-    if args.device == "cpu":
-        return {"available": True, "name": "cpu", "torch": torch.__version__, "cuda": None}
-    ctx = mp.get_context(start_method(args))
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_probe, args=(send, args.device))
-    proc.start()
-    send.close()
-    info = recv.recv() if recv.poll(args.timeout) else {"available": False}
-    proc.join()
-    return info
 
 
 def modes_of(arch, length, args):
@@ -682,46 +538,6 @@ def modes_of(arch, length, args):
     if row.variant and arch != args.main_lsg:
         modes &= set(args.secondary_modes) | ({"train"} if length in (args.train_every_arch_at or ()) else set())
     return modes
-
-
-# what wrote a JSON of benchmarks/results, by a key only that writer's JSON has
-TABLE_WRITERS = {"records": "run.py's table", "stages": "gpu_check.sh's report", "speed": "int8.py's table"}
-
-
-def read_table(path: str, script: str, keys: tuple, report_only: bool) -> Optional[dict]:
-    """The table ``script`` (``run.py``, ``int8.py``) wrote at ``path``, None where there is none.
-    Refused (:class:`UserError`), before anything is measured or written: no file for
-    ``--report-only``, and a file that is not JSON or lacks any of ``keys`` (another writer's:
-    ``benchmarks/results/cuda.json`` is ``gpu_check.sh``'s report)."""
-    if not os.path.exists(path):
-        if report_only:
-            raise MissingFileError(
-                f"{path}: does not exist (--report-only redraws a table {script} wrote; --out and --tag name it)"
-            )
-        return None
-    try:
-        with open(path) as f:
-            old = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{path}: not {script}'s table (not JSON: {e.msg}, line {e.lineno}): choose another --out or --tag"
-        ) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not {script}'s table ({e}): choose another --out or --tag") from None
-    if not (isinstance(old, dict) and all(key in old for key in keys)):
-        found = [w for key, w in TABLE_WRITERS.items() if isinstance(old, dict) and key in old]
-        what = found[0] if found else "no " + " and ".join(keys)
-        raise ConfigError(f"{path}: not {script}'s table ({what}): choose another --out or --tag")
-    return old
-
-
-def refuse_mixed_figures(path: str, held_smoke: set, smoke: bool, append: bool, smoke_flag: str) -> None:
-    """Smoke figures (tiny models: ``smoke_flag``) never replace or join measured ones, nor measured
-    ones join smoke ones (``held_smoke``: whether each run of the table at ``path`` was a smoke run)."""
-    if (smoke and False in held_smoke) or (append and not smoke and True in held_smoke):
-        held, this = ("measured", smoke_flag) if smoke else (smoke_flag, "measured")
-        verb = "merge into" if append else "replace"
-        raise ConfigError(f"{path} holds {held} figures, which a {this} run would {verb}: choose another --out")
 
 
 def earlier_table(stem: str, args) -> tuple:
