@@ -28,6 +28,17 @@ class Measures(NamedTuple):
     wants_readings: Callable[..., bool]
 
 
+def _start_child(args, target, *target_args):
+    """(the parent's end of a pipe, the started child ``target(send_end, *target_args)``), the child
+    forked or spawned as :func:`start_method` says."""
+    ctx = mp.get_context(start_method(args))
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=target, args=(send, *target_args))
+    proc.start()
+    send.close()
+    return recv, proc
+
+
 def _child(conn, measures, arch, mode, length, args):
     conn.send(_attempt(measures.measure, arch, mode, length, args))  # its own process: profiled after its timing
     conn.close()
@@ -90,11 +101,7 @@ def run_rows(measures, rows, args):
     come: each row once timed, in order, then again with its profiled readings where it has any. A
     row that times out or kills the process ends it, and it and the rows not timed yet say so (a
     reading that does: the rows keep their times, without it)."""
-    ctx = mp.get_context(start_method(args))
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_rows, args=(send, measures, rows, args))
-    proc.start()
-    send.close()
+    recv, proc = _start_child(args, _child_rows, measures, rows, args)
     untimed = list(rows)
     status = None
     while True:
@@ -130,11 +137,7 @@ def row_fields(arch, mode, length, args) -> dict:
 
 def run_one(measures, arch, mode, length, args) -> dict:
     base = row_fields(arch, mode, length, args)
-    ctx = mp.get_context(start_method(args))
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, measures, arch, mode, length, args))
-    proc.start()
-    send.close()
+    recv, proc = _start_child(args, _child, measures, arch, mode, length, args)
     rec = None
     if recv.poll(args.timeout):
         try:
@@ -177,11 +180,7 @@ def probe_device(args) -> dict:
     """What the device is, asked of a child process (this one must not initialise CUDA)."""
     if args.device == "cpu":
         return {"available": True, "name": "cpu", "torch": torch.__version__, "cuda": None}
-    ctx = mp.get_context(start_method(args))
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_probe, args=(send, args.device))
-    proc.start()
-    send.close()
+    recv, proc = _start_child(args, _probe, args.device)
     info = recv.recv() if recv.poll(args.timeout) else {"available": False}
     proc.join()
     return info
