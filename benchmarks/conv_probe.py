@@ -15,7 +15,11 @@ base layer (H = 768, bf16 activations, batch 1) beside variants of the same math
   batches), the spectrum stored (F/2+1, H);
 - ``*_compiled``: ``torch.compile`` of each (the FFTs stay cuFFT calls; the copies, the product and
   the gate may fuse around them);
-- ``ffts_only``: the rfft and irfft of the (B, H, F) buffer and nothing else: the FFTs' own share.
+- ``ffts_only``: the rfft and irfft of the (B, H, F) buffer and nothing else: the FFTs' own share;
+- ``fp16_fft`` and ``ffts_only_fp16``: the same two with the FFTs in float16 (cuFFT's half
+  precision: powers of two only, half the bytes of every pass), the question at 64K, where two
+  float32 FFTs alone take more than the 3x target leaves the layer. A CPU has no half-precision FFT:
+  there these two run the same steps with float32 buffers (their rows say ``fft_dtype``).
 
 Each row: median milliseconds of ``--repeat`` calls (CUDA events after ``--warmup``; wall on CPU),
 the ratio to ``model``, and the largest difference from ``model``'s output relative to its largest
@@ -41,8 +45,18 @@ from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 
 # the rows that tell the most first (a probe cut off by its stage's limit keeps the rows it measured)
-VARIANTS = ["model", "ffts_only", "time_major", "time_major_compiled", "channel_major_compiled", "channel_major"]
-SAME_MATH = {"channel_major", "time_major", "channel_major_compiled", "time_major_compiled"}
+VARIANTS = [
+    "model",
+    "ffts_only",
+    "ffts_only_fp16",
+    "fp16_fft",
+    "time_major",
+    "time_major_compiled",
+    "channel_major_compiled",
+    "channel_major",
+]
+SAME_MATH = {"channel_major", "time_major", "channel_major_compiled", "time_major_compiled", "fp16_fft"}
+HALF_FFT = {"ffts_only_fp16", "fp16_fft"}
 TOLERANCE = 1e-2  # relative to the largest entry: bfloat16 rounding of the same float32 math
 
 
@@ -64,6 +78,29 @@ def time_major(k, q, spec_t, F: int):
     return (y[:, :L] * q).to(k.dtype)
 
 
+def half_spectrum(spec, F: int, fft_dtype):
+    """``spec`` (H, F/2+1) complex64 scaled by F^-1/2 for :func:`fp16_fft`, in ``fft_dtype``'s
+    complex type (complex32 for float16)."""
+    complex_dtype = torch.complex32 if fft_dtype == torch.float16 else torch.complex64
+    return (spec * F**-0.5).to(complex_dtype)
+
+
+def fp16_fft(k, q, spec_h, F: int, fft_dtype=torch.float16):
+    """:func:`channel_major` with the buffer and both FFTs in ``fft_dtype``; spec_h from
+    :func:`half_spectrum`.
+
+    float16 tops out at 65504 and an FFT's outputs are sums of F inputs, so both factors are scaled
+    by F^-1/2 before they meet an FFT: k on its way into the buffer, the spectrum once; the inverse
+    runs with ``norm="forward"`` (no 1/F), so y = (1/F) sum_f X_f Kf_f e^(...) comes out at its own
+    scale. (torch applies an FFT's ``norm`` after cuFFT has summed, so it cannot do the scaling.)
+    """
+    B, L, H = k.shape
+    xp = torch.zeros(B, H, F, dtype=fft_dtype, device=k.device)
+    xp[..., :L] = k.transpose(1, 2) * F**-0.5
+    y = torch.fft.irfft(torch.fft.rfft(xp) * spec_h, n=F, norm="forward")  # (B, H, F)
+    return (y[..., :L].transpose(1, 2).float() * q).to(k.dtype)
+
+
 def ffts_only(buf, F: int):
     return torch.fft.irfft(torch.fft.rfft(buf), n=F)
 
@@ -82,6 +119,9 @@ def probe_length(layer, L, args, device, dtype, on_row=None):
             )
         spec_t = spec.t().contiguous()
 
+    # float16 FFTs where cuFFT has them; a CPU runs the half-precision rows' steps in float32
+    fft_dtype = torch.float16 if device == "cuda" else torch.float32
+
     def variant(name):
         if name == "model":
             return lambda: layer._whole_gated_convolution(k, q, k, F)
@@ -97,10 +137,16 @@ def probe_length(layer, L, args, device, dtype, on_row=None):
         if name == "ffts_only":
             buf = torch.zeros(1, H, F, dtype=torch.float32, device=device)  # (B, H, F) as the layer's
             return lambda: ffts_only(buf, F)
+        if name == "ffts_only_fp16":
+            buf = torch.zeros(1, H, F, dtype=fft_dtype, device=device)
+            return lambda: ffts_only(buf, F)
+        if name == "fp16_fft":
+            spec_h = half_spectrum(spec, F, fft_dtype)
+            return lambda: fp16_fft(k, q, spec_h, F, fft_dtype)
         raise ValueError(name)
 
     def prepare(name):
-        return variant(name), {}
+        return variant(name), ({"fft_dtype": str(fft_dtype).split(".")[1]} if name in HALF_FFT else {})
 
     part = {"length": L, "fft_size": F, "rows": []}
     names = args.variants or VARIANTS
@@ -118,7 +164,10 @@ def markdown(result) -> str:
     ]
     for part in result["lengths"]:
         for r in part["rows"]:
-            head = f"| {part['length']:,} | {part['fft_size']:,} | {r['variant']} |"
+            label = r["variant"] + (
+                f" (FFTs in {r['fft_dtype']})" if r.get("fft_dtype", "float16") != "float16" else ""
+            )
+            head = f"| {part['length']:,} | {part['fft_size']:,} | {label} |"
             out.append(head + row_cells(r, TOLERANCE))
     return "\n".join(out) + "\n"
 

@@ -77,3 +77,44 @@ def test_the_probe_writes_every_length_to_its_table(tmp_path):
     md = (tmp_path / "c.md").read_text()
     assert "| 128 | 256 | model |" in md and "| 128 | 256 | time_major |" in md and "| 256 | 512 | time_major |" in md
     assert [p["length"] for p in json.loads(out.read_text())["lengths"]] == [128, 256]
+
+
+FP16_MAX = torch.finfo(torch.float16).max
+
+
+def test_the_fp16_rows_keep_every_fft_within_float16s_range(monkeypatch):
+    """fp16_fft's scaling (F^-1/2 on each side, the inverse unnormalized) keeps what enters and
+    leaves each FFT within float16's range at 64K tokens for a worst case (a constant k, whose DC
+    term sums every input), where channel_major's unscaled rfft does not: a CPU has no float16 FFT,
+    so the float32 run's largest values are the check."""
+    s4d, L, H = layer(4), 65536, 4
+    F = probe.next_fast_len(2 * L)
+    k, q = torch.full((1, L, H), 8.0), torch.ones(1, L, H)
+    seen = {}
+    for name in ("rfft", "irfft"):
+        real = getattr(torch.fft, name)
+
+        def traced(x, *a, name=name, real=real, **kw):
+            out = real(x, *a, **kw)
+            seen[name] = max(seen.get(name, 0.0), x.abs().max().item(), out.abs().max().item())
+            return out
+
+        monkeypatch.setattr(torch.fft, name, traced)
+    with torch.no_grad():
+        spec = s4d.whole_spectrum(F)
+        seen.clear()
+        half = probe.fp16_fft(k, q, probe.half_spectrum(spec, F, torch.float32), F, torch.float32)
+        assert 0 < max(seen.values()) < FP16_MAX / 8, seen  # headroom for k 8x larger still
+        seen.clear()
+        full = probe.channel_major(k, q, spec, F)
+        assert seen["rfft"] > FP16_MAX  # the unscaled sums would overflow float16
+    assert (half - full).abs().max() <= 1e-5 * full.abs().max()
+
+
+def test_the_fp16_rows_say_where_their_ffts_ran_in_float32():
+    part = probe.probe_length(
+        layer(), 128, args(variants=["model", "fp16_fft", "ffts_only_fp16"]), "cpu", torch.float32
+    )
+    assert [r.get("fft_dtype") for r in part["rows"]] == [None, "float32", "float32"]
+    md = probe.markdown(dict(channels=24, dtype="fp32", device="cpu", repeat=1, warmup=0, lengths=[part]))
+    assert "| fp16_fft (FFTs in float32) |" in md and "| model |" in md
