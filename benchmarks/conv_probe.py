@@ -1,29 +1,28 @@
-"""LOCOST's convolution alone, in variants: where its time goes on a GPU (issue 32; ``gpu_check.sh``
-stage ``convprobe``).
+"""LOCOST's S4D layer without autograd, in variants: where its time goes on a GPU (issue 32;
+``gpu_check.sh`` stage ``convprobe``).
 
-With the kernel spectra cached, the S4D layers of LOCOST's encoder spend most of their time in the
-convolution: 7.64 ms of 18.5 at 16K tokens on the second H200 reading (``fused16k``), where the
-issue's 3x-linear target leaves the SSM ~4.8 ms for all 12 layers. The whole-tensor path without
-autograd (``S4D._whole_gated_convolution``) copies k (B, L, H) into a zeroed (B, H, F) float32
-buffer (a transposing cast), runs rfft, the product with the cached spectrum in place, irfft, and
-one multiply that slices, transposes back, gates and casts. This script times that call on one
-base layer (H = 768, bf16 activations, batch 1) beside variants of the same math:
+With the kernel spectra cached, the S4D layers are most of LOCOST's encoder time on a GPU, and the
+convolution most of theirs (the fifth H200 reading, ``results/h200_3ad560a``: 3.06 ms a layer at
+64K, two float32 FFTs 1.93 of it; at 16K and 64K two strided element-wise kernels, the transposing
+copies into and out of the FFT buffer, 0.18 and 0.72 ms a layer). This script times one base layer
+(H = 768, bfloat16, batch 1), the three projections included, beside variants of the same math:
 
-- ``model``: the layer's own method, spectrum from its cache;
-- ``channel_major``: the same steps as a plain function (the reference of the compiled row);
-- ``time_major``: no transposes at all: a (B, F, H) buffer, FFTs along dim 1 (cuFFT's strided
-  batches), the spectrum stored (F/2+1, H);
-- ``*_compiled``: ``torch.compile`` of each (the FFTs stay cuFFT calls; the copies, the product and
-  the gate may fuse around them);
-- ``ffts_only``: the rfft and irfft of the (B, H, F) buffer and nothing else: the FFTs' own share;
-- ``fp16_fft`` and ``ffts_only_fp16``: the same two with the FFTs in float16 (cuFFT's half
-  precision: powers of two only, half the bytes of every pass), the question at 64K, where two
-  float32 FFTs alone take more than the 3x target leaves the layer. A CPU has no half-precision FFT:
-  there these two run the same steps with float32 buffers (their rows say ``fft_dtype``).
+- ``model``: the layer's own no-grad call (``S4D._whole_channel_major``: the projections write
+  k^T and q^T as (channels, tokens), so no copy transposes anything);
+- ``transposed``: the form it replaced and its reference (projections in (B, L, H), a transposing
+  cast into the (B, H, F) buffer, a transposing slice and gate back: ``S4D._whole_gated_convolution``
+  between ``_kq`` and ``_output``), timed in every reading up to the fifth as ``model``;
+- ``ffts_only``: the rfft and irfft of the (B, H, F) float32 buffer and nothing else;
+- ``fp16_fft`` and ``ffts_only_fp16``: ``model`` and ``ffts_only`` with the buffer and the FFTs
+  in float16 (cuFFT's half precision: powers of two only, half the bytes of every pass), the question
+  at 64K. A CPU has no half-precision FFT: there these two run the same steps with float32 buffers
+  (their rows say ``fft_dtype``).
 
 Each row: median milliseconds of ``--repeat`` calls (CUDA events after ``--warmup``; wall on CPU),
 the ratio to ``model``, and the largest difference from ``model``'s output relative to its largest
-entry (bfloat16 outputs: a last-bit flip is ~4e-3). A variant that fails records its error.
+entry (bfloat16 outputs: a last-bit flip is ~4e-3). A variant that fails records its error. (The
+third reading's compiled and time-major variants, slower than the eager form at both lengths, are
+in the history of this file.)
 
     python benchmarks/conv_probe.py --device cuda --lengths 16384 65536 --out /tmp/convprobe.json
     python benchmarks/conv_probe.py --device cpu --lengths 256 --channels 32 --out /tmp/c.json   # CI
@@ -45,37 +44,16 @@ from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 
 # the rows that tell the most first (a probe cut off by its stage's limit keeps the rows it measured)
-VARIANTS = [
-    "model",
-    "ffts_only",
-    "ffts_only_fp16",
-    "fp16_fft",
-    "time_major",
-    "time_major_compiled",
-    "channel_major_compiled",
-    "channel_major",
-]
-SAME_MATH = {"channel_major", "time_major", "channel_major_compiled", "time_major_compiled", "fp16_fft"}
+VARIANTS = ["model", "transposed", "ffts_only", "ffts_only_fp16", "fp16_fft"]
+SAME_MATH = {"transposed", "fp16_fft"}
 HALF_FFT = {"ffts_only_fp16", "fp16_fft"}
 TOLERANCE = 1e-2  # relative to the largest entry: bfloat16 rounding of the same float32 math
 
 
-def channel_major(k, q, spec, F: int):
-    """((K * k) + D k) q as the layer computes it: (B, L, H) in k's dtype; spec (H, F/2+1)."""
-    B, L, H = k.shape
-    xp = torch.zeros(B, H, F, dtype=torch.float32, device=k.device)
-    xp[..., :L] = k.transpose(1, 2)
-    y = torch.fft.irfft(torch.fft.rfft(xp) * spec, n=F)  # (B, H, F)
-    return (y[..., :L].transpose(1, 2) * q).to(k.dtype)
-
-
-def time_major(k, q, spec_t, F: int):
-    """The same with time as dim 1 throughout: no transposes; spec_t (F/2+1, H)."""
-    B, L, H = k.shape
-    xp = torch.zeros(B, F, H, dtype=torch.float32, device=k.device)
-    xp[:, :L] = k
-    y = torch.fft.irfft(torch.fft.rfft(xp, dim=1) * spec_t, n=F, dim=1)  # (B, F, H)
-    return (y[:, :L] * q).to(k.dtype)
+def transposed(layer, u, F: int):
+    """The layer's no-grad call as the fifth reading timed it: (B, L, H) projections, transposing copies."""
+    k, q = layer._kq(u, None)  # (B, L, H) each
+    return layer._output(layer._whole_gated_convolution(k, q, u, F))
 
 
 def half_spectrum(spec, F: int, fft_dtype):
@@ -85,20 +63,26 @@ def half_spectrum(spec, F: int, fft_dtype):
     return (spec * F**-0.5).to(complex_dtype)
 
 
-def fp16_fft(k, q, spec_h, F: int, fft_dtype=torch.float16):
-    """:func:`channel_major` with the buffer and both FFTs in ``fft_dtype``; spec_h from
-    :func:`half_spectrum`.
+def fp16_fft(layer, u, spec_h, F: int, fft_dtype=torch.float16):
+    """The layer's no-grad call (``S4D._whole_channel_major``, one chunk) with the buffer and both
+    FFTs in ``fft_dtype``; spec_h from :func:`half_spectrum`.
 
     float16 tops out at 65504 and an FFT's outputs are sums of F inputs, so both factors are scaled
     by F^-1/2 before they meet an FFT: k on its way into the buffer, the spectrum once; the inverse
     runs with ``norm="forward"`` (no 1/F), so y = (1/F) sum_f X_f Kf_f e^(...) comes out at its own
     scale. (torch applies an FFT's ``norm`` after cuFFT has summed, so it cannot do the scaling.)
     """
-    B, L, H = k.shape
-    xp = torch.zeros(B, H, F, dtype=fft_dtype, device=k.device)
-    xp[..., :L] = k.transpose(1, 2) * F**-0.5
-    y = torch.fft.irfft(torch.fft.rfft(xp) * spec_h, n=F, norm="forward")  # (B, H, F)
-    return (y[..., :L].transpose(1, 2).float() * q).to(k.dtype)
+    B, L, H = u.shape
+    ut = u.reshape(B * L, H).t()  # (H, B L) view
+    kt = torch.addmm(layer.k_proj.bias[:, None], layer.k_proj.weight, ut)  # (H, B L)
+    qt = torch.addmm(layer.q_proj.bias[:, None], layer.q_proj.weight, ut)
+    xp = torch.zeros(B, H, F, dtype=fft_dtype, device=u.device)
+    torch.mul(kt.view(H, B, L).transpose(0, 1), F**-0.5, out=xp[..., :L])
+    y = torch.fft.irfft(torch.fft.rfft(xp) * spec_h, n=F, norm="forward")[..., :L]  # (B, H, L)
+    gated = torch.empty(H, B * L, dtype=u.dtype, device=u.device)
+    torch.mul(y.float(), qt.view(H, B, L).transpose(0, 1), out=gated.view(H, B, L).transpose(0, 1))
+    w = layer.output_linear
+    return torch.addmm(w.bias, gated.t(), w.weight.t()).view(B, L, H)
 
 
 def ffts_only(buf, F: int):
@@ -106,10 +90,10 @@ def ffts_only(buf, F: int):
 
 
 def probe_length(layer, L, args, device, dtype, on_row=None):
+    """One length's rows; ``layer`` in ``dtype`` on ``device``, its projections plain ``nn.Linear``."""
     gen = torch.Generator().manual_seed(L)
     H = args.channels
-    k = torch.randn(1, L, H, generator=gen).to(device, dtype)
-    q = torch.randn(1, L, H, generator=gen).to(device, dtype)
+    u = torch.randn(1, L, H, generator=gen).to(device, dtype)
     F = next_fast_len(2 * L)
     with torch.no_grad():
         spec = layer.whole_spectrum(F)
@@ -117,32 +101,20 @@ def probe_length(layer, L, args, device, dtype, on_row=None):
             raise SystemExit(
                 f"conv_probe.py: error: the spectrum at {L:,} tokens does not fit the layer's cache budget"
             )
-        spec_t = spec.t().contiguous()
-
     # float16 FFTs where cuFFT has them; a CPU runs the half-precision rows' steps in float32
     fft_dtype = torch.float16 if device == "cuda" else torch.float32
 
     def variant(name):
         if name == "model":
-            return lambda: layer._whole_gated_convolution(k, q, k, F)
-        if name == "channel_major":
-            return lambda: channel_major(k, q, spec, F)
-        if name == "time_major":
-            return lambda: time_major(k, q, spec_t, F)
-        if name.endswith("_compiled"):
-            base = name[: -len("_compiled")]
-            fn = torch.compile(globals()[base], dynamic=False)
-            s = spec if base == "channel_major" else spec_t
-            return lambda: fn(k, q, s, F)
-        if name == "ffts_only":
-            buf = torch.zeros(1, H, F, dtype=torch.float32, device=device)  # (B, H, F) as the layer's
-            return lambda: ffts_only(buf, F)
-        if name == "ffts_only_fp16":
-            buf = torch.zeros(1, H, F, dtype=fft_dtype, device=device)
+            return lambda: layer._whole_channel_major(u, None, F)
+        if name == "transposed":
+            return lambda: transposed(layer, u, F)
+        if name in ("ffts_only", "ffts_only_fp16"):
+            buf = torch.zeros(1, H, F, dtype=torch.float32 if name == "ffts_only" else fft_dtype, device=device)
             return lambda: ffts_only(buf, F)
         if name == "fp16_fft":
             spec_h = half_spectrum(spec, F, fft_dtype)
-            return lambda: fp16_fft(k, q, spec_h, F, fft_dtype)
+            return lambda: fp16_fft(layer, u, spec_h, F, fft_dtype)
         raise ValueError(name)
 
     def prepare(name):
@@ -156,9 +128,9 @@ def probe_length(layer, L, args, device, dtype, on_row=None):
 
 def markdown(result) -> str:
     out = [
-        f"One S4D layer's convolution (H = {result['channels']}, {result['dtype']} activations, batch 1, "
-        f"spectra cached) on `{result['device']}`; median of {result['repeat']} calls after "
-        f"{result['warmup']}; diff: largest |difference| from `model` relative to its largest entry.\n",
+        f"One S4D layer without autograd, its projections included (H = {result['channels']}, "
+        f"{result['dtype']}, batch 1, spectra cached) on `{result['device']}`; median of {result['repeat']} "
+        f"calls after {result['warmup']}; diff: largest |difference| from `model` relative to its largest entry.\n",
         "| tokens | FFT size | variant | first call s | ms | x model | diff |",
         "|---:|---:|---|---:|---:|---:|---:|",
     ]
@@ -182,7 +154,7 @@ def main(argv=None):
     dtype, result = start_result(p, args, ("device", "channels", "dtype", "warmup", "repeat"))
     result["lengths"] = []
     torch.manual_seed(0)
-    layer = S4D(args.channels).to(args.device).eval()
+    layer = S4D(args.channels).to(args.device, dtype).eval()
     for i, L in enumerate(args.lengths):
 
         def on_row(part, i=i):

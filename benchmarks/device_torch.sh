@@ -13,8 +13,7 @@
 # Python stays this machine's (3.11; the GPU machine's is 3.12).
 #
 # Seen with torch 2.11 on this CPU and not with 2.13 (benchmarks/README, "Before a device call"):
-# conv_probe's time_major_compiled fails (2.11's CPU rfft strides; its CUDA branch follows cuFFT; the
-# test expects that there), and compiled flex on two threads sometimes ends in a segmentation fault
+# conv_probe's time_major_compiled failed (2.11's CPU rfft strides; a row since removed), and compiled flex on two threads sometimes ends in a segmentation fault
 # (gpu_check's flex_grad stage run alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 """How far float16 storage takes LOCOST's convolution from float64, emulated on a CPU (issue 32;
 ``conv_probe.py``'s ``fp16_fft`` row, whose speed and own error only a GPU measures).
 
-A CPU has no float16 FFT. This runs ``conv_probe.fp16_fft``'s steps in float32 and rounds to float16
+A CPU has no float16 FFT. This runs the convolution steps of ``conv_probe.fp16_fft`` in float32 and rounds to float16
 (complex: each part) wherever the card's float16 path stores a tensor: the scaled input buffer, the
 scaled spectrum, the rfft's output, the product, the irfft's output. What it leaves out is cuFFT's
 arithmetic inside its float16 passes, so it bounds the card's error from below, not above. Each row:

@@ -21,8 +21,8 @@
 #      --compile-layers: linear, bart, lsg_norm, led, forward+backward at 16K and the encoder at 4K:
 #      how much of a row is the host's eager dispatch); training at 16K with 4 sequences a call
 #      (run.py --batch: the device's pace); one attention layer alone, eager, in a
-#      CUDA graph and compiled (benchmarks/layer_probe.py: launch-bound or not); LOCOST's convolution
-#      alone at 16K and 64K (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel
+#      CUDA graph and compiled (benchmarks/layer_probe.py: launch-bound or not); LOCOST's S4D layer
+#      alone at 16K and 64K, in variants (benchmarks/conv_probe.py); LOCOST with the fused (compiled) kernel
 #      generator at 16K, cached and not, beside bart; the flex kernel alone in variants at 16K
 #      (benchmarks/flex_probe.py: which change moves it); 4K rows; hf_bart / hf_led at 16K;
 #      generation at 16K (beam 4); the fused generator's product in TF32 for training.
@@ -144,7 +144,7 @@ elif [ "$DEV" = cpu ]; then  # the CI smoke: every stage at tiny sizes
     # flex compiles per row and length on a CPU: one of each holds the stage
     PATH_LENGTHS=("$L16"); PATH_ARCHS=(lsg_norm led led_flex)
     probe=(--device cpu --eager --length 512 --heads 2 --head-dim 16 --warmup 0 --repeat 1 --variants model all_full)
-    conv=(--device cpu --lengths "$L16" --channels 32 --warmup 0 --repeat 1 --variants model time_major)
+    conv=(--device cpu --lengths "$L16" --channels 32 --warmup 0 --repeat 1 --variants model transposed)
     layer=(--device cpu --length "$L16" --dim 64 --heads 4 --paths lsg_whole led_whole --variants model cuda_graph
            --warmup 0 --repeat 1)
     export RUNS="locost_tiny:fp16 lsg_bart_tiny:bf16"  # one of each precision (a CPU's float16 is slow)

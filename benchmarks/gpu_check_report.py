@@ -48,7 +48,7 @@ PROBES = (
         "5b'. One attention layer alone: eager, a CUDA graph, compiled (benchmarks/layer_probe.py)",
     ),
     ("flexprobe", "paths", "5b''. The flex kernel alone, one change at a time (benchmarks/flex_probe.py)"),
-    ("convprobe", "fused16k", "5a''. LOCOST's convolution alone, in variants (benchmarks/conv_probe.py)"),
+    ("convprobe", "fused16k", "5a''. LOCOST's S4D layer alone, in variants (benchmarks/conv_probe.py)"),
 )
 ARCH_ORDER = (
     "linear",

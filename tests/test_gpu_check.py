@@ -97,9 +97,9 @@ def test_layer_probe_stage_times_the_layers(smoke):
 def test_conv_probe_stage_compares_the_variants(smoke):
     result, md = smoke
     rows = result["convprobe"]["lengths"][0]["rows"]
-    assert [(r["variant"], r["status"]) for r in rows] == [("model", "ok"), ("time_major", "ok")]
+    assert [(r["variant"], r["status"]) for r in rows] == [("model", "ok"), ("transposed", "ok")]
     assert rows[1]["diff"] <= 1e-2  # bf16 outputs of the same float32 math
-    assert "## 5a''. LOCOST's convolution alone" in md
+    assert "## 5a''. LOCOST's S4D layer alone" in md
 
 
 def test_conformance_stage_compares_with_the_references(smoke):

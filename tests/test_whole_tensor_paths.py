@@ -20,6 +20,7 @@ from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import LSGSelfAttention
 from lsg_layers.modules.lsg_config import SPARSITY_TYPES
 from lsg_layers.modules.paths import PathChoice, forced_path
+from lsg_layers.modules.precision import float32_region
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 from test_s4d import _direct_conv, _masked_batch, _perturbed_layer, _recurrent
@@ -67,6 +68,67 @@ def test_s4d_whole_path_equals_cpu_path_cached_cold_and_in_chunks(monkeypatch):
     with torch.no_grad():
         layer.path = "cpu"
         assert torch.allclose(shorter, layer(u[:, :33], mask[:, :33]), atol=1e-5)
+
+
+def _time_major(layer, u, mask, fft_size):
+    """The layer's no-grad whole call in its time-major form (the channel-major one's reference)."""
+    k, q = layer._kq(u, mask)
+    with float32_region(u):
+        gated = layer._whole_gated_convolution(k, q, u, fft_size)
+    return layer._output(gated)
+
+
+@pytest.mark.parametrize(
+    "dtype, autocast",
+    [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16), (torch.float16, None)],
+    ids=["fp32", "bf16", "bf16_autocast", "fp16"],
+)
+@pytest.mark.parametrize("chunks", [1, 3], ids=["one_chunk", "three_chunks"])
+def test_s4d_channel_major_equals_the_time_major_form(dtype, autocast, chunks, monkeypatch):
+    """The GPU's no-grad S4D call (projections writing k^T and q^T, no transposing copy) against
+    the time-major form it replaced, the same function in another layout: float32 to 1e-6, half
+    precision to its rounding; padding, a batch of two, the channels in one FFT chunk and in three."""
+    layer = _whole(_perturbed_layer(H=9, N=8)).eval()
+    u, mask = _masked_batch(9, 50, 31)
+    F = next_fast_len(100)
+    monkeypatch.setattr(s4d_module, "WHOLE_FFT_ELEMS", 2 * F * (9 // chunks))
+    if dtype == torch.float16:  # gated products past float16's range, clamped by both forms (within_fp16)
+        u = u * 3000
+        with torch.no_grad():
+            layer.output_linear.weight.mul_(1e-3)  # the projection of the clamped values stays finite
+    layer, u = layer.to(dtype), u.to(dtype)
+    with torch.no_grad(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        fast = layer(u, mask)
+        reference = _time_major(layer, u, mask, F)
+    assert fast.dtype == reference.dtype and fast.shape == u.shape
+    keep = ~mask[..., None]
+    tol = 1e-6 if fast.dtype == torch.float32 and autocast is None else 2e-2
+    diff = ((fast - reference).float() * keep).abs().max() / (reference.float() * keep).abs().max()
+    assert diff <= tol, diff
+    assert torch.isfinite(fast).all()
+    if dtype == torch.float16:  # without the clamp the same call overflows: the clamp was exercised
+        monkeypatch.setattr(s4d_module, "within_fp16", lambda x: x)
+        with torch.no_grad():
+            assert not torch.isfinite(layer(u, mask)).all()
+
+
+def test_s4d_whole_path_keeps_the_time_major_form_for_other_projections(monkeypatch):
+    class Scaled(nn.Linear):  # e.g. a quantized or wrapped projection: only its forward is known
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    layer = _whole(_perturbed_layer(H=8, N=8)).eval()
+    u, mask = _masked_batch(8, 40, 25)
+    with torch.no_grad():
+        plain = layer(u, mask)
+        wrapped = Scaled(8, 8)
+        wrapped.load_state_dict(layer.q_proj.state_dict())
+        layer.q_proj = wrapped
+        assert not layer._plain_projections()
+        doubled = layer(u, mask)  # the gate is linear in q: twice the gate, twice k's convolution
+    keep = ~mask[..., None]
+    bias = layer.output_linear.bias
+    assert torch.allclose((doubled - bias) * keep, 2 * (plain - bias) * keep, atol=1e-5)
 
 
 def test_kernel_spectra_cache_by_fft_size_least_recently_used_out():

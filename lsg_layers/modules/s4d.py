@@ -181,21 +181,76 @@ class S4D(PathChoice, KernelCache, nn.Module):
         product (:meth:`S4DKernel.forward` with ``whole``), the convolution is one batched FFT in
         float32 whatever the activation dtype (cuFFT's half precision needs power-of-two sizes, and
         the kernels' decays need float32 anyway). Without autograd the channels go in chunks of at
-        most ``WHOLE_FFT_ELEMS`` per FFT buffer: one chunk up to ~64K tokens at base size.
+        most ``WHOLE_FFT_ELEMS`` per FFT buffer (one chunk up to ~64K tokens at base size), channel
+        by channel's rows (:meth:`_whole_channel_major`).
         """
         B, L, H = u.shape
         # the fused generator compiles once per FFT size: a few sizes per octave (compiled_fft_len)
         fft_size = compiled_fft_len(2 * L) if self.kernel_compile else next_fast_len(2 * L)
-        k, q = self._kq(u, padding_mask)  # (B L H) each
         if not torch.is_grad_enabled():
+            if self._plain_projections():
+                return self._whole_channel_major(u, padding_mask, fft_size)
+            k, q = self._kq(u, padding_mask)  # (B L H) each
             with float32_region(u):
                 gated = self._whole_gated_convolution(k, q, u, fft_size)  # (B L H) in u's dtype
             return self._output(gated)
+        k, q = self._kq(u, padding_mask)  # (B L H) each
         half = u.dtype in (torch.float16, torch.bfloat16) or autocast_on(u)
         with float32_region(u):
             kc = self._whole_circular(L, fft_size, product=self.kernel_product if half else "fp32")  # (H F)
             y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H) float32; keeps k and kc only
         return self._output(self._gate(y, q, u))
+
+    def _plain_projections(self) -> bool:
+        """Whether k_proj, q_proj and output_linear are plain ``nn.Linear`` with a bias (their
+        weights then serve :meth:`_whole_channel_major`'s own matmuls; a quantized one does not)."""
+        return all(type(m) is nn.Linear and m.bias is not None for m in (self.k_proj, self.q_proj, self.output_linear))
+
+    def _whole_channel_major(
+        self, u: torch.Tensor, padding_mask: Optional[torch.Tensor], fft_size: int
+    ) -> torch.Tensor:
+        """The whole layer without autograd, (B, L, H) in u's dtype, with nothing transposed by a
+        copy: the projections write k^T and q^T (channels, B L) themselves (``W u^T + b``; a matmul
+        reads a transposed operand at full speed, a copy writes or reads one a column at a time), k's
+        rows go into the FFT buffer (B, c, F) as rows, the gate writes the output's rows, and the
+        output projection reads those rows transposed. Channels in chunks as in
+        :meth:`_whole_gated_convolution`, the time-major form (projections in (B, L, H), one
+        transposing copy each way), which is its reference and serves projections that are not
+        plain ``nn.Linear`` (the figures behind the choice: ``benchmarks/locost_gpu_notes.md``).
+        """
+        B, L, H = u.shape
+        ut = u.reshape(B * L, H).t()  # (H, B L) view
+        spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
+        chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
+        xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
+        gated = torch.empty(H, B * L, dtype=u.dtype, device=u.device)  # (H, B L): the gate's output rows
+        clamp = fp16_in_play(u)
+        for c0 in range(0, H, chunk):
+            ch = slice(c0, min(H, c0 + chunk))
+            c = ch.stop - c0
+            with record_function("s4d.projection"):
+                kt = torch.mm(self.k_proj.weight[ch], ut)  # (c, B L); its bias comes with the copy below
+                qt = torch.addmm(self.q_proj.bias[ch, None], self.q_proj.weight[ch], ut)  # (c, B L)
+            with float32_region(u):
+                if spectrum is None:
+                    kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
+                else:
+                    kh = spectrum[ch]
+                xc = xp[:, :c]
+                bias = self.k_proj.bias[ch, None, None]  # (c 1 1)
+                torch.add(kt.view(c, B, L), bias, out=xc[..., :L].transpose(0, 1))  # (B c L) float32, by rows
+                if padding_mask is not None:  # k is zero at padding (its bias too)
+                    xc[..., :L].masked_fill_(padding_mask[:, None, :], 0.0)
+                y = torch.fft.irfft(torch.fft.rfft(xc).mul_(kh), n=fft_size)[..., :L]  # (B c L)
+                q = qt.view(c, B, L).transpose(0, 1)  # (B c L) view
+                out = gated[ch].view(c, B, L).transpose(0, 1)  # (B c L) view of the output rows
+                if clamp:  # the gated product in float32, clamped before it meets a float16 op
+                    out.copy_(within_fp16(y * q.float()))
+                else:
+                    torch.mul(y, q, out=out)
+        with record_function("s4d.projection"):
+            w = self.output_linear
+            return torch.addmm(w.bias, gated.t(), w.weight.t()).view(B, L, H)  # (B L, H) -> (B L H)
 
     def _whole_gated_convolution(
         self, k: torch.Tensor, q: torch.Tensor, u: torch.Tensor, fft_size: int
