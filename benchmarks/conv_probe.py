@@ -11,7 +11,8 @@ copies into and out of the FFT buffer, 0.18 and 0.72 ms a layer). This script ti
   k^T and q^T as (channels, tokens), so no copy transposes anything);
 - ``transposed``: the form it replaced and its reference (projections in (B, L, H), a transposing
   cast into the (B, H, F) buffer, a transposing slice and gate back: ``S4D._whole_gated_convolution``
-  between ``_kq`` and ``_output``), timed in every reading up to the fifth as ``model``;
+  between ``_kq`` and ``_output``), whose convolution, without the projections, every reading up
+  to the fifth timed as ``model``;
 - ``ffts_only``: the rfft and irfft of the (B, H, F) float32 buffer and nothing else;
 - ``fp16_fft`` and ``ffts_only_fp16``: ``model`` and ``ffts_only`` with the buffer and the FFTs
   in float16 (cuFFT's half precision: powers of two only, half the bytes of every pass), the question
@@ -40,6 +41,7 @@ from probes import (  # benchmarks/probes.py, beside this script
     time_variants,
     write,
 )
+from lsg_layers.modules.precision import fp16_in_play
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 
@@ -53,7 +55,7 @@ TOLERANCE = 1e-2  # relative to the largest entry: bfloat16 rounding of the same
 def transposed(layer, u, F: int):
     """The layer's no-grad call as the fifth reading timed it: (B, L, H) projections, transposing copies."""
     k, q = layer._kq(u, None)  # (B, L, H) each
-    return layer._output(layer._whole_gated_convolution(k, q, u, F))
+    return layer._output(layer._whole_gated_convolution(k, q, u, F, fp16_in_play(u)))
 
 
 def half_spectrum(spec, F: int, fft_dtype):
@@ -71,6 +73,9 @@ def fp16_fft(layer, u, spec_h, F: int, fft_dtype=torch.float16):
     by F^-1/2 before they meet an FFT: k on its way into the buffer, the spectrum once; the inverse
     runs with ``norm="forward"`` (no 1/F), so y = (1/F) sum_f X_f Kf_f e^(...) comes out at its own
     scale. (torch applies an FFT's ``norm`` after cuFFT has summed, so it cannot do the scaling.)
+    That output is not clamped: it stays within float16's range while |y| <= ||K||_1 max|k| does,
+    which depends on the kernels (a row whose y overflowed shows it in its ``diff``), so a model
+    path would need the clamp or a bound checked per layer.
     """
     B, L, H = u.shape
     ut = u.reshape(B * L, H).t()  # (H, B L) view

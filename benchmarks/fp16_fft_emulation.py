@@ -8,8 +8,8 @@ arithmetic inside its float16 passes, so it bounds the card's error from below, 
 the largest |difference| relative to the reference's largest entry, for one S4D layer (bfloat16
 activations, batch 1, its spectrum from its cache), of
 
-- ``emulated vs model``: the emulation against the layer's own float32 path (``model``, what the
-  probe's ``diff`` column compares with);
+- ``emulated vs model``: the emulation against the layer's gated convolution in float32
+  (``model``: ``S4D._whole_gated_convolution``, without the projections, its output in bfloat16);
 - ``model vs float64`` and ``emulated vs float64``: each against the same convolution in float64.
 
     python benchmarks/fp16_fft_emulation.py --lengths 16384 65536 --channels 16 \\
@@ -61,7 +61,7 @@ def measure(layer, L: int) -> dict:
     F = next_fast_len(2 * L)
     with torch.no_grad():
         spec = layer.whole_spectrum(F)
-        model = layer._whole_gated_convolution(k, q, k, F).float()
+        model = layer._whole_gated_convolution(k, q, k, F, clamp=False).float()
         emul = emulated(k, q, spec, F).float()
         exact = float64_convolution(k, q, spec, F)
     scaled = spec.abs() * F**-0.5

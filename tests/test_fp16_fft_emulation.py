@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from conftest import load_script
+from lsg_layers.modules.s4d import S4D
+from lsg_layers.ops.ssm import next_fast_len
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -30,3 +32,21 @@ def test_the_table_shows_float16_error_beside_bfloat16s(tmp_path):
     assert row["fft_size"] == 512
     md = (tmp_path / "e.md").read_text()
     assert "| 256 | 512 |" in md and "fp16_fft_emulation.py --lengths 256 --channels 8" in md
+
+
+def test_the_emulation_adds_float16s_error_where_float32_has_none():
+    """In float32 end to end (no bfloat16 output rounding to hide behind), the layer's convolution
+    is float64's to 1e-5 and the float16-storage emulation is off by float16's rounding (2^-11 of
+    an entry at most, summed over the FFTs' passes): the emulation does round."""
+    torch.manual_seed(0)
+    layer = S4D(d_model=8, d_state=8).eval()
+    L, F = 300, next_fast_len(600)
+    k, q = torch.randn(1, L, 8), torch.randn(1, L, 8)
+    with torch.no_grad():
+        spec = layer.whole_spectrum(F)
+        model = layer._whole_gated_convolution(k, q, k, F, clamp=False)
+        emul = emulation.emulated(k, q, spec, F)
+        exact = emulation.float64_convolution(k, q, spec, F)
+    assert model.dtype == emul.dtype == torch.float32
+    assert emulation.relative_difference(model.double(), exact) < 1e-5
+    assert 1e-4 < emulation.relative_difference(emul.double(), exact) < 1e-2

@@ -20,7 +20,7 @@ from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import LSGSelfAttention
 from lsg_layers.modules.lsg_config import SPARSITY_TYPES
 from lsg_layers.modules.paths import PathChoice, forced_path
-from lsg_layers.modules.precision import float32_region
+from lsg_layers.modules.precision import float32_region, fp16_in_play
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 from test_s4d import _direct_conv, _masked_batch, _perturbed_layer, _recurrent
@@ -70,49 +70,82 @@ def test_s4d_whole_path_equals_cpu_path_cached_cold_and_in_chunks(monkeypatch):
         assert torch.allclose(shorter, layer(u[:, :33], mask[:, :33]), atol=1e-5)
 
 
-def _time_major(layer, u, mask, fft_size):
-    """The layer's no-grad whole call in its time-major form (the channel-major one's reference)."""
+def _transposed(layer, u, mask, fft_size):
+    """The layer's no-grad whole call in its transposed form, projections in (B, L, H) (the
+    channel-major call's reference)."""
     k, q = layer._kq(u, mask)
+    clamp = fp16_in_play(u)
     with float32_region(u):
-        gated = layer._whole_gated_convolution(k, q, u, fft_size)
+        gated = layer._whole_gated_convolution(k, q, u, fft_size, clamp)
     return layer._output(gated)
+
+
+def _channel_major_against_transposed(layer, u, mask, F, autocast):
+    with torch.no_grad(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        assert layer._plain_projections()
+        fast = layer(u, mask)
+        reference = _transposed(layer, u, mask, F)
+        hook = layer.q_proj.register_forward_pre_hook(lambda module, args: None)
+        fallback = layer(u, mask)  # the layer's own transposed form (a hooked projection takes it)
+        hook.remove()
+    assert torch.equal(fallback, reference)
+    assert fast.dtype == reference.dtype and fast.shape == u.shape
+    assert torch.isfinite(fast).all()
+    # every position, padding included: k is zero there, the gate and the convolution are not
+    return ((fast - reference).float().abs().max() / reference.float().abs().max()).item()
 
 
 @pytest.mark.parametrize(
     "dtype, autocast",
-    [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16), (torch.float16, None)],
-    ids=["fp32", "bf16", "bf16_autocast", "fp16"],
+    [
+        (torch.float32, None),
+        (torch.bfloat16, None),
+        (torch.float32, torch.bfloat16),
+        (torch.float16, None),
+        (torch.float32, torch.float16),
+    ],
+    ids=["fp32", "bf16", "bf16_autocast", "fp16", "fp16_autocast"],
 )
 @pytest.mark.parametrize("chunks", [1, 3], ids=["one_chunk", "three_chunks"])
-def test_s4d_channel_major_equals_the_time_major_form(dtype, autocast, chunks, monkeypatch):
+def test_s4d_channel_major_equals_the_transposed_form(dtype, autocast, chunks, monkeypatch):
     """The GPU's no-grad S4D call (projections writing k^T and q^T, no transposing copy) against
-    the time-major form it replaced, the same function in another layout: float32 to 1e-6, half
+    the transposed form it replaced, the same function in another layout: float32 to 1e-6, half
     precision to its rounding; padding, a batch of two, the channels in one FFT chunk and in three."""
     layer = _whole(_perturbed_layer(H=9, N=8)).eval()
     u, mask = _masked_batch(9, 50, 31)
     F = next_fast_len(100)
     monkeypatch.setattr(s4d_module, "WHOLE_FFT_ELEMS", 2 * F * (9 // chunks))
-    if dtype == torch.float16:  # gated products past float16's range, clamped by both forms (within_fp16)
+    fp16 = torch.float16 in (dtype, autocast)
+    if fp16:  # gated products past float16's range, clamped by both forms (within_fp16)
         u = u * 3000
         with torch.no_grad():
             layer.output_linear.weight.mul_(1e-3)  # the projection of the clamped values stays finite
     layer, u = layer.to(dtype), u.to(dtype)
-    with torch.no_grad(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
-        fast = layer(u, mask)
-        reference = _time_major(layer, u, mask, F)
-    assert fast.dtype == reference.dtype and fast.shape == u.shape
-    keep = ~mask[..., None]
-    tol = 1e-6 if fast.dtype == torch.float32 and autocast is None else 2e-2
-    diff = ((fast - reference).float() * keep).abs().max() / (reference.float() * keep).abs().max()
-    assert diff <= tol, diff
-    assert torch.isfinite(fast).all()
-    if dtype == torch.float16:  # without the clamp the same call overflows: the clamp was exercised
+    diff = _channel_major_against_transposed(layer, u, mask, F, autocast)
+    assert diff <= (1e-6 if dtype == torch.float32 and autocast is None else 2e-2), diff
+    if fp16:  # without the clamp the same call overflows: the clamp was exercised
         monkeypatch.setattr(s4d_module, "within_fp16", lambda x: x)
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16, enabled=autocast is not None):
             assert not torch.isfinite(layer(u, mask)).all()
 
 
-def test_s4d_whole_path_keeps_the_time_major_form_for_other_projections(monkeypatch):
+@pytest.mark.parametrize("autocast", [None, torch.bfloat16], ids=["fp32", "bf16_autocast"])
+def test_s4d_channel_major_takes_inputs_that_are_not_contiguous(autocast):
+    """u stored time-first (a transpose of a (L, B, H) tensor, as fairseq's encoders hold it): the
+    call reads it through a view, and agrees with the transposed form."""
+    layer = _whole(_perturbed_layer(H=9, N=8)).eval()
+    u, mask = _masked_batch(9, 50, 31)
+    u = u.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not u.is_contiguous()
+    diff = _channel_major_against_transposed(layer, u, mask, next_fast_len(100), autocast)
+    assert diff <= (1e-6 if autocast is None else 2e-2), diff
+
+
+@pytest.mark.parametrize("kind", ["subclass", "forward_hook", "pre_hook"])
+def test_s4d_whole_path_keeps_the_transposed_form_for_other_projections(kind):
+    """A projection whose forward is not nn.Linear's (a quantized or wrapped one, or a hook on a
+    plain one) is called as a module: the channel-major call, which reads the weights, is not taken."""
+
     class Scaled(nn.Linear):  # e.g. a quantized or wrapped projection: only its forward is known
         def forward(self, x):
             return 2 * super().forward(x)
@@ -121,14 +154,20 @@ def test_s4d_whole_path_keeps_the_time_major_form_for_other_projections(monkeypa
     u, mask = _masked_batch(8, 40, 25)
     with torch.no_grad():
         plain = layer(u, mask)
-        wrapped = Scaled(8, 8)
-        wrapped.load_state_dict(layer.q_proj.state_dict())
-        layer.q_proj = wrapped
+        if kind == "subclass":
+            wrapped = Scaled(8, 8)
+            wrapped.load_state_dict(layer.q_proj.state_dict())
+            layer.q_proj = wrapped
+        elif kind == "forward_hook":
+            layer.q_proj.register_forward_hook(lambda module, args, out: 2 * out)
+        else:
+            layer.q_proj.register_forward_pre_hook(lambda module, args: None)  # sees the call: no change
         assert not layer._plain_projections()
-        doubled = layer(u, mask)  # the gate is linear in q: twice the gate, twice k's convolution
+        changed = layer(u, mask)
     keep = ~mask[..., None]
     bias = layer.output_linear.bias
-    assert torch.allclose((doubled - bias) * keep, 2 * (plain - bias) * keep, atol=1e-5)
+    factor = 1 if kind == "pre_hook" else 2  # the gate is linear in q: twice the gate, twice k's convolution
+    assert torch.allclose((changed - bias) * keep, factor * (plain - bias) * keep, atol=1e-5)
 
 
 def test_kernel_spectra_cache_by_fft_size_least_recently_used_out():

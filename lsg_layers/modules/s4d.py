@@ -177,12 +177,13 @@ class S4D(PathChoice, KernelCache, nn.Module):
     def _whole_forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The layer on whole tensors (the GPU path): the same function as :meth:`forward`'s.
 
-        k and q come from two full projections, the kernels of every channel from one blocked
-        product (:meth:`S4DKernel.forward` with ``whole``), the convolution is one batched FFT in
-        float32 whatever the activation dtype (cuFFT's half precision needs power-of-two sizes, and
-        the kernels' decays need float32 anyway). Without autograd the channels go in chunks of at
-        most ``WHOLE_FFT_ELEMS`` per FFT buffer (one chunk up to ~64K tokens at base size), channel
-        by channel's rows (:meth:`_whole_channel_major`).
+        The kernels of every channel come from one blocked product (:meth:`S4DKernel.forward` with
+        ``whole``), the convolution is a batched FFT in float32 whatever the activation dtype
+        (cuFFT's half precision needs power-of-two sizes, and the kernels' decays need float32
+        anyway). In training k and q come from two full projections and the convolution is one FFT
+        (:class:`FFTConv`). Without autograd the channels go in chunks of at most
+        ``WHOLE_FFT_ELEMS`` per FFT buffer (one chunk up to ~64K tokens at base size), each chunk's
+        projections computed for it, channel by channel's rows (:meth:`_whole_channel_major`).
         """
         B, L, H = u.shape
         # the fused generator compiles once per FFT size: a few sizes per octave (compiled_fft_len)
@@ -191,8 +192,9 @@ class S4D(PathChoice, KernelCache, nn.Module):
             if self._plain_projections():
                 return self._whole_channel_major(u, padding_mask, fft_size)
             k, q = self._kq(u, padding_mask)  # (B L H) each
+            clamp = fp16_in_play(u)  # asked here: inside float32_region autocast reads as off
             with float32_region(u):
-                gated = self._whole_gated_convolution(k, q, u, fft_size)  # (B L H) in u's dtype
+                gated = self._whole_gated_convolution(k, q, u, fft_size, clamp)  # (B L H) in u's dtype
             return self._output(gated)
         k, q = self._kq(u, padding_mask)  # (B L H) each
         half = u.dtype in (torch.float16, torch.bfloat16) or autocast_on(u)
@@ -202,9 +204,13 @@ class S4D(PathChoice, KernelCache, nn.Module):
         return self._output(self._gate(y, q, u))
 
     def _plain_projections(self) -> bool:
-        """Whether k_proj, q_proj and output_linear are plain ``nn.Linear`` with a bias (their
-        weights then serve :meth:`_whole_channel_major`'s own matmuls; a quantized one does not)."""
-        return all(type(m) is nn.Linear and m.bias is not None for m in (self.k_proj, self.q_proj, self.output_linear))
+        """Whether k_proj, q_proj and output_linear are plain ``nn.Linear`` with a bias and no
+        forward hooks (their weights then serve :meth:`_whole_channel_major`'s own matmuls, which
+        would skip a hook or a quantized module's own forward)."""
+        return all(
+            type(m) is nn.Linear and m.bias is not None and not m._forward_pre_hooks and not m._forward_hooks
+            for m in (self.k_proj, self.q_proj, self.output_linear)
+        )
 
     def _whole_channel_major(
         self, u: torch.Tensor, padding_mask: Optional[torch.Tensor], fft_size: int
@@ -214,30 +220,40 @@ class S4D(PathChoice, KernelCache, nn.Module):
         reads a transposed operand at full speed, a copy writes or reads one a column at a time), k's
         rows go into the FFT buffer (B, c, F) as rows, the gate writes the output's rows, and the
         output projection reads those rows transposed. Channels in chunks as in
-        :meth:`_whole_gated_convolution`, the time-major form (projections in (B, L, H), one
+        :meth:`_whole_gated_convolution`, the transposed form (projections in (B, L, H), one
         transposing copy each way), which is its reference and serves projections that are not
         plain ``nn.Linear`` (the figures behind the choice: ``benchmarks/locost_gpu_notes.md``).
+        Under autocast the matmuls run in autocast's dtype as ``nn.Linear`` would: u and the
+        weights are cast once, before the chunks.
         """
         B, L, H = u.shape
+        clamp = fp16_in_play(u)
+        wk, wq, wo = self.k_proj, self.q_proj, self.output_linear
+        if autocast_on(u):  # cast once here, not in every chunk's matmul
+            dt = torch.get_autocast_dtype(u.device.type)
+            cast = lambda t: t.to(dt)  # noqa: E731
+            u = cast(u)
+        else:
+            cast = lambda t: t  # noqa: E731
+        k_w, q_w, q_b, o_w, o_b = cast(wk.weight), cast(wq.weight), cast(wq.bias), cast(wo.weight), cast(wo.bias)
         ut = u.reshape(B * L, H).t()  # (H, B L) view
         spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
         chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
         xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
         gated = torch.empty(H, B * L, dtype=u.dtype, device=u.device)  # (H, B L): the gate's output rows
-        clamp = fp16_in_play(u)
         for c0 in range(0, H, chunk):
             ch = slice(c0, min(H, c0 + chunk))
             c = ch.stop - c0
             with record_function("s4d.projection"):
-                kt = torch.mm(self.k_proj.weight[ch], ut)  # (c, B L); its bias comes with the copy below
-                qt = torch.addmm(self.q_proj.bias[ch, None], self.q_proj.weight[ch], ut)  # (c, B L)
+                kt = torch.mm(k_w[ch], ut)  # (c, B L); its bias comes with the copy below
+                qt = torch.addmm(q_b[ch, None], q_w[ch], ut)  # (c, B L)
             with float32_region(u):
                 if spectrum is None:
                     kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
                 else:
                     kh = spectrum[ch]
                 xc = xp[:, :c]
-                bias = self.k_proj.bias[ch, None, None]  # (c 1 1)
+                bias = wk.bias[ch, None, None]  # (c 1 1), not cast: added into the float32 buffer
                 torch.add(kt.view(c, B, L), bias, out=xc[..., :L].transpose(0, 1))  # (B c L) float32, by rows
                 if padding_mask is not None:  # k is zero at padding (its bias too)
                     xc[..., :L].masked_fill_(padding_mask[:, None, :], 0.0)
@@ -249,11 +265,10 @@ class S4D(PathChoice, KernelCache, nn.Module):
                 else:
                     torch.mul(y, q, out=out)
         with record_function("s4d.projection"):
-            w = self.output_linear
-            return torch.addmm(w.bias, gated.t(), w.weight.t()).view(B, L, H)  # (B L, H) -> (B L H)
+            return torch.addmm(o_b, gated.t(), o_w.t()).view(B, L, H)  # (B L, H) -> (B L H)
 
     def _whole_gated_convolution(
-        self, k: torch.Tensor, q: torch.Tensor, u: torch.Tensor, fft_size: int
+        self, k: torch.Tensor, q: torch.Tensor, u: torch.Tensor, fft_size: int, clamp: bool
     ) -> torch.Tensor:
         """``((K * k) + D k) q`` without autograd, (B, L, H) in u's dtype: a chunk of channels at a
         time through a float32 input buffer made once per call. One copy casts, transposes and
@@ -261,13 +276,14 @@ class S4D(PathChoice, KernelCache, nn.Module):
         place, and one multiply takes the slice, transposes back, gates and casts. The FFTs write
         fresh tensors: given ``out=``, torch's CUDA FFTs compute into a temporary and copy it over
         (the third GPU reading's profile and conv_probe, benchmarks/locost_gpu_notes.md).
+        ``clamp``: whether the gated product meets a float16 op (:func:`fp16_in_play`, asked by the
+        caller outside :func:`float32_region`, inside which autocast reads as off).
         """
         B, L, H = k.shape
         spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
         chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
         xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=k.device)  # (B c F)
         out = torch.empty(B, L, H, dtype=u.dtype, device=u.device)  # (B L H)
-        clamp = fp16_in_play(u)
         for c0 in range(0, H, chunk):
             ch = slice(c0, min(H, c0 + chunk))
             c = ch.stop - c0
