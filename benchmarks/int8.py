@@ -47,8 +47,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY  # noqa: E402
 
 from lsg_fairseq.convert.registry import BenchSettings  # noqa: E402
 from lsg_fairseq.quantize import quantize_int8  # noqa: E402
+from lsg_text.atomic import atomic_outputs  # noqa: E402
 from lsg_text.errors import UserError, report  # noqa: E402
-from lsg_text.fileio import atomic_outputs  # noqa: E402
 from run import ROWS, cpu_name, load_average  # noqa: E402  (benchmarks/run.py)
 from tables import read_table, refuse_mixed_figures  # noqa: E402  (benchmarks/tables.py)
 

@@ -107,9 +107,9 @@ from lsg_fairseq.convert import families  # noqa: E402
 from lsg_fairseq.convert.registry import BenchRow, BenchSettings  # noqa: E402
 from lsg_fairseq.models.compiled_layers import compile_encoder_layers  # noqa: E402
 from lsg_text.argtypes import int_range  # noqa: E402
+from lsg_text.atomic import atomic_outputs  # noqa: E402
 from lsg_text.errors import ConfigError, UserError  # noqa: E402
 from lsg_text.errors import report as report_error  # noqa: E402  (the module `report` is the tables)
-from lsg_text.fileio import atomic_outputs  # noqa: E402
 from lsg_text.provenance import cpu_name  # noqa: E402,F401  (int8.py, cpu_path_by_head_dim.py import it from here)
 from lsg_layers.modules.paths import PATHS, forced_path, paths_ran  # noqa: E402
 from report import MODES  # noqa: E402

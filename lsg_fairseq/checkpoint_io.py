@@ -2,7 +2,7 @@
 
 A long-document run costs days, so a checkpoint must survive the process being killed (OOM killer,
 preemption, ``scancel``, Ctrl-C) at any instant, and a bad checkpoint must be reported as such.
-Every local checkpoint is written by :func:`lsg_text.fileio.atomic_write` (temp file, fsync,
+Every local checkpoint is written by :func:`lsg_text.atomic.atomic_write` (temp file, fsync,
 rename, folder fsync): fairseq's own saves and copies (and so the converter's and the trainer's)
 go through it once :mod:`lsg_fairseq.fairseq_fixes.atomic_checkpoints` is installed. Nothing here
 patches fairseq.

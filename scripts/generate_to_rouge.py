@@ -26,16 +26,9 @@ import os
 import sys
 
 from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
-from lsg_text.fileio import (
-    DataError,
-    atomic_outputs,
-    check_output_files,
-    check_output_path,
-    count_lines,
-    read_text,
-    require_file,
-)
+from lsg_text.fileio import DataError, check_output_files, check_output_path, count_lines, read_text, require_file
 from lsg_text.generate_output import hypotheses_and_references, parse_generate_output
 from lsg_text.rouge import rouge_corpus
 

@@ -24,16 +24,9 @@ import sys
 from multiprocessing import Pool
 
 from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
-from lsg_text.fileio import (
-    DataError,
-    atomic_outputs,
-    check_output_files,
-    check_utf8,
-    count_lines,
-    progress,
-    unpaired_outputs,
-)
+from lsg_text.fileio import DataError, check_output_files, check_utf8, count_lines, progress, unpaired_outputs
 from lsg_text.offline_bpe import check_gpt2_files, gpt2_encode_line, require_local_file
 
 PROG = "gpt2_encode.py"

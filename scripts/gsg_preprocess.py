@@ -35,6 +35,7 @@ import sys
 import time
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
+from lsg_text.atomic import staging_folder
 from lsg_text.documents import (
     DOCUMENT_FORMATS,
     SENTENCE_SPLITTERS,
@@ -44,7 +45,7 @@ from lsg_text.documents import (
     read_documents,
 )
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, check_output_path, made_folder, require_file, staging_folder
+from lsg_text.fileio import DataError, check_output_path, made_folder, require_file
 
 PROG = "gsg_preprocess.py"
 

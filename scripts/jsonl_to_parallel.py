@@ -15,16 +15,9 @@ import os
 import sys
 
 from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
-from lsg_text.fileio import (
-    DataError,
-    atomic_outputs,
-    check_output_path,
-    count_lines,
-    progress,
-    require_dir,
-    require_file,
-)
+from lsg_text.fileio import DataError, check_output_path, count_lines, progress, require_dir, require_file
 from lsg_text.jsonl import flatten, read_jsonl
 
 PROG = "jsonl_to_parallel.py"

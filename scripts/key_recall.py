@@ -22,8 +22,9 @@ import json
 import sys
 
 from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, check_output_files, require_file
+from lsg_text.fileio import DataError, check_output_files, require_file
 from lsg_text.generate_output import parse_generate_output
 from lsg_text.jsonl import read_jsonl
 from lsg_text.offline_bpe import load_sentencepiece

@@ -21,8 +21,9 @@ import sys
 import time
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
+from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_outputs, check_output_files, check_output_path, progress, refuse_existing
+from lsg_text.fileio import DataError, check_output_files, check_output_path, progress, refuse_existing
 from lsg_text.synthetic import VARIANTS, SyntheticConfig, make_split
 
 PROG = "make_synthetic_data.py"

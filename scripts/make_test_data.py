@@ -36,8 +36,9 @@ from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
+from lsg_text.atomic import atomic_files
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, atomic_files, require_dir
+from lsg_text.fileio import DataError, require_dir
 
 PROG = "make_test_data.py"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -30,8 +30,9 @@ from lsg_layers.modules.lsg_attention import LSGSelfAttention
 from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_layers.ops.blocks import local_window_indices, num_blocks
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range
+from lsg_text.atomic import atomic_files
 from lsg_text.errors import OneLineArgumentParser, report
-from lsg_text.fileio import DataError, atomic_files, check_output_path
+from lsg_text.fileio import DataError, check_output_path
 
 PROG = "plot_attention_pattern.py"
 NONE, LOCAL, SPARSE, GLOBAL = 0, 1, 2, 3

@@ -15,16 +15,9 @@ import os
 import sys
 
 from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
-from lsg_text.fileio import (
-    DataError,
-    atomic_outputs,
-    check_output_files,
-    check_utf8,
-    count_lines,
-    progress,
-    unpaired_outputs,
-)
+from lsg_text.fileio import DataError, check_output_files, check_utf8, count_lines, progress, unpaired_outputs
 from lsg_text.offline_bpe import load_sentencepiece, require_local_file
 
 PROG = "spm_encode.py"

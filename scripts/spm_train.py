@@ -24,10 +24,10 @@ import sys
 import tempfile
 
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
+from lsg_text.atomic import atomic_files
 from lsg_text.errors import report
 from lsg_text.fileio import (
     DataError,
-    atomic_files,
     check_output_files,
     check_utf8,
     made_folder,

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import lsg_text
-from lsg_text.fileio import atomic_files, atomic_outputs
+from lsg_text.atomic import atomic_files, atomic_outputs
 
 from conftest import REPO_ROOT
 
@@ -33,7 +33,7 @@ def fresh_python(code: str, cwd: str) -> dict:
 
 def test_importing_every_lsg_text_module_imports_no_fairseq_or_torch(tmp_path):
     modules = sorted(f"lsg_text.{m.name}" for m in pkgutil.iter_modules(lsg_text.__path__))
-    assert {"lsg_text.fileio", "lsg_text.errors", "lsg_text.argtypes", "lsg_text.gsg"} <= set(modules)
+    assert {"lsg_text.fileio", "lsg_text.atomic", "lsg_text.errors", "lsg_text.argtypes", "lsg_text.gsg"} <= set(modules)
     loaded = fresh_python(
         "import importlib, json, sys\n"
         f"for name in ['lsg_text'] + {modules!r}:\n"

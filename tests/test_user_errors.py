@@ -767,7 +767,7 @@ KILL_POINTS = {
     # a family has written model.pt into the temp folder
     "after_checkpoint": "lsg_fairseq.convert.common.save_checkpoint",
     # everything written, not yet moved into place
-    "before_swap": "lsg_text.fileio._fsync_tree",
+    "before_swap": "lsg_text.atomic._fsync_tree",
     # swapped in, the old folder not yet deleted
     "after_swap": "shutil.rmtree",
 }
@@ -831,7 +831,7 @@ def test_converter_killed_leaves_old_or_complete_new(tmp_path, point):
 
 
 def test_atomic_folder_failure_leaves_out_untouched(tmp_path):
-    from lsg_text.fileio import atomic_folder
+    from lsg_text.atomic import atomic_folder
 
     out = tmp_path / "out"
     out.mkdir()

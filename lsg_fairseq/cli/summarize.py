@@ -251,7 +251,7 @@ def run(args, parser) -> None:
 
 
 def write_summaries(hub, docs, args, start) -> None:
-    from lsg_text.fileio import atomic_outputs
+    from lsg_text.atomic import atomic_outputs
 
     # all or nothing: --output appears only once every summary is written
     with atomic_outputs([args.output or "-"]) as (out,):

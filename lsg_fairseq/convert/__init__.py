@@ -20,7 +20,7 @@ its family (``BartForConditionalGeneration``, ``LEDForConditionalGeneration``, t
 LSG-BART format, the reference LOCOST format). Only the weights and the model cfg are read; the
 dictionary and tokenizer files are looked up beside the checkpoint, then in its data folder.
 
-Both write their output folder all-or-nothing (:func:`lsg_text.fileio.atomic_folder`): a temp
+Both write their output folder all-or-nothing (:func:`lsg_text.atomic.atomic_folder`): a temp
 folder beside it, moved into place only when complete. An existing non-empty output folder is
 refused unless ``force=True`` (``--force``), which replaces it as a whole.
 
@@ -67,7 +67,8 @@ def convert(src: str, out: str, force: bool = False, **options) -> str:
 
     ``out`` appears complete or not at all; a non-empty ``out`` needs ``force`` (replaced whole).
     """
-    from lsg_text.fileio import DataError, atomic_folder, check_output_folder, final_location
+    from lsg_text.atomic import atomic_folder, final_location
+    from lsg_text.fileio import DataError, check_output_folder
     from lsg_text.offline_bpe import write_tokenizer_record
 
     options = {k: v for k, v in options.items() if v is not None}  # None: the family's default
@@ -92,7 +93,8 @@ def convert(src: str, out: str, force: bool = False, **options) -> str:
 
 def export(src: str, out: str, force: bool = False) -> str:
     """The inverse of :func:`convert`: fairseq checkpoint or model folder -> HF folder ``out``; returns ``out``."""
-    from lsg_text.fileio import DataError, atomic_folder
+    from lsg_text.atomic import atomic_folder
+    from lsg_text.fileio import DataError
 
     checkpoint = read_checkpoint(src)
     write = family_for_arch(checkpoint).export(checkpoint)  # every refusal before anything is written

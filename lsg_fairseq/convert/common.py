@@ -290,7 +290,7 @@ def save_checkpoint(cfg, model, path: str) -> str:
     from fairseq import checkpoint_utils
     from omegaconf import OmegaConf
 
-    from lsg_text.fileio import final_location
+    from lsg_text.atomic import final_location
 
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     # the data folder is the output folder: record where it will be, not the temp folder

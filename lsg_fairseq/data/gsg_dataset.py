@@ -26,8 +26,9 @@ from fairseq.data.language_pair_dataset import collate
 
 from lsg_fairseq.data.binarized import missing_split, splits_in
 from lsg_text import gsg
+from lsg_text.atomic import atomic_files
 from lsg_text.errors import MissingFileError
-from lsg_text.fileio import DataError, atomic_files
+from lsg_text.fileio import DataError
 
 logger = logging.getLogger(__name__)
 

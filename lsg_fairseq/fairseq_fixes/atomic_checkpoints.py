@@ -11,7 +11,7 @@ to get one:
    during the copy leaves a truncated ``checkpoint_last.pt`` and the restart dies on it.
 
 Both now write a hidden temp file in the same folder, fsync it, rename it and fsync the folder
-(:func:`lsg_text.fileio.atomic_write`). Remote paths and ``async_write`` keep fairseq's
+(:func:`lsg_text.atomic.atomic_write`). Remote paths and ``async_write`` keep fairseq's
 own code.
 """
 
@@ -23,7 +23,7 @@ from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from lsg_fairseq.checkpoint_io import is_local
-from lsg_text.fileio import atomic_write
+from lsg_text.atomic import atomic_write
 from lsg_fairseq.fairseq_fixes._wrap import wrap
 
 
