@@ -41,7 +41,6 @@ from probes import (  # benchmarks/probes.py, beside this script
     time_variants,
     write,
 )
-from lsg_layers.modules.precision import fp16_in_play
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 
@@ -54,8 +53,7 @@ TOLERANCE = 1e-2  # relative to the largest entry: bfloat16 rounding of the same
 
 def transposed(layer, u, F: int):
     """The layer's no-grad call as the fifth reading timed it: (B, L, H) projections, transposing copies."""
-    k, q = layer._kq(u, None)  # (B, L, H) each
-    return layer._output(layer._whole_gated_convolution(k, q, u, F, fp16_in_play(u)))
+    return layer._whole_transposed(u, None, F)
 
 
 def half_spectrum(spec, F: int, fft_dtype):

@@ -20,7 +20,6 @@ from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import LSGSelfAttention
 from lsg_layers.modules.lsg_config import SPARSITY_TYPES
 from lsg_layers.modules.paths import PathChoice, forced_path
-from lsg_layers.modules.precision import float32_region, fp16_in_play
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.ops.ssm import next_fast_len
 from test_s4d import _direct_conv, _masked_batch, _perturbed_layer, _recurrent
@@ -70,21 +69,11 @@ def test_s4d_whole_path_equals_cpu_path_cached_cold_and_in_chunks(monkeypatch):
         assert torch.allclose(shorter, layer(u[:, :33], mask[:, :33]), atol=1e-5)
 
 
-def _transposed(layer, u, mask, fft_size):
-    """The layer's no-grad whole call in its transposed form, projections in (B, L, H) (the
-    channel-major call's reference)."""
-    k, q = layer._kq(u, mask)
-    clamp = fp16_in_play(u)
-    with float32_region(u):
-        gated = layer._whole_gated_convolution(k, q, u, fft_size, clamp)
-    return layer._output(gated)
-
-
 def _channel_major_against_transposed(layer, u, mask, F, autocast):
     with torch.no_grad(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
         assert layer._plain_projections()
         fast = layer(u, mask)
-        reference = _transposed(layer, u, mask, F)
+        reference = layer._whole_transposed(u, mask, F)  # projections in (B, L, H)
         hook = layer.q_proj.register_forward_pre_hook(lambda module, args: None)
         fallback = layer(u, mask)  # the layer's own transposed form (a hooked projection takes it)
         hook.remove()

@@ -191,17 +191,22 @@ class S4D(PathChoice, KernelCache, nn.Module):
         if not torch.is_grad_enabled():
             if self._plain_projections():
                 return self._whole_channel_major(u, padding_mask, fft_size)
-            k, q = self._kq(u, padding_mask)  # (B L H) each
-            clamp = fp16_in_play(u)  # asked here: inside float32_region autocast reads as off
-            with float32_region(u):
-                gated = self._whole_gated_convolution(k, q, u, fft_size, clamp)  # (B L H) in u's dtype
-            return self._output(gated)
+            return self._whole_transposed(u, padding_mask, fft_size)
         k, q = self._kq(u, padding_mask)  # (B L H) each
         half = u.dtype in (torch.float16, torch.bfloat16) or autocast_on(u)
         with float32_region(u):
             kc = self._whole_circular(L, fft_size, product=self.kernel_product if half else "fp32")  # (H F)
             y = FFTConv.apply(k.float(), kc, fft_size)  # (B L H) float32; keeps k and kc only
         return self._output(self._gate(y, q, u))
+
+    def _whole_transposed(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor], fft_size: int) -> torch.Tensor:
+        """The whole layer without autograd with its projections as modules, in (B, L, H): the
+        reference of :meth:`_whole_channel_major`, and the call for projections it cannot read."""
+        k, q = self._kq(u, padding_mask)  # (B L H) each
+        clamp = fp16_in_play(u)  # asked here: inside float32_region autocast reads as off
+        with float32_region(u):
+            gated = self._whole_gated_convolution(k, q, u, fft_size, clamp)  # (B L H) in u's dtype
+        return self._output(gated)
 
     def _plain_projections(self) -> bool:
         """Whether k_proj, q_proj and output_linear are plain ``nn.Linear`` with a bias and no
