@@ -61,7 +61,7 @@ def measure(layer, L: int) -> dict:
     F = next_fast_len(2 * L)
     with torch.no_grad():
         spec = layer.whole_spectrum(F)
-        model = layer._whole_gated_convolution(k, q, k, F, clamp=False).float()
+        model = layer._whole_gated_convolution(k, q, F, k.dtype).float()
         emul = emulated(k, q, spec, F).float()
         exact = float64_convolution(k, q, spec, F)
     scaled = spec.abs() * F**-0.5

@@ -44,7 +44,7 @@ def test_the_emulation_adds_float16s_error_where_float32_has_none():
     k, q = torch.randn(1, L, 8), torch.randn(1, L, 8)
     with torch.no_grad():
         spec = layer.whole_spectrum(F)
-        model = layer._whole_gated_convolution(k, q, k, F, clamp=False)
+        model = layer._whole_gated_convolution(k, q, F, k.dtype)
         emul = emulation.emulated(k, q, spec, F)
         exact = emulation.float64_convolution(k, q, spec, F)
     assert model.dtype == emul.dtype == torch.float32

@@ -12,7 +12,7 @@ import torch
 
 from lsg_layers.modules.locost_blocks import LOCOSTEncoderBlock
 from lsg_layers.modules.paths import forced_path
-from lsg_layers.modules.precision import clamp_fp16, fp16_in_play, within_fp16
+from lsg_layers.modules.precision import clamp_fp16, fp16_in_play, matmul_dtype, within_fp16
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.modules.t5_layers import T5Attention, T5DenseGatedGelu
 from lsg_layers.ops.ssm import vandermonde_blocked
@@ -39,6 +39,18 @@ def test_fp16_in_play_and_clamps():
     big = torch.tensor([1e30])
     assert clamp_fp16(big) is big  # float32: untouched
     assert within_fp16(torch.tensor([1e6, -1e6])).tolist() == [FP16_MAX, -FP16_MAX]
+
+
+def test_matmul_dtype_is_the_one_linear_computes_in():
+    x = torch.ones(2, 3)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        assert matmul_dtype(x.to(dtype)) == dtype  # no autocast: the tensor's own
+    for autocast in (torch.float16, torch.bfloat16):
+        with torch.autocast("cpu", dtype=autocast):
+            for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+                w = torch.ones(4, 3, dtype=dtype)
+                seen = torch.nn.functional.linear(x.to(dtype), w).dtype  # what autocast does
+                assert matmul_dtype(x.to(dtype)) == seen, (autocast, dtype, seen)
 
 
 # ---------------------------------------------------------------- S4D
@@ -102,6 +114,32 @@ def test_s4d_under_fp16_autocast_trains_finite_and_close():
     out.float().sum().backward()
     assert torch.isfinite(out).all() and rel(out, ref) < 1e-2
     assert torch.isfinite(layer.kernel.C.grad).all() and rel(layer.kernel.C.grad, ref_grad) < 1e-2
+
+
+def test_s4d_bf16_under_fp16_autocast_stores_the_clamped_product_in_float16():
+    """A bfloat16 model under float16 autocast (fairseq's --amp over a --bf16 checkpoint): the gated
+    product, clamped to 65504, is what the float16 output projection reads. Stored in bfloat16 it
+    would round up to 65536 and become inf in that projection; each path, with and without autograd,
+    stores it in float16 and agrees with the others."""
+    assert torch.isinf(torch.tensor(FP16_MAX).bfloat16().half())  # the rounding the store avoids
+    torch.manual_seed(0)
+    layer = S4D(16, 8).bfloat16()
+    with torch.no_grad():
+        layer.k_proj.weight.zero_()
+        layer.k_proj.bias.fill_(100.0)
+        layer.q_proj.weight.zero_()
+        layer.q_proj.bias.fill_(1000.0)  # gated products ~1e5 and more: past float16's range
+        layer.output_linear.weight.fill_(1e-4)  # 16 clamped values projected stay finite
+        layer.output_linear.bias.zero_()
+    u = torch.randn(2, 40, 16).bfloat16()
+    outs = {}
+    for path in ("cpu", "whole"):
+        for grad in (False, True):
+            with forced_path(layer, path), torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.float16):
+                outs[path, grad] = layer(u).float()
+    for key, out in outs.items():
+        assert torch.isfinite(out).all(), key
+        assert rel(out, outs["whole", True]) < 1e-2, key
 
 
 # ---------------------------------------------------------------- T5 layers

@@ -15,6 +15,9 @@ float16 tops out at 65504; bfloat16 has float32's range but 8 bits of mantissa. 
 - :func:`autocast_on` / :func:`fp16_in_play`: whether autocast is on / whether ops on a tensor run
   in float16 (it is float16, or float16 autocast is on for its device): where HF's T5 computes in
   float32 (its ``wo`` projection) or clamps;
+- :func:`matmul_dtype`: the dtype ``nn.Linear`` computes in for an input ``x`` (autocast's, or
+  x's own): a product stored for a projection is stored in it, so that it is clamped for float16
+  where float16 is what the projection reads (a bfloat16 store would round 65504 up to 65536);
 - :func:`clamp_fp16`: HF T5's clamp of float16 hidden states (inf -> the largest finite value less
   a margin), a no-op for any other dtype; :func:`within_fp16` clamps a float32 tensor to float16's
   range before it meets a float16 op.
@@ -47,6 +50,14 @@ def fp16_in_play(x: Tensor) -> bool:
         return True
     kind = x.device.type
     return autocast_on(x) and torch.get_autocast_dtype(kind) == torch.float16
+
+
+def matmul_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a matmul (``nn.Linear``) on ``x`` computes in: autocast's dtype when autocast is on
+    for ``x``'s device (float64 excepted: autocast leaves it alone), else ``x``'s own."""
+    if autocast_on(x) and x.dtype != torch.float64:
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
 
 
 def clamp_fp16(x: Tensor) -> Tensor:

@@ -44,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lsg_layers.modules import s4d_inference, s4d_kernel
 from lsg_layers.modules.paths import PathChoice
-from lsg_layers.modules.precision import autocast_on, float32_region, fp16_in_play, within_fp16
+from lsg_layers.modules.precision import autocast_on, float32_region, matmul_dtype, within_fp16
 from lsg_layers.modules.s4d_cache import KernelCache
 from lsg_layers.modules.s4d_config import D_STATE, DT_MAX, DT_MIN, check_kernel_product
 from lsg_layers.modules.s4d_kernel import KERNEL_TAIL_TOL, S4DKernel, fused_kernel
@@ -168,11 +168,13 @@ class S4D(PathChoice, KernelCache, nn.Module):
 
     @staticmethod
     def _gate(y: torch.Tensor, q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """``y q`` in float32 (y: the float32 convolution), then in u's dtype for the output
-        projection: a long convolution can exceed float16's range where the gated product does not,
-        and where the projection runs in float16 its input is clamped to that range."""
+        """``y q`` in float32 (y: the float32 convolution), then in the dtype the output projection
+        computes in (:func:`matmul_dtype`): a long convolution can exceed float16's range where the
+        gated product does not, and where the projection runs in float16 its input is clamped to that
+        range (stored in that dtype: a bfloat16 store would round the clamp's 65504 up to 65536)."""
+        dtype = matmul_dtype(u)
         g = y * q.float()  # (B L H) float32
-        return (within_fp16(g) if fp16_in_play(u) else g).to(u.dtype)
+        return (within_fp16(g) if dtype == torch.float16 else g).to(dtype)
 
     def _whole_forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The layer on whole tensors (the GPU path): the same function as :meth:`forward`'s.
@@ -203,9 +205,9 @@ class S4D(PathChoice, KernelCache, nn.Module):
         """The whole layer without autograd with its projections as modules, in (B, L, H): the
         reference of :meth:`_whole_channel_major`, and the call for projections it cannot read."""
         k, q = self._kq(u, padding_mask)  # (B L H) each
-        clamp = fp16_in_play(u)  # asked here: inside float32_region autocast reads as off
+        dtype = matmul_dtype(u)  # asked here: inside float32_region autocast reads as off
         with float32_region(u):
-            gated = self._whole_gated_convolution(k, q, u, fft_size, clamp)  # (B L H) in u's dtype
+            gated = self._whole_gated_convolution(k, q, fft_size, dtype)  # (B L H)
         return self._output(gated)
 
     def _plain_projections(self) -> bool:
@@ -228,19 +230,16 @@ class S4D(PathChoice, KernelCache, nn.Module):
         :meth:`_whole_gated_convolution`, the transposed form (projections in (B, L, H), one
         transposing copy each way), which is its reference and serves projections that are not
         plain ``nn.Linear`` (the figures behind the choice: ``benchmarks/locost_gpu_notes.md``).
-        Under autocast the matmuls run in autocast's dtype as ``nn.Linear`` would: u and the
-        weights are cast once, before the chunks.
+        The matmuls run in the dtype ``nn.Linear`` would (:func:`matmul_dtype`): under autocast u
+        and the weights are cast once, before the chunks; k's bias goes into the float32 buffer as
+        float32.
         """
         B, L, H = u.shape
-        clamp = fp16_in_play(u)
+        dtype = matmul_dtype(u)
+        clamp = dtype == torch.float16  # the gated product is stored for a float16 matmul
         wk, wq, wo = self.k_proj, self.q_proj, self.output_linear
-        if autocast_on(u):  # cast once here, not in every chunk's matmul
-            dt = torch.get_autocast_dtype(u.device.type)
-            cast = lambda t: t.to(dt)  # noqa: E731
-            u = cast(u)
-        else:
-            cast = lambda t: t  # noqa: E731
-        k_w, q_w, q_b, o_w, o_b = cast(wk.weight), cast(wq.weight), cast(wq.bias), cast(wo.weight), cast(wo.bias)
+        # cast once here (a no-op without autocast), not in every chunk's matmul
+        u, k_w, q_w, q_b, o_w, o_b = (t.to(dtype) for t in (u, wk.weight, wq.weight, wq.bias, wo.weight, wo.bias))
         ut = u.reshape(B * L, H).t()  # (H, B L) view
         spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
         chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
@@ -258,7 +257,7 @@ class S4D(PathChoice, KernelCache, nn.Module):
                 else:
                     kh = spectrum[ch]
                 xc = xp[:, :c]
-                bias = wk.bias[ch, None, None]  # (c 1 1), not cast: added into the float32 buffer
+                bias = wk.bias[ch, None, None].float()  # (c 1 1): added into the float32 buffer
                 torch.add(kt.view(c, B, L), bias, out=xc[..., :L].transpose(0, 1))  # (B c L) float32, by rows
                 if padding_mask is not None:  # k is zero at padding (its bias too)
                     xc[..., :L].masked_fill_(padding_mask[:, None, :], 0.0)
@@ -273,22 +272,24 @@ class S4D(PathChoice, KernelCache, nn.Module):
             return torch.addmm(o_b, gated.t(), o_w.t()).view(B, L, H)  # (B L, H) -> (B L H)
 
     def _whole_gated_convolution(
-        self, k: torch.Tensor, q: torch.Tensor, u: torch.Tensor, fft_size: int, clamp: bool
+        self, k: torch.Tensor, q: torch.Tensor, fft_size: int, dtype: torch.dtype
     ) -> torch.Tensor:
-        """``((K * k) + D k) q`` without autograd, (B, L, H) in u's dtype: a chunk of channels at a
+        """``((K * k) + D k) q`` without autograd, (B, L, H) in ``dtype``: a chunk of channels at a
         time through a float32 input buffer made once per call. One copy casts, transposes and
         places k in it (its zero padding is never written), the product with the spectrum is in
         place, and one multiply takes the slice, transposes back, gates and casts. The FFTs write
         fresh tensors: given ``out=``, torch's CUDA FFTs compute into a temporary and copy it over
         (the third GPU reading's profile and conv_probe, benchmarks/locost_gpu_notes.md).
-        ``clamp``: whether the gated product meets a float16 op (:func:`fp16_in_play`, asked by the
-        caller outside :func:`float32_region`, inside which autocast reads as off).
+        ``dtype``: the one the output projection computes in (:func:`matmul_dtype`, asked by the
+        caller outside :func:`float32_region`, inside which autocast reads as off); the gated product
+        is clamped to float16's range when that is float16.
         """
         B, L, H = k.shape
         spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
         chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
         xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=k.device)  # (B c F)
-        out = torch.empty(B, L, H, dtype=u.dtype, device=u.device)  # (B L H)
+        clamp = dtype == torch.float16
+        out = torch.empty(B, L, H, dtype=dtype, device=k.device)  # (B L H)
         for c0 in range(0, H, chunk):
             ch = slice(c0, min(H, c0 + chunk))
             c = ch.stop - c0

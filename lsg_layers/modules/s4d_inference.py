@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.profiler import record_function
 
-from lsg_layers.modules.precision import within_fp16
+from lsg_layers.modules.precision import matmul_dtype, within_fp16
 from lsg_layers.ops.ssm import circular_bidirectional_kernel, next_fast_len
 
 # Positions per tile of the (B, L, c) -> (B, c, L) copy into the FFT buffer: a tile of a chunk's
@@ -99,8 +99,9 @@ def forward(
         del kx, q
         if w_out is not None:
             wb = w_out[:, cols]  # (H w)
-            yb = within_fp16(yb) if wb.dtype == torch.float16 else yb  # the gated product is float32
-            out = project(yb.to(wb.dtype), wb, b_out, out)  # (B L H)
+            dtype = matmul_dtype(wb)  # the gated product (float32) in the dtype the projection runs in
+            yb = within_fp16(yb) if dtype == torch.float16 else yb
+            out = project(yb.to(dtype), wb, b_out, out)  # (B L H)
         j += width
     if out is not None:
         return out.to(u.dtype)
