@@ -162,7 +162,7 @@ def refuse_clobber(
 
 def check_output_folder(out: str, force: bool, inputs: Sequence[str] = (), flag: str = "--force") -> None:
     """Refuse ``out`` up front: a file, a folder holding one of ``inputs``, or (without ``force``)
-    a non-empty folder. See :func:`atomic_folder`."""
+    a non-empty folder. The folder itself is written by :func:`lsg_text.atomic.atomic_folder`."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise DataError(f"{out}: exists and is not a folder; choose another output folder")
     refuse_clobber([out], inputs, what="output folder", verb="replace the source")  # replaced as a whole

@@ -164,6 +164,30 @@ def test_s4d_whole_path_keeps_the_transposed_form_for_other_projections(kind):
     assert torch.allclose((changed - bias) * keep, factor * (plain - bias) * keep, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["forward_hook", "pre_hook"])
+def test_s4d_whole_path_calls_its_projections_under_a_global_hook(kind):
+    """A global module hook (``register_module_forward_hook``, as activation loggers install) sees
+    every module's call, so the channel-major call, which would skip the projections', is not taken."""
+    module_api = nn.modules.module
+    register = {
+        "forward_hook": module_api.register_module_forward_hook,
+        "pre_hook": module_api.register_module_forward_pre_hook,
+    }[kind]
+    layer = _whole(_perturbed_layer(H=8, N=8)).eval()
+    u, mask = _masked_batch(8, 40, 25)
+    seen = []
+    handle = register(lambda module, *args: seen.append(module))
+    try:
+        assert not layer._plain_projections()
+        with torch.no_grad():
+            layer(u, mask)
+    finally:
+        handle.remove()
+    assert layer._plain_projections()
+    projections = [layer.k_proj, layer.q_proj, layer.output_linear]
+    assert all(any(m is p for m in seen) for p in projections)
+
+
 def test_kernel_spectra_cache_by_fft_size_least_recently_used_out():
     """Lengths that share an FFT size share one spectrum, lengths across sizes get their own, the
     budget evicts the least recently used one, and every output equals the uncached layer's and

@@ -39,6 +39,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+from torch.nn.modules import module as nn_module
 from torch.profiler import record_function
 from torch.utils.checkpoint import checkpoint
 
@@ -212,8 +213,11 @@ class S4D(PathChoice, KernelCache, nn.Module):
 
     def _plain_projections(self) -> bool:
         """Whether k_proj, q_proj and output_linear are plain ``nn.Linear`` with a bias and no
-        forward hooks (their weights then serve :meth:`_whole_channel_major`'s own matmuls, which
-        would skip a hook or a quantized module's own forward)."""
+        forward hooks, their own or global ones (``nn.modules.module.register_module_forward_hook``):
+        their weights then serve :meth:`_whole_channel_major`'s own matmuls, which would skip a hook
+        or a quantized module's own forward."""
+        if nn_module._global_forward_pre_hooks or nn_module._global_forward_hooks:
+            return False
         return all(
             type(m) is nn.Linear and m.bias is not None and not m._forward_pre_hooks and not m._forward_hooks
             for m in (self.k_proj, self.q_proj, self.output_linear)
@@ -226,8 +230,8 @@ class S4D(PathChoice, KernelCache, nn.Module):
         copy: the projections write k^T and q^T (channels, B L) themselves (``W u^T + b``; a matmul
         reads a transposed operand at full speed, a copy writes or reads one a column at a time), k's
         rows go into the FFT buffer (B, c, F) as rows, the gate writes the output's rows, and the
-        output projection reads those rows transposed. Channels in chunks as in
-        :meth:`_whole_gated_convolution`, the transposed form (projections in (B, L, H), one
+        output projection reads those rows transposed. Channels in chunks (:meth:`_whole_chunks`) as
+        in :meth:`_whole_gated_convolution`, the transposed form (projections in (B, L, H), one
         transposing copy each way), which is its reference and serves projections that are not
         plain ``nn.Linear`` (the figures behind the choice: ``benchmarks/locost_gpu_notes.md``).
         The matmuls run in the dtype ``nn.Linear`` would (:func:`matmul_dtype`): under autocast u
@@ -241,22 +245,13 @@ class S4D(PathChoice, KernelCache, nn.Module):
         # cast once here (a no-op without autocast), not in every chunk's matmul
         u, k_w, q_w, q_b, o_w, o_b = (t.to(dtype) for t in (u, wk.weight, wq.weight, wq.bias, wo.weight, wo.bias))
         ut = u.reshape(B * L, H).t()  # (H, B L) view
-        spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
-        chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
-        xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=u.device)  # (B c F)
-        gated = torch.empty(H, B * L, dtype=u.dtype, device=u.device)  # (H, B L): the gate's output rows
-        for c0 in range(0, H, chunk):
-            ch = slice(c0, min(H, c0 + chunk))
-            c = ch.stop - c0
+        gated = torch.empty(H, B * L, dtype=dtype, device=u.device)  # (H, B L): the gate's output rows
+        for ch, kh, xc in self._whole_chunks(B, L, fft_size, u.device):
+            c = xc.shape[1]
             with record_function("s4d.projection"):
                 kt = torch.mm(k_w[ch], ut)  # (c, B L); its bias comes with the copy below
                 qt = torch.addmm(q_b[ch, None], q_w[ch], ut)  # (c, B L)
             with float32_region(u):
-                if spectrum is None:
-                    kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
-                else:
-                    kh = spectrum[ch]
-                xc = xp[:, :c]
                 bias = wk.bias[ch, None, None].float()  # (c 1 1): added into the float32 buffer
                 torch.add(kt.view(c, B, L), bias, out=xc[..., :L].transpose(0, 1))  # (B c L) float32, by rows
                 if padding_mask is not None:  # k is zero at padding (its bias too)
@@ -285,19 +280,9 @@ class S4D(PathChoice, KernelCache, nn.Module):
         is clamped to float16's range when that is float16.
         """
         B, L, H = k.shape
-        spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
-        chunk = max(1, min(H, WHOLE_FFT_ELEMS // (B * fft_size)))
-        xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=k.device)  # (B c F)
         clamp = dtype == torch.float16
         out = torch.empty(B, L, H, dtype=dtype, device=k.device)  # (B L H)
-        for c0 in range(0, H, chunk):
-            ch = slice(c0, min(H, c0 + chunk))
-            c = ch.stop - c0
-            if spectrum is None:
-                kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
-            else:
-                kh = spectrum[ch]
-            xc = xp[:, :c]
+        for ch, kh, xc in self._whole_chunks(B, L, fft_size, k.device):
             xc[..., :L].copy_(k[..., ch].transpose(1, 2))  # (B c L) float32
             yc = torch.fft.irfft(torch.fft.rfft(xc).mul_(kh), n=fft_size)  # (B c F)
             y = yc[..., :L].transpose(1, 2)  # (B L c) view
@@ -306,6 +291,25 @@ class S4D(PathChoice, KernelCache, nn.Module):
             else:
                 torch.mul(y, q[..., ch], out=out[..., ch])
         return out
+
+    def _whole_chunks(self, B: int, L: int, fft_size: int, device: torch.device):
+        """The channel chunks of the no-grad whole-tensor convolution (:meth:`_whole_channel_major`,
+        :meth:`_whole_gated_convolution`): for each, its channels (a slice), their kernel spectrum
+        (c, F/2+1) (cached by :meth:`whole_spectrum`, or generated for the chunk), and their rows
+        (B, c, F) of one float32 FFT buffer made per call, at most ``WHOLE_FFT_ELEMS`` floats, zero
+        from lag L on (the callers write only the first L)."""
+        with float32_region(self.D):
+            spectrum = self.whole_spectrum(fft_size)  # (H F/2+1) or None
+        chunk = max(1, min(self.H, WHOLE_FFT_ELEMS // (B * fft_size)))
+        xp = torch.zeros(B, chunk, fft_size, dtype=torch.float32, device=device)  # (B c F)
+        for c0 in range(0, self.H, chunk):
+            ch = slice(c0, min(self.H, c0 + chunk))
+            if spectrum is not None:
+                kh = spectrum[ch]
+            else:
+                with float32_region(self.D):
+                    kh = torch.fft.rfft(self._whole_circular(L, fft_size, ch))  # (c F/2+1)
+            yield ch, kh, xp[:, : ch.stop - c0]
 
     def _whole_circular(
         self, length: int, fft_size: int, channels: slice = slice(None), product: str = "fp32"
