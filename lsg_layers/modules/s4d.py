@@ -244,6 +244,7 @@ class S4D(PathChoice, KernelCache, nn.Module):
         wk, wq, wo = self.k_proj, self.q_proj, self.output_linear
         # cast once here (a no-op without autocast), not in every chunk's matmul
         u, k_w, q_w, q_b, o_w, o_b = (t.to(dtype) for t in (u, wk.weight, wq.weight, wq.bias, wo.weight, wo.bias))
+        k_b = wk.bias.float()  # added into the float32 buffer
         ut = u.reshape(B * L, H).t()  # (H, B L) view
         gated = torch.empty(H, B * L, dtype=dtype, device=u.device)  # (H, B L): the gate's output rows
         for ch, kh, xc in self._whole_chunks(B, L, fft_size, u.device):
@@ -252,8 +253,8 @@ class S4D(PathChoice, KernelCache, nn.Module):
                 kt = torch.mm(k_w[ch], ut)  # (c, B L); its bias comes with the copy below
                 qt = torch.addmm(q_b[ch, None], q_w[ch], ut)  # (c, B L)
             with float32_region(u):
-                bias = wk.bias[ch, None, None].float()  # (c 1 1): added into the float32 buffer
-                torch.add(kt.view(c, B, L), bias, out=xc[..., :L].transpose(0, 1))  # (B c L) float32, by rows
+                rows = xc[..., :L].transpose(0, 1)  # (c B L) view of the buffer
+                torch.add(kt.view(c, B, L), k_b[ch, None, None], out=rows)  # k in float32, by rows
                 if padding_mask is not None:  # k is zero at padding (its bias too)
                     xc[..., :L].masked_fill_(padding_mask[:, None, :], 0.0)
                 y = torch.fft.irfft(torch.fft.rfft(xc).mul_(kh), n=fft_size)[..., :L]  # (B c L)
