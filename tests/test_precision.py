@@ -142,6 +142,42 @@ def test_s4d_bf16_under_fp16_autocast_stores_the_clamped_product_in_float16():
         assert rel(out, outs["whole", True]) < 1e-2, key
 
 
+@pytest.mark.parametrize(
+    "autocast", [None, torch.bfloat16, torch.float16], ids=["off", "bf16_autocast", "fp16_autocast"]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_s4d_paths_agree_in_every_dtype_under_every_autocast(dtype, autocast):
+    """Each model dtype under each CPU autocast: the CPU path without autograd (its output projection
+    in two batches of columns, ``out += y_b W_b^T`` after the first, which autocast leaves alone), the
+    whole-tensor path and the training path return the dtype ``nn.Linear`` would (autocast's, float64
+    excepted) and agree to the half types' rounding."""
+    torch.manual_seed(0)
+    layer = S4D(16, 8).eval()
+    with torch.no_grad():
+        layer.kernel.log_dt[:8] = 2.5  # these channels decay within a few steps: a second decay group
+    layer.min_projection_channels = 4  # one projection batch per group
+    assert [len(idx) for idx, _, _ in layer.kernel_groups(40)] == [8, 8]
+    layer = layer.to(dtype)
+    u = torch.randn(2, 40, 16).to(dtype)
+    mask = torch.zeros(2, 40, dtype=torch.bool)
+    mask[1, 30:] = True
+    outs = {}
+    for path in ("cpu", "whole"):
+        for grad in (False, True):
+            on = autocast is not None
+            with (
+                forced_path(layer, path),
+                torch.set_grad_enabled(grad),
+                torch.autocast("cpu", dtype=autocast, enabled=on),
+            ):
+                outs[path, grad] = layer(u, mask)
+    expected = autocast if autocast is not None and dtype != torch.float64 else dtype
+    assert {out.dtype for out in outs.values()} == {expected}
+    exact = expected in (torch.float32, torch.float64)
+    for key, out in outs.items():
+        assert rel(out, outs["whole", True]) < (1e-6 if exact else 1e-2), key
+
+
 # ---------------------------------------------------------------- T5 layers
 def overflowing_ffn(seed=0):
     """A gated-GeLU FFN whose output (wo's) exceeds float16's range: |y| ~ 1e5."""

@@ -226,11 +226,12 @@ class S4D(PathChoice, KernelCache, nn.Module):
     def _whole_channel_major(
         self, u: torch.Tensor, padding_mask: Optional[torch.Tensor], fft_size: int
     ) -> torch.Tensor:
-        """The whole layer without autograd, (B, L, H) in u's dtype, with nothing transposed by a
-        copy: the projections write k^T and q^T (channels, B L) themselves (``W u^T + b``; a matmul
-        reads a transposed operand at full speed, a copy writes or reads one a column at a time), k's
-        rows go into the FFT buffer (B, c, F) as rows, the gate writes the output's rows, and the
-        output projection reads those rows transposed. Channels in chunks (:meth:`_whole_chunks`) as
+        """The whole layer without autograd, (B, L, H) in the dtype its output projection computes in
+        (:func:`matmul_dtype`), with nothing transposed by a copy: the projections write k^T and q^T
+        (channels, B L) themselves (``W u^T + b``; a matmul reads a transposed operand at full speed,
+        a copy writes or reads one a column at a time), k's rows go into the FFT buffer (B, c, F) as
+        rows, the gate writes the output's rows, and the output projection reads those rows
+        transposed. Channels in chunks (:meth:`_whole_chunks`) as
         in :meth:`_whole_gated_convolution`, the transposed form (projections in (B, L, H), one
         transposing copy each way), which is its reference and serves projections that are not
         plain ``nn.Linear`` (the figures behind the choice: ``benchmarks/locost_gpu_notes.md``).

@@ -59,9 +59,13 @@ def forward(
 
     u: (B, L, H); padding_mask: (B, L) bool or None; groups: the kernels by decay group
     (:meth:`S4D.kernel_groups`; a group without cached kernels gets them from ``kernel(n, idx)``,
-    (2, c, n), a chunk at a time); skip: D (H,). Returns (B, L, H) in u's dtype.
+    (2, c, n), a chunk at a time); skip: D (H,). Returns (B, L, H) in the dtype the output
+    projection computes in (:func:`matmul_dtype`: u's, or autocast's), as ``S4D``'s other paths do.
     """
     B, L, H = u.shape
+    # the gated product (float32) is handed to the output projection in the dtype it computes in,
+    # clamped to float16's range where that is float16
+    dtype = matmul_dtype(u)
     pad = None if padding_mask is None else padding_mask.unsqueeze(-1)  # (B L 1)
     perm = torch.cat([idx for idx, _, _ in groups]).to(u.device)  # (H): y[..., j] is channel perm[j]
     k_cols = columns(k_proj, u, perm)  # columns -> (B L c) of k_proj(u), in y's order
@@ -98,16 +102,19 @@ def forward(
             o += len(idx)
         del kx, q
         if w_out is not None:
-            wb = w_out[:, cols]  # (H w)
-            dtype = matmul_dtype(wb)  # the gated product (float32) in the dtype the projection runs in
-            yb = within_fp16(yb) if dtype == torch.float16 else yb
-            out = project(yb.to(dtype), wb, b_out, out)  # (B L H)
+            wb = w_out[:, cols].to(dtype)  # (H w); cast here: autocast leaves out += y_b W_b^T alone
+            out = project(_for_projection(yb, dtype), wb, b_out, out)  # (B L H)
         j += width
     if out is not None:
-        return out.to(u.dtype)
+        return out
     with record_function("s4d.projection"):  # e.g. int8: channels back in order, one call
         assert y is not None  # no plain Linear: y was made whole
-        return output_linear(y[..., torch.argsort(perm)]).to(u.dtype)  # (B L H)
+        return output_linear(_for_projection(y[..., torch.argsort(perm)], dtype))  # (B L H)
+
+
+def _for_projection(y: Tensor, dtype: torch.dtype) -> Tensor:
+    """The float32 gated product ``y`` in ``dtype``, clamped to float16's range where that is float16."""
+    return (within_fp16(y) if dtype == torch.float16 else y).to(dtype)
 
 
 def convolve_group(
