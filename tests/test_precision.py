@@ -12,7 +12,7 @@ import torch
 
 from lsg_layers.modules.locost_blocks import LOCOSTEncoderBlock
 from lsg_layers.modules.paths import forced_path
-from lsg_layers.modules.precision import clamp_fp16, fp16_in_play, matmul_dtype, within_fp16
+from lsg_layers.modules.precision import cast_for_matmul, clamp_fp16, fp16_in_play, matmul_dtype, within_fp16
 from lsg_layers.modules.s4d import S4D
 from lsg_layers.modules.t5_layers import T5Attention, T5DenseGatedGelu
 from lsg_layers.ops.ssm import vandermonde_blocked
@@ -51,6 +51,9 @@ def test_matmul_dtype_is_the_one_linear_computes_in():
                 w = torch.ones(4, 3, dtype=dtype)
                 seen = torch.nn.functional.linear(x.to(dtype), w).dtype  # what autocast does
                 assert matmul_dtype(x.to(dtype)) == seen, (autocast, dtype, seen)
+    big = torch.tensor([1e6, -1e6, 1.0])
+    assert cast_for_matmul(big, torch.float16).tolist() == [FP16_MAX, -FP16_MAX, 1.0]  # clamped, finite
+    assert cast_for_matmul(big, torch.bfloat16).tolist() == big.bfloat16().tolist()  # bfloat16 holds 1e6
 
 
 # ---------------------------------------------------------------- S4D

@@ -17,7 +17,8 @@ float16 tops out at 65504; bfloat16 has float32's range but 8 bits of mantissa. 
   float32 (its ``wo`` projection) or clamps;
 - :func:`matmul_dtype`: the dtype ``nn.Linear`` computes in for an input ``x`` (autocast's, or
   x's own): a product stored for a projection is stored in it, so that it is clamped for float16
-  where float16 is what the projection reads (a bfloat16 store would round 65504 up to 65536);
+  where float16 is what the projection reads (a bfloat16 store would round 65504 up to 65536):
+  :func:`cast_for_matmul`;
 - :func:`clamp_fp16`: HF T5's clamp of float16 hidden states (inf -> the largest finite value less
   a margin), a no-op for any other dtype; :func:`within_fp16` clamps a float32 tensor to float16's
   range before it meets a float16 op.
@@ -58,6 +59,12 @@ def matmul_dtype(x: Tensor) -> torch.dtype:
     if autocast_on(x) and x.dtype != torch.float64:
         return torch.get_autocast_dtype(x.device.type)
     return x.dtype
+
+
+def cast_for_matmul(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """A float32 ``x`` in ``dtype``, the dtype of the matmul that reads it (:func:`matmul_dtype`),
+    clamped to float16's range where that is float16 (a value past 65504 stays the largest float16)."""
+    return (within_fp16(x) if dtype == torch.float16 else x).to(dtype)
 
 
 def clamp_fp16(x: Tensor) -> Tensor:

@@ -45,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lsg_layers.modules import s4d_inference, s4d_kernel
 from lsg_layers.modules.paths import PathChoice
-from lsg_layers.modules.precision import autocast_on, float32_region, matmul_dtype, within_fp16
+from lsg_layers.modules.precision import autocast_on, cast_for_matmul, float32_region, matmul_dtype, within_fp16
 from lsg_layers.modules.s4d_cache import KernelCache
 from lsg_layers.modules.s4d_config import D_STATE, DT_MAX, DT_MIN, check_kernel_product
 from lsg_layers.modules.s4d_kernel import KERNEL_TAIL_TOL, S4DKernel, fused_kernel
@@ -173,9 +173,7 @@ class S4D(PathChoice, KernelCache, nn.Module):
         computes in (:func:`matmul_dtype`): a long convolution can exceed float16's range where the
         gated product does not, and where the projection runs in float16 its input is clamped to that
         range (stored in that dtype: a bfloat16 store would round the clamp's 65504 up to 65536)."""
-        dtype = matmul_dtype(u)
-        g = y * q.float()  # (B L H) float32
-        return (within_fp16(g) if dtype == torch.float16 else g).to(dtype)
+        return cast_for_matmul(y * q.float(), matmul_dtype(u))  # (B L H)
 
     def _whole_forward(self, u: torch.Tensor, padding_mask: Optional[torch.Tensor]) -> torch.Tensor:
         """The layer on whole tensors (the GPU path): the same function as :meth:`forward`'s.
@@ -231,8 +229,8 @@ class S4D(PathChoice, KernelCache, nn.Module):
         (channels, B L) themselves (``W u^T + b``; a matmul reads a transposed operand at full speed,
         a copy writes or reads one a column at a time), k's rows go into the FFT buffer (B, c, F) as
         rows, the gate writes the output's rows, and the output projection reads those rows
-        transposed. Channels in chunks (:meth:`_whole_chunks`) as
-        in :meth:`_whole_gated_convolution`, the transposed form (projections in (B, L, H), one
+        transposed. Channels in chunks (:meth:`_whole_chunks`) as in
+        :meth:`_whole_gated_convolution`, the transposed form (projections in (B, L, H), one
         transposing copy each way), which is its reference and serves projections that are not
         plain ``nn.Linear`` (the figures behind the choice: ``benchmarks/locost_gpu_notes.md``).
         The matmuls run in the dtype ``nn.Linear`` would (:func:`matmul_dtype`): under autocast u

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.profiler import record_function
 
-from lsg_layers.modules.precision import matmul_dtype, within_fp16
+from lsg_layers.modules.precision import cast_for_matmul, matmul_dtype
 from lsg_layers.ops.ssm import circular_bidirectional_kernel, next_fast_len
 
 # Positions per tile of the (B, L, c) -> (B, c, L) copy into the FFT buffer: a tile of a chunk's
@@ -103,18 +103,13 @@ def forward(
         del kx, q
         if w_out is not None:
             wb = w_out[:, cols].to(dtype)  # (H w); cast here: autocast leaves out += y_b W_b^T alone
-            out = project(_for_projection(yb, dtype), wb, b_out, out)  # (B L H)
+            out = project(cast_for_matmul(yb, dtype), wb, b_out, out)  # (B L H)
         j += width
     if out is not None:
         return out
     with record_function("s4d.projection"):  # e.g. int8: channels back in order, one call
         assert y is not None  # no plain Linear: y was made whole
-        return output_linear(_for_projection(y[..., torch.argsort(perm)], dtype))  # (B L H)
-
-
-def _for_projection(y: Tensor, dtype: torch.dtype) -> Tensor:
-    """The float32 gated product ``y`` in ``dtype``, clamped to float16's range where that is float16."""
-    return (within_fp16(y) if dtype == torch.float16 else y).to(dtype)
+        return output_linear(cast_for_matmul(y[..., torch.argsort(perm)], dtype))  # (B L H)
 
 
 def convolve_group(
