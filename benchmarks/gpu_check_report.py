@@ -352,6 +352,11 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="output stem: <out>.md and <out>.json")
     p.add_argument("--plot", action="store_true", help="also <out>_time.png and <out>_memory.png (needs matplotlib)")
     args = p.parse_args(argv)
+    # a mistyped path: one line, not an empty report nor a traceback
+    if not os.path.isfile(os.path.join(args.work, "stages.tsv")):
+        p.error(f"--work {args.work}: not a gpu_check.sh work folder (no stages.tsv)")
+    if not os.path.isdir(os.path.dirname(args.out) or "."):
+        p.error(f"--out {args.out}: no folder {os.path.dirname(args.out)}")
     result = build(args.work)
     text = markdown(result, args.work)
     for suffix, content in ((".md", text), (".json", json.dumps(result, indent=1))):

@@ -318,6 +318,26 @@ def test_report_needs_no_torch():
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
 
 
+def test_report_refuses_a_mistyped_path_in_one_line(tmp_path, capsys):
+    """Redrawing a fetched reading (benchmarks/README.md) with a path mistyped: a usage error naming
+    the flag, neither an empty report of no stages nor a traceback from the write."""
+    gpu_report = load_script("benchmarks/gpu_check_report.py", "gpu_check_report")
+    work = tmp_path / "gpu_check"
+    work.mkdir()
+    (work / "stages.tsv").write_text("enc\tok\t3\n")
+    typo, missing = tmp_path / "gpu_chek", tmp_path / "missing" / "cuda"
+    for argv, line in (
+        (["--work", str(typo), "--out", str(tmp_path / "cuda")], f"--work {typo}: not a gpu_check.sh work folder"),
+        (["--work", str(work), "--out", str(missing)], f"--out {missing}: no folder {missing.parent}"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            gpu_report.main(argv)
+        assert exit_.value.code == 2 and f"error: {line}" in capsys.readouterr().err
+    assert not list(tmp_path.glob("cuda*")) and not missing.parent.exists()
+    gpu_report.main(["--work", str(work), "--out", str(tmp_path / "cuda")])  # the folder as it should be
+    assert json.loads((tmp_path / "cuda.json").read_text())["stages"][0]["stage"] == "enc"
+
+
 def test_figures_draw_the_stages_measured_alike(tmp_path):
     """--plot: time and memory against length from the stages measured alike (train64k_ckpt, with
     activation checkpointing, is left out), each arch labelled with the path it ran, in its colour."""
@@ -343,6 +363,7 @@ def test_figures_draw_the_stages_measured_alike(tmp_path):
     }
     for tag, records in stages.items():
         (tmp_path / f"{tag}.json").write_text(json.dumps({"records": records, "rows": rows, "runs": []}))
+    (tmp_path / "stages.tsv").write_text("".join(f"{tag}\tok\t1\n" for tag in stages))  # as gpu_check.sh leaves it
     records, drawn = gpu_report.plot_records(str(tmp_path))
     assert [(r["arch"], r["color"]) for r in drawn] == [("linear", "tab:gray"), ("lsg_norm (flex)", "tab:blue")]
     assert sorted((r["arch"], r["mode"], r["length"]) for r in records) == [
