@@ -45,7 +45,7 @@ from lsg_text.documents import (
     read_documents,
 )
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, check_output_path, made_folder, require_file
+from lsg_text.fileio import DataError, check_fairseq_dict, check_output_path, made_folder, require_file
 
 PROG = "gsg_preprocess.py"
 
@@ -195,6 +195,18 @@ def move_into(staged, out_dir, old):
         os.replace(os.path.join(staged, name), os.path.join(out_dir, name))
 
 
+def load_dict(path):
+    """``--dict``: fairseq's Dictionary of ``path``, a damaged line named; one that lists no token is
+    refused, since every piece would be written as <unk>."""
+    from fairseq.data import Dictionary
+
+    check_fairseq_dict(require_file(path, "--dict"), "--dict")
+    dictionary = Dictionary.load(path)
+    if len(dictionary) == dictionary.nspecial:
+        raise DataError(f"--dict {path}: lists no token (every piece would be <unk>); give the model's dict.txt")
+    return dictionary
+
+
 def build_encoder(args, first_split_docs):
     """(dictionary, dict_path or None, encode: list of sentences -> list of token id lists)."""
     from fairseq.data import Dictionary
@@ -206,7 +218,7 @@ def build_encoder(args, first_split_docs):
 
         sp = load_sentencepiece(args.spm_model, "--spm-model")
         dict_path = input_dictionary(args)
-        dictionary = Dictionary.load(require_file(dict_path, "--dict"))
+        dictionary = load_dict(dict_path)
 
         def encode(sentences):
             return [[dictionary.index(p) for p in pieces] for pieces in sp.encode(sentences, out_type=str)]
@@ -221,7 +233,7 @@ def build_encoder(args, first_split_docs):
         bpe = get_encoder(args.gpt2_encoder_json, args.gpt2_vocab_bpe)
         if not args.dict:
             raise DataError("--dict is required with the gpt2 tokenizer (the dict.txt of the model)")
-        dictionary = Dictionary.load(require_file(args.dict, "--dict"))
+        dictionary = load_dict(args.dict)
 
         def encode(sentences):
             # A leading space, as every sentence but the first has in running text, so sentences
@@ -230,7 +242,7 @@ def build_encoder(args, first_split_docs):
 
         return dictionary, args.dict, encode
     if args.dict:
-        dictionary = Dictionary.load(require_file(args.dict, "--dict"))
+        dictionary = load_dict(args.dict)
         dict_path = args.dict
     else:
         dictionary = Dictionary()
@@ -271,6 +283,8 @@ def main(argv=None) -> int:
     try:
         check_output_path(args.output_dir, "--output-dir", folder=True)
         old = check_output_corpus(args, input_dictionary(args))
+        if input_dictionary(args) is not None:
+            load_dict(input_dictionary(args))  # a damaged or empty one refused before the inputs are read
         inputs = parse_inputs(args.input)
         t0 = time.time()
         split_docs = {}

@@ -477,6 +477,38 @@ def test_generate_with_another_vocabulary_is_one_line(word_data, tiny_checkpoint
     assert line.startswith("lsg-fairseq-generate: error: the checkpoint's vocabulary has ") and "give the data" in line
 
 
+def test_a_damaged_dictionary_is_one_line_naming_its_line(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """A dict.txt with a line fairseq cannot parse, read through the task (generate, and the
+    converter and exporter, which load the dictionary beside a checkpoint): the file and its line
+    named in one line, not fairseq's ValueError traceback; nothing written."""
+    import shutil
+
+    from lsg_fairseq.cli import fairseq_wrappers
+    from lsg_fairseq.cli.convert import main as convert_main
+    from lsg_fairseq.cli.export import main as export_main
+
+    data, model = tmp_path / "data", tmp_path / "model"
+    shutil.copytree(word_data, data)
+    model.mkdir()
+    shutil.copy(tiny_checkpoint, model / "model.pt")
+    for path in (data / "dict.source.txt", model / "dict.txt"):
+        lines = (word_data / "dict.source.txt").read_text().splitlines(keepends=True)
+        path.write_text("".join(lines[:3] + ["garbage line\n"] + lines[3:]))
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-generate"])
+    runs = (
+        (lambda: fairseq_wrappers.generate([str(data), "--path", tiny_checkpoint, "--cpu"]), data / "dict.source.txt"),
+        (lambda: convert_main([str(model), str(tmp_path / "converted"), "--to", "lsg_bart"]), model / "dict.txt"),
+        (lambda: export_main([str(model), str(tmp_path / "hf")]), model / "dict.txt"),
+    )
+    for run, culprit in runs:
+        with pytest.raises(SystemExit) as e:
+            run()
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "Traceback" not in err, err[-2000:]
+        assert f"{culprit}: not a fairseq dict.txt (line 4 is 'garbage line'" in err.strip().splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "model"]
+
+
 def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data, tmp_path, capsys, monkeypatch):
     from lsg_fairseq.cli import fairseq_wrappers
     from test_user_errors import TRAIN, fairseq_train

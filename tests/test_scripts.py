@@ -922,6 +922,27 @@ def test_gsg_preprocess_refuses_a_corpus_folder_without_force(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
+    "content, message",
+    [
+        ("a 5\ngarbage line\n", "not a fairseq dict.txt (line 2 is 'garbage line'"),
+        ("", "lists no token (every piece would be <unk>)"),
+    ],
+    ids=["damaged", "empty"],
+)
+def test_gsg_preprocess_refuses_a_dict_it_cannot_use(tmp_path, capsys, content, message):
+    """--dict with a line fairseq cannot parse (its ValueError traceback before), or with no token
+    (a corpus of <unk> before, exit 0): one line naming the flag and the file; nothing written."""
+    script = load_script("gsg_preprocess.py")
+    (tmp_path / "a.txt").write_text("One cat sat. Two dogs ran. Red birds sang.\n")
+    (tmp_path / "dict.txt").write_text(content)
+    argv = ["--format", "lines", "--input", f"train={tmp_path / 'a.txt'}", "--output-dir", str(tmp_path / "gsg")]
+    assert script.main(argv + ["--dict", str(tmp_path / "dict.txt")]) == 2
+    line = one_error_line(capsys.readouterr().err, "gsg_preprocess.py")
+    assert f"--dict {tmp_path / 'dict.txt'}: {message}" in line
+    assert not (tmp_path / "gsg").exists()
+
+
+@pytest.mark.parametrize(
     "split, content, message",
     [
         (

@@ -46,6 +46,7 @@ from lsg_fairseq.convert.bart_state import (
 from lsg_fairseq.convert.fields import Field, hf_fields, values_from_hf
 from lsg_fairseq.convert.hf_tokenizer import generation_config, tokenizer_writer
 from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, Family, SourceInfo, register_family
+from lsg_text.fileio import check_fairseq_dict
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_NAMES
 
 logger = logging.getLogger(__name__)
@@ -228,6 +229,8 @@ class BartFamily(Family):
             data = (cfg.get("task") or {}).get("data")
             hint = f"; copy its training dictionary there ({data}/dict.txt or dict.source.txt)" if data else ""
             raise C.ConversionError(f"{src_dir}/dict.txt: missing (needed beside the checkpoint{hint})")
+        # a damaged line named in the source's file, before the copy in OUT's staging folder is read
+        check_fairseq_dict(os.path.join(src_dir, "dict.txt"), "dictionary")
         sd = dict(state["model"])
         model_args = cfg.model
         new_encoder = source.model not in self.models

@@ -65,6 +65,7 @@ from lsg_fairseq.tasks.eval_rouge import (
     rouge_sums,
 )
 from lsg_text.errors import ConfigError, MissingFileError
+from lsg_text.fileio import check_fairseq_dict
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
 from lsg_text.rouge import ROUGE_KEYS
 
@@ -163,6 +164,7 @@ class LongDocumentSummarizationTask(TranslationTask):
                     f"no dictionary: neither {filename} nor {joint} exists (run scripts/preprocess.sh "
                     "or point --data at a converted model folder)"
                 )
+        check_fairseq_dict(filename, "dictionary")  # a damaged line named, not fairseq's traceback
         dictionary = Dictionary.load(filename)
         dictionary.add_symbol("<mask>")
         return dictionary
