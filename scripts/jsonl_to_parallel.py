@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         counts = {}
         # One atomic group for all splits: a bad line in test.jsonl must not leave a fresh
         # train.source next to a stale test.source.
-        with atomic_outputs(outputs) as handles:
+        with atomic_outputs(outputs, inputs=list(inputs.values())) as handles:
             for i, (split, path) in enumerate(inputs.items()):
                 files = handles[i * len(exts) : (i + 1) * len(exts)]
                 n = 0

@@ -38,7 +38,7 @@ import numpy as np
 
 from lsg_text.atomic import atomic_files
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, require_dir
+from lsg_text.fileio import DataError, check_output_path, require_dir
 
 PROG = "make_test_data.py"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -232,6 +232,20 @@ def manifest_json(manifest: dict) -> bytes:
     return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
 
 
+def earlier_build(out: str) -> set:
+    """The files an earlier build wrote in ``out`` (its manifest's, relative to ``out``): the only
+    ones a rebuild may delete. Anything else there (a README.md, a user's file) is kept."""
+    path = os.path.join(out, "manifest.json")
+    if not os.path.isfile(path):
+        return set()
+    try:
+        with open(path, encoding="utf-8") as f:
+            listed = json.load(f)["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"--out {out}: its manifest.json is not one this script wrote ({e}); move it away") from None
+    return {r for r in listed if isinstance(r, str) and not os.path.isabs(r) and ".." not in r.split("/")}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -251,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_output_path(args.out, "--out", folder=True)
         require_dir(args.shared, "--shared")
+        earlier = earlier_build(args.out)
         files, manifest = build(args.shared)
     except (DataError, OSError) as e:
         return report(e, PROG)
@@ -260,10 +276,10 @@ def main(argv=None) -> int:
     with atomic_files(paths) as handles:
         for handle, data in zip(handles, files.values()):
             handle.write(data)
-    for folder, _, names in os.walk(args.out):  # files of an earlier build that this one no longer writes
-        for name in names:
-            if os.path.relpath(os.path.join(folder, name), args.out) not in files and name != "README.md":
-                os.remove(os.path.join(folder, name))
+    for rel in sorted(earlier - set(files)):  # written by the earlier build, not by this one
+        path = os.path.join(args.out, rel)
+        if os.path.isfile(path):
+            os.remove(path)
     total = sum(map(len, files.values()))
     print(f"{PROG}: wrote {len(files)} files, {total / 1e6:.2f} MB, to {args.out}", file=sys.stderr)
     return 0

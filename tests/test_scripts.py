@@ -123,6 +123,18 @@ def test_jsonl_to_parallel_newline_token(tmp_path):
     assert read_lines(tmp_path / "o" / "train.target") == ["s <n> t"]
 
 
+def test_jsonl_to_parallel_refuses_to_write_over_its_input(tmp_path, capsys):
+    """A JSONL input named like one of the outputs (test.source in --output-dir): one line, the
+    input kept (it was replaced by the flattened text, exit 0)."""
+    src = tmp_path / "test.source"
+    src.write_text(json.dumps({"document": "a b", "summary": "c"}) + "\n")
+    before = src.read_bytes()
+    argv = ["--input", f"test={src}", "--output-dir", str(tmp_path)]
+    assert load_script("jsonl_to_parallel.py").main(argv) == 2
+    assert "would overwrite the input" in one_error_line(capsys.readouterr().err, "jsonl_to_parallel.py")
+    assert src.read_bytes() == before and not (tmp_path / "test.target").exists()
+
+
 @pytest.mark.parametrize(
     "line, message",
     [

@@ -119,3 +119,34 @@ def test_an_example_without_its_full_data_says_where_in_one_line(tmp_path, scrip
     assert prog.endswith(os.path.basename(script)) and message.startswith(str(tmp_path / "nowhere")), lines[0]
     assert f"set {var}=" in message
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")  # nothing done yet
+
+
+def test_a_rebuild_deletes_only_what_the_earlier_build_wrote(tmp_path, capsys, monkeypatch):
+    """scripts/make_test_data.py --out: the files of the earlier build's manifest that this build no
+    longer writes go; a file the script never wrote (a user's, a README.md) stays (it deleted every
+    file but README.md before). An --out that is a file is one line, nothing written."""
+    make = make_test_data()
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    shared.mkdir()
+    (out / "sub").mkdir(parents=True)
+    for rel, text in {"kept.txt": "old", "gone.txt": "old", "notes.txt": "mine", "sub/results.csv": "mine"}.items():
+        (out / rel).write_text(text)
+    (out / "README.md").write_text("readme")
+    (out / "manifest.json").write_text(json.dumps({"files": {"kept.txt": {}, "gone.txt": {}}}))
+    monkeypatch.setattr(make, "build", lambda shared: ({"kept.txt": b"new"}, {"files": {"kept.txt": {}}}))
+    assert make.main(["--shared", str(shared), "--out", str(out)]) == 0
+    left = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
+    assert left == {
+        "kept.txt": "new",
+        "notes.txt": "mine",
+        "sub/results.csv": "mine",
+        "README.md": "readme",
+        "manifest.json": make.manifest_json({"files": {"kept.txt": {}}}).decode(),
+    }
+    capsys.readouterr()
+    assert make.main(["--shared", str(shared), "--out", str(out / "notes.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"make_test_data.py: error: --out {out / 'notes.txt'}: exists and is not a folder" + (
+        " (choose another output folder)"
+    )
+    assert (out / "notes.txt").read_text() == "mine"
