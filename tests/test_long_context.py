@@ -137,3 +137,22 @@ def test_attention_probe_gives_each_checkpoint_its_own_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert all(f"attention_probe.py: {tmp_path / name}: " in err for name in ("a.pt", "b.pt")), err
     assert [json.loads(o.read_text()) for o in outs] == [{}, {}]
+
+
+def test_report_refuses_an_out_with_no_evaluation(tmp_path, capsys):
+    """report.py with a mistyped --out (run.sh's output folder): one usage line, and --report-dir (by
+    default the committed results beside it) untouched; it wrote an all-n/a report there, exit 0."""
+    from conftest import load_script as load_repo_script
+
+    report = load_repo_script("examples/long_context/report.py", "long_context_report", neighbours=False)
+    report_dir = tmp_path / "report"
+    report_dir.mkdir()
+    (report_dir / "results.md").write_text("the committed table\n")
+    (tmp_path / "out" / "eval" / "lsg_norm").mkdir(parents=True)  # a row of another --archs
+    for out in (tmp_path / "nowhere", tmp_path / "out"):
+        with pytest.raises(SystemExit) as exit_:
+            report.main(["--out", str(out), "--report-dir", str(report_dir), "--archs", "bart_1024"])
+        assert exit_.value.code == 2
+        assert f"error: --out {out}: no evaluation of run.sh there" in capsys.readouterr().err
+    assert [p.name for p in report_dir.iterdir()] == ["results.md"]
+    assert (report_dir / "results.md").read_text() == "the committed table\n"

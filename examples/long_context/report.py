@@ -156,6 +156,10 @@ def main(argv=None):
     p.add_argument("--wall", type=int, default=0)
     p.add_argument("--load", default="n/a", help="load average at the start -> at the end")
     args = p.parse_args(argv)
+    # a mistyped --out: refused before --report-dir (by default the committed results) is rewritten n/a
+    evaluated = [a for a in args.archs if os.path.isdir(os.path.join(args.out, "eval", a))]
+    if not evaluated:
+        p.error(f"--out {args.out}: no evaluation of run.sh there ({args.out}/eval/ARCH for none of --archs)")
     os.makedirs(args.report_dir, exist_ok=True)
     main_rows = [row(args.out, a, cost=True) for a in args.archs]
     x_rows = [row(args.out, x, cost=False) for x in EXTRAPOLATION if os.path.isdir(os.path.join(args.out, "eval", x))]
