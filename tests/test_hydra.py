@@ -277,6 +277,30 @@ def test_a_config_that_is_not_there_is_named(argv, message):
     check_hydra_config(["--help"])
 
 
+@pytest.mark.parametrize(
+    "content, where",
+    [
+        (b"garbage: [unclosed\n", "(line 2, column 1: expected ',' or ']', but got '<stream end>')"),
+        (b"a: 1\n\tb: 2\n", "(line 2, column 1: found character '\\t' that cannot start any token)"),
+        (b"\xff\xfe", "('utf-8' codec can't decode byte 0xff in position 0"),
+    ],
+    ids=["unclosed", "tab", "not_utf8"],
+)
+def test_a_config_that_is_not_yaml_is_one_line(tmp_path, capsys, monkeypatch, content, where):
+    """hydra printed its whole traceback (a ScannerError through compose) for these."""
+    from lsg_fairseq.cli.fairseq_wrappers import hydra_train
+
+    (tmp_path / "bad.yaml").write_bytes(content)
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-hydra-train"])
+    with pytest.raises(SystemExit) as e:
+        hydra_train(["--config-dir", str(tmp_path), "--config-name", "bad"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith(
+        f"lsg-fairseq-hydra-train: error: --config-name bad: {tmp_path}/bad.yaml is not valid YAML {where}"
+    )
+
+
 def test_paths_from_the_folder_run_in_except_for_a_sweep():
     """A sweep's jobs keep a folder each (hydra's default): with the current folder for all of them,
     a relative checkpoint.save_dir would be one for every job, each resuming the last one's."""

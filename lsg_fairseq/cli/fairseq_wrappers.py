@@ -27,7 +27,7 @@ import os
 import sys
 
 from lsg_fairseq._fairseq_logs import DropMessage
-from lsg_text.errors import ConfigError, MissingFileError, UserError, report
+from lsg_text.errors import ConfigError, MissingFileError, UserError, one_line, report
 
 
 def _has_flag(argv, flag) -> bool:
@@ -120,6 +120,23 @@ def check_hydra_config(argv) -> None:
         raise MissingFileError(
             f"--config-name {name}: no {file} in {folder} (configs there: {', '.join(there) or 'none'})"
         )
+    check_yaml(os.path.join(folder, file), f"--config-name {name}")
+
+
+def check_yaml(path: str, what: str) -> None:
+    """Refuse a file that is not YAML in one line naming its line and column (hydra printed its
+    whole traceback). The safe loader: hydra's (OmegaConf's) is a stricter subclass of it."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            yaml.safe_load(f)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(f"{what}: {path} is not valid YAML ({where}{e.problem or e.context})") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what}: {path} is not valid YAML ({one_line(e)[:200]})") from None
 
 
 def _overrides(argv, key: str) -> bool:
