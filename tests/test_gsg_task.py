@@ -383,6 +383,44 @@ def test_throughput(corpus_dir):
     assert rate > 20, f"{rate:.0f} examples/s"  # ~700/s measured; low floor: 2 shared cores
 
 
+def run_throughput(*args):
+    """(exit status, stdout, stderr) of examples/gsg_pretraining/throughput.py, in this process."""
+    script = load_script("examples/gsg_pretraining/throughput.py", "gsg_throughput", neighbours=False)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = script.main([str(a) for a in args])
+        except SystemExit as e:  # argparse refusing a flag value
+            status = e.code
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_throughput_script_runs_and_refuses_bad_input(corpus_dir, tmp_path):
+    """The README's measurement prints a line per strategy; a wrong --data, --split, dict.txt or a
+    count of 0 is one line naming it (they were tracebacks, or a ZeroDivisionError for 0)."""
+    status, out, err = run_throughput("--data", corpus_dir, "--split", "valid", "--repeats", 1)
+    assert status == 0, err
+    assert [line.split()[0] for line in out.splitlines()[1:]] == list(gsg.SELECTION_STRATEGIES)
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(corpus_dir, damaged)
+    (damaged / "dict.txt").write_text("the 12\nof\n")
+    cases = {
+        ("--data", tmp_path / "absent"): f"--data: directory not found: {tmp_path / 'absent'}",
+        ("--data", tmp_path, "--split", "valid"): "not a scripts/gsg_preprocess.py folder",
+        ("--data", corpus_dir, "--split", "tset"): "--split tset: no such split in --data",
+        ("--data", damaged): f"{damaged / 'dict.txt'}: not a fairseq dict.txt (line 2",
+        ("--data", corpus_dir, "--batch-size", 0): "argument --batch-size: must be an integer >= 1, got '0'",
+        ("--data", corpus_dir, "--repeats", 0): "argument --repeats: must be an integer >= 1, got '0'",
+    }
+    for args, expected in cases.items():
+        status, out, err = run_throughput(*args)
+        assert status == 2 and out == "", (args, out, err)
+        assert err.startswith("throughput.py: error: ") and err.count("\n") == 1, (args, err)
+        assert expected in err, (args, err)
+    assert "splits there: train, valid" in run_throughput("--data", corpus_dir, "--split", "tset")[2]
+
+
 # ----------------------------------------------------------------------------- fairseq-train
 
 

@@ -9,27 +9,49 @@ lengths. One process, no DataLoader workers: fairseq's --num-workers N multiplie
 
 import argparse
 import os
+import sys
 import time
 
 from fairseq.data import Dictionary
 
-from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
+from lsg_fairseq.data.binarized import splits_in
+from lsg_fairseq.data.gsg_dataset import CORPUS_PARTS, CORPUS_SUFFIX, GapSentenceDataset, GSGCorpus, corpus_prefix
 from lsg_text import gsg
+from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.errors import OneLineArgumentParser, UserError, report
+from lsg_text.fileio import DataError, check_fairseq_dict, require_dir, require_file
+
+PROG = "throughput.py"
+
+
+def open_split(data: str, split: str):
+    """(dictionary, corpus) of ``--data``'s ``split``, or a :class:`DataError` naming the folder, the
+    split and the splits there (before fairseq's traceback on a missing or damaged dict.txt)."""
+    require_dir(data, "--data")
+    dict_path = require_file(os.path.join(data, "dict.txt"), "--data (not a scripts/gsg_preprocess.py folder)")
+    check_fairseq_dict(dict_path, "--data")
+    prefix = corpus_prefix(data, split)
+    if not any(os.path.exists(f"{prefix}.{part}.npy") for part in CORPUS_PARTS):
+        found = splits_in(data, CORPUS_SUFFIX + ".")
+        raise DataError(f"--split {split}: no such split in --data {data} (splits there: {', '.join(found) or 'none'})")
+    return Dictionary.load(dict_path), GSGCorpus(prefix)
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="output dir of scripts/gsg_preprocess.py")
     p.add_argument("--split", default="train")
-    p.add_argument("--max-source-positions", type=int, default=4096)
-    p.add_argument("--max-target-positions", type=int, default=1024)
-    p.add_argument("--batch-size", type=int, default=8, help="examples per collated batch")
-    p.add_argument("--repeats", type=int, default=2, help="passes over the split (epochs 1..N)")
+    p.add_argument("--max-source-positions", type=POSITIVE_INT, default=4096)
+    p.add_argument("--max-target-positions", type=POSITIVE_INT, default=1024)
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=8, help="examples per collated batch")
+    p.add_argument("--repeats", type=POSITIVE_INT, default=2, help="passes over the split (epochs 1..N)")
     args = p.parse_args(argv)
 
-    d = Dictionary.load(os.path.join(args.data, "dict.txt"))
+    try:
+        d, corpus = open_split(args.data, args.split)
+    except UserError as e:
+        return report(e, PROG)
     mask = d.add_symbol("<mask>")
-    corpus = GSGCorpus(corpus_prefix(args.data, args.split))
     print(
         f"{args.split}: {len(corpus)} documents, mean {corpus.doc_tokens.mean():.0f} tokens "
         f"(min {corpus.doc_tokens.min()}, max {corpus.doc_tokens.max()})"
@@ -63,6 +85,8 @@ def main(argv=None):
             f"mean source {src_tokens / n:.0f}, target {tgt_tokens / n:.0f} tokens"
         )
 
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
