@@ -431,6 +431,32 @@ def test_reach_of_the_rows_one_layer(monkeypatch):
     assert wide["one_layer_reach"] >= reach.FAR
 
 
+def run_main(script, argv, capsys):
+    """(exit status, stderr) of ``script.main(argv)``, argparse's refusals included."""
+    try:
+        status = script.main([str(a) for a in argv])
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+def test_reach_refuses_bad_flags_before_measuring(tmp_path, capsys):
+    """An input too short to change a token in, a probe before the first token, an --out below a file:
+    one line each, before any model is built (they were an IndexError, a silently wrapped index, and
+    a traceback from the write after minutes of measuring)."""
+    reach = load_reach()
+    (tmp_path / "file").write_text("x")
+    cases = {
+        ("--length", "0"): "argument --length: must be an integer >= 3, got '0'",
+        ("--probes", "-5"): "argument --probes: must be an integer >= 1, got '-5'",
+        ("--out", tmp_path / "file" / "reach"): "is a file, not a folder",
+    }
+    for argv, expected in cases.items():
+        status, err = run_main(reach, argv, capsys)
+        assert status == 2 and err.startswith("reach.py: error: ") and err.count("\n") == 1, (argv, err)
+        assert expected in err, (argv, err)
+
+
 def load_binding_flow():
     return load_script("examples/long_range/binding_flow.py", "long_range_binding_flow", neighbours=False)
 

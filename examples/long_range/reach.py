@@ -17,7 +17,6 @@ makes of them. One command, seeded; ``--out`` writes the table (markdown) and th
     python examples/long_range/reach.py --out examples/long_range/reach
 """
 
-import argparse
 import json
 import os
 import shlex
@@ -29,7 +28,12 @@ import time
 import torch
 
 from lsg_text import provenance
+from lsg_text.argtypes import POSITIVE_INT, int_range
+from lsg_text.atomic import atomic_outputs
+from lsg_text.errors import OneLineArgumentParser, UserError, report
+from lsg_text.fileio import check_output_files
 
+PROG = "reach.py"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what the table measures: a commit that touches none of these does not change it
 CODE_PATHS = ("examples/long_range/reach.py", "examples/long_context/common.sh", *provenance.PACKAGES)
@@ -136,12 +140,13 @@ def table(results: list, args, wall: float) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
-    p.add_argument("--length", type=int, default=4096)
+    # 3: a token to change between the first (LED's global) and the last (</s>)
+    p.add_argument("--length", type=int_range(3), default=4096)
     p.add_argument(
         "--probes",
-        type=int,
+        type=POSITIVE_INT,  # one past the input is moved to its last ordinary token (bart_1024 reads 1,024)
         nargs="+",
         default=[1100, 2048, 2999],
         help="positions of the changed token (several: block layouts differ by offset)",
@@ -156,6 +161,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="write OUT.md and OUT.json (else print the table)")
     args = p.parse_args(argv)
+    outputs = [args.out + ".md", args.out + ".json"] if args.out else []
+    try:
+        check_output_files(outputs, "--out")  # before minutes of measuring, not in the write after them
+    except UserError as e:
+        return report(e, PROG)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.time()
     results = []
@@ -170,12 +180,11 @@ def main(argv=None) -> int:
         results[-1]["label"] = " ".join((row,) + extra)
         print(f"{row}: {results[-1]}", file=sys.stderr)
     text = table(results, args, time.time() - start)
-    if args.out:
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
-        with open(args.out + ".json", "w") as f:
+    if outputs:
+        with atomic_outputs(outputs) as (md, js):
+            md.write(text)
             json.dump(
-                {"results": results, "length": args.length, "probes": args.probes, "seed": args.seed}, f, indent=1
+                {"results": results, "length": args.length, "probes": args.probes, "seed": args.seed}, js, indent=1
             )
     print(text)
     return 0
