@@ -156,3 +156,33 @@ def test_report_refuses_an_out_with_no_evaluation(tmp_path, capsys):
         assert f"error: --out {out}: no evaluation of run.sh there" in capsys.readouterr().err
     assert [p.name for p in report_dir.iterdir()] == ["results.md"]
     assert (report_dir / "results.md").read_text() == "the committed table\n"
+
+
+def test_summary_names_what_its_out_lacks(tmp_path, capsys):
+    """summary.py (make demo's last words) on an OUT that is not a finished run.sh OUT, or with a row
+    the report lacks: one line naming the file or flag (they were FileNotFoundError and KeyError
+    tracebacks)."""
+    from conftest import load_script as load_repo_script
+
+    summary = load_repo_script("examples/long_context/summary.py", "long_context_summary", neighbours=False)
+    out = tmp_path / "out"
+    (out / "report").mkdir(parents=True)
+
+    def refusal(*argv):
+        assert summary.main([str(a) for a in argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("summary.py: error: ") and err.count("\n") == 1, err
+        return err
+
+    results = out / "report" / "results.json"
+    assert f"OUT (not a finished run.sh OUT?): file not found: {results}" in refusal(out)
+    results.write_text("{not json")
+    assert f"{results}: not a report.py results.json" in refusal(out)
+    results.write_text(json.dumps({"rows": [{"name": "lsg_norm"}, {"name": "bart_1024"}]}))
+    assert f"--model lsg_nrom: no such row in {results} (rows there: lsg_norm, bart_1024)" in refusal(
+        out, "--model", "lsg_nrom"
+    )
+    assert f"OUT (no test split): file not found: {out / 'long' / 'jsonl' / 'test.jsonl'}" in refusal(out)
+    (out / "long" / "jsonl").mkdir(parents=True)
+    (out / "long" / "jsonl" / "test.jsonl").write_text("")
+    assert "OUT (no evaluation of lsg_norm): file not found" in refusal(out)

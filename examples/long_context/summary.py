@@ -2,30 +2,56 @@
 """What `make demo` prints: recall beyond token 1,024, long model vs truncated baseline, and one
 test document whose far keys the long model restated exactly (reads run.sh's $OUT)."""
 
-import argparse
 import json
 import os
 import sys
 
+from lsg_text.errors import OneLineArgumentParser, UserError, report
+from lsg_text.fileio import DataError, require_file
 from lsg_text.generate_output import parse_generate_output
 from lsg_text.synthetic import key_hits
+
+PROG = "summary.py"
 
 
 def pct(x):
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def read_rows(args) -> dict:
+    """results.json's rows by name, or a :class:`DataError` naming the file and what is missing."""
+    what = "--report" if args.report else "OUT (not a finished run.sh OUT?)"
+    path = require_file(os.path.join(args.report or os.path.join(args.out, "report"), "results.json"), what)
+    try:
+        with open(path, encoding="utf-8") as f:
+            rows = {r["name"]: r for r in json.load(f)["rows"]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path}: not a report.py results.json ({type(e).__name__}: {e})") from None
+    for flag, name in (("--model", args.model), ("--baseline", args.baseline)):
+        if name not in rows:
+            raise DataError(f"{flag} {name}: no such row in {path} (rows there: {', '.join(rows)})")
+    return rows
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
+    p = OneLineArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("out", help="run.sh's OUT")
     p.add_argument("--report", help="folder of results.json (default OUT/report)")
     p.add_argument("--model", default="lsg_norm")
     p.add_argument("--baseline", default="bart_1024")
     args = p.parse_args(argv)
-    report = args.report or os.path.join(args.out, "report")
-    rows = {r["name"]: r for r in json.load(open(os.path.join(report, "results.json")))["rows"]}
+    try:
+        rows = read_rows(args)
+        jsonl = require_file(os.path.join(args.out, "long", "jsonl", "test.jsonl"), "OUT (no test split)")
+        outputs = {
+            name: require_file(os.path.join(args.out, "eval", name, "generate.out"), f"OUT (no evaluation of {name})")
+            for name in (args.model, args.baseline)
+        }
+    except UserError as e:
+        return report(e, PROG)
     m, b = rows[args.model], rows[args.baseline]
-    examples = [json.loads(line) for line in open(os.path.join(args.out, "long", "jsonl", "test.jsonl"))]
+    with open(jsonl, encoding="utf-8") as f:
+        examples = [json.loads(line) for line in f]
     print(f"Key facts recalled on {len(examples)} test documents of ~4K tokens (chance {pct(m['chance'])}):")
     print(
         f"  keys beyond token 1,024 ({m['keys_beyond_1024']}): {args.model} at 4,096 tokens "
@@ -41,7 +67,7 @@ def main(argv=None):
     )
 
     def hyps(name):
-        with open(os.path.join(args.out, "eval", name, "generate.out"), encoding="utf-8") as f:
+        with open(outputs[name], encoding="utf-8") as f:
             return {k: v.best_hypothesis for k, v in parse_generate_output(f).items()}
 
     hyp, base = hyps(args.model), hyps(args.baseline)
