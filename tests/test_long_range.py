@@ -480,6 +480,34 @@ def _flow_document():
     return d, torch.tensor([d.index(p) for p in pieces]), key
 
 
+def test_binding_flow_refuses_bad_inputs_in_one_line(tmp_path, capsys):
+    """A --data without the split, a --checkpoints item that is not ROW=PATH or names no file, a
+    checkpoint torch cannot read, a negative --far, an --out below a file: one line each, every path
+    checked before the first checkpoint is measured (they were tracebacks, the last after the work)."""
+    flow = load_binding_flow()
+    data = tmp_path / "long"
+    (data / "jsonl").mkdir(parents=True)
+    (data / "bin").mkdir()
+    (data / "jsonl" / "valid.jsonl").write_text("{}\n")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a checkpoint")
+    (tmp_path / "file").write_text("x")
+    ok = ["--data", data, "--checkpoints", f"a={junk}"]
+    cases = {
+        ("--data", tmp_path, "--checkpoints", f"a={junk}"): f"--data (the binding set's long/): file not found: "
+        f"{tmp_path / 'jsonl' / 'valid.jsonl'}",
+        ("--data", data, "--checkpoints", f"a={junk}", "lsg_norm"): "--checkpoints: expected ROW=PATH, got 'lsg_norm'",
+        ("--data", data, "--checkpoints", f"a={junk}", "b=/no/such.pt"): "--checkpoints b: file not found: /no/such.pt",
+        (*ok, "--far", "-1"): "argument --far: must be an integer >= 0, got '-1'",
+        (*ok, "--out", tmp_path / "file" / "flow"): "is a file, not a folder",
+        tuple(ok): str(junk),  # the checkpoint itself: lsg_fairseq's checkpoint_errors names it
+    }
+    for argv, expected in cases.items():
+        status, err = run_main(flow, argv, capsys)
+        assert status == 2 and err.startswith("binding_flow.py: error: ") and err.count("\n") == 1, (argv, err)
+        assert expected in err, (argv, err)
+
+
 def test_binding_flow_tells_routing_from_broadcast_and_locality(monkeypatch):
     """binding_flow.py's ratio on hand-made encoders: one that routes each bound animal to every mention of
     its name (the binding an encoder needs) scores far above 1; one that adds the document's mean to every
@@ -611,6 +639,13 @@ def test_long_range_experiment_smoke(tmp_path):
     )
     assert json.loads((again / "results.json").read_text())["variants"] == res["variants"]
     ckpt = tmp_path / "out" / "runs" / "order.locost.s2" / "checkpoint_last.pt"
+    # binding_flow.py end to end on that checkpoint (its probes are tested on hand-made encoders below)
+    flow = [str(a) for a in ("--data", tmp_path / "out" / "order" / "long", "--checkpoints", f"locost={ckpt}")]
+    flow += ["--variant", "order", "--far", "0", "--out", str(tmp_path / "flow" / "order")]
+    assert load_binding_flow().main(flow) == 0
+    flow_rows = json.loads((tmp_path / "flow" / "order.json").read_text())
+    assert list(flow_rows) == ["locost forward", "locost backward"] and flow_rows["locost forward"]["keys"] > 0
+    assert "| `locost forward` |" in (tmp_path / "flow" / "order.md").read_text()
     r = subprocess.run(
         [
             "bash",

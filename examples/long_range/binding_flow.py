@@ -30,7 +30,6 @@ between them. One command:
         --split valid --out examples/long_range/pilots/.../binding_flow
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -40,7 +39,13 @@ import time
 import torch
 
 from lsg_text import provenance
+from lsg_text.argtypes import int_range
+from lsg_text.atomic import atomic_outputs
+from lsg_text.errors import OneLineArgumentParser, UserError, report
+from lsg_text.fileio import DataError, check_output_files, require_dir, require_file
 from lsg_text.synthetic import ANIMALS
+
+PROG = "binding_flow.py"
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # what the table measures: a commit that touches none of these does not change it
@@ -125,30 +130,52 @@ def position_readout(model, dataset, n: int, limit: int, stride: int = 8) -> flo
     return float(1 - ((torch.cat(xs[1]) @ fit - y) ** 2).sum() / ((y - y.mean()) ** 2).sum())
 
 
+def checked_inputs(args) -> tuple:
+    """(the split's JSONL, the bin/ folder, [(row, checkpoint)]) with every path checked up front: a
+    typo in the last checkpoint is named before minutes spent on the first ones."""
+    jsonl = require_file(os.path.join(args.data, "jsonl", f"{args.split}.jsonl"), "--data (the binding set's long/)")
+    bin_dir = require_dir(os.path.join(args.data, "bin"), "--data (the binding set's long/)")
+    checkpoints = []
+    for spec in args.checkpoints:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise DataError(f"--checkpoints: expected ROW=PATH, got {spec!r}")
+        checkpoints.append((name, require_file(path, f"--checkpoints {name}")))
+    check_output_files([args.out + ".md", args.out + ".json"] if args.out else [], "--out")
+    return jsonl, bin_dir, checkpoints
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="the binding set's long/ folder (bin/, jsonl/)")
     p.add_argument("--checkpoints", nargs="+", required=True, metavar="ROW=PATH")
     p.add_argument("--split", default="valid", choices=("valid", "test"))
     p.add_argument(
         "--far",
-        type=int,
+        type=int_range(0),
         default=FAR,
         help="baseline positions are at least this many tokens from the binding (0 on the short set)",
     )
     p.add_argument("--variant", default="binding", choices=("binding", "order"))
     p.add_argument("--out", help="write OUT.md and OUT.json (else print the table)")
     args = p.parse_args(argv)
+    try:
+        return run(args, argv)
+    except UserError as e:  # a checkpoint fairseq cannot load (lsg_fairseq's checkpoint_errors), a bad path
+        return report(e, PROG)
+
+
+def run(args, argv) -> int:
+    jsonl, bin_dir, checkpoints = checked_inputs(args)
     torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.time()
-    with open(os.path.join(args.data, "jsonl", f"{args.split}.jsonl")) as f:
+    with open(jsonl, encoding="utf-8") as f:
         docs = [json.loads(line) for line in f]
     rows = {}
     # order: (taken away, watched) pairs of arrival indices; the first two arrivals of each document
     probes = {"binding": [None], "order": [(0, 1), (1, 0)]}[args.variant]
-    for spec in args.checkpoints:
-        name, path = spec.split("=", 1)
-        model, task = load(path, os.path.join(args.data, "bin"), args.split)
+    for name, path in checkpoints:
+        model, task = load(path, bin_dir, args.split)
         dataset = task.datasets[args.split]
         limit = model.encoder.max_positions()  # bart_1024 reads the first 1,024 tokens only
         for probe in probes:
@@ -166,8 +193,9 @@ def main(argv=None) -> int:
                     except StopIteration:  # its binding or its use lies past the encoder's limit
                         continue
             if not per_doc:
-                p.error(
-                    f"{spec}: no key of {args.split}.jsonl has its binding and use within the encoder's {limit} tokens"
+                raise DataError(
+                    f"--checkpoints {name}={path}: no key of {args.split}.jsonl has its binding and use within "
+                    f"the encoder's {limit} tokens"
                 )
             ratios = [
                 d["use"] / d["baseline"] if d["baseline"] > 0 else float("inf" if d["use"] > 0 else "nan")
@@ -212,10 +240,9 @@ def main(argv=None) -> int:
         )
     text = "\n".join(lines) + "\n"
     if args.out:
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
-        with open(args.out + ".json", "w") as f:
-            json.dump(rows, f, indent=1)
+        with atomic_outputs([args.out + ".md", args.out + ".json"]) as (md, js):
+            md.write(text)
+            json.dump(rows, js, indent=1)
     print(text)
     return 0
 
