@@ -366,6 +366,36 @@ def test_report_refuses_missing_hypotheses(tmp_path, capsys):
     assert "lsg_norm.seed2.txt: 5 hypotheses for 12 documents" in capsys.readouterr().err
 
 
+def test_report_names_a_missing_or_bad_input_before_scoring(tmp_path, capsys):
+    """A missing seed file, a variant without data.json, a data.json that is not JSON, --n-docs 0 and a
+    --report-dir that is a file: one line each, nothing written (they were tracebacks, --n-docs 0 an
+    empty table)."""
+    _outputs(tmp_path, "retrieval", {"local_8": lambda d, s: "", "lsg_norm": lambda d, s: d["summary"]})
+    (tmp_path / "outputs" / "binding").mkdir()
+    (tmp_path / "a_file").write_text("x")
+    common = ["--outputs", tmp_path / "outputs", "--rows", "local_8", "lsg_norm", "--n-docs", "12"]
+    rep = ["--report-dir", tmp_path / "rep"]
+    cases = {
+        (*common, *rep, "--variants", "retrieval", "--seeds", "1", "3"): "--outputs (row 'local_8', seed 3): "
+        f"file not found: {tmp_path / 'outputs' / 'retrieval' / 'local_8.seed3.txt'}",
+        (*common, *rep, "--variants", "retrieval", "binding", "--seeds", "1"): "--outputs (variant 'binding'): "
+        "file not found",
+        (*common, "--report-dir", tmp_path / "a_file", "--variants", "retrieval", "--seeds", "1"): "--report-dir "
+        f"{tmp_path / 'a_file'}: exists and is not a folder",
+        (*common[:-1], "0", *rep, "--variants", "retrieval", "--seeds", "1"): "argument --n-docs: must be an "
+        "integer >= 1, got '0'",
+    }
+    for argv, expected in cases.items():
+        status, err = run_main(load_report(), argv, capsys)
+        assert status == 2 and err.startswith("report.py: error: ") and err.count("\n") == 1, (argv, err)
+        assert expected in err, (argv, err)
+    data = tmp_path / "outputs" / "retrieval" / "data.json"
+    data.write_text("{truncated")
+    status, err = run_main(load_report(), (*common, *rep, "--variants", "retrieval", "--seeds", "1"), capsys)
+    assert status == 2 and f"{data}: not the data.json run.sh writes" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "rep").exists()
+
+
 def test_extract_refuses_a_malformed_generate_output_in_one_line(tmp_path, capsys):
     bad = tmp_path / "generate.out"
     bad.write_text("not fairseq-generate output\n")
@@ -374,6 +404,8 @@ def test_extract_refuses_a_malformed_generate_output_in_one_line(tmp_path, capsy
         capsys.readouterr().err
         == f"report.py: error: {bad}: no H-/D- lines found; is this fairseq-generate output (without --quiet)?\n"
     )
+    assert load_report().main(["extract", str(bad), "three", str(tmp_path / "hyp.txt")]) == 2
+    assert capsys.readouterr().err == "report.py: error: extract N: must be an integer >= 1, got 'three'\n"
 
 
 def test_control_row_cannot_mix_beyond_its_window(tmp_path):

@@ -44,8 +44,10 @@ import sys
 
 from lsg_text import provenance
 from lsg_text.argtypes import POSITIVE_INT
-from lsg_text.errors import ConfigError, UserError
+from lsg_text.atomic import atomic_outputs
+from lsg_text.errors import ConfigError, OneLineArgumentParser, UserError
 from lsg_text.errors import report as report_error
+from lsg_text.fileio import check_output_path, require_file
 from lsg_text.synthetic import (
     FIELDS,
     count_hits,
@@ -95,8 +97,12 @@ def scored_documents(data_json: str, split: str, n: int):
     spec = importlib.util.spec_from_file_location("mksyn", os.path.join(REPO, "scripts", "make_synthetic_data.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    with open(data_json, encoding="utf-8") as f:
-        a = mod.build_parser().parse_args(["--output-dir", "-", *json.load(f)["flags"]])
+    try:
+        with open(data_json, encoding="utf-8") as f:
+            flags = json.load(f)["flags"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{data_json}: not the data.json run.sh writes ({type(e).__name__}: {e})") from None
+    a = mod.build_parser().parse_args(["--output-dir", "-", *flags])
     return list(make_split(split, n, a.seed, mod.config_from_args(a)))
 
 
@@ -278,7 +284,25 @@ def provenance_of(args) -> dict:
     }
 
 
+def hypotheses_path(args, variant: str, row: str, seed: int) -> str:
+    return os.path.join(args.outputs, variant, f"{row}.seed{seed}.txt")
+
+
+def check_inputs(args) -> None:
+    """Every file the table reads, and the report folder, checked before anything is scored: a
+    missing seed of the last row is named at once, not after the others' scoring."""
+    for v in args.variants:
+        require_file(os.path.join(args.outputs, v, "data.json"), f"--outputs (variant {v!r})")
+        for row in args.rows:
+            for seed in args.seeds:
+                require_file(hypotheses_path(args, v, row, seed), f"--outputs (row {row!r}, seed {seed})")
+    if args.fit_data:
+        require_file(args.fit_data, "--fit-data")
+    check_output_path(args.report_dir, "--report-dir", folder=True)
+
+
 def report(args) -> int:
+    check_inputs(args)
     rng = random.Random(0)
     results = {"split": args.split, "n_docs": args.n_docs, "seeds": args.seeds, **provenance_of(args), "variants": {}}
     for v in args.variants:
@@ -288,7 +312,7 @@ def report(args) -> int:
         for row in args.rows:
             by_seed, hyps_by_seed = [], []
             for seed in args.seeds:
-                with open(os.path.join(args.outputs, v, f"{row}.seed{seed}.txt"), encoding="utf-8") as f:
+                with open(hypotheses_path(args, v, row, seed), encoding="utf-8") as f:
                     hyps = f.read().split("\n")[: len(examples)]
                 if len(hyps) != len(examples):
                     raise ConfigError(f"{f.name}: {len(hyps)} hypotheses for {len(examples)} documents")
@@ -315,11 +339,10 @@ def report(args) -> int:
                 None if ctrl is None or row == CONTROL or not c["far_ci"] else (c["far_ci"][0] > ctrl["far_ci"][1])
             )
         results["variants"][v] = rows
-    os.makedirs(args.report_dir, exist_ok=True)
-    with open(os.path.join(args.report_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
     md = markdown(results)
-    with open(os.path.join(args.report_dir, "results.md"), "w", encoding="utf-8") as f:
+    names = [os.path.join(args.report_dir, name) for name in ("results.json", "results.md")]
+    with atomic_outputs(names) as (js, f):  # both or neither: the md is the json's table
+        json.dump(results, js, indent=1)
         f.write(md)
     plot(results, os.path.join(args.report_dir, "exact_match.png"))
     print(md)
@@ -457,15 +480,17 @@ def main(argv=None) -> int:
         if len(argv) != 4:
             return report_error("usage: report.py extract GENERATE_OUT N HYPOTHESES", PROG)
         try:
-            extract(argv[1], int(argv[2]), argv[3])
+            extract(argv[1], POSITIVE_INT(argv[2]), argv[3])
+        except argparse.ArgumentTypeError as e:
+            return report_error(f"extract N: {e}", PROG)
         except UserError as e:  # a malformed generate.out: one line through the printer, not a traceback
             return report_error(e, PROG)
         return 0
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--outputs", required=True)
     p.add_argument("--report-dir", required=True)
     p.add_argument("--split", default="test", choices=["test", "valid"])
-    p.add_argument("--n-docs", type=int, required=True)
+    p.add_argument("--n-docs", type=POSITIVE_INT, required=True)
     p.add_argument("--variants", nargs="+", required=True)
     p.add_argument("--rows", nargs="+", required=True)
     p.add_argument("--seeds", nargs="+", type=int, required=True)
