@@ -94,6 +94,36 @@ class _Boolean:
         return None if isinstance(value, bool) else "must be true or false"
 
 
+class _BoolFlag:
+    """What :func:`bool_flag` accepts (a :class:`Range`-like check for a value that does not come
+    through argparse: a converted config's boolean field)."""
+
+    __name__ = "bool"
+
+    @staticmethod
+    def problem(value) -> Optional[str]:
+        try:
+            bool_flag(value)
+        except argparse.ArgumentTypeError:
+            return "must be true or false"
+        return None
+
+
+BOOL_FLAG = _BoolFlag()
+
+
+class OneOf:
+    """One of ``values`` (a :class:`Range`-like check of a choice that does not come through argparse)."""
+
+    __name__ = "choice"
+
+    def __init__(self, values):
+        self.values = tuple(values)
+
+    def problem(self, value) -> Optional[str]:
+        return None if value in self.values else f"must be one of {', '.join(map(str, self.values))}"
+
+
 # fairseq's generation settings that our commands take (``--eval-rouge-args`` keys of the tasks,
 # lsg-fairseq-summarize's flags), each with its range. fairseq divides scores by length ** lenpen:
 # beyond ~100 a float overflows, hence [-10, 10]. -1 means "off" for the sampling and diversity ones.

@@ -4,6 +4,7 @@ issue's table (README "Bad inputs"); the random-input properties are in test_fuz
 """
 
 import logging
+import json
 import os
 import shutil
 import signal
@@ -90,6 +91,49 @@ def test_non_object_config_json_named(tmp_path, capsys):
     open(os.path.join(src, "config.json"), "w").write("[1, 2]")
     code, line = run_convert([src, tmp_path / "out"], capsys)
     assert code == 2 and "not a model this converter knows" in line
+
+
+HF_FOLDERS = {
+    "bart": BART_HF,
+    "lsg": os.path.join(FIXTURES, "lsg", "lsg_norm", "hf"),
+    "led": os.path.join(FIXTURES, "led", "led_w32", "hf"),
+    "locost": LOCOST_HF,
+}
+
+
+@pytest.mark.parametrize(
+    "family,field,value,expected",
+    [
+        ("bart", "d_model", "abc", "d_model must be an integer, got 'abc'"),  # was fairseq's int() message
+        ("bart", "encoder_layers", -3, "encoder_layers must be an integer >= 1, got -3"),
+        ("bart", "dropout", "abc", "dropout must be a number, got 'abc'"),
+        ("bart", "activation_function", [1], "activation_function must be one of gelu, relu,"),  # TypeError
+        ("bart", "architectures", -3, "architectures must be a list of class names, got -3"),  # TypeError
+        ("lsg", "block_size", "abc", "block_size must be an integer, got 'abc'"),  # TypeError
+        ("lsg", "num_global_tokens", 0, "num_global_tokens must be an integer in [1, "),
+        ("lsg", "mask_first_token", "abc", "mask_first_token must be true or false, got 'abc'"),  # ArgumentTypeError
+        ("lsg", "sparsity_type", "abc", "sparsity_type must be one of none, norm,"),
+        ("led", "d_model", "abc", "d_model must be an integer, got 'abc'"),  # TypeError
+        ("led", "attention_window", None, "attention_window must be a positive even integer"),  # TypeError
+        ("led", "max_encoder_position_embeddings", "abc", "max_encoder_position_embeddings must be an integer"),
+        ("led", "max_decoder_position_embeddings", None, "max_decoder_position_embeddings is null"),  # TypeError
+        ("locost", "d_state", None, "d_state is null"),  # TypeError
+        ("locost", "vocab_size", "abc", "vocab_size must be an integer, got 'abc'"),  # ValueError
+        ("locost", "pad_token_id", [1], "pad_token_id must be an integer, got [1]"),  # TypeError
+    ],
+)
+def test_bad_config_json_field_named(tmp_path, capsys, family, field, value, expected):
+    """A hand-edited or damaged config.json: one line naming the file and the field, checked against
+    the flag's own range where the value arrives (fields.Field.kind, common.config_value); the cases
+    marked were tracebacks, the others named no field or file, or a flag the user never gave."""
+    src = copy_folder(HF_FOLDERS[family], tmp_path / "hf")
+    path = os.path.join(src, "config.json")
+    config = json.load(open(path))
+    config[field] = value
+    json.dump(config, open(path, "w"))
+    code, line = run_convert([src, tmp_path / "out"], capsys)
+    assert code == 2 and path in line and expected in line, line
+    assert os.listdir(tmp_path) == ["hf"]
 
 
 # ----------------------------------------------------------------------------- converter output folder

@@ -46,6 +46,7 @@ from lsg_fairseq.convert.bart_state import (
 from lsg_fairseq.convert.fields import Field, hf_fields, values_from_hf
 from lsg_fairseq.convert.hf_tokenizer import generation_config, tokenizer_writer
 from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, Family, SourceInfo, register_family
+from lsg_text.argtypes import POSITIVE_INT, PROBABILITY, OneOf
 from lsg_text.fileio import check_fairseq_dict
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_NAMES
 
@@ -61,19 +62,25 @@ def _not(value):
 # HF BartConfig field <-> fairseq argument, with BartConfig's default of a field a config may lack
 # (d_model is written back from the embedding's width; layerdrop is only written back).
 BART_FIELDS = (
-    Field("d_model", "encoder_embed_dim", to_hf=None),
-    Field("d_model", "decoder_embed_dim", to_hf=None),
-    Field("encoder_layers", "encoder_layers", to_hf=int),
-    Field("decoder_layers", "decoder_layers", to_hf=int),
-    Field("encoder_attention_heads", "encoder_attention_heads", to_hf=int),
-    Field("decoder_attention_heads", "decoder_attention_heads", to_hf=int),
-    Field("encoder_ffn_dim", "encoder_ffn_embed_dim", to_hf=int),
-    Field("decoder_ffn_dim", "decoder_ffn_embed_dim", to_hf=int),
-    # an unknown HF name maps to None, refused by name in model_values
-    Field("activation_function", "activation_fn", "gelu", HF_ACTIVATIONS.get, FAIRSEQ_ACTIVATIONS.__getitem__),
-    Field("dropout", "dropout", 0.1, to_hf=float),
-    Field("attention_dropout", "attention_dropout", 0.0, to_hf=float),
-    Field("activation_dropout", "activation_dropout", 0.0, to_hf=float),
+    Field("d_model", "encoder_embed_dim", to_hf=None, kind=POSITIVE_INT),
+    Field("d_model", "decoder_embed_dim", to_hf=None, kind=POSITIVE_INT),
+    Field("encoder_layers", "encoder_layers", to_hf=int, kind=POSITIVE_INT),
+    Field("decoder_layers", "decoder_layers", to_hf=int, kind=POSITIVE_INT),
+    Field("encoder_attention_heads", "encoder_attention_heads", to_hf=int, kind=POSITIVE_INT),
+    Field("decoder_attention_heads", "decoder_attention_heads", to_hf=int, kind=POSITIVE_INT),
+    Field("encoder_ffn_dim", "encoder_ffn_embed_dim", to_hf=int, kind=POSITIVE_INT),
+    Field("decoder_ffn_dim", "decoder_ffn_embed_dim", to_hf=int, kind=POSITIVE_INT),
+    Field(
+        "activation_function",
+        "activation_fn",
+        "gelu",
+        HF_ACTIVATIONS.__getitem__,
+        FAIRSEQ_ACTIVATIONS.__getitem__,
+        kind=OneOf(HF_ACTIVATIONS),
+    ),
+    Field("dropout", "dropout", 0.1, to_hf=float, kind=PROBABILITY),
+    Field("attention_dropout", "attention_dropout", 0.0, to_hf=float, kind=PROBABILITY),
+    Field("activation_dropout", "activation_dropout", 0.0, to_hf=float, kind=PROBABILITY),
     Field("encoder_layerdrop", "encoder_layerdrop", 0.0, to_fairseq=None, to_hf=float),
     Field("decoder_layerdrop", "decoder_layerdrop", 0.0, to_fairseq=None, to_hf=float),
 )
@@ -110,10 +117,6 @@ def model_values(config: dict, src: str) -> dict:
     values = values_from_hf(BART_FIELDS, config, src)
     if config.get("normalize_before") or config.get("add_final_layer_norm"):
         raise C.ConversionError(f"{src}/config.json: pre-LayerNorm (mBART-style) models are not BART")
-    if values["activation_fn"] is None:
-        raise C.ConversionError(
-            f"{src}/config.json: activation_function {config['activation_function']!r} has no fairseq equivalent"
-        )
     for key, expected in (("pad_token_id", 1), ("bos_token_id", 0), ("eos_token_id", 2)):
         if config.get(key, expected) != expected:
             raise C.ConversionError(f"{src}/config.json: {key} = {config[key]}; fairseq dictionaries need {expected}")

@@ -70,6 +70,33 @@ def read_hf_config(src: str) -> dict:
     return read_json(os.path.join(src, "config.json"), dict)
 
 
+def check_architectures(config: dict, src: str) -> None:
+    """Every family's detection reads ``architectures``: a list of class names, or absent/null."""
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ConversionError(f"{src}/config.json: architectures must be a list of class names, got {archs!r}")
+
+
+_ABSENT = object()
+
+
+def config_value(config: dict, key: str, src: str, kind, default=_ABSENT):
+    """``config[key]`` checked against ``kind`` (a :class:`lsg_text.argtypes.Range`); absent or
+    null: ``default``, or refused by name where there is none. The one reader of a config field
+    that is not a mapping row (:mod:`lsg_fairseq.convert.fields`)."""
+    value = config.get(key)
+    if value is None:
+        if default is _ABSENT:
+            raise ConversionError(
+                f"{src}/config.json: {key} is null" if key in config else f"{src}/config.json: missing field {key!r}"
+            )
+        return default
+    problem = kind.problem(value)
+    if problem:
+        raise ConversionError(f"{src}/config.json: {key} {problem}, got {value!r}")
+    return value
+
+
 def _weights_error(path: str, error: Exception) -> ConversionError:
     """A weights file that does not load: say what it looks like (truncated, an HTML page, ...)."""
     size = os.path.getsize(path) if os.path.exists(path) else 0
@@ -222,6 +249,14 @@ def option_names(add_args: Callable) -> tuple:
     parser = argparse.ArgumentParser(add_help=False)
     add_args(parser)
     return tuple(a.dest for a in parser._actions)
+
+
+def option_ranges(add_args: Callable) -> dict:
+    """{argparse destination: its declared range} of the flags ``add_*_args(parser)`` defines with a
+    :class:`lsg_text.argtypes.Range` type (the others: choices, booleans, strings, left out)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_args(parser)
+    return {a.dest: a.type for a in parser._actions if hasattr(a.type, "problem")}
 
 
 def build_model(out_dir: str, arch: str, values: Dict[str, Any], task: str = TASK_NAME):

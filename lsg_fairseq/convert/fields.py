@@ -30,6 +30,9 @@ class Field:
     default: Any = REQUIRED  # when the HF config (or the checkpoint cfg) lacks it
     to_fairseq: Optional[Callable[[Any], Any]] = _same  # HF value -> fairseq (None: not read from HF)
     to_hf: Optional[Callable[[Any], Any]] = _same  # fairseq value -> HF (None: not written to HF)
+    # the HF value's declared range (lsg_text.argtypes.Range: the fairseq flag's own), checked where it
+    # arrives, before to_fairseq: a hand-edited "d_model": "abc" is refused by name, not deep in a build
+    kind: Any = None
 
 
 def values_from_hf(fields: Sequence[Field], config: dict, src: str) -> Dict[str, Any]:
@@ -40,6 +43,11 @@ def values_from_hf(fields: Sequence[Field], config: dict, src: str) -> Dict[str,
             continue
         if f.hf not in config and f.default is REQUIRED:
             raise ConversionError(f"{src}/config.json: missing field {f.hf!r}")
+        # null where the default is None: absent (the architecture's default), as before the check
+        given = f.hf in config and not (config[f.hf] is None and f.default is None)
+        problem = f.kind.problem(config[f.hf]) if f.kind is not None and given else None
+        if problem:
+            raise ConversionError(f"{src}/config.json: {f.hf} {problem}, got {config[f.hf]!r}")
         values[f.fairseq] = f.to_fairseq(config.get(f.hf, f.default))
     return values
 

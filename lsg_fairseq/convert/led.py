@@ -35,6 +35,7 @@ from lsg_fairseq.convert.bart_state import hf_to_fairseq_state
 from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, register_family
 from lsg_fairseq.models.led import LEDModel
 from lsg_layers.modules.longformer_attention import parse_attention_windows
+from lsg_text.argtypes import POSITIVE_INT
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,9 @@ def _check_led_config(config: dict, src: str) -> None:
         raise C.ConversionError(f"{src}/config.json: scale_embedding true is not LED")
 
 
+SIDES = ("encoder", "decoder")
+
+
 @register_family
 class LEDFamily(BartFamily):
     """fairseq ``led`` <-> HF ``LEDForConditionalGeneration``; HF BART -> ``led`` with ``--to led``."""
@@ -165,7 +169,7 @@ class LEDFamily(BartFamily):
                 f"({config.get('max_encoder_position_embeddings')} positions); it is not re-tiled"
             )
         _check_led_config(config, src)
-        M, T = int(config["max_encoder_position_embeddings"]), int(config["max_decoder_position_embeddings"])
+        M, T = (C.config_value(config, f"max_{side}_position_embeddings", src, POSITIVE_INT) for side in SIDES)
         for side, n in (("encoder", M), ("decoder", T)):
             rows = sd[f"{side}.embed_positions.weight"].size(0)
             if rows != n + 2:

@@ -41,6 +41,7 @@ from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, Family, Sourc
 from lsg_fairseq.models.locost import locost_arg_ranges
 from lsg_layers.modules.s4d_config import check_ssm_config
 from lsg_layers.modules.t5_layers import T5_DEFAULTS
+from lsg_text.argtypes import POSITIVE_INT
 from lsg_text.offline_bpe import HF_SENTENCEPIECE_NAME, SENTENCEPIECE_MODEL, SENTENCEPIECE_NAMES
 
 logger = logging.getLogger(__name__)
@@ -69,12 +70,6 @@ def is_locost_config(config: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------- config checks
-def _require(config: dict, key: str, src: str):
-    if key not in config:
-        raise ConversionError(f"{src}/config.json: missing field {key!r}")
-    return config[key]
-
-
 def check_config(config: dict, src: str) -> None:
     """Refuse every setting the fairseq model does not implement, naming the field."""
     where = f"{src}/config.json"
@@ -93,7 +88,7 @@ def check_config(config: dict, src: str) -> None:
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ConversionError(f"{where}: dense_act_fn {act!r} is not supported (gelu_new only)")
     try:
-        check_ssm_config(int(_require(config, "d_state", src)))
+        check_ssm_config(C.config_value(config, "d_state", src, POSITIVE_INT))
     except ValueError as e:
         raise ConversionError(f"{where}: {e}") from None
     if config.get("is_encoder_decoder", True) is not True:
@@ -267,7 +262,7 @@ class LOCOSTFamily(Family):
     def convert(self, source, out, max_source_positions=None, max_target_positions=None, **options) -> str:
         src, config = source.path, source.hf_config
         check_config(config, src)
-        vocab_size = int(_require(config, "vocab_size", src))
+        vocab_size = C.config_value(config, "vocab_size", src, POSITIVE_INT)
         values = model_values(config, src)
         hf = C.load_hf_state_dict(src)
         shared = hf.get("shared.weight")

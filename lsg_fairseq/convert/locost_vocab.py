@@ -28,6 +28,7 @@ import torch
 from lsg_fairseq.convert import common as C
 from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_fairseq.convert.common import ConversionError, ExportError
+from lsg_text.argtypes import NON_NEGATIVE_INT
 from lsg_text.offline_bpe import HF_SENTENCEPIECE_NAME, SENTENCEPIECE_NAMES
 
 logger = logging.getLogger(__name__)
@@ -84,10 +85,9 @@ def hf_symbols(src: str, vocab_size: int) -> Tuple[Dict[int, str], int]:
 
 def fairseq_order(config: dict, unk_id: int, vocab_size: int, src: str) -> List[int]:
     """HF ids in fairseq index order for indices 0..V+0 (before the task's <mask>)."""
-    pad = int(config.get("pad_token_id", 0))
-    eos = int(config.get("eos_token_id", 1))
-    start = config.get("decoder_start_token_id")
-    start = pad if start is None else int(start)
+    pad = C.config_value(config, "pad_token_id", src, NON_NEGATIVE_INT, default=0)
+    eos = C.config_value(config, "eos_token_id", src, NON_NEGATIVE_INT, default=1)
+    start = C.config_value(config, "decoder_start_token_id", src, NON_NEGATIVE_INT, default=pad)
     for name, i in (
         ("pad_token_id", pad),
         ("eos_token_id", eos),

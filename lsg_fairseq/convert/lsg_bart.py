@@ -28,7 +28,7 @@ from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, register_fami
 from lsg_fairseq.models.lsg_bart import LSGBARTModel, lsg_architecture_defaults
 from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationTask
-from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
+from lsg_text.argtypes import BOOL_FLAG, NON_NEGATIVE_INT, POSITIVE_INT, OneOf
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +36,11 @@ LSG_OPTION_NAMES = C.option_names(LSGBARTModel.add_lsg_args)  # the LSG flags' o
 # the reference writes these as JSON booleans
 LSG_BOOL_FIELDS = ("mask_first_token", "pass_global_tokens_to_decoder", "pool_with_global")
 # The LSG config fields: the same names both ways; absent: the lsg_bart architecture's default
+# each checked against its flag's declared range where an HF config brings it (fields.Field.kind)
+LSG_KINDS = {**C.option_ranges(LSGBARTModel.add_lsg_args), "sparsity_type": OneOf(SPARSITY_TYPES)}
 LSG_FIELDS = tuple(
-    Field(k, k, None, to_hf=bool) if k in LSG_BOOL_FIELDS else Field(k, k, None) for k in LSG_OPTION_NAMES
+    Field(k, k, None, to_hf=bool, kind=BOOL_FLAG) if k in LSG_BOOL_FIELDS else Field(k, k, None, kind=LSG_KINDS.get(k))
+    for k in LSG_OPTION_NAMES
 )
 # What the LSG reference writes (spec/lsg.md section 1); the modeling file it names is the LSG
 # authors' (lsg_converter/bart/modeling_lsg_bart.py), not shipped here.

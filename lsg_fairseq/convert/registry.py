@@ -78,9 +78,11 @@ def probe(src: str) -> SourceInfo:
         raise C.ConversionError(f"{src}: no such file or folder")
     if os.path.isdir(src) and os.path.exists(os.path.join(src, "config.json")):
         try:
-            return SourceInfo(src, hf_config=C.read_hf_config(src))
+            config = C.read_hf_config(src)
         except C.ConversionError:  # not JSON, not an object: no family's, said below
             return SourceInfo(src)
+        C.check_architectures(config, src)
+        return SourceInfo(src, hf_config=config)
     try:
         path = resolve_checkpoint(src)  # a folder: the file lsg-fairseq-export takes from it
     except C.ExportError:  # a folder without one: no family's

@@ -37,7 +37,7 @@ every layer of the same window.
 """
 
 import math
-from typing import NamedTuple, Optional, Sequence, Tuple, Union
+from typing import NamedTuple, Optional, Sequence, Tuple, Union, cast
 
 import torch
 import torch.nn as nn
@@ -65,7 +65,8 @@ _QUERY_BLOCK = 64
 
 def check_attention_window(window: int, name: str = "attention_window") -> int:
     """A Longformer window must be a positive even int (the full width W = 2w)."""
-    if isinstance(window, bool) or int(window) != window or window <= 0 or window % 2:
+    number = isinstance(window, (int, float)) and not isinstance(window, bool)
+    if not number or int(window) != window or window <= 0 or window % 2:
         raise ValueError(f"{name} must be a positive even integer (the full window 2w), got {window!r}")
     return int(window)
 
@@ -83,10 +84,10 @@ def parse_attention_windows(
             windows = [int(p) for p in parts]
         except ValueError:
             raise ValueError(f"{name} must be an int or a comma-separated list of ints, got {value!r}")
-    elif isinstance(value, int):
+    elif isinstance(value, Sequence):  # a list, a tuple, hydra's ListConfig
+        windows = list(cast(Sequence[int], value))
+    else:  # an int; from a config also null, a float or an object: check_attention_window names it
         windows = [value]
-    else:
-        windows = list(value)
     if len(windows) == 1:
         windows = windows * num_layers
     if len(windows) != num_layers:
