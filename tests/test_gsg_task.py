@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from fairseq.data import Dictionary
+from rouge_score import rouge_scorer
 
 import lsg_fairseq  # noqa: F401  (registers the tasks)
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix
@@ -369,18 +370,42 @@ def test_config_validation(field, value, message):
         validate_gsg_config(cfg)
 
 
-def test_throughput(corpus_dir):
-    """Not a benchmark (the README reports one on ~4K-token documents): a floor that catches an
-    accidental quadratic or per-pair rouge-score call."""
-    import time
+@pytest.mark.parametrize("strategy", ["ind_orig", "seq"])
+def test_selection_work_per_example(corpus_dir, monkeypatch, strategy):
+    """The cost of an example, counted rather than timed (speed lives in throughput.py and the
+    README): one document count per example, ROUGE-1 computed as whole vectors (once for Ind-Orig,
+    once per gap sentence for Seq-Orig) and never through the rouge-score package, so neither a
+    per-pair scoring loop nor an extra pass over the document slips in."""
+    calls = {"counts": 0, "f1": 0, "f1_rows": 0}
+    counts, f1 = gsg._DocumentCounts, gsg._f1_vector
 
-    ds, _, _ = load(corpus_dir)
-    t0 = time.perf_counter()
-    for _ in range(5):
-        for i in range(len(ds)):
-            ds[i]
-    rate = 5 * len(ds) / (time.perf_counter() - t0)
-    assert rate > 20, f"{rate:.0f} examples/s"  # ~700/s measured; low floor: 2 shared cores
+    def counted_counts(*a, **k):
+        calls["counts"] += 1
+        return counts(*a, **k)
+
+    def counted_f1(overlap, len_a, len_b):
+        calls["f1"] += 1
+        calls["f1_rows"] += np.size(overlap)
+        return f1(overlap, len_a, len_b)
+
+    monkeypatch.setattr(gsg, "_DocumentCounts", counted_counts)
+    monkeypatch.setattr(gsg, "_f1_vector", counted_f1)
+
+    def no_package(*a, **k):
+        raise AssertionError("the rouge-score package was called while building an example")
+
+    monkeypatch.setattr(rouge_scorer.RougeScorer, "score", no_package)
+    ds, _, _ = load(corpus_dir, strategy=strategy)
+    expected_f1 = expected_rows = 0
+    for i in range(len(ds)):
+        ds[i]
+        n = len(ds.corpus.document(i)[1])
+        m = min(gsg.num_gap_sentences(n, 0.2), n)
+        rounds = 1 if strategy == "ind_orig" else m
+        expected_f1 += rounds
+        expected_rows += rounds * n
+    assert calls["counts"] == len(ds)
+    assert (calls["f1"], calls["f1_rows"]) == (expected_f1, expected_rows)
 
 
 def run_throughput(*args):
