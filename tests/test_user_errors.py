@@ -86,11 +86,31 @@ def test_html_page_saved_as_pytorch_model_bin(tmp_path, capsys):
     assert code == 2 and f"{weights}: cannot load weights: an HTML/XML page" in line
 
 
-def test_non_object_config_json_named(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("[1, 2]", "expected a JSON object, got list"),
+        ('{"model_type": "bart",', "not valid JSON (Expecting property name enclosed in double quotes: line 1"),
+        (b"\xff\xfe{}", "not UTF-8 text (byte offset 0)"),
+    ],
+)
+def test_unreadable_config_json_named(tmp_path, capsys, text, problem):
+    """A damaged config.json is named with what is wrong with it; it used to read "not a model
+    this converter knows", which sent the user looking for a family."""
     src = copy_folder(BART_HF, tmp_path / "hf")
-    open(os.path.join(src, "config.json"), "w").write("[1, 2]")
+    with open(os.path.join(src, "config.json"), "wb") as f:
+        f.write(text if isinstance(text, bytes) else text.encode())
     code, line = run_convert([src, tmp_path / "out"], capsys)
-    assert code == 2 and "not a model this converter knows" in line
+    assert code == 2 and f"{os.path.join(src, 'config.json')}: {problem}" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoint_beside_unreadable_config_json_converts(tmp_path, capsys):
+    """A folder holding a fairseq checkpoint is that checkpoint's, whatever config.json lies beside it."""
+    assert convert_main([BART_HF, str(tmp_path / "fs")]) in (0, None)
+    (tmp_path / "fs" / "config.json").write_text("not json")
+    assert convert_main([str(tmp_path / "fs"), str(tmp_path / "lsg"), "--to", "lsg_bart"]) in (0, None)
+    assert (tmp_path / "lsg" / "model.pt").is_file()
 
 
 HF_FOLDERS = {

@@ -79,10 +79,14 @@ def probe(src: str) -> SourceInfo:
     if os.path.isdir(src) and os.path.exists(os.path.join(src, "config.json")):
         try:
             config = C.read_hf_config(src)
-        except C.ConversionError:  # not JSON, not an object: no family's, said below
-            return SourceInfo(src)
-        C.check_architectures(config, src)
-        return SourceInfo(src, hf_config=config)
+        except C.ConversionError:
+            # a damaged config.json (not JSON, not UTF-8, not an object) is what the user must
+            # hear about, unless the folder also holds a fairseq checkpoint, which is then the source
+            if not any(os.path.isfile(os.path.join(src, name)) for name in CHECKPOINT_NAMES):
+                raise
+        else:
+            C.check_architectures(config, src)
+            return SourceInfo(src, hf_config=config)
     try:
         path = resolve_checkpoint(src)  # a folder: the file lsg-fairseq-export takes from it
     except C.ExportError:  # a folder without one: no family's
