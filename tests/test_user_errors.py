@@ -140,6 +140,11 @@ HF_FOLDERS = {
         ("locost", "d_state", None, "d_state is null"),  # TypeError
         ("locost", "vocab_size", "abc", "vocab_size must be an integer, got 'abc'"),  # ValueError
         ("locost", "pad_token_id", [1], "pad_token_id must be an integer, got [1]"),  # TypeError
+        # true/false fields the converter reads but maps to no flag (common.config_flag)
+        ("bart", "normalize_before", "abc", "normalize_before must be true or false, got 'abc'"),
+        ("lsg", "adaptive", [0], "adaptive must be true or false, got [0]"),
+        ("led", "scale_embedding", "abc", "scale_embedding must be true or false, got 'abc'"),
+        ("locost", "is_encoder_decoder", "abc", "is_encoder_decoder must be true or false, got 'abc'"),
     ],
 )
 def test_bad_config_json_field_named(tmp_path, capsys, family, field, value, expected):
@@ -154,6 +159,23 @@ def test_bad_config_json_field_named(tmp_path, capsys, family, field, value, exp
     code, line = run_convert([src, tmp_path / "out"], capsys)
     assert code == 2 and path in line and expected in line, line
     assert os.listdir(tmp_path) == ["hf"]
+
+
+@pytest.mark.parametrize("family,field", [("bart", "normalize_before"), ("led", "scale_embedding")])
+def test_config_json_false_as_a_string_is_false(tmp_path, capsys, family, field):
+    """ "false" is false, as the LSG fields already read it: it was a truthy string, refused as a
+    pre-LayerNorm model or as "scale_embedding true is not LED"."""
+    src = copy_folder(HF_FOLDERS[family], tmp_path / "hf")
+    path = os.path.join(src, "config.json")
+    config = json.load(open(path))
+    config[field] = "false"
+    json.dump(config, open(path, "w"))
+    assert convert_main([src, str(tmp_path / "out")]) in (0, None)
+    assert (tmp_path / "out" / "model.pt").is_file()
+    config[field] = "true"
+    json.dump(config, open(path, "w"))
+    code, line = run_convert([src, tmp_path / "out2"], capsys)
+    assert code == 2 and path in line, line
 
 
 # ----------------------------------------------------------------------------- converter output folder

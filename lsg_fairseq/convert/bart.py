@@ -115,7 +115,7 @@ def is_bart_source(source: SourceInfo) -> bool:
 def model_values(config: dict, src: str) -> dict:
     """fairseq hyper-parameters reproducing an HF BART config's shapes (:data:`BART_FIELDS`)."""
     values = values_from_hf(BART_FIELDS, config, src)
-    if config.get("normalize_before") or config.get("add_final_layer_norm"):
+    if any(C.config_flag(config, k, src, False) for k in ("normalize_before", "add_final_layer_norm")):
         raise C.ConversionError(f"{src}/config.json: pre-LayerNorm (mBART-style) models are not BART")
     for key, expected in (("pad_token_id", 1), ("bos_token_id", 0), ("eos_token_id", 2)):
         if config.get(key, expected) != expected:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import torch
 
 from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
+from lsg_text.argtypes import BOOL_FLAG, bool_flag
 from lsg_text.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,13 @@ def config_value(config: dict, key: str, src: str, kind, default=_ABSENT):
     if problem:
         raise ConversionError(f"{src}/config.json: {key} {problem}, got {value!r}")
     return value
+
+
+def config_flag(config: dict, key: str, src: str, default: bool) -> bool:
+    """A true/false field of ``config`` (absent or null: ``default``). A JSON bool, or a string
+    :func:`lsg_text.argtypes.bool_flag` reads ("false" is false, not a truthy string); anything else
+    is refused by name."""
+    return bool_flag(config_value(config, key, src, BOOL_FLAG, default))
 
 
 def _weights_error(path: str, error: Exception) -> ConversionError:

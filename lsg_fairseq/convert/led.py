@@ -106,9 +106,9 @@ def _check_led_config(config: dict, src: str) -> None:
     for key in ("max_encoder_position_embeddings", "max_decoder_position_embeddings", "attention_window"):
         if key not in config:
             raise C.ConversionError(f"{src}/config.json: missing field {key!r}")
-    if not config.get("tie_word_embeddings", True):
+    if not C.config_flag(config, "tie_word_embeddings", src, True):
         raise C.ConversionError(f"{src}/config.json: tie_word_embeddings false is not supported")
-    if config.get("scale_embedding"):
+    if C.config_flag(config, "scale_embedding", src, False):
         raise C.ConversionError(f"{src}/config.json: scale_embedding true is not LED")
 
 

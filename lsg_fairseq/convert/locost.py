@@ -91,9 +91,9 @@ def check_config(config: dict, src: str) -> None:
         check_ssm_config(C.config_value(config, "d_state", src, POSITIVE_INT))
     except ValueError as e:
         raise ConversionError(f"{where}: {e}") from None
-    if config.get("is_encoder_decoder", True) is not True:
+    if not C.config_flag(config, "is_encoder_decoder", src, True):
         raise ConversionError(f"{where}: is_encoder_decoder is false; only the encoder-decoder model converts")
-    if config.get("use_fast_fft_conv"):
+    if C.config_flag(config, "use_fast_fft_conv", src, False):
         logger.warning(
             "%s: use_fast_fft_conv is true. lsg-fairseq computes the exact convolution (the reference's "
             "'ref' path), which equals the fast CUDA path only when the length is a power of two "

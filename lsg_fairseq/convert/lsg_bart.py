@@ -133,7 +133,7 @@ class LSGBartFamily(BartFamily):
         ``"none"`` here, the one place it is translated) and the global-token table: the source's,
         or initialised from a BART source's positions and embeddings."""
         config, src = source.hf_config, source.path
-        if config.get("adaptive") is False:
+        if not C.config_flag(config, "adaptive", src, True):
             logger.warning("adaptive=False in the HF config; lsg-fairseq always pads adaptively")
         if "sparsity_type" in config and str(config["sparsity_type"]).lower() == "none":
             values["sparsity_type"] = "none"
