@@ -133,6 +133,7 @@ HF_FOLDERS = {
         ("lsg", "num_global_tokens", 0, "num_global_tokens must be an integer in [1, "),
         ("lsg", "mask_first_token", "abc", "mask_first_token must be true or false, got 'abc'"),  # ArgumentTypeError
         ("lsg", "sparsity_type", "abc", "sparsity_type must be one of none, norm,"),
+        ("lsg", "block_size", None, "block_size null; give a value"),  # was a --sparse-block-size message
         ("led", "d_model", "abc", "d_model must be an integer, got 'abc'"),  # TypeError
         ("led", "attention_window", None, "attention_window must be a positive even integer"),  # TypeError
         ("led", "max_encoder_position_embeddings", "abc", "max_encoder_position_embeddings must be an integer"),

@@ -133,6 +133,13 @@ class LSGBartFamily(BartFamily):
         ``"none"`` here, the one place it is translated) and the global-token table: the source's,
         or initialised from a BART source's positions and embeddings."""
         config, src = source.hf_config, source.path
+        # null is a setting for sparsity_type only (no sparse keys); for the others the reference has
+        # no meaning for it, and taking the architecture's default would build a model it never had
+        nulls = [k for k in LSG_OPTION_NAMES if k != "sparsity_type" and k in config and config[k] is None]
+        if nulls:
+            raise C.ConversionError(
+                f"{src}/config.json: {', '.join(nulls)} null; give a value, or remove the field for lsg_bart's default"
+            )
         if not C.config_flag(config, "adaptive", src, True):
             logger.warning("adaptive=False in the HF config; lsg-fairseq always pads adaptively")
         if "sparsity_type" in config and str(config["sparsity_type"]).lower() == "none":
