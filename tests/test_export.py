@@ -363,6 +363,69 @@ def test_refuses_what_hf_cannot_hold(round_trips, tmp_path, capsys, edit, messag
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".hf.")]  # no temp folder left behind
 
 
+def _drop(key):
+    def edit(state):
+        del state["model"][key]
+
+    return edit
+
+
+def _reshape(key):
+    def edit(state):
+        state["model"][key] = torch.zeros(*(n + 1 for n in state["model"][key].shape))
+
+    return edit
+
+
+def _as_int(key):
+    def edit(state):
+        state["model"][key] = state["model"][key].long()
+
+    return edit
+
+
+def _cfg(key, value):
+    def edit(state):
+        setattr(state["cfg"]["model"], key, value)
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "name,edit,message",
+    [
+        # each was exported, exit 0: an HF folder HF fills with random weights or cannot load
+        ("bart_plain", _drop("decoder.layers.1.fc1.weight"), "missing decoder.layers.1.fc1.weight"),
+        ("lsg_norm", _reshape("encoder.layers.0.fc2.bias"), "encoder.layers.0.fc2.bias is (65,), the model's (64,)"),
+        ("led_w32", _drop("encoder.layers.1.self_attn.k_proj_global.bias"), "missing encoder.layers.1.self_attn"),
+        ("locost", _as_int("encoder.block.0.layer.0.ssm_layer.D"), "holds torch.int64, the model torch.float32"),
+        # each was a traceback (int("abc"), float([1]), parse_attention_windows' ValueError)
+        ("bart_plain", _cfg("encoder_layers", "abc"), "the model cfg's encoder_layers must be an integer"),
+        ("led_w32", _cfg("decoder_layerdrop", [1]), "the model cfg's decoder_layerdrop is not a valid float"),
+        ("led_w32", _cfg("attention_window", "abc"), "the model cfg's attention_window must be an int"),
+        ("locost", _cfg("d_ff", "abc"), "the model cfg's d_ff is not a valid int, got 'abc'"),
+    ],
+)
+def test_refuses_weights_or_cfg_its_model_cannot_take(round_trips, tmp_path, capsys, name, edit, message):
+    """The checkpoint's weights checked against the model its cfg builds (fairseq's strict load,
+    checkpoint.check_weights_fit), its cfg values against their types; one line naming model.pt."""
+    src = edited_copy(round_trips[name][1], tmp_path / "src", edit)
+    code, err = run_cli([src, tmp_path / "hf"], capsys)
+    lines = [line for line in err.splitlines() if line.startswith("lsg-fairseq-export: error: ")]
+    assert code == 2 and len(lines) == 1 and message in lines[0] and "model.pt" in lines[0], err
+    assert not (tmp_path / "hf").exists()
+
+
+def test_refuses_damaged_encoder_json(round_trips, tmp_path, capsys):
+    """A truncated encoder.json beside the checkpoint was a JSONDecodeError traceback."""
+    src = shutil.copytree(round_trips["bart_plain"][1], tmp_path / "src")
+    text = (src / "encoder.json").read_text(encoding="utf-8")
+    (src / "encoder.json").write_text(text[: len(text) // 2], encoding="utf-8")
+    code, err = run_cli([src, tmp_path / "hf"], capsys)
+    assert code == 2 and f"{src / 'encoder.json'}: not valid JSON" in err, err
+    assert not (tmp_path / "hf").exists()
+
+
 def test_locost_duplicate_rows(round_trips, tmp_path, capsys):
     fs = round_trips["locost"][1]
 

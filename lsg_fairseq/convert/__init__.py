@@ -33,7 +33,7 @@ they share: ``common.py`` (reading, building, saving), ``fields.py`` (config tab
 
 import os
 
-from lsg_fairseq.convert.checkpoint import read_checkpoint
+from lsg_fairseq.convert.checkpoint import check_weights_fit, read_checkpoint
 from lsg_fairseq.convert.common import ConversionError, ExportError
 from lsg_fairseq.convert.registry import (
     Family,
@@ -98,6 +98,7 @@ def export(src: str, out: str, force: bool = False) -> str:
 
     checkpoint = read_checkpoint(src)
     write = family_for_arch(checkpoint).export(checkpoint)  # every refusal before anything is written
+    check_weights_fit(checkpoint)  # after the families' own refusals, which name the problem in their terms
     try:
         with atomic_folder(out, force=force, inputs=checkpoint.search_dirs) as tmp:
             write(tmp)

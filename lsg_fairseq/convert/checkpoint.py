@@ -96,3 +96,47 @@ def read_checkpoint(src: str) -> Checkpoint:
     task = cfg.get("task") or {}
     dictionary = _load_dictionary(task.get("_name", TASK_NAME), search_dirs, task.get("source_lang"))
     return Checkpoint(path, arch, model_cfg, dict(state["model"]), dictionary, search_dirs)
+
+
+def check_weights_fit(checkpoint: Checkpoint) -> None:
+    """Refuse weights that fairseq's strict load into the checkpoint's own model would refuse: a
+    tensor missing, unexpected or of another shape, or an integer tensor where the model has a
+    float one. The families map the tensors they know by name; without this an HF folder could be
+    written that HF fills with random weights, or cannot load.
+
+    The model is built from the checkpoint's cfg and dictionary under ``FakeTensorMode``: shapes
+    and dtypes only, no memory and no initialisation time (a real build of a large model takes
+    seconds)."""
+    import copy
+    from types import SimpleNamespace
+
+    from fairseq import models
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    d = checkpoint.dictionary
+    task = SimpleNamespace(source_dictionary=d, target_dictionary=d, cfg=SimpleNamespace(data=None))
+    try:
+        with FakeTensorMode():
+            model = models.build_model(copy.deepcopy(checkpoint.model_cfg), task)
+            expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+    except Exception as e:  # noqa: BLE001  (a cfg fairseq cannot build from: named, whatever the reason)
+        raise ExportError(f"{checkpoint.path}: its cfg does not build a {checkpoint.arch} model ({e})") from None
+    state = checkpoint.state
+    problems = []
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    for label, keys in (("missing", missing), ("unexpected", unexpected)):
+        if keys:
+            problems.append(f"{label} {', '.join(keys[:5])}" + (f" and {len(keys) - 5} more" if len(keys) > 5 else ""))
+    for k in sorted(set(expected) & set(state)):
+        shape, dtype = expected[k]
+        if tuple(state[k].shape) != shape:
+            problems.append(f"{k} is {tuple(state[k].shape)}, the model's {shape}")
+        elif dtype.is_floating_point and not state[k].dtype.is_floating_point:
+            problems.append(f"{k} holds {state[k].dtype}, the model {dtype}")
+    if problems:
+        shown = "; ".join(problems[:4]) + (f"; and {len(problems) - 4} more" if len(problems) > 4 else "")
+        raise ExportError(
+            f"{checkpoint.path}: the weights do not fit its cfg's {checkpoint.arch} model ({shown}); fairseq "
+            "could not load it either"
+        )

@@ -61,5 +61,17 @@ def hf_fields(fields: Sequence[Field], checkpoint: Checkpoint) -> Dict[str, Any]
         value = checkpoint.get(f.fairseq)
         if value is None and f.default is REQUIRED:
             raise ExportError(f"{checkpoint.path}: the model cfg has no {f.fairseq}")
-        out[f.hf] = f.default if value is None else f.to_hf(value)
+        if value is None:
+            out[f.hf] = f.default
+            continue
+        # a cfg edited by hand, or written by other code: its value in the flag's range, and one the
+        # HF type takes (int("abc"), float([1]) were tracebacks)
+        problem = f.kind.problem(value) if f.kind is not None else None
+        if problem is None:
+            try:
+                out[f.hf] = f.to_hf(value)
+            except (TypeError, ValueError):
+                problem = f"is not a valid {f.to_hf.__name__}"
+        if problem:
+            raise ExportError(f"{checkpoint.path}: the model cfg's {f.fairseq} {problem}, got {value!r}")
     return out

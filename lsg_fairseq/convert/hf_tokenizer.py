@@ -6,7 +6,6 @@ id in ``dict.txt`` (identity for converted models); a sentencepiece model is cop
 ``spm.model`` because HF's BART tokenizer files (byte-level BPE) cannot represent it.
 """
 
-import json
 import logging
 import os
 import shutil
@@ -38,8 +37,7 @@ def tokenizer_writer(checkpoint: Checkpoint, tokenizer_class: str, max_length: i
     spm_path = checkpoint.find(*SENTENCEPIECE_NAMES)
     d = checkpoint.dictionary
     if encoder_json and merges:
-        with open(encoder_json, encoding="utf-8") as f:
-            vocab = hf_vocab(json.load(f), d)
+        vocab = hf_vocab(C.read_json(encoder_json, dict), d)  # a damaged one is named, not a traceback
         specials = {
             "bos_token": "<s>",
             "cls_token": "<s>",

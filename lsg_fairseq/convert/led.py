@@ -208,10 +208,15 @@ class LEDFamily(BartFamily):
         return rename_attention(sd, FAIRSEQ_ATTENTION_NAMES, "the checkpoint"), enc_pos[2:], dec_pos[2:]
 
     def hf_config_fields(self, checkpoint, config, hf):
+        name = f"{checkpoint.path}: the model cfg's attention_window"
+        try:
+            windows = parse_attention_windows(checkpoint.get("attention_window"), config["encoder_layers"], name)
+        except ValueError as e:  # absent or hand-edited: named, not a traceback
+            raise C.ExportError(str(e)) from None
         return dict(
             model_type="led",
             tie_word_embeddings=True,
-            attention_window=parse_attention_windows(checkpoint.get("attention_window"), config["encoder_layers"]),
+            attention_window=windows,
             max_encoder_position_embeddings=int(hf["led.encoder.embed_positions.weight"].size(0)),
             max_decoder_position_embeddings=int(hf["led.decoder.embed_positions.weight"].size(0)),
         )
