@@ -400,10 +400,10 @@ def _cfg(key, value):
         ("led_w32", _drop("encoder.layers.1.self_attn.k_proj_global.bias"), "missing encoder.layers.1.self_attn"),
         ("locost", _as_int("encoder.block.0.layer.0.ssm_layer.D"), "holds torch.int64, the model torch.float32"),
         # each was a traceback (int("abc"), float([1]), parse_attention_windows' ValueError)
-        ("bart_plain", _cfg("encoder_layers", "abc"), "the model cfg's encoder_layers must be an integer"),
-        ("led_w32", _cfg("decoder_layerdrop", [1]), "the model cfg's decoder_layerdrop is not a valid float"),
-        ("led_w32", _cfg("attention_window", "abc"), "the model cfg's attention_window must be an int"),
-        ("locost", _cfg("d_ff", "abc"), "the model cfg's d_ff is not a valid int, got 'abc'"),
+        ("bart_plain", _cfg("encoder_layers", "abc"), "(encoder_layers = 'abc', not a value --encoder-layers takes)"),
+        ("led_w32", _cfg("decoder_layerdrop", [1]), "(decoder_layerdrop = [1], not a value --decoder-layerdrop takes)"),
+        ("led_w32", _cfg("attention_window", "abc"), "attention_window = 'abc', not a value --attention-window takes"),
+        ("locost", _cfg("d_ff", "abc"), "does not build a locost_base model (d_ff = 'abc', not a value --d-ff takes)"),
     ],
 )
 def test_refuses_weights_or_cfg_its_model_cannot_take(round_trips, tmp_path, capsys, name, edit, message):

@@ -120,6 +120,63 @@ def test_fuzz_convert_flags(tmp_path, capsys):
         check_convert(argv, argv[1], capsys, flags + ["LSG", "not achievable"])
 
 
+# ----------------------------------------------------------------------------- lsg-fairseq-export
+CFG_VALUES = [None, "abc", -1, 0, 1.5, [1], {}, True]
+
+
+def check_export(src, out, capsys, culprits, must_refuse=False):
+    from lsg_fairseq.cli.export import main
+
+    argv = [src, out]
+    code, stdout, err = outcome(main, argv, capsys)
+    line = assert_refused_or_ok(code, err, "lsg-fairseq-export", culprits, argv)
+    assert not (must_refuse and code == 0), (argv, "exported weights that do not fit their model")
+    if code == 0:
+        assert stdout.strip() == os.path.abspath(out) and "config.json" in os.listdir(out)
+        shutil.rmtree(out)
+    else:
+        assert not os.path.exists(out)
+    return line
+
+
+@pytest.mark.parametrize("fixture", [BART_HF, LOCOST_HF], ids=["bart", "locost"])
+def test_fuzz_export_damaged_checkpoints(tmp_path, capsys, fixture):
+    """Damaged files beside the checkpoint, deleted, reshaped or integer tensors, and cfg values of
+    any type: exported, or refused in one line naming the file; a tensor its model cannot take is
+    always refused (it was exported, exit 0)."""
+    import torch
+
+    from lsg_fairseq.convert import convert
+
+    rng = random.Random(SEED + 9)
+    base = str(tmp_path / "base")
+    convert(fixture, base)
+    for i, (name, data) in enumerate(damaged_copies(rng, base)):
+        src = shutil.copytree(base, tmp_path / f"f{i}")
+        (src / name).write_bytes(data)
+        check_export(str(src), str(tmp_path / f"hf_f{i}"), capsys, [src / name, src])
+        shutil.rmtree(src)
+    state = torch.load(os.path.join(base, "model.pt"), weights_only=False)
+    keys = sorted(state["model"])
+    cfg_keys = sorted(vars(state["cfg"]["model"]))
+    for i in range(24):
+        src = shutil.copytree(base, tmp_path / f"t{i}")
+        edited = torch.load(src / "model.pt", weights_only=False)
+        kind, key = rng.choice(["delete", "reshape", "integer", "cfg"]), rng.choice(keys)
+        tensor = edited["model"].get(key)
+        if kind == "delete":
+            del edited["model"][key]
+        elif kind == "reshape":
+            edited["model"][key] = torch.zeros(*(n + 1 for n in tensor.shape))
+        elif kind == "integer":
+            edited["model"][key] = tensor.long()
+        else:
+            setattr(edited["cfg"]["model"], rng.choice(cfg_keys), rng.choice(CFG_VALUES))
+        torch.save(edited, src / "model.pt")
+        check_export(str(src), str(tmp_path / f"hf_t{i}"), capsys, [src / "model.pt"], must_refuse=kind != "cfg")
+        shutil.rmtree(src)
+
+
 # ----------------------------------------------------------------------------- lsg-fairseq-summarize
 SUMMARIZE_FLAGS = [
     "--beam",

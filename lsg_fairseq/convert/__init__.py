@@ -33,7 +33,7 @@ they share: ``common.py`` (reading, building, saving), ``fields.py`` (config tab
 
 import os
 
-from lsg_fairseq.convert.checkpoint import check_weights_fit, read_checkpoint
+from lsg_fairseq.convert.checkpoint import check_weights_fit, model_shapes, read_checkpoint
 from lsg_fairseq.convert.common import ConversionError, ExportError
 from lsg_fairseq.convert.registry import (
     Family,
@@ -97,8 +97,10 @@ def export(src: str, out: str, force: bool = False) -> str:
     from lsg_text.fileio import DataError
 
     checkpoint = read_checkpoint(src)
-    write = family_for_arch(checkpoint).export(checkpoint)  # every refusal before anything is written
-    check_weights_fit(checkpoint)  # after the families' own refusals, which name the problem in their terms
+    family = family_for_arch(checkpoint)
+    shapes = model_shapes(checkpoint)  # its cfg builds its model: every family reads a checked cfg
+    write = family.export(checkpoint)  # every refusal before anything is written
+    check_weights_fit(checkpoint, shapes)  # after the families' refusals, which name the problem in their terms
     try:
         with atomic_folder(out, force=force, inputs=checkpoint.search_dirs) as tmp:
             write(tmp)

@@ -3,7 +3,7 @@ model cfg, the dictionary as the task loads it, and the folders where its tokeni
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -98,15 +98,13 @@ def read_checkpoint(src: str) -> Checkpoint:
     return Checkpoint(path, arch, model_cfg, dict(state["model"]), dictionary, search_dirs)
 
 
-def check_weights_fit(checkpoint: Checkpoint) -> None:
-    """Refuse weights that fairseq's strict load into the checkpoint's own model would refuse: a
-    tensor missing, unexpected or of another shape, or an integer tensor where the model has a
-    float one. The families map the tensors they know by name; without this an HF folder could be
-    written that HF fills with random weights, or cannot load.
+def model_shapes(checkpoint: Checkpoint) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
+    """{name: (shape, dtype)} of the state of the model the checkpoint's cfg and dictionary build,
+    as fairseq builds it to load the checkpoint; a cfg it cannot build from (a hand-edited value of
+    any type) is refused by name.
 
-    The model is built from the checkpoint's cfg and dictionary under ``FakeTensorMode``: shapes
-    and dtypes only, no memory and no initialisation time (a real build of a large model takes
-    seconds)."""
+    Built under ``FakeTensorMode``: shapes and dtypes only, no memory and no initialisation time (a
+    real build of a large model takes seconds)."""
     import copy
     from types import SimpleNamespace
 
@@ -118,9 +116,45 @@ def check_weights_fit(checkpoint: Checkpoint) -> None:
     try:
         with FakeTensorMode():
             model = models.build_model(copy.deepcopy(checkpoint.model_cfg), task)
-            expected = {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
+            return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
     except Exception as e:  # noqa: BLE001  (a cfg fairseq cannot build from: named, whatever the reason)
-        raise ExportError(f"{checkpoint.path}: its cfg does not build a {checkpoint.arch} model ({e})") from None
+        odd = _odd_cfg_values(checkpoint)
+        why = "; ".join(odd[:3]) if odd else str(e).splitlines()[0][:300]
+        raise ExportError(f"{checkpoint.path}: its cfg does not build a {checkpoint.arch} model ({why})") from None
+
+
+def _odd_cfg_values(checkpoint: Checkpoint) -> List[str]:
+    """The cfg values their own flag would refuse (``--encoder-layers abc``, ``--activation-fn [1]``):
+    the likely culprits when the cfg does not build, named for the user."""
+    import argparse
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    parser = argparse.ArgumentParser(add_help=False)
+    try:
+        ARCH_MODEL_REGISTRY[checkpoint.arch].add_args(parser)
+    except Exception:  # noqa: BLE001  (no flags to compare with: the build's own message is given)
+        return []
+    odd = []
+    for action in parser._actions:
+        value = checkpoint.get(action.dest)
+        if value is None or not action.option_strings:
+            continue
+        try:
+            ok = action.type is None or action.type(value if isinstance(value, str) else str(value)) is not None
+            ok = ok and (action.choices is None or value in action.choices)
+        except Exception:  # noqa: BLE001  (whatever the flag's type raises: the value is not one it takes)
+            ok = False
+        if not ok:
+            odd.append(f"{action.dest} = {value!r}, not a value {action.option_strings[0]} takes")
+    return odd
+
+
+def check_weights_fit(checkpoint: Checkpoint, expected: Dict[str, Tuple[Tuple[int, ...], torch.dtype]]) -> None:
+    """Refuse weights that fairseq's strict load into the checkpoint's own model (``expected``, from
+    :func:`model_shapes`) would refuse: a tensor missing, unexpected or of another shape, or an
+    integer tensor where the model has a float one. The families map the tensors they know by name;
+    without this an HF folder could be written that HF fills with random weights, or cannot load."""
     state = checkpoint.state
     problems = []
     missing = sorted(set(expected) - set(state))

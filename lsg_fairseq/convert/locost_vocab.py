@@ -18,7 +18,6 @@ so ``token_map.json`` lists HF 0 twice (start and pad), which is expected (spec 
 of fairseq indices that share an HF row are equal; fairseq never emits ``<pad>``.
 """
 
-import json
 import logging
 import os
 from typing import Dict, List, Optional, Tuple
@@ -126,11 +125,7 @@ def read_token_map(source: Checkpoint) -> List[int]:
     path = source.find("token_map.json")
     if path is None:
         return list(range(n))
-    try:
-        with open(path, encoding="utf-8") as f:
-            token_map = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ExportError(f"{path}: not readable JSON ({e})") from e
+    token_map = C.read_json(path)  # not JSON, not UTF-8 (a UnicodeDecodeError traceback), unreadable: named
     if not (isinstance(token_map, list) and all(isinstance(i, int) and i >= 0 for i in token_map)):
         raise ExportError(f"{path}: expected a list of non-negative ints (fairseq index -> HF id)")
     if len(token_map) != n:
