@@ -411,6 +411,30 @@ def test_summarize_refuses_an_output_folder_up_front(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["doc.txt", "model", "summaries"]
 
 
+def test_summarize_names_a_checkpoint_that_does_not_fit_its_own_model(tmp_path, capsys):
+    """A tensor missing or of another shape is the checkpoint's fault, not dict.txt's: it read "use
+    the dict.txt written with this checkpoint". A dict.txt of another size still says that."""
+    import torch
+
+    convert_main([BART_HF, str(tmp_path / "model")])
+    (tmp_path / "doc.txt").write_text("a document. it has two sentences.\n")
+    path = tmp_path / "model" / "model.pt"
+    good = path.read_bytes()
+    dictionary = (tmp_path / "model" / "dict.txt").read_text()
+    (tmp_path / "model" / "dict.txt").write_text(dictionary + "".join(f"{60000 + i} 1\n" for i in range(8)))
+    code, line = run_summarize([tmp_path / "model", tmp_path / "doc.txt"], capsys)
+    assert code == 2 and "use the dict.txt written with this checkpoint" in line, line
+    (tmp_path / "model" / "dict.txt").write_text(dictionary)
+    state = torch.load(path, weights_only=False)
+    del state["model"]["decoder.layers.1.fc1.weight"]
+    torch.save(state, path)
+    code, line = run_summarize([tmp_path / "model", tmp_path / "doc.txt"], capsys)
+    assert code == 2 and f"{path}: its weights do not fit the model its own cfg builds" in line, line
+    assert "decoder.layers.1.fc1.weight" in line and "dict.txt" not in line, line
+    path.write_bytes(good)
+    assert summarize.main([str(tmp_path / "model"), str(tmp_path / "doc.txt"), "--quiet"]) in (0, None)
+
+
 @pytest.mark.parametrize(
     "files,expected",
     [

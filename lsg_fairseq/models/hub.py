@@ -10,6 +10,7 @@ the model as it found it (fairseq#3893), as ``lsg-fairseq-summarize`` (built on 
 
 import logging
 import os
+import re
 from typing import List, Optional
 
 import torch
@@ -19,6 +20,7 @@ from fairseq.models.bart.hub_interface import BARTHubInterface
 from omegaconf import open_dict
 
 from lsg_fairseq.checkpoint_io import CheckpointError
+from lsg_fairseq.models.vocabulary_fit import VOCABULARY_KEYS
 from lsg_text.errors import MissingFileError, one_line
 from lsg_text.fileio import CHECKPOINT_NAMES, DataError, folder_checkpoint
 from lsg_text.offline_bpe import (
@@ -175,10 +177,17 @@ def from_pretrained(model_dir: str, checkpoint_file: Optional[str] = None, **ove
     except RuntimeError as e:
         if "Error(s) in loading state_dict" not in str(e):
             raise
-        # e.g. a dict.txt of another model: the embedding rows do not match the weights
+        mismatched = set(re.findall(r"size mismatch for ([\w.]+)", str(e)))
+        if mismatched and mismatched <= set(VOCABULARY_KEYS) and "key(s) in state_dict" not in str(e):
+            # a dict.txt of another model: only the embedding rows (one per symbol) differ
+            raise CheckpointError(
+                f"{path} does not fit the files beside it ({dict_path}: {one_line(e)[:300]}); use the dict.txt "
+                "written with this checkpoint"
+            ) from None
+        # a tensor missing, unexpected or of another shape: the checkpoint itself does not fit its cfg
         raise CheckpointError(
-            f"{path} does not fit the files beside it ({dict_path}: {one_line(e)[:300]}); use the dict.txt "
-            "written with this checkpoint"
+            f"{path}: its weights do not fit the model its own cfg builds ({one_line(e)[:300]}); the checkpoint "
+            "is damaged, or was edited or written by other code"
         ) from None
     if kwargs.get("bpe") == "gpt2":  # after the checkpoint's own errors, before any generation
         check_gpt2_matches_dict(loaded["task"].target_dictionary, dict_path, kwargs["gpt2_encoder_json"])
