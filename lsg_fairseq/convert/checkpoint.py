@@ -7,7 +7,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from lsg_fairseq.convert.common import ExportError, model_arch
+from lsg_fairseq.convert.common import ExportError, model_arch, state_mismatches
 from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
 from lsg_text.fileio import CHECKPOINT_NAMES
 
@@ -156,15 +156,15 @@ def check_weights_fit(checkpoint: Checkpoint, expected: Dict[str, Tuple[Tuple[in
     integer tensor where the model has a float one. The families map the tensors they know by name;
     without this an HF folder could be written that HF fills with random weights, or cannot load."""
     state = checkpoint.state
+    missing, unexpected, mis_shaped = state_mismatches({k: shape for k, (shape, _) in expected.items()}, state)
+    shaped = set(mis_shaped)
     problems = []
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
     for label, keys in (("missing", missing), ("unexpected", unexpected)):
         if keys:
             problems.append(f"{label} {', '.join(keys[:5])}" + (f" and {len(keys) - 5} more" if len(keys) > 5 else ""))
     for k in sorted(set(expected) & set(state)):
         shape, dtype = expected[k]
-        if tuple(state[k].shape) != shape:
+        if k in shaped:
             problems.append(f"{k} is {tuple(state[k].shape)}, the model's {shape}")
         elif dtype.is_floating_point and not state[k].dtype.is_floating_point:
             problems.append(f"{k} holds {state[k].dtype}, the model {dtype}")

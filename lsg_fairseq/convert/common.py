@@ -25,7 +25,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -83,8 +83,8 @@ _ABSENT = object()
 
 def config_value(config: dict, key: str, src: str, kind, default=_ABSENT):
     """``config[key]`` checked against ``kind`` (a :class:`lsg_text.argtypes.Range`); absent or
-    null: ``default``, or refused by name where there is none. The one reader of a config field
-    that is not a mapping row (:mod:`lsg_fairseq.convert.fields`)."""
+    null: ``default``, or refused by name where there is none. For a typed field read outside the
+    mapping rows (:mod:`lsg_fairseq.convert.fields`, which check their own ``kind``)."""
     value = config.get(key)
     if value is None:
         if default is _ABSENT:
@@ -305,16 +305,22 @@ def build_model_from_cfg(cfg, out_dir: str):
     return cfg, fairseq_task, model
 
 
+def state_mismatches(
+    expected: Dict[str, Tuple[int, ...]], state: Dict[str, torch.Tensor]
+) -> Tuple[List[str], List[str], List[str]]:
+    """What a strict ``load_state_dict`` refuses: the names (each list sorted) ``state`` lacks, the
+    ones it has beyond ``expected`` ({name: shape}), and the ones of another shape."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shaped = [k for k in sorted(set(state) & set(expected)) if tuple(state[k].shape) != tuple(expected[k])]
+    return missing, unexpected, shaped
+
+
 def load_strict(model, state: Dict[str, torch.Tensor]) -> None:
     """Strict load with a readable report of missing / unexpected / mis-shaped tensors."""
     target = model.state_dict()
-    missing = sorted(set(target) - set(state))
-    unexpected = sorted(set(state) - set(target))
-    shapes = [
-        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(target[k].shape)}"
-        for k in sorted(set(state) & set(target))
-        if state[k].shape != target[k].shape
-    ]
+    missing, unexpected, shaped = state_mismatches({k: tuple(v.shape) for k, v in target.items()}, state)
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(target[k].shape)}" for k in shaped]
     if missing or unexpected or shapes:
         lines = []
         if missing:

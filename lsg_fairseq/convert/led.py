@@ -170,7 +170,7 @@ class LEDFamily(BartFamily):
             )
         _check_led_config(config, src)
         M, T = (C.config_value(config, f"max_{side}_position_embeddings", src, POSITIVE_INT) for side in SIDES)
-        for side, n in (("encoder", M), ("decoder", T)):
+        for side, n in zip(SIDES, (M, T)):
             rows = sd[f"{side}.embed_positions.weight"].size(0)
             if rows != n + 2:
                 raise C.ConversionError(f"{src}: {side} position table has {rows - 2} positions, config says {n}")

@@ -41,7 +41,7 @@ from lsg_fairseq._autoimport import import_all
 from lsg_fairseq.convert import common as C
 from lsg_fairseq.convert.checkpoint import Checkpoint, resolve_checkpoint
 from lsg_text.argtypes import int_range
-from lsg_text.fileio import CHECKPOINT_NAMES
+from lsg_text.fileio import CHECKPOINT_NAMES, folder_checkpoint
 
 # Longest position table a conversion makes: a longer learned table is surely a typo.
 MAX_POSITIONS = 1 << 20
@@ -82,7 +82,7 @@ def probe(src: str) -> SourceInfo:
         except C.ConversionError:
             # a damaged config.json (not JSON, not UTF-8, not an object) is what the user must
             # hear about, unless the folder also holds a fairseq checkpoint, which is then the source
-            if not any(os.path.isfile(os.path.join(src, name)) for name in CHECKPOINT_NAMES):
+            if folder_checkpoint(src) is None:
                 raise
         else:
             C.check_architectures(config, src)
