@@ -80,6 +80,17 @@ def locost_kernels():
     return make_test_data().read_kernels(os.path.join(FIXTURES, "locost", "kernels_layer0.npz"))
 
 
+def edit_config(folder, **changes):
+    """Apply ``changes`` to ``folder/config.json`` (an HF model folder's), in place."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config.update(changes)
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return path
+
+
 def read_jsonl(path, limit=None):
     out = []
     with open(path, encoding="utf-8") as f:

@@ -4,7 +4,6 @@ spec/led.md sections 7-8 and fixtures/led/README.md: converted HF LED weights mu
 encoder outputs and logits to 1e-4 (fp32, eval) with global attention first / multi / none.
 """
 
-import json
 import os
 import shutil
 
@@ -15,7 +14,7 @@ import torch
 import lsg_fairseq  # noqa: F401
 from fairseq import checkpoint_utils
 
-from conftest import FIXTURES
+from conftest import FIXTURES, edit_config
 from lsg_fairseq.cli.convert import main as cli_main
 from lsg_fairseq.convert import ConversionError, convert
 
@@ -227,15 +226,6 @@ def test_pytorch_bin_with_tied_copies(converted, tmp_path, prefix):
 def copy_hf(dst):
     shutil.copytree(HF, dst)
     return dst
-
-
-def edit_config(src, **changes):
-    path = os.path.join(src, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config.update(changes)
-    with open(path, "w") as f:
-        json.dump(config, f)
 
 
 @pytest.mark.parametrize(

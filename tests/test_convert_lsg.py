@@ -197,15 +197,6 @@ def copy_hf(name, dest):
     return dest
 
 
-def edit_config(folder, **changes):
-    path = os.path.join(folder, "config.json")
-    with open(path) as f:
-        config = json.load(f)
-    config.update(changes)
-    with open(path, "w") as f:
-        json.dump(config, f)
-
-
 def test_refuses_missing_source(tmp_path):
     with pytest.raises(ConversionError, match="no such file"):
         convert(str(tmp_path / "nope"), str(tmp_path / "out"))
@@ -220,14 +211,14 @@ def test_refuses_missing_weights(tmp_path):
 
 def test_refuses_unknown_model_type(tmp_path):
     src = copy_hf("bart_plain", str(tmp_path / "src"))
-    edit_config(src, model_type="gpt2")
+    conftest.edit_config(src, model_type="gpt2")
     with pytest.raises(ConversionError, match="not a model this converter knows"):
         convert(src, str(tmp_path / "out"))
 
 
 def test_refuses_shape_mismatch(tmp_path):
     src = copy_hf("bart_plain", str(tmp_path / "src"))
-    edit_config(src, encoder_ffn_dim=96)
+    conftest.edit_config(src, encoder_ffn_dim=96)
     with pytest.raises(ConversionError, match="shape mismatch.*fc1"):
         convert(src, str(tmp_path / "out"))
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import lsg_fairseq
-from conftest import FIXTURES, fairseq_cli
+from conftest import FIXTURES, edit_config, fairseq_cli
 from lsg_fairseq.cli import summarize
 from lsg_fairseq.cli.convert import main as convert_main
 from lsg_text.errors import ConfigError
@@ -153,10 +153,7 @@ def test_bad_config_json_field_named(tmp_path, capsys, family, field, value, exp
     the flag's own range where the value arrives (fields.Field.kind, common.config_value); the cases
     marked were tracebacks, the others named no field or file, or a flag the user never gave."""
     src = copy_folder(HF_FOLDERS[family], tmp_path / "hf")
-    path = os.path.join(src, "config.json")
-    config = json.load(open(path))
-    config[field] = value
-    json.dump(config, open(path, "w"))
+    path = edit_config(src, **{field: value})
     code, line = run_convert([src, tmp_path / "out"], capsys)
     assert code == 2 and path in line and expected in line, line
     assert os.listdir(tmp_path) == ["hf"]
@@ -167,14 +164,10 @@ def test_config_json_false_as_a_string_is_false(tmp_path, capsys, family, field)
     """ "false" is false, as the LSG fields already read it: it was a truthy string, refused as a
     pre-LayerNorm model or as "scale_embedding true is not LED"."""
     src = copy_folder(HF_FOLDERS[family], tmp_path / "hf")
-    path = os.path.join(src, "config.json")
-    config = json.load(open(path))
-    config[field] = "false"
-    json.dump(config, open(path, "w"))
+    path = edit_config(src, **{field: "false"})
     assert convert_main([src, str(tmp_path / "out")]) in (0, None)
     assert (tmp_path / "out" / "model.pt").is_file()
-    config[field] = "true"
-    json.dump(config, open(path, "w"))
+    edit_config(src, **{field: "true"})
     code, line = run_convert([src, tmp_path / "out2"], capsys)
     assert code == 2 and path in line, line
 
@@ -907,7 +900,6 @@ def _converted_in_child(point, src, out, extra):
 
     A new process, not os.fork(): a fork of this (torch-threaded) process can deadlock in the
     child on a lock another thread held, which hung the suite."""
-    import json
 
     r = subprocess.run(
         [sys.executable, "-c", _CHILD, point, KILL_POINTS[point], src, out, json.dumps(extra)],
