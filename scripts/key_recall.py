@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
 from lsg_text.fileio import DataError, check_output_files, require_file
@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bos", action="store_true", help="with --spm-model: no <s> before the source (LOCOST)")
     p.add_argument("--bin-size", type=POSITIVE_INT, default=512, help="width of the position bins (default: 512)")
     p.add_argument(
-        "--beyond", type=int, default=1024, help="also report recall of the keys at positions >= this (default: 1024)"
+        "--beyond",
+        type=NON_NEGATIVE_INT,
+        default=1024,
+        help="also report recall of the keys at positions >= this (default: 1024)",
     )
     p.add_argument("--name", default="model", help="label stored in the report")
     p.add_argument("--json", help="write the report here (atomically)")

@@ -98,6 +98,14 @@ def test_key_recall_refuses_a_file_without_keys(tmp_path, capsys):
     assert "no 'keys' list" in capsys.readouterr().err
 
 
+def test_key_recall_refuses_a_negative_beyond(capsys):
+    # a negative position would count every key as "beyond" and report it as such
+    with pytest.raises(SystemExit) as e:
+        load_script("key_recall.py").main(["--jsonl", "x", "--generate-output", "y", "--beyond", "-1"])
+    assert e.value.code == 2
+    assert "--beyond" in capsys.readouterr().err
+
+
 def _build(folder, arch, *extra):
     from conftest import build_task_and_model, write_toy_dict
 
