@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "src",
         metavar="CKPT_OR_MODEL_DIR",
-        help="fairseq checkpoint, or a folder holding model.pt (else checkpoint_best.pt)",
+        help="fairseq checkpoint, or a folder holding model.pt (else checkpoint_best.pt, else checkpoint_last.pt)",
     )
     p.add_argument("out", metavar="HF_DIR", help="output folder (created; must be empty unless --force)")
     p.add_argument("--force", action="store_true", help="replace HF_DIR if it exists and is not empty")
