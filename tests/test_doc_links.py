@@ -2,8 +2,10 @@
 and every relative path in backticks (```../x.md```) of a tracked ``.md`` file names a tracked file
 or folder, as seen from that file. A path beside the checkout (``../shared/...``, which the READMEs
 write from the repository's root) is not the repository's, and is left alone; so are URLs, anchors
-and fenced code."""
+and fenced code. And every test a document cites as ``test_x.py::name`` (with or without
+``tests/``; a name ending in ``_`` stands for the tests it begins) is defined in that file."""
 
+import ast
 import os
 import re
 import subprocess
@@ -40,6 +42,58 @@ def dangling(repo: str) -> list:
             if path and os.path.normpath(os.path.join(os.path.dirname(md), path)) not in paths:
                 found.append((md, target))
     return found
+
+
+TEST_REF = re.compile(r"(?<![\w/.-])((?:tests/)?test_\w+\.py)::(\w+)")
+# documents that cite tests of other code: the records of past commits' runs, and the upstream
+# fairseq tests the stock scenarios mirror
+OTHER_TESTS = ("benchmarks/results/", "tests/stock_fairseq/")
+
+
+def unknown_tests(repo: str) -> list:
+    """(file, reference) for each ``test_x.py::name`` of a tracked .md that names no test of tests/."""
+    defined = {}
+    found = []
+    for md in sorted(p for p in tracked(repo) if p.endswith(".md") and not p.startswith(OTHER_TESTS)):
+        with open(os.path.join(repo, md), encoding="utf-8") as f:
+            refs = TEST_REF.findall(f.read())
+        for file, name in refs:
+            path = os.path.join(repo, "tests", os.path.basename(file))
+            if path not in defined:
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        tree = ast.parse(f.read())
+                except FileNotFoundError:
+                    tree = ast.Module(body=[], type_ignores=[])
+                defined[path] = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            names = defined[path]
+            if not (name in names or (name.endswith("_") and any(n.startswith(name) for n in names))):
+                found.append((md, f"{file}::{name}"))
+    return found
+
+
+def test_every_test_a_document_cites_exists():
+    assert unknown_tests(REPO) == []
+
+
+def test_a_moved_or_renamed_test_is_caught(tmp_path):
+    """The check itself: a test cited in a file that does not define it (moved), a name that no test
+    has, and a prefix no test begins with are reported; a test, a prefix and a class are not."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_one_thing():\n    pass\n\nclass TestGroup:\n    pass\n")
+    (tmp_path / "tests" / "test_b.py").write_text("def test_two():\n    pass\n")
+    (tmp_path / "README.md").write_text(
+        "`tests/test_a.py::test_one_thing`, `test_a.py::test_one_`, `test_a.py::TestGroup`,\n"
+        "`tests/test_b.py::test_one_thing`, `test_a.py::test_three`, `test_b.py::test_one_`, `test_c.py::test_x`\n"
+    )
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "add", "."], check=True)
+    assert unknown_tests(str(tmp_path)) == [
+        ("README.md", "tests/test_b.py::test_one_thing"),
+        ("README.md", "test_a.py::test_three"),
+        ("README.md", "test_b.py::test_one_"),
+        ("README.md", "test_c.py::test_x"),
+    ]
 
 
 def test_every_relative_link_and_path_names_a_tracked_file():
