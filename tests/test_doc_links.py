@@ -2,8 +2,8 @@
 and every relative path in backticks (```../x.md```) of a tracked ``.md`` file names a tracked file
 or folder, as seen from that file. A path beside the checkout (``../shared/...``, which the READMEs
 write from the repository's root) is not the repository's, and is left alone; so are URLs, anchors
-and fenced code. And every test a document cites as ``test_x.py::name`` (with or without
-``tests/``; a name ending in ``_`` stands for the tests it begins) is defined in that file."""
+and fenced code. And every test a document or a comment cites as ``test_x.py::name`` (with or
+without ``tests/``; a name ending in ``_`` stands for the tests it begins) is defined in that file."""
 
 import ast
 import os
@@ -45,16 +45,17 @@ def dangling(repo: str) -> list:
 
 
 TEST_REF = re.compile(r"(?<![\w/.-])((?:tests/)?test_\w+\.py)::(\w+)")
-# documents that cite tests of other code: the records of past commits' runs, and the upstream
-# fairseq tests the stock scenarios mirror
-OTHER_TESTS = ("benchmarks/results/", "tests/stock_fairseq/")
+# files that cite tests of other code: the records of past commits' runs, the upstream fairseq
+# tests the stock scenarios mirror, and this file's examples
+OTHER_TESTS = ("benchmarks/results/", "tests/stock_fairseq/", "tests/test_doc_links.py")
 
 
 def unknown_tests(repo: str) -> list:
-    """(file, reference) for each ``test_x.py::name`` of a tracked .md that names no test of tests/."""
+    """(file, reference) for each ``test_x.py::name`` of a tracked .md, .py or .sh file that names no test of tests/."""
     defined = {}
     found = []
-    for md in sorted(p for p in tracked(repo) if p.endswith(".md") and not p.startswith(OTHER_TESTS)):
+    cites = (".md", ".py", ".sh")  # documents, and the docstrings and comments of code
+    for md in sorted(p for p in tracked(repo) if p.endswith(cites) and not p.startswith(OTHER_TESTS)):
         with open(os.path.join(repo, md), encoding="utf-8") as f:
             refs = TEST_REF.findall(f.read())
         for file, name in refs:
