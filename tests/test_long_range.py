@@ -633,6 +633,26 @@ def _run(tmp_path, **env):
     return json.loads((tmp_path / "report" / "results.json").read_text())
 
 
+@pytest.mark.parametrize(
+    "keys, data, message",
+    [
+        ("3", ["--min-keys", "2", "--max-keys", "2"], "KEYS=3, but FIT_DATA="),
+        ("two", ["--min-keys", "2", "--max-keys", "2"], "KEYS=two: expected a number"),
+        ("2", ["--seed", "1"], "not run.sh's data.json with --min-keys/--max-keys"),
+    ],
+)
+def test_regap_refuses_fit_data_without_thresholds_for_keys_before_decoding(tmp_path, keys, data, message):
+    """A FIT_DATA drawn with other arrival counts than KEYS would fail at the report, after every
+    checkpoint was decoded: refused first, in one line, nothing written."""
+    fit = tmp_path / "data.json"
+    fit.write_text(json.dumps({"flags": ["--variant", "order", *data]}))
+    env = dict(os.environ, KEYS=keys, FIT_DATA=str(fit), VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    args = [str(tmp_path / "no_set"), str(tmp_path / "report"), f"locost={tmp_path / 'no.pt'}"]
+    r = subprocess.run(["bash", os.path.join(HERE, "regap.sh"), *args], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.startswith("regap.sh: error: ") and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "report").exists()
+
+
 def test_long_range_experiment_smoke(tmp_path):
     """The control and a long row on the order variant, a few updates: the script cannot rot, its raw
     outputs re-score to the same table, and regap.sh re-scores the order checkpoint on documents with

@@ -11,7 +11,9 @@
 #   WORK=DIR keeps the encoded documents there (default: a temporary folder, removed at the end)
 #   FIT_DATA=run.sh's REPORT_DIR/outputs/order/data.json: the position-only row's thresholds are fitted on
 #     the training documents the checkpoints learned from (default: these documents' own train split);
-#     N_TRAIN: how many of them (run.sh's N_LONG; default 1500)
+#     N_TRAIN: how many of them (run.sh's N_LONG; default 1500); its --min-keys..--max-keys must hold KEYS
+#   KEYS=arrivals per new document (default 3: the order3 run's; 2 for run.sh's MIN_KEYS=MAX_KEYS=2 run)
+#   N=how many new documents (default 40)
 #   e.g. bash examples/long_range/regap.sh work_dirs/lr_order3/order/long /tmp/regap \
 #            locost=work_dirs/lr_order3/runs/order.locost.s1/checkpoint_last.pt
 set -euo pipefail
@@ -24,6 +26,25 @@ OUT=${WORK:-$(mktemp -d)}  # the new documents, encoded; removed at the end unle
 source examples/long_context/common.sh
 N=${N:-40}
 KEYS=${KEYS:-3}
+if [ -n "${FIT_DATA:-}" ]; then  # before any decoding: the position-only row has no thresholds for KEYS
+    python - "$FIT_DATA" "$KEYS" <<'EOF'
+import json, sys
+path, keys = sys.argv[1], sys.argv[2]
+try:
+    with open(path, encoding="utf-8") as f:
+        flags = json.load(f)["flags"]
+    lo, hi = (int(flags[flags.index(name) + 1]) for name in ("--min-keys", "--max-keys"))
+except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+    sys.exit(print(f"regap.sh: error: FIT_DATA={path}: not run.sh's data.json with --min-keys/--max-keys ({e})",
+                   file=sys.stderr) or 2)
+if not keys.isdigit():
+    sys.exit(print(f"regap.sh: error: KEYS={keys}: expected a number of arrivals", file=sys.stderr) or 2)
+if not lo <= int(keys) <= hi:
+    sys.exit(print(f"regap.sh: error: KEYS={keys}, but FIT_DATA={path} was drawn with {lo}-{hi} arrivals: its "
+                   f"position-only rule has no thresholds for KEYS (set KEYS={lo}, or the data.json of a "
+                   f"{keys}-arrival run)", file=sys.stderr) or 2)
+EOF
+fi
 flags=(--variant order --holdout --min-gap 0 --min-keys "$KEYS" --max-keys "$KEYS" --min-tokens 3200
        --max-tokens 3550 --seed 21)
 N_VALID=$N synthetic_set "$OUT" "$SET" "${flags[@]}" --train 1 --test 1
