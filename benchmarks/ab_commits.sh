@@ -6,7 +6,8 @@
 #   RUN_ARGS="--modes enc --arch lsg_norm led locost linear --lengths 16384" bash benchmarks/ab_commits.sh ...
 #
 # Each commit is checked out (git worktree) under $WORK and imported from there (PYTHONPATH), so
-# both run in this venv with the same torch; run it with nothing else on the machine.
+# both run in this venv with the same torch; run it with nothing else on the machine. VENV (default
+# .venv), OUTPUT (default benchmarks/results/ab_<old>_<new>.md), RUN_ARGS (run.py's flags).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prog=ab_commits.sh

@@ -252,8 +252,8 @@ def parse_args(argv=None):
         "--layer-path",
         default="auto",
         choices=PATHS,
-        help="force one path of the layers that have several: cpu, whole or flex (default auto: "
-        "flex for LSG/LED on CUDA without attention dropout, else whole tensors on GPU)",
+        help="force one path of the layers that have several: cpu, whole or flex (default auto: the CPU "
+        "paths on a CPU, whole tensors on a GPU; flex only when forced)",
     )
     p.add_argument(
         "--start-method",

@@ -15,8 +15,10 @@
 # (scripts/model_folder.sh), and summarizes the first test document.
 #
 # With DATA: sentencepiece -> binarize -> lsg_bart_tiny (ROUGE in validation) -> beam search ->
-# ROUGE. Knobs (environment): OUT (work dir, default demo_out), MAX_UPDATE, MAX_SRC (max source
-# positions), VOCAB (sentencepiece size), BEAM, THREADS (default: OMP_NUM_THREADS, else every core).
+# ROUGE. Knobs (environment): OUT (work dir, default demo_out), THREADS (default: OMP_NUM_THREADS,
+# else every core), VENV (default .venv), DEVICE, PRECISION; by default also N_SHORT, N_LONG,
+# N_TEST (examples/long_context/run.sh's set sizes); with DATA also MAX_UPDATE, MAX_SRC (max source
+# positions), MAX_TGT, MAX_LEN_B (generated length), MAX_TOKENS, VOCAB (sentencepiece size), BEAM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}

@@ -1,5 +1,6 @@
-# Sourced by scripts/demo.sh and examples/long_context/common.sh: the device and precision of every
-# fairseq-train / fairseq-generate call, from the environment.
+# Sourced by every script that runs fairseq-train / fairseq-generate (scripts/demo.sh, the
+# examples' run scripts, examples/long_context/common.sh): the device and precision of each
+# call, from the environment.
 #
 #   DEVICE=auto|cpu|cuda    (default auto: cuda when torch sees a GPU, else cpu; cuda without one is refused)
 #   PRECISION=fp32|bf16|fp16 (default fp32; fp16 needs cuda: fairseq's fp16 trainer is CUDA-only)

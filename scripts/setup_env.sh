@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project's virtual environment and install lsg-fairseq into it, offline-safe.
 #
-#   bash scripts/setup_env.sh            # -> .venv/ (override with VENV=path)
+#   bash scripts/setup_env.sh            # -> .venv/ (override with VENV=path; PYTHON=the interpreter
+#                                        # that creates it, default python3)
 #
 # Order matters:
 #  1. torch==2.13.0 first and pinned: an unpinned torch pulls several GB of CUDA packages.

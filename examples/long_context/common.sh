@@ -1,4 +1,4 @@
-# Sourced by run.sh, control.sh and ../long_range/run.sh (from the repository root): one home for the paths and for the
+# Sourced by this folder's scripts and ../long_range's (from the repository root): one home for the paths and for the
 # training recipe, so that the control runs train exactly as the experiment does.
 HERE=examples/long_context
 VENV=${VENV:-.venv}

@@ -9,7 +9,8 @@
 # Any run.sh setting can be given (the data flags must match what was made here, or run.sh makes the
 # data again there). With U_SHORT and U_LONG given, the updates are those; without, a probe of
 # PROBE_SHORT + PROBE_LONG updates (first seed, all rows at once) measures the slowest row's updates
-# per second and the run takes SHORT_S and LONG_S seconds of that rate, the same for every row.
+# per second and the run takes SHORT_S and LONG_S seconds of that rate, the same for every row, at
+# least MIN_SHORT and MIN_LONG updates. BUDGET_S (default 570) is the whole call's time.
 # Everything small (tables, raw hypotheses, training logs) is packed into DEST/pilot.tar.gz after
 # each stage, so that a run cut off by the device's time limit still brings back what it did.
 set -euo pipefail

@@ -26,7 +26,7 @@ stage trained on, regenerated from the same flags; scored on the scored split). 
 the table cannot tell it from a reader that only knows roughly where each arrival lies.
 
     python examples/long_range/report.py --outputs examples/long_range/outputs --report-dir examples/long_range \\
-        --variants retrieval binding --rows local_8 ... --seeds 1 2 3 --split test --n-docs 60
+        --variants retrieval binding --rows local_8 ... --seeds 1 2 3 --split test --n-docs 50
     python examples/long_range/report.py ... --provenance-from examples/long_range/order3/results.json
                                           # re-score committed outputs, keeping the run's stamp
     python examples/long_range/report.py extract GENERATE_OUT N HYPOTHESES   # run.sh's per-run step

@@ -88,7 +88,7 @@ class LSGBartFamily(BartFamily):
                 f"{self.option_label} options (default: the source's settings, else the reference's)"
             )
         )
-        init = parser.add_argument_group("BART -> LSG initialisation (spec lsg.md section 6)")
+        init = parser.add_argument_group("BART -> LSG initialisation (as the reference's converter)")
         init.add_argument(
             "--global-positional-stride",
             type=POSITIVE_INT,
