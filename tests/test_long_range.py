@@ -729,6 +729,27 @@ def test_long_range_experiment_smoke(tmp_path):
         len(docs) == 3
         and min(b["token_offset"] - a["token_offset"] for d in docs for a, b in zip(d["keys"], d["keys"][1:])) < 1024
     )  # placed anywhere
+    # examples/locost/retrieval_64k.sh on the same checkpoint, laid out as long_context/run.sh's OUT
+    # (runs/locost, long/spm), with documents too short to hold a key past 4,096: its "n/a" row
+    lc = tmp_path / "lc"
+    (lc / "runs" / "locost").mkdir(parents=True)
+    (lc / "long").mkdir()
+    os.symlink(ckpt, lc / "runs" / "locost" / "checkpoint_last.pt")
+    os.symlink(tmp_path / "out" / "order" / "long" / "spm", lc / "long" / "spm")
+    table = tmp_path / "retrieval.md"
+    env = dict(os.environ, OUT=str(lc), N_DOCS="2", WORDS="700", MAX_SRC="2048", REPORT=str(table))
+    env["VENV"] = os.path.dirname(os.path.dirname(sys.executable))
+    r = subprocess.run(
+        ["bash", os.path.join(REPO, "examples", "locost", "retrieval_64k.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = table.read_text()
+    assert "Key recall over 2 keys: " in md and "never seen in training): n/a (0 keys)" in md.replace("\n", " ")
+    assert "| 0-8,192 | 8 |" in md and not (tmp_path / "retrieval.md.part").exists()
 
 
 def test_count_variant_aggregates_mentions_spread_over_the_document():
