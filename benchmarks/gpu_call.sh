@@ -31,12 +31,21 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh  # die
-what=${1:?usage: gpu_call.sh check COMMIT | collect SECONDS | more COMMIT SECONDS STAGE...}
+usage="usage: gpu_call.sh check COMMIT | collect SECONDS | more COMMIT SECONDS STAGE..."
+what=${1:-}
+case $what in
+    check) [ $# -eq 2 ] || die "$usage" ;;
+    collect) [ $# -eq 2 ] || die "$usage"; seconds=$2
+        [[ $seconds =~ ^[0-9]+$ ]] || die "collect SECONDS: '$seconds' is not a whole number of seconds" ;;
+    more) [ $# -ge 4 ] || die "$usage (more: name the stages to run)"; seconds=$3
+        [[ $seconds =~ ^[0-9]+$ ]] && (( 10#$seconds > 0 )) || die "more SECONDS: '$seconds' is not a number of seconds" ;;
+    *) die "${what:-no command}: expected check, collect or more ($usage)" ;;
+esac
 W=${GPU_CALL_WORK:-/tmp}  # where the calls keep their work between them (the machine's own disk)
 RES=$W/gpu_results CHECKS=$W/gpu_checks MORE=$W/gpu_more LC=$W/lc_fp16 ENV_FILE=$W/gpu_call_env.sh
 LC_ENV=(OUT="$LC" REPORT_DIR="$LC/report" DEVICE="${LC_DEVICE:-cuda}" PRECISION="${LC_PRECISION:-fp16}" ARCHS="${LC_ARCHS:-}"
         EXTRAPOLATION=0)
-: "${OUT:?gpu_call.sh: OUT, the folder whose files come back from the device call, is not set}"
+[ -n "${OUT:-}" ] && [ -d "$OUT" ] || die "OUT=${OUT:-}: the folder whose files come back from the device call is not set or not a folder"
 DEVICE_OUT=$OUT
 
 pack_long_context() {
@@ -58,9 +67,13 @@ run_check() {
 
 case $what in
 check)
-    commit=${2:?usage: gpu_call.sh check COMMIT}
+    commit=$2
+    BUDGET_S=${BUDGET_S:-480} CHECKS_BUDGET_S=${CHECKS_BUDGET_S:-300}
+    whole_numbers BUDGET_S CHECKS_BUDGET_S
+    setup=${SETUP:-.gpu/device_setup.sh}
+    [ -e "$setup" ] || die "SETUP=$setup: no such file (carry .gpu: ../shared/gpu/README.md)"
     # shellcheck source=/dev/null
-    source "${SETUP:-.gpu/device_setup.sh}"  # SETUP=/dev/null: this machine's python as it is (a dry run)
+    source "$setup"  # SETUP=/dev/null: this machine's python as it is (a dry run)
     declare -p PATH PYTHONPATH > "$ENV_FILE" 2> /dev/null || declare -p PATH > "$ENV_FILE"  # for `more`
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu \
         --format=csv > "$DEVICE_OUT/nvidia_smi.csv" 2>&1 || true
@@ -71,7 +84,7 @@ check)
         env "${LC_ENV[@]}" DATA=only nice -n 19 bash examples/long_context/run.sh > "$LC/data.log" 2>&1 &
         data_pid=$!
     fi
-    run_check "$RES" cuda gpu_check.tgz "${BUDGET_S:-480}" "${TIMED_STAGES:-timed}"
+    run_check "$RES" cuda gpu_check.tgz "$BUDGET_S" "${TIMED_STAGES:-timed}"
     if [ -n "${LC_ARCHS:-}" ]; then
         if wait "$data_pid"; then
             setsid nohup bash -c "env ${LC_ENV[*]@Q} DATA=reuse bash examples/long_context/run.sh > $LC/run.log 2>&1; \
@@ -85,11 +98,11 @@ check)
     checks=${CHECK_STAGES-untimed}
     if [ -n "$checks" ]; then
         echo "== untimed stages${LC_ARCHS:+ beside the long_context run}: $checks"
-        run_check "$CHECKS" cuda_checks gpu_checks.tgz "${CHECKS_BUDGET_S:-300}" "$checks"
+        run_check "$CHECKS" cuda_checks gpu_checks.tgz "$CHECKS_BUDGET_S" "$checks"
     fi
     ;;
 collect)
-    wait_s=${2:?usage: gpu_call.sh collect SECONDS}
+    wait_s=$seconds
     [ -d "$LC" ] || { echo "gpu_call.sh: no long_context run to collect (the check ran without LC_ARCHS)"; exit 0; }
     t0=$(date +%s)
     while [ ! -f "$LC/finished" ] && [ $(( $(date +%s) - t0 )) -lt "$wait_s" ]; do sleep 5; done
@@ -98,15 +111,18 @@ collect)
     pack_long_context
     ;;
 more)
-    commit=${2:?usage: gpu_call.sh more COMMIT SECONDS STAGE...}
-    budget=${3:?usage: gpu_call.sh more COMMIT SECONDS STAGE...}
+    commit=$2 budget=$seconds
     shift 3
-    [ $# -gt 0 ] || die "more: name the stages to run"
     [ -f "$LC/finished" ] || [ ! -d "$LC" ] || echo "gpu_call.sh: note: the long_context run is still going (it shares the GPU)"
     # the setup of the first call, kept by it (the machine is the same while it stays warm)
     # shellcheck source=/dev/null
-    if [ -f "$ENV_FILE" ]; then source "$ENV_FILE"; else source "${SETUP:-.gpu/device_setup.sh}"; fi
+    if [ -f "$ENV_FILE" ]; then
+        source "$ENV_FILE"
+    else
+        setup=${SETUP:-.gpu/device_setup.sh}
+        [ -e "$setup" ] || die "SETUP=$setup: no such file (carry .gpu: ../shared/gpu/README.md)"
+        source "$setup"
+    fi
     run_check "$MORE" cuda_more gpu_more.tgz "$budget" "$*"
     ;;
-*) die "$what: expected check, collect or more" ;;
 esac

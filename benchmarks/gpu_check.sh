@@ -59,6 +59,29 @@ for name in ${STAGES:-}; do
     esac
 done
 STAGES=$(echo $selected)
+# every setting checked before anything is written: a refusal after the folder is made would leave a
+# check there that the corrected run is refused for
+case $DEV in cuda|cpu) ;; *) die "DEV=$DEV: expected cuda or cpu" ;; esac
+whole_numbers BUDGET_S
+command -v "$PYTHON" > /dev/null || die "PYTHON=$PYTHON: no such command"
+if [ "$DEV" = cuda ]; then
+    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null \
+        || die "DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)"
+fi
+env_json=$("$PYTHON" - "$DEV" "$COMMIT" "$STAGES" 2> /dev/null <<'EOF'
+import datetime, json, os, platform, sys
+import torch
+from lsg_text.provenance import cpu_name
+dev, commit, selected = sys.argv[1:4]
+card = torch.cuda.get_device_name() if dev == "cuda" and torch.cuda.is_available() else f"CPU: {cpu_name()}"
+print(json.dumps({"device": dev, "card": card, "torch": torch.__version__, "cuda": torch.version.cuda,
+                  "python": platform.python_version(), "commit": commit, "cpu": cpu_name(),
+                  "stages_selected": selected.split() or "all",
+                  "load_average_start": [round(x, 2) for x in os.getloadavg()],
+                  "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}))
+EOF
+)
+[ -n "$env_json" ] || die "PYTHON=$PYTHON: a python with torch and lsg_fairseq is needed"
 work="$RESULTS/gpu_check"
 # A folder that holds a check is replaced only when asked, and then as a whole: the report reads every
 # stage file it finds, so an earlier check's files would sit in this one's tables under this card's name.
@@ -73,6 +96,7 @@ if [ -n "$held" ]; then
 fi
 mkdir -p "$work"
 : > "$work/stages.tsv"
+echo "$env_json" > "$work/env.json"
 start=$(date +%s)
 left() { echo $(( BUDGET_S - ($(date +%s) - start) )); }
 export PYTHONUNBUFFERED=1
@@ -109,22 +133,7 @@ stage() {
     report
 }
 
-"$PYTHON" - "$DEV" "$COMMIT" "$STAGES" > "$work/env.json" <<'EOF'
-import datetime, json, os, platform, sys
-import torch
-from lsg_text.provenance import cpu_name
-dev, commit, selected = sys.argv[1:4]
-card = torch.cuda.get_device_name() if dev == "cuda" and torch.cuda.is_available() else f"CPU: {cpu_name()}"
-print(json.dumps({"device": dev, "card": card, "torch": torch.__version__, "cuda": torch.version.cuda,
-                  "python": platform.python_version(), "commit": commit, "cpu": cpu_name(),
-                  "stages_selected": selected.split() or "all",
-                  "load_average_start": [round(x, 2) for x in os.getloadavg()],
-                  "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}))
-EOF
-[ -s "$work/env.json" ] || die "python with torch and lsg_fairseq is needed"
 if [ "$DEV" = cuda ]; then
-    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
-        || die "DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)"
     bench=(benchmarks/run.py --device cuda --dtype bf16 --one-process --control-row --warmup 2 --repeat 5 --budget 3
            --timeout 240 --max-full-length 65536 --out "$work" --no-plots)
     conformance=(--device cuda)

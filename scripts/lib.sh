@@ -5,6 +5,37 @@
 # and every refusal exits 2, as argparse does for the Python commands, so callers see one shape of error.
 die() { echo "${prog:-$(basename "$0")}: error: $*" >&2; exit 2; }
 
+# whole_numbers [--min N] KNOB...: each named variable holds a whole number >= N (default 1), else die
+# naming it. Scripts check their numeric knobs so before any work: a word fails deep inside bash's
+# arithmetic or a tool's usage text, and fairseq reads --max-update 0 as "no limit".
+whole_numbers() {
+    local min=1 knob
+    if [ "${1:-}" = --min ]; then min=$2; shift 2; fi
+    for knob in "$@"; do
+        [[ ${!knob-} =~ ^[0-9]+$ ]] && (( 10#${!knob} >= min )) \
+            || die "$knob=${!knob-}: expected a whole number >= $min"
+    done
+}
+
+# one_of KNOB VALUE...: the named variable holds one of the VALUEs, else die naming them.
+one_of() {
+    local knob=$1; shift
+    local value
+    for value in "$@"; do [ "${!knob-}" = "$value" ] && return 0; done
+    die "$knob=${!knob-}: expected one of: $*"
+}
+
+# writable_folder KNOB: the folder the named variable holds exists or can be made (its nearest
+# existing parent is a writable folder), checked before the work whose results end up there.
+writable_folder() {
+    local path=${!1-} parent
+    [ -n "$path" ] || die "$1 is empty: expected a folder"
+    [ ! -e "$path" ] || [ -d "$path" ] || die "$1=$path: not a folder"
+    parent=$path
+    while [ ! -e "$parent" ]; do parent=$(dirname "$parent"); done
+    [ -d "$parent" ] && [ -w "$parent" ] || die "$1=$path: $parent is not a writable folder"
+}
+
 # text_checks ARGS...: lsg_text/text_checks.py, the checks of the data scripts' files before they
 # write anything; with this repository on the path, so that it runs whatever $PYTHON is.
 text_checks() {

@@ -46,7 +46,7 @@ arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fa
         locost) echo "--arch locost_tiny --max-source-positions 4096" ;;
         # the control that cannot mix: each token sees +-4 tokens, no global ones (LED's layers)
         local_8) echo "--arch led_tiny --max-source-positions 4096 --attention-window 8 --global-attention none" ;;
-        *) echo "unknown arch row $1" >&2; exit 2 ;;
+        *) die "ARCHS/ROWS: unknown row '$1' (rows: bart_1024 full_4096 lsg_norm lsg_none lsg_wide led locost local_8)" ;;
     esac
 }
 
@@ -98,6 +98,7 @@ timed() {  # timed FILE CMD...: CMD's wall seconds and peak RSS (KiB) to FILE, "
 }
 
 MAX_TOKENS=${MAX_TOKENS:-4200}  # tokens per batch (a GPU takes more at the same cost per update)
+whole_numbers MAX_TOKENS
 train() {  # train NAME DATA UPDATES --lr LR [fairseq flags...]: checkpoint in $OUT/runs/NAME, time+RSS in NAME/time
     local name=$1 data=$2 updates=$3; shift 3
     local dir="$OUT/runs/$name"

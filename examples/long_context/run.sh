@@ -25,8 +25,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=examples/long_context/common.sh
 source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, quiet, train: shared with control.sh
-SMOKE=${SMOKE:-}
-if [ -n "$SMOKE" ]; then
+SMOKE=${SMOKE:-0}
+one_of SMOKE 0 1
+if [ "$SMOKE" = 1 ]; then
     N_SHORT=${N_SHORT:-40} N_MID=${N_MID:-8} N_LONG=${N_LONG:-8} N_TEST=${N_TEST:-4} U_SHORT=${U_SHORT:-3} U_LONG=${U_LONG:-2}
     U_EXTRA=${U_EXTRA:-2} REPORT_DIR=${REPORT_DIR:-$OUT/report}
 fi
@@ -44,7 +45,15 @@ EXTRAPOLATION=${EXTRAPOLATION:-1}  # 0: skip step 4
 REPORT_DIR=${REPORT_DIR:-$HERE}
 DATA=${DATA:-make}  # make | only (make the data sets, then stop) | reuse (the sets DATA=only made in $OUT)
 case $DATA in make|only|reuse) ;; *) die "DATA=$DATA: expected make, only or reuse" ;; esac
+# every knob checked before the data: a word, 0 or an unknown row would stop the run hours in
+# (fairseq-train reads --max-update 0 as "no limit")
+whole_numbers N_SHORT N_MID N_LONG N_TEST KEYS U_SHORT U_LONG U_EXTRA U_BASE
+one_of EXTRAPOLATION 0 1
+for row in $ARCHS; do arch_flags "$row" > /dev/null; done
+[ -n "${ARCHS// /}" ] || die "ARCHS is empty: expected rows, e.g. ARCHS=\"bart_1024 lsg_norm\""
+writable_folder REPORT_DIR
 THREADS=$(threads)
+whole_numbers THREADS
 export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
 device_name() { [ "$DEVICE" = cuda ] && python -c "import torch; print(' on', torch.cuda.get_device_name())" 2>/dev/null || true; }

@@ -22,8 +22,9 @@ OUT=${OUT:-work_dirs/long_range}
 # shellcheck source=examples/long_context/common.sh
 source examples/long_context/common.sh  # VENV/PATH, USER_DIR, device flags, quiet, arch_flags, synthetic_set, train
 LR_HERE=examples/long_range
-SMOKE=${SMOKE:-}
-if [ -n "$SMOKE" ]; then
+SMOKE=${SMOKE:-0}
+one_of SMOKE 0 1
+if [ "$SMOKE" = 1 ]; then
     N_SHORT=${N_SHORT:-40} N_LONG=${N_LONG:-8} N_TEST=${N_TEST:-4} U_SHORT=${U_SHORT:-3} U_LONG=${U_LONG:-2}
     SEEDS=${SEEDS:-"1 2"} REPORT_DIR=${REPORT_DIR:-$OUT/report}
 fi
@@ -42,8 +43,18 @@ DATA_FLAGS=${DATA_FLAGS:-}    # appended to the generator's flags, e.g. "--decoy
 JOBS=${JOBS:-2}            # trainings at once, each with THREADS / JOBS threads
 THREADS=$(threads)
 REPORT_DIR=${REPORT_DIR:-$LR_HERE}
-export OMP_NUM_THREADS=$(( THREADS / JOBS > 0 ? THREADS / JOBS : 1 ))
+# every knob checked before the data: a word, 0 or an unknown row would stop the run hours in
+# (fairseq-train reads --max-update 0 as "no limit")
+whole_numbers N_SHORT N_LONG N_TEST U_SHORT U_LONG MIN_KEYS MAX_KEYS JOBS THREADS
 case $SPLIT in test|valid) ;; *) die "SPLIT must be test or valid, got '$SPLIT'" ;; esac
+[ -n "${VARIANTS// /}" ] && [ -n "${ROWS// /}" ] && [ -n "${SEEDS// /}" ] || die "VARIANTS, ROWS and SEEDS need a word each"
+for v in $VARIANTS; do
+    case $v in retrieval|binding|count|order) ;; *) die "VARIANTS: unknown variant '$v' (variants: retrieval binding count order)" ;; esac
+done
+for row in $ROWS; do arch_flags "$row" > /dev/null; done
+for seed in $SEEDS; do [[ $seed =~ ^[0-9]+$ ]] || die "SEEDS: '$seed' is not a whole number"; done
+writable_folder REPORT_DIR
+export OMP_NUM_THREADS=$(( THREADS / JOBS > 0 ? THREADS / JOBS : 1 ))
 start=$(date +%s)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 mkdir -p "$OUT"

@@ -1,0 +1,78 @@
+"""The shell scripts' settings (environment knobs and arguments) are checked before any work: a word
+where a number goes, 0 updates (fairseq-train reads --max-update 0 as "no limit": it trained without
+end), an unknown row, variant or device, a report folder that is a file. Each is one line naming the
+knob, exit 2, and nothing written: no OUT made, no results folder that the corrected run would then be
+refused for. scripts/lib.sh's whole_numbers, one_of and writable_folder are what they call."""
+
+import os
+import subprocess
+
+import pytest
+
+from conftest import REPO_ROOT
+
+# (script, arguments, environment, what the one line says)
+CASES = [
+    ("examples/long_context/run.sh", [], {"U_SHORT": "0"}, "U_SHORT=0: expected a whole number >= 1"),
+    ("examples/long_context/run.sh", [], {"U_LONG": "abc"}, "U_LONG=abc: expected a whole number >= 1"),
+    ("examples/long_context/run.sh", [], {"ARCHS": "lsg_nrom"}, "unknown row 'lsg_nrom'"),
+    ("examples/long_context/run.sh", [], {"SMOKE": "yes"}, "SMOKE=yes: expected one of: 0 1"),
+    ("examples/long_context/run.sh", [], {"EXTRAPOLATION": "yes"}, "EXTRAPOLATION=yes: expected one of: 0 1"),
+    ("examples/long_context/run.sh", [], {"MAX_TOKENS": "-5"}, "MAX_TOKENS=-5: expected a whole number >= 1"),
+    ("examples/long_context/run.sh", [], {"THREADS": "two"}, "THREADS=two: expected a whole number >= 1"),
+    ("examples/long_context/run.sh", [], {"REPORT_DIR": "{tmp}/a_file"}, "a_file: not a folder"),
+    ("examples/long_range/run.sh", [], {"JOBS": "0"}, "JOBS=0: expected a whole number >= 1"),
+    ("examples/long_range/run.sh", [], {"VARIANTS": "retreival"}, "VARIANTS: unknown variant 'retreival'"),
+    ("examples/long_range/run.sh", [], {"ROWS": "local_8 lsg_nrom"}, "unknown row 'lsg_nrom'"),
+    ("examples/long_range/run.sh", [], {"SEEDS": "1 x"}, "SEEDS: 'x' is not a whole number"),
+    ("examples/long_context/control.sh", [], {"U": "abc"}, "U=abc: expected a positive whole number"),
+    ("benchmarks/gpu_check.sh", [], {"DEV": "gpu"}, "DEV=gpu: expected cuda or cpu"),
+    ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "BUDGET_S": "10s"}, "BUDGET_S=10s: expected a whole number"),
+    ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "PYTHON": "nope"}, "PYTHON=nope: no such command"),
+    ("benchmarks/gpu_call.sh", [], {}, "no command: expected check, collect or more"),
+    ("benchmarks/gpu_call.sh", ["collect", "abc"], {}, "collect SECONDS: 'abc' is not a whole number"),
+    ("benchmarks/gpu_call.sh", ["more", "abc1234", "60"], {}, "more: name the stages to run"),
+    ("benchmarks/gpu_call.sh", ["check", "abc1234"], {"SETUP": "{tmp}/none.sh"}, "none.sh: no such file"),
+    ("benchmarks/gpu_call.sh", ["check", "abc1234"], {"SETUP": "/dev/null", "BUDGET_S": "x"}, "BUDGET_S=x: expected"),
+]
+
+
+@pytest.mark.parametrize("script, args, knobs, message", CASES, ids=[f"{c[0]}-{c[3][:20]}" for c in CASES])
+def test_a_bad_setting_is_one_line_before_any_work(tmp_path, script, args, knobs, message):
+    (tmp_path / "a_file").write_text("not a folder\n")
+    (tmp_path / "device_out").mkdir()
+    out, results = tmp_path / "out", tmp_path / "results"
+    env = dict(os.environ, DEVICE="cpu", OUT=str(out), RESULTS=str(results), GPU_CALL_WORK=str(tmp_path / "work"))
+    env.update({k: v.format(tmp=tmp_path) for k, v in knobs.items()})
+    if script.endswith("gpu_call.sh"):
+        env["OUT"] = str(tmp_path / "device_out")  # the folder that comes back from a device call
+    r = subprocess.run(["bash", script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    name = os.path.basename(script)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.startswith(f"{name}: error: ") and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", r.stdout + r.stderr
+    assert not out.exists() and not results.exists() and not (tmp_path / "work").exists()
+    assert list((tmp_path / "device_out").iterdir()) == []
+
+
+def test_the_checks_pass_what_is_right(tmp_path):
+    """The helpers themselves: right values pass (leading zeros, a bound of 0, a folder to be made
+    under a writable one), and each wrong one is refused naming the knob."""
+    lib = os.path.join(REPO_ROOT, "scripts", "lib.sh")
+    ok = (
+        f"source {lib}; prog=t; A=3 B=007 Z=0 V=b F={tmp_path}/new/sub; whole_numbers A B; whole_numbers --min 0 Z; "
+        "one_of V a b; writable_folder F; echo fine"
+    )
+    r = subprocess.run(["bash", "-c", ok], capture_output=True, text=True)
+    assert r.stdout == "fine\n" and r.stderr == "", r.stderr
+    for check, line in [
+        ("Z=0; whole_numbers Z", "t: error: Z=0: expected a whole number >= 1"),
+        ("N=1.5; whole_numbers N", "t: error: N=1.5: expected a whole number >= 1"),
+        ("whole_numbers UNSET", "t: error: UNSET=: expected a whole number >= 1"),
+        ("V=c; one_of V a b", "t: error: V=c: expected one of: a b"),
+        (f"F={tmp_path}/a; touch $F; writable_folder F", f"t: error: F={tmp_path}/a: not a folder"),
+    ]:
+        r = subprocess.run(
+            ["bash", "-c", f"source {lib}; prog=t; {check}; echo went on"], capture_output=True, text=True
+        )
+        assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", line), (check, r.stderr)
