@@ -29,11 +29,16 @@ MAX_SRC=${MAX_SRC:-4096}
 MAX_TGT=${MAX_TGT:-128}
 MAX_UPDATE=${MAX_UPDATE:-400}
 BEAM=${BEAM:-4}
+VOCAB=${VOCAB:-4000}
+MAX_LEN_B=${MAX_LEN_B:-$MAX_TGT}
+MAX_TOKENS=${MAX_TOKENS:-4200}
+N_SHORT=${N_SHORT:-3000} N_LONG=${N_LONG:-1000} N_TEST=${N_TEST:-40}  # the default job's set sizes
 USER_DIR="$PWD/lsg_fairseq"
 prog=demo.sh
 # shellcheck source=scripts/device_flags.sh
 source scripts/device_flags.sh  # DEVICE, PRECISION -> TRAIN_DEVICE_FLAGS, GENERATE_DEVICE_FLAGS
 export DEVICE PRECISION  # run.sh (the default job) reads them too
+whole_numbers MAX_SRC MAX_TGT MAX_UPDATE BEAM VOCAB MAX_LEN_B MAX_TOKENS N_SHORT N_LONG N_TEST  # before any work
 THREADS=$(threads)
 export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
@@ -42,7 +47,7 @@ mkdir -p "$OUT"
 if [ -z "$DATA" ]; then
     step "long-range synthetic set: LSG-BART at 4,096 vs BART truncated to 1,024 ($DEVICE, $PRECISION; log: $OUT/run.log)"
     ARCHS="bart_1024 lsg_norm" EXTRAPOLATION=0 OUT="$OUT" REPORT_DIR="$OUT/report" \
-        N_SHORT=${N_SHORT:-3000} N_LONG=${N_LONG:-1000} N_TEST=${N_TEST:-40} \
+        N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST \
         bash examples/long_context/run.sh > "$OUT/run.log"
     python examples/long_context/summary.py "$OUT"
     rm -rf "$OUT/model"
@@ -55,8 +60,6 @@ fi
 source scripts/need_data.sh
 need_data DATA "$DATA"/{train,valid,test}.jsonl
 step "1/6 using $DATA"
-VOCAB=${VOCAB:-4000}
-MAX_LEN_B=${MAX_LEN_B:-$MAX_TGT}
 
 step "2/6 JSONL -> parallel text"
 python scripts/jsonl_to_parallel.py --input-dir "$DATA" --output-dir "$OUT/raw"
@@ -72,7 +75,7 @@ fairseq-train "$OUT/bin" --user-dir "$USER_DIR" \
     --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
     --optimizer adam --adam-betas "(0.9, 0.98)" --lr 3e-3 --lr-scheduler inverse_sqrt --warmup-updates 30 \
     --clip-norm 1.0 --dropout 0.0 --attention-dropout 0.0 \
-    --max-tokens "${MAX_TOKENS:-4200}" --max-update "$MAX_UPDATE" --validate-interval-updates "$MAX_UPDATE" \
+    --max-tokens "$MAX_TOKENS" --max-update "$MAX_UPDATE" --validate-interval-updates "$MAX_UPDATE" \
     --save-interval-updates "$MAX_UPDATE" --no-epoch-checkpoints --keep-last-epochs 1 \
     --eval-rouge --eval-rouge-bpe sentencepiece \
     --eval-rouge-args "{\"beam\": 1, \"max_len_b\": $MAX_LEN_B}" \

@@ -24,8 +24,9 @@ MAX_TOKENS=${MAX_TOKENS:-8192}
 FT_DATA=${FT_DATA:-../shared/data/squality}
 GUTENBERG=${GUTENBERG:-../shared/data/gutenberg}
 USER_DIR="$PWD/lsg_fairseq"
-# shellcheck source=scripts/lib.sh
-source scripts/lib.sh  # threads, step, quiet
+# shellcheck source=scripts/device_flags.sh
+source scripts/device_flags.sh  # DEVICE, PRECISION -> TRAIN_DEVICE_FLAGS, GENERATE_DEVICE_FLAGS; lib.sh
+whole_numbers VOCAB CHUNK_WORDS MAX_SRC MAX_TGT GSG_UPDATES FT_UPDATES MAX_TOKENS  # before any work
 export OMP_NUM_THREADS=$(threads)
 start=$(date +%s)
 
@@ -63,8 +64,6 @@ bash scripts/preprocess.sh --trainpref "$OUT/ft-bpe/train" --validpref "$OUT/ft-
     --destdir "$OUT/ft-bin" --dict "$OUT/spm/dict.txt" >/dev/null
 cp "$OUT/spm/spm.model" "$OUT/ft-bin/spm.model"
 
-# shellcheck source=scripts/device_flags.sh
-source scripts/device_flags.sh  # DEVICE, PRECISION -> TRAIN_DEVICE_FLAGS, GENERATE_DEVICE_FLAGS
 COMMON=(--user-dir "$USER_DIR" --arch "$ARCH" "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --seed 1
         --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --max-tokens "$MAX_TOKENS"
         --criterion label_smoothed_cross_entropy --label-smoothing 0.1

@@ -32,6 +32,9 @@ LR=${LR:-2e-3}
 MAX_LEN_B=${MAX_LEN_B:-256}
 NO_REPEAT=${NO_REPEAT:-3}
 BOOK=${BOOK:-../shared/data/gutenberg/melville-moby_dick.txt}
+one_of PART all rouge book  # every setting before any work
+whole_numbers N_TEST VOCAB MAX_SRC MAX_TGT MAX_UPDATE MAX_LEN_B
+whole_numbers --min 0 NO_REPEAT
 # shellcheck source=scripts/need_data.sh
 source scripts/need_data.sh
 case $PART in all|rouge) need_data DATA "$DATA"/{train,valid,test}.jsonl ;; esac
@@ -88,7 +91,7 @@ part_a() {
 }
 
 part_b() {
-    [ -f "$OUT/ck/checkpoint_last.pt" ] || { echo "no $OUT/ck/checkpoint_last.pt: run PART=rouge first" >&2; exit 2; }
+    [ -f "$OUT/ck/checkpoint_last.pt" ] || die "no $OUT/ck/checkpoint_last.pt: run PART=rouge first"
     step "B1 model folder for lsg-fairseq-summarize (checkpoint + dict.txt + spm.model; length limit $FULL)"
     mkdir -p "$OUT/model"
     cp "$OUT/spm/dict.txt" "$OUT/spm/spm.model" "$OUT/model/"
@@ -110,6 +113,5 @@ case "$PART" in
     all) part_a; part_b ;;
     rouge) part_a ;;
     book) part_b ;;
-    *) echo "PART=$PART: expected all, rouge or book" >&2; exit 2 ;;
 esac
 step "done ($(( $(date +%s) - start )) s wall); load after: $(uptime)"

@@ -37,6 +37,9 @@ MAX_LEN_B=${MAX_LEN_B:-512}
 NO_REPEAT=${NO_REPEAT:-3}
 BART_HF=${BART_HF:-tests/data/fixtures/lsg/bart_plain/hf}
 B_UPDATES=${B_UPDATES:-6}
+one_of PART all rouge convert  # every setting before any work
+whole_numbers N_TRAIN N_VALID N_TEST VOCAB MAX_SRC MAX_TGT MAX_UPDATE MAX_LEN_B B_UPDATES
+whole_numbers --min 0 NO_REPEAT
 # shellcheck source=scripts/need_data.sh
 source scripts/need_data.sh
 need_data DATA "$DATA"/{train,valid,test}.jsonl  # both parts read it
@@ -166,6 +169,5 @@ case "$PART" in
     all) part_a; part_b ;;
     rouge) part_a ;;
     convert) part_b ;;
-    *) echo "PART=$PART: expected all, rouge or convert" >&2; exit 2 ;;
 esac
 step "done ($(( $(date +%s) - start )) s wall); load after: $(uptime)"
