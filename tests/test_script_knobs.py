@@ -32,6 +32,8 @@ CASES = [
     ("examples/lsg_summarization/run_small.sh", [], {"N_VALID": "-1"}, "N_VALID=-1: expected a whole number"),
     ("examples/gsg_pretraining/run.sh", [], {"DEVICE": "gpu"}, "DEVICE=gpu: expected auto, cpu or cuda"),
     ("examples/gsg_pretraining/run.sh", [], {"GSG_UPDATES": "0"}, "GSG_UPDATES=0: expected a whole number >= 1"),
+    ("examples/long_range/regap.sh", ["{tmp}/no_set", "{tmp}/r", "a={tmp}/a_file"], {}, "no_set: no spm/spm.model"),
+    ("examples/long_range/regap.sh", ["{tmp}/set", "{tmp}/r", "locost"], {}, "locost: expected ROW=CHECKPOINT"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "gpu"}, "DEV=gpu: expected cuda or cpu"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "BUDGET_S": "10s"}, "BUDGET_S=10s: expected a whole number"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "PYTHON": "nope"}, "PYTHON=nope: no such command"),
@@ -47,11 +49,15 @@ CASES = [
 def test_a_bad_setting_is_one_line_before_any_work(tmp_path, script, args, knobs, message):
     (tmp_path / "a_file").write_text("not a folder\n")
     (tmp_path / "device_out").mkdir()
+    (tmp_path / "set" / "spm").mkdir(parents=True)  # what regap.sh reads of a set: its model and dictionary
+    for name in ("spm.model", "dict.txt"):
+        (tmp_path / "set" / "spm" / name).write_text("")
     out, results = tmp_path / "out", tmp_path / "results"
     env = dict(os.environ, DEVICE="cpu", OUT=str(out), RESULTS=str(results), GPU_CALL_WORK=str(tmp_path / "work"))
     env.update({k: v.format(tmp=tmp_path) for k, v in knobs.items()})
     if script.endswith("gpu_call.sh"):
         env["OUT"] = str(tmp_path / "device_out")  # the folder that comes back from a device call
+    args = [a.format(tmp=tmp_path) for a in args]
     r = subprocess.run(["bash", script, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
     name = os.path.basename(script)
     assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]

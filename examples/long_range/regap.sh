@@ -18,7 +18,7 @@
 #            locost=work_dirs/lr_order3/runs/order.locost.s1/checkpoint_last.pt
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-if [ $# -lt 3 ]; then echo "usage: regap.sh SET_DIR REPORT_DIR ROW=CHECKPOINT..." >&2; exit 2; fi
+if [ $# -lt 3 ]; then echo "regap.sh: error: usage: regap.sh SET_DIR REPORT_DIR ROW=CHECKPOINT..." >&2; exit 2; fi
 SET=$1 REPORT_DIR=$2; shift 2
 OUT=${WORK:-$(mktemp -d)}  # the new documents, encoded; removed at the end unless WORK is given
 [ -n "${WORK:-}" ] || trap 'rm -rf "$OUT"' EXIT
@@ -45,6 +45,13 @@ if not lo <= int(keys) <= hi:
                    f"{keys}-arrival run)", file=sys.stderr) or 2)
 EOF
 fi
+whole_numbers N  # KEYS: with FIT_DATA above, else by the generator
+for f in spm/spm.model spm/dict.txt; do [ -f "$SET/$f" ] || die "SET_DIR=$SET: no $f (run.sh's \$OUT/order/long)"; done
+for spec in "$@"; do
+    [[ $spec == ?*=?* ]] || die "$spec: expected ROW=CHECKPOINT"
+    [ -f "${spec#*=}" ] || die "$spec: no such checkpoint"
+done
+writable_folder REPORT_DIR
 flags=(--variant order --holdout --min-gap 0 --min-keys "$KEYS" --max-keys "$KEYS" --min-tokens 3200
        --max-tokens 3550 --seed 21)
 N_VALID=$N synthetic_set "$OUT" "$SET" "${flags[@]}" --train 1 --test 1
