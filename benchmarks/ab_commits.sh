@@ -23,6 +23,9 @@ ROUNDS=${3:-2}
 RUN_ARGS=${RUN_ARGS:-"--modes enc --arch lsg_norm led locost linear --lengths 16384"}
 WORK=${WORK:-${TMPDIR:-/tmp}/lsg_ab}
 OUTPUT=${OUTPUT:-benchmarks/results/ab_${old}_${new}.md}
+whole_numbers ROUNDS  # every setting before the worktrees and the rounds
+[ -x "$PY" ] || die "VENV=$VENV: no bin/python there"
+[ -d "$(dirname "$OUTPUT")" ] || die "OUTPUT=$OUTPUT: no folder $(dirname "$OUTPUT")"
 mkdir -p "$WORK"
 for c in "$old" "$new"; do
     [ -d "$WORK/$c" ] || git worktree add --detach "$WORK/$c" "$c" > /dev/null

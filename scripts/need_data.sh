@@ -9,8 +9,8 @@ need_data() {
     shift
     for path in "$@"; do
         [ -e "$path" ] && continue
-        echo "${prog:-$0}: error: $(realpath -m "$path") not found: this example reads the full data set" \
-            "(tests/data has only the tests' part); put it there or set $var=/path/to/it" >&2
+        echo "${prog:-$(basename "$0")}: error: $(realpath -m "$path") not found: this example reads it" \
+            "(tests/data has only the tests' part of the full data sets); put it there or set $var=/path/to/it" >&2
         exit 2
     done
 }

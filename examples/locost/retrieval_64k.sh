@@ -26,7 +26,8 @@ for knob in N_DOCS WORDS MAX_SRC; do
 done
 export OMP_NUM_THREADS=$(threads)
 CKPT="$OUT/runs/locost/checkpoint_last.pt"
-[ -f "$CKPT" ] || { echo "retrieval_64k.sh: $CKPT missing: run examples/long_context/run.sh first" >&2; exit 2; }
+[ -f "$CKPT" ] || die "$CKPT missing: run examples/long_context/run.sh first"
+[ -d "$(dirname "$REPORT")" ] || die "REPORT=$REPORT: no folder $(dirname "$REPORT")"
 W="$OUT/locost_64k"
 rm -rf "$W"; mkdir -p "$W"
 log="$W/steps.log"  # every step's messages; the end of it is shown when one fails

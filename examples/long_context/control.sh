@@ -17,7 +17,8 @@ U=${U:-600}
 [[ $U =~ ^[1-9][0-9]*$ ]] || die "U=$U: expected a positive whole number of updates"
 REPORT_DIR=${REPORT_DIR:-$HERE}
 export OMP_NUM_THREADS=$(threads)
-[ -d "$OUT/short/bin" ] && [ -d "$OUT/long/bin" ] || { echo "control.sh: run run.sh first (needs $OUT/short/bin and $OUT/long/bin)" >&2; exit 2; }
+[ -d "$OUT/short/bin" ] && [ -d "$OUT/long/bin" ] || die "run run.sh first (needs $OUT/short/bin and $OUT/long/bin)"
+writable_folder REPORT_DIR
 start=$(date +%s)
 
 ROWS=(

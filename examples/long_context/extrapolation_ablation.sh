@@ -16,7 +16,8 @@ source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, evaluate
 REPORT_DIR=${REPORT_DIR:-$HERE}
 export OMP_NUM_THREADS=$(threads)
 base="$OUT/runs/x_base/checkpoint_last.pt"
-[ -f "$base" ] || { echo "extrapolation_ablation.sh: run run.sh first (needs $base)" >&2; exit 2; }
+[ -f "$base" ] || die "run run.sh first (needs $base)"
+writable_folder REPORT_DIR
 start=$(date +%s)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -15,8 +15,14 @@
 # each stage, so that a run cut off by the device's time limit still brings back what it did.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-DEST=${1:?usage: gpu_pilot.sh DEST_DIR}
-DEADLINE=$(( SECONDS + ${BUDGET_S:-570} ))
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # die, whole_numbers
+[ $# -eq 1 ] || die "usage: gpu_pilot.sh DEST_DIR"
+DEST=$1
+BUDGET_S=${BUDGET_S:-570}
+whole_numbers BUDGET_S
+(( BUDGET_S > 60 )) || die "BUDGET_S=$BUDGET_S: the probe alone needs more than 60 s"
+DEADLINE=$(( SECONDS + BUDGET_S ))
 SHORT_S=${SHORT_S:-280} LONG_S=${LONG_S:-70}   # seconds of the slowest row's rate per stage
 PROBE_SHORT=${PROBE_SHORT:-400} PROBE_LONG=${PROBE_LONG:-100} MIN_SHORT=${MIN_SHORT:-1000} MIN_LONG=${MIN_LONG:-100}
 export OUT=${OUT:-work_dirs/lr_gpu} DEVICE=${DEVICE:-cuda} SPLIT=${SPLIT:-valid} VARIANTS=${VARIANTS:-binding} \
