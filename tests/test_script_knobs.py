@@ -43,6 +43,18 @@ CASES = [
         "ROUNDS=abc: expected a whole number",
     ),
     ("benchmarks/ab_commits.sh", ["HEAD", "HEAD"], {"WORK": "{tmp}/work", "OUTPUT": "{tmp}/no/ab.md"}, "no folder"),
+    (
+        "scripts/spm_binarize.sh",
+        ["--raw-dir", "{tmp}", "--out-dir", "{tmp}/out", "--vocab-size", "0"],
+        {},
+        "--vocab-size 0",
+    ),
+    (
+        "scripts/spm_binarize.sh",
+        ["--raw-dir", "{tmp}", "--out-dir", "{tmp}/out", "--vocab-size", "8", "--workers", "x"],
+        {},
+        "--workers x: expected a whole number >= 1",
+    ),
     ("benchmarks/gpu_check.sh", [], {"DEV": "gpu"}, "DEV=gpu: expected cuda or cpu"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "BUDGET_S": "10s"}, "BUDGET_S=10s: expected a whole number"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "PYTHON": "nope"}, "PYTHON=nope: no such command"),
