@@ -43,7 +43,13 @@ text_checks() {
 }
 
 # threads: how many threads the script's commands take: $THREADS, else $OMP_NUM_THREADS, else every core.
-threads() { echo "${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}"; }
+# Called as an assignment (n=$(threads)), so that its refusal stops the script under set -e.
+threads() {
+    local n=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
+    [[ $n =~ ^[0-9]+$ ]] && (( 10#$n > 0 )) \
+        || die "threads '$n' (THREADS, else OMP_NUM_THREADS): expected a whole number >= 1"
+    echo "$n"
+}
 
 # step MESSAGE: a progress line, with the seconds since $start (which the script sets when it begins).
 step() { echo >&2; echo "== [$(( $(date +%s) - ${start:-$(date +%s)} ))s] $*" >&2; }

@@ -24,7 +24,7 @@ REPORT=${REPORT:-examples/locost/retrieval_64k.md}
 for knob in N_DOCS WORDS MAX_SRC; do
     [[ ${!knob} =~ ^[1-9][0-9]*$ ]] || die "$knob=${!knob}: expected a positive whole number"
 done
-export OMP_NUM_THREADS=$(threads)
+OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 CKPT="$OUT/runs/locost/checkpoint_last.pt"
 [ -f "$CKPT" ] || die "$CKPT missing: run examples/long_context/run.sh first"
 [ -d "$(dirname "$REPORT")" ] || die "REPORT=$REPORT: no folder $(dirname "$REPORT")"

@@ -39,7 +39,7 @@ whole_numbers --min 0 NO_REPEAT
 source scripts/need_data.sh
 case $PART in all|rouge) need_data DATA "$DATA"/{train,valid,test}.jsonl ;; esac
 case $PART in all|book) need_data BOOK "$BOOK" ;; esac
-export OMP_NUM_THREADS=$(threads)
+OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 USER_DIR=$(lsg-fairseq-user-dir)
 start=$(date +%s)
 echo "load before: $(uptime)"

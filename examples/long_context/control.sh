@@ -16,7 +16,7 @@ source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, quiet, train: ru
 U=${U:-600}
 [[ $U =~ ^[1-9][0-9]*$ ]] || die "U=$U: expected a positive whole number of updates"
 REPORT_DIR=${REPORT_DIR:-$HERE}
-export OMP_NUM_THREADS=$(threads)
+OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 [ -d "$OUT/short/bin" ] && [ -d "$OUT/long/bin" ] || die "run run.sh first (needs $OUT/short/bin and $OUT/long/bin)"
 writable_folder REPORT_DIR
 start=$(date +%s)

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=examples/long_context/common.sh
 source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, evaluate
 REPORT_DIR=${REPORT_DIR:-$HERE}
-export OMP_NUM_THREADS=$(threads)
+OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 base="$OUT/runs/x_base/checkpoint_last.pt"
 [ -f "$base" ] || die "run run.sh first (needs $base)"
 writable_folder REPORT_DIR

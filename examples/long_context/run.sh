@@ -53,7 +53,6 @@ for row in $ARCHS; do arch_flags "$row" > /dev/null; done
 [ -n "${ARCHS// /}" ] || die "ARCHS is empty: expected rows, e.g. ARCHS=\"bart_1024 lsg_norm\""
 writable_folder REPORT_DIR
 THREADS=$(threads)
-whole_numbers THREADS
 export OMP_NUM_THREADS=$THREADS
 start=$(date +%s)
 device_name() { [ "$DEVICE" = cuda ] && python -c "import torch; print(' on', torch.cuda.get_device_name())" 2>/dev/null || true; }

@@ -44,7 +44,7 @@ whole_numbers --min 0 NO_REPEAT
 source scripts/need_data.sh
 need_data DATA "$DATA"/{train,valid,test}.jsonl  # both parts read it
 need_data BART_HF "$BART_HF/config.json"
-export OMP_NUM_THREADS=$(threads)
+OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 USER_DIR=$(lsg-fairseq-user-dir)
 start=$(date +%s)
 echo "load before: $(uptime)"
