@@ -39,7 +39,8 @@ case $what in
         [[ $seconds =~ ^[0-9]+$ ]] || die "collect SECONDS: '$seconds' is not a whole number of seconds" ;;
     more) [ $# -ge 4 ] || die "$usage (more: name the stages to run)"; seconds=$3
         [[ $seconds =~ ^[0-9]+$ ]] && (( 10#$seconds > 0 )) || die "more SECONDS: '$seconds' is not a number of seconds" ;;
-    *) die "${what:-no command}: expected check, collect or more ($usage)" ;;
+    "") die "$usage" ;;
+    *) die "$what: expected check, collect or more" ;;
 esac
 W=${GPU_CALL_WORK:-/tmp}  # where the calls keep their work between them (the machine's own disk)
 RES=$W/gpu_results CHECKS=$W/gpu_checks MORE=$W/gpu_more LC=$W/lc_fp16 ENV_FILE=$W/gpu_call_env.sh

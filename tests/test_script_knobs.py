@@ -59,7 +59,7 @@ CASES = [
     ("benchmarks/gpu_check.sh", [], {"DEV": "gpu"}, "DEV=gpu: expected cuda or cpu"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "BUDGET_S": "10s"}, "BUDGET_S=10s: expected a whole number"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "PYTHON": "nope"}, "PYTHON=nope: no such command"),
-    ("benchmarks/gpu_call.sh", [], {}, "no command: expected check, collect or more"),
+    ("benchmarks/gpu_call.sh", [], {}, "usage: gpu_call.sh check COMMIT | collect SECONDS | more"),
     ("benchmarks/gpu_call.sh", ["collect", "abc"], {}, "collect SECONDS: 'abc' is not a whole number"),
     ("benchmarks/gpu_call.sh", ["more", "abc1234", "60"], {}, "more: name the stages to run"),
     ("benchmarks/gpu_call.sh", ["check", "abc1234"], {"SETUP": "{tmp}/none.sh"}, "none.sh: no such file"),
