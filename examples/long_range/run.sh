@@ -46,6 +46,7 @@ REPORT_DIR=${REPORT_DIR:-$LR_HERE}
 # every knob checked before the data: a word, 0 or an unknown row would stop the run hours in
 # (fairseq-train reads --max-update 0 as "no limit")
 whole_numbers N_SHORT N_LONG N_TEST U_SHORT U_LONG MIN_KEYS MAX_KEYS JOBS
+(( MIN_KEYS <= MAX_KEYS )) || die "MIN_KEYS=$MIN_KEYS is above MAX_KEYS=$MAX_KEYS"
 case $SPLIT in test|valid) ;; *) die "SPLIT must be test or valid, got '$SPLIT'" ;; esac
 [ -n "${VARIANTS// /}" ] && [ -n "${ROWS// /}" ] && [ -n "${SEEDS// /}" ] || die "VARIANTS, ROWS and SEEDS need a word each"
 for v in $VARIANTS; do
