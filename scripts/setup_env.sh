@@ -14,8 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh  # die
 
 if [ ! -x "$VENV/bin/python" ]; then
+    command -v "$PY" > /dev/null || die "PYTHON=$PY: no such command (the python that creates $VENV)"
     echo "[setup] creating $VENV" >&2
     "$PY" -m venv "$VENV"
 fi

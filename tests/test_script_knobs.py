@@ -57,6 +57,7 @@ CASES = [
         {},
         "--workers x: expected a whole number >= 1",
     ),
+    ("scripts/setup_env.sh", [], {"PYTHON": "nope", "VENV": "{tmp}/out"}, "PYTHON=nope: no such command"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "gpu"}, "DEV=gpu: expected cuda or cpu"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "BUDGET_S": "10s"}, "BUDGET_S=10s: expected a whole number"),
     ("benchmarks/gpu_check.sh", [], {"DEV": "cpu", "PYTHON": "nope"}, "PYTHON=nope: no such command"),
