@@ -36,9 +36,9 @@ what=${1:-}
 case $what in
     check) [ $# -eq 2 ] || die "$usage" ;;
     collect) [ $# -eq 2 ] || die "$usage"; seconds=$2
-        [[ $seconds =~ ^[0-9]+$ ]] || die "collect SECONDS: '$seconds' is not a whole number of seconds" ;;
+        is_whole "$seconds" 0 || die "collect SECONDS: '$seconds' is not a whole number of seconds" ;;
     more) [ $# -ge 4 ] || die "$usage (more: name the stages to run)"; seconds=$3
-        [[ $seconds =~ ^[0-9]+$ ]] && (( 10#$seconds > 0 )) || die "more SECONDS: '$seconds' is not a number of seconds" ;;
+        is_whole "$seconds" || die "more SECONDS: '$seconds' is not a number of seconds" ;;
     "") die "$usage" ;;
     *) die "$what: expected check, collect or more" ;;
 esac
@@ -53,6 +53,14 @@ pack_long_context() {
     [ -d "$LC" ] || return 0
     (cd "$LC" && tar czf "$DEVICE_OUT/long_context_fp16.tgz" --ignore-failed-read run.log data.log finished report \
         runs/*/train.log runs/*/time eval/*/hypotheses.out eval/*/recall.json eval/*/rouge.json eval/*/probe.json 2> /dev/null)
+}
+
+# source_setup: the device machine's python (SETUP=/dev/null: this machine's as it is, a dry run)
+source_setup() {
+    local setup=${SETUP:-.gpu/device_setup.sh}
+    [ -e "$setup" ] || die "SETUP=$setup: no such file (carry .gpu: ../shared/gpu/README.md)"
+    # shellcheck source=/dev/null
+    source "$setup"
 }
 
 # run_check DIR NAME TGZ BUDGET STAGES: gpu_check.sh's STAGES into DIR within BUDGET seconds; back in
@@ -71,10 +79,7 @@ check)
     commit=$2
     BUDGET_S=${BUDGET_S:-480} CHECKS_BUDGET_S=${CHECKS_BUDGET_S:-300}
     whole_numbers BUDGET_S CHECKS_BUDGET_S
-    setup=${SETUP:-.gpu/device_setup.sh}
-    [ -e "$setup" ] || die "SETUP=$setup: no such file (carry .gpu: ../shared/gpu/README.md)"
-    # shellcheck source=/dev/null
-    source "$setup"  # SETUP=/dev/null: this machine's python as it is (a dry run)
+    source_setup
     declare -p PATH PYTHONPATH > "$ENV_FILE" 2> /dev/null || declare -p PATH > "$ENV_FILE"  # for `more`
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu \
         --format=csv > "$DEVICE_OUT/nvidia_smi.csv" 2>&1 || true
@@ -117,13 +122,7 @@ more)
     [ -f "$LC/finished" ] || [ ! -d "$LC" ] || echo "gpu_call.sh: note: the long_context run is still going (it shares the GPU)"
     # the setup of the first call, kept by it (the machine is the same while it stays warm)
     # shellcheck source=/dev/null
-    if [ -f "$ENV_FILE" ]; then
-        source "$ENV_FILE"
-    else
-        setup=${SETUP:-.gpu/device_setup.sh}
-        [ -e "$setup" ] || die "SETUP=$setup: no such file (carry .gpu: ../shared/gpu/README.md)"
-        source "$setup"
-    fi
+    if [ -f "$ENV_FILE" ]; then source "$ENV_FILE"; else source_setup; fi
     run_check "$MORE" cuda_more gpu_more.tgz "$budget" "$*"
     ;;
 esac

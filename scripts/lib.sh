@@ -5,6 +5,9 @@
 # and every refusal exits 2, as argparse does for the Python commands, so callers see one shape of error.
 die() { echo "${prog:-$(basename "$0")}: error: $*" >&2; exit 2; }
 
+# is_whole VALUE [MIN]: whether VALUE is a whole number >= MIN (default 1); leading zeros are decimal.
+is_whole() { [[ $1 =~ ^[0-9]+$ ]] && (( 10#$1 >= ${2:-1} )); }
+
 # whole_numbers [--min N] KNOB...: each named variable holds a whole number >= N (default 1), else die
 # naming it. Scripts check their numeric knobs so before any work: a word fails deep inside bash's
 # arithmetic or a tool's usage text, and fairseq reads --max-update 0 as "no limit".
@@ -12,8 +15,7 @@ whole_numbers() {
     local min=1 knob
     if [ "${1:-}" = --min ]; then min=$2; shift 2; fi
     for knob in "$@"; do
-        [[ ${!knob-} =~ ^[0-9]+$ ]] && (( 10#${!knob} >= min )) \
-            || die "$knob=${!knob-}: expected a whole number >= $min"
+        is_whole "${!knob-}" "$min" || die "$knob=${!knob-}: expected a whole number >= $min"
     done
 }
 
@@ -46,8 +48,7 @@ text_checks() {
 # Called as an assignment (n=$(threads)), so that its refusal stops the script under set -e.
 threads() {
     local n=${THREADS:-${OMP_NUM_THREADS:-$(nproc)}}
-    [[ $n =~ ^[0-9]+$ ]] && (( 10#$n > 0 )) \
-        || die "threads '$n' (THREADS, else OMP_NUM_THREADS): expected a whole number >= 1"
+    is_whole "$n" || die "threads '$n' (THREADS, else OMP_NUM_THREADS): expected a whole number >= 1"
     echo "$n"
 }
 

@@ -46,8 +46,8 @@ done
 [[ -n "$vocab" ]] || die "--vocab-size is required"
 # the numbers too: spm_train.py's usage text after nothing, or preprocess.sh's refusal after the model
 # and the encodings are written
-[[ $vocab =~ ^[0-9]+$ ]] && (( 10#$vocab > 0 )) || die "--vocab-size $vocab: expected a whole number >= 1"
-[[ $workers =~ ^[0-9]+$ ]] && (( 10#$workers > 0 )) || die "--workers $workers: expected a whole number >= 1"
+is_whole "$vocab" || die "--vocab-size $vocab: expected a whole number >= 1"
+is_whole "$workers" || die "--workers $workers: expected a whole number >= 1"
 # Before anything is written (lsg_text/text_checks.py): OUT's kind, and each split's two RAW files
 # present, UTF-8, with as many lines. Else a mismatch surfaced only in step 3, naming OUT/spm-enc
 # files, after spm/ and spm-enc/ were written.

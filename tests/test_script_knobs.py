@@ -27,7 +27,7 @@ CASES = [
     ("examples/long_range/run.sh", [], {"ROWS": "local_8 lsg_nrom"}, "unknown row 'lsg_nrom'"),
     ("examples/long_range/run.sh", [], {"SEEDS": "1 x"}, "SEEDS: 'x' is not a whole number"),
     ("examples/long_range/run.sh", [], {"MIN_KEYS": "3", "MAX_KEYS": "2"}, "MIN_KEYS=3 is above MAX_KEYS=2"),
-    ("examples/long_context/control.sh", [], {"U": "abc"}, "U=abc: expected a positive whole number"),
+    ("examples/long_context/control.sh", [], {"U": "abc"}, "U=abc: expected a whole number >= 1"),
     ("scripts/demo.sh", [], {"MAX_UPDATE": "0"}, "MAX_UPDATE=0: expected a whole number >= 1"),
     ("scripts/demo.sh", [], {"DATA": "{tmp}", "BEAM": "four"}, "BEAM=four: expected a whole number >= 1"),
     ("examples/locost/run_small.sh", [], {"PART": "bok"}, "PART=bok: expected one of: all rouge book"),

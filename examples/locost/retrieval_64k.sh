@@ -21,9 +21,7 @@ N_DOCS=${N_DOCS:-64}
 WORDS=${WORDS:-57000}
 MAX_SRC=${MAX_SRC:-65536}
 REPORT=${REPORT:-examples/locost/retrieval_64k.md}
-for knob in N_DOCS WORDS MAX_SRC; do
-    [[ ${!knob} =~ ^[1-9][0-9]*$ ]] || die "$knob=${!knob}: expected a positive whole number"
-done
+whole_numbers N_DOCS WORDS MAX_SRC
 OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 CKPT="$OUT/runs/locost/checkpoint_last.pt"
 [ -f "$CKPT" ] || die "$CKPT missing: run examples/long_context/run.sh first"

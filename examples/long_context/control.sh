@@ -14,7 +14,7 @@ cd "$(dirname "$0")/../.."
 # shellcheck source=examples/long_context/common.sh
 source examples/long_context/common.sh  # HERE, VENV/PATH, OUT, quiet, train: run.sh's recipe
 U=${U:-600}
-[[ $U =~ ^[1-9][0-9]*$ ]] || die "U=$U: expected a positive whole number of updates"
+whole_numbers U
 REPORT_DIR=${REPORT_DIR:-$HERE}
 OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 [ -d "$OUT/short/bin" ] && [ -d "$OUT/long/bin" ] || die "run run.sh first (needs $OUT/short/bin and $OUT/long/bin)"

@@ -53,7 +53,7 @@ for v in $VARIANTS; do
     case $v in retrieval|binding|count|order) ;; *) die "VARIANTS: unknown variant '$v' (variants: retrieval binding count order)" ;; esac
 done
 for row in $ROWS; do arch_flags "$row" > /dev/null; done
-for seed in $SEEDS; do [[ $seed =~ ^[0-9]+$ ]] || die "SEEDS: '$seed' is not a whole number"; done
+for seed in $SEEDS; do is_whole "$seed" 0 || die "SEEDS: '$seed' is not a whole number"; done
 writable_folder REPORT_DIR
 export OMP_NUM_THREADS=$(( THREADS / JOBS > 0 ? THREADS / JOBS : 1 ))
 start=$(date +%s)
