@@ -64,15 +64,14 @@ STAGES=$(echo $selected)
 case $DEV in cuda|cpu) ;; *) die "DEV=$DEV: expected cuda or cpu" ;; esac
 whole_numbers BUDGET_S
 command -v "$PYTHON" > /dev/null || die "PYTHON=$PYTHON: no such command"
-if [ "$DEV" = cuda ]; then
-    "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2> /dev/null \
-        || die "DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)"
-fi
+# the run's record, and whether DEV=cuda has a GPU (exit 3 if not), in one torch import
 env_json=$("$PYTHON" - "$DEV" "$COMMIT" "$STAGES" 2> /dev/null <<'EOF'
 import datetime, json, os, platform, sys
 import torch
 from lsg_text.provenance import cpu_name
 dev, commit, selected = sys.argv[1:4]
+if dev == "cuda" and not torch.cuda.is_available():
+    sys.exit(3)
 card = torch.cuda.get_device_name() if dev == "cuda" and torch.cuda.is_available() else f"CPU: {cpu_name()}"
 print(json.dumps({"device": dev, "card": card, "torch": torch.__version__, "cuda": torch.version.cuda,
                   "python": platform.python_version(), "commit": commit, "cpu": cpu_name(),
@@ -81,7 +80,11 @@ print(json.dumps({"device": dev, "card": card, "torch": torch.__version__, "cuda
                   "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}))
 EOF
 )
-[ -n "$env_json" ] || die "PYTHON=$PYTHON: a python with torch and lsg_fairseq is needed"
+case $? in
+    0) ;;
+    3) die "DEV=cuda: torch sees no CUDA GPU here (DEV=cpu runs the tiny check)" ;;
+    *) die "PYTHON=$PYTHON: a python with torch and lsg_fairseq is needed" ;;
+esac
 work="$RESULTS/gpu_check"
 # A folder that holds a check is replaced only when asked, and then as a whole: the report reads every
 # stage file it finds, so an earlier check's files would sit in this one's tables under this card's name.
