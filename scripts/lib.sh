@@ -5,8 +5,9 @@
 # and every refusal exits 2, as argparse does for the Python commands, so callers see one shape of error.
 die() { echo "${prog:-$(basename "$0")}: error: $*" >&2; exit 2; }
 
-# is_whole VALUE [MIN]: whether VALUE is a whole number >= MIN (default 1); leading zeros are decimal.
-is_whole() { [[ $1 =~ ^[0-9]+$ ]] && (( 10#$1 >= ${2:-1} )); }
+# is_whole VALUE [MIN]: whether VALUE is a whole number >= MIN (default 1), written without leading
+# zeros: bash's arithmetic, where the scripts use their knobs, reads 010 as octal and refuses 08.
+is_whole() { [[ $1 =~ ^(0|[1-9][0-9]*)$ ]] && (( $1 >= ${2:-1} )); }
 
 # whole_numbers [--min N] KNOB...: each named variable holds a whole number >= N (default 1), else die
 # naming it. Scripts check their numeric knobs so before any work: a word fails deep inside bash's

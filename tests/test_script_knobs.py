@@ -92,11 +92,12 @@ def test_a_bad_setting_is_one_line_before_any_work(tmp_path, script, args, knobs
 
 
 def test_the_checks_pass_what_is_right(tmp_path):
-    """The helpers themselves: right values pass (leading zeros, a bound of 0, a folder to be made
-    under a writable one), and each wrong one is refused naming the knob."""
+    """The helpers themselves: right values pass (a bound of 0, a folder to be made under a writable
+    one), and each wrong one is refused naming the knob, a leading zero too (bash's arithmetic, where
+    the scripts use their knobs, reads 08 as a bad octal number)."""
     lib = os.path.join(REPO_ROOT, "scripts", "lib.sh")
     ok = (
-        f"source {lib}; prog=t; A=3 B=007 Z=0 V=b F={tmp_path}/new/sub; whole_numbers A B; whole_numbers --min 0 Z; "
+        f"source {lib}; prog=t; A=3 B=10 Z=0 V=b F={tmp_path}/new/sub; whole_numbers A B; whole_numbers --min 0 Z; "
         "one_of V a b; writable_folder F; echo fine"
     )
     r = subprocess.run(["bash", "-c", ok], capture_output=True, text=True)
@@ -104,6 +105,7 @@ def test_the_checks_pass_what_is_right(tmp_path):
     for check, line in [
         ("Z=0; whole_numbers Z", "t: error: Z=0: expected a whole number >= 1"),
         ("N=1.5; whole_numbers N", "t: error: N=1.5: expected a whole number >= 1"),
+        ("N=08; whole_numbers N", "t: error: N=08: expected a whole number >= 1"),  # bash: octal, refused
         ("whole_numbers UNSET", "t: error: UNSET=: expected a whole number >= 1"),
         ("V=c; one_of V a b", "t: error: V=c: expected one of: a b"),
         (f"F={tmp_path}/a; touch $F; writable_folder F", f"t: error: F={tmp_path}/a: not a folder"),
