@@ -897,6 +897,29 @@ def test_ab_report_judges_each_change_against_the_old_commits_spread(tmp_path):
     assert "| +8.3% | 5.0% | NO |" in table
 
 
+def test_ab_report_pairs_each_arch_with_linear_of_the_same_round(tmp_path, capsys):
+    """A row that failed in one round is left out of that round only: its other rounds are divided by
+    their own round's linear (pairing by position gave 24 / 10 here: +100%, NO). A row that never ran
+    in one commit is shown as such, not compared; a missing round file is one line naming it."""
+    ab = load("benchmarks/ab_report.py", "ab_report")
+    _ab_rounds(tmp_path, "old", [{"linear": 10, "lsg": 12, "locost": 20}, {"linear": 20, "lsg": 24, "locost": 40}])
+    _ab_rounds(tmp_path, "new", [{"linear": 10, "locost": 20}, {"linear": 20, "lsg": 24, "locost": 40}])
+    table = ab.render(ab.read_rounds(str(tmp_path), ("old", "new"), 2), "old", "new", 2, 60, "", "", "", "")
+    assert "| 16384 | enc | lsg | 1.200x (1.200, 1.200) | 1.200x (1.200) | +0.0% | 5.0% | yes |" in table
+    _ab_rounds(tmp_path, "new", [{"linear": 10, "locost": 20}, {"linear": 20, "locost": 40}])
+    table = ab.render(ab.read_rounds(str(tmp_path), ("old", "new"), 2), "old", "new", 2, 60, "", "", "", "")
+    assert "| 16384 | enc | lsg | 1.200x (1.200, 1.200) | did not run | n/a | | not compared |" in table
+    with pytest.raises(SystemExit) as e:
+        ab.read_rounds(str(tmp_path), ("old", "new"), 3)
+    assert str(e.value) == (
+        f"ab_report.py: error: {tmp_path / 'old' / 'round3.json'}: No such file or directory "
+        "(did round 3 of old finish?)"
+    )
+    with pytest.raises(SystemExit) as e:
+        ab.main([str(tmp_path), "old", "new", "2"])
+    assert str(e.value).endswith("ab_report.py: error: expected 9 arguments, got 4")
+
+
 def test_ab_report_needs_no_torch():
     code = "import sys; sys.path.insert(0, 'benchmarks'); import ab_report; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True, timeout=60)
