@@ -82,8 +82,7 @@ fairseq-train "$OUT/bin" --user-dir "$USER_DIR" \
     --best-checkpoint-metric rougeL --maximize-best-checkpoint-metric \
     --save-dir "$OUT/checkpoints" --tensorboard-logdir "$OUT/tensorboard" \
     "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --log-format simple --log-interval 25 --seed 1 2>&1 \
-    | grep --line-buffered -v -E "UserWarning|deprecat|warnings.warn|^\s*$|See https|Please specify|Will assume|version_base|self.delegate|^  " \
-    | tee "$OUT/train.log"
+    | quiet | tee "$OUT/train.log"
 
 step "5/6 generate (beam $BEAM) on the test split"
 fairseq-generate "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summarization \
@@ -91,7 +90,8 @@ fairseq-generate "$OUT/bin" --user-dir "$USER_DIR" --task long_document_summariz
     --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --truncate-target \
     --beam "$BEAM" --lenpen 1.0 --max-len-b "$MAX_LEN_B" --no-repeat-ngram-size 0 \
     --bpe sentencepiece --sentencepiece-model "$OUT/spm/spm.model" \
-    --batch-size 4 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate.out" 2> "$OUT/generate.err"
+    --batch-size 4 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate.out" 2> "$OUT/generate.err" \
+    || failed "fairseq-generate" "$OUT/generate.err"
 
 step "6/6 ROUGE"
 python scripts/generate_to_rouge.py --generate-output "$OUT/generate.out" --ref-file "$OUT/raw/test.target" \

@@ -5,6 +5,15 @@
 # and every refusal exits 2, as argparse does for the Python commands, so callers see one shape of error.
 die() { echo "${prog:-$(basename "$0")}: error: $*" >&2; exit 2; }
 
+# failed STEP LOG: die saying STEP failed, with the last lines of LOG, where its messages went. A
+# step whose output goes to a log would otherwise end a `set -e` script with no word at all. GNU
+# time -v's report, whose lines begin with a tab, is left out: it follows the step's own error.
+failed() {
+    local tail_lines
+    tail_lines=$({ grep -v $'^\t' "$2" 2> /dev/null || true; } | tail -n 6 | sed 's/^/  | /')
+    die "$1 failed; the end of $2:"$'\n'"${tail_lines:-  (nothing there)}"
+}
+
 # is_whole VALUE [MIN]: whether VALUE is a whole number >= MIN (default 1), written without leading
 # zeros: bash's arithmetic, where the scripts use their knobs, reads 010 as octal and refuses 08.
 is_whole() { [[ $1 =~ ^(0|[1-9][0-9]*)$ ]] && (( $1 >= ${2:-1} )); }

@@ -79,7 +79,8 @@ part_a() {
         --max-target-positions "$MAX_TGT" --truncate-target \
         --beam 1 --max-len-b "$MAX_LEN_B" --no-repeat-ngram-size "$NO_REPEAT" \
         --bpe sentencepiece --sentencepiece-model "$OUT/spm/spm.model" \
-        --batch-size 4 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate.out" 2> "$OUT/generate.err"
+        --batch-size 4 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate.out" 2> "$OUT/generate.err" \
+        || failed "fairseq-generate" "$OUT/generate.err"
     grep -E "Elapsed|Maximum resident" "$OUT/generate.err"
 
     step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test meetings"
@@ -104,7 +105,8 @@ part_b() {
         --outputs - 2>/dev/null | wc -w)
     step "B2 lsg-fairseq-summarize $BOOK: $(wc -w < "$BOOK") words = $pieces pieces, one encoder pass, greedy"
     /usr/bin/time -v lsg-fairseq-summarize "$OUT/model" "$BOOK" --max-source-positions "$FULL" --beam 1 --max-len-b "$MAX_LEN_B" \
-        --no-repeat-ngram-size "$NO_REPEAT" --output "$OUT/book-$name.summary.txt" 2> "$OUT/book-$name.err"
+        --no-repeat-ngram-size "$NO_REPEAT" --output "$OUT/book-$name.summary.txt" 2> "$OUT/book-$name.err" \
+        || failed "lsg-fairseq-summarize $BOOK" "$OUT/book-$name.err"
     grep -E "Elapsed|Maximum resident|truncat" "$OUT/book-$name.err" || true
     echo "summary ($(wc -w < "$OUT/book-$name.summary.txt") words): $(cut -c1-300 "$OUT/book-$name.summary.txt")..."
 }

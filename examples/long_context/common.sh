@@ -14,21 +14,23 @@ synthetic_set() {  # synthetic_set DIR SPM_DIR [make_synthetic_data.py flags...]
     # set's DIR encodes with that set's model and dictionary, so that every set shares one vocabulary.
     local dir=$1 spm_dir=$2; shift 2
     python scripts/make_synthetic_data.py --output-dir "$dir/jsonl" --force --valid "${N_VALID:-10}" "$@" > /dev/null
-    python scripts/jsonl_to_parallel.py --input-dir "$dir/jsonl" --output-dir "$dir/raw" > /dev/null 2>&1
+    python scripts/jsonl_to_parallel.py --input-dir "$dir/jsonl" --output-dir "$dir/raw" > "$dir/jsonl_to_parallel.log" 2>&1 \
+        || failed "jsonl_to_parallel.py on $dir/jsonl" "$dir/jsonl_to_parallel.log"
     if [ "$spm_dir" = "$dir" ]; then
         bash scripts/spm_binarize.sh --raw-dir "$dir/raw" --out-dir "$dir" --vocab-size 800 --workers 2 \
-            -- --soft-vocab-limit > "$dir/spm_binarize.log" 2>&1
+            -- --soft-vocab-limit > "$dir/spm_binarize.log" 2>&1 || failed "spm_binarize.sh on $dir/raw" "$dir/spm_binarize.log"
         return
     fi
     mkdir -p "$dir/spm-enc"
     for split in train valid test; do
         python scripts/spm_encode.py --model "$spm_dir/spm/spm.model" \
             --inputs "$dir/raw/$split.source" "$dir/raw/$split.target" \
-            --outputs "$dir/spm-enc/$split.source" "$dir/spm-enc/$split.target" 2> /dev/null
+            --outputs "$dir/spm-enc/$split.source" "$dir/spm-enc/$split.target" 2> "$dir/spm-enc/$split.log" \
+            || failed "spm_encode.py on $dir/raw/$split" "$dir/spm-enc/$split.log"
     done
     bash scripts/preprocess.sh --trainpref "$dir/spm-enc/train" --validpref "$dir/spm-enc/valid" \
         --testpref "$dir/spm-enc/test" --destdir "$dir/bin" --dict "$spm_dir/spm/dict.txt" \
-        > "$dir/preprocess.log" 2>&1
+        > "$dir/preprocess.log" 2>&1 || failed "preprocess.sh of $dir" "$dir/preprocess.log"
     cp "$spm_dir/spm/spm.model" "$dir/bin/"
 }
 
@@ -54,10 +56,12 @@ max_source() {  # max_source ROW: the row's --max-source-positions, from arch_fl
     arch_flags "$1" | grep -oE "max-source-positions [0-9]+" | cut -d' ' -f2
 }
 
-greedy_generate() {  # greedy_generate DATA_BIN CHECKPOINT SUBSET MAX_SRC SPM_MODEL OUT: fairseq-generate's output to OUT
+greedy_generate() {  # greedy_generate DATA_BIN CHECKPOINT SUBSET MAX_SRC SPM_MODEL OUT.out: fairseq-generate's output
+    # to OUT.out, its messages to OUT.err
     fairseq-generate "$1" --user-dir "$USER_DIR" --task long_document_summarization --path "$2" --gen-subset "$3" \
         --max-source-positions "$4" --max-target-positions 128 --truncate-target --beam 1 --max-len-b 80 \
-        --bpe sentencepiece --sentencepiece-model "$5" --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$6"
+        --bpe sentencepiece --sentencepiece-model "$5" --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$6" \
+        2> "${6%.out}.err" || failed "generating with $2" "${6%.out}.err"
 }
 
 PROBE_CHECKPOINTS=() PROBE_OUTPUTS=()
@@ -69,7 +73,8 @@ evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the lon
     fairseq-generate "$OUT/long/bin" --user-dir "$USER_DIR" --task long_document_summarization \
         --path "$ckpt" --gen-subset test --max-source-positions "$max_src" --max-target-positions 128 \
         --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece --sentencepiece-model "$SPM" \
-        --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$dir/generate.out" 2> "$dir/generate.err"
+        --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$dir/generate.out" 2> "$dir/generate.err" \
+        || failed "generating with $ckpt" "$dir/generate.err"
     grep -E "^[HD]-" "$dir/generate.out" > "$dir/hypotheses.out" || true  # small: what report.py commits
     python scripts/key_recall.py --jsonl "$OUT/long/jsonl/test.jsonl" --generate-output "$dir/generate.out" \
         --spm-model "$SPM" $bos --name "$name" --json "$dir/recall.json" | sed 's/^/   /' >&2
@@ -111,7 +116,7 @@ train() {  # train NAME DATA UPDATES --lr LR [fairseq flags...]: checkpoint in $
         --max-tokens "$MAX_TOKENS" --max-update "$updates" --disable-validation --no-epoch-checkpoints \
         --save-dir "$dir" --tensorboard-logdir "$OUT/tensorboard/$name" \
         "${TRAIN_DEVICE_FLAGS[@]}" --num-workers 0 --log-format simple --log-interval 100 --seed 1 \
-        "$@" 2>&1 | quiet > "$dir/train.log"
+        "$@" 2>&1 | quiet > "$dir/train.log" || failed "training $name" "$dir/train.log"
     { grep -E "\| train \|" "$dir/train.log" | tail -1 | grep -oE "(nll_loss|num_updates) [0-9.]+" \
         | paste -sd' ' | sed "s/^/   $name: /" >&2; } || true
 }

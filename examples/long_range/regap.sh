@@ -60,7 +60,7 @@ printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${flags[@]}" | sed 's/, $//')" > 
 rows=()
 for spec in "$@"; do
     row=${spec%%=*} ckpt=${spec#*=}
-    greedy_generate "$OUT/bin" "$ckpt" valid 4096 "$SET/spm/spm.model" "$OUT/$row.generate.out" 2> /dev/null
+    greedy_generate "$OUT/bin" "$ckpt" valid 4096 "$SET/spm/spm.model" "$OUT/$row.generate.out"
     python examples/long_range/report.py extract "$OUT/$row.generate.out" "$N" "$REPORT_DIR/outputs/order/$row.seed1.txt"
     rows+=("$row")
 done

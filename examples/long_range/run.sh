@@ -95,28 +95,35 @@ run_one() {  # run_one VARIANT ROW SEED: both stages, then greedy decoding of SP
         resume=(--restore-file "$OUT/runs/$name.short.prev/checkpoint_last.pt")
     fi
     # shellcheck disable=SC2086
-    train "$name.short" "$OUT/$v/short/bin" "$U_SHORT" --lr 3e-3 $flags --seed "$seed" "${resume[@]}" 2> /dev/null
+    train "$name.short" "$OUT/$v/short/bin" "$U_SHORT" --lr 3e-3 $flags --seed "$seed" "${resume[@]}"
     # shellcheck disable=SC2086
     train "$name" "$OUT/$v/long/bin" "$U_LONG" --lr 1e-3 $flags --seed "$seed" \
-        --finetune-from-model "$OUT/runs/$name.short/checkpoint_last.pt" 2> /dev/null
+        --finetune-from-model "$OUT/runs/$name.short/checkpoint_last.pt"
     greedy_generate "$OUT/$v/long/bin" "$OUT/runs/$name/checkpoint_last.pt" "$SPLIT" "$max_src" \
-        "$OUT/$v/long/spm/spm.model" "$OUT/runs/$name/generate.out" 2> "$OUT/runs/$name/generate.err"
+        "$OUT/$v/long/spm/spm.model" "$OUT/runs/$name/generate.out"
     # one hypothesis per line, in document order: what report.py scores
     python "$LR_HERE/report.py" extract "$OUT/runs/$name/generate.out" "$N_TEST" "$OUT/runs/$name/hypotheses.txt"
     step "$name: $(wc -l < "$OUT/runs/$name/hypotheses.txt") hypotheses, train $(cut -d' ' -f1 "$OUT/runs/$name/time") s"
 }
 
-running=0
+# JOBS runs at once. A run that fails has said why (train and greedy_generate name their logs); no
+# run starts after it, the ones under way finish, and the script stops before the report.
+running=0 failures=0
 for seed in $SEEDS; do
     for v in $VARIANTS; do
         for row in $ROWS; do
+            [ "$failures" -eq 0 ] || break 3
             run_one "$v" "$row" "$seed" &
             running=$(( running + 1 ))
-            if [ "$running" -ge "$JOBS" ]; then wait -n; running=$(( running - 1 )); fi
+            if [ "$running" -ge "$JOBS" ]; then
+                wait -n || failures=$(( failures + 1 ))
+                running=$(( running - 1 ))
+            fi
         done
     done
 done
-wait
+for (( ; running > 0; running-- )); do wait -n || failures=$(( failures + 1 )); done
+[ "$failures" -eq 0 ] || die "$failures run(s) failed (above); no report written"
 
 step "report -> $REPORT_DIR"
 for v in $VARIANTS; do

@@ -92,7 +92,8 @@ part_a() {
         --max-source-positions "$MAX_SRC" --max-target-positions "$MAX_TGT" --truncate-target \
         --beam 5 --lenpen 2.0 --max-len-b "$MAX_LEN_B" --no-repeat-ngram-size "$NO_REPEAT" \
         --bpe sentencepiece --sentencepiece-model "$OUT/spm/spm.model" \
-        --batch-size 5 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate-a.out" 2> "$OUT/generate-a.err"
+        --batch-size 5 "${GENERATE_DEVICE_FLAGS[@]}" > "$OUT/generate-a.out" 2> "$OUT/generate-a.err" \
+        || failed "fairseq-generate" "$OUT/generate-a.err"
 
     step "A6 ROUGE (model) and lead-N baselines on the same $N_TEST test documents"
     # lead-K baselines: the first K words of each document (K around the mean summary length)
@@ -120,7 +121,7 @@ part_b() {
             --outputs "$B/bpe/$split.source" "$B/bpe/$split.target" --keep-empty
     done
     bash scripts/preprocess.sh --trainpref "$B/bpe/train" --validpref "$B/bpe/valid" --testpref "$B/bpe/test" \
-        --destdir "$B/bin" --dict "$B/lsg-4096/dict.txt" > "$B/preprocess.log" 2>&1 || { tail -5 "$B/preprocess.log"; exit 1; }
+        --destdir "$B/bin" --dict "$B/lsg-4096/dict.txt" > "$B/preprocess.log" 2>&1 || failed "preprocess.sh" "$B/preprocess.log"
     cp "$B/lsg-4096/encoder.json" "$B/lsg-4096/vocab.bpe" "$B/bin/"
 
     # fairseq-train builds the model from the command line, so the shape flags must match the
@@ -160,7 +161,8 @@ part_b() {
         --path "$B/ck-16384/checkpoint_last.pt" --gen-subset test --batch-size 5 \
         --max-source-positions 16384 --max-target-positions 4096 \
         --beam 5 --lenpen 2.0 --max-len-b 64 --bpe gpt2 --gpt2-encoder-json "$B/bin/encoder.json" \
-        --gpt2-vocab-bpe "$B/bin/vocab.bpe" "${GENERATE_DEVICE_FLAGS[@]}" > "$B/generate.out" 2> "$B/generate.err"
+        --gpt2-vocab-bpe "$B/bin/vocab.bpe" "${GENERATE_DEVICE_FLAGS[@]}" > "$B/generate.out" 2> "$B/generate.err" \
+        || failed "fairseq-generate" "$B/generate.err"
     grep -c "^H-" "$B/generate.out" | sed 's/^/hypotheses: /'
     grep -E "Translated|Generate test" "$B/generate.err" | tail -1 || true
 }

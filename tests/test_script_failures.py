@@ -1,0 +1,96 @@
+"""A step of the example scripts that fails is named, with the end of the log its messages went to.
+
+Their training and decoding write to log files; under `set -e` a failed step used to end the script
+with exit 1 and no word (a CUDA out-of-memory, a mistyped MODEL_FLAGS), and long_range/run.sh's
+parallel runs ignored a failure in the last batch until a `cp` of a missing file. scripts/lib.sh's
+``failed`` is the one message; these tests run the steps against tools that fail."""
+
+import os
+import stat
+import subprocess
+import sys
+
+from conftest import REPO_ROOT
+
+ERROR = "RuntimeError: CUDA out of memory (from the test)"
+
+
+def failing_tools(folder):
+    """A VENV whose fairseq-train and fairseq-generate print a traceback's end and exit 1."""
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True)
+    for tool in ("fairseq-train", "fairseq-generate"):
+        path = bin_dir / tool
+        path.write_text(f'#!/bin/sh\necho "Traceback (most recent call last):" >&2\necho "{ERROR}" >&2\nexit 1\n')
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return folder
+
+
+def test_a_failed_training_or_decoding_names_its_log(tmp_path):
+    venv = failing_tools(tmp_path / "venv")
+    out = tmp_path / "out"
+    env = dict(os.environ, VENV=str(venv), OUT=str(out), DEVICE="cpu")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env["PATH"]  # python, after the fake tools
+    for step, what, log in [
+        ("train x data 2 --lr 1e-3", "training x", out / "runs" / "x" / "train.log"),
+        ("greedy_generate bin c.pt test 4096 s.model $OUT/g.out", "generating with c.pt", out / "g.err"),
+        ("evaluate row c.pt 4096", "generating with c.pt", out / "eval" / "row" / "generate.err"),
+    ]:
+        r = subprocess.run(
+            ["bash", "-c", f"set -euo pipefail; source examples/long_context/common.sh; prog=t; {step}; echo went on"],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert (r.returncode, r.stdout) == (2, ""), (step, r.stdout, r.stderr)
+        lines = r.stderr.splitlines()
+        assert lines[0] == f"t: error: {what} failed; the end of {log}:", (step, r.stderr)
+        assert lines[-1] == f"  | {ERROR}", (step, r.stderr)
+
+
+def test_the_message_leaves_out_gnu_times_report(tmp_path):
+    """run_small.sh times its decoding with /usr/bin/time -v, whose report follows the error."""
+    log = tmp_path / "generate.err"
+    log.write_text(f"{ERROR}\nCommand exited with non-zero status 1\n\tCommand being timed: x\n\tElapsed: 0:01\n")
+    r = subprocess.run(
+        ["bash", "-c", f"source scripts/lib.sh; prog=t; failed decoding {log}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        f"t: error: decoding failed; the end of {log}:",
+        f"  | {ERROR}",
+        "  | Command exited with non-zero status 1",
+    ]
+
+
+def test_long_range_stops_at_a_failed_run_before_the_report(tmp_path):
+    """JOBS=2 rows at once with a MODEL_FLAGS that fairseq-train refuses: both runs say why, the third
+    row never starts, and no report is written (the last batch's failures went unnoticed before)."""
+    report = tmp_path / "report"
+    env = dict(
+        os.environ,
+        OUT=str(tmp_path / "out"),
+        REPORT_DIR=str(report),
+        VENV=os.path.dirname(os.path.dirname(sys.executable)),
+        SMOKE="1",
+        VARIANTS="retrieval",
+        ROWS="lsg_norm led bart_1024",
+        SEEDS="1",
+        JOBS="2",
+        MODEL_FLAGS="--encoder-layers x",
+    )
+    r = subprocess.run(
+        ["bash", "examples/long_range/run.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 2, r.stderr[-3000:]
+    for row in ("lsg_norm", "led"):
+        log = tmp_path / "out" / "runs" / f"retrieval.{row}.s1.short" / "train.log"
+        assert f"run.sh: error: training retrieval.{row}.s1.short failed; the end of {log}:" in r.stderr
+    assert "argument --encoder-layers: invalid int value: 'x'" in r.stderr
+    assert r.stderr.rstrip().endswith("run.sh: error: 2 run(s) failed (above); no report written")
+    assert not (tmp_path / "out" / "runs" / "retrieval.bart_1024.s1.short").exists()
+    assert not (report / "results.md").exists()
