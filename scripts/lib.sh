@@ -37,6 +37,18 @@ one_of() {
     die "$knob=${!knob-}: expected one of: $*"
 }
 
+# words_of KNOB VALUE...: the named variable holds one or more words, each one of the VALUEs, else die
+# naming the first that is not (a list knob such as ROWS: checked before the first row runs).
+words_of() {
+    local knob=$1; shift
+    local words=${!knob-} word value
+    [ -n "${words// /}" ] || die "$knob is empty: expected one or more of: $*"
+    for word in $words; do
+        for value in "$@"; do [ "$word" = "$value" ] && continue 2; done
+        die "$knob: unknown '$word' (expected one or more of: $*)"
+    done
+}
+
 # writable_folder KNOB: the folder the named variable holds exists or can be made (its nearest
 # existing parent is a writable folder), checked before the work whose results end up there.
 writable_folder() {

@@ -2,7 +2,7 @@
 where a number goes, 0 updates (fairseq-train reads --max-update 0 as "no limit": it trained without
 end), an unknown row, variant or device, a report folder that is a file. Each is one line naming the
 knob, exit 2, and nothing written: no OUT made, no results folder that the corrected run would then be
-refused for. scripts/lib.sh's whole_numbers, one_of and writable_folder are what they call."""
+refused for. scripts/lib.sh's whole_numbers, one_of, words_of and writable_folder are what they call."""
 
 import os
 import subprocess
@@ -34,6 +34,8 @@ CASES = [
     ("examples/lsg_summarization/run_small.sh", [], {"N_VALID": "-1"}, "N_VALID=-1: expected a whole number"),
     ("examples/gsg_pretraining/run.sh", [], {"DEVICE": "gpu"}, "DEVICE=gpu: expected auto, cpu or cuda"),
     ("examples/gsg_pretraining/run.sh", [], {"GSG_UPDATES": "0"}, "GSG_UPDATES=0: expected a whole number >= 1"),
+    ("examples/long_context/control.sh", [], {"ROWS": "fan_in_lsg_long bert_lsg"}, "ROWS: unknown 'bert_lsg'"),
+    ("examples/long_context/extrapolation_ablation.sh", [], {"ROWS": " "}, "ROWS is empty: expected one or more"),
     ("examples/long_range/regap.sh", ["{tmp}/no_set", "{tmp}/r", "a={tmp}/a_file"], {}, "no_set: no spm/spm.model"),
     ("examples/long_range/regap.sh", ["{tmp}/set", "{tmp}/r", "locost"], {}, "locost: expected ROW=CHECKPOINT"),
     ("examples/long_range/gpu_pilot.sh", [], {}, "usage: gpu_pilot.sh DEST_DIR"),
@@ -97,8 +99,8 @@ def test_the_checks_pass_what_is_right(tmp_path):
     the scripts use their knobs, reads 08 as a bad octal number)."""
     lib = os.path.join(REPO_ROOT, "scripts", "lib.sh")
     ok = (
-        f"source {lib}; prog=t; A=3 B=10 Z=0 V=b F={tmp_path}/new/sub; whole_numbers A B; whole_numbers --min 0 Z; "
-        "one_of V a b; writable_folder F; echo fine"
+        f"source {lib}; prog=t; A=3 B=10 Z=0 V=b W=' b  a ' F={tmp_path}/new/sub; whole_numbers A B; "
+        "whole_numbers --min 0 Z; one_of V a b; words_of W a b; writable_folder F; echo fine"
     )
     r = subprocess.run(["bash", "-c", ok], capture_output=True, text=True)
     assert r.stdout == "fine\n" and r.stderr == "", r.stderr
@@ -108,6 +110,9 @@ def test_the_checks_pass_what_is_right(tmp_path):
         ("N=08; whole_numbers N", "t: error: N=08: expected a whole number >= 1"),  # bash: octal, refused
         ("whole_numbers UNSET", "t: error: UNSET=: expected a whole number >= 1"),
         ("V=c; one_of V a b", "t: error: V=c: expected one of: a b"),
+        ("W='a c b'; words_of W a b", "t: error: W: unknown 'c' (expected one or more of: a b)"),
+        ("W=' '; words_of W a b", "t: error: W is empty: expected one or more of: a b"),
+        ("words_of UNSET a b", "t: error: UNSET is empty: expected one or more of: a b"),
         (f"F={tmp_path}/a; touch $F; writable_folder F", f"t: error: F={tmp_path}/a: not a folder"),
     ]:
         r = subprocess.run(
