@@ -49,6 +49,22 @@ words_of() {
     done
 }
 
+# known_arch KNOB: the named variable is a model architecture (--arch) that fairseq knows with this
+# plugin, else die with the closest name. One python start (fairseq's import, a few seconds), paid
+# before a pipeline's data work rather than at its first fairseq-train.
+known_arch() {
+    local hint rc=0
+    hint=$(python -c 'import difflib, sys
+import lsg_fairseq  # registers the plugin
+from fairseq.models import ARCH_MODEL_REGISTRY
+if sys.argv[1] not in ARCH_MODEL_REGISTRY:
+    close = difflib.get_close_matches(sys.argv[1], list(ARCH_MODEL_REGISTRY), 1)
+    print(f"; did you mean {close[0]}?" if close else "")
+    sys.exit(3)' "${!1-}" 2> /dev/null) || rc=$?
+    [ "$rc" -ne 3 ] || die "$1=${!1-}: not a model architecture (--arch) of fairseq or lsg-fairseq$hint"
+    [ "$rc" -eq 0 ] || die "$1: could not check it: python -c 'import lsg_fairseq, fairseq' fails here"
+}
+
 # writable_folder KNOB: the folder the named variable holds exists or can be made (its nearest
 # existing parent is a writable folder), checked before the work whose results end up there.
 writable_folder() {

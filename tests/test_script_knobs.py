@@ -2,7 +2,8 @@
 where a number goes, 0 updates (fairseq-train reads --max-update 0 as "no limit": it trained without
 end), an unknown row, variant or device, a report folder that is a file. Each is one line naming the
 knob, exit 2, and nothing written: no OUT made, no results folder that the corrected run would then be
-refused for. scripts/lib.sh's whole_numbers, one_of, words_of and writable_folder are what they call."""
+refused for. scripts/lib.sh's whole_numbers, one_of, words_of, known_arch and writable_folder are what they
+call."""
 
 import os
 import subprocess
@@ -34,6 +35,7 @@ CASES = [
     ("examples/lsg_summarization/run_small.sh", [], {"N_VALID": "-1"}, "N_VALID=-1: expected a whole number"),
     ("examples/gsg_pretraining/run.sh", [], {"DEVICE": "gpu"}, "DEVICE=gpu: expected auto, cpu or cuda"),
     ("examples/gsg_pretraining/run.sh", [], {"GSG_UPDATES": "0"}, "GSG_UPDATES=0: expected a whole number >= 1"),
+    ("examples/gsg_pretraining/run.sh", [], {"ARCH": "lsg_bart_tny"}, "ARCH=lsg_bart_tny: not a model architecture"),
     ("examples/long_context/control.sh", [], {"ROWS": "fan_in_lsg_long bert_lsg"}, "ROWS: unknown 'bert_lsg'"),
     ("examples/long_context/extrapolation_ablation.sh", [], {"ROWS": " "}, "ROWS is empty: expected one or more"),
     ("examples/long_range/regap.sh", ["{tmp}/no_set", "{tmp}/r", "a={tmp}/a_file"], {}, "no_set: no spm/spm.model"),

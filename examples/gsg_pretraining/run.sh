@@ -27,6 +27,7 @@ USER_DIR="$PWD/lsg_fairseq"
 # shellcheck source=scripts/device_flags.sh
 source scripts/device_flags.sh  # DEVICE, PRECISION -> TRAIN_DEVICE_FLAGS, GENERATE_DEVICE_FLAGS; lib.sh
 whole_numbers VOCAB CHUNK_WORDS MAX_SRC MAX_TGT GSG_UPDATES FT_UPDATES MAX_TOKENS  # before any work
+known_arch ARCH
 OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 start=$(date +%s)
 
