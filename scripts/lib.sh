@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the shell scripts (scripts/, benchmarks/, examples/; through scripts/device_flags.sh by
 # most): what they share.
 #

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the examples that read the full data sets. Those live outside the repository
 # (../shared/data beside it by default; tests/data holds only the small part the tests read), so
 # an example that does not find one stops before any work: one line naming the missing path and

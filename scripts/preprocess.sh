@@ -65,7 +65,7 @@ for p in "${valids[@]}"; do checks+=(pair --validpref "$p"); done
 IFS=, read -r -a tests <<< "$testpref"
 for p in "${tests[@]}"; do checks+=(pair --testpref "$p"); done
 counts=$(text_checks "${checks[@]}" 2>&1) || die "$counts"
-sed "s|^|$prog: |" <<< "$counts" >&2
+while IFS= read -r line; do echo "$prog: $line"; done <<< "$counts" >&2
 
 if [[ -n "${PYTHON:-}" ]]; then
   cmd=("$PYTHON" -m fairseq_cli.preprocess)

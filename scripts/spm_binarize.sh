@@ -64,7 +64,7 @@ for split in train valid test; do
     --inputs "$raw/$split.source" "$raw/$split.target" \
     --outputs "$out/spm-enc/$split.source" "$out/spm-enc/$split.target"
 done
-rm -rf "$out/bin"
+rm -rf "${out:?}/bin"
 bash "$here/preprocess.sh" --trainpref "$out/spm-enc/train" --validpref "$out/spm-enc/valid" \
   --testpref "$out/spm-enc/test" --destdir "$out/bin" --dict "$out/spm/dict.txt" --workers "$workers" \
   > "$out/preprocess.log" 2>&1 || { tail -5 "$out/preprocess.log" >&2; exit 1; }

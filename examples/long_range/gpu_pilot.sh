@@ -58,7 +58,8 @@ budget() {  # budget SECONDS UPS STEP MIN MAX: updates in SECONDS at UPS, a mult
 ok=$ROWS
 if [ -z "${U_SHORT:-}" ] || [ -z "${U_LONG:-}" ]; then
     echo "== probe: $PROBE_SHORT short + $PROBE_LONG long updates, rows at once: $ROWS" >&2
-    ROWS="$ROWS" SEEDS=$first_seed JOBS=$(wc -w <<< "$ROWS") U_SHORT=$PROBE_SHORT U_LONG=$PROBE_LONG \
+    jobs=$(wc -w <<< "$ROWS")
+    ROWS="$ROWS" SEEDS=$first_seed JOBS=$jobs U_SHORT=$PROBE_SHORT U_LONG=$PROBE_LONG \
         REPORT_DIR=$OUT/probe timeout $(( DEADLINE - SECONDS - 30 )) bash examples/long_range/run.sh \
         || echo "probe: exit $?" >&2
     ok=""

@@ -133,6 +133,7 @@ for v in $VARIANTS; do
         done
     done
 done
+# shellcheck disable=SC2086  # VARIANTS, ROWS, SEEDS: lists
 python "$LR_HERE/report.py" --outputs "$REPORT_DIR/outputs" --report-dir "$REPORT_DIR" --split "$SPLIT" \
     --n-docs "$N_TEST" --n-train "$N_LONG" --variants $VARIANTS --rows $ROWS --seeds $SEEDS \
     --command "bash $LR_HERE/run.sh" --wall "$(( $(date +%s) - start ))" \
