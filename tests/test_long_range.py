@@ -750,6 +750,21 @@ def test_long_range_experiment_smoke(tmp_path):
     md = table.read_text()
     assert "Key recall over 2 keys: " in md and "never seen in training): n/a (0 keys)" in md.replace("\n", " ")
     assert "| 0-8,192 | 8 |" in md and not (tmp_path / "retrieval.md.part").exists()
+    # run.sh again on the same data (kept: its stamp matches), JOBS=2 rows at once with a MODEL_FLAGS
+    # that fairseq-train refuses: both runs say why, the third row never starts, no report is written
+    # (a failure in the last batch went unnoticed until the report's cp of a missing file)
+    env = dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "failed"), SMOKE="1")
+    env.update(VENV=os.path.dirname(os.path.dirname(sys.executable)), VARIANTS="order", SEEDS="2", JOBS="2")
+    env.update(ROWS="lsg_norm led bart_1024", MODEL_FLAGS="--encoder-layers x")
+    r = subprocess.run(["bash", os.path.join(HERE, "run.sh")], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "order data: kept" in r.stderr, r.stderr[-3000:]
+    for row in ("lsg_norm", "led"):
+        log = tmp_path / "out" / "runs" / f"order.{row}.s2.short" / "train.log"
+        assert f"run.sh: error: training order.{row}.s2.short failed; the end of {log}:" in r.stderr
+    assert "argument --encoder-layers: invalid int value: 'x'" in r.stderr
+    assert r.stderr.rstrip().endswith("run.sh: error: 2 run(s) failed (above); no report written")
+    assert not (tmp_path / "out" / "runs" / "order.bart_1024.s2.short").exists()
+    assert not (tmp_path / "failed" / "results.md").exists()
 
 
 def test_count_variant_aggregates_mentions_spread_over_the_document():
