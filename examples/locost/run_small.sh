@@ -102,7 +102,7 @@ part_b() {
     name=$(basename "$BOOK" .txt)
     (tr -s '[:space:]' ' ' < "$BOOK"; echo) > "$OUT/book-$name.line"  # what the summarizer reads: one line
     pieces=$(python scripts/spm_encode.py --model "$OUT/spm/spm.model" --inputs "$OUT/book-$name.line" \
-        --outputs - 2>/dev/null | wc -w)
+        --outputs - 2> "$OUT/book-$name.spm.err" | wc -w) || failed "spm_encode.py on $BOOK" "$OUT/book-$name.spm.err"
     step "B2 lsg-fairseq-summarize $BOOK: $(wc -w < "$BOOK") words = $pieces pieces, one encoder pass, greedy"
     /usr/bin/time -v lsg-fairseq-summarize "$OUT/model" "$BOOK" --max-source-positions "$FULL" --beam 1 --max-len-b "$MAX_LEN_B" \
         --no-repeat-ngram-size "$NO_REPEAT" --output "$OUT/book-$name.summary.txt" 2> "$OUT/book-$name.err" \
