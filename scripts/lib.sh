@@ -42,9 +42,10 @@ one_of() {
 # naming the first that is not (a list knob such as ROWS: checked before the first row runs).
 words_of() {
     local knob=$1; shift
-    local words=${!knob-} word value
-    [ -n "${words// /}" ] || die "$knob is empty: expected one or more of: $*"
-    for word in $words; do
+    local words word value
+    read -ra words <<< "${!knob-}"  # split on blanks, no glob: ROWS='*' is a word, not the folder's files
+    [ ${#words[@]} -gt 0 ] || die "$knob is empty: expected one or more of: $*"
+    for word in "${words[@]}"; do
         for value in "$@"; do [ "$word" = "$value" ] && continue 2; done
         die "$knob: unknown '$word' (expected one or more of: $*)"
     done

@@ -114,6 +114,7 @@ def test_the_checks_pass_what_is_right(tmp_path):
         ("V=c; one_of V a b", "t: error: V=c: expected one of: a b"),
         ("W='a c b'; words_of W a b", "t: error: W: unknown 'c' (expected one or more of: a b)"),
         ("W=' '; words_of W a b", "t: error: W is empty: expected one or more of: a b"),
+        ("W='a *'; words_of W a b", "t: error: W: unknown '*' (expected one or more of: a b)"),
         ("words_of UNSET a b", "t: error: UNSET is empty: expected one or more of: a b"),
         (f"F={tmp_path}/a; touch $F; writable_folder F", f"t: error: F={tmp_path}/a: not a folder"),
     ]:
