@@ -14,7 +14,7 @@ demo: setup
 # one-test file marked `long` (tests/conftest.py puts it first) was handed out last and ran alone
 # PYTHONDONTWRITEBYTECODE emptied: the suite starts a few hundred Python processes, each of which
 # would otherwise compile the project's own modules again (site-packages have their bytecode).
-# Where its time goes (CI allows 15 minutes): benchmarks/results/suite_durations_e40c1bd.md
+# Where its time goes (CI allows 15 minutes): benchmarks/results/suite_durations_bef0bac.md
 test: setup
 	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest tests -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder
 
