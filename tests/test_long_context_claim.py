@@ -18,7 +18,7 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     one-key retrieval and recipe with a few hundred updates; LSG recalls the facts of keys past token
     1,024, BART truncated to 1,024 tokens stays near chance (8.8%) there. The same run is the smoke
     test of examples/long_context/run.sh: its extrapolation rows run with a couple of updates; then of
-    the two scripts that read run.sh's OUT (control.sh, extrapolation_ablation.sh), one row each."""
+    control.sh, which reads run.sh's OUT, on one row."""
     env = dict(
         os.environ,
         OUT=str(tmp_path / "out"),
@@ -119,8 +119,9 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     assert sorted(p.name for p in (tmp_path / "report" / "outputs").iterdir()) == sorted(
         f"{n}.out" for n in ["bart_1024", "lsg_norm"] + [x["name"] for x in res["extrapolation"]]
     )
-    # control.sh and extrapolation_ablation.sh on run.sh's OUT, one row each: that they run and write
-    # their tables (what those tables measure takes their full runs, by hand)
+    # control.sh on run.sh's OUT, one row: that it runs and writes its table (what the table measures
+    # takes its full run, by hand). extrapolation_ablation.sh is left to its runs by hand: CI's time
+    # (benchmarks/results/suite_durations_bef0bac.md)
     r = subprocess.run(
         ["bash", os.path.join(REPO, "examples", "long_context", "control.sh")],
         env=dict(env, ROWS="fan_in_lsg_short", U="2"),
@@ -133,14 +134,3 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     (row,) = [line for line in table if line.startswith("| LSG-BART tiny, fan_in init, 50-150-word")]
     attention, uniform, grad = [c.strip() for c in row.split("|")[-4:-1]]
     assert attention.endswith("%") and uniform.endswith("%") and float(grad) > 0, row
-    r = subprocess.run(
-        ["bash", os.path.join(REPO, "examples", "long_context", "extrapolation_ablation.sh")],
-        env=dict(env, ROWS="ab_lsg_32_norm"),
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-2000:]
-    table = (tmp_path / "report" / "extrapolation_ablation.md").read_text().splitlines()
-    assert table[2].startswith('Command: `ROWS="ab_lsg_32_norm" bash examples/long_context/extrapolation_ablation.sh`')
-    (row,) = [line for line in table if line.startswith("| (c) LSG as in run.sh")]
-    assert all(c.strip().endswith("%") for c in row.split("|")[2:-1]), row
