@@ -39,7 +39,8 @@ one_of() {
 }
 
 # words_of KNOB VALUE...: the named variable holds one or more words, each one of the VALUEs, else die
-# naming the first that is not (a list knob such as ROWS: checked before the first row runs).
+# naming the first that is not (a list knob such as ROWS: checked before the first row runs). The
+# variable is left as its words joined by single spaces, so that " $KNOB " == *" word "* finds them.
 words_of() {
     local knob=$1; shift
     local words word value
@@ -49,6 +50,7 @@ words_of() {
         for value in "$@"; do [ "$word" = "$value" ] && continue 2; done
         die "$knob: unknown '$word' (expected one or more of: $*)"
     done
+    printf -v "$knob" '%s' "${words[*]}"
 }
 
 # known_arch KNOB: the named variable is a model architecture (--arch) that fairseq knows with this

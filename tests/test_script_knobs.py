@@ -101,11 +101,11 @@ def test_the_checks_pass_what_is_right(tmp_path):
     the scripts use their knobs, reads 08 as a bad octal number)."""
     lib = os.path.join(REPO_ROOT, "scripts", "lib.sh")
     ok = (
-        f"source {lib}; prog=t; A=3 B=10 Z=0 V=b W=' b  a ' F={tmp_path}/new/sub; whole_numbers A B; "
-        "whole_numbers --min 0 Z; one_of V a b; words_of W a b; writable_folder F; echo fine"
+        f"source {lib}; prog=t; A=3 B=10 Z=0 V=b W=$' b \\ta ' F={tmp_path}/new/sub; whole_numbers A B; "
+        'whole_numbers --min 0 Z; one_of V a b; words_of W a b; writable_folder F; echo "fine [$W]"'
     )
     r = subprocess.run(["bash", "-c", ok], capture_output=True, text=True)
-    assert r.stdout == "fine\n" and r.stderr == "", r.stderr
+    assert r.stdout == "fine [b a]\n" and r.stderr == "", r.stdout + r.stderr  # words_of: single spaces
     for check, line in [
         ("Z=0; whole_numbers Z", "t: error: Z=0: expected a whole number >= 1"),
         ("N=1.5; whole_numbers N", "t: error: N=1.5: expected a whole number >= 1"),

@@ -21,7 +21,7 @@ ALL_ROWS=(
   "bert_lsg_short|short|--arch lsg_bart_tiny --weight-init bert|LSG-BART tiny, BART's init, 50-150-word documents"
   "fan_in_lsg_short|short|--arch lsg_bart_tiny --weight-init fan_in|LSG-BART tiny, fan_in init, 50-150-word documents (run.sh's first stage)"
 )
-names=$(for row in "${ALL_ROWS[@]}"; do echo "${row%%|*}"; done | paste -sd' ')
+names=${ALL_ROWS[*]%%|*}  # each row's name, before its first |
 U=${U:-600}
 ROWS=${ROWS:-$names}
 whole_numbers U

@@ -22,7 +22,7 @@ ALL_ROWS=(
   "ab_lsg_512_none|--to lsg_bart --block-size 512 --sparsity-type none|blocks of 512 (local reach 1,536 tokens: all the context the base model ever saw)"
   "ab_lsg_2048_none|--to lsg_bart --block-size 2048 --sparsity-type none|blocks of 2,048: every token sees every token, plus the global token"
 )
-names=$(for row in "${ALL_ROWS[@]}"; do echo "${row%%|*}"; done | paste -sd' ')
+names=${ALL_ROWS[*]%%|*}  # each row's name, before its first |
 ROWS=${ROWS:-$names}
 # shellcheck disable=SC2086
 words_of ROWS $names
