@@ -24,7 +24,7 @@ EOF
 }
 
 # shellcheck source=scripts/lib.sh
-source "$here/lib.sh"  # die
+source "$here/lib.sh"  # die, is_whole, text_checks, failed
 
 raw="" out="" vocab="" workers=1
 spm_args=()
@@ -67,5 +67,5 @@ done
 rm -rf "${out:?}/bin"
 bash "$here/preprocess.sh" --trainpref "$out/spm-enc/train" --validpref "$out/spm-enc/valid" \
   --testpref "$out/spm-enc/test" --destdir "$out/bin" --dict "$out/spm/dict.txt" --workers "$workers" \
-  > "$out/preprocess.log" 2>&1 || { tail -5 "$out/preprocess.log" >&2; exit 1; }
+  > "$out/preprocess.log" 2>&1 || failed "preprocess.sh" "$out/preprocess.log"
 cp "$out/spm/spm.model" "$out/bin/spm.model"

@@ -3,8 +3,9 @@
 Their training and decoding write to log files; under `set -e` a failed step used to end the script
 with exit 1 and no word (a CUDA out-of-memory, a mistyped MODEL_FLAGS), and long_range/run.sh's
 parallel runs ignored a failure in the last batch until a `cp` of a missing file. scripts/lib.sh's
-``failed`` is the one message; these tests run the steps against tools that fail. long_range/run.sh's
-parallel runs failing: tests/test_long_range.py::test_long_range_experiment_smoke, on its data."""
+``failed`` is the one message (spm_binarize.sh's too); these tests run the steps against tools that
+fail. long_range/run.sh's parallel runs failing: tests/test_long_range.py::test_long_range_experiment_smoke,
+on its data."""
 
 import os
 import stat
@@ -66,3 +67,31 @@ def test_the_message_leaves_out_gnu_times_report(tmp_path):
         f"  | {ERROR}",
         "  | Command exited with non-zero status 1",
     ]
+
+
+def test_spm_binarize_names_a_failed_binarization(tmp_path):
+    """spm_binarize.sh's third step writes to OUT/preprocess.log; its failure is the same one message
+    (it was the log's last 5 lines, with no name, and exit 1)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        for side in ("source", "target"):
+            lines = [f"the {side} line {i} of {split} says a few words" for i in range(30)]
+            (raw / f"{split}.{side}").write_text("\n".join(lines) + "\n")
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    fake = tools / "fairseq-preprocess"
+    fake.write_text(f'#!/bin/sh\necho "{ERROR}" >&2\nexit 1\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHON"}
+    env["PATH"] = f"{tools}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}"
+    out = tmp_path / "out"
+    args = ["--raw-dir", str(raw), "--out-dir", str(out), "--vocab-size", "40", "--", "--soft-vocab-limit"]
+    r = subprocess.run(
+        ["bash", "scripts/spm_binarize.sh", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 2, r.stderr
+    log = out / "preprocess.log"
+    assert f"spm_binarize.sh: error: preprocess.sh failed; the end of {log}:" in r.stderr
+    tail = r.stderr.split(f"the end of {log}:\n")[1].splitlines()
+    assert f"  | {ERROR}" in tail and tail[-1].startswith("  | preprocess.sh: error: fairseq-preprocess failed"), tail
