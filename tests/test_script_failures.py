@@ -95,3 +95,29 @@ def test_spm_binarize_names_a_failed_binarization(tmp_path):
     assert f"spm_binarize.sh: error: preprocess.sh failed; the end of {log}:" in r.stderr
     tail = r.stderr.split(f"the end of {log}:\n")[1].splitlines()
     assert f"  | {ERROR}" in tail and tail[-1].startswith("  | preprocess.sh: error: fairseq-preprocess failed"), tail
+
+
+def test_retrieval_64k_names_its_failed_step(tmp_path):
+    """examples/locost/retrieval_64k.sh writes every step's messages to one steps.log; a failed step is
+    lib.sh's one message with the step's name (it was an ERR trap naming a line number, exit 1), and
+    no table is written. A VENV whose python fails makes its first step fail."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho "{ERROR}" >&2\nexit 1\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    out = tmp_path / "lc"
+    (out / "runs" / "locost").mkdir(parents=True)
+    (out / "runs" / "locost" / "checkpoint_last.pt").write_bytes(b"")
+    table = tmp_path / "retrieval.md"
+    env = dict(os.environ, VENV=str(venv), OUT=str(out), DEVICE="cpu", REPORT=str(table))
+    r = subprocess.run(
+        ["bash", "examples/locost/retrieval_64k.sh"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
+    log = out / "locost_64k" / "steps.log"
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        f"retrieval_64k.sh: error: making the documents failed; the end of {log}:",
+        f"  | {ERROR}",
+    ]
+    assert not table.exists()

@@ -28,26 +28,28 @@ CKPT="$OUT/runs/locost/checkpoint_last.pt"
 [ -d "$(dirname "$REPORT")" ] || die "REPORT=$REPORT: no folder $(dirname "$REPORT")"
 W="$OUT/locost_64k"
 rm -rf "$W"; mkdir -p "$W"
-log="$W/steps.log"  # every step's messages; the end of it is shown when one fails
-trap 'echo "retrieval_64k.sh: error: a step failed (line $LINENO); the end of $log:" >&2; tail -n 5 "$log" >&2' ERR
+log="$W/steps.log"  # every step's messages; the end of it is shown when one fails (lib.sh's failed)
 start=$(date +%s)
 # documents of WORDS - 2,000 to WORDS words (half of WORDS to WORDS for short ones)
 python scripts/make_synthetic_data.py --output-dir "$W/jsonl" --train 1 --valid 1 --test "$N_DOCS" \
     --min-tokens "$(( WORDS > 4000 ? WORDS - 2000 : WORDS / 2 ))" --max-tokens "$WORDS" --min-keys 1 --max-keys 1 \
-    --seed 64 > /dev/null 2>> "$log"
-python scripts/jsonl_to_parallel.py --input-dir "$W/jsonl" --output-dir "$W/raw" > /dev/null 2>> "$log"
+    --seed 64 > /dev/null 2>> "$log" || failed "making the documents" "$log"
+python scripts/jsonl_to_parallel.py --input-dir "$W/jsonl" --output-dir "$W/raw" > /dev/null 2>> "$log" \
+    || failed "jsonl_to_parallel.py" "$log"
 mkdir -p "$W/enc"
 for split in train valid test; do
     python scripts/spm_encode.py --model "$OUT/long/spm/spm.model" --inputs "$W/raw/$split.source" \
-        "$W/raw/$split.target" --outputs "$W/enc/$split.source" "$W/enc/$split.target" 2>> "$log"
+        "$W/raw/$split.target" --outputs "$W/enc/$split.source" "$W/enc/$split.target" 2>> "$log" \
+        || failed "spm_encode.py on $split" "$log"
 done
 bash scripts/preprocess.sh --trainpref "$W/enc/train" --validpref "$W/enc/valid" --testpref "$W/enc/test" \
-    --destdir "$W/bin" --dict "$OUT/long/spm/dict.txt" > /dev/null 2>> "$log"
+    --destdir "$W/bin" --dict "$OUT/long/spm/dict.txt" > /dev/null 2>> "$log" || failed "preprocess.sh" "$log"
 /usr/bin/time -f "%e %M" -o "$W/time" fairseq-generate "$W/bin" --user-dir "$PWD/lsg_fairseq" \
     --task long_document_summarization --path "$CKPT" --gen-subset test --max-source-positions "$MAX_SRC" \
     --model-overrides "{'max_source_positions': $MAX_SRC}" \
     --max-target-positions 128 --truncate-target --beam 1 --max-len-b 60 --bpe sentencepiece \
-    --sentencepiece-model "$OUT/long/spm/spm.model" --batch-size 1 "${GENERATE_DEVICE_FLAGS[@]}" > "$W/generate.out" 2>> "$log"
+    --sentencepiece-model "$OUT/long/spm/spm.model" --batch-size 1 "${GENERATE_DEVICE_FLAGS[@]}" > "$W/generate.out" 2>> "$log" \
+    || failed "generating with $CKPT" "$log"
 python scripts/key_recall.py --jsonl "$W/jsonl/test.jsonl" --generate-output "$W/generate.out" \
     --spm-model "$OUT/long/spm/spm.model" --no-bos --bin-size 8192 --beyond 4096 --name locost_64k \
     --json "$W/recall.json"
