@@ -35,22 +35,28 @@ synthetic_set() {  # synthetic_set DIR SPM_DIR [make_synthetic_data.py flags...]
     cp "$spm_dir/spm/spm.model" "$dir/bin/"
 }
 
-arch_flags() {  # model flags of each row: the tiny shape (d 64, 2+2 layers), fan_in init
-    case $1 in
-        bart_1024) echo "--arch bart_tiny --max-source-positions 1024" ;;
-        full_4096) echo "--arch bart_tiny --max-source-positions 4096" ;;
-        lsg_norm) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm" ;;
-        lsg_none) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type none" ;;
-        # LSG whose one layer reaches all 4,096 tokens (128 sparse keys each side, each of 32 tokens):
-        # lsg_norm's reaches 127 (examples/long_range/reach.md), short of the binding variant's gap
-        lsg_wide) echo "--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm --sparse-block-size 128 \
---sparsity-factor 32" ;;
-        led) echo "--arch led_tiny --max-source-positions 4096" ;;
-        locost) echo "--arch locost_tiny --max-source-positions 4096" ;;
-        # the control that cannot mix: each token sees +-4 tokens, no global ones (LED's layers)
-        local_8) echo "--arch led_tiny --max-source-positions 4096 --attention-window 8 --global-attention none" ;;
-        *) die "ARCHS/ROWS: unknown row '$1' (rows: bart_1024 full_4096 lsg_norm lsg_none lsg_wide led locost local_8)" ;;
-    esac
+# The rows, NAME|model flags: the tiny shape (d 64, 2+2 layers), fan_in init. arch_flags ROW reads
+# them; ARCHS (run.sh) and ROWS (long_range/run.sh) name them.
+ARCH_ROWS=(
+    "bart_1024|--arch bart_tiny --max-source-positions 1024"
+    "full_4096|--arch bart_tiny --max-source-positions 4096"
+    "lsg_norm|--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm"
+    "lsg_none|--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type none"
+    # LSG whose one layer reaches all 4,096 tokens (128 sparse keys each side, each of 32 tokens):
+    # lsg_norm's reaches 127 (examples/long_range/reach.md), short of the binding variant's gap
+    "lsg_wide|--arch lsg_bart_tiny --max-source-positions 4096 --sparsity-type norm --sparse-block-size 128 --sparsity-factor 32"
+    "led|--arch led_tiny --max-source-positions 4096"
+    "locost|--arch locost_tiny --max-source-positions 4096"
+    # the control that cannot mix: each token sees +-4 tokens, no global ones (LED's layers)
+    "local_8|--arch led_tiny --max-source-positions 4096 --attention-window 8 --global-attention none"
+)
+
+arch_flags() {  # arch_flags ROW: the row's model flags, from ARCH_ROWS
+    local row
+    for row in "${ARCH_ROWS[@]}"; do
+        [ "${row%%|*}" = "$1" ] && { echo "${row#*|}"; return 0; }
+    done
+    die "ARCHS/ROWS: unknown row '$1' (rows: ${ARCH_ROWS[*]%%|*})"
 }
 
 max_source() {  # max_source ROW: the row's --max-source-positions, from arch_flags
