@@ -19,7 +19,7 @@ setup(
     install_requires=[
         # fairseq 0.12.2 does not import on Python 3.11; fairseq-fixed is the maintained rebuild.
         "fairseq-fixed==0.12.3.1",
-        "torch>=2.1",
+        "torch>=2.6",  # lsg_layers/torch_version.py MIN_TORCH: the oldest the suite passes on
         "numpy",
         "sentencepiece",
         "sacrebleu",

@@ -38,6 +38,16 @@ def pytest_configure(config):
         torch.set_num_threads(threads)
 
 
+def needs_compiled_layers():
+    """Marks a test of the compiled encoder layers: they need a newer torch than the package's floor
+    (``lsg_layers.torch_version``), so an older torch's run (scripts/torch_versions.sh) skips them.
+    The pinned torch runs them."""
+    from lsg_layers.torch_version import COMPILED_LAYERS_TORCH, at_least
+
+    need = ".".join(map(str, COMPILED_LAYERS_TORCH))
+    return pytest.mark.skipif(not at_least(COMPILED_LAYERS_TORCH), reason=f"compiled layers need torch >= {need}")
+
+
 def fairseq_cli(name: str) -> str:
     """Path of a fairseq console script of the running interpreter's environment."""
     return os.path.join(BIN, name)

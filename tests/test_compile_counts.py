@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from conftest import load_script
+from conftest import load_script, needs_compiled_layers
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.usefixtures("single_thread"), needs_compiled_layers()]
 
 compile_counts = load_script("benchmarks/compile_counts.py", "compile_counts")
 

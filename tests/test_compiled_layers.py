@@ -6,12 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from conftest import build_task_and_model, toy_batch, write_toy_dict
+from conftest import build_task_and_model, needs_compiled_layers, toy_batch, write_toy_dict
 
 from lsg_fairseq.models.compiled_layers import compile_encoder_layers
 from lsg_layers.modules.paths import forced_path
 
-pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: tiny tensors, one thread
+pytestmark = [pytest.mark.usefixtures("single_thread"), needs_compiled_layers()]  # conftest: tiny tensors, one thread
 
 ARCH_FLAGS = {
     "lsg_bart_tiny": ["--block-size", "8", "--sparse-block-size", "8", "--sparsity-factor", "2"],

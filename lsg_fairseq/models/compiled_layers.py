@@ -30,9 +30,11 @@ the same values. Without the setting, dynamo would run such a layer eagerly.
 
 from typing import Optional
 
+import torch
 import torch.nn as nn
 
 from lsg_layers.ops.compiling import raise_recompile_limit
+from lsg_layers.torch_version import COMPILED_LAYERS_TORCH, at_least
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -51,6 +53,9 @@ def compile_encoder_layers(model: nn.Module, dynamic: Optional[bool] = None, bac
     ``"aot_eager"``: the same graphs, forward and backward, run by eager kernels, no code generated)."""
     from torch import _dynamo
 
+    if not at_least(COMPILED_LAYERS_TORCH):  # no skip_fwd_side_effects_in_bwd_under_checkpoint before
+        need = ".".join(map(str, COMPILED_LAYERS_TORCH))
+        raise RuntimeError(f"compiling the encoder layers needs torch >= {need}; this is torch {torch.__version__}")
     layers = encoder_layers(model)
     raise_recompile_limit()
     _dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True

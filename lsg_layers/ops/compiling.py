@@ -20,4 +20,6 @@ def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
     from torch import _dynamo
 
     config = _dynamo.config
-    config.recompile_limit = max(config.recompile_limit, limit)
+    # torch 2.6 has only the old name (an alias of the new one in later versions)
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), limit))
