@@ -276,17 +276,17 @@ def test_compiled_flex_may_keep_many_versions(monkeypatch):
     the first compiled call raises the limit, and never lowers a higher one."""
     from torch import _dynamo
 
-    config = _dynamo.config
-    saved = config.recompile_limit  # (set back by hand: monkeypatch deletes a config entry on undo)
+    config, name = _dynamo.config, compiling.limit_setting()
+    saved = getattr(config, name)  # (set back by hand: monkeypatch deletes a config entry on undo)
     try:
-        config.recompile_limit = 8
+        setattr(config, name, 8)
         monkeypatch.setattr(flex, "_compiled", {})
         test_led_compiled_flex_matches_dense_reference()
-        assert config.recompile_limit == compiling.RECOMPILE_LIMIT > 8
+        assert getattr(config, name) == compiling.RECOMPILE_LIMIT > 8
         compiling.raise_recompile_limit(4)
-        assert config.recompile_limit == compiling.RECOMPILE_LIMIT
+        assert getattr(config, name) == compiling.RECOMPILE_LIMIT
     finally:
-        config.recompile_limit = saved
+        setattr(config, name, saved)
 
 
 def test_cuda_calls_take_the_measured_kernel_options(monkeypatch):

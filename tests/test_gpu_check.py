@@ -11,6 +11,8 @@ import torch
 
 from conftest import BIN, REPO_ROOT, load_script
 
+from lsg_layers.torch_version import COMPILED_LAYERS_TORCH, at_least
+
 STAGES = [
     "conformance",
     "flex_grad",
@@ -112,7 +114,8 @@ def test_conformance_stage_compares_with_the_references(smoke):
     # the forms a GPU takes against what they replace, measured on the device (here the CPU)
     assert all(r["values"] and r["grads"] for r in conformance["gelu_one_pass"].values())
     rms = conformance["rms_norm_fused"]
-    assert all(r["ok"] for r in rms.values()) and 0 < rms["bf16"]["values"] <= 2**-7
+    # (exactly 0 on torch 2.6, whose F.rms_norm computes HF's operations on a CPU)
+    assert all(r["ok"] for r in rms.values()) and 0 <= rms["bf16"]["values"] <= 2**-7
     sdpa = conformance["decoder_sdpa"]
     assert set(sdpa) == {"cross_step", "t5"} and all(r["ok"] for c in sdpa.values() for r in c.values())
     assert all(0 < c["fp32"]["fused"] <= 1e-5 and 0 < c["bf16"]["fused"] < 0.05 for c in sdpa.values())
@@ -149,10 +152,15 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     # (the rows the host sets at batch 1: training at 16K, the encoder at 4K)
     for tag, mode in (("compiled16k", "train"), ("compiled4k", "enc")):
         (rec,) = benchmarks[tag]["records"]
-        assert rec["status"] == "ok" and rec["compiled_layers"] and (rec["arch"], rec["mode"]) == ("lsg_norm", mode)
+        assert rec["compiled_layers"] and (rec["arch"], rec["mode"]) == ("lsg_norm", mode)
+        if at_least(COMPILED_LAYERS_TORCH):
+            assert rec["status"] == "ok", rec
+        else:  # scripts/torch_versions.sh's older torch: the row refused in one line, the stage goes on
+            assert rec["status"].startswith("failed: RuntimeError: compiling the encoder layers needs torch >= 2.10")
         assert benchmarks[tag]["runs"][-1]["config"]["compile_layers"]
     # the compiled encoder's output against its eager one (aot_eager on a CPU: the same kernels)
-    assert benchmarks["compiled4k"]["records"][0]["compiled_vs_eager"] < 1e-2
+    if at_least(COMPILED_LAYERS_TORCH):
+        assert benchmarks["compiled4k"]["records"][0]["compiled_vs_eager"] < 1e-2
     # the _flex rows force flex (forward only on a CPU: their training falls back to whole tensors)
     ran = {(r["arch"], r["mode"]): r["layer_path"] for r in benchmarks["paths"]["records"]}
     assert ran["led_flex", "enc"] == "flex" and ran["led_flex", "train"] == "whole"

@@ -698,6 +698,11 @@ def test_generate_to_rouge_rejects_non_generate_output(tmp_path, capsys):
         ("benchmarks/device_torch.sh", {}, "device_torch.sh: error: no arguments (TESTS names the tests), got 'nope'"),
         ("examples/long_context/run.sh", dict(DATA="x"), "run.sh: error: DATA=x: expected make, only or reuse"),
         ("examples/long_range/run.sh", dict(SPLIT="x"), "run.sh: error: SPLIT must be test or valid, got 'x'"),
+        (
+            "scripts/torch_versions.sh",
+            {},
+            "torch_versions.sh: error: VERSION 'nope': expected a torch release such as 2.6.0",
+        ),
     ],
 )
 def test_shell_refusals_are_one_line(tmp_path, script, env, message):

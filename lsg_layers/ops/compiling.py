@@ -19,7 +19,13 @@ def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
         return
     from torch import _dynamo
 
-    config = _dynamo.config
-    # torch 2.6 has only the old name (an alias of the new one in later versions)
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    config, name = _dynamo.config, limit_setting()
     setattr(config, name, max(getattr(config, name), limit))
+
+
+def limit_setting() -> str:
+    """The name of dynamo's setting in this torch: ``recompile_limit``, or on torch 2.6
+    ``cache_size_limit`` (an alias of the new name in later versions)."""
+    from torch import _dynamo
+
+    return "recompile_limit" if hasattr(_dynamo.config, "recompile_limit") else "cache_size_limit"
