@@ -152,9 +152,9 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     # (the rows the host sets at batch 1: training at 16K, the encoder at 4K)
     for tag, mode in (("compiled16k", "train"), ("compiled4k", "enc")):
         (rec,) = benchmarks[tag]["records"]
-        assert rec["compiled_layers"] and (rec["arch"], rec["mode"]) == ("lsg_norm", mode)
+        assert (rec["arch"], rec["mode"]) == ("lsg_norm", mode)
         if at_least(COMPILED_LAYERS_TORCH):
-            assert rec["status"] == "ok", rec
+            assert rec["status"] == "ok" and rec["compiled_layers"], rec
         else:  # scripts/torch_versions.sh's older torch: the row refused in one line, the stage goes on
             assert rec["status"].startswith("failed: RuntimeError: compiling the encoder layers needs torch >= 2.10")
         assert benchmarks[tag]["runs"][-1]["config"]["compile_layers"]
