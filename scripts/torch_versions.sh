@@ -51,7 +51,7 @@ for v in "$@"; do
     (cd "$clone" && PYTHONDONTWRITEBYTECODE="" .venv/bin/python -m pytest tests -q -p no:cacheprovider -n 2 \
         --dist loadfile --no-loadscope-reorder --junit-xml="$WORK/junit-$v.xml" > "$WORK/suite-$v.log" 2>&1) || true
     echo "$(( $(date +%s) - t0 ))" > "$WORK/wall-$v"
-    "$venv/bin/python" -c "import torch; print(torch.__version__)" > "$WORK/torch-$v"
+    "$venv/bin/python" -c "import sys, torch; print(torch.__version__, sys.version.split()[0])" > "$WORK/torch-$v"
     tail -n 1 "$WORK/suite-$v.log" >&2
 done
 "$PY" - "$WORK" "$REPORT" "$head" "$(( $(date +%s) - start ))" "$load_start" "$*" <<'EOF'
@@ -64,8 +64,8 @@ lines = [
     f"{cpu}, {os.cpu_count()} cores, load average {load} at the start. Each version: the package "
     "index's default build (CUDA's, run on the CPU), the suite as `make test` runs it, in a clone "
     "of the commit with nothing beside it.", "",
-    "| torch | tests | passed | failed | errors | skipped | suite wall | failed or erred |",
-    "|---|---:|---:|---:|---:|---:|---:|---|",
+    "| torch | python | tests | passed | failed | errors | skipped | suite wall | failed or erred |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---|",
 ]
 for v in versions.split():
     suite = ET.parse(f"{work}/junit-{v}.xml").getroot()
@@ -78,8 +78,9 @@ for v in versions.split():
             skipped += 1
     n, failures, errors = (int(suite.get(k)) for k in ("tests", "failures", "errors"))
     shown = ", ".join(f"`{b}`" for b in bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+    torch_version, python = open(f"{work}/torch-{v}").read().split()
     lines.append(
-        f"| {open(f'{work}/torch-{v}').read().strip()} | {n} | {n - failures - errors - skipped} | {failures} | "
+        f"| {torch_version} | {python} | {n} | {n - failures - errors - skipped} | {failures} | "
         f"{errors} | {skipped} | {open(f'{work}/wall-{v}').read().strip()} s | {shown or '-'} |"
     )
 with open(report + ".part", "w") as f:
