@@ -47,8 +47,9 @@ for v in "$@"; do
         > "$log" 2>&1 || failed "installing torch $v" "$log"
     step "torch $v: the suite in $clone"
     t0=$(date +%s)
-    # make test's line (Makefile), with a JUnit file to count from; its exit status is the table's
-    (cd "$clone" && PYTHONDONTWRITEBYTECODE="" .venv/bin/python -m pytest tests -q -p no:cacheprovider -n 2 \
+    # make test's line (Makefile), with a JUnit file to count from; its exit status is the table's.
+    # Without PYTHON: the project's scripts read it as the python to run (the bare one that made the venv).
+    (cd "$clone" && env -u PYTHON PYTHONDONTWRITEBYTECODE="" .venv/bin/python -m pytest tests -q -p no:cacheprovider -n 2 \
         --dist loadfile --no-loadscope-reorder --junit-xml="$WORK/junit-$v.xml" > "$WORK/suite-$v.log" 2>&1) || true
     echo "$(( $(date +%s) - t0 ))" > "$WORK/wall-$v"
     "$venv/bin/python" -c "import sys, torch; print(torch.__version__, sys.version.split()[0])" > "$WORK/torch-$v"
