@@ -12,7 +12,7 @@ setup(
     description="LSG-BART, LOCOST and LED long-input encoders for fairseq",
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    python_requires=">=3.11",  # BaseException.add_note (fairseq_fixes/checkpoint_errors.py) is 3.11's
     packages=find_packages(
         include=["lsg_fairseq", "lsg_fairseq.*", "lsg_layers", "lsg_layers.*", "lsg_text", "lsg_text.*"]
     ),
