@@ -27,6 +27,11 @@ def version_tuple(version: str) -> Tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def spelled(minimum: Tuple[int, int]) -> str:
+    """``(2, 10)`` as the messages write it: ``2.10``."""
+    return ".".join(map(str, minimum))
+
+
 def at_least(minimum: Tuple[int, int], version: Optional[str] = None) -> bool:
     """Whether torch (or ``version``) is ``minimum`` or newer."""
     return version_tuple(version or torch.__version__) >= minimum
@@ -36,7 +41,7 @@ def check(version: Optional[str] = None) -> None:
     """Raise an ImportError in one line when torch (or ``version``) is older than ``MIN_TORCH``."""
     version = version or torch.__version__
     if not at_least(MIN_TORCH, version):
-        floor = ".".join(map(str, MIN_TORCH))
+        floor = spelled(MIN_TORCH)
         raise ImportError(
             f"lsg-fairseq needs torch >= {floor}, and this is torch {version}: install torch >= {floor} "
             "(the build for your CUDA; README, 'Install by hand')"

@@ -42,9 +42,9 @@ def needs_compiled_layers():
     """Marks a test of the compiled encoder layers: they need a newer torch than the package's floor
     (``lsg_layers.torch_version``), so an older torch's run (scripts/torch_versions.sh) skips them.
     The pinned torch runs them."""
-    from lsg_layers.torch_version import COMPILED_LAYERS_TORCH, at_least
+    from lsg_layers.torch_version import COMPILED_LAYERS_TORCH, at_least, spelled
 
-    need = ".".join(map(str, COMPILED_LAYERS_TORCH))
+    need = spelled(COMPILED_LAYERS_TORCH)
     return pytest.mark.skipif(not at_least(COMPILED_LAYERS_TORCH), reason=f"compiled layers need torch >= {need}")
 
 

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from lsg_layers.ops.compiling import raise_recompile_limit
-from lsg_layers.torch_version import COMPILED_LAYERS_TORCH, at_least
+from lsg_layers.torch_version import COMPILED_LAYERS_TORCH, at_least, spelled
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -54,7 +54,7 @@ def compile_encoder_layers(model: nn.Module, dynamic: Optional[bool] = None, bac
     from torch import _dynamo
 
     if not at_least(COMPILED_LAYERS_TORCH):  # no skip_fwd_side_effects_in_bwd_under_checkpoint before
-        need = ".".join(map(str, COMPILED_LAYERS_TORCH))
+        need = spelled(COMPILED_LAYERS_TORCH)
         raise RuntimeError(f"compiling the encoder layers needs torch >= {need}; this is torch {torch.__version__}")
     layers = encoder_layers(model)
     raise_recompile_limit()
