@@ -158,6 +158,19 @@ def bench_tables(records) -> str:
                     for r in sorted(compared, key=lambda r: (r["length"], _order(r["arch"])))
                 )
             )
+        counted = [r for r in ok.values() if "graphs_compiled_while_timed" in r]  # --compile-layers rows
+        late = [r for r in counted if r["graphs_compiled_while_timed"]]
+        if counted and not late:
+            out.append(f"\nGraphs compiled during the timed calls: none in {len(counted)} compiled rows")
+        if late:
+            out.append(
+                "\n**Compiled during the timed calls** (its time includes a compile; the warm-up calls did "
+                "not hold every graph): "
+                + ", ".join(
+                    f"{r['arch']} {r['mode']} {r['length']:,}: {r['graphs_compiled_while_timed']} graphs"
+                    for r in sorted(late, key=lambda r: (r["length"], _order(r["arch"])))
+                )
+            )
         splits = [r for r in rs if "ssm_share" in r and r["status"] == "ok"]
         if splits:
             out.append(

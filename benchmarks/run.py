@@ -57,8 +57,10 @@ to time the whole-tensor paths on a CPU.
 
 ``--compile-layers`` compiles the encoder layers of the fairseq archs (``bart``, ``linear``, LSG,
 LED: ``lsg_fairseq.models.compiled_layers``; LOCOST and the HF peers have no such layers and are
-recorded as failed): one static graph per length, compiled by the first warm-up call. Where a GPU's
-step waits on the host (batch 1), it measures how much of a row's time is the eager dispatch.
+recorded as failed): static graphs per length, compiled by the warm-up calls (LSG's in its first
+two; ``--warmup 2``), and each record counts the graphs its timed calls compiled
+(``graphs_compiled_while_timed``, 0 where the warm-up held them all). Where a GPU's step waits on
+the host (batch 1), it measures how much of a row's time is the eager dispatch.
 
 Every time cell shows the ratio to ``bart`` and to ``linear`` at the same length and mode, every
 memory cell the same ratios of the peak above the weights, then the absolute peak. The report
@@ -300,7 +302,8 @@ def parse_args(argv=None):
         "--compile-layers",
         action="store_true",
         help="the fairseq archs' encoder layers torch.compile'd, one static graph per length "
-        "(lsg_fairseq.models.compiled_layers; the first warm-up call compiles)",
+        "(lsg_fairseq.models.compiled_layers; the warm-up calls compile: LSG's in its first two; a record "
+        "counts the graphs its timed calls compiled)",
     )
     p.add_argument(
         "--compile-backend",
@@ -468,11 +471,19 @@ def measure_readings(arch, mode, length, args) -> dict:
         return take_readings(model, step, arch, mode, length, args, device)
 
 
+def dynamo_frames() -> int:
+    """The frames dynamo has compiled in this process so far (benchmarks/compile_counts.py's count)."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["total"]
+
+
 def measure_model(model, dictionary, arch, mode, length, args, device, readings: bool = True) -> dict:
     step = make_step(model, dictionary, mode, length, args, device)
     base = reset_peak(device)
     for _ in range(args.warmup):
         step()
+    compiled_before = dynamo_frames()
     times, issued = [], []
     while len(times) < max(1, args.repeat):
         sync(device)
@@ -495,6 +506,11 @@ def measure_model(model, dictionary, arch, mode, length, args, device, readings:
         "base_mb": base,
         "activations_mb": peak - base,
     }
+    if args.compile_layers:
+        # the warm-up calls are meant to hold every compile (tests/test_compiled_layers.py); counted
+        # rather than assumed: when a call compiles depends on the row and on dynamo's guards (on
+        # Python 3.13.0 one of LSG's fails a call late: scripts/torch_versions_py313.md)
+        rec["graphs_compiled_while_timed"] = dynamo_frames() - compiled_before
     caches = [m.cached_kernel_bytes() for m in model.modules() if hasattr(m, "cached_kernel_bytes")]
     if caches:  # LOCOST: its kernel caches, made after the peak was reset, are in the peak
         rec["ssm_cache_mb"] = sum(caches) / 2**20

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import load_script as load
+from conftest import needs_compiled_layers
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -196,6 +197,20 @@ def test_gen_rows_prepare_the_model_as_fairseq_generate_does():
     assert all(layer.need_attn for layer in model.decoder.layers)
     bench_models.make_step(model, dictionary, "gen", 256, args, torch.device("cpu"))
     assert not any(layer.need_attn for layer in model.decoder.layers) and not model.training
+
+
+@needs_compiled_layers()
+def test_a_compiled_row_counts_the_graphs_its_timed_calls_compiled():
+    """What the GPU check's compiled rows rely on (``--warmup 2``), counted rather than assumed: LSG's
+    training step compiles graphs in its first two calls (the second finds its block tables cached),
+    so after one warm-up call the timed calls compile, after two they do not."""
+    run = load("benchmarks/run.py", "bench_run")
+    args = run.parse_args(["--smoke", "--arch", "lsg_norm", "--compile-layers", "--compile-backend", "aot_eager"])
+    counts = {}
+    for warmup in (1, 2):
+        args.warmup, args.repeat = warmup, 2
+        counts[warmup] = run.measure("lsg_norm", "train", 256, args, readings=False)["graphs_compiled_while_timed"]
+    assert counts[1] > 0 and counts[2] == 0, counts
 
 
 def test_every_arch_trains_at_16k_in_the_default_suite():

@@ -161,6 +161,10 @@ def test_benchmark_stages_measure_every_row_in_one_process(smoke):
     # the compiled encoder's output against its eager one (aot_eager on a CPU: the same kernels)
     if at_least(COMPILED_LAYERS_TORCH):
         assert benchmarks["compiled4k"]["records"][0]["compiled_vs_eager"] < 1e-2
+        # the smoke times with no warm-up call: its one timed call compiles, and the report says so
+        for tag in ("compiled16k", "compiled4k"):
+            assert benchmarks[tag]["records"][0]["graphs_compiled_while_timed"] > 0
+        assert "**Compiled during the timed calls**" in smoke[1] and "lsg_norm enc 256: " in smoke[1]
     # the _flex rows force flex (forward only on a CPU: their training falls back to whole tensors)
     ran = {(r["arch"], r["mode"]): r["layer_path"] for r in benchmarks["paths"]["records"]}
     assert ran["led_flex", "enc"] == "flex" and ran["led_flex", "train"] == "whole"
