@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The test suite against other torch versions than the pinned one: what setup.py's torch>= floor
-# (lsg_layers/torch_version.py MIN_TORCH) rests on. For each VERSION: a venv with torch==VERSION and
-# torchaudio==VERSION from the package index (the default build, CUDA's, which runs on a CPU too:
-# ~3 GB each), this checkout's HEAD cloned alone and installed into it, then make test's pytest line
-# there; one table row per version, written to REPORT.
+# (lsg_layers/torch_version.py MIN_TORCH) rests on. For each VERSION: a venv with torch==VERSION from
+# the package index (the default build, CUDA's, which runs on a CPU too: ~3 GB each) and the newest
+# torchaudio that installs beside it (fairseq-fixed's; the index has no torchaudio 2.12 or 2.13),
+# this checkout's HEAD cloned alone and installed into it, then make test's pytest line there; one
+# table row per version, written to REPORT.
 #
 # usage: bash scripts/torch_versions.sh VERSION...      e.g. 2.6.0 2.11.0 (~15 min each on 2 cores)
 #
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh  # die, failed
 prog=torch_versions.sh
 if [ "${1:-}" = "--help" ] || [ "${1:-}" = "-h" ]; then
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
     exit 0
 fi
 [ $# -gt 0 ] || die "usage: torch_versions.sh VERSION... (e.g. 2.6.0 2.11.0)"
@@ -51,8 +52,8 @@ for v in "$@"; do
     ln -s "$venv" "$clone/.venv"  # the scripts' default VENV
     pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
     { "${pip[@]}" install --upgrade pip wheel setuptools \
-        && "${pip[@]}" install "torch==$v" "torchaudio==$v" cython "numpy<2.5" \
-        && "${pip[@]}" install --no-build-isolation -e "${clone}[test,plots]" "torch==$v" "torchaudio==$v"; } \
+        && "${pip[@]}" install "torch==$v" torchaudio cython "numpy<2.5" \
+        && "${pip[@]}" install --no-build-isolation -e "${clone}[test,plots]" "torch==$v"; } \
         > "$log" 2>&1 || failed "installing torch $v" "$log"
     step "python $py, torch $v: the suite in $clone"
     t0=$(date +%s)
