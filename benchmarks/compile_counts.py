@@ -32,10 +32,6 @@ from lsg_layers.modules.paths import forced_path
 DYNAMIC = {"static": False, "none": None, "true": True}
 
 
-def frames() -> int:
-    return counters["frames"]["total"]
-
-
 def graphs_by_call(arch: str, mode: str, lengths: list, dynamic, settings) -> list:
     """Dynamo's frames compiled so far after each call, one call per entry of ``lengths``."""
     torch._dynamo.reset()
@@ -47,7 +43,7 @@ def graphs_by_call(arch: str, mode: str, lengths: list, dynamic, settings) -> li
         compile_encoder_layers(model, dynamic=dynamic, backend="aot_eager")
         for length in lengths:
             make_step(model, dictionary, mode, length, settings, torch.device("cpu"))()
-            after.append(frames())
+            after.append(run.dynamo_frames())
     if sum(counters["graph_break"].values()):
         raise RuntimeError(f"{arch} {mode}: graph breaks {dict(counters['graph_break'])}")
     return after

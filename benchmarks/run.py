@@ -472,7 +472,7 @@ def measure_readings(arch, mode, length, args) -> dict:
 
 
 def dynamo_frames() -> int:
-    """The frames dynamo has compiled in this process so far (benchmarks/compile_counts.py's count)."""
+    """The frames dynamo has compiled in this process so far (compile_counts.py counts its graphs so)."""
     from torch._dynamo.utils import counters
 
     return counters["frames"]["total"]
