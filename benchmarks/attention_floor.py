@@ -147,6 +147,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=os.path.join(HERE, "results", "attention_floor"))
     args = p.parse_args(argv)
+    for n in args.lengths:  # kernel_call scores whole blocks of queries: a remainder would go uncounted
+        if n <= 0 or n % 256 or n % args.block_size:
+            p.error(f"--lengths {n}: expected a multiple of 256 and of --block-size ({args.block_size})")
     torch.set_num_threads(args.threads)
     start, load = time.time(), [round(x, 2) for x in os.getloadavg()]
     results = [measure(n, args.rounds, args) for n in args.lengths]
