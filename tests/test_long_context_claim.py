@@ -119,9 +119,8 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     assert sorted(p.name for p in (tmp_path / "report" / "outputs").iterdir()) == sorted(
         f"{n}.out" for n in ["bart_1024", "lsg_norm"] + [x["name"] for x in res["extrapolation"]]
     )
-    # control.sh on run.sh's OUT, one row: that it runs and writes its table (what the table measures
-    # takes its full run, by hand). extrapolation_ablation.sh is left to its runs by hand: CI's time
-    # (benchmarks/results/suite_durations_bef0bac.md)
+    # control.sh and extrapolation_ablation.sh on run.sh's OUT, one row each: that they run and write
+    # their tables (what the tables measure takes their full runs, by hand)
     r = subprocess.run(
         ["bash", os.path.join(REPO, "examples", "long_context", "control.sh")],
         env=dict(env, ROWS="fan_in_lsg_short", U="2"),
@@ -134,3 +133,15 @@ def test_lsg_reads_far_keys_that_truncated_bart_cannot(tmp_path):
     (row,) = [line for line in table if line.startswith("| LSG-BART tiny, fan_in init, 50-150-word")]
     attention, uniform, grad = [c.strip() for c in row.split("|")[-4:-1]]
     assert attention.endswith("%") and uniform.endswith("%") and float(grad) > 0, row
+    r = subprocess.run(
+        ["bash", os.path.join(REPO, "examples", "long_context", "extrapolation_ablation.sh")],
+        env=dict(env, ROWS="ab_lsg_2048_none"),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = (tmp_path / "report" / "extrapolation_ablation.md").read_text().splitlines()
+    assert 'Command: `ROWS="ab_lsg_2048_none" bash examples/long_context/extrapolation_ablation.sh`' in table[2]
+    (row,) = [line for line in table if line.startswith("| blocks of 2,048")]
+    cells = [c.strip() for c in row.split("|")[2:-1]]  # recall, near keys, far keys, then each slot
+    assert len(cells) == 7 and all(c.endswith("%") for c in cells), row
