@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The main job end to end. `make demo` runs it after setting up .venv.
 #
-#   bash scripts/demo.sh                                  # long-range synthetic set (default, ~8 min on CPU)
+#   bash scripts/demo.sh                                  # long-range synthetic set (default, 6-16 min on CPU, by CPU)
 #   DATA=../shared/data/sumpubmed bash scripts/demo.sh    # any dir with {train,valid,test}.jsonl
 #   DEVICE=cuda PRECISION=bf16 bash scripts/demo.sh       # on a GPU (default DEVICE=auto: the GPU when
 #                                                         # torch sees one); PRECISION fp32|bf16|fp16
 #
 # Default: does a long-input model read past token 1,024? examples/long_context/run.sh with two of
 # its rows, LSG-BART (tiny) at 4,096 tokens and plain BART truncated to 1,024, trained the same way
-# (short documents, then 4K-token ones whose 2-3 key sentences sit anywhere), then greedy
+# (short documents, then 4K-token ones whose one key sentence sits anywhere), then greedy
 # generation on 40 test documents, key recall by position, ROUGE. Prints the recall of the keys
 # beyond token 1,024 for both, and one test document whose far keys the LSG model got right.
 # Either way the trained model ends as a folder, OUT/model, that lsg-fairseq-summarize reads

@@ -98,7 +98,7 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     )
     truncate_target: bool = field(
         default=False,
-        metadata={"help": "truncate over-long targets to --max-target-positions (counted) instead of skipping them"},
+        metadata={"help": "truncate over-long targets to --max-target-positions (counted) instead of refusing the run"},
     )
     eval_rouge: bool = field(
         default=False, metadata={"help": "generate summaries during validation and log ROUGE-1/2/L/Lsum F1"}
