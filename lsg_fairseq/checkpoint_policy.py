@@ -197,11 +197,13 @@ def _explain_mismatch(path, trainer, error) -> str:
     if rows is not None and positions is not None and getattr(positions, "weight", None) is not None:
         want = int(positions.weight.shape[0])
         if want != rows:
+            from lsg_fairseq.convert import longer_positions_hint
+
+            arch = ours if theirs == "unknown" else theirs.split()[0]
             lines.append(
                 f"Its encoder position table holds {rows - 2} positions but --max-source-positions "
-                f"{want - 2} needs {want} rows: extend it with `lsg-fairseq-convert {path} OUT_DIR "
-                f"--max-source-positions {want - 2}` (tiles the table), or use --max-source-positions "
-                f"{rows - 2}."
+                f"{want - 2} needs {want} rows: {longer_positions_hint(arch, path, want - 2)}, "
+                f"or use --max-source-positions {rows - 2}."
             )
     cause = error.__cause__ or error.__context__
     if cause is not None:

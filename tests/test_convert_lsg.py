@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shlex
 import shutil
 
@@ -360,3 +361,34 @@ def test_the_printed_training_flags_build_the_converted_model(tmp_path, capsys, 
     settings = getattr(type(model), "weightless_settings", None)
     if settings is not None:
         assert settings(args) == settings(saved_model_cfg(str(tmp_path / "out" / "model.pt")))
+
+
+@pytest.mark.parametrize(
+    "name,family", [("bart_plain", "BARTModel"), ("lsg_norm", "LSGBARTModel"), ("led", "LEDModel")]
+)
+def test_the_longer_positions_hint_runs_as_it_reads(converted, tmp_path, capsys, name, family):
+    """The command that the hub and a training restore give for a position table too short
+    (``convert.longer_positions_hint``) runs, keeps the model's family and reads 2,048 tokens. For a
+    fairseq LED checkpoint, which the converter refuses, it names an HF BART folder instead: a plain
+    BART's hint once lacked ``--to bart`` (that made an LSG-BART), and an LED's named the refused
+    checkpoint."""
+    from lsg_fairseq.convert import longer_positions_hint
+
+    if name == "led":
+        converted = {"led": str(tmp_path / "led")}
+        convert(os.path.join(conftest.FIXTURES, "led", "led_w32", "hf"), converted["led"])
+    path = os.path.join(converted[name], "model.pt")
+    arch = checkpoint_utils.load_checkpoint_to_cpu(path)["cfg"]["model"].arch
+    hint = longer_positions_hint(arch, path, 2048)
+    (command,) = re.findall(r"`(lsg-fairseq-convert [^`]*)`", hint)
+    argv = shlex.split(command)[1:]
+    if name == "led":  # the checkpoint itself is refused: the hint's source is an HF BART folder
+        with pytest.raises(SystemExit):
+            cli_main([path, str(tmp_path / "refused"), "--max-source-positions", "2048"])
+        assert "a fairseq led" in capsys.readouterr().err and path not in hint and argv[0] == "HF_BART"
+        argv[0] = os.path.join(FIXTURES, "bart_plain", "hf")
+    else:
+        assert argv[0] == path
+    cli_main([str(tmp_path / "out") if a == "OUT_DIR" else a for a in argv])
+    m, _ = load(str(tmp_path / "out"))
+    assert type(m).__name__ == family and m.encoder.max_positions() == 2048

@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 class LongInputHubInterface(BARTHubInterface):
     """BART's hub, with source-only truncation to ``max_source_positions`` (no 1,024 cap)."""
 
+    checkpoint_path = "MODEL_DIR/model.pt"  # the file it was loaded from (:func:`from_pretrained` sets it)
+
     @property
     def max_source_tokens(self) -> int:
         return min(self.task.max_positions()[0], self.model.max_positions()[0])
@@ -52,9 +54,12 @@ class LongInputHubInterface(BARTHubInterface):
         model_max = self.model.max_positions()[0]
         if n > model_max:
             if getattr(self.model.encoder, "embed_positions", None) is not None:
+                from lsg_fairseq.convert import longer_positions_hint
+
+                arch = getattr(self.cfg.model, "arch", None) or type(self.model).__name__
                 raise ValueError(
                     f"--max-source-positions {n}: this model's position table holds {model_max} tokens; "
-                    f"extend it first with `lsg-fairseq-convert MODEL_DIR/model.pt OUT --max-source-positions {n}`"
+                    + longer_positions_hint(arch, self.checkpoint_path, n)
                 )
             self.model.encoder.max_source_positions = n
         with open_dict(self.task.cfg):
@@ -192,6 +197,7 @@ def from_pretrained(model_dir: str, checkpoint_file: Optional[str] = None, **ove
     if kwargs.get("bpe") == "gpt2":  # after the checkpoint's own errors, before any generation
         check_gpt2_matches_dict(loaded["task"].target_dictionary, dict_path, kwargs["gpt2_encoder_json"])
     hub = LongInputHubInterface(loaded["args"], loaded["task"], loaded["models"][0])
+    hub.checkpoint_path = path
     # The checkpoint carries the training run's --max-tokens / --batch-size; the hub batches with
     # them, so any document longer than a training batch would fail an assertion. Callers choose
     # their own batches (lsg-fairseq-summarize --batch-size), so lift both limits.
