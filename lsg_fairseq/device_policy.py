@@ -26,6 +26,7 @@ hit its floor) into one line naming the flags that help, instead of fairseq's tr
 import contextlib
 import logging
 import os
+from typing import Optional
 
 import torch
 
@@ -74,7 +75,30 @@ class DeviceMemoryError(UserError, RuntimeError):
 
     A RuntimeError whose message never says "out of memory": fairseq's trainer re-raises such an
     error as it is, where it would skip a batch whose error says so (and save ``crash.pt`` for any
-    other exception)."""
+    other exception). ``stage``, ``batch`` and ``detail`` are kept so that an enclosing caller, which
+    knows the command's flags, can give its own ``advice`` (:meth:`advised`)."""
+
+    def __init__(self, stage: str, batch: str, advice: str, detail: str):
+        self.stage, self.batch, self.advice, self.detail = stage, batch, advice, detail
+        super().__init__(
+            f"device memory ran out in {stage} on a batch of {batch}: {advice}, or shorten the inputs "
+            f"with --max-source-positions ({detail})"
+        )
+
+    def advised(self, advice: str, stage: Optional[str] = None) -> "DeviceMemoryError":
+        """The same error with the flags of the command that ran it."""
+        return DeviceMemoryError(stage or self.stage, self.batch, advice, self.detail)
+
+
+# What shrinks a step's memory, by stage: the flags of the fairseq command that runs it (validation
+# in fairseq-train batches with the -valid flags, which default to the training ones; fairseq-validate
+# with --max-tokens and --batch-size themselves)
+MEMORY_ADVICE = {
+    "training": "lower --max-tokens (or --batch-size), pass --checkpoint-activations (activations recomputed "
+    "in backward)",
+    "validation": "lower --max-tokens-valid (or --batch-size-valid; fairseq-validate: --max-tokens, --batch-size)",
+    "generation": "lower --max-tokens (or --batch-size) or --beam",
+}
 
 
 def vet_run(cfg, command: str) -> None:
@@ -150,25 +174,22 @@ def describe_batch(sample) -> str:
 
 
 @contextlib.contextmanager
-def explain_out_of_memory(sample, stage: str):
+def explain_out_of_memory(sample, stage: str, advice: Optional[str] = None):
     """Re-raise an out-of-memory error of the block as a :class:`DeviceMemoryError` naming the batch.
 
-    ``stage``: "training", "validation" or "generation" (which flags help depends on it)."""
+    ``stage``: "training", "validation" or "generation"; ``advice``: the flags that shrink it
+    (default: the stage's, :data:`MEMORY_ADVICE`). A :class:`DeviceMemoryError` of a step inside the
+    block (validation's ROUGE generation) takes this block's stage and advice: the outer caller
+    knows which command's flags apply."""
+    advice = advice or MEMORY_ADVICE[stage]
     try:
         yield
+    except DeviceMemoryError as e:
+        raise e.advised(advice, stage) from e.__cause__
     except Exception as e:  # noqa: BLE001  (only out-of-memory errors are replaced)
         if not is_out_of_memory(e):
             raise
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        shrink = "lower --max-tokens (or --batch-size)"
-        if stage == "training":
-            shrink += ", pass --checkpoint-activations (activations recomputed in backward)"
-        elif stage == "validation":
-            shrink = "lower --max-tokens-valid (or --batch-size-valid)"
-        else:
-            shrink += " or --beam"
-        raise DeviceMemoryError(
-            f"device memory ran out in {stage} on a batch of {describe_batch(sample)}: {shrink}, or shorten "
-            f"the inputs with --max-source-positions ({first_line(e).replace('out of memory', 'OOM')})"
-        ) from e
+        detail = first_line(e).replace("out of memory", "OOM")
+        raise DeviceMemoryError(stage, describe_batch(sample), advice, detail) from e

@@ -178,6 +178,28 @@ def test_out_of_memory_in_a_step_is_explained():
             raise KeyError("not ours")
 
 
+def test_an_enclosing_step_gives_its_own_flags_and_keeps_the_batch():
+    """Validation's ROUGE generation runs inside fairseq-train's validation: the flags that shrink it
+    are the -valid ones and --eval-rouge-args' beam, not fairseq-generate's; the batch and the
+    allocator's words are the inner step's."""
+    sample = {"net_input": {"src_tokens": torch.ones(2, 4096, dtype=torch.long)}}
+    with pytest.raises(device_policy.DeviceMemoryError) as e:
+        with device_policy.explain_out_of_memory(None, "validation", "lower --max-tokens-valid"):
+            with device_policy.explain_out_of_memory(sample, "generation"):
+                raise_oom()
+    assert str(e.value) == (
+        "device memory ran out in validation on a batch of 2 documents of up to 4,096 source tokens: lower "
+        "--max-tokens-valid, or shorten the inputs with --max-source-positions (CUDA OOM. Tried to allocate 24.00 GiB)"
+    )
+    assert isinstance(e.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_each_stage_names_the_flags_of_its_commands():
+    advice = device_policy.MEMORY_ADVICE
+    assert "--checkpoint-activations" in advice["training"] and "--beam" in advice["generation"]
+    assert "--max-tokens-valid" in advice["validation"] and "fairseq-validate: --max-tokens" in advice["validation"]
+
+
 def run_in_process(main, argv, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(SystemExit) as e:

@@ -428,6 +428,24 @@ def test_summarize_names_a_checkpoint_that_does_not_fit_its_own_model(tmp_path, 
     assert summarize.main([str(tmp_path / "model"), str(tmp_path / "doc.txt"), "--quiet"]) in (0, None)
 
 
+def test_summarize_names_its_own_flags_when_device_memory_runs_out(tmp_path, capsys, monkeypatch):
+    """An out-of-memory error in generation was a traceback here (the task's DeviceMemoryError was
+    caught nowhere) and named fairseq-generate's --max-tokens, which this command does not have."""
+    from fairseq.tasks.translation import TranslationTask
+
+    convert_main([BART_HF, str(tmp_path / "model")])
+    (tmp_path / "doc.txt").write_text("a document. it has two sentences.\n")
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 GiB")
+
+    monkeypatch.setattr(TranslationTask, "inference_step", out_of_memory)  # the task's super() call
+    code, line = run_summarize([tmp_path / "model", tmp_path / "doc.txt", "--output", tmp_path / "s.txt"], capsys)
+    assert code == 2 and "error: device memory ran out in generation on a batch of 1 document of up to 35" in line, line
+    assert "lower --batch-size or --beam, or shorten the inputs with --max-source-positions (CUDA OOM." in line
+    assert "--max-tokens" not in line and not (tmp_path / "s.txt").exists()
+
+
 @pytest.mark.parametrize(
     "files,expected",
     [

@@ -242,9 +242,15 @@ def run(args, parser) -> None:
         from lsg_fairseq.quantize import quantize_int8
 
         quantize_int8(hub.model)  # in place: hub.models holds the same module
+    from lsg_fairseq.device_policy import DeviceMemoryError, explain_out_of_memory
+
     start = time.time()
     try:
-        write_summaries(hub, docs, args, start)
+        # this command's flags, not fairseq-generate's (--max-tokens): the task names the batch
+        with explain_out_of_memory(None, "generation", "lower --batch-size or --beam"):
+            write_summaries(hub, docs, args, start)
+    except DeviceMemoryError as e:  # nothing written: --output appears only when complete
+        sys.exit(report(e, PROG))
     except OSError as e:  # an unwritable --output folder, a full disk: nothing half-written is left
         # the user's path, not the hidden temp file it was being written to
         sys.exit(report(f"--output {args.output or '<stdout>'}: {e.strerror or e}", PROG))

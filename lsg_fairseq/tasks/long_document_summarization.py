@@ -387,7 +387,9 @@ class LongDocumentSummarizationTask(TranslationTask):
         with device_policy.explain_out_of_memory(sample, "validation"):
             loss, sample_size, logging_output = super(TranslationTask, self).valid_step(sample, model, criterion)
         if self.cfg.eval_rouge:
-            gen_out = self.inference_step(self.sequence_generator, [model], sample)
+            advice = device_policy.MEMORY_ADVICE["validation"] + ', or the "beam" of --eval-rouge-args'
+            with device_policy.explain_out_of_memory(sample, "validation (ROUGE's generation)", advice):
+                gen_out = self.inference_step(self.sequence_generator, [model], sample)
             pairs = [
                 (
                     self.decode_tokens(hypos[0]["tokens"]),
