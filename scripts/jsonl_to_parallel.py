@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="SPLIT=FILE",
-        help="explicit input file for one split (repeatable); replaces --input-dir/--splits",
+        help="explicit input file for one split (repeatable); instead of --input-dir (not both), and --splits "
+        "is then ignored",
     )
     p.add_argument("--output-dir", required=True, help="where {split}.source/.target are written")
     p.add_argument(

@@ -165,7 +165,10 @@ def main(argv=None) -> int:
         check_output_files([prefix + ".model", prefix + ".vocab"], "--model-prefix", inputs=args.inputs)
         check_output_files([dict_path], "--dict", inputs=args.inputs)
         why = "text encoded with the old model, and data binarized with its dictionary, would no longer match"
-        refuse_existing([prefix + ".model", prefix + ".vocab", dict_path], args.force, "--model-prefix", why)
+        model_files = [prefix + ".model", prefix + ".vocab"]
+        # the flag whose file is in the way: another --model-prefix does not move a --dict
+        flag = "--model-prefix" if any(os.path.lexists(p) for p in model_files) else "--dict"
+        refuse_existing([*model_files, dict_path], args.force, flag, why)
     except DataError as e:
         return report(str(e), PROG)
     import sentencepiece as spm

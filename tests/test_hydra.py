@@ -117,6 +117,10 @@ def test_locost_config_keeps_the_ssm_group_under_bf16(run_folder):
             "++model.sparsity_typ=norm",
             "model.sparsity_typ: not a setting of model lsg_bart_tiny; did you mean sparsity_type?",
         ),
+        (  # the data folder as the config names it (it read "--data", a flag no command has)
+            "task.data=nope",
+            "data directory 'nope' does not exist (task.data)",
+        ),
         (  # checked at the first training log (fairseq: a KeyError after the first epoch)
             "checkpoint.best_checkpoint_metric=rouge",
             "checkpoint.best_checkpoint_metric rouge: not a metric of this run (its criterion and task log loss, "

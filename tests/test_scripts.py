@@ -260,8 +260,27 @@ def test_spm_train_replaces_a_model_only_with_force(tmp_path, capsys):
     err = one_error_line(capsys.readouterr().err, "spm_train.py")
     assert f"{tmp_path / 'spm' / 'm.model'}: exists (pass --force to replace the m.model, m.vocab, dict.txt" in err
     assert {name: (tmp_path / "spm" / name).read_bytes() for name in files_in(tmp_path / "spm")} == before
+    assert "; or choose another --model-prefix)" in err
     assert main([*args[:-1], "40", "--force"]) == 0
     assert len((tmp_path / "spm" / "dict.txt").read_text().splitlines()) == 40 - 4
+    # a --dict in the way, the model files not: its own flag is named (it read "--model-prefix")
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                *args[:-1],
+                "40",
+                "--model-prefix",
+                str(tmp_path / "spm" / "m2"),
+                "--dict",
+                str(tmp_path / "spm" / "dict.txt"),
+            ]
+        )
+        == 2
+    )
+    err = one_error_line(capsys.readouterr().err, "spm_train.py")
+    assert f"{tmp_path / 'spm' / 'dict.txt'}: exists (pass --force to replace the dict.txt" in err
+    assert err.endswith("; or choose another --dict)") and not (tmp_path / "spm" / "m2.model").exists()
 
 
 def test_spm_encode_missing_model(tmp_path, capsys):

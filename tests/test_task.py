@@ -123,8 +123,11 @@ def test_empty_source_refused_with_index(tmp_path):
 
 
 def test_missing_data_dir_refused(tmp_path):
-    with pytest.raises(FileNotFoundError, match="data directory"):
+    """Named as fairseq's commands take it, their first argument: it read "--data", no such flag."""
+    with pytest.raises(FileNotFoundError) as e:
         build(tmp_path / "nope")
+    nope = str(tmp_path / "nope")
+    assert str(e.value) == f"data directory {nope!r} does not exist (DATA, the command's first argument)"
 
 
 def test_rouge_hand_computed():

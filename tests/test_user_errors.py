@@ -825,6 +825,26 @@ def test_max_tokens_below_one_document_refused_with_flag_named(word_data):
     assert "raise --max-tokens to at least" in msg
 
 
+@pytest.mark.parametrize("truncate", [False, True])
+def test_a_lower_target_limit_is_advised_with_truncation(word_data, truncate):
+    """Targets are cut only with --truncate-target: without it, "lower --max-target-positions" led to
+    the next refusal (a target longer than --max-target-positions)."""
+    import numpy as np
+
+    task, _, _ = build_task(word_data, *(["--truncate-target"] if truncate else []))
+
+    class Sizes:  # sources that fit, a target that does not
+        src_sizes, tgt_sizes = np.array([5, 5]), np.array([30, 9])
+
+    with_truncation = "" if truncate else " with --truncate-target"
+    task._batch_max_tokens = 20  # --max-tokens 20, folded into both limits as fairseq-train does
+    with pytest.raises(ConfigError, match=f"or lower --max-target-positions{with_truncation}$"):
+        task._refuse_over_long([0, 1], Sizes(), (20, 20))
+    task._batch_max_tokens = None  # a model that accepts 20 target tokens, the task's limit above it
+    with pytest.raises(ConfigError, match=f"lower --max-target-positions to 20{with_truncation}$"):
+        task._refuse_over_long([0, 1], Sizes(), (1024, 20))
+
+
 @pytest.mark.parametrize(
     "flags,expected",
     [

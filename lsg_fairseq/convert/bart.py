@@ -230,7 +230,9 @@ class BartFamily(Family):
         if not os.path.exists(os.path.join(src_dir, "dict.txt")):
             # fairseq-train writes none into its --save-dir: the dictionary is in the data folder
             data = (cfg.get("task") or {}).get("data")
-            hint = f"; copy its training dictionary there ({data}/dict.txt or dict.source.txt)" if data else ""
+            hint = ""
+            if data:
+                hint = f"; copy there, as dict.txt, its training dictionary ({data}/dict.txt or dict.source.txt)"
             raise C.ConversionError(f"{src_dir}/dict.txt: missing (needed beside the checkpoint{hint})")
         # a damaged line named in the source's file, before the copy in OUT's staging folder is read
         check_fairseq_dict(os.path.join(src_dir, "dict.txt"), "dictionary")

@@ -40,8 +40,8 @@ def add_lean_activations_arg(parser) -> None:
         default=True,
         metavar="BOOL",
         help="training: encoder layers keep less for backward (self-attention recomputed "
-        "from its input, the FFN activation recomputed, dropout masks kept as bool); "
-        "same gradients, a few %% more time (default: %(default)s)",
+        "from its input, the FFN activation recomputed unless --activation-dropout, dropout masks kept "
+        "as bool); same gradients, a few %% more time; off under --amp (default: %(default)s)",
     )
 
 

@@ -45,7 +45,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.summarization_pairs import inference_sources, load_summarization_pair
 from lsg_fairseq.generation import LongInputSequenceGenerator
-from lsg_fairseq.tasks.hydra_config import check_hydra_keys, in_hydra_terms, refusals_in_config_keys
+from lsg_fairseq.tasks.hydra_config import check_hydra_keys, in_hydra_terms, refusals_in_config_keys, under_hydra
 from lsg_fairseq.tasks.run_settings import (
     check_generate_args,
     check_generation_args,
@@ -128,6 +128,12 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     )
 
 
+def data_argument() -> str:
+    """What the data folder is called where it is given: fairseq's commands take it as their first
+    argument (no flag), fairseq-hydra-train as a config key."""
+    return "task.data" if under_hydra() else "DATA, the command's first argument"
+
+
 @register_task(TASK_NAME, dataclass=LongDocumentSummarizationConfig)
 class LongDocumentSummarizationTask(TranslationTask):
     cfg: LongDocumentSummarizationConfig
@@ -162,7 +168,7 @@ class LongDocumentSummarizationTask(TranslationTask):
             else:
                 raise MissingFileError(
                     f"no dictionary: neither {filename} nor {joint} exists (run scripts/preprocess.sh "
-                    "or point --data at a converted model folder)"
+                    f"or give as {data_argument()} a converted model folder)"
                 )
         check_fairseq_dict(filename, "dictionary")  # a damaged line named, not fairseq's traceback
         dictionary = Dictionary.load(filename)
@@ -174,7 +180,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         paths = utils.split_paths(cfg.data) if cfg.data else []
         if not paths or not os.path.isdir(paths[0]):
             what = "is a file, not a data folder" if paths and os.path.exists(paths[0]) else "does not exist"
-            raise MissingFileError(f"--data: data directory {cfg.data!r} {what}")
+            raise MissingFileError(f"data directory {cfg.data!r} {what} ({data_argument()})")
         parse_eval_rouge_args(cfg.eval_rouge_args)  # refuse a bad option dictionary before any work
         for flag, value in (
             ("--max-source-positions", cfg.max_source_positions),
@@ -254,6 +260,8 @@ class LongDocumentSummarizationTask(TranslationTask):
             if not too_long:
                 continue
             longest = int(max(sizes[i] for i in too_long))
+            # a lower --max-target-positions cuts targets only with --truncate-target (else refused below)
+            with_truncation = "" if side == "source" or self.cfg.truncate_target else " with --truncate-target"
             head = (
                 f"{where}: {len(too_long)} of {len(indices)} examples have a {side} longer than {limit} "
                 f"tokens (first: example #{too_long[0]}, {int(sizes[too_long[0]])} tokens; longest {longest})"
@@ -261,7 +269,7 @@ class LongDocumentSummarizationTask(TranslationTask):
             if max_tokens is not None and limit == max_tokens and limit < task_max:
                 raise ConfigError(
                     f"{head}: --max-tokens {max_tokens} is smaller than one example; raise "
-                    f"--max-tokens to at least {longest}, or lower --max-{side}-positions"
+                    f"--max-tokens to at least {longest}, or lower --max-{side}-positions{with_truncation}"
                 )
             if side == "target" and limit >= task_max:
                 raise ConfigError(
@@ -270,7 +278,8 @@ class LongDocumentSummarizationTask(TranslationTask):
                     "e.g. generate_to_rouge.py --ref-file)"
                 )
             raise ConfigError(
-                f"{head}: the model accepts at most {limit} {side} tokens; lower --max-{side}-positions to {limit}"
+                f"{head}: the model accepts at most {limit} {side} tokens; lower --max-{side}-positions to "
+                f"{limit}{with_truncation}"
             )
         if max_tokens is not None and len(indices):
             # fairseq-generate does not fold --max-tokens into the limits above (fairseq-train does);
