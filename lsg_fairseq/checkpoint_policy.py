@@ -159,6 +159,8 @@ def _arch_of(state) -> str:
         return "unknown"
     get = model_cfg.get if isinstance(model_cfg, dict) else (lambda k, d=None: getattr(model_cfg, k, d))
     name, arch = get("_name"), get("arch")
+    if not arch:  # fairseq-hydra-train's checkpoints hold the arch as _name alone
+        return f"{name}" if name else "unknown"
     return f"{arch}" if not name or name == arch else f"{arch} (model {name})"
 
 

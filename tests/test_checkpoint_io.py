@@ -366,6 +366,21 @@ def test_max_source_positions_above_position_table_named(data_dir, saved, tmp_pa
     assert "lsg-fairseq-convert" in msg and "It was saved by" not in msg  # same arch: not blamed
 
 
+@pytest.mark.parametrize(
+    "model_cfg,expected",
+    [
+        ({"arch": "lsg_bart_tiny", "_name": "lsg_bart"}, "lsg_bart_tiny (model lsg_bart)"),  # fairseq-train
+        ({"_name": "lsg_bart_base"}, "lsg_bart_base"),  # fairseq-hydra-train: the arch as _name alone
+        ({}, "unknown"),
+    ],
+)
+def test_the_restore_message_reads_the_arch_of_either_trainer(model_cfg, expected):
+    """A hydra checkpoint was "saved by --arch None (model lsg_bart_base)"."""
+    from lsg_fairseq.checkpoint_policy import _arch_of
+
+    assert _arch_of({"cfg": {"model": model_cfg}}) == expected
+
+
 def test_matching_checkpoint_still_restores(data_dir, saved, tmp_path):
     """The checks must not refuse what fairseq accepts: same arch and size restores fine."""
     good = saved["lsg64"]

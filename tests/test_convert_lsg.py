@@ -316,6 +316,28 @@ def test_fairseq_bart_checkpoint_longer_positions(converted, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "source,options,family,able",
+    [
+        ("fairseq_bart", {"attention_window": 32}, "LED", "bart or lsg_bart"),  # LED takes HF BART folders only
+        (os.path.join(conftest.FIXTURES, "led", "led_w32", "hf"), {"block_size": 32}, "LSG", "led"),
+    ],
+    ids=["led_options_on_fairseq_bart", "lsg_options_on_hf_led"],
+)
+def test_another_familys_options_say_whether_its_to_takes_the_source(
+    converted, tmp_path, source, options, family, able
+):
+    """ "LED options need --to led" on a fairseq BART checkpoint led to the next refusal ("converts to
+    bart or lsg_bart"): the hint says so at once."""
+    source = os.path.join(converted["bart_plain"], "model.pt") if source == "fairseq_bart" else source
+    to = {"LED": "led", "LSG": "lsg_bart"}[family]
+    with pytest.raises(ConversionError) as e:
+        convert(source, str(tmp_path / "x"), **options)
+    assert f"{family} options need --to {to}, which does not take this source: it converts to {able})" in str(e.value)
+    with pytest.raises(ConversionError, match=f"converts to {able}"):  # what the hint says --to would meet
+        convert(source, str(tmp_path / "x"), to=to, **options)
+
+
+@pytest.mark.parametrize(
     "source,options",
     [
         ("lsg/plain_to_lsg", dict(to="lsg_bart", block_size=64, sparse_block_size=0, sparsity_type="none")),

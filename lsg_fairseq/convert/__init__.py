@@ -100,7 +100,7 @@ def convert(src: str, out: str, force: bool = False, **options) -> str:
     # the user is asked to empty OUT or pass --force (probing reads a config, or one checkpoint)
     source = probe(src)
     family = family_for_source(source, options)
-    check_options(family, options)
+    check_options(family, options, source)
     options.pop("to", None)
     try:
         check_output_folder(out, force, [src])  # before the (slow) conversion

@@ -141,8 +141,8 @@ class LEDFamily(BartFamily):
         window = C.arch_defaults(self.arch("base")).attention_window
         LEDModel.add_led_args(
             parser.add_argument_group(
-                f"{self.label} options (HF LED sources, or BART sources with --to {self.name}; default: the source's, "
-                f"window {window} for BART -> LED)"
+                f"{self.label} options (HF LED sources, or HF BART folders with --to {self.name}; default: the "
+                f"source's, window {window} for BART -> LED)"
             )
         )
 

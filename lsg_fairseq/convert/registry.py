@@ -272,17 +272,26 @@ def unknown_source(source: SourceInfo, known: Dict[str, Family]) -> str:
     )
 
 
-def check_options(family: Family, options: dict) -> None:
-    """Refuse options ``family`` does not honour (naming the family they belong to) and lengths
-    no table can have."""
+def check_options(family: Family, options: dict, source: Optional[SourceInfo] = None) -> None:
+    """Refuse options ``family`` does not honour (naming the family they belong to, and whether it
+    takes ``source``) and lengths no table can have."""
     unknown = sorted(set(options) - family.option_names() - {"to"})
     if unknown:
+        known = families()
         owners = [
-            f
-            for f in families().values()
-            if f is not family and set(unknown) & (f.option_names() - set(COMMON_OPTIONS))
+            f for f in known.values() if f is not family and set(unknown) & (f.option_names() - set(COMMON_OPTIONS))
         ]
-        hint = "; ".join(f"{f.option_label or f.label} options need --to {f.name}" for f in owners)
+        able = [f.name for f in known.values() if source is not None and f.refusal(source, {"to": f.name}) is None]
+
+        def need(f):  # --to f, unless f does not take this source (then that --to is refused too)
+            if source is None or f.name in able:
+                return f"{f.option_label or f.label} options need --to {f.name}"
+            return (
+                f"{f.option_label or f.label} options need --to {f.name}, which does not take this source: it "
+                f"converts to {' or '.join(able)}"
+            )
+
+        hint = "; ".join(need(f) for f in owners)
         raise C.ConversionError(
             f"unknown option(s) for the {family.name} family: {', '.join(unknown)}" + (f" ({hint})" if hint else "")
         )

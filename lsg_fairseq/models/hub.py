@@ -55,8 +55,9 @@ class LongInputHubInterface(BARTHubInterface):
         if n > model_max:
             if getattr(self.model.encoder, "embed_positions", None) is not None:
                 from lsg_fairseq.convert import longer_positions_hint
+                from lsg_fairseq.convert.common import model_arch
 
-                arch = getattr(self.cfg.model, "arch", None) or type(self.model).__name__
+                arch = model_arch(self.cfg.model) or type(self.model).__name__  # hydra's: _name alone
                 raise ValueError(
                     f"--max-source-positions {n}: this model's position table holds {model_max} tokens; "
                     + longer_positions_hint(arch, self.checkpoint_path, n)
