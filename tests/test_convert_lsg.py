@@ -414,3 +414,14 @@ def test_the_longer_positions_hint_runs_as_it_reads(converted, tmp_path, capsys,
     cli_main([str(tmp_path / "out") if a == "OUT_DIR" else a for a in argv])
     m, _ = load(str(tmp_path / "out"))
     assert type(m).__name__ == family and m.encoder.max_positions() == 2048
+
+
+def test_a_checkpoint_folder_with_both_tokenizers_is_named(converted, tmp_path):
+    """The refusal named the converter's temp folder (OUT's staging copy, deleted on the way out)."""
+    run = tmp_path / "run"
+    shutil.copytree(converted["bart_plain"], run)
+    (run / "spm.model").write_text("stale")  # beside encoder.json / vocab.bpe
+    with pytest.raises(ConversionError) as e:
+        convert(str(run / "model.pt"), str(tmp_path / "out"))
+    assert str(e.value).startswith(f"{run}: holds both GPT-2 BPE files and a sentencepiece model"), e.value
+    assert ".tmp" not in str(e.value) and not (tmp_path / "out").exists()

@@ -251,7 +251,8 @@ def fake_model_folder(folder, files):
         ({"tokenizer.txt": "wordpiece\n"}, "tokenizer.txt: names tokenizer 'wordpiece'"),
         (
             {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n", "spm.model": "stale"},
-            "{d}: holds both GPT-2 BPE files (encoder.json, vocab.bpe) and spm.model, and no tokenizer.txt",
+            "{d}: holds both GPT-2 BPE files (encoder.json, vocab.bpe) and spm.model, and no tokenizer.txt saying "
+            "which one the model uses; delete the files of the tokenizer the model does not use",
         ),
     ],
 )

@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="encoder max length; position tables are tiled (default: the source's, or the target "
-        f"architecture's when a BART source gets a new encoder; base sizes: {base})",
+        f"architecture's when an HF BART folder gets a new encoder; base sizes: {base}); on a BART source "
+        "without --to it picks lsg_bart: add --to bart to keep BART",
     )
     p.add_argument(
         "--max-target-positions",

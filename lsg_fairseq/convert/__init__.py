@@ -110,8 +110,12 @@ def convert(src: str, out: str, force: bool = False, **options) -> str:
         path = family.convert(source, tmp, **options)
         try:
             write_tokenizer_record(tmp)
-        except DataError as e:
-            raise ConversionError(str(e)) from None
+        except DataError:  # tmp is deleted on the way out: name the folder the files came from
+            where = src if os.path.isdir(src) else os.path.dirname(os.path.abspath(src))
+            raise ConversionError(
+                f"{where}: holds both GPT-2 BPE files and a sentencepiece model, which the converter would "
+                "copy beside model.pt; delete the files of the tokenizer the model does not use"
+            ) from None
         return final_location(path)
 
 

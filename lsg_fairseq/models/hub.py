@@ -103,7 +103,7 @@ def detect_bpe(model_dir: str) -> dict:
             raise DataError(
                 f"{model_dir}: holds both GPT-2 BPE files ({', '.join(found['gpt2'])}) and "
                 f"{found['sentencepiece'][0]}, and no {TOKENIZER_RECORD} saying which one the model uses; "
-                f"delete the stale ones, or write {TOKENIZER_RECORD} containing gpt2 or sentencepiece"
+                "delete the files of the tokenizer the model does not use"
             )
         kind = "gpt2" if len(found["gpt2"]) == len(GPT2_FILES) else "sentencepiece" if found["sentencepiece"] else None
     if kind == "gpt2":
