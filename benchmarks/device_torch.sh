@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/device_torch.sh                  # the device call's test files
 #   TESTS=tests bash benchmarks/device_torch.sh      # the whole suite (~12 min on 2 cores)
+#   VENV=DIR ...                                     # the project's venv (default .venv)
 #
 # A venv ($DEVICE_TORCH_VENV, default /tmp/lsg-device-torch-$DEVICE_TORCH) holds that torch alone;
 # everything else (fairseq, the project, pytest) comes from .venv, behind it on sys.path, and its
@@ -28,7 +29,7 @@ tests/test_flex_attention.py tests/test_whole_tensor_paths.py tests/test_mixed_p
 tests/test_s4d.py tests/test_benchmarks.py tests/test_activation.py tests/test_lean_layer.py tests/test_locost.py
 tests/test_generation.py}
 [ $# -eq 0 ] || die "no arguments (TESTS names the tests), got '$*'"
-[ -x "$VENV/bin/python" ] || die "no $VENV/bin/python: run 'bash scripts/setup_env.sh' first"
+[ -x "$VENV/bin/python" ] || die "no $VENV/bin/python: run 'VENV=$VENV bash scripts/setup_env.sh' first"
 
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     step "torch==$TORCH into $venv"

@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu_call.sh collect SECONDS   # 2nd call, at once: waits up to SECONDS for that run
 #   bash benchmarks/gpu_call.sh more COMMIT SECONDS STAGE...  # a later call on the still-warm machine:
 #                                                 # more timed stages (after the long_context run
-#                                                 # ended), SECONDS for them; files back: cuda_more.*
+#                                                 # ended), SECONDS for them; files back: cuda_more.md,
+#                                                 # cuda_more.json, gpu_more.tgz
 #
 # Timed stages have the GPU to themselves; the untimed ones (conformance, the flex gradient check, the
 # train smokes: right or wrong, not fast or slow) share it with the long_context training, which is

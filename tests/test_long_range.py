@@ -729,6 +729,17 @@ def test_long_range_experiment_smoke(tmp_path):
         len(docs) == 3
         and min(b["token_offset"] - a["token_offset"] for d in docs for a, b in zip(d["keys"], d["keys"][1:])) < 1024
     )  # placed anywhere
+    # DATA_ONLY (gpu_pilot.sh's first step, by hand) on the same data: kept, and no report file written (it
+    # wrote the outputs' data.json into REPORT_DIR, by default the committed examples/long_range/outputs)
+    r = subprocess.run(
+        ["bash", os.path.join(HERE, "run.sh")],
+        env=dict(os.environ, OUT=str(tmp_path / "out"), REPORT_DIR=str(tmp_path / "data_only"), DATA_ONLY="1")
+        | dict(SMOKE="1", VARIANTS="order", VENV=os.path.dirname(os.path.dirname(sys.executable))),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and "order data: kept" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "data_only").exists()
     # examples/locost/retrieval_64k.sh on the same checkpoint, laid out as long_context/run.sh's OUT
     # (runs/locost, long/spm), with documents too short to hold a key past 4,096: its "n/a" row
     lc = tmp_path / "lc"

@@ -122,3 +122,37 @@ def test_the_checks_pass_what_is_right(tmp_path):
             ["bash", "-c", f"source {lib}; prog=t; {check}; echo went on"], capture_output=True, text=True
         )
         assert (r.returncode, r.stdout, r.stderr.strip()) == (2, "", line), (check, r.stderr)
+
+
+def test_gpu_pilot_trains_in_work_not_in_the_devices_out(tmp_path):
+    """On the device OUT is the folder that comes back; gpu_pilot.sh read it as run.sh's OUT, so the
+    carried data (work_dirs/lr_gpu) went unused and was made again, in the returned folder. Its work
+    folder is WORK. (U_SHORT=x: run.sh refuses it before any training, the pilot packs and ends.)"""
+    import sys
+
+    (tmp_path / "device_out").mkdir()
+    env = dict(os.environ, OUT=str(tmp_path / "device_out"), WORK=str(tmp_path / "work"), U_SHORT="x", U_LONG="1")
+    env.update(DEVICE="cpu", VENV=os.path.dirname(os.path.dirname(sys.executable)))
+    script = os.path.join(REPO_ROOT, "examples", "long_range", "gpu_pilot.sh")
+    r = subprocess.run(["bash", script, str(tmp_path / "device_out")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "U_SHORT=x: expected a whole number" in r.stderr, r.stderr[-2000:]
+    assert (tmp_path / "work" / "device.txt").exists()
+    assert [p.name for p in (tmp_path / "device_out").iterdir()] == ["pilot.tar.gz"]
+
+
+@pytest.mark.parametrize(
+    "call,says",
+    [
+        ('DATA={tmp}/d; need_data DATA "$DATA"/{{train,valid}}.jsonl', "set DATA to the folder that holds train.jsonl"),
+        ('BOOK={tmp}/b.txt; need_data BOOK "$BOOK"', "set BOOK=/path/to/it"),
+    ],
+    ids=["folder_knob", "file_knob"],
+)
+def test_missing_data_names_what_the_knob_points_at(tmp_path, call, says):
+    """A folder knob read 'set DATA=/path/to/it', "it" being the missing file: DATA=/x/train.jsonl
+    then looked for /x/train.jsonl/train.jsonl."""
+    lib = os.path.join(REPO_ROOT, "scripts", "need_data.sh")
+    r = subprocess.run(
+        ["bash", "-c", f"prog=t; source {lib}; " + call.format(tmp=tmp_path)], capture_output=True, text=True
+    )
+    assert r.returncode == 2 and r.stderr.startswith("t: error: ") and r.stderr.strip().endswith(says), r.stderr

@@ -29,7 +29,7 @@ words_of ROWS $names
 REPORT_DIR=${REPORT_DIR:-$HERE}
 OMP_NUM_THREADS=$(threads); export OMP_NUM_THREADS
 base="$OUT/runs/x_base/checkpoint_last.pt"
-[ -f "$base" ] || die "run run.sh first (needs $base)"
+[ -f "$base" ] || die "run run.sh first, with bart_1024 in ARCHS and EXTRAPOLATION=1 (its defaults; needs $base)"
 writable_folder REPORT_DIR
 start=$(date +%s)
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -3,7 +3,7 @@
 #
 #   bash examples/long_context/run.sh            # ~35 min on 2 cores; results -> $OUT, table + plot -> here
 #   DEVICE=cuda PRECISION=bf16 bash examples/long_context/run.sh   # on a GPU (DEVICE=auto by default)
-#   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (what CI runs)
+#   SMOKE=1 bash examples/long_context/run.sh    # a few updates of everything (a smoke run; CI runs its own sizes)
 #   DATA=only ... then DATA=reuse ...              # the data sets once (CPU), the models later (GPU time is short)
 #
 # 1. Data (lsg_text/synthetic/retrieval.py): SHORT documents (50-150 words), MID ones (600-880 words,

@@ -6,6 +6,9 @@
 #              N_LONG=800 N_TEST=40 bash examples/long_range/run.sh          # the data, carried with the checkout
 #   there: source .gpu/device_setup.sh && bash examples/long_range/gpu_pilot.sh "$OUT"   # -> $OUT/pilot.tar.gz
 #
+# WORK (default work_dirs/lr_gpu) is run.sh's OUT there: where the carried data is and the trainings
+# write. Not OUT itself: the device sets OUT to the folder whose files come back (DEST above).
+#
 # Any run.sh setting can be given (the data flags must match what was made here, or run.sh makes the
 # data again there). With U_SHORT and U_LONG given, the updates are those; without, a probe of
 # PROBE_SHORT + PROBE_LONG updates (first seed, all rows at once) measures the slowest row's updates
@@ -25,7 +28,7 @@ whole_numbers BUDGET_S
 DEADLINE=$(( SECONDS + BUDGET_S ))
 SHORT_S=${SHORT_S:-280} LONG_S=${LONG_S:-70}   # seconds of the slowest row's rate per stage
 PROBE_SHORT=${PROBE_SHORT:-400} PROBE_LONG=${PROBE_LONG:-100} MIN_SHORT=${MIN_SHORT:-1000} MIN_LONG=${MIN_LONG:-100}
-export OUT=${OUT:-work_dirs/lr_gpu} DEVICE=${DEVICE:-cuda} SPLIT=${SPLIT:-valid} VARIANTS=${VARIANTS:-binding} \
+export OUT=${WORK:-work_dirs/lr_gpu} DEVICE=${DEVICE:-cuda} SPLIT=${SPLIT:-valid} VARIANTS=${VARIANTS:-binding} \
     MIN_KEYS=${MIN_KEYS:-1} MAX_KEYS=${MAX_KEYS:-1} SEEDS=${SEEDS:-1} N_SHORT=${N_SHORT:-20000} \
     N_LONG=${N_LONG:-800} N_TEST=${N_TEST:-40} MODEL_FLAGS=${MODEL_FLAGS---decoder-layers 1} \
     MAX_TOKENS=${MAX_TOKENS:-16800} DATA_FLAGS=${DATA_FLAGS:-}

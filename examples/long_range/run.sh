@@ -5,6 +5,7 @@
 #   bash examples/long_range/run.sh              # retrieval + binding, 6 rows, 3 seeds -> results.md, outputs/ here
 #   SPLIT=valid bash examples/long_range/run.sh  # the same on the validation split (sizing, pilots)
 #   SMOKE=1 bash examples/long_range/run.sh      # a few updates of everything (tests/test_long_range.py)
+#   DATA_ONLY=1 OUT=DIR bash examples/long_range/run.sh   # the data alone, in DIR (to carry to a GPU: gpu_pilot.sh)
 #
 # Variants (lsg_text/synthetic/, --holdout: test (colour, animal) pairs never occur in training):
 #   retrieval  2-3 key sentences ("The red fox visited Paris on Monday."), restated in order.
@@ -64,8 +65,10 @@ for v in $VARIANTS; do
     # shellcheck disable=SC2206  # DATA_FLAGS: words on purpose
     long=(--variant "$v" --holdout --min-gap 1024 --min-keys "$MIN_KEYS" --max-keys "$MAX_KEYS" --min-tokens 3200
           --max-tokens 3550 --seed 11 $DATA_FLAGS)
-    mkdir -p "$REPORT_DIR/outputs/$v"
-    printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${long[@]}" | sed 's/, $//')" > "$REPORT_DIR/outputs/$v/data.json"
+    if [ -z "${DATA_ONLY:-}" ]; then  # the outputs' data flags, for report.py; no outputs, no file
+        mkdir -p "$REPORT_DIR/outputs/$v"
+        printf '{"flags": [%s]}\n' "$(printf '"%s", ' "${long[@]}" | sed 's/, $//')" > "$REPORT_DIR/outputs/$v/data.json"
+    fi
     # The data is a function of these settings and the generator's code: kept when they are unchanged
     # (so that it can be made here and carried to a GPU machine), made again otherwise.
     stamp="${long[*]} N_LONG=$N_LONG N_TEST=$N_TEST N_SHORT=$N_SHORT $(cat lsg_text/synthetic/*.py \
