@@ -130,6 +130,16 @@ def atomic_outputs(paths: Sequence[str], inputs: Sequence[str] = ()) -> Iterator
 _PENDING_FOLDERS: Dict[str, str] = {}
 
 
+def as_the_user_named_it(path, out: str) -> str:
+    """``path`` of an error (an ``OSError``'s filename, may be None) as the user knows it: ``out``
+    when it is, or lies in, ``out``'s staging copy (the hidden temp beside it, gone after a failure)."""
+    if not path:
+        return out
+    prefix = _temp_prefix(out)
+    parts = os.path.normpath(os.fsdecode(path)).split(os.sep)
+    return out if any(p.startswith(prefix) and p.endswith(".tmp") for p in parts) else os.fsdecode(path)
+
+
 def final_location(path: str) -> str:
     """Where ``path`` (inside an :func:`atomic_folder` temp folder) will be once the folder is in
     place; other paths are returned as they are (absolute)."""

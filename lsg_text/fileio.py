@@ -27,6 +27,8 @@ def require_file(path: str, what: str) -> str:
         raise DataError(f"{what}: file not found: {path}")
     if not os.path.isfile(path):
         raise DataError(f"{what}: not a regular file: {path}")
+    if not os.access(path, os.R_OK):
+        raise DataError(f"{what}: {path} is not readable for this user")
     return path
 
 
@@ -67,6 +69,10 @@ def check_output_path(path: str, flag: str, folder: bool = False) -> None:
     error comes from deep in a write, after the work, naming a temp file."""
     if path in (None, "-"):
         return
+    if os.path.islink(path) and not os.path.exists(path):  # a write would follow it, or fail on it
+        raise DataError(
+            f"{flag} {path}: a symbolic link to {os.readlink(path)}, which does not exist (choose another path)"
+        )
     if folder and os.path.exists(path) and not os.path.isdir(path):
         raise DataError(f"{flag} {path}: exists and is not a folder (choose another output folder)")
     if not folder and os.path.isdir(path):
@@ -162,9 +168,11 @@ def refuse_clobber(
 
 def check_output_folder(out: str, force: bool, inputs: Sequence[str] = (), flag: str = "--force") -> None:
     """Refuse ``out`` up front: a file, a folder holding one of ``inputs``, or (without ``force``)
-    a non-empty folder. The folder itself is written by :func:`lsg_text.atomic.atomic_folder`."""
+    a non-empty folder; a path :func:`check_output_path` refuses (below a file, not writable, a
+    broken link). The folder itself is written by :func:`lsg_text.atomic.atomic_folder`."""
     if os.path.exists(out) and not os.path.isdir(out):
         raise DataError(f"{out}: exists and is not a folder; choose another output folder")
+    check_output_path(out, "output folder", folder=True)  # else the error names the staging folder
     refuse_clobber([out], inputs, what="output folder", verb="replace the source")  # replaced as a whole
     if os.path.isdir(out) and os.listdir(out) and not force:
         held = sorted(os.listdir(out))

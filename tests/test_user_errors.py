@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import lsg_fairseq
-from conftest import FIXTURES, edit_config, fairseq_cli
+from conftest import FIXTURES, edit_config, fairseq_cli, load_script
 from lsg_fairseq.cli import summarize
 from lsg_fairseq.cli.convert import main as convert_main
 from lsg_text.errors import ConfigError
@@ -994,7 +994,10 @@ def test_unwritable_output_location_is_one_line(tmp_path, capsys):
     blocker = tmp_path / "file.txt"
     blocker.write_text("not a folder\n")
     code, line = run_convert([BART_HF, blocker / "out"], capsys)
-    assert code == 2 and str(blocker) in line and "OUT_DIR left unchanged" in line
+    # refused before the conversion (check_output_folder), not by the write after it
+    assert code == 2 and line.endswith(
+        f"output folder {blocker / 'out'}: {blocker} is a file, not a folder (choose another path)"
+    )
     model_dir = tmp_path / "model"
     convert_main([BART_HF, str(model_dir)])
     capsys.readouterr()
@@ -1050,6 +1053,63 @@ def test_train_output_folder_that_cannot_be_made_is_one_line(word_data, tmp_path
         f"fairseq-train: error: {flag} {folder}: cannot be made or written in (No such file or directory: "
         f"{os.path.dirname(folder)}); choose another folder"
     ), line
+
+
+def test_an_input_this_user_may_not_read_is_one_line(tmp_path, monkeypatch, capsys):
+    """require_file, where every script's inputs are checked: an unreadable file was a PermissionError
+    traceback from seven scripts (root reads everything, so os.access is stood in for)."""
+    from lsg_text.fileio import DataError, require_file
+
+    locked = tmp_path / "train.jsonl"
+    locked.write_text('{"document": "a", "summary": "b"}\n')
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: os.path.abspath(p) != str(locked) and real_access(p, mode))
+    with pytest.raises(DataError, match=f"^--input train: {locked} is not readable for this user$"):
+        require_file(str(locked), "--input train")
+    script = load_script("scripts/jsonl_to_parallel.py", "jsonl_to_parallel")
+    assert script.main(["--input", f"train={locked}", "--output-dir", str(tmp_path / "out")]) == 2
+    assert "is not readable for this user" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_broken_link_as_output_is_one_line(tmp_path):
+    """An output path that is a symbolic link to nothing (or a loop) was a FileExistsError traceback
+    from makedirs, or, for lsg-fairseq-convert and -export, an error naming their staging folder."""
+    from lsg_fairseq.convert import ConversionError, convert
+    from lsg_text.fileio import DataError, check_output_path
+
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "out")
+    for folder in (True, False):
+        with pytest.raises(DataError, match="a symbolic link to .*nowhere/out, which does not exist"):
+            check_output_path(str(tmp_path / "dangling"), "--out", folder=folder)
+    with pytest.raises(ConversionError, match=f"^output folder {tmp_path / 'dangling'}: a symbolic link to"):
+        convert(BART_HF, str(tmp_path / "dangling"))
+    (tmp_path / "afile").write_text("x")  # below a file: the staging folder's error named before
+    with pytest.raises(ConversionError, match=f"^output folder {tmp_path / 'afile' / 'hf'}: {tmp_path / 'afile'} is a"):
+        convert(BART_HF, str(tmp_path / "afile" / "hf"))
+
+
+@pytest.mark.parametrize("command", ["convert", "export"])
+def test_a_write_that_fails_names_the_output_not_its_staging_copy(tmp_path, monkeypatch, capsys, command):
+    """A full disk during the write: one line naming OUT_DIR / HF_DIR (lsg-fairseq-export showed a
+    traceback; both would name the hidden temp folder, which is gone by then)."""
+    import errno
+
+    import lsg_fairseq.convert as convert_package
+    from lsg_fairseq.cli import export as export_cli
+
+    out = tmp_path / "hf"
+    staged = tmp_path / ".hf.x1y2z3.tmp" / "model.safetensors"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(staged))
+
+    monkeypatch.setattr(convert_package, command, disk_full)
+    main = {"convert": convert_main, "export": export_cli.main}[command]
+    with pytest.raises(SystemExit) as e:
+        main([BART_HF, str(out)])
+    line = one_error_line(capsys.readouterr().err, f"lsg-fairseq-{command}")
+    left = {"convert": "OUT_DIR", "export": "HF_DIR"}[command]
+    assert e.value.code == 2 and line.endswith(f"error: {out}: No space left on device ({left} left unchanged)"), line
 
 
 def test_an_output_folder_this_user_may_not_write_in_is_refused_up_front(tmp_path, monkeypatch):

@@ -74,6 +74,7 @@ def main(argv=None) -> None:
     with command_logging():
         options = {k: v for k, v in vars(args).items() if k not in ("src", "out")}
         from lsg_fairseq.convert import convert
+        from lsg_text.atomic import as_the_user_named_it
         from lsg_text.errors import UserError, report
 
         try:
@@ -81,9 +82,8 @@ def main(argv=None) -> None:
         except UserError as e:  # ConversionError, DataError, CheckpointError: the message names the file
             sys.exit(report(e, "lsg-fairseq-convert"))
         except OSError as e:  # an unwritable parent folder, a full disk: OUT is left as it was
-            sys.exit(
-                report(f"{e.filename or args.out}: {e.strerror or e} (OUT_DIR left unchanged)", "lsg-fairseq-convert")
-            )
+            where = as_the_user_named_it(e.filename, args.out)
+            sys.exit(report(f"{where}: {e.strerror or e} (OUT_DIR left unchanged)", "lsg-fairseq-convert"))
         print(path)
         flags = training_flags(path)
         if flags:

@@ -35,12 +35,16 @@ def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     with command_logging():
         from lsg_fairseq.convert import export
+        from lsg_text.atomic import as_the_user_named_it
         from lsg_text.errors import UserError, report
 
         try:
             path = export(args.src, args.out, force=args.force)
         except UserError as e:  # ConversionError, DataError: the message names the file or flag
             sys.exit(report(e, "lsg-fairseq-export"))
+        except OSError as e:  # a full disk, a folder that refuses a rename: HF_DIR is left as it was
+            where = as_the_user_named_it(e.filename, args.out)
+            sys.exit(report(f"{where}: {e.strerror or e} (HF_DIR left unchanged)", "lsg-fairseq-export"))
         print(path)
 
 
