@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     if args.inputs.count("-") > 1:
         return report("--inputs: stdin ('-') can be given only once", PROG)
     try:
-        check_output_files(args.outputs, "--outputs", inputs=list(args.inputs))
+        check_output_files(args.outputs, "--outputs", inputs=list(args.inputs) + [args.encoder_json, args.vocab_bpe])
         # Validates both files (existence, URL, format) before any output exists.
         _init_worker(args.encoder_json, args.vocab_bpe, args.keep_empty)
         for path in args.inputs:

@@ -162,10 +162,12 @@ def main(argv=None) -> int:
             require_local_file(path, "--inputs")
             check_utf8(path, "--inputs")  # names the byte offset; sentencepiece's reader cannot
             require_text(path, "--inputs")  # else sentencepiece's "[!sentences_.empty()]"
-        check_output_files([prefix + ".model", prefix + ".vocab"], "--model-prefix", inputs=args.inputs)
-        check_output_files([dict_path], "--dict", inputs=args.inputs)
-        why = "text encoded with the old model, and data binarized with its dictionary, would no longer match"
         model_files = [prefix + ".model", prefix + ".vocab"]
+        check_output_files(model_files, "--model-prefix", inputs=args.inputs)
+        # --dict that is one of the model files would replace the model just trained (its "given
+        # twice" names --dict, the flag to change)
+        check_output_files([*model_files, dict_path], "--dict", inputs=args.inputs)
+        why = "text encoded with the old model, and data binarized with its dictionary, would no longer match"
         # the flag whose file is in the way: another --model-prefix does not move a --dict
         flag = "--model-prefix" if any(os.path.lexists(p) for p in model_files) else "--dict"
         refuse_existing([*model_files, dict_path], args.force, flag, why)

@@ -8,6 +8,7 @@ import json
 import os
 import pkgutil
 import re
+import shutil
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ import pytest
 import lsg_text
 from lsg_text.atomic import atomic_files, atomic_outputs
 
-from conftest import REPO_ROOT
+from conftest import FIXTURES, REPO_ROOT
 
 SCRIPTS = os.path.join(REPO_ROOT, "scripts")
 HEAVY = ("fairseq", "torch", "lsg_fairseq")
@@ -193,3 +194,22 @@ def test_encoders_refuse_unpaired_inputs_and_outputs(tmp_path, script):
     assert r.returncode == 2
     assert r.stderr.strip().endswith("--inputs has 2 paths but --outputs has 1; give one output per input")
     assert os.listdir(tmp_path) == ["a.txt"]  # nothing written
+
+
+def test_gpt2_encode_refuses_to_write_over_its_own_bpe_files(tmp_path):
+    """--outputs naming --vocab-bpe (or --encoder-json) replaced the BPE merges with the encoded ids,
+    exit 0 (spm_encode.py already counted its --model among the inputs)."""
+    shutil.copy(os.path.join(FIXTURES, "lsg", "bart_plain", "hf", "vocab.json"), tmp_path / "encoder.json")
+    shutil.copy(os.path.join(FIXTURES, "lsg", "bart_plain", "hf", "merges.txt"), tmp_path / "vocab.bpe")
+    (tmp_path / "in.txt").write_text("hello world\n")
+    before = (tmp_path / "vocab.bpe").read_bytes()
+    for target in ("vocab.bpe", "encoder.json"):
+        r = subprocess.run(
+            [sys.executable, os.path.join(SCRIPTS, "gpt2_encode.py"), "--encoder-json", "encoder.json"]
+            + ["--vocab-bpe", "vocab.bpe", "--inputs", "in.txt", "--outputs", target],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+        )
+        assert r.returncode == 2 and f"would overwrite the input {target}" in r.stderr, r.stderr
+    assert (tmp_path / "vocab.bpe").read_bytes() == before

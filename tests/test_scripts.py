@@ -281,6 +281,11 @@ def test_spm_train_replaces_a_model_only_with_force(tmp_path, capsys):
     err = one_error_line(capsys.readouterr().err, "spm_train.py")
     assert f"{tmp_path / 'spm' / 'dict.txt'}: exists (pass --force to replace the dict.txt" in err
     assert err.endswith("; or choose another --dict)") and not (tmp_path / "spm" / "m2.model").exists()
+    # --dict naming the model file: the dictionary replaced the model just trained, exit 0
+    capsys.readouterr()
+    assert main([*args[:-1], "40", "--model-prefix", str(tmp_path / "m3"), "--dict", str(tmp_path / "m3.model")]) == 2
+    assert "--dict " + str(tmp_path / "m3.model") + ": given twice" in capsys.readouterr().err
+    assert not (tmp_path / "m3.model").exists()
 
 
 def test_spm_encode_missing_model(tmp_path, capsys):
