@@ -24,7 +24,7 @@ import sys
 from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT
 from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
-from lsg_text.fileio import DataError, check_output_files, require_file
+from lsg_text.fileio import DataError, check_output_files, check_utf8, require_file
 from lsg_text.generate_output import parse_generate_output
 from lsg_text.jsonl import read_jsonl
 from lsg_text.offline_bpe import load_sentencepiece
@@ -51,6 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="model", help="label stored in the report")
     p.add_argument("--json", help="write the report here (atomically)")
     return p
+
+
+def is_key(key) -> bool:
+    """A key of make_synthetic_data.py's "keys" list: its word offset and the facts scored."""
+    offset = key.get("token_offset") if isinstance(key, dict) else None
+    return (
+        isinstance(offset, int)
+        and not isinstance(offset, bool)
+        and offset >= 0
+        and all(isinstance(key.get(f), str) for f in FIELDS)
+    )
 
 
 def key_positions(document: str, keys, sp, bos: bool):
@@ -107,13 +118,20 @@ def main(argv=None) -> int:
             # any sentencepiece model: positions are counted, never looked up in a dict.txt
             sp = load_sentencepiece(args.spm_model, "--spm-model", check_specials=False)
         examples = []
-        for _, ex in read_jsonl(args.jsonl, fields=("document", "summary")):
+        for line, ex in read_jsonl(args.jsonl, fields=("document", "summary")):
             if not isinstance(ex.get("keys"), list):
                 raise DataError(
                     f"{args.jsonl}: example {len(examples)} has no 'keys' list "
                     "(not a scripts/make_synthetic_data.py file)"
                 )
+            for key in ex["keys"]:
+                if not is_key(key):
+                    raise DataError(
+                        f"{args.jsonl}:{line}: a key {json.dumps(key)[:80]} is not an object with a whole "
+                        f"token_offset >= 0 and the strings {', '.join(FIELDS)} (as make_synthetic_data.py writes)"
+                    )
             examples.append(ex)
+        check_utf8(args.generate_output, "--generate-output")
         with open(args.generate_output, encoding="utf-8") as f:
             generated = parse_generate_output(f, args.generate_output)
         extra = sorted(i for i in generated if i >= len(examples))
@@ -130,10 +148,10 @@ def main(argv=None) -> int:
     if args.json:
         with atomic_outputs([args.json]) as (f,):
             json.dump(rep, f, indent=1)
-    far = rep["recall_beyond"]
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731  (no keys, or none that far)
     print(
-        f"{args.name}: key recall {100 * rep['recall']:.1f}% over {rep['keys']} keys; at positions >= "
-        f"{args.beyond}: {'n/a' if far is None else f'{100 * far:.1f}%'} ({rep['keys_beyond']} keys); "
+        f"{args.name}: key recall {pct(rep['recall'])} over {rep['keys']} keys; at positions >= "
+        f"{args.beyond}: {pct(rep['recall_beyond'])} ({rep['keys_beyond']} keys); "
         f"chance {100 * rep['chance']:.1f}%"
     )
     return 0

@@ -893,6 +893,38 @@ def test_key_recall_spm_model_that_is_not_one(tmp_path, capsys):
     assert rc == 2 and f"--spm-model: {tmp_path / 'spm.vocab'} is not a sentencepiece model" in line
 
 
+@pytest.mark.parametrize(
+    "keys,says",
+    [
+        ("[{}]", "a key {} is not an object with a whole token_offset >= 0"),
+        ('["red fox"]', 'a key "red fox" is not an object'),
+        ('[{"token_offset": -1, "colour": "red", "animal": "fox", "city": "Paris", "weekday": "Monday"}]', "is not"),
+    ],
+)
+def test_key_recall_names_a_key_of_the_wrong_shape(tmp_path, capsys, keys, says):
+    """A key that was only checked to sit in a list: KeyError or TypeError tracebacks."""
+    (tmp_path / "t.jsonl").write_text('{"document": "d", "summary": "s", "keys": %s}\n' % keys)
+    (tmp_path / "gen.out").write_text("H-0\t-1\ts\n")
+    argv = ["--jsonl", str(tmp_path / "t.jsonl"), "--generate-output", str(tmp_path / "gen.out")]
+    rc = load_script("key_recall.py").main(argv)
+    line = one_error_line(capsys.readouterr().err, "key_recall.py")
+    assert rc == 2 and f"{tmp_path / 't.jsonl'}:1: " in line and says in line, line
+
+
+def test_key_recall_without_keys_and_with_a_generate_output_not_utf8(tmp_path, capsys):
+    """No keys at all: recall n/a (it was a TypeError printing None); a --generate-output that is not
+    UTF-8: one line with the byte's offset (a UnicodeDecodeError traceback)."""
+    (tmp_path / "t.jsonl").write_text('{"document": "d", "summary": "s", "keys": []}\n')
+    (tmp_path / "gen.out").write_text("H-0\t-1\ts\n")
+    argv = ["--jsonl", str(tmp_path / "t.jsonl"), "--generate-output", str(tmp_path / "gen.out")]
+    assert load_script("key_recall.py").main(argv) == 0
+    assert "key recall n/a over 0 keys" in capsys.readouterr().out
+    (tmp_path / "gen.out").write_bytes(b"H-0\t-1\t\xff\xfe s\n")
+    assert load_script("key_recall.py").main(argv) == 2
+    line = one_error_line(capsys.readouterr().err, "key_recall.py")
+    assert f"--generate-output: {tmp_path / 'gen.out'}: not UTF-8 text (byte offset 7, line 1" in line, line
+
+
 def test_plot_out_extension_and_the_path_written(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     plot = load_script("plot_attention_pattern.py")

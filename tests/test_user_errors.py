@@ -429,6 +429,24 @@ def test_summarize_names_a_checkpoint_that_does_not_fit_its_own_model(tmp_path, 
     assert summarize.main([str(tmp_path / "model"), str(tmp_path / "doc.txt"), "--quiet"]) in (0, None)
 
 
+@pytest.mark.parametrize("device", ["mps", "meta", "xpu"])
+def test_summarize_runs_on_cpu_or_cuda_and_says_so(tmp_path, capsys, device):
+    """torch names these devices, so they passed; then a traceback from torch (no MPS in this build,
+    .item() on meta tensors, an assertion for XPU)."""
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    (tmp_path / "doc.txt").write_text("a document\n")
+    code, line = run_summarize([model_dir, tmp_path / "doc.txt", "--device", device], capsys)
+    assert code == 2 and f"--device {device}: this command runs on cpu or cuda (e.g. cuda:1)" in line, line
+
+
+def test_summarize_names_a_pipe_for_what_it_is(tmp_path, capsys):
+    """A FIFO (or <(cmd)) exists but is no regular file: it was called 'no such file'."""
+    model_dir = fake_model_folder(tmp_path / "model", {"encoder.json": "{}", "vocab.bpe": "#version: 0.2\n"})
+    os.mkfifo(tmp_path / "pipe")
+    code, line = run_summarize([model_dir, tmp_path / "pipe"], capsys)
+    assert code == 2 and f"{tmp_path / 'pipe'}: not a regular file (write it to a file first)" in line, line
+
+
 def test_summarize_names_its_own_flags_when_device_memory_runs_out(tmp_path, capsys, monkeypatch):
     """An out-of-memory error in generation was a traceback here (the task's DeviceMemoryError was
     caught nowhere) and named fairseq-generate's --max-tokens, which this command does not have."""

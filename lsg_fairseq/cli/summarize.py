@@ -167,8 +167,10 @@ def check_arguments(args, parser) -> None:
         where = "--input-lines: " if path == args.input_lines else ""
         if os.path.isdir(path):
             parser.error(f"{where}{path}: a folder, not a text file (name the files in it)")
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             parser.error(f"{where}{path}: no such file")
+        if not os.path.isfile(path):  # a pipe (<(cmd)), a device: read twice here, so a regular file
+            parser.error(f"{where}{path}: not a regular file (write it to a file first)")
     if min_len_out_of_reach(args.min_len, 0, args.max_len_b):  # max_len_a is 0 here
         parser.error(f"--min-len {args.min_len} is above --max-len-b {args.max_len_b}")
     model_files = [os.path.join(args.model_dir, n) for n in os.listdir(args.model_dir)]
@@ -182,6 +184,8 @@ def check_arguments(args, parser) -> None:
         device = torch.device(args.device)
     except RuntimeError:
         parser.error(f"--device {args.device}: not a torch device (e.g. cpu, cuda, cuda:1)")
+    if device.type not in ("cpu", "cuda"):  # torch names more (mps, xpu, meta, ...): the models run on these two
+        parser.error(f"--device {args.device}: this command runs on cpu or cuda (e.g. cuda:1)")
     if args.quantize == "int8" and device.type != "cpu":
         parser.error(f"--quantize int8 runs on the CPU only; drop it or use --device cpu (got --device {args.device})")
     if device.type == "cuda" and not torch.cuda.is_available():
