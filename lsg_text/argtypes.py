@@ -69,6 +69,11 @@ def float_range(
 
 POSITIVE_INT = int_range(1)
 NON_NEGATIVE_INT = int_range(0)
+# sentencepiece takes its counts as C ints and its seed as an unsigned one, torch a seed as a signed
+# 64-bit int: beyond these, their own errors name no flag (or a traceback)
+C_INT_MAX = 2**31 - 1
+SPM_SEED = int_range(0, 2**32 - 1)
+TORCH_SEED = int_range(0, 2**63 - 1)
 FINITE_FLOAT = float_range()  # any finite number (e.g. a learning rate where <= 0 means "same as --lr")
 PROBABILITY = float_range(0, 1, hi_open=True)  # dropout: 1 would zero everything
 

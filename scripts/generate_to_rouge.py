@@ -140,6 +140,8 @@ def check_outputs(args) -> None:
     if args.output_dir:
         check_output_path(args.output_dir, "--output-dir", folder=True)
         check_output_files(output_paths(args), "--output-dir", inputs)
+        # --json naming one of --output-dir's files (o/hyp.txt): one of the two writes would be lost
+        check_output_files(output_paths(args) + [args.json], "--json", inputs)
     check_output_files([args.json], "--json", inputs)
 
 

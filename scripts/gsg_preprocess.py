@@ -151,6 +151,11 @@ def input_dictionary(args):
     return args.dict
 
 
+def dictionary_flag(args) -> str:
+    """How the messages name that dict.txt: --dict, unless it is the default beside --spm-model."""
+    return "--dict" if args.dict else "--spm-model's dict.txt (no --dict given)"
+
+
 def corpus_files(out_dir, dict_in):
     """The files of ``out_dir`` a run replaces or deletes: every split's GSG arrays, and a dict.txt
     unless it is the very dictionary read (``--dict OUT/dict.txt``, or --spm-model in OUT)."""
@@ -195,12 +200,13 @@ def move_into(staged, out_dir, old):
         os.replace(os.path.join(staged, name), os.path.join(out_dir, name))
 
 
-def load_dict(path):
+def load_dict(path, flag: str = "--dict"):
     """``--dict``: fairseq's Dictionary of ``path``, a damaged line named; one that lists no token is
-    refused, since every piece would be written as <unk>."""
+    refused, since every piece would be written as <unk>. ``flag``: how the path came (the default
+    beside --spm-model is not a --dict the user gave)."""
     from fairseq.data import Dictionary
 
-    check_fairseq_dict(require_file(path, "--dict"), "--dict")
+    check_fairseq_dict(require_file(path, flag), flag)
     dictionary = Dictionary.load(path)
     if len(dictionary) == dictionary.nspecial:
         raise DataError(f"--dict {path}: lists no token (every piece would be <unk>); give the model's dict.txt")
@@ -218,7 +224,7 @@ def build_encoder(args, first_split_docs):
 
         sp = load_sentencepiece(args.spm_model, "--spm-model")
         dict_path = input_dictionary(args)
-        dictionary = load_dict(dict_path)
+        dictionary = load_dict(dict_path, dictionary_flag(args))
 
         def encode(sentences):
             return [[dictionary.index(p) for p in pieces] for pieces in sp.encode(sentences, out_type=str)]
@@ -284,7 +290,9 @@ def main(argv=None) -> int:
         check_output_path(args.output_dir, "--output-dir", folder=True)
         old = check_output_corpus(args, input_dictionary(args))
         if input_dictionary(args) is not None:
-            load_dict(input_dictionary(args))  # a damaged or empty one refused before the inputs are read
+            load_dict(
+                input_dictionary(args), dictionary_flag(args)
+            )  # a damaged or empty one refused before the inputs are read
         inputs = parse_inputs(args.input)
         t0 = time.time()
         split_docs = {}

@@ -29,7 +29,7 @@ from lsg_layers.modules.longformer_attention import LongformerSelfAttention
 from lsg_layers.modules.lsg_attention import LSGSelfAttention
 from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_layers.ops.blocks import local_window_indices, num_blocks
-from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, int_range
+from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, TORCH_SEED, int_range
 from lsg_text.atomic import atomic_files
 from lsg_text.errors import OneLineArgumentParser, report
 from lsg_text.fileio import DataError, check_output_path
@@ -137,6 +137,7 @@ def output_path(out: str) -> str:
     check_output_path(out, "--out")
     ext = os.path.splitext(out)[1][1:].lower()
     if not ext:
+        check_output_path(out + ".png", "--out")  # the name written (a folder pdir.png for --out pdir)
         return out + ".png"
     formats = FigureCanvasBase.get_supported_filetypes()
     if ext not in formats:
@@ -176,7 +177,7 @@ def parse_args(argv=None):
         action="store_true",
         help="draw only the chosen query's row (the matrix costs one backward per query)",
     )
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=0)
+    p.add_argument("--seed", type=TORCH_SEED, default=0)
     p.add_argument("--out", required=True, help="PNG path")
     args = p.parse_args(argv)
     try:

@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 
-from lsg_text.argtypes import POSITIVE_INT
+from lsg_text.argtypes import C_INT_MAX, int_range
 from lsg_text.atomic import atomic_outputs
 from lsg_text.errors import report
 from lsg_text.fileio import DataError, check_output_files, check_utf8, count_lines, progress, unpaired_outputs
@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="piece",
         help="pieces (for fairseq-preprocess) or ids (== fairseq dictionary indices)",
     )
-    p.add_argument("--threads", type=POSITIVE_INT, default=min(4, os.cpu_count() or 1), help="encoder threads")
+    p.add_argument(
+        "--threads", type=int_range(1, C_INT_MAX), default=min(4, os.cpu_count() or 1), help="encoder threads"
+    )
     p.add_argument(
         "--allow-foreign-model",
         action="store_true",

@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 
-from lsg_text.argtypes import NON_NEGATIVE_INT, POSITIVE_INT, float_range, int_range
+from lsg_text.argtypes import C_INT_MAX, POSITIVE_INT, SPM_SEED, float_range, int_range
 from lsg_text.atomic import atomic_files
 from lsg_text.errors import report
 from lsg_text.fileio import (
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-prefix", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab")
     p.add_argument(
         "--vocab-size",
-        type=int_range(5),
+        type=int_range(5, C_INT_MAX),
         default=8000,
         help="number of pieces, the 4 specials included (default: 8000)",
     )
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-sentence-length",
-        type=POSITIVE_INT,
+        type=int_range(1, C_INT_MAX),
         default=16384,
         help="longest training sentence in bytes; longer ones are cut at word boundaries (default: 16384)",
     )
@@ -111,8 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="nmt_nfkc",
         help="sentencepiece normalization_rule_name (default: nmt_nfkc; 'identity' keeps text byte-exact)",
     )
-    p.add_argument("--seed", type=NON_NEGATIVE_INT, default=1, help="seed of sentencepiece's sampling (default: 1)")
-    p.add_argument("--threads", type=POSITIVE_INT, default=min(4, os.cpu_count() or 1), help="training threads")
+    p.add_argument("--seed", type=SPM_SEED, default=1, help="seed of sentencepiece's sampling (default: 1)")
+    p.add_argument(
+        "--threads", type=int_range(1, C_INT_MAX), default=min(4, os.cpu_count() or 1), help="training threads"
+    )
     p.add_argument("--verbose", action="store_true", help="show sentencepiece's own training log")
     return p
 

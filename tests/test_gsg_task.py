@@ -652,3 +652,17 @@ def test_damaged_corpus_file_named(corpus_dir, tmp_path, part):
     open(f"{prefix}.{part}.npy", "wb").write(data[: len(data) // 2])  # an interrupted copy
     with pytest.raises(DataError, match=rf"{part}\.npy: not a readable \.npy array|sentence sizes do not add up"):
         GSGCorpus(prefix)
+
+
+def test_the_default_dictionary_beside_the_spm_model_is_named_as_such(tmp_path):
+    """Without --dict the dict.txt beside --spm-model is read; a missing one was reported as
+    '--dict: file not found' although no --dict was given."""
+    (tmp_path / "spm").mkdir()
+    (tmp_path / "spm" / "m.model").write_bytes(b"")
+    (tmp_path / "g.txt").write_text("a first sentence. a second one here. and a third.\n")
+    status, err = run_script(
+        "--input", f"train={tmp_path / 'g.txt'}", "--format", "lines", "--output-dir", str(tmp_path / "out"),
+        "--spm-model", str(tmp_path / "spm" / "m.model"),
+    )  # fmt: skip
+    assert status == 2 and "--dict:" not in err, err
+    assert f"--spm-model's dict.txt (no --dict given): file not found: {tmp_path / 'spm' / 'dict.txt'}" in err, err

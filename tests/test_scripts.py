@@ -599,6 +599,16 @@ def test_generate_to_rouge_from_fairseq_output(tmp_path):
     assert report["rougeLsum"] == pytest.approx((100 + 200 / 3 + 0) / 3)
 
 
+def test_generate_to_rouge_json_inside_its_output_dir_is_refused(tmp_path, capsys):
+    """--json eval/hyp.txt wrote the report over the hypotheses, exit 0."""
+    (tmp_path / "gen.out").write_text(GENERATE_OUTPUT)
+    main = load_script("generate_to_rouge.py").main
+    argv = ["--generate-output", str(tmp_path / "gen.out"), "--output-dir", str(tmp_path / "eval")]
+    assert main(argv + ["--json", str(tmp_path / "eval" / "hyp.txt")]) == 2
+    line = one_error_line(capsys.readouterr().err, "generate_to_rouge.py")
+    assert f"--json {tmp_path / 'eval' / 'hyp.txt'}: given twice" in line and not (tmp_path / "eval").exists()
+
+
 def test_generate_to_rouge_lead_baselines_and_table(tmp_path, capsys):
     """Lead-N rows use the same example ids as the model's, are scored against the same references,
     and a source file too short for an id is refused by name."""
@@ -935,6 +945,44 @@ def test_plot_out_extension_and_the_path_written(tmp_path, capsys, monkeypatch):
     assert exit_info.value.code == 2 and "--out doc.txt: matplotlib cannot write .txt files (use one of " in line
     plot.main(flags + ["pattern"])  # no extension: matplotlib's .png, and the message says so
     assert capsys.readouterr().out.startswith("wrote pattern.png: ") and files_in(tmp_path) == ["pattern.png"]
+    (tmp_path / "pdir.png").mkdir()  # the name written is a folder: refused up front (a traceback after drawing)
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main(flags + ["pdir"])
+    line = one_error_line(capsys.readouterr().err, "plot_attention_pattern.py")
+    assert exit_info.value.code == 2 and "--out pdir.png: is a folder" in line, line
+    with pytest.raises(SystemExit) as exit_info:  # a seed torch cannot take: named, not its overflow
+        plot.main(flags + ["p2", "--seed", str(2**64)])
+    assert exit_info.value.code == 2 and "--seed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "script,flags",
+    [
+        ("spm_train.py", ["--vocab-size", str(2**31)]),
+        ("spm_train.py", ["--threads", str(2**31)]),
+        ("spm_train.py", ["--seed", str(2**32)]),
+        ("spm_encode.py", ["--threads", str(2**31)]),
+    ],
+)
+def test_sentencepiece_counts_beyond_a_c_int_are_refused_by_flag(tmp_path, capsys, script, flags):
+    """sentencepiece's own errors for these named no flag, or were a TypeError traceback."""
+    main = load_script(script).main
+    (tmp_path / "t.txt").write_text("a tiny corpus.\n")
+    if script == "spm_train.py":
+        argv = ["--inputs", str(tmp_path / "t.txt"), "--model-prefix", str(tmp_path / "m")]
+    else:
+        argv = [
+            "--model",
+            str(tmp_path / "m.model"),
+            "--inputs",
+            str(tmp_path / "t.txt"),
+            "--outputs",
+            str(tmp_path / "o"),
+        ]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv + flags)
+    assert exit_info.value.code == 2 and f"argument {flags[0]}" in capsys.readouterr().err
+    assert files_in(tmp_path) == ["t.txt"]
 
 
 @pytest.mark.parametrize(
