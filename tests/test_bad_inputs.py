@@ -541,7 +541,8 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--sampling", "--beam", "4", "--nbest", "1"], "--nbest 1: with --sampling it must equal --beam (4)"),
         (["--nbest", "0"], "--nbest 0: must be an integer >= 1"),  # ZeroDivisionError
         (["--diverse-beam-groups", "3", "--beam", "4"], "--diverse-beam-groups 3: must divide --beam (4)"),
-        (["--shard-id", "2", "--num-shards", "2"], "--shard-id 2: must be below --num-shards (2)"),  # exit 0
+        # fairseq-generate 0.12 shards by the distributed rank only: each "shard" generated every example, exit 0
+        (["--shard-id", "1", "--num-shards", "2"], "--num-shards 2: fairseq-generate does not read it"),
         (["--seed", "-1"], "--seed -1: must be an integer in [0, 4294967295]"),
         (["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
         (["--print-step"], "--print-step: only for fairseq's iterative refinement models"),  # KeyError
@@ -711,12 +712,23 @@ def test_generate_refused_before_any_work_keeps_earlier_results(word_data, tiny_
             ["--batch-size", "4"],
             "--batch-size 4: must not exceed --buffer-size (1; lines read at a time): pass --buffer-size 4 or more",
         ),
+        # --input: fairseq's FileNotFoundError / UnicodeDecodeError once the model is loaded
+        (["--input", "nothere.txt"], "--input: file not found: nothere.txt"),
+        (
+            ["--input", "LATIN1"],
+            "--input: LATIN1: not UTF-8 text (byte offset 3, line 1: invalid continuation byte); convert it to "
+            "UTF-8 text",
+        ),
     ],
 )
 def test_interactive_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, monkeypatch, flags, expected):
     from lsg_fairseq.cli import fairseq_wrappers
 
     flags = [str(word_data / "dict.source.txt") if f == "ENC" else f for f in flags]  # a file that is there
+    if "LATIN1" in flags:
+        latin1 = word_data.parent / "latin1.txt"
+        latin1.write_bytes(b"caf\xe9 au lait\n")  # byte 3 is not UTF-8
+        flags, expected = [str(latin1) if f == "LATIN1" else f for f in flags], expected.replace("LATIN1", str(latin1))
     monkeypatch.setattr("sys.stdin", io.StringIO("a document\n"))
     with pytest.raises(SystemExit) as e:
         fairseq_wrappers.interactive([str(word_data), "--path", tiny_checkpoint, "--cpu", *flags])
@@ -875,7 +887,7 @@ def test_training_defaults_and_fairseq_sentinels_pass(word_data):
             word_data,
             *"--lr 0 --max-update 0 --max-epoch 0 --clip-norm 0 --save-interval-updates 0".split(),
             *"--keep-last-epochs -1 --keep-interval-updates 0 --patience -1 --batch-size 1".split(),
-            *"--lr-scheduler inverse_sqrt --warmup-updates 0 --warmup-init-lr -1 --adam-betas [0.9,0.98]".split(),
+            *"--lr-scheduler fixed --warmup-updates 0 --adam-betas [0.9,0.98]".split(),
             *"--criterion label_smoothed_cross_entropy --label-smoothing 0 --update-freq 1,2 --seed 0".split(),
         )
     )
@@ -912,6 +924,15 @@ COMBINATION_CASES = [
         ["--finetune-from-model", "m.pt", "--restore-file", "r.pt"],
         "--finetune-from-model with --restore-file r.pt: give one (--restore-file resumes a training from its "
         "checkpoint, --finetune-from-model starts a new one from a model's weights)",
+    ),
+    (  # fairseq's ZeroDivisionError once the model is built (0 is no warmup for the other schedules)
+        ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "0"],
+        "--warmup-updates 0 with --lr-scheduler inverse_sqrt: fairseq divides by it; give 1 or more (1: --lr from "
+        "the first update, then its inverse square root decay)",
+    ),
+    (  # translation's flag, accepted and never computed: a --best-checkpoint-metric bleu failed after an epoch
+        ["--eval-bleu"],
+        "--eval-bleu: this task scores validation with ROUGE (--eval-rouge), not BLEU",
     ),
 ]
 

@@ -416,7 +416,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         self.log_metrics(logging_outputs, criterion)
         metric, type(self).metric_to_watch = self.metric_to_watch, None  # the first log only
         if metric is not None:
-            valid_only = [*(ROUGE_KEYS if self.cfg.eval_rouge else ()), *(("bleu",) if self.cfg.eval_bleu else ())]
+            valid_only = list(ROUGE_KEYS) if self.cfg.eval_rouge else []  # --eval-bleu is refused (run_settings)
             check_metric_logged(metric, metrics.get_active_aggregators()[-1].keys(), valid_only)
 
     def log_metrics(self, logging_outputs, criterion):

@@ -30,7 +30,7 @@ from lsg_text.argtypes import (
     python_literal,
 )
 from lsg_text.errors import ConfigError, MissingFileError
-from lsg_text.fileio import check_output_path, require_file
+from lsg_text.fileio import check_output_path, check_utf8, require_file
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_gpt2_files
 from lsg_text.rouge import ROUGE_KEYS
 
@@ -78,8 +78,22 @@ def check_training_args(cfg) -> None:
         raise ConfigError(f"--adam-betas {betas}: {problem}")
     check_best_checkpoint_metric(cfg)
     check_finetune_from_model(cfg.checkpoint)
+    check_lr_scheduler(cfg)
+    if getattr(cfg.task, "eval_bleu", False):  # translation's flag: this task's validation never computes it
+        raise ConfigError("--eval-bleu: this task scores validation with ROUGE (--eval-rouge), not BLEU")
     check_output_folders(cfg)
     check_hydra_positions(cfg)  # a no-op for fairseq-train's flat model namespace
+
+
+def check_lr_scheduler(cfg) -> None:
+    """fairseq's inverse_sqrt schedule divides by --warmup-updates (a ZeroDivisionError once the
+    model is built); 0 means no warmup for the other schedules."""
+    sched = getattr(cfg, "lr_scheduler", None)
+    if getattr(sched, "_name", None) == "inverse_sqrt" and getattr(sched, "warmup_updates", 1) == 0:
+        raise ConfigError(
+            "--warmup-updates 0 with --lr-scheduler inverse_sqrt: fairseq divides by it; give 1 or more "
+            "(1: --lr from the first update, then its inverse square root decay)"
+        )
 
 
 def check_output_folders(cfg) -> None:
@@ -333,14 +347,20 @@ def check_generate_args(cfg, command: str) -> None:
             )
     data = cfg.dataset
     if command == "fairseq_cli.interactive":
+        source = cfg.interactive.input
+        if source != "-":  # fairseq's FileNotFoundError or UnicodeDecodeError once the model is loaded
+            check_utf8(require_file(source, "--input"), "--input")
         buffer = max(1, cfg.interactive.buffer_size)  # what fairseq-interactive's main makes of 0 (not given)
         if data.batch_size and data.batch_size > buffer:  # its AssertionError
             raise ConfigError(
                 f"--batch-size {data.batch_size}: must not exceed --buffer-size ({buffer}; lines read at a time): "
                 f"pass --buffer-size {data.batch_size} or more"
             )
-    if data.shard_id >= data.num_shards:  # fairseq would generate another shard, or none, without a word
-        raise ConfigError(f"--shard-id {data.shard_id}: must be below --num-shards ({data.num_shards})")
+    if data.num_shards > 1:  # fairseq 0.12's generate shards by --distributed-world-size, never by these
+        raise ConfigError(
+            f"--num-shards {data.num_shards}: fairseq-generate does not read it (each --shard-id would generate "
+            "every example); split the data into folders and run one generation per folder"
+        )
     if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
         require_file(gen.lm_path, "--lm-path")
     check_model_overrides(cfg.common_eval.model_overrides)
