@@ -543,6 +543,7 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--diverse-beam-groups", "3", "--beam", "4"], "--diverse-beam-groups 3: must divide --beam (4)"),
         # fairseq-generate 0.12 shards by the distributed rank only: each "shard" generated every example, exit 0
         (["--shard-id", "1", "--num-shards", "2"], "--num-shards 2: fairseq-generate does not read it"),
+        (["--shard-id", "3"], "--shard-id 3: fairseq-generate does not read it"),
         (["--seed", "-1"], "--seed -1: must be an integer in [0, 4294967295]"),
         (["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
         (["--print-step"], "--print-step: only for fairseq's iterative refinement models"),  # KeyError

@@ -356,11 +356,13 @@ def check_generate_args(cfg, command: str) -> None:
                 f"--batch-size {data.batch_size}: must not exceed --buffer-size ({buffer}; lines read at a time): "
                 f"pass --buffer-size {data.batch_size} or more"
             )
-    if data.num_shards > 1:  # fairseq 0.12's generate shards by --distributed-world-size, never by these
-        raise ConfigError(
-            f"--num-shards {data.num_shards}: fairseq-generate does not read it (each --shard-id would generate "
-            "every example); split the data into folders and run one generation per folder"
-        )
+    # fairseq 0.12's generate shards by --distributed-world-size, never by these
+    for flag, value, unread in (("--num-shards", data.num_shards, 1), ("--shard-id", data.shard_id, 0)):
+        if value != unread:
+            raise ConfigError(
+                f"{flag} {value}: fairseq-generate does not read it (each --shard-id would generate every "
+                "example); split the data into folders and run one generation per folder"
+            )
     if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
         require_file(gen.lm_path, "--lm-path")
     check_model_overrides(cfg.common_eval.model_overrides)
