@@ -844,6 +844,20 @@ def test_max_tokens_below_one_document_refused_with_flag_named(word_data):
     assert "raise --max-tokens to at least" in msg
 
 
+def test_a_validation_split_names_max_tokens_valid(word_data, monkeypatch):
+    """fairseq-train batches validation with --max-tokens-valid: an example above it was blamed on
+    --max-tokens (which the run had set far higher)."""
+    from fairseq import utils
+
+    task, _, _ = build_task(word_data)
+    monkeypatch.setattr(type(task), "valid_subsets", ("valid",))  # what vet_run sets under fairseq-train
+    task.load_dataset("valid")
+    limits = utils.resolve_max_positions(task.max_positions(), (1024, 1024), 40)
+    with pytest.raises(ConfigError) as e:
+        task.get_batch_iterator(task.dataset("valid"), max_tokens=40, max_positions=limits, ignore_invalid_inputs=True)
+    assert "--max-tokens-valid 40 is smaller than one example; raise --max-tokens-valid to at least" in str(e.value)
+
+
 @pytest.mark.parametrize("truncate", [False, True])
 def test_a_lower_target_limit_is_advised_with_truncation(word_data, truncate):
     """Targets are cut only with --truncate-target: without it, "lower --max-target-positions" led to

@@ -250,6 +250,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         split = next((k for k, v in self.datasets.items() if v is dataset), None)
         where = f"{utils.split_paths(self.cfg.data)[0]}/{split}" if split else "the dataset"
         max_tokens = getattr(self, "_batch_max_tokens", None)
+        tokens_flag = "--max-tokens-valid" if split in self.valid_subsets else "--max-tokens"
         for side, sizes, limit, task_max in (
             ("source", getattr(dataset, "src_sizes", None), limits[0], self.cfg.max_source_positions),
             ("target", getattr(dataset, "tgt_sizes", None), limits[1], self.cfg.max_target_positions),
@@ -268,8 +269,8 @@ class LongDocumentSummarizationTask(TranslationTask):
             )
             if max_tokens is not None and limit == max_tokens and limit < task_max:
                 raise ConfigError(
-                    f"{head}: --max-tokens {max_tokens} is smaller than one example; raise "
-                    f"--max-tokens to at least {longest}, or lower --max-{side}-positions{with_truncation}"
+                    f"{head}: {tokens_flag} {max_tokens} is smaller than one example; raise "
+                    f"{tokens_flag} to at least {longest}, or lower --max-{side}-positions{with_truncation}"
                 )
             if side == "target" and limit >= task_max:
                 raise ConfigError(
@@ -291,8 +292,8 @@ class LongDocumentSummarizationTask(TranslationTask):
             if tokens.max() > max_tokens:
                 at = int((tokens > max_tokens).argmax())
                 raise ConfigError(
-                    f"{where}: example #{int(indices[at])} has {int(tokens[at])} tokens, more than --max-tokens "
-                    f"{max_tokens} (largest {int(tokens.max())}): raise --max-tokens to at least {int(tokens.max())}"
+                    f"{where}: example #{int(indices[at])} has {int(tokens[at])} tokens, more than {tokens_flag} "
+                    f"{max_tokens} (largest {int(tokens.max())}): raise {tokens_flag} to at least {int(tokens.max())}"
                 )
 
     # ---------------------------------------------------------------- generation
@@ -325,6 +326,8 @@ class LongDocumentSummarizationTask(TranslationTask):
     # fairseq-train's --best-checkpoint-metric, set by vet_run and checked at the first training log
     # (reduce_metrics): fairseq looks for it only after the first validation
     metric_to_watch: Optional[str] = None
+    # fairseq-train's validation splits, set by vet_run: they are batched by --max-tokens-valid
+    valid_subsets: tuple = ()
 
     # vet_run: called by fairseq-train, -generate, -interactive and -validate before any work
     # (lsg_fairseq.fairseq_fixes.run_hooks)
@@ -334,6 +337,8 @@ class LongDocumentSummarizationTask(TranslationTask):
             check_hydra_keys(cfg)
             return
         cls.metric_to_watch = None
+        train = command == "fairseq_cli.train"
+        cls.valid_subsets = tuple(cfg.dataset.valid_subset.split(",")) if train else ()
         with refusals_in_config_keys(cfg):
             if command == "fairseq_cli.train":
                 check_training_args(cfg)
