@@ -550,6 +550,11 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--replace-unk"], "--replace-unk: fairseq-generate replaces <unk> from raw text datasets only"),
         (["--lm-path", "nope.pt"], "--lm-path: file not found: nope.pt"),  # OSError
         (["--model-overrides", "nonsense"], "--model-overrides nonsense: must be a Python dict"),  # ValueError
+        (  # torch's size-mismatch traceback once the model was built with the override
+            ["--model-overrides", "{'max_source_positions': 256}"],
+            "in this model: the model built from the checkpoint's settings as changed (--model-overrides) does not fit "
+            "its weights; extend it with `lsg-fairseq-convert CHECKPOINT OUT_DIR --max-source-positions 256`",
+        ),
         # the tokenizer's files, once the models are loaded: a download of fairseq's GPT-2 files (no
         # internet: a ConnectionError), omegaconf's MissingMandatoryValue, OSErrors
         (["--bpe", "gpt2"], "--gpt2-encoder-json https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json: a URL"),

@@ -15,7 +15,9 @@ VOCABULARY_KEYS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
 
 class VocabularyCheckedLoad:
     """Mixin for a fairseq model: ``load_state_dict`` refuses a checkpoint of another vocabulary
-    with a :class:`CheckpointError` naming both sizes; any other failure is left as it is."""
+    with a :class:`CheckpointError` naming both sizes, and one whose tensors have other shapes than
+    the model built (settings changed by ``--model-overrides``, e.g. a longer ``max_source_positions``:
+    a traceback from fairseq-generate and -validate) naming the first such tensor."""
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         try:
@@ -29,4 +31,20 @@ class VocabularyCheckedLoad:
                         f"this run read has {ours[key].shape[0]} ({key}): give the data folder (its dict*.txt) "
                         "the model was trained or converted with"
                     ) from e
-            raise
+            # tensors missing or unexpected (another arch's checkpoint) are left to torch's message, which
+            # fairseq-train's restore explains (checkpoint_policy)
+            shapes = [k for k in state_dict if k in ours and state_dict[k].shape != ours[k].shape]
+            if not shapes:
+                raise
+            key, more = shapes[0], len(shapes) - 1
+            hint = ""
+            if key == "encoder.embed_positions.weight":  # a longer input asked for: the table is extended offline
+                from lsg_fairseq.convert import longer_positions_hint
+
+                arch = getattr(getattr(self, "args", None), "arch", None) or type(self).__name__
+                hint = "; " + longer_positions_hint(arch, "CHECKPOINT", ours[key].shape[0] - 2)
+            raise CheckpointError(
+                f"{key} is {list(state_dict[key].shape)} in the checkpoint, {list(ours[key].shape)} in this model"
+                f"{f' (and {more} more)' if more else ''}: the model built from the checkpoint's settings as changed "
+                f"(--model-overrides) does not fit its weights{hint}"
+            ) from e
