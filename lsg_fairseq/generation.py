@@ -24,6 +24,8 @@ import torch
 from fairseq.ngram_repeat_block import NGramRepeatBlock
 from fairseq.sequence_generator import EnsembleModel, SequenceGenerator
 
+from lsg_text.errors import ConfigError
+
 
 class NGramRepeatBlockFixed(NGramRepeatBlock):
     """``NGramRepeatBlock`` whose CPU path bans repeated n-grams of the tokens generated so far."""
@@ -82,9 +84,22 @@ class LongInputSequenceGenerator(SequenceGenerator):
         blocker = self.repeat_ngram_blocker
         if blocker is not None and not blocker.use_extension:
             self.repeat_ngram_blocker = NGramRepeatBlockFixed(blocker.no_repeat_ngram_size)
+        # fairseq asserts it in every call, against the decoder's positions as well as --max-len-b
+        if self.min_len > self.max_len - 1:
+            raise ConfigError(
+                f"--min-len {self.min_len} (or --eval-rouge-args' min_len): the model writes at most "
+                f"{self.max_len - 1} target tokens (its target positions)"
+            )
 
     def _generate(self, sample, *args, **kwargs):
         # generate() and forward() both end here
+        if self.match_source_len:  # fairseq's IndexError past the decoder's positions (a long source's length)
+            longest = int(sample["net_input"]["src_lengths"].max())
+            if longest > self.max_len - 1:
+                raise ConfigError(
+                    f"--match-source-len: a source of {longest} tokens asks for as many target tokens; the model "
+                    f"writes at most {self.max_len - 1} (drop the flag)"
+                )
         before = _beam_state(self.model.models)
         try:
             # the generator's own beam: SequenceGenerator caps it at the vocabulary size - 1, and a

@@ -534,6 +534,9 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--beam", "0"], "--beam 0: must be"),
         (["--max-len-b", "-1"], "--max-len-b -1: must be"),
         (["--min-len", "9", "--max-len-b", "4"], "--min-len 9 is above --max-len-b 4"),
+        # above the decoder's positions: fairseq's AssertionError in every generation call
+        (["--min-len", "5000", "--max-len-b", "6000"], "--min-len 5000 (or --eval-rouge-args' min_len): the model"),
+        (["--match-source-len"], "--match-source-len: a source of"),  # an IndexError past the decoder's positions
         (["--max-tokens", "10"], "more than --max-tokens 10"),
         ("results_path_is_a_file", "--results-path {}: exists and is not a folder"),
         ("results_path_below_a_file", "--results-path {}/run1: {} is a file, not a folder"),  # NotADirectoryError
