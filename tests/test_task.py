@@ -130,6 +130,20 @@ def test_missing_data_dir_refused(tmp_path):
     assert str(e.value) == f"data directory {nope!r} does not exist (DATA, the command's first argument)"
 
 
+def test_data_binarized_with_other_suffixes_names_the_language_flags(word_data, tmp_path):
+    """fairseq-preprocess -s src -t tgt writes dict.src.txt / dict.tgt.txt: the refusal said to run
+    scripts/preprocess.sh, while --source-lang/--target-lang were what was missing."""
+    import shutil
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for lang in ("src", "tgt"):
+        shutil.copy(word_data / "dict.source.txt", folder / f"dict.{lang}.txt")
+    with pytest.raises(FileNotFoundError) as e:
+        build(folder)
+    assert f"{folder} holds dict.src.txt and dict.tgt.txt: pass --source-lang and --target-lang" in str(e.value)
+
+
 def test_rouge_hand_computed():
     # unigram overlap: hyp {the, cat, sat}, ref {the, cat, ran, away}: P=2/3, R=2/4, F=4/7
     s = rouge_example("the cat sat", "the cat ran away")

@@ -166,6 +166,14 @@ class LongDocumentSummarizationTask(TranslationTask):
             if os.path.exists(joint):
                 filename = joint
             else:
+                folder = os.path.dirname(filename)
+                langs = sorted(n[5:-4] for n in os.listdir(folder) if n.startswith("dict.") and n.endswith(".txt"))
+                if len(langs) == 2:  # data binarized with other suffixes (fairseq-preprocess -s src -t tgt)
+                    raise MissingFileError(
+                        f"no dictionary: neither {filename} nor {joint} exists, but {folder} holds "
+                        f"dict.{langs[0]}.txt and dict.{langs[1]}.txt: pass --source-lang and --target-lang "
+                        "(e.g. --source-lang src --target-lang tgt, the suffixes given to fairseq-preprocess)"
+                    )
                 raise MissingFileError(
                     f"no dictionary: neither {filename} nor {joint} exists (run scripts/preprocess.sh "
                     f"or give as {data_argument()} a converted model folder)"
@@ -275,8 +283,8 @@ class LongDocumentSummarizationTask(TranslationTask):
             if side == "target" and limit >= task_max:
                 raise ConfigError(
                     f"{head}: pass --truncate-target (truncates and counts them) or raise "
-                    f"--max-target-positions {task_max} (for generation, score against the raw references, "
-                    "e.g. generate_to_rouge.py --ref-file)"
+                    f"--max-target-positions {task_max}, up to the model's own (for generation, score against the "
+                    "raw references, e.g. generate_to_rouge.py --ref-file)"
                 )
             raise ConfigError(
                 f"{head}: the model accepts at most {limit} {side} tokens; lower --max-{side}-positions to "
