@@ -36,18 +36,25 @@ def restore_path(cfg, trainer) -> str:
     if cfg.restore_file != "checkpoint_last.pt":
         return cfg.restore_file.replace(".pt", suffix + ".pt") if suffix is not None else cfg.restore_file
     path = os.path.join(cfg.save_dir, f"checkpoint_last{suffix}.pt")
-    if not PathManager.exists(path) and cfg.finetune_from_model:
+    if not PathManager.exists(path) and getattr(cfg, "continue_once", None) is not None:
+        path = cfg.continue_once  # a first launch resumes from it (fairseq's order: before a fine-tuning's)
+    elif not PathManager.exists(path) and cfg.finetune_from_model:
         path = cfg.finetune_from_model
     return path
 
 
 def check_restore(cfg, trainer) -> None:
-    """Refuse a non-default ``--restore-file``, or the ``--finetune-from-model`` a first launch
-    starts from, that does not exist."""
+    """Refuse a non-default ``--restore-file``, or the ``--continue-once`` or ``--finetune-from-model``
+    a first launch starts from, that does not exist."""
     path = restore_path(cfg, trainer)
     # Only rank 0 reads the file (the others get it by broadcast), so only it checks.
     if trainer.data_parallel_rank != 0 or PathManager.isfile(path):
         return
+    if cfg.restore_file == "checkpoint_last.pt" and path == getattr(cfg, "continue_once", None):
+        raise MissingFileError(
+            f"--continue-once {path}: no such file; fairseq would silently train from scratch (give the "
+            "checkpoint to resume from once)"
+        )
     if cfg.restore_file == "checkpoint_last.pt" and path == cfg.finetune_from_model:
         # fairseq's own error is a ValueError traceback
         raise MissingFileError(

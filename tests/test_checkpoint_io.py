@@ -298,6 +298,20 @@ def test_missing_restore_file_refused_not_trained_from_scratch(data_dir, tmp_pat
         checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
 
 
+def test_missing_continue_once_refused_not_trained_from_scratch(data_dir, tmp_path, saved):
+    """--continue-once (a first launch resumes from it) was never checked: a typo trained from
+    scratch, exit 0, and a checkpoint of other attention settings loaded, where --restore-file is
+    refused for both."""
+    flags = [*LSG_TINY, "--max-source-positions", "64"]
+    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *flags, "--continue-once", str(tmp_path / "typo.pt"))
+    with pytest.raises(FileNotFoundError, match=r"^--continue-once .*typo\.pt: no such file; fairseq would silently"):
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    from lsg_fairseq.checkpoint_policy import restore_path
+
+    cfg, trainer = build_trainer(data_dir, tmp_path / "run2", *flags, "--continue-once", saved["lsg64"])
+    assert restore_path(cfg.checkpoint, trainer) == saved["lsg64"]  # what the settings check reads
+
+
 def test_missing_restore_file_trains_from_scratch_without_the_hooks(word_data, tmp_path):
     """fairseq's own load_checkpoint (no task hooks) takes a typo for "start fresh"."""
     cfg, trainer = build_trainer(
