@@ -30,6 +30,36 @@ from lsg_text.errors import ConfigError, MissingFileError
 logger = logging.getLogger(__name__)
 
 
+def model_arch(model_args) -> str:
+    """The arch of a checkpoint's ``cfg.model`` (an argparse namespace, a DictConfig or a plain
+    dict): fairseq-train's ``arch``, else ``_name`` (fairseq-hydra-train's checkpoints hold only
+    that); "" when neither."""
+    get = model_args.get if hasattr(model_args, "get") else lambda key: getattr(model_args, key, None)
+    return str(get("arch") or get("_name") or "")
+
+
+def longer_positions_hint(arch: str, path: str, n: int) -> str:
+    """What to run so that ``path``, a fairseq checkpoint of ``--arch arch``, reads ``n`` source
+    tokens: lsg-fairseq-convert tiles the encoder position table of a BART or LSG-BART checkpoint (a
+    BART one stays BART only with ``--to bart``: a new length alone makes it an LSG-BART, the
+    reference's conversion); it takes no fairseq LED checkpoint (an LED's table is made from an HF
+    BART's). Held to what the converter does by ``tests/test_convert_lsg.py``."""
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY
+    from fairseq.models.bart import BARTModel
+
+    model = ARCH_MODEL_NAME_REGISTRY.get(arch)
+    command = f"lsg-fairseq-convert {path} OUT_DIR"
+    if model == "lsg_bart":
+        return f"extend it with `{command} --max-source-positions {n}` (tiles the table)"
+    only = f"lsg-fairseq-convert extends the tables of BART and LSG-BART checkpoints, not of {arch}'s"
+    if model == "led":
+        led = f"lsg-fairseq-convert HF_BART OUT_DIR --to led --max-source-positions {n}"
+        return f"{only} (an LED's is made from an HF BART folder: `{led}`)"
+    if isinstance(MODEL_REGISTRY.get(model), type) and issubclass(MODEL_REGISTRY[model], BARTModel):
+        return f"extend it with `{command} --to bart --max-source-positions {n}` (tiles the table)"
+    return only
+
+
 def restore_path(cfg, trainer) -> str:
     """The file fairseq's ``load_checkpoint`` reads (same rules as fairseq's, checkpoint_utils.py)."""
     suffix = trainer.checkpoint_suffix
@@ -165,9 +195,9 @@ def _arch_of(state) -> str:
     if model_cfg is None:
         return "unknown"
     get = model_cfg.get if isinstance(model_cfg, dict) else (lambda k, d=None: getattr(model_cfg, k, d))
-    name, arch = get("_name"), get("arch")
-    if not arch:  # fairseq-hydra-train's checkpoints hold the arch as _name alone
-        return f"{name}" if name else "unknown"
+    name, arch = get("_name"), model_arch(model_cfg)  # fairseq-hydra-train's hold the arch as _name alone
+    if not arch:
+        return "unknown"
     return f"{arch}" if not name or name == arch else f"{arch} (model {name})"
 
 
@@ -206,8 +236,6 @@ def _explain_mismatch(path, trainer, error) -> str:
     if rows is not None and positions is not None and getattr(positions, "weight", None) is not None:
         want = int(positions.weight.shape[0])
         if want != rows:
-            from lsg_fairseq.convert import longer_positions_hint
-
             arch = ours if theirs == "unknown" else theirs.split()[0]
             lines.append(
                 f"Its encoder position table holds {rows - 2} positions but --max-source-positions "

@@ -390,11 +390,11 @@ def test_the_printed_training_flags_build_the_converted_model(tmp_path, capsys, 
 )
 def test_the_longer_positions_hint_runs_as_it_reads(converted, tmp_path, capsys, name, family):
     """The command that the hub and a training restore give for a position table too short
-    (``convert.longer_positions_hint``) runs, keeps the model's family and reads 2,048 tokens. For a
+    (``checkpoint_policy.longer_positions_hint``) runs, keeps the model's family and reads 2,048 tokens. For a
     fairseq LED checkpoint, which the converter refuses, it names an HF BART folder instead: a plain
     BART's hint once lacked ``--to bart`` (that made an LSG-BART), and an LED's named the refused
     checkpoint."""
-    from lsg_fairseq.convert import longer_positions_hint
+    from lsg_fairseq.checkpoint_policy import longer_positions_hint
 
     if name == "led":
         converted = {"led": str(tmp_path / "led")}

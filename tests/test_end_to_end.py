@@ -339,5 +339,5 @@ def test_hub_ignores_training_batch_limits_and_takes_max_source_positions(pipeli
     assert len(hub.encode(doc)) == 512
     with pytest.raises(ValueError, match="position table holds 2048") as e:
         hub.set_max_source_positions(4096)  # BART-family: needs lsg-fairseq-convert first
-    # the command names the file the hub read (it said MODEL_DIR/model.pt; convert.longer_positions_hint)
+    # the command names the file the hub read (it said MODEL_DIR/model.pt; checkpoint_policy.longer_positions_hint)
     assert f"`lsg-fairseq-convert {model_dir / 'model.pt'} OUT_DIR " in str(e.value), e.value

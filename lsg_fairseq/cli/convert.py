@@ -108,7 +108,7 @@ def training_flags(path: str) -> str:
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
     from lsg_fairseq.checkpoint_policy import saved_model_cfg, settings_flags
-    from lsg_fairseq.convert.common import model_arch
+    from lsg_fairseq.checkpoint_policy import model_arch
 
     cfg = saved_model_cfg(path)
     arch = model_arch(cfg) if cfg is not None else ""

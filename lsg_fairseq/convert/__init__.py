@@ -53,32 +53,8 @@ __all__ = [
     "detect_family",
     "export",
     "families",
-    "longer_positions_hint",
     "register_family",
 ]
-
-
-def longer_positions_hint(arch: str, path: str, n: int) -> str:
-    """What to run so that ``path``, a fairseq checkpoint of ``--arch arch``, reads ``n`` source
-    tokens: the converter tiles the encoder position table of a BART or LSG-BART checkpoint (a BART
-    one stays BART only with ``--to bart``: a new length alone makes it an LSG-BART, the reference's
-    conversion); it takes no fairseq LED checkpoint (an LED's table is made from an HF BART's).
-    Held to what the converter does by ``tests/test_convert_lsg.py``."""
-    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
-
-    from lsg_fairseq.convert.bart import BART_MODELS
-
-    model = ARCH_MODEL_NAME_REGISTRY.get(arch)
-    command = f"lsg-fairseq-convert {path} OUT_DIR"
-    if model in BART_MODELS:
-        return f"extend it with `{command} --to bart --max-source-positions {n}` (tiles the table)"
-    if model == "lsg_bart":
-        return f"extend it with `{command} --max-source-positions {n}` (tiles the table)"
-    only = f"lsg-fairseq-convert extends the tables of BART and LSG-BART checkpoints, not of {arch}'s"
-    if model == "led":
-        led = f"lsg-fairseq-convert HF_BART OUT_DIR --to led --max-source-positions {n}"
-        return f"{only} (an LED's is made from an HF BART folder: `{led}`)"
-    return only
 
 
 def detect_family(src: str, **options) -> Family:

@@ -33,8 +33,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from lsg_fairseq.checkpoint_policy import model_arch
 from lsg_fairseq.convert import common as C
-from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_fairseq.convert.bart_state import (
     FAIRSEQ_ACTIVATIONS,
     HF_ACTIVATIONS,
@@ -43,6 +43,7 @@ from lsg_fairseq.convert.bart_state import (
     hf_state,
     hf_to_fairseq_state,
 )
+from lsg_fairseq.convert.checkpoint import Checkpoint
 from lsg_fairseq.convert.fields import Field, hf_fields, values_from_hf
 from lsg_fairseq.convert.hf_tokenizer import generation_config, tokenizer_writer
 from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, Family, SourceInfo, register_family
@@ -263,7 +264,7 @@ class BartFamily(Family):
 
     def new_encoder(self, model_args, sd: Dict[str, torch.Tensor], src_dir: str, **init) -> None:
         """Step: turn a plain BART checkpoint's cfg and weights into this family's (in place)."""
-        raise C.ConversionError(f"{src_dir}: a {C.model_arch(model_args)} checkpoint does not convert to {self.name}")
+        raise C.ConversionError(f"{src_dir}: a {model_arch(model_args)} checkpoint does not convert to {self.name}")
 
     # ------------------------------------------------------------- fairseq -> HF
     def hf_limits(self, checkpoint: Checkpoint) -> List[str]:

@@ -7,7 +7,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from lsg_fairseq.convert.common import ExportError, model_arch, state_mismatches
+from lsg_fairseq.checkpoint_policy import model_arch
+from lsg_fairseq.convert.common import ExportError, state_mismatches
 from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
 from lsg_text.fileio import CHECKPOINT_NAMES
 

@@ -233,14 +233,6 @@ def write_token_map(out_dir: str, fairseq_to_hf: Sequence[int]) -> str:
 
 
 # ----------------------------------------------------------------------------- fairseq side
-def model_arch(model_args) -> str:
-    """The arch of a checkpoint's ``cfg.model`` (an argparse namespace, a DictConfig or a plain
-    dict): fairseq-train's ``arch``, else ``_name`` (fairseq-hydra-train's checkpoints hold only
-    that); "" when neither."""
-    get = model_args.get if hasattr(model_args, "get") else lambda key: getattr(model_args, key, None)
-    return str(get("arch") or get("_name") or "")
-
-
 def arch_defaults(arch: str, **values) -> argparse.Namespace:
     """The hyper-parameters of ``--arch arch`` with ``values`` given: the registered architecture
     function fills every other default, derived ones included (e.g. decoder sizes from encoder

@@ -20,14 +20,15 @@ import logging
 import os
 import re
 
+from lsg_fairseq.checkpoint_policy import model_arch
 from lsg_fairseq.convert import common as C
 from lsg_fairseq.convert.bart import BartFamily, is_bart_source, is_lsg_config
 from lsg_fairseq.convert.fields import Field
 from lsg_fairseq.convert.lsg_init import GLOBAL_POSITIONAL_STRIDE, INIT_SEED, init_global_embeddings, mask_id
 from lsg_fairseq.convert.registry import NOT_ITS_SOURCE, BenchRow, register_family
 from lsg_fairseq.models.lsg_bart import LSGBARTModel, lsg_architecture_defaults
-from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationTask
+from lsg_layers.modules.lsg_config import MAX_GLOBAL_TOKENS, SPARSITY_TYPES
 from lsg_text.argtypes import BOOL_FLAG, NON_NEGATIVE_INT, POSITIVE_INT, OneOf
 
 logger = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ class LSGBartFamily(BartFamily):
         option not given the architecture's, global tokens initialised exactly as from an HF folder."""
         from fairseq.models import ARCH_MODEL_NAME_REGISTRY
 
-        arch = "lsg_" + C.model_arch(model_args)
+        arch = "lsg_" + model_arch(model_args)
         model_args.arch = arch if ARCH_MODEL_NAME_REGISTRY.get(arch) == self.name else self.arch("large")
         model_args._name = model_args.arch  # fairseq builds legacy models by `_name`
         lsg_architecture_defaults(model_args)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from lsg_fairseq._autoimport import import_all
+from lsg_fairseq.checkpoint_policy import model_arch
 from lsg_fairseq.convert import common as C
 from lsg_fairseq.convert.checkpoint import Checkpoint, resolve_checkpoint
 from lsg_text.argtypes import int_range
@@ -110,7 +111,7 @@ def probe(src: str) -> SourceInfo:
     model_args = cfg.get("model") if isinstance(cfg, dict) else None
     if model_args is None and isinstance(state, dict):
         model_args = state.get("args")
-    arch = C.model_arch(model_args) if model_args is not None else ""
+    arch = model_arch(model_args) if model_args is not None else ""
     return SourceInfo(src, checkpoint=path, arch=arch or None, model=ARCH_MODEL_NAME_REGISTRY.get(arch))
 
 

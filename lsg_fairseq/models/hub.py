@@ -54,8 +54,7 @@ class LongInputHubInterface(BARTHubInterface):
         model_max = self.model.max_positions()[0]
         if n > model_max:
             if getattr(self.model.encoder, "embed_positions", None) is not None:
-                from lsg_fairseq.convert import longer_positions_hint
-                from lsg_fairseq.convert.common import model_arch
+                from lsg_fairseq.checkpoint_policy import longer_positions_hint, model_arch
 
                 arch = model_arch(self.cfg.model) or type(self.model).__name__  # hydra's: _name alone
                 raise ValueError(

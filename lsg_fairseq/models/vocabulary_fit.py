@@ -39,7 +39,7 @@ class VocabularyCheckedLoad:
             key, more = shapes[0], len(shapes) - 1
             hint = ""
             if key == "encoder.embed_positions.weight":  # a longer input asked for: the table is extended offline
-                from lsg_fairseq.convert import longer_positions_hint
+                from lsg_fairseq.checkpoint_policy import longer_positions_hint
 
                 arch = getattr(getattr(self, "args", None), "arch", None) or type(self).__name__
                 hint = "; " + longer_positions_hint(arch, "CHECKPOINT", ours[key].shape[0] - 2)
