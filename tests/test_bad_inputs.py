@@ -434,6 +434,9 @@ def separate_dictionaries(word_data, tmp_path_factory):
         (["--dropout", "1.5"], "--dropout 1.5: must be a number in [0, 1)"),
         (["--attention-dropout", "2"], "--attention-dropout 2.0: must be a number in [0, 1)"),
         (["--dropout", "-0.5"], "--dropout -0.5: must be a number in [0, 1)"),
+        (["--relu-dropout", "1.5"], "--relu-dropout 1.5: must be a number in [0, 1)"),  # a ValueError in forward
+        (["--encoder-layerdrop", "1.5"], "--encoder-layerdrop 1.5: must be a number in [0, 1)"),  # trained, exit 0
+        (["--encoder-ffn-embed-dim", "0"], "--encoder-ffn-embed-dim 0: must be an integer >= 1"),  # ZeroDivisionError
         ("separate", ": dict.source.txt (2001 symbols) and dict.target.txt (505) differ, but"),
     ],
 )

@@ -20,11 +20,24 @@ def check_bart_args(args, task) -> None:
     """Refuse, naming the flags, what fairseq's BART would refuse only with a traceback at build time
     (a ValueError or assert) or not at all (a dropout of 1.5 fails in the first forward, -0.5 turns
     dropout off without a word). The LSG and LED flags are checked by their own models."""
-    for flag in ("dropout", "attention_dropout", "activation_dropout"):
+    # relu_dropout: fairseq's older name of activation_dropout; layerdrop 1.5 trained without a word
+    for flag in (
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "relu_dropout",
+        "encoder_layerdrop",
+        "decoder_layerdrop",
+    ):
         value = float(getattr(args, flag, None) or 0.0)
         problem = PROBABILITY.problem(value)  # the range of LOCOST's --dropout
         if problem:
             raise ConfigError(f"--{flag.replace('_', '-')} {value}: {problem}")
+    for side in ("encoder", "decoder"):
+        for size in ("embed_dim", "ffn_embed_dim"):  # 0: a ZeroDivisionError in the weights' init
+            value = getattr(args, f"{side}_{size}", None)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{side}-{size.replace('_', '-')} {value}: must be an integer >= 1")
     for side in ("encoder", "decoder"):
         dim, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
         if heads < 1 or dim % heads:
