@@ -15,7 +15,7 @@ import lsg_fairseq
 from test_scripts import files_in, load_script
 from test_task import build as build_task
 
-from conftest import TINY_LSG_BART, training_config
+from conftest import FIXTURES, TINY_LSG_BART, training_config
 
 
 def binarize(tmp_path, splits, name="bin"):
@@ -361,6 +361,26 @@ def test_summarize_corrupt_checkpoint_named(tiny_checkpoint, word_data, tmp_path
     assert e.value.code == 2
     assert f"{model_dir / 'model.pt'}: truncated or corrupt checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_interactive_without_bpe_on_a_converted_model_is_refused(tmp_path, capsys, monkeypatch):
+    """A converted model's folder (tokenizer.txt: gpt2) read by fairseq-interactive without --bpe:
+    every input word was <unk>, a summary of nothing came out, exit 0."""
+    from lsg_fairseq.cli import fairseq_wrappers
+    from lsg_fairseq.convert import convert
+
+    model = tmp_path / "model"
+    convert(os.path.join(FIXTURES, "lsg", "bart_plain", "hf"), str(model))
+    monkeypatch.setattr("sys.stdin", io.StringIO("a document\n"))
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-interactive"])
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.interactive([str(model), "--path", str(model / "model.pt"), "--cpu"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and line == (
+        f"lsg-fairseq-interactive: error: --bpe is not given, but {model / 'tokenizer.txt'} says the model reads "
+        f"gpt2 pieces: every input word would be <unk>; pass --bpe gpt2 --gpt2-encoder-json {model / 'encoder.json'} "
+        f"--gpt2-vocab-bpe {model / 'vocab.bpe'}"
+    ), line
 
 
 def test_interactive_wrapper_needs_no_user_dir_or_task(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):

@@ -31,7 +31,7 @@ from lsg_text.argtypes import (
 )
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_output_path, check_utf8, require_file
-from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_gpt2_files
+from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_gpt2_files, read_tokenizer_record
 from lsg_text.rouge import ROUGE_KEYS
 
 
@@ -309,6 +309,29 @@ def check_tokenizer_packages(cfg) -> None:
             )
 
 
+def check_interactive_bpe(cfg) -> None:
+    """fairseq-interactive reads raw text: without ``--bpe`` a model of GPT-2 or sentencepiece pieces
+    (its folder's tokenizer.txt, written by lsg-fairseq-convert) sees every input word as <unk>, and
+    generates anyway, exit 0."""
+    if cfg.bpe is not None and cfg.bpe.get("_name"):
+        return
+    folder = os.path.dirname(os.path.abspath(cfg.common_eval.path.split(os.pathsep)[0]))
+    try:
+        kind = read_tokenizer_record(folder)
+    except ValueError:  # a record that contradicts its folder: the hub and summarize say so; not this check's
+        return
+    pieces = {
+        "gpt2": f"--bpe gpt2 --gpt2-encoder-json {os.path.join(folder, GPT2_FILES[0])} --gpt2-vocab-bpe "
+        f"{os.path.join(folder, GPT2_FILES[1])}",
+        "sentencepiece": f"--bpe sentencepiece --sentencepiece-model {os.path.join(folder, SENTENCEPIECE_MODEL)}",
+    }
+    if kind in pieces:
+        raise ConfigError(
+            f"--bpe is not given, but {os.path.join(folder, 'tokenizer.txt')} says the model reads {kind} pieces: "
+            f"every input word would be <unk>; pass {pieces[kind]}"
+        )
+
+
 def check_validate_args(cfg) -> None:
     """fairseq-validate's settings: one checkpoint, a batch size, RUN_SETTINGS."""
     check_settings(cfg, RUN_SETTINGS)
@@ -350,6 +373,7 @@ def check_generate_args(cfg, command: str) -> None:
         source = cfg.interactive.input
         if source != "-":  # fairseq's FileNotFoundError or UnicodeDecodeError once the model is loaded
             check_utf8(require_file(source, "--input"), "--input")
+        check_interactive_bpe(cfg)
         buffer = max(1, cfg.interactive.buffer_size)  # what fairseq-interactive's main makes of 0 (not given)
         if data.batch_size and data.batch_size > buffer:  # its AssertionError
             raise ConfigError(
