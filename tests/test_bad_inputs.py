@@ -962,6 +962,22 @@ COMBINATION_CASES = [
         "--warmup-updates 0 with --lr-scheduler inverse_sqrt: fairseq divides by it; give 1 or more (1: --lr from "
         "the first update, then its inverse square root decay)",
     ),
+    (  # fairseq's AssertionError once the model is built
+        ["--lr-scheduler", "cosine", "--max-update", "0", "--max-epoch", "1"],
+        "--lr-scheduler cosine needs its period: --max-update N or --lr-period-updates N",
+    ),
+    (  # fairseq's ValueError
+        ["--lr-scheduler", "cosine", "--max-update", "100", "--lr", "1e-3,5e-4"],
+        "--lr 0.001,0.0005: --lr-scheduler cosine takes one learning rate (a list is fixed's, per epoch)",
+    ),
+    (
+        ["--lr-scheduler", "tri_stage"],
+        "--lr-scheduler tri_stage needs --phase-ratio or --warmup-steps/--hold-steps/--decay-steps",
+    ),
+    (
+        ["--lr-scheduler", "reduce_lr_on_plateau", "--lr-shrink", "2"],
+        "--lr-shrink 2: the factor a plateau multiplies the learning rate by, in [0, 1)",
+    ),
     (  # translation's flag, accepted and never computed: a --best-checkpoint-metric bleu failed after an epoch
         ["--eval-bleu"],
         "--eval-bleu: this task scores validation with ROUGE (--eval-rouge), not BLEU",

@@ -86,13 +86,35 @@ def check_training_args(cfg) -> None:
 
 
 def check_lr_scheduler(cfg) -> None:
-    """fairseq's inverse_sqrt schedule divides by --warmup-updates (a ZeroDivisionError once the
-    model is built); 0 means no warmup for the other schedules."""
+    """What fairseq's schedules fail on once the model is built (a ZeroDivisionError, an assert, a
+    ValueError): inverse_sqrt divides by --warmup-updates (0 means no warmup for the others); cosine,
+    tri_stage and reduce_lr_on_plateau take one --lr, not a list; cosine needs a period, tri_stage
+    its stages, reduce_lr_on_plateau a factor below 1."""
     sched = getattr(cfg, "lr_scheduler", None)
-    if getattr(sched, "_name", None) == "inverse_sqrt" and getattr(sched, "warmup_updates", 1) == 0:
+    name = getattr(sched, "_name", None)
+    if name == "inverse_sqrt" and getattr(sched, "warmup_updates", 1) == 0:
         raise ConfigError(
             "--warmup-updates 0 with --lr-scheduler inverse_sqrt: fairseq divides by it; give 1 or more "
             "(1: --lr from the first update, then its inverse square root decay)"
+        )
+    lrs = list(cfg.optimization.lr)
+    if name in ("cosine", "tri_stage", "reduce_lr_on_plateau") and len(lrs) > 1:
+        shown = ",".join(f"{lr:g}" for lr in lrs)
+        raise ConfigError(f"--lr {shown}: --lr-scheduler {name} takes one learning rate (a list is fixed's, per epoch)")
+    max_update = cfg.optimization.max_update
+    if name == "cosine" and sched.lr_period_updates <= 0 and max_update <= 0:
+        raise ConfigError("--lr-scheduler cosine needs its period: --max-update N or --lr-period-updates N")
+    if name == "tri_stage":
+        ratio = sched.phase_ratio
+        if ratio is not None and (max_update <= 0 or abs(sum(ratio) - 1) > 1e-6):
+            raise ConfigError(f"--phase-ratio {ratio}: needs --max-update N, and ratios that add up to 1")
+        if ratio is None and sched.warmup_steps + sched.hold_steps + sched.decay_steps <= 0:
+            raise ConfigError(
+                "--lr-scheduler tri_stage needs --phase-ratio or --warmup-steps/--hold-steps/--decay-steps"
+            )
+    if name == "reduce_lr_on_plateau" and not 0 <= sched.lr_shrink < 1:
+        raise ConfigError(
+            f"--lr-shrink {sched.lr_shrink:g}: the factor a plateau multiplies the learning rate by, in [0, 1)"
         )
 
 
