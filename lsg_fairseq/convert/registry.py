@@ -221,6 +221,11 @@ def families() -> Dict[str, Family]:
     return dict(sorted(_FAMILIES.items()))
 
 
+def families_taking(source: SourceInfo, known: Dict[str, Family]) -> List[str]:
+    """The names of the families that convert ``source`` when ``--to`` names them."""
+    return [f.name for f in known.values() if f.refusal(source, {"to": f.name}) is None]
+
+
 def family_for_source(source: SourceInfo, options: dict) -> Family:
     """The family that converts ``source`` with ``options`` (see the module docstring)."""
     known = families()
@@ -233,7 +238,7 @@ def family_for_source(source: SourceInfo, options: dict) -> Family:
         if reason is None:
             return family
         if reason == NOT_ITS_SOURCE:
-            able = [f.name for f in known.values() if f.refusal(source, {"to": f.name}) is None]
+            able = families_taking(source, known)
             only = " only" if len(able) == 1 else ""
             reason = (
                 f"{source.path} ({source.describe()}) converts to {' or '.join(able)}{only}"
@@ -282,7 +287,7 @@ def check_options(family: Family, options: dict, source: Optional[SourceInfo] = 
         owners = [
             f for f in known.values() if f is not family and set(unknown) & (f.option_names() - set(COMMON_OPTIONS))
         ]
-        able = [f.name for f in known.values() if source is not None and f.refusal(source, {"to": f.name}) is None]
+        able = families_taking(source, known) if source is not None else []
 
         def need(f):  # --to f, unless f does not take this source (then that --to is refused too)
             if source is None or f.name in able:

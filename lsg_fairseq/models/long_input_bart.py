@@ -12,7 +12,7 @@ from lsg_fairseq.models import hub
 from lsg_fairseq.models.long_source_decoder import LongSourceDecoder
 from lsg_fairseq.models.vocabulary_fit import VocabularyCheckedLoad
 from lsg_fairseq.models.weight_init import add_weight_init_arg, init_weights
-from lsg_text.argtypes import PROBABILITY
+from lsg_text.argtypes import POSITIVE_INT, PROBABILITY
 from lsg_text.errors import ConfigError
 
 
@@ -36,9 +36,9 @@ def check_bart_args(args, task) -> None:
     for side in ("encoder", "decoder"):
         for size in ("embed_dim", "ffn_embed_dim"):  # 0: a ZeroDivisionError in the weights' init
             value = getattr(args, f"{side}_{size}", None)
-            if value is not None and value < 1:
-                raise ConfigError(f"--{side}-{size.replace('_', '-')} {value}: must be an integer >= 1")
-    for side in ("encoder", "decoder"):
+            problem = None if value is None else POSITIVE_INT.problem(value)
+            if problem:
+                raise ConfigError(f"--{side}-{size.replace('_', '-')} {value}: {problem}")
         dim, heads = getattr(args, f"{side}_embed_dim"), getattr(args, f"{side}_attention_heads")
         if heads < 1 or dim % heads:
             raise ConfigError(

@@ -39,9 +39,11 @@ class VocabularyCheckedLoad:
             key, more = shapes[0], len(shapes) - 1
             hint = ""
             if key == "encoder.embed_positions.weight":  # a longer input asked for: the table is extended offline
-                from lsg_fairseq.checkpoint_policy import longer_positions_hint
+                from lsg_fairseq.checkpoint_policy import longer_positions_hint, model_arch
 
-                arch = getattr(getattr(self, "args", None), "arch", None) or type(self).__name__
+                # the cfg fairseq loads with (hydra's holds the arch as _name alone), else the model's args
+                arch = model_arch(model_cfg if model_cfg is not None else getattr(self, "args", None))
+                arch = arch or type(self).__name__
                 hint = "; " + longer_positions_hint(arch, "CHECKPOINT", ours[key].shape[0] - 2)
             raise CheckpointError(
                 f"{key} is {list(state_dict[key].shape)} in the checkpoint, {list(ours[key].shape)} in this model"

@@ -348,7 +348,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         train = command == "fairseq_cli.train"
         cls.valid_subsets = tuple(cfg.dataset.valid_subset.split(",")) if train else ()
         with refusals_in_config_keys(cfg):
-            if command == "fairseq_cli.train":
+            if train:
                 check_training_args(cfg)
             elif command in ("fairseq_cli.generate", "fairseq_cli.interactive"):
                 check_generate_args(cfg, command)
