@@ -1,12 +1,13 @@
 """lsg_fairseq.fairseq_fixes: the only place that patches fairseq/torch, installed once.
 
 Each fix's own tests run the original function (kept by the patch) to show the upstream bug, then
-the installed one: weights-only loading, one-line errors, the NaN detector and the workers' temp folder here,
-atomic checkpoints, load errors
-and restore hooks in test_checkpoint_io.py, bf16 (training off TPUs, inference) in test_bf16.py.
+the installed one: weights-only loading, one-line errors, the NaN detector, the workers' temp folder
+and numpy 2's batch buckets here, atomic checkpoints, load errors and restore hooks in
+test_checkpoint_io.py, bf16 (training off TPUs, inference) in test_bf16.py.
 """
 
 import argparse
+import math
 import ast
 import inspect
 import os
@@ -16,8 +17,10 @@ import sys
 import tempfile
 
 import pytest
+import numpy as np
 import torch
 from fairseq import checkpoint_utils, options
+from fairseq.data import LanguagePairDataset, bucket_pad_length_dataset, data_utils
 from fairseq.dataclass import initialize
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
@@ -40,6 +43,9 @@ PATCHED = [
     (NanDetector, "add_hooks"),
     (TransformerConfig, "from_namespace"),
     (initialize, "add_defaults"),
+    (data_utils, "get_buckets"),
+    (bucket_pad_length_dataset, "get_buckets"),
+    (LanguagePairDataset, "__init__"),
 ]
 
 
@@ -297,3 +303,44 @@ def test_a_training_does_not_start_from_the_last_ones_best_score(word_data, tmp_
     ck = trained("fixed")
     extra = torch.load(ck / "checkpoint_best.pt", map_location="cpu", weights_only=False)["extra_state"]
     assert extra["best"] == extra["val_loss"] > 0.0
+
+
+def lower_percentiles(sizes, num_buckets):
+    """fairseq's bucket bounds, by hand: the sizes sorted, the one at rank floor(q (n-1)) for each
+    q in 1/N .. N/N (numpy's "lower" percentile), without repeats."""
+    ranked = sorted(sizes)
+    ranks = [math.floor(i / num_buckets * (len(ranked) - 1) + 1e-9) for i in range(1, num_buckets + 1)]
+    return sorted({ranked[r] for r in ranks})
+
+
+@pytest.mark.skipif(np.lib.NumpyVersion(np.__version__) < "2.4.0", reason="numpy < 2.4 still takes interpolation=")
+def test_batch_buckets_on_numpy_2():
+    """--num-batch-buckets: fairseq's get_buckets passes np.percentile an argument numpy 2.4 removed,
+    and LanguagePairDataset types its counts np.compat.long (removed in numpy 2.0). Both failed any
+    run with the flag; the fixed ones bucket as fairseq meant to."""
+    sizes = np.array([5, 9, 9, 12, 30, 31, 64, 100, 101, 250])
+    with pytest.raises(TypeError, match="interpolation"):
+        original(data_utils, "get_buckets")(sizes, 4)
+    for holder in (data_utils, bucket_pad_length_dataset):
+        for n in (1, 2, 4, 7, 10):
+            assert holder.get_buckets(sizes, n).tolist() == lower_percentiles(sizes, n)
+
+    from fairseq.data import Dictionary
+
+    vocab = Dictionary()
+    src = [torch.full((n,), 10) for n in (3, 7, 4, 12)]
+    tgt = [torch.full((n,), 11) for n in (2, 5, 9, 1)]
+    args = (src, np.array([len(s) for s in src]), vocab, tgt, np.array([len(t) for t in tgt]), vocab)
+    with pytest.raises(AttributeError, match="compat"):
+        stock = LanguagePairDataset.__new__(LanguagePairDataset)
+        original(LanguagePairDataset, "__init__")(stock, *args, num_buckets=2)
+    pair = LanguagePairDataset(*args, num_buckets=2)
+    src_buckets, tgt_buckets = lower_percentiles([3, 7, 4, 12], 2), lower_percentiles([2, 5, 9, 1], 2)
+    assert pair.src_sizes.tolist() == [min(b for b in src_buckets if b >= n) for n in (3, 7, 4, 12)]
+    assert pair.tgt_sizes.tolist() == [min(b for b in tgt_buckets if b >= n) for n in (2, 5, 9, 1)]
+    assert pair.bucketed_num_tokens.tolist() == [max(s, t) for s, t in zip(pair.src_sizes, pair.tgt_sizes)]
+    assert [n for _, n in pair.buckets] == sorted(set(pair.bucketed_num_tokens.tolist()))
+    assert pair[0]["source"].tolist() == [vocab.pad(), 10, 10, 10]  # padded to its bucket, on the left by default
+    right = LanguagePairDataset(*args, left_pad_source=False, num_buckets=2)
+    assert right[0]["source"].tolist() == [10, 10, 10, vocab.pad()]
+    assert LanguagePairDataset(*args).buckets is None  # no flag, no buckets: fairseq's own path

@@ -10,8 +10,9 @@ patches anything.
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the fixes:
 atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, ``--bf16`` inference in
 bfloat16, a missing ``--arch`` named, the weights-only allowlist, NaN reports that reach the
-backward pass, a legacy model's own flags under ``fairseq-hydra-train``, no data-loader worker's
-temp folder left behind, no best score carried from one training to the next in a process. This
+backward pass, ``--num-batch-buckets`` on numpy 2.4+, a legacy model's own flags under
+``fairseq-hydra-train``, no data-loader worker's temp folder left behind, no best score carried from
+one training to the next in a process. This
 plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
 refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks that only its
 own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its
@@ -29,6 +30,7 @@ from lsg_fairseq.fairseq_fixes import (
     hydra_model_flags,
     missing_arch,
     nan_detector_hooks,
+    numpy_buckets,
     one_line_errors,
     restore_hooks,
     run_hooks,
@@ -49,6 +51,7 @@ FIXES = (
     missing_arch,
     hydra_model_flags,
     nan_detector_hooks,
+    numpy_buckets,
     worker_temp_dir,
     best_per_run,
     one_line_errors,
