@@ -171,6 +171,7 @@ RUN_SETTINGS = {  # fairseq-train, -generate, -interactive and -validate
     ("dataset", "max_tokens"): POSITIVE_INT,
     ("dataset", "batch_size"): POSITIVE_INT,
     ("dataset", "num_workers"): NON_NEGATIVE_INT,
+    ("dataset", "required_seq_len_multiple"): POSITIVE_INT,  # 0: a ZeroDivisionError in the first batch
 }
 TRAINING_SETTINGS = {
     **RUN_SETTINGS,

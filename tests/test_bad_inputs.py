@@ -457,6 +457,8 @@ def separate_dictionaries(word_data, tmp_path_factory):
         (["--relu-dropout", "1.5"], "--relu-dropout 1.5: must be a number in [0, 1)"),  # a ValueError in forward
         (["--encoder-layerdrop", "1.5"], "--encoder-layerdrop 1.5: must be a number in [0, 1)"),  # trained, exit 0
         (["--encoder-ffn-embed-dim", "0"], "--encoder-ffn-embed-dim 0: must be an integer >= 1"),  # ZeroDivisionError
+        # an in-place RuntimeError in backward; with adaptive_loss and legacy_ddp, a checkpoint that does not load
+        (["--adaptive-softmax-cutoff", "100,200"], "--adaptive-softmax-cutoff 100,200: not supported by"),
         ("separate", ": dict.source.txt (2001 symbols) and dict.target.txt (505) differ, but"),
     ],
 )
@@ -574,6 +576,9 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
         (["--print-step"], "--print-step: only for fairseq's iterative refinement models"),  # KeyError
         (["--replace-unk"], "--replace-unk: fairseq-generate replaces <unk> from raw text datasets only"),
+        (["--constraints"], "--constraints: fairseq-generate's binarized data carries none"),  # TypeError
+        (["--post-process", "gpt2"], "--post-process gpt2: not one of fairseq's"),  # NotImplementedError
+        (["--required-seq-len-multiple", "0"], "--required-seq-len-multiple 0: must be an integer >= 1"),
         (["--lm-path", "nope.pt"], "--lm-path: file not found: nope.pt"),  # OSError
         (["--model-overrides", "nonsense"], "--model-overrides nonsense: must be a Python dict"),  # ValueError
         (  # torch's size-mismatch traceback once the model was built with the override
@@ -859,6 +864,7 @@ TRAINING_CASES = [
     (["--batch-size-valid", "-2"], "--batch-size-valid -2: must be an integer >= 1"),
     (["--max-tokens-valid", "0"], "--max-tokens-valid 0: must be an integer >= 1"),
     (["--num-workers", "-1"], "--num-workers -1: must be an integer >= 0"),  # torch's ValueError
+    (["--required-seq-len-multiple", "0"], "--required-seq-len-multiple 0: must be an integer >= 1"),  # ZeroDivision
     (["--validate-interval", "0"], "--validate-interval 0: must be an integer >= 1"),  # at an epoch's end
     (["--validate-interval-updates", "-1"], "--validate-interval-updates -1: must be an integer >= 0"),
     (["--save-interval", "0"], "--save-interval 0: must be an integer >= 1"),  # at an epoch's end
@@ -928,6 +934,11 @@ def test_training_defaults_and_fairseq_sentinels_pass(word_data):
 # combinations: fairseq's KeyError after the first epoch, its ValueError once the model is built, or
 # a checkpoint_best.pt picked the wrong way round without a word
 COMBINATION_CASES = [
+    (  # fairseq's KeyError (Dataset not loaded: valid1) at the end of the first epoch
+        ["--combine-valid-subsets", "--valid-subset", "valid,valid1"],
+        "--valid-subset valid,valid1 with --combine-valid-subsets: the combined splits (valid, valid1, valid2, ...) "
+        "are validated as one, named valid; drop valid1 or --combine-valid-subsets",
+    ),
     (
         ["--best-checkpoint-metric", "rougeL", "--maximize-best-checkpoint-metric"],
         "--best-checkpoint-metric rougeL: validation logs ROUGE only with --eval-rouge (add it, or keep the default "
@@ -1073,3 +1084,75 @@ def test_training_setting_refused_by_fairseq_train_before_any_work(word_data, tm
     assert code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == "fairseq-train: error: --update-freq 0: must be an integer >= 1"
     assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (  # fairseq's ImportError once the model is built
+            ["--ddp-backend", "fully_sharded"],
+            "--ddp-backend fully_sharded: fairseq's fully sharded data parallel needs the package fairscale, which is "
+            "not installed here (pip install fairscale)",
+        ),
+        (
+            ["--zero-sharding", "os"],
+            "--zero-sharding os: fairseq's optimizer state sharding needs the package fairscale",
+        ),
+        (
+            ["--scoring", "wer"],
+            "--scoring wer: fairseq's wer scorer needs the package editdistance",
+        ),  # after generating
+    ],
+)
+def test_settings_whose_package_is_missing_refused(word_data, monkeypatch, flags, message):
+    import importlib.util
+
+    from lsg_fairseq.tasks.run_settings import SETTING_PACKAGES, check_training_args
+    from lsg_text.errors import ConfigError
+
+    missing = {module for module, _, _ in SETTING_PACKAGES.values()}
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else find_spec(name, *a))
+    check_training_args(training_cfg(word_data))  # the defaults need none of them
+    with pytest.raises(ConfigError) as e:
+        check_training_args(training_cfg(word_data, *flags))
+    assert str(e.value).startswith(message)
+
+
+def test_each_scorer_package_is_the_one_fairseq_imports():
+    import inspect
+    import re
+
+    from fairseq.registry import REGISTRIES
+
+    from lsg_fairseq.tasks.run_settings import SETTING_PACKAGES
+
+    scorers = [(value, module) for (group, _, value), (module, _, _) in SETTING_PACKAGES.items() if group == "scoring"]
+    assert scorers
+    for name, module in scorers:
+        source = inspect.getsource(REGISTRIES["scoring"]["registry"][name])
+        assert re.search(rf"\bimport {module}\b", source), (name, module)
+
+
+def test_a_second_shard_is_loaded_beside_the_first(word_data, tmp_path):
+    """A data folder with train1 beside train: fairseq's default --upsample-primary -1 failed loading
+    it ("negative dimensions are not allowed", fairseq#3644); the task's default is 1."""
+    import glob
+    import shutil
+
+    from fairseq import tasks
+    from fairseq.tasks.translation import TranslationConfig
+
+    from lsg_text.errors import ConfigError
+
+    assert TranslationConfig().upsample_primary == -1  # fairseq's, which the task's config overrides
+    data = tmp_path / "shards"
+    shutil.copytree(word_data, data)
+    for path in glob.glob(str(data / "train.*")):
+        shutil.copy(path, path.replace("train.", "train1."))
+    for flags, examples in (([], 24), (["--upsample-primary", "2"], 36)):
+        task = tasks.setup_task(training_cfg(data, *flags).task)
+        task.load_dataset("train", combine=True)
+        assert len(task.datasets["train"]) == examples
+    with pytest.raises(ConfigError, match="^--upsample-primary 0: must be an integer >= 1$"):
+        tasks.setup_task(training_cfg(data, "--upsample-primary", "0").task)

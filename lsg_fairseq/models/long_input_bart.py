@@ -44,6 +44,17 @@ def check_bart_args(args, task) -> None:
             raise ConfigError(
                 f"--{side}-attention-heads {heads} must divide --{side}-embed-dim {dim} (each head takes dim/heads)"
             )
+    cutoff = getattr(args, "adaptive_softmax_cutoff", None)
+    if cutoff:
+        cutoff = ",".join(map(str, cutoff)) if isinstance(cutoff, (list, tuple)) else cutoff
+        # trains only with --criterion adaptive_loss and --ddp-backend legacy_ddp, and then does not
+        # load back: fairseq's decoder adds the output projection to the state it reads ("Unexpected
+        # key(s)"); HF's BART classes have no adaptive softmax either (the exporter refuses it)
+        raise ConfigError(
+            f"--adaptive-softmax-cutoff {cutoff}: not supported by "
+            f"{getattr(args, 'arch', 'this model')} (fairseq cannot load the checkpoint it would train back for "
+            "generation, nor does HF's BART hold one); drop it, the output layer is the shared embedding"
+        )
     if not getattr(args, "share_all_embeddings", False):
         return
     if args.encoder_embed_dim != args.decoder_embed_dim:

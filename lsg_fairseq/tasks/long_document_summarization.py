@@ -64,6 +64,7 @@ from lsg_fairseq.tasks.eval_rouge import (
     parse_eval_rouge_args,
     rouge_sums,
 )
+from lsg_text.argtypes import POSITIVE_INT
 from lsg_text.errors import ConfigError, MissingFileError
 from lsg_text.fileio import check_fairseq_dict
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL
@@ -99,6 +100,12 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     truncate_target: bool = field(
         default=False,
         metadata={"help": "truncate over-long targets to --max-target-positions (counted) instead of refusing the run"},
+    )
+    # fairseq's TranslationConfig defaults to -1, which np.tile cannot repeat: a data folder with a
+    # second shard (train1 beside train, or valid1 with --combine-valid-subsets) failed to load with
+    # "negative dimensions are not allowed" (fairseq#3644, which says 1 was meant)
+    upsample_primary: int = field(
+        default=1, metadata={"help": "how many times the first shard (train) is repeated beside train1, train2, ..."}
     )
     eval_rouge: bool = field(
         default=False, metadata={"help": "generate summaries during validation and log ROUGE-1/2/L/Lsum F1"}
@@ -196,6 +203,9 @@ class LongDocumentSummarizationTask(TranslationTask):
         ):
             if value is not None and value < 2:
                 raise ConfigError(f"{flag} must be >= 2 (room for <s>/</s> and one token), got {value}")
+        problem = POSITIVE_INT.problem(cfg.upsample_primary)  # below 1: np.tile's error, or no first shard
+        if problem:
+            raise ConfigError(f"--upsample-primary {cfg.upsample_primary}: {problem}")
         return super().setup_task(cfg, **kwargs)
 
     # ---------------------------------------------------------------- datasets

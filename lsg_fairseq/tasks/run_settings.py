@@ -81,8 +81,25 @@ def check_training_args(cfg) -> None:
     check_lr_scheduler(cfg)
     if getattr(cfg.task, "eval_bleu", False):  # translation's flag: this task's validation never computes it
         raise ConfigError("--eval-bleu: this task scores validation with ROUGE (--eval-rouge), not BLEU")
+    check_valid_subsets(cfg.dataset)
+    check_packages(cfg)
     check_output_folders(cfg)
     check_hydra_positions(cfg)  # a no-op for fairseq-train's flat model namespace
+
+
+def check_valid_subsets(dataset) -> None:
+    """``--combine-valid-subsets`` loads valid, valid1, valid2, ... as one split named valid; fairseq
+    then validates each name of ``--valid-subset``, and any other than valid fails with a KeyError
+    (Dataset not loaded) at the end of the first epoch."""
+    if not dataset.combine_valid_subsets or dataset.disable_validation:
+        return
+    others = [name for name in dataset.valid_subset.split(",") if name != "valid"]
+    if others:
+        raise ConfigError(
+            f"--valid-subset {dataset.valid_subset} with --combine-valid-subsets: the combined splits (valid, "
+            f"valid1, valid2, ...) are validated as one, named valid; drop {', '.join(others)} or "
+            "--combine-valid-subsets"
+        )
 
 
 def check_lr_scheduler(cfg) -> None:
@@ -316,19 +333,36 @@ TOKENIZER_PACKAGES = {
     ("bpe", "hf_byte_bpe"): ("tokenizers", "tokenizers"),
     ("bpe", "bert"): ("transformers", "transformers"),
 }
+# the same for other settings, as (group, field, value) -> (package, pip name, what needs it): a
+# scorer's ImportError once generation is done, fairscale's once the model is built
+SETTING_PACKAGES = {
+    ("scoring", "_name", "wer"): ("editdistance", "editdistance", "fairseq's wer scorer"),
+    ("scoring", "_name", "meteor"): ("nltk", "nltk", "fairseq's meteor scorer"),
+    ("scoring", "_name", "bert_score"): ("bert_score", "bert-score", "fairseq's bert_score scorer"),
+    ("distributed_training", "ddp_backend", "fully_sharded"): (
+        "fairscale",
+        "fairscale",
+        "fairseq's fully sharded data parallel",
+    ),
+    ("distributed_training", "zero_sharding", "os"): ("fairscale", "fairscale", "fairseq's optimizer state sharding"),
+}
 
 
-def check_tokenizer_packages(cfg) -> None:
-    """The package ``--tokenizer`` and ``--bpe`` import, installed (looked up, not imported)."""
-    for group in ("tokenizer", "bpe"):
+def check_packages(cfg) -> None:
+    """The package ``--tokenizer``, ``--bpe``, ``--scoring``, ``--ddp-backend`` and
+    ``--zero-sharding`` import, installed (looked up, not imported)."""
+    needs = {
+        (group, "_name", name): (module, pip, f"fairseq's {name} {group}")
+        for (group, name), (module, pip) in TOKENIZER_PACKAGES.items()
+    }
+    for (group, key, value), (module, pip_name, what) in {**needs, **SETTING_PACKAGES}.items():
         section = getattr(cfg, group, None)
-        name = None if section is None else section.get("_name")
-        module, pip_name = TOKENIZER_PACKAGES.get((group, name), (None, None))
-        if module is not None and importlib.util.find_spec(module) is None:
-            raise ConfigError(
-                f"--{group} {name}: fairseq's {name} {group} needs the package {module}, which is not installed "
-                f"here (pip install {pip_name})"
-            )
+        if section is None or section.get(key) != value or importlib.util.find_spec(module) is not None:
+            continue
+        flag = f"--{group.replace('_', '-')}" if key == "_name" else _flag(key)
+        raise ConfigError(
+            f"{flag} {value}: {what} needs the package {module}, which is not installed here (pip install {pip_name})"
+        )
 
 
 def check_interactive_bpe(cfg) -> None:
@@ -352,6 +386,21 @@ def check_interactive_bpe(cfg) -> None:
             f"--bpe is not given, but {os.path.join(folder, 'tokenizer.txt')} says the model reads {kind} pieces: "
             f"every input word would be <unk>; pass {pieces[kind]}"
         )
+
+
+# what fairseq's data_utils.post_process knows (--post-process / --remove-bpe); another value is its
+# NotImplementedError at the first hypothesis printed
+POST_PROCESS = ("sentencepiece", "wordpiece", "letter", "silence", "_EOW", "subword_nmt", "@@ ", "@@", "none")
+
+
+def check_post_process(symbol: Optional[str]) -> None:
+    """``--post-process`` (alias ``--remove-bpe``) one of fairseq's :data:`POST_PROCESS`."""
+    if symbol is None or symbol in POST_PROCESS:
+        return
+    hint = " (GPT-2 pieces are undone by --bpe gpt2 with its files)" if symbol == "gpt2" else ""
+    raise ConfigError(
+        f"--post-process {symbol}: not one of fairseq's: {', '.join(repr(s) for s in POST_PROCESS)}{hint}"
+    )
 
 
 def check_validate_args(cfg) -> None:
@@ -385,11 +434,17 @@ def check_generate_args(cfg, command: str) -> None:
                 raise ConfigError(
                     f"{flag}: only for fairseq's iterative refinement models, not this task's beam search"
                 )
+        if gen.constraints is not None:  # a TypeError at the first batch: binarized data holds no constraints
+            raise ConfigError(
+                "--constraints: fairseq-generate's binarized data carries none; fairseq-interactive reads them from "
+                "each input line (the source, then each constraint after a tab)"
+            )
         if gen.replace_unk is not None:  # fairseq-generate's AssertionError
             raise ConfigError(
                 "--replace-unk: fairseq-generate replaces <unk> from raw text datasets only, and this task reads "
                 "binarized data"
             )
+    check_post_process(cfg.common_eval.post_process)
     data = cfg.dataset
     if command == "fairseq_cli.interactive":
         source = cfg.interactive.input
@@ -412,5 +467,5 @@ def check_generate_args(cfg, command: str) -> None:
     if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
         require_file(gen.lm_path, "--lm-path")
     check_model_overrides(cfg.common_eval.model_overrides)
-    check_tokenizer_packages(cfg)
+    check_packages(cfg)
     check_bpe_files(getattr(cfg, "bpe", None))
