@@ -19,6 +19,7 @@ import json
 from typing import Callable, Iterable, Iterator, List
 
 from lsg_text.fileio import DataError
+from lsg_text.jsonl import JSON_ERRORS, json_problem
 from lsg_text.sentences import split_sentences
 
 DOCUMENT_FORMATS = ("lines", "blank", "file", "jsonl")
@@ -76,8 +77,8 @@ def read_documents(path: str, fmt: str, field: str = "document") -> Iterator[Lis
                         continue
                     try:
                         obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                    except JSON_ERRORS as e:
+                        raise DataError(f"{path}:{lineno}: not valid JSON ({json_problem(e)})") from None
                     text = obj.get(field) if isinstance(obj, dict) else None
                     if not isinstance(text, str):
                         raise DataError(f"{path}:{lineno}: no string field {field!r}")

@@ -17,6 +17,18 @@ from typing import Dict, Iterator, Optional, Sequence, Tuple
 from lsg_text.fileio import DataError
 
 DEFAULT_FIELDS = ("document", "summary")
+# what json.load(s) raises for text that is not JSON: its decoder's error, and a RecursionError for
+# arrays or objects nested deeper than Python's recursion limit (its decoder recurses)
+JSON_ERRORS = (json.JSONDecodeError, RecursionError)
+
+
+def json_problem(error: Exception) -> str:
+    """One of :data:`JSON_ERRORS` in words: the decoder's message and where (the column, and the
+    line past the first), or the nesting."""
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    where = f"column {error.colno}" if error.lineno == 1 else f"line {error.lineno} column {error.colno}"
+    return f"{error.msg} at {where}"
 
 
 def flatten(text: str, newline_token: Optional[str] = None) -> str:
@@ -59,8 +71,8 @@ def _read_checked(path, fields, max_examples):
                 raise DataError(f"{where}: blank line (expected one JSON object per line)")
             try:
                 obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+            except JSON_ERRORS as e:
+                raise DataError(f"{where}: not valid JSON ({json_problem(e)})") from None
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: expected a JSON object, got {type(obj).__name__}")
             for field in fields:

@@ -22,6 +22,7 @@ import re
 from typing import Dict, Iterable, Iterator, List
 
 from lsg_text.fileio import DataError, require_file
+from lsg_text.jsonl import JSON_ERRORS, json_problem
 
 # fairseq.data.Dictionary: bos, pad, eos, unk at indices 0..3 (in this order).
 FAIRSEQ_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
@@ -56,8 +57,9 @@ def check_gpt2_files(
     try:
         with open(encoder_json, encoding="utf-8") as f:
             encoder = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{encoder_flag}: {encoder_json} is not a JSON file ({e})") from None
+    except (*JSON_ERRORS, UnicodeDecodeError) as e:
+        problem = json_problem(e) if isinstance(e, JSON_ERRORS) else e
+        raise DataError(f"{encoder_flag}: {encoder_json} is not a JSON file ({problem})") from None
     if not isinstance(encoder, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()):
         raise DataError(f"{encoder_flag}: {encoder_json} must be a JSON object mapping token -> integer id")
     if len(set(encoder.values())) != len(encoder):

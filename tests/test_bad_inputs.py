@@ -636,8 +636,13 @@ GOOD_ENCODER = {"a": 0, "b": 1, "ab": 2}
         (GOOD_ENCODER, "a b\n", "--gpt2-vocab-bpe: {vocab}: first line must be the '#version: ...' header"),
         (GOOD_ENCODER, "#version: 0.2\na b", "--gpt2-vocab-bpe: {vocab}: missing trailing newline"),
         ("<unk> 1\n", "#version: 0.2\na b\n", "--gpt2-encoder-json: {encoder} is not a JSON file"),
+        (
+            "[" * 100_000,
+            "#version: 0.2\na b\n",
+            "--gpt2-encoder-json: {encoder} is not a JSON file (nested too deeply)",
+        ),
     ],
-    ids=["good", "no_header", "no_last_newline", "encoder_not_json"],
+    ids=["good", "no_header", "no_last_newline", "encoder_not_json", "encoder_nested_too_deeply"],
 )
 def test_bpe_gpt2_files_are_read_as_fairseq_reads_them(tmp_path, encoder, vocab, expected):
     from omegaconf import OmegaConf

@@ -122,6 +122,15 @@ def test_document_formats(tmp_path):
     ]
 
 
+def test_a_document_line_that_is_not_json_is_named(tmp_path):
+    from lsg_text.fileio import DataError
+
+    for text, problem in (('{"document": "a",', "Expecting"), ('{"document": ' + "[" * 100_000, "nested too deeply")):
+        (tmp_path / "d.jsonl").write_text(json.dumps({"document": "fine"}) + "\n" + text + "\n")
+        with pytest.raises(DataError, match=f"d.jsonl:2: not valid JSON \\({problem}"):
+            list(read_documents(str(tmp_path / "d.jsonl"), "jsonl"))
+
+
 def test_chunking_respects_word_budget():
     sentences = [" ".join(["w"] * n) for n in (3, 4, 2, 6, 1, 9)]
     chunks = list(chunk_sentences(sentences, 7))

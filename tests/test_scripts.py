@@ -142,6 +142,7 @@ def test_jsonl_to_parallel_refuses_to_write_over_its_input(tmp_path, capsys):
         ('{"document": "", "summary": "x"}', "train.jsonl:2: field 'document' is empty"),
         ('{"document": "a b"}', "train.jsonl:2: missing field 'summary'"),
         ('{"document": "a b", "summary": ', "train.jsonl:2: not valid JSON"),
+        ('{"document": ' + "[" * 100_000, "train.jsonl:2: not valid JSON (nested too deeply)"),  # a RecursionError
         ('["a", "b"]', "train.jsonl:2: expected a JSON object"),
     ],
 )

@@ -90,7 +90,9 @@ def test_html_page_saved_as_pytorch_model_bin(tmp_path, capsys):
     "text, problem",
     [
         ("[1, 2]", "expected a JSON object, got list"),
-        ('{"model_type": "bart",', "not valid JSON (Expecting property name enclosed in double quotes: line 1"),
+        ('{"model_type": "bart",', "not valid JSON (Expecting property name enclosed in double quotes at column 23)"),
+        ('{"model_type": "bart",\n "x": }', "not valid JSON (Expecting value at line 2 column 7)"),
+        ("[" * 100_000, "not valid JSON (nested too deeply)"),  # json's RecursionError
         (b"\xff\xfe{}", "not UTF-8 text (byte offset 0)"),
     ],
 )
@@ -922,7 +924,11 @@ def test_fairseq_train_refuses_instead_of_skipping(word_data, tmp_path, capsys, 
         ('{"lenpen": "1"}', '--eval-rouge-args: lenpen must be a number, got "1"'),
         ('{"sampling": 1}', "--eval-rouge-args: sampling must be true or false, got 1"),
         ('{"min_len": 9, "max_len_b": 5}', "--eval-rouge-args: min_len 9 is above max_len_b 5"),
-        ("{beam: 4}", "--eval-rouge-args: not valid JSON (Expecting property name enclosed in double quotes)"),
+        (
+            "{beam: 4}",
+            "--eval-rouge-args: not valid JSON (Expecting property name enclosed in double quotes at column 2)",
+        ),
+        ('{"beam": ' + "[" * 100_000, "--eval-rouge-args: not valid JSON (nested too deeply)"),  # a RecursionError
         ("[4]", "--eval-rouge-args: expected a JSON object, got list"),
     ],
 )

@@ -32,6 +32,7 @@ import torch
 from lsg_fairseq.tasks.long_document_summarization import TASK_NAME
 from lsg_text.argtypes import BOOL_FLAG, bool_flag
 from lsg_text.errors import UserError
+from lsg_text.jsonl import JSON_ERRORS, json_problem
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ def read_json(path: str, kind=None):
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ConversionError(f"{path}: not valid JSON ({e}); re-download it") from None
+    except JSON_ERRORS as e:
+        raise ConversionError(f"{path}: not valid JSON ({json_problem(e)}); re-download it") from None
     except UnicodeDecodeError as e:
         raise ConversionError(f"{path}: not UTF-8 text (byte offset {e.start}); re-download it") from None
     except OSError as e:

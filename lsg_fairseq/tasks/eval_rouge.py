@@ -19,6 +19,7 @@ from fairseq.dataclass import ChoiceEnum
 
 from lsg_text.argtypes import GENERATION_DEFAULTS, GENERATION_SETTINGS, min_len_out_of_reach
 from lsg_text.errors import ConfigError, MissingFileError
+from lsg_text.jsonl import JSON_ERRORS, json_problem
 from lsg_text.offline_bpe import GPT2_FILES, SENTENCEPIECE_MODEL, check_sentencepiece_dictionary
 from lsg_text.rouge import ROUGE_KEYS, rouge_example
 
@@ -31,8 +32,9 @@ def parse_eval_rouge_args(text: str) -> dict:
     flag = "--eval-rouge-args"
     try:
         args = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{flag}: not valid JSON ({getattr(e, 'msg', e)}); e.g. {DEFAULT_EVAL_ROUGE_ARGS}") from None
+    except (TypeError, *JSON_ERRORS) as e:
+        problem = json_problem(e) if isinstance(e, JSON_ERRORS) else e
+        raise ConfigError(f"{flag}: not valid JSON ({problem}); e.g. {DEFAULT_EVAL_ROUGE_ARGS}") from None
     if not isinstance(args, dict):
         raise ConfigError(f"{flag}: expected a JSON object, got {type(args).__name__}; e.g. {DEFAULT_EVAL_ROUGE_ARGS}")
     unknown = sorted(set(args) - set(GENERATION_SETTINGS))
