@@ -126,6 +126,8 @@ def main(argv=None) -> int:
         return report(f"bad size flags ({flags}): {e}", PROG)
     sizes = {"train": args.train, "valid": args.valid, "test": args.test}
     splits = [s for s, n in sizes.items() if n > 0]
+    if not splits:  # else "wrote  to OUT", exit 0, nothing written
+        return report("--train, --valid and --test are all 0: nothing to write (give one of them 1 or more)", PROG)
     paths = [os.path.join(args.output_dir, f"{s}.jsonl") for s in splits]
     try:
         check_output_path(args.output_dir, "--output-dir", folder=True)

@@ -156,3 +156,15 @@ def test_existing_set_is_replaced_only_with_force(tmp_path, capsys):
     assert load_main()(args + ["--force"]) == 0
     assert sorted(os.listdir(out)) == ["test.jsonl", "train.jsonl", "valid.jsonl"]
     assert len((out / "valid.jsonl").read_text().splitlines()) == 1 and "user" not in (out / "valid.jsonl").read_text()
+
+
+def test_every_split_zero_is_refused(tmp_path, capsys):
+    """--train 0 --valid 0 --test 0 printed "wrote  to OUT" and exited 0 with nothing written."""
+    out = tmp_path / "set"
+    assert load_main()(["--output-dir", str(out), "--train", "0", "--valid", "0", "--test", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "make_synthetic_data.py: error: --train, --valid and --test are all 0: nothing to write (give one of them "
+        "1 or more)"
+    )
+    assert not out.exists()
