@@ -284,6 +284,18 @@ def test_ssm_parameters_tagged_and_grouped(word_data):
     g2 = {g["group_name"]: g for g in opt2.param_groups}
     assert g2["ssm"]["weight_decay"] == 0.0 and g2["ssm"]["lr"] == pytest.approx(0.004)
 
+    # a resume with another --ssm-lr (or --lr) takes this run's ratio, not the checkpoint's (torch's
+    # load_state_dict had put back the saved lr_scale, and the log named the new one)
+    _, _, resumed = build(word_data, "--ssm-lr", "0.0001", "--weight-decay", "0.1")
+    for overrides in ({}, {"lr": 0.002}):
+        opt3 = GroupedAdam(cfg, [q for q in resumed.parameters() if q.requires_grad])
+        opt3.load_state_dict(state, overrides)
+        g3 = {g["group_name"]: g for g in opt3.param_groups}
+        base = overrides.get("lr", 0.001)
+        assert g3["ssm"]["lr_scale"] == pytest.approx(0.1) and g3["ssm"]["lr"] == pytest.approx(0.1 * base)
+        assert g3["default"]["lr"] == pytest.approx(base) and opt3.get_lr() == pytest.approx(base)
+        assert g3["ssm"]["weight_decay"] == 0.0
+
 
 def test_untagged_grouped_adam_equals_adam():
     from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig

@@ -96,9 +96,14 @@ class GroupedAdam(FairseqAdam):
         self._apply_scales(lr)
 
     def load_state_dict(self, state_dict, optimizer_overrides=None):
-        # fairseq's overrides set one lr / weight decay on every group: re-apply the per-group scales
+        # torch gives every group the checkpoint's settings, its scales among them: the scales of
+        # this run's flags (an --ssm-lr changed on resume) are put back, and fairseq's overrides
+        # (one lr / weight decay for every group) scaled per group
         lr = self.get_lr()
+        scales = [(g.get("lr_scale", 1.0), g.get("weight_decay_scale", 1.0)) for g in self.param_groups]
         super().load_state_dict(state_dict, optimizer_overrides)
+        for g, (lr_scale, weight_decay_scale) in zip(self.param_groups, scales):
+            g["lr_scale"], g["weight_decay_scale"] = lr_scale, weight_decay_scale
         if optimizer_overrides and "lr" in optimizer_overrides:
             lr = optimizer_overrides["lr"]
         self._apply_scales(lr)
