@@ -172,10 +172,52 @@ def _flag_value(value) -> str:
 
 
 def explain_restore_failure(cfg, trainer, error) -> None:
-    """Raise a :class:`CheckpointError` saying why the checkpoint does not fit, when it does not."""
-    if "Cannot load model parameters from checkpoint" not in str(error):
-        return
-    raise CheckpointError(_explain_mismatch(restore_path(cfg, trainer), trainer, error)) from error
+    """Raise a :class:`CheckpointError` saying why the checkpoint does not fit, when it does not: its
+    weights (another model), or the optimizer state it resumes (:func:`optimizer_state_problem`)."""
+    path = restore_path(cfg, trainer)
+    if "Cannot load model parameters from checkpoint" in str(error):
+        raise CheckpointError(_explain_mismatch(path, trainer, error)) from error
+    problem = optimizer_state_problem(path, trainer, cfg)
+    if problem:
+        raise CheckpointError(problem) from error
+
+
+def optimizer_state_problem(path, trainer, cfg):
+    """Why the optimizer state saved in ``path`` does not carry over to this run, or None. fairseq
+    resumes it only for the same criterion and optimizer (its AssertionErrors), the lr scheduler's
+    state only into a scheduler of the same kind (a KeyError). None as well where the run resets
+    what does not fit."""
+    if cfg.reset_optimizer:
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        last = state["optimizer_history"][-1]
+    except Exception:  # noqa: BLE001  (a best effort on an error path; fairseq's error follows)
+        return None
+    from fairseq.criterions import CRITERION_REGISTRY
+    from fairseq.optim import OPTIMIZER_REGISTRY
+
+    fresh = "pass --reset-optimizer (the weights are kept, the optimizer and its schedule start afresh)"
+    for what, registry, theirs, ours in (
+        ("criterion", CRITERION_REGISTRY, last.get("criterion_name"), type(trainer.get_criterion()).__name__),
+        ("optimizer", OPTIMIZER_REGISTRY, last.get("optimizer_name"), type(trainer.optimizer).__name__),
+    ):
+        if theirs is not None and theirs != ours:
+            flags = [f"--{what} {name}" for name, cls in registry.items() if cls.__name__ == theirs]
+            named = f"{theirs} ({' or '.join(flags)})" if flags else theirs
+            return (
+                f"{path} was trained with the {what} {named}, this run's is {ours}: resume with that {what}, or {fresh}"
+            )
+    saved_schedule = last.get("lr_scheduler_state")
+    if not cfg.reset_lr_scheduler and isinstance(saved_schedule, dict):
+        missing = sorted(set(trainer.lr_scheduler.state_dict()) - set(saved_schedule))
+        if missing:
+            name = getattr(trainer.cfg.lr_scheduler, "_name", "this one")
+            return (
+                f"{path} was trained with another learning-rate schedule than --lr-scheduler {name} (its saved "
+                f"state lacks {', '.join(missing)}): resume with its --lr-scheduler, or pass --reset-lr-scheduler"
+            )
+    return None
 
 
 def _model_cfg_of(state):

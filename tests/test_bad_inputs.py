@@ -896,10 +896,19 @@ TRAINING_CASES = [
 ]
 
 
-def training_cfg(data, *flags):
+def training_cfg(data, *flags, optimizer=("--optimizer", "adam")):
     argv = [str(data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization"]
-    argv += [*TINY_LSG_BART, "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "2048", "--cpu", *flags]
+    argv += [*TINY_LSG_BART, *optimizer, "--lr", "1e-3", "--max-tokens", "2048", "--cpu", *flags]
     return training_config(argv)
+
+
+def test_training_without_an_optimizer_refused(word_data):
+    """fairseq's own: "ValueError: optimizer is required!" once the data and the model are loaded."""
+    from lsg_fairseq.tasks.run_settings import check_training_args
+    from lsg_text.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--optimizer is required \(e.g. --optimizer adam;"):
+        check_training_args(training_cfg(word_data, optimizer=()))
 
 
 @pytest.mark.parametrize("flags,message", TRAINING_CASES, ids=[" ".join(f) for f, _ in TRAINING_CASES])

@@ -368,6 +368,36 @@ def test_other_arch_checkpoint_on_restore_named(data_dir, saved, tmp_path):
     assert "Missing key(s)" in msg  # fairseq's own detail is kept
 
 
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (  # fairseq's AssertionError "Criterion does not match"
+            ["--criterion", "label_smoothed_cross_entropy"],
+            "lsg64.pt was trained with the criterion CrossEntropyCriterion (--criterion cross_entropy), this run's is "
+            "LabelSmoothedCrossEntropyCriterion: resume with that criterion, or pass --reset-optimizer",
+        ),
+        (  # its AssertionError "Optimizer does not match"
+            ["--optimizer", "grouped_adam"],
+            "lsg64.pt was trained with the optimizer FairseqAdam (--optimizer adam), this run's is GroupedAdam: resume "
+            "with that optimizer, or pass --reset-optimizer",
+        ),
+        (  # the scheduler's KeyError: 'best'
+            ["--lr-scheduler", "inverse_sqrt"],
+            "lsg64.pt was trained with another learning-rate schedule than --lr-scheduler inverse_sqrt (its saved "
+            "state lacks best): resume with its --lr-scheduler, or pass --reset-lr-scheduler",
+        ),
+    ],
+)
+def test_another_criterion_optimizer_or_schedule_on_resume_named(data_dir, saved, tmp_path, flags, expected):
+    restore = ["--max-source-positions", "64", "--restore-file", saved["lsg64"]]
+    cfg, trainer = build_trainer(data_dir, tmp_path / "run", *LSG_TINY, *restore, *flags)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    assert expected in str(e.value)
+    reset = {"reset_lr_scheduler": True} if "--lr-scheduler" in flags else {"reset_optimizer": True}
+    trainer.load_checkpoint(saved["lsg64"], **reset)  # what the message advises loads
+
+
 def test_max_source_positions_above_position_table_named(data_dir, saved, tmp_path):
     short = saved["lsg64"]
     cfg, trainer = build_trainer(

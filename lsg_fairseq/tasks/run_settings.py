@@ -71,6 +71,8 @@ def check_training_args(cfg) -> None:
     """fairseq-train's settings (TRAINING_SETTINGS, ``--adam-betas``) and the combinations fairseq
     fails on late or keeps without a word (:func:`check_best_checkpoint_metric`,
     :func:`check_finetune_from_model`)."""
+    if getattr(getattr(cfg, "optimizer", None), "_name", None) is None:  # fairseq's ValueError after loading
+        raise ConfigError("--optimizer is required (e.g. --optimizer adam; LOCOST's --ssm-lr needs grouped_adam)")
     check_settings(cfg, TRAINING_SETTINGS)
     betas = getattr(getattr(cfg, "optimizer", None), "adam_betas", None)
     problem = None if betas is None else adam_betas_problem(betas)
