@@ -151,6 +151,21 @@ def saved_model_cfg(path):
     return model_cfg
 
 
+def saved_task_name(path):
+    """The ``--task`` the checkpoint at ``path`` was trained with, None if unreadable or unsaid.
+    Memory-mapped: no copy of the weights."""
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # noqa: BLE001  (fairseq's loader says what is wrong with the file)
+        return None
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    task = cfg.get("task") if isinstance(cfg, dict) else getattr(cfg, "task", None)
+    name = task.get("_name") if hasattr(task, "get") else getattr(task, "_name", None)
+    if name is None and isinstance(state, dict):  # a legacy checkpoint: its argparse namespace
+        name = getattr(state.get("args"), "task", None)
+    return name
+
+
 def _model_class(model_cfg):
     from fairseq.models import ARCH_MODEL_REGISTRY
 

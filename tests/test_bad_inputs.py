@@ -786,6 +786,17 @@ def test_interactive_flags_refused_in_one_line(word_data, tiny_checkpoint, capsy
         (["--max-tokens", "4096", "--path", "nope.pt"], "--path nope.pt: no such checkpoint file"),  # OSError
         (["--path", "CKPT"], "--max-tokens or --batch-size is required"),  # AssertionError
         (["--path", "CKPT", "--max-tokens", "4096", "--model-overrides", "x"], "--model-overrides x: must be"),
+        # the checkpoint's task is built whatever --task says: the flag was ignored (here exit 0, the
+        # summarization loss reported as a GSG model's)
+        (
+            ["--path", "CKPT", "--max-tokens", "4096", "--task", "gap_sentence_generation"],
+            "--task gap_sentence_generation: CKPT was trained with --task long_document_summarization, and "
+            "fairseq-validate evaluates with the checkpoint's own task",
+        ),
+        (  # fairseq-validate has no default task: KeyError: None from fairseq's parser
+            ["--path", "CKPT", "--max-tokens", "4096", "--task", None],
+            "the following arguments are required: --task",
+        ),
     ],
 )
 def test_validate_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, monkeypatch, flags, expected):
@@ -793,7 +804,11 @@ def test_validate_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, 
     from fairseq_cli import validate
 
     flags = [tiny_checkpoint if f == "CKPT" else f for f in flags]
+    expected = expected.replace("CKPT", tiny_checkpoint)
     argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization", "--cpu"]
+    if flags[-2] == "--task":  # given in flags, or (None) not at all
+        argv = argv[:3] + argv[5:] + ([] if flags[-1] is None else flags[-2:])
+        flags = flags[:-2]
     monkeypatch.setattr("sys.argv", ["fairseq-validate", *argv, *flags])
     with pytest.raises(SystemExit) as e:
         validate.cli_main()
@@ -1164,9 +1179,12 @@ def test_a_second_shard_is_loaded_beside_the_first(word_data, tmp_path):
     shutil.copytree(word_data, data)
     for path in glob.glob(str(data / "train.*")):
         shutil.copy(path, path.replace("train.", "train1."))
-    for flags, examples in (([], 24), (["--upsample-primary", "2"], 36)):
+    # -1: fairseq's default, which the checkpoints of earlier runs hold (generate and validate set
+    # their task up from it): read as the 1 it meant
+    for flags, examples in (([], 24), (["--upsample-primary", "2"], 36), (["--upsample-primary", "-1"], 24)):
         task = tasks.setup_task(training_cfg(data, *flags).task)
         task.load_dataset("train", combine=True)
         assert len(task.datasets["train"]) == examples
-    with pytest.raises(ConfigError, match="^--upsample-primary 0: must be an integer >= 1$"):
-        tasks.setup_task(training_cfg(data, "--upsample-primary", "0").task)
+    for value in ("0", "-2"):
+        with pytest.raises(ConfigError, match=f"^--upsample-primary {value}: must be an integer >= 1$"):
+            tasks.setup_task(training_cfg(data, "--upsample-primary", value).task)

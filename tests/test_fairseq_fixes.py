@@ -154,6 +154,20 @@ def test_train_without_arch_is_argparses_error_not_a_bare_runtime_error(capsys):
     assert with_arch.arch == "transformer"
 
 
+def test_validate_without_task_is_argparses_error_not_a_key_error(capsys):
+    """fairseq-validate's parser has no default task: the stock parse looks None up in the task
+    registry (``KeyError: None``); the installed one says argparse's missing-flag line, exit 2."""
+    argv = ["data-bin", "--path", "m.pt"]
+    with pytest.raises(KeyError) as stock:
+        original(options, "parse_args_and_arch")(options.get_validation_parser(), argv)
+    assert stock.value.args == (None,)
+    with pytest.raises(SystemExit) as e:
+        options.parse_args_and_arch(options.get_validation_parser(), argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "error: the following arguments are required: --task" in err
+    assert options.parse_args_and_arch(options.get_validation_parser(), argv + ["--task", "translation"]).task
+
+
 def test_weights_only_load_needs_the_allowlist(tmp_path):
     """fairseq#5603/#5610: torch >= 2.6 refuses what every legacy-arch fairseq checkpoint holds."""
     path = str(tmp_path / "legacy.pt")

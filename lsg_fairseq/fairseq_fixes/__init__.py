@@ -9,7 +9,7 @@ patches anything.
 
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the fixes:
 atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, ``--bf16`` inference in
-bfloat16, a missing ``--arch`` named, the weights-only allowlist, NaN reports that reach the
+bfloat16, a missing ``--arch`` or ``--task`` named, the weights-only allowlist, NaN reports that reach the
 backward pass, ``--num-batch-buckets`` on numpy 2.4+, a legacy model's own flags under
 ``fairseq-hydra-train``, no data-loader worker's temp folder left behind, no best score carried from
 one training to the next in a process. This
@@ -29,6 +29,7 @@ from lsg_fairseq.fairseq_fixes import (
     checkpoint_errors,
     hydra_model_flags,
     missing_arch,
+    missing_task,
     nan_detector_hooks,
     numpy_buckets,
     one_line_errors,
@@ -49,6 +50,7 @@ FIXES = (
     bf16_off_tpu,
     bf16_inference,
     missing_arch,
+    missing_task,
     hydra_model_flags,
     nan_detector_hooks,
     numpy_buckets,

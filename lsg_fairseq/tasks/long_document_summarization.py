@@ -29,6 +29,7 @@ A :class:`~fairseq.tasks.translation.TranslationTask` with the conventions long 
   (:mod:`lsg_fairseq.device_policy`).
 """
 
+import contextlib
 import logging
 import os
 from argparse import Namespace
@@ -41,6 +42,7 @@ from fairseq.data import Dictionary
 from fairseq.logging import metrics
 from fairseq.tasks import register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
+from omegaconf import OmegaConf, open_dict
 
 from lsg_fairseq import checkpoint_policy, device_policy
 from lsg_fairseq.data.summarization_pairs import inference_sources, load_summarization_pair
@@ -203,6 +205,9 @@ class LongDocumentSummarizationTask(TranslationTask):
         ):
             if value is not None and value < 2:
                 raise ConfigError(f"{flag} must be >= 2 (room for <s>/</s> and one token), got {value}")
+        if cfg.upsample_primary == -1:  # fairseq's default, saved in the checkpoints of earlier runs: 1 meant
+            with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext():
+                cfg.upsample_primary = 1
         problem = POSITIVE_INT.problem(cfg.upsample_primary)  # below 1: np.tile's error, or no first shard
         if problem:
             raise ConfigError(f"--upsample-primary {cfg.upsample_primary}: {problem}")

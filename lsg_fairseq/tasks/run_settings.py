@@ -19,6 +19,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
+from lsg_fairseq.checkpoint_policy import saved_task_name
 from lsg_fairseq.tasks.hydra_config import check_hydra_positions
 from lsg_text.argtypes import (
     GENERATE_SETTINGS,
@@ -409,6 +410,14 @@ def check_validate_args(cfg) -> None:
     """fairseq-validate's settings: one checkpoint, a batch size, RUN_SETTINGS."""
     check_settings(cfg, RUN_SETTINGS)
     check_checkpoint_paths(cfg.common_eval.path, "validate", ensemble=False)
+    # fairseq-validate builds the checkpoint's own task, whatever --task says (and runs this check
+    # for the --task given): another one was either ignored or read the data as the checkpoint's
+    saved, given = saved_task_name(cfg.common_eval.path), getattr(cfg.task, "_name", None)
+    if saved and given and saved != given:
+        raise ConfigError(
+            f"--task {given}: {cfg.common_eval.path} was trained with --task {saved}, and fairseq-validate "
+            f"evaluates with the checkpoint's own task (its data format and its loss); pass --task {saved}"
+        )
     if cfg.dataset.max_tokens is None and cfg.dataset.batch_size is None:  # fairseq's AssertionError
         raise ConfigError("--max-tokens or --batch-size is required: how many tokens (or examples) per batch")
     check_model_overrides(cfg.common_eval.model_overrides)
