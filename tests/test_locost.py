@@ -342,6 +342,9 @@ def test_checkpoint_activations_same_gradients(word_data):
         ("--d-state", "7", "--d-state must be even"),
         ("--ssm-dt-min", "0.5", "--ssm-dt-min <= --ssm-dt-max"),
         ("--ssm-kernel-product", "bf16", "mode of the fused generator: add --ssm-kernel-compile True"),
+        # an IndexError in the first step (a bucket past the table)
+        ("--relative-attention-max-distance", "16", "--relative-attention-max-distance 16 must exceed half of"),
+        ("--relative-attention-num-buckets", "256", "--relative-attention-max-distance 128 must exceed half of"),
     ],
 )
 def test_bad_flags_refused(word_data, flag, value, match):

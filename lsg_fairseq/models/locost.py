@@ -152,6 +152,15 @@ def check_locost_args(args) -> None:
         check_kernel_product(product, bool_flag(compiled), name=flags.get)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    # the decoder's buckets: half are exact offsets, the rest log-spaced from there to the distance,
+    # log(distance / exact) their divisor (0 or negative: buckets out of range, an IndexError in the
+    # first step with a target longer than the exact half)
+    buckets, distance = args.relative_attention_num_buckets, args.relative_attention_max_distance
+    if distance <= buckets // 2:
+        raise ConfigError(
+            f"--relative-attention-max-distance {distance} must exceed half of --relative-attention-num-buckets "
+            f"{buckets} ({buckets // 2}: the exact offsets; the other buckets are log-spaced up to the distance)"
+        )
 
 
 class LOCOSTEncoder(FairseqEncoder):
