@@ -175,7 +175,7 @@ def select_gap_sentences(
 def validate_mask_probs(probs: Sequence[float]) -> Tuple[float, float, float, float]:
     if len(probs) != 4:
         raise ValueError(f"need 4 mask-action probabilities (mask, remove, keep, random), got {probs}")
-    if any(p < 0 or p > 1 for p in probs):
+    if any(not 0 <= p <= 1 for p in probs):  # NaN too: it fails every comparison
         raise ValueError(f"mask-action probabilities must be in [0, 1], got {list(probs)}")
     if abs(sum(probs) - 1.0) > 1e-6:
         raise ValueError(

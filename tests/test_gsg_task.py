@@ -369,7 +369,12 @@ def test_truncation_keeps_eos_and_is_counted(corpus_dir):
         ("gsg_ratio", 0.0, "--gsg-ratio must be in"),
         ("gsg_ratio_max", 0.1, "--gsg-ratio-max must be in"),
         ("gsg_keep_prob", 0.5, "must sum to 1"),
-        ("gsg_score_noise", -1.0, "--gsg-score-noise must be >= 0"),
+        ("gsg_score_noise", -1.0, "--gsg-score-noise must be a finite number >= 0"),
+        # NaN fails every comparison: the checks passed it (NaN noise ran with exit 0; a NaN mask
+        # probability beside 0.5 and 0.5 failed in numpy's choice)
+        ("gsg_score_noise", float("nan"), "--gsg-score-noise must be a finite number >= 0"),
+        ("gsg_score_noise", float("inf"), "--gsg-score-noise must be a finite number >= 0"),
+        ("gsg_mask_prob", float("nan"), "mask-action probabilities must be in \\[0, 1\\], got \\[nan"),
     ],
 )
 def test_config_validation(field, value, message):
@@ -635,6 +640,10 @@ def test_mask_symbol_must_be_in_dictionary(corpus_dir):
     assert task.mask_index == sentinel != d.index("<mask>")
     task.load_dataset("valid")
     assert sentinel in task.datasets["valid"][0]["source"].tolist()
+    for special in ("<pad>", "</s>", "<s>", "<unk>"):  # <pad>: masking became removal, exit 0
+        cfg = GapSentenceGenerationConfig(seed=1, data=str(corpus_dir), gsg_mask_symbol=special)
+        with pytest.raises(ValueError, match=f"--gsg-mask-symbol {special}: one of the dictionary's special symbols"):
+            GapSentenceGenerationTask(cfg, d, d)
 
 
 def test_missing_split_named(corpus_dir):

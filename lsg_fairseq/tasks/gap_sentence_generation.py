@@ -12,6 +12,7 @@ epoch and logged as ``gsg_src_trunc`` / ``gsg_tgt_trunc``.
 """
 
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -91,8 +92,8 @@ def validate_gsg_config(cfg) -> None:
         raise ConfigError(
             f"--gsg-ratio-max must be in [--gsg-ratio, 1] = [{cfg.gsg_ratio}, 1], got {cfg.gsg_ratio_max}"
         )
-    if cfg.gsg_score_noise < 0:
-        raise ConfigError(f"--gsg-score-noise must be >= 0, got {cfg.gsg_score_noise}")
+    if not 0 <= cfg.gsg_score_noise < math.inf:  # NaN fails every comparison; inf makes every score inf or NaN
+        raise ConfigError(f"--gsg-score-noise must be a finite number >= 0, got {cfg.gsg_score_noise}")
     if cfg.gsg_score_noise > 0 and str(cfg.gsg_selection) != "ind_orig":
         raise ConfigError(f"--gsg-score-noise applies to --gsg-selection ind_orig only, not {cfg.gsg_selection}")
     probs = (cfg.gsg_mask_prob, cfg.gsg_remove_prob, cfg.gsg_keep_prob, cfg.gsg_random_prob)
@@ -121,6 +122,12 @@ class GapSentenceGenerationTask(LongDocumentSummarizationTask):
                 "dict.txt or the default <mask> (added by the task)"
             )
         self.mask_index = src_dict.index(cfg.gsg_mask_symbol)
+        specials = (src_dict.bos(), src_dict.pad(), src_dict.eos(), src_dict.unk())
+        if self.mask_index in specials:  # <pad> is skipped by the encoder, </s> ends the source: not a mask
+            raise ConfigError(
+                f"--gsg-mask-symbol {cfg.gsg_mask_symbol}: one of the dictionary's special symbols (<s>, <pad>, "
+                "</s>, <unk>), which the model reads as such; use <mask> (added by the task) or another symbol"
+            )
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
         paths = utils.split_paths(self.cfg.data)
