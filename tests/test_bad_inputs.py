@@ -1188,3 +1188,25 @@ def test_a_second_shard_is_loaded_beside_the_first(word_data, tmp_path):
     for value in ("0", "-2"):
         with pytest.raises(ConfigError, match=f"^--upsample-primary {value}: must be an integer >= 1$"):
             tasks.setup_task(training_cfg(data, "--upsample-primary", value).task)
+
+
+def test_data_of_another_dictionary_is_named(word_data, tmp_path):
+    """A dict.txt shorter than the one the data was binarized with: fairseq trained on until an id
+    past the embedding, "IndexError: index out of range in self" in the first batch holding one."""
+    import shutil
+
+    from fairseq import tasks
+
+    from lsg_text.fileio import DataError
+
+    data = tmp_path / "short_dict"
+    shutil.copytree(word_data, data)
+    for side in ("source", "target"):
+        lines = (data / f"dict.{side}.txt").read_text().splitlines(keepends=True)
+        (data / f"dict.{side}.txt").write_text("".join(lines[:500]))
+    task = tasks.setup_task(training_cfg(data).task)
+    with pytest.raises(
+        DataError, match=r"valid.source-target.source.bin holds token id \d+, but .*dict.source.txt has 505"
+    ):
+        task.load_dataset("valid")
+    tasks.setup_task(training_cfg(word_data).task).load_dataset("valid")  # its own dictionary: loads

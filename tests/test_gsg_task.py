@@ -646,6 +646,21 @@ def test_mask_symbol_must_be_in_dictionary(corpus_dir):
             GapSentenceGenerationTask(cfg, d, d)
 
 
+def test_a_corpus_of_another_dictionary_is_named(corpus_dir, tmp_path):
+    """An id past the dictionary: an IndexError in the embedding at the first batch holding one."""
+    import shutil
+
+    from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationTask
+
+    short = tmp_path / "short"
+    shutil.copytree(corpus_dir, short)
+    (short / "dict.txt").write_text("".join((corpus_dir / "dict.txt").read_text().splitlines(keepends=True)[:50]))
+    d = GapSentenceGenerationTask.load_dictionary(str(short / "dict.txt"))
+    task = GapSentenceGenerationTask(GapSentenceGenerationConfig(seed=1, data=str(short)), d, d)
+    with pytest.raises(ValueError, match=r"valid.gsg.tokens.npy holds token id \d+, but .*dict.txt has 55 symbols"):
+        task.load_dataset("valid")
+
+
 def test_missing_split_named(corpus_dir):
     """A split with no corpus file: one refusal naming the folder, the split and the flags."""
     from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationTask

@@ -10,7 +10,9 @@ is memory-mapped.
 
 import os
 import struct
-from typing import List, Optional
+from typing import Iterator, List, Optional
+
+import numpy as np
 
 from lsg_text.errors import MissingFileError
 from lsg_text.fileio import DataError
@@ -115,3 +117,31 @@ def check_binarized_pair(data_path: str, split: str, src: str, tgt: Optional[str
                 "scripts/preprocess.sh, which checks the raw files first)"
             )
         return
+
+
+# tokens read from the start of each file: a dictionary of another binarization shows within a few
+# documents (their ids cover its range), and a training set's gigabytes are not read at every start
+ID_SCAN_TOKENS = 1 << 24
+
+
+def check_token_ids(tokens, vocabulary_size: int, where: str, dictionary: str) -> None:
+    """Refuse a token id at or past ``vocabulary_size`` among the first :data:`ID_SCAN_TOKENS` of
+    ``tokens`` (an array, memory-mapped or not): data binarized with another, larger dictionary than
+    ``dictionary``. The model's embedding would fail on it at the first batch that holds one
+    (``IndexError: index out of range in self``), after the data and the model are loaded."""
+    head = np.asarray(tokens[:ID_SCAN_TOKENS])
+    largest = int(head.max()) if head.size else -1
+    if largest >= vocabulary_size:
+        raise DataError(
+            f"{where} holds token id {largest}, but {dictionary} has {vocabulary_size} symbols (the task's "
+            "included): the data was binarized with another dictionary; give the folder the dict it was made with"
+        )
+
+
+def mmap_token_files(dataset) -> Iterator:
+    """(the tokens of one .bin file, its path) of each fairseq mmap dataset in ``dataset`` (itself,
+    or the shards a ConcatDataset holds); other kinds of dataset hold none."""
+    if hasattr(dataset, "_bin_buffer") and hasattr(dataset, "_index"):
+        yield np.frombuffer(dataset._bin_buffer, dtype=dataset._index.dtype), f"{dataset._path}.bin"
+    for part in getattr(dataset, "datasets", ()):
+        yield from mmap_token_files(part)

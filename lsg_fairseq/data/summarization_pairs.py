@@ -15,7 +15,7 @@ import torch
 from fairseq.data import Dictionary, LanguagePairDataset, PrependTokenDataset
 from fairseq.tasks.translation import load_langpair_dataset
 
-from lsg_fairseq.data.binarized import check_binarized_pair, require_split
+from lsg_fairseq.data.binarized import check_binarized_pair, check_token_ids, mmap_token_files, require_split
 from lsg_fairseq.data.truncation import TruncateKeepEosDataset, empty_indices, truncate_keep_eos
 from lsg_text.fileio import DataError
 
@@ -49,6 +49,9 @@ def load_summarization_pair(
     refuse_empty(pair.src.sizes, f"{where}.{src}", "source")
     if pair.tgt is not None:
         refuse_empty(pair.tgt.sizes, f"{where}.{tgt}", "target")
+    for side, lang, dictionary in ((pair.src, src, src_dict), (pair.tgt, tgt, tgt_dict)):
+        for tokens, path in mmap_token_files(side):
+            check_token_ids(tokens, len(dictionary), path, os.path.join(data_path, f"dict.{lang}.txt"))
 
     bos = 1 if prepend_bos else 0
     src_ds = TruncateKeepEosDataset(pair.src, cfg.max_source_positions - bos, src_dict.eos())

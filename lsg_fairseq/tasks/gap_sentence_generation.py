@@ -13,6 +13,7 @@ epoch and logged as ``gsg_src_trunc`` / ``gsg_tgt_trunc``.
 
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -21,6 +22,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from omegaconf import II
 
+from lsg_fairseq.data.binarized import check_token_ids
 from lsg_fairseq.data.gsg_dataset import GapSentenceDataset, GSGCorpus, corpus_prefix, require_corpus_split
 from lsg_fairseq.tasks.long_document_summarization import LongDocumentSummarizationConfig, LongDocumentSummarizationTask
 from lsg_text import gsg
@@ -134,7 +136,9 @@ class GapSentenceGenerationTask(LongDocumentSummarizationTask):
         data_path = paths[(epoch - 1) % len(paths)] if split == self.cfg.train_subset else paths[0]
         train = split == self.cfg.train_subset
         require_corpus_split(data_path, split, train)
-        corpus = GSGCorpus(corpus_prefix(data_path, split))
+        prefix = corpus_prefix(data_path, split)
+        corpus = GSGCorpus(prefix)
+        check_token_ids(corpus.tokens, len(self.src_dict), f"{prefix}.tokens.npy", os.path.join(data_path, "dict.txt"))
         dataset = GapSentenceDataset(
             corpus,
             self.src_dict,
