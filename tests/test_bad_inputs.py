@@ -500,6 +500,30 @@ def test_generate_with_another_vocabulary_is_one_line(word_data, tiny_checkpoint
     assert e.value.code == 2 and "Traceback" not in err
     line = err.strip().splitlines()[-1]
     assert line.startswith("lsg-fairseq-generate: error: the checkpoint's vocabulary has ") and "give the data" in line
+    assert "--task" not in line  # one symbol more in the data: not the <mask> a missing --task leaves out
+
+
+def test_one_symbol_fewer_than_the_checkpoint_names_the_task(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """One symbol fewer than the checkpoint is what a command without this plugin's --task reads (its
+    tasks add <mask>): the message says so beside the data folder."""
+    import shutil
+
+    from lsg_fairseq.cli import fairseq_wrappers
+
+    data = tmp_path / "one_fewer"
+    shutil.copytree(word_data, data)
+    for name in ("dict.source.txt", "dict.target.txt"):
+        lines = (data / name).read_text().splitlines(keepends=True)
+        (data / name).write_text("".join(lines[:-1]))
+    monkeypatch.setattr("sys.argv", ["lsg-fairseq-generate"])
+    with pytest.raises(SystemExit) as e:
+        fairseq_wrappers.generate([str(data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--cpu"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "the checkpoint's vocabulary has " in line
+    assert line.endswith(
+        "one symbol apart, the run lacks the checkpoint's --task (e.g. --task "
+        "long_document_summarization: its tasks add <mask> to the dictionary)"
+    ), line
 
 
 def test_a_damaged_dictionary_is_one_line_naming_its_line(word_data, tiny_checkpoint, tmp_path, capsys, monkeypatch):
@@ -580,6 +604,10 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--post-process", "gpt2"], "--post-process gpt2: not one of fairseq's"),  # NotImplementedError
         (["--required-seq-len-multiple", "0"], "--required-seq-len-multiple 0: must be an integer >= 1"),
         (["--lm-path", "nope.pt"], "--lm-path: file not found: nope.pt"),  # OSError
+        (  # a TypeError in the first search step: the language model is called as a decoder-only one
+            ["--lm-path", "CKPT"],
+            "--lm-path CKPT: a checkpoint of --task long_document_summarization, not a language model",
+        ),
         (["--model-overrides", "nonsense"], "--model-overrides nonsense: must be a Python dict"),  # ValueError
         (  # torch's size-mismatch traceback once the model was built with the override
             ["--model-overrides", "{'max_source_positions': 256}"],
@@ -609,6 +637,11 @@ def test_generate_flags_refused_in_one_line(word_data, tiny_checkpoint, tmp_path
     NotADirectoryError (below one)."""
     from lsg_fairseq.cli import fairseq_wrappers
 
+    if "CKPT" in flags:
+        flags, expected = (
+            [tiny_checkpoint if f == "CKPT" else f for f in flags],
+            expected.replace("CKPT", tiny_checkpoint),
+        )
     if flags in ("results_path_is_a_file", "results_path_below_a_file"):
         (tmp_path / "afile").write_text("kept\n")
         path = tmp_path / "afile" if flags.endswith("is_a_file") else tmp_path / "afile" / "run1"

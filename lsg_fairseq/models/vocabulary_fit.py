@@ -26,10 +26,18 @@ class VocabularyCheckedLoad:
             ours = self.state_dict()
             for key in VOCABULARY_KEYS:
                 if key in state_dict and key in ours and state_dict[key].shape[0] != ours[key].shape[0]:
+                    theirs, read = state_dict[key].shape[0], ours[key].shape[0]
+                    # this plugin's tasks add <mask> to the data's dictionary; fairseq's own do not
+                    task = (
+                        "; or, one symbol apart, the run lacks the checkpoint's --task (e.g. --task "
+                        "long_document_summarization: its tasks add <mask> to the dictionary)"
+                        if theirs == read + 1
+                        else ""
+                    )
                     raise CheckpointError(
-                        f"the checkpoint's vocabulary has {state_dict[key].shape[0]} symbols, the dictionary "
-                        f"this run read has {ours[key].shape[0]} ({key}): give the data folder (its dict*.txt) "
-                        "the model was trained or converted with"
+                        f"the checkpoint's vocabulary has {theirs} symbols, the dictionary this run read has "
+                        f"{read} ({key}): give the data folder (its dict*.txt) the model was trained or converted "
+                        f"with{task}"
                     ) from e
             # tensors missing or unexpected (another arch's checkpoint) are left to torch's message, which
             # fairseq-train's restore explains (checkpoint_policy)

@@ -477,6 +477,12 @@ def check_generate_args(cfg, command: str) -> None:
             )
     if gen.lm_path is not None:  # fairseq's OSError traceback once the models are loaded
         require_file(gen.lm_path, "--lm-path")
+        task = saved_task_name(gen.lm_path)  # an encoder-decoder's: a TypeError in the first search step
+        if task is not None and "language_modeling" not in task:
+            raise ConfigError(
+                f"--lm-path {gen.lm_path}: a checkpoint of --task {task}, not a language model (fairseq's "
+                "language_modeling task) that the search can add to the model's scores"
+            )
     check_model_overrides(cfg.common_eval.model_overrides)
     check_packages(cfg)
     check_bpe_files(getattr(cfg, "bpe", None))
