@@ -611,7 +611,8 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         (["--model-overrides", "nonsense"], "--model-overrides nonsense: must be a Python dict"),  # ValueError
         (  # torch's size-mismatch traceback once the model was built with the override
             ["--model-overrides", "{'max_source_positions': 256}"],
-            "in this model: the model built from the checkpoint's settings as changed (--model-overrides) does not fit "
+            "in this model: the model built from the checkpoint's settings as changed (--model-overrides, and "
+            "fairseq-validate's own flags such as --max-target-positions, which it applies to the model) does not fit "
             "its weights; extend it with `lsg-fairseq-convert CHECKPOINT OUT_DIR --max-source-positions 256`",
         ),
         # the tokenizer's files, once the models are loaded: a download of fairseq's GPT-2 files (no
@@ -825,6 +826,10 @@ def test_interactive_flags_refused_in_one_line(word_data, tiny_checkpoint, capsy
             ["--path", "CKPT", "--max-tokens", "4096", "--task", "gap_sentence_generation"],
             "--task gap_sentence_generation: CKPT was trained with --task long_document_summarization, and "
             "fairseq-validate evaluates with the checkpoint's own task",
+        ),
+        (  # applied to the model: torch's size-mismatch traceback (the checkpoint's decoder table is 64)
+            ["--path", "CKPT", "--max-tokens", "4096", "--max-target-positions", "16", "--truncate-target"],
+            "decoder.embed_positions.weight is [66, 16] in the checkpoint, [18, 16] in this model",
         ),
         (  # fairseq-validate has no default task: KeyError: None from fairseq's parser
             ["--path", "CKPT", "--max-tokens", "4096", "--task", None],

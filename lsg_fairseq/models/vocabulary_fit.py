@@ -56,5 +56,6 @@ class VocabularyCheckedLoad:
             raise CheckpointError(
                 f"{key} is {list(state_dict[key].shape)} in the checkpoint, {list(ours[key].shape)} in this model"
                 f"{f' (and {more} more)' if more else ''}: the model built from the checkpoint's settings as changed "
-                f"(--model-overrides) does not fit its weights{hint}"
+                f"(--model-overrides, and fairseq-validate's own flags such as --max-target-positions, which it "
+                f"applies to the model) does not fit its weights{hint}"
             ) from e
