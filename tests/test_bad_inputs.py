@@ -1248,3 +1248,20 @@ def test_data_of_another_dictionary_is_named(word_data, tmp_path):
     ):
         task.load_dataset("valid")
     tasks.setup_task(training_cfg(word_data).task).load_dataset("valid")  # its own dictionary: loads
+
+
+def test_positions_with_no_room_for_a_token_refused(word_data):
+    """--max-target-positions 2 beside <s>: every target was truncated to <s></s> and trained on,
+    exit 0; 1 leaves no room even without <s>."""
+    from fairseq import tasks
+
+    from lsg_text.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--max-target-positions must be >= 2 \(room for </s> and one token\)"):
+        tasks.setup_task(training_cfg(word_data, "--max-target-positions", "1").task)
+    cfg = training_cfg(word_data, "--max-target-positions", "2")
+    task = tasks.setup_task(cfg.task)
+    with pytest.raises(ConfigError, match=r"^--max-target-positions must be >= 3 with <s> before each sequence"):
+        task.build_model(cfg.model)
+    cfg = training_cfg(word_data, "--max-target-positions", "2", "--no-prepend-bos")  # T5-style: </s> + a token
+    tasks.setup_task(cfg.task).build_model(cfg.model)

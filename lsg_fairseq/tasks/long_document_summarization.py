@@ -204,7 +204,7 @@ class LongDocumentSummarizationTask(TranslationTask):
             ("--max-target-positions", cfg.max_target_positions),
         ):
             if value is not None and value < 2:
-                raise ConfigError(f"{flag} must be >= 2 (room for <s>/</s> and one token), got {value}")
+                raise ConfigError(f"{flag} must be >= 2 (room for </s> and one token), got {value}")
         if cfg.upsample_primary == -1:  # fairseq's default, saved in the checkpoints of earlier runs: 1 meant
             with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext():
                 cfg.upsample_primary = 1
@@ -403,6 +403,15 @@ class LongDocumentSummarizationTask(TranslationTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super(TranslationTask, self).build_model(cfg, from_checkpoint)
         self._model_prepend_bos = bool(getattr(model, "prepend_bos", True))  # before any dataset
+        for flag, value in (
+            ("--max-source-positions", self.cfg.max_source_positions),
+            ("--max-target-positions", self.cfg.max_target_positions),
+        ):
+            if self.prepend_bos and value is not None and value < 3:  # else every example truncated to <s></s>
+                raise ConfigError(
+                    f"{flag} must be >= 3 with <s> before each sequence ({type(model).__name__}'s convention: room "
+                    f"for <s>, </s> and one token), got {value}"
+                )
         if self.cfg.eval_rouge:
             self.bpe = build_eval_bpe(self.cfg, self.tgt_dict)
             self.eval_rouge_gen_args = parse_eval_rouge_args(self.cfg.eval_rouge_args)
