@@ -661,6 +661,22 @@ def test_a_corpus_of_another_dictionary_is_named(corpus_dir, tmp_path):
         task.load_dataset("valid")
 
 
+def test_targets_above_the_model_name_no_flag_gsg_ignores(corpus_dir):
+    """GSG cuts its targets to --max-target-positions itself: a generation with a model of fewer
+    target positions is told to lower that flag, not to add --truncate-target (which GSG ignores)."""
+    import numpy as np
+
+    from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationTask
+
+    d = GapSentenceGenerationTask.load_dictionary(str(corpus_dir / "dict.txt"))
+    task = GapSentenceGenerationTask(GapSentenceGenerationConfig(seed=1, data=str(corpus_dir)), d, d)
+    task.load_dataset("valid")
+    dataset = task.datasets["valid"]
+    with pytest.raises(ValueError) as e:
+        task.filter_indices_by_size(np.arange(len(dataset)), dataset, max_positions=(100_000, 4))
+    assert str(e.value).endswith("the model accepts at most 4 target tokens; lower --max-target-positions to 4")
+
+
 def test_missing_split_named(corpus_dir):
     """A split with no corpus file: one refusal naming the folder, the split and the flags."""
     from lsg_fairseq.tasks.gap_sentence_generation import GapSentenceGenerationTask

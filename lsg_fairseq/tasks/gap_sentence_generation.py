@@ -108,6 +108,7 @@ def validate_gsg_config(cfg) -> None:
 @register_task("gap_sentence_generation", dataclass=GapSentenceGenerationConfig)
 class GapSentenceGenerationTask(LongDocumentSummarizationTask):
     cfg: GapSentenceGenerationConfig
+    truncates_targets = True  # its gap-sentence targets are cut to --max-target-positions, counted
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)

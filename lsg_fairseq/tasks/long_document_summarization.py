@@ -146,6 +146,7 @@ def data_argument() -> str:
 @register_task(TASK_NAME, dataclass=LongDocumentSummarizationConfig)
 class LongDocumentSummarizationTask(TranslationTask):
     cfg: LongDocumentSummarizationConfig
+    truncates_targets = False  # whatever --truncate-target says (a subclass that always cuts them: True)
 
     def __init__(self, cfg, src_dict, tgt_dict):
         super().__init__(cfg, src_dict, tgt_dict)
@@ -285,7 +286,8 @@ class LongDocumentSummarizationTask(TranslationTask):
                 continue
             longest = int(max(sizes[i] for i in too_long))
             # a lower --max-target-positions cuts targets only with --truncate-target (else refused below)
-            with_truncation = "" if side == "source" or self.cfg.truncate_target else " with --truncate-target"
+            truncated = side == "source" or self.cfg.truncate_target or self.truncates_targets
+            with_truncation = "" if truncated else " with --truncate-target"
             head = (
                 f"{where}: {len(too_long)} of {len(indices)} examples have a {side} longer than {limit} "
                 f"tokens (first: example #{too_long[0]}, {int(sizes[too_long[0]])} tokens; longest {longest})"
@@ -295,7 +297,7 @@ class LongDocumentSummarizationTask(TranslationTask):
                     f"{head}: {tokens_flag} {max_tokens} is smaller than one example; raise "
                     f"{tokens_flag} to at least {longest}, or lower --max-{side}-positions{with_truncation}"
                 )
-            if side == "target" and limit >= task_max:
+            if side == "target" and limit >= task_max and not self.truncates_targets:
                 raise ConfigError(
                     f"{head}: pass --truncate-target (truncates and counts them) or raise "
                     f"--max-target-positions {task_max}, up to the model's own (for generation, score against the "
