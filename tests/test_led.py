@@ -159,6 +159,7 @@ def test_beam_search_generation(data_dir):
     [
         (["--attention-window", "8,8,8"], "--attention-window has 3 entries but the encoder has 2"),
         (["--global-token-ids", "3,600"], "--global-token-ids"),
+        (["--global-token-ids", "1,7"], "--global-token-ids: 1 is the dictionary's <pad>, which never attends"),
     ],
 )
 def test_invalid_hyper_parameters_refused_at_build(data_dir, flags, message):

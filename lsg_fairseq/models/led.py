@@ -76,7 +76,7 @@ def global_token_ids_arg(text: str) -> str:
     return text
 
 
-def validate_led_args(args, dictionary_size=None) -> None:
+def validate_led_args(args, dictionary_size=None, pad=None) -> None:
     """Refuse inconsistent LED hyper-parameters at build time (messages name the flags)."""
     try:
         parse_attention_windows(args.attention_window, args.encoder_layers)
@@ -91,6 +91,8 @@ def validate_led_args(args, dictionary_size=None) -> None:
         bad = [i for i in ids if not 0 <= i < dictionary_size]
         if bad:
             raise ConfigError(f"--global-token-ids {bad} outside the dictionary (size {dictionary_size})")
+    if pad is not None and pad in ids:  # padding never attends: the id would mark nothing
+        raise ConfigError(f"--global-token-ids: {pad} is the dictionary's <pad>, which never attends; drop it")
 
 
 class LEDEncoder(LongInputEncoder):
@@ -219,7 +221,7 @@ class LEDModel(LongInputBARTModel):
     @classmethod
     def build_model(cls, args, task):
         led_architecture_defaults(args)
-        validate_led_args(args, len(task.source_dictionary))
+        validate_led_args(args, len(task.source_dictionary), task.source_dictionary.pad())
         return super().build_model(args, task)
 
     @classmethod
