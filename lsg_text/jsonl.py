@@ -25,8 +25,8 @@ JSON_ERRORS = (json.JSONDecodeError, RecursionError)
 def json_problem(error: Exception) -> str:
     """One of :data:`JSON_ERRORS` in words: the decoder's message and where (the column, and the
     line past the first), or the nesting."""
-    if isinstance(error, RecursionError):
-        return "nested too deeply"
+    if not isinstance(error, json.JSONDecodeError):
+        return "nested too deeply"  # the RecursionError
     where = f"column {error.colno}" if error.lineno == 1 else f"line {error.lineno} column {error.colno}"
     return f"{error.msg} at {where}"
 
