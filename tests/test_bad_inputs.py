@@ -1265,3 +1265,33 @@ def test_positions_with_no_room_for_a_token_refused(word_data):
         task.build_model(cfg.model)
     cfg = training_cfg(word_data, "--max-target-positions", "2", "--no-prepend-bos")  # T5-style: </s> + a token
     tasks.setup_task(cfg.task).build_model(cfg.model)
+
+
+@pytest.mark.parametrize("arch", ["locost", "lsg_bart"])
+def test_a_source_past_the_model_names_the_override_only_without_a_table(word_data, arch):
+    """LOCOST's encoder holds no position table: its source limit is the checkpoint's setting, which
+    --model-overrides raises (the model then reads the longer inputs). LSG-BART's is its table's."""
+    import numpy as np
+    from fairseq import tasks
+    from omegaconf import open_dict
+
+    from conftest import TINY_LOCOST
+    from lsg_text.errors import ConfigError
+
+    model_flags = TINY_LOCOST if arch == "locost" else TINY_LSG_BART
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization"]
+    cfg = training_config(argv + [*model_flags, "--optimizer", "adam", "--cpu", "--max-source-positions", "256"])
+    task = tasks.setup_task(cfg.task)
+    with open_dict(cfg):
+        cfg.model.max_source_positions = 128  # the checkpoint's, below this run's 256
+    model = task.build_model(cfg.model)
+    task.load_dataset("valid")
+    dataset = task.datasets["valid"]
+    with pytest.raises(ConfigError) as e:
+        task.filter_indices_by_size(np.arange(len(dataset)), dataset, max_positions=model.max_positions())
+    message = str(e.value)
+    assert "the model accepts at most 128 source tokens; lower --max-source-positions to 128" in message
+    override = (
+        ", or raise the model's, which no position table holds: --model-overrides \"{'max_source_positions': 256}\""
+    )
+    assert message.endswith(override) == (arch == "locost"), message

@@ -303,9 +303,15 @@ class LongDocumentSummarizationTask(TranslationTask):
                     f"--max-target-positions {task_max}, up to the model's own (for generation, score against the "
                     "raw references, e.g. generate_to_rouge.py --ref-file)"
                 )
+            raise_limit = ""
+            if side == "source" and not getattr(self, "_source_table", True):
+                raise_limit = (
+                    f", or raise the model's, which no position table holds: --model-overrides "
+                    f"\"{{'max_source_positions': {task_max}}}\""
+                )
             raise ConfigError(
                 f"{head}: the model accepts at most {limit} {side} tokens; lower --max-{side}-positions to "
-                f"{limit}{with_truncation}"
+                f"{limit}{with_truncation}{raise_limit}"
             )
         if max_tokens is not None and len(indices):
             # fairseq-generate does not fold --max-tokens into the limits above (fairseq-train does);
@@ -405,6 +411,8 @@ class LongDocumentSummarizationTask(TranslationTask):
     def build_model(self, cfg, from_checkpoint=False):
         model = super(TranslationTask, self).build_model(cfg, from_checkpoint)
         self._model_prepend_bos = bool(getattr(model, "prepend_bos", True))  # before any dataset
+        # LOCOST's encoder has no position table: its source limit is a setting, which a model override raises
+        self._source_table = getattr(getattr(model, "encoder", None), "embed_positions", None) is not None
         for flag, value in (
             ("--max-source-positions", self.cfg.max_source_positions),
             ("--max-target-positions", self.cfg.max_target_positions),
