@@ -15,7 +15,7 @@ import lsg_fairseq
 from test_scripts import files_in, load_script
 from test_task import build as build_task
 
-from conftest import FIXTURES, TINY_LSG_BART, training_config
+from conftest import FIXTURES, TINY_LOCOST, TINY_LSG_BART, training_config
 
 
 def binarize(tmp_path, splits, name="bin"):
@@ -1275,7 +1275,6 @@ def test_a_source_past_the_model_names_the_override_only_without_a_table(word_da
     from fairseq import tasks
     from omegaconf import open_dict
 
-    from conftest import TINY_LOCOST
     from lsg_text.errors import ConfigError
 
     model_flags = TINY_LOCOST if arch == "locost" else TINY_LSG_BART
