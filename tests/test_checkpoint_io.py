@@ -479,3 +479,28 @@ def test_safetensors_file_named_as_hf_weights():
         CheckpointError, match=r"model\.safetensors: HF weights \(safetensors\), not a fairseq checkpoint"
     ):
         checkpoint_utils.load_checkpoint_to_cpu(path)
+
+
+def test_store_ema_from_a_checkpoint_without_one_starts_from_its_weights(data_dir, saved, tmp_path, monkeypatch):
+    """fairseq deletes state["model"] once loaded, then re-reads it to start an EMA the checkpoint
+    lacks: KeyError 'model' (a converted model fine-tuned with --store-ema). With the fix the EMA
+    starts from the checkpoint's weights, in fp32 too with --ema-fp32."""
+    from lsg_fairseq.fairseq_fixes._wrap import original
+
+    # another seed: the model (and the EMA copied from it) starts from other weights than the checkpoint's
+    flags = (*LSG_TINY, "--max-source-positions", "64", "--store-ema", "--ema-fp32", "--seed", "7")
+    cfg, trainer = build_trainer(data_dir, tmp_path / "stock", *flags)
+    with monkeypatch.context() as stock:
+        stock.setattr(checkpoint_utils, "load_checkpoint_to_cpu", original(checkpoint_utils, "load_checkpoint_to_cpu"))
+        with pytest.raises(KeyError, match="model"):
+            trainer.load_checkpoint(saved["lsg64"])
+    cfg, trainer = build_trainer(data_dir, tmp_path / "fixed", *flags)
+    weights = torch.load(saved["lsg64"], map_location="cpu", weights_only=False)["model"]
+    assert not torch.equal(
+        trainer.ema.get_model().state_dict()["encoder.embed_tokens.weight"], weights["encoder.embed_tokens.weight"]
+    )
+    trainer.load_checkpoint(saved["lsg64"])
+    ema = trainer.ema.get_model().state_dict()
+    assert all(torch.equal(ema[k], weights[k]) for k in weights), "the EMA is not the checkpoint's weights"
+    assert all(torch.equal(trainer.ema.fp32_params[k], weights[k].float()) for k in trainer.ema.fp32_params)
+    assert "ema" not in torch.load(saved["lsg64"], map_location="cpu", weights_only=False)["extra_state"]

@@ -27,6 +27,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.nan_detector import NanDetector
+from fairseq.trainer import Trainer
 
 import lsg_fairseq
 from lsg_fairseq import fairseq_fixes
@@ -46,6 +47,7 @@ PATCHED = [
     (data_utils, "get_buckets"),
     (bucket_pad_length_dataset, "get_buckets"),
     (LanguagePairDataset, "__init__"),
+    (Trainer, "load_checkpoint"),
 ]
 
 

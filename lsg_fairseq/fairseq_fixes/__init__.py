@@ -9,11 +9,11 @@ patches anything.
 
 A stock fairseq run in the same process (``--task translation``, a stock arch) sees only the fixes:
 atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, ``--bf16`` inference in
-bfloat16, a missing ``--arch`` or ``--task`` named, the weights-only allowlist, NaN reports that reach the
-backward pass, ``--num-batch-buckets`` on numpy 2.4+, a legacy model's own flags under
+bfloat16, a missing ``--arch`` or ``--task`` named, the weights-only allowlist, NaN reports that
+reach the backward pass, ``--num-batch-buckets`` on numpy 2.4+, a legacy model's own flags under
 ``fairseq-hydra-train``, no data-loader worker's temp folder left behind, no best score carried from
-one training to the next in a process. This
-plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
+one training to the next in a process, an EMA started from the weights of a checkpoint without
+one. This plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of another arch,
 refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks that only its
 own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its
 own exceptions.
@@ -27,6 +27,7 @@ from lsg_fairseq.fairseq_fixes import (
     bf16_inference,
     bf16_off_tpu,
     checkpoint_errors,
+    ema_from_weights,
     hydra_model_flags,
     missing_arch,
     missing_task,
@@ -45,6 +46,7 @@ FIXES = (
     weights_only_load,
     atomic_checkpoints,
     checkpoint_errors,
+    ema_from_weights,
     restore_hooks,
     run_hooks,
     bf16_off_tpu,
