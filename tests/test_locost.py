@@ -315,6 +315,15 @@ def test_untagged_grouped_adam_equals_adam():
     assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
 
 
+def test_offload_activations_checkpoints_the_blocks_as_for_the_transformers(word_data):
+    """--offload-activations alone: fairseq's transformer flags turn checkpointing on with it (LSG,
+    LED); LOCOST's blocks were left unwrapped, the flag ignored without a word."""
+    for flags, wrapped in (([], False), (["--offload-activations"], True), (["--checkpoint-activations"], True)):
+        _, _, model = build(word_data, *flags)
+        blocks = [*model.encoder.block, *model.decoder.block]
+        assert [hasattr(b, "precheckpoint_forward") for b in blocks] == [wrapped] * len(blocks), flags
+
+
 def test_checkpoint_activations_same_gradients(word_data):
     grads = []
     for extra in ([], ["--checkpoint-activations"]):

@@ -12,8 +12,11 @@ def wrap_layer(layer, cfg):
     """Same wrapping as fairseq's ``TransformerEncoderBase.build_encoder_layer`` (no key changes);
     its decoder wraps layers the same way. ``cfg``: a TransformerConfig or an argparse namespace
     (LOCOST's), whose flags may be absent (a checkpoint saved before they existed)."""
-    checkpoint = bool_flag(getattr(cfg, "checkpoint_activations", False))
+    offload = bool_flag(getattr(cfg, "offload_activations", False))
+    # offloading implies checkpointing, as fairseq's transformer flags set it (LOCOST's namespace
+    # does not go through them)
+    checkpoint = bool_flag(getattr(cfg, "checkpoint_activations", False)) or offload
     if checkpoint:
-        layer = checkpoint_wrapper(layer, offload_to_cpu=bool_flag(getattr(cfg, "offload_activations", False)))
+        layer = checkpoint_wrapper(layer, offload_to_cpu=offload)
     min_params_to_wrap = getattr(cfg, "min_params_to_wrap", DEFAULT_MIN_PARAMS_TO_WRAP) if not checkpoint else 0
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
