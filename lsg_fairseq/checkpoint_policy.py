@@ -151,6 +151,17 @@ def saved_model_cfg(path):
     return model_cfg
 
 
+def saved_has_ema(path) -> bool:
+    """Whether the checkpoint at ``path`` holds an EMA (``extra_state["ema"]``, what --store-ema
+    saves); True when it cannot be read (fairseq's loader then says why). Memory-mapped."""
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception:  # noqa: BLE001
+        return True
+    extra = state.get("extra_state") if isinstance(state, dict) else None
+    return isinstance(extra, dict) and "ema" in extra
+
+
 def saved_task_name(path):
     """The ``--task`` the checkpoint at ``path`` was trained with, None if unreadable or unsaid.
     Memory-mapped: no copy of the weights."""

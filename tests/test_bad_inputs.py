@@ -459,6 +459,10 @@ def separate_dictionaries(word_data, tmp_path_factory):
         (["--encoder-ffn-embed-dim", "0"], "--encoder-ffn-embed-dim 0: must be an integer >= 1"),  # ZeroDivisionError
         # an in-place RuntimeError in backward; with adaptive_loss and legacy_ddp, a checkpoint that does not load
         (["--adaptive-softmax-cutoff", "100,200"], "--adaptive-softmax-cutoff 100,200: not supported by"),
+        (
+            ["--encoder-layers-to-keep", "0"],
+            "--encoder-layers-to-keep: fairseq 0.12's layer pruning fails",
+        ),  # AttributeError
         ("separate", ": dict.source.txt (2001 symbols) and dict.target.txt (505) differ, but"),
     ],
 )
@@ -1001,6 +1005,12 @@ def test_training_defaults_and_fairseq_sentinels_pass(word_data):
 # combinations: fairseq's KeyError after the first epoch, its ValueError once the model is built, or
 # a checkpoint_best.pt picked the wrong way round without a word
 COMBINATION_CASES = [
+    (  # fairseq loads the split once for both: training started at epoch 2, unshuffled, exit 0
+        ["--valid-subset", "valid,train"],
+        "--valid-subset valid,train holds the training split train: fairseq then skips epoch 1 and trains without "
+        "shuffling; validate on another split (a copy of it binarized under another name checks the fit on "
+        "training data)",
+    ),
     (  # fairseq's KeyError (Dataset not loaded: valid1) at the end of the first epoch
         ["--combine-valid-subsets", "--valid-subset", "valid,valid1"],
         "--valid-subset valid,valid1 with --combine-valid-subsets: the combined splits (valid, valid1, valid2, ...) "
@@ -1169,6 +1179,10 @@ def test_training_setting_refused_by_fairseq_train_before_any_work(word_data, tm
             ["--scoring", "wer"],
             "--scoring wer: fairseq's wer scorer needs the package editdistance",
         ),  # after generating
+        (  # logged by fairseq-train, which then returns: exit 0, nothing trained
+            ["--write-checkpoints-asynchronously"],
+            "--write-checkpoints-asynchronously: fairseq's asynchronous checkpoint writing needs the package iopath",
+        ),
     ],
 )
 def test_settings_whose_package_is_missing_refused(word_data, monkeypatch, flags, message):
@@ -1294,3 +1308,16 @@ def test_a_source_past_the_model_names_the_override_only_without_a_table(word_da
         ", or raise the model's, which no position table holds: --model-overrides \"{'max_source_positions': 256}\""
     )
     assert message.endswith(override) == (arch == "locost"), message
+
+
+def test_an_ema_seed_without_an_ema_refused(word_data, tiny_checkpoint):
+    """--ema-seed-model: fairseq reads its extra_state["ema"] at the first update (a KeyError, or a
+    FileNotFoundError for a file not there), after the data and the model are loaded."""
+    from lsg_fairseq.tasks.run_settings import check_training_args
+    from lsg_text.errors import ConfigError
+    from lsg_text.fileio import DataError
+
+    with pytest.raises(ConfigError, match=f"^--ema-seed-model {tiny_checkpoint}: holds no EMA"):
+        check_training_args(training_cfg(word_data, "--store-ema", "--ema-seed-model", tiny_checkpoint))
+    with pytest.raises(DataError, match="^--ema-seed-model: file not found: nope.pt"):
+        check_training_args(training_cfg(word_data, "--store-ema", "--ema-seed-model", "nope.pt"))

@@ -55,6 +55,12 @@ def check_bart_args(args, task) -> None:
             f"{getattr(args, 'arch', 'this model')} (fairseq cannot load the checkpoint it would train back for "
             "generation, nor does HF's BART hold one); drop it, the output layer is the shared embedding"
         )
+    for side in ("encoder", "decoder"):  # fairseq's pruning: "'list' object has no attribute 'split'"
+        if getattr(args, f"{side}_layers_to_keep", None):
+            raise ConfigError(
+                f"--{side}-layers-to-keep: fairseq 0.12's layer pruning fails on this model's arguments (its "
+                "parser gives a list where the pruning splits a string); not supported"
+            )
     if not getattr(args, "share_all_embeddings", False):
         return
     if args.encoder_embed_dim != args.decoder_embed_dim:

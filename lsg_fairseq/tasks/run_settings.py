@@ -19,7 +19,7 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from lsg_fairseq.checkpoint_policy import saved_task_name
+from lsg_fairseq.checkpoint_policy import saved_has_ema, saved_task_name
 from lsg_fairseq.tasks.hydra_config import check_hydra_positions
 from lsg_text.argtypes import (
     GENERATE_SETTINGS,
@@ -86,6 +86,7 @@ def check_training_args(cfg) -> None:
         raise ConfigError("--eval-bleu: this task scores validation with ROUGE (--eval-rouge), not BLEU")
     check_valid_subsets(cfg.dataset)
     check_packages(cfg)
+    check_ema_seed(getattr(cfg, "ema", None))
     check_output_folders(cfg)
     check_hydra_positions(cfg)  # a no-op for fairseq-train's flat model namespace
 
@@ -93,8 +94,17 @@ def check_training_args(cfg) -> None:
 def check_valid_subsets(dataset) -> None:
     """``--combine-valid-subsets`` loads valid, valid1, valid2, ... as one split named valid; fairseq
     then validates each name of ``--valid-subset``, and any other than valid fails with a KeyError
-    (Dataset not loaded) at the end of the first epoch."""
-    if not dataset.combine_valid_subsets or dataset.disable_validation:
+    (Dataset not loaded) at the end of the first epoch. The training split among them: fairseq loads
+    it once for both, and its epoch iterator then starts at epoch 2, unshuffled (exit 0)."""
+    if dataset.disable_validation:
+        return
+    if dataset.train_subset in dataset.valid_subset.split(","):
+        raise ConfigError(
+            f"--valid-subset {dataset.valid_subset} holds the training split {dataset.train_subset}: fairseq "
+            "then skips epoch 1 and trains without shuffling; validate on another split (a copy of it binarized "
+            "under another name checks the fit on training data)"
+        )
+    if not dataset.combine_valid_subsets:
         return
     others = [name for name in dataset.valid_subset.split(",") if name != "valid"]
     if others:
@@ -102,6 +112,20 @@ def check_valid_subsets(dataset) -> None:
             f"--valid-subset {dataset.valid_subset} with --combine-valid-subsets: the combined splits (valid, "
             f"valid1, valid2, ...) are validated as one, named valid; drop {', '.join(others)} or "
             "--combine-valid-subsets"
+        )
+
+
+def check_ema_seed(ema) -> None:
+    """``--ema-seed-model``: a checkpoint holding an EMA (fairseq reads its ``extra_state["ema"]``
+    at the first update: a KeyError, or a FileNotFoundError, after the data and the model are loaded)."""
+    path = getattr(ema, "ema_seed_model", None) if ema is not None and ema.store_ema else None
+    if not path:
+        return
+    require_file(path, "--ema-seed-model")
+    if not saved_has_ema(path):
+        raise ConfigError(
+            f"--ema-seed-model {path}: holds no EMA (a checkpoint saved with --store-ema does); without this flag "
+            "the EMA starts from the run's starting weights"
         )
 
 
@@ -348,6 +372,12 @@ SETTING_PACKAGES = {
         "fairseq's fully sharded data parallel",
     ),
     ("distributed_training", "zero_sharding", "os"): ("fairscale", "fairscale", "fairseq's optimizer state sharding"),
+    # fairseq-train logs this one's ImportError and returns: exit 0, nothing trained
+    ("checkpoint", "write_checkpoints_asynchronously", True): (
+        "iopath",
+        "iopath",
+        "fairseq's asynchronous checkpoint writing",
+    ),
 }
 
 
@@ -363,8 +393,9 @@ def check_packages(cfg) -> None:
         if section is None or section.get(key) != value or importlib.util.find_spec(module) is not None:
             continue
         flag = f"--{group.replace('_', '-')}" if key == "_name" else _flag(key)
+        given = flag if value is True else f"{flag} {value}"  # a switch is given by its name alone
         raise ConfigError(
-            f"{flag} {value}: {what} needs the package {module}, which is not installed here (pip install {pip_name})"
+            f"{given}: {what} needs the package {module}, which is not installed here (pip install {pip_name})"
         )
 
 
