@@ -344,6 +344,16 @@ class LongDocumentSummarizationTask(TranslationTask):
         )
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        target = sample.get("target")
+        if (
+            prefix_tokens is not None
+            and self.prepend_bos
+            and target is not None
+            and prefix_tokens.equal(target[:, : prefix_tokens.size(1)])
+        ):
+            # fairseq-generate's --prefix-size N slices the reference, whose first token is <s> here:
+            # N would count it (1 forced only <s>), where LOCOST's N forces N words
+            prefix_tokens = target[:, : prefix_tokens.size(1) + 1]
         if prefix_tokens is None and self.prepend_bos:
             # like BART's hub: decoder input starts "</s> <s>", the HF decoder_start + forced bos
             src = sample["net_input"]["src_tokens"]
