@@ -197,6 +197,7 @@ TRAINING_SETTINGS = {
     ("lr_scheduler", "warmup_updates"): NON_NEGATIVE_INT,
     ("lr_scheduler", "total_num_update"): float_range(0, lo_open=True),
     ("criterion", "label_smoothing"): PROBABILITY,
+    ("ema", "ema_decay"): float_range(0, 1),  # 1.5: the EMA diverges from the weights, exit 0
 }
 GENERATE_SETTINGS = {  # beside GENERATION_SETTINGS (the search's own)
     **RUN_SETTINGS,

@@ -948,6 +948,7 @@ TRAINING_CASES = [
         ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "2"],  # trains, on a wrong loss
         "--label-smoothing 2: must be a number in [0, 1)",
     ),
+    (["--store-ema", "--ema-decay", "1.5"], "--ema-decay 1.5: must be a number in [0, 1]"),  # trained, exit 0
     (["--adam-betas", "(0.9, 2)"], "--adam-betas (0.9, 2): must be two numbers in [0, 1), e.g. '(0.9, 0.98)'"),
     (["--adam-betas", "nonsense"], "--adam-betas nonsense: must be two numbers in [0, 1), e.g. '(0.9, 0.98)'"),
 ]
