@@ -5,6 +5,7 @@ file holds the ones no other test covers.
 
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -852,6 +853,11 @@ def test_validate_flags_refused_in_one_line(word_data, tiny_checkpoint, capsys, 
         argv = argv[:3] + argv[5:] + ([] if flags[-1] is None else flags[-2:])
         flags = flags[:-2]
     monkeypatch.setattr("sys.argv", ["fairseq-validate", *argv, *flags])
+    # fairseq-validate's main replaces the root logger's handlers by one on sys.stdout (here capsys's,
+    # closed after this test): the later tests in this process would log into a closed stream
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", root.handlers[:])
+    monkeypatch.setattr(root, "level", root.level)
     with pytest.raises(SystemExit) as e:
         validate.cli_main()
     err = capsys.readouterr().err
