@@ -13,15 +13,9 @@ from lsg_fairseq.fairseq_fixes._wrap import wrap
 
 
 def _missing_task(original):
-    def parse_args_and_arch(parser, input_args=None, parse_known=False, suppress_defaults=False, modify_parser=None):
+    def parse_args_and_arch(parser, input_args=None, *args, **kwargs):
         try:
-            return original(
-                parser,
-                input_args=input_args,
-                parse_known=parse_known,
-                suppress_defaults=suppress_defaults,
-                modify_parser=modify_parser,
-            )
+            return original(parser, input_args, *args, **kwargs)
         except KeyError as e:
             if e.args != (None,) or getattr(parser.parse_known_args(input_args)[0], "task", "") is not None:
                 raise  # not the lookup of a missing --task

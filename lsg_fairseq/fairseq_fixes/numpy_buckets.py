@@ -47,25 +47,20 @@ def _percentile_method(original):
 
 def _bucket(pair, num_buckets: int) -> None:
     """fairseq's bucketing of a built ``LanguagePairDataset``, step for step, with int64 counts."""
-    pair.src = BucketPadLengthDataset(
-        pair.src,
-        sizes=pair.src_sizes,
-        num_buckets=num_buckets,
-        pad_idx=pair.src_dict.pad(),
-        left_pad=pair.left_pad_source,
-    )
-    pair.src_sizes = pair.src.sizes
-    logger.info("bucketing source lengths: {}".format(list(pair.src.buckets)))
-    if pair.tgt is not None:
-        pair.tgt = BucketPadLengthDataset(
-            pair.tgt,
-            sizes=pair.tgt_sizes,
+    for side, name in (("src", "source"), ("tgt", "target")):
+        data = getattr(pair, side)
+        if data is None:
+            continue
+        bucketed = BucketPadLengthDataset(
+            data,
+            sizes=getattr(pair, f"{side}_sizes"),
             num_buckets=num_buckets,
-            pad_idx=pair.tgt_dict.pad(),
-            left_pad=pair.left_pad_target,
+            pad_idx=getattr(pair, f"{side}_dict").pad(),
+            left_pad=getattr(pair, f"left_pad_{name}"),
         )
-        pair.tgt_sizes = pair.tgt.sizes
-        logger.info("bucketing target lengths: {}".format(list(pair.tgt.buckets)))
+        setattr(pair, side, bucketed)
+        setattr(pair, f"{side}_sizes", bucketed.sizes)
+        logger.info("bucketing {} lengths: {}".format(name, list(bucketed.buckets)))
     num_tokens = np.vectorize(pair.num_tokens, otypes=[np.int64])
     pair.bucketed_num_tokens = num_tokens(np.arange(len(pair.src)))
     pair.buckets = [(None, n) for n in np.unique(pair.bucketed_num_tokens)]
