@@ -136,16 +136,21 @@ def check_built_as_saved(cfg, trainer) -> None:
     )
 
 
+def saved_state(path):
+    """The checkpoint at ``path`` as torch loads it, memory-mapped (no copy of the weights), or None
+    where it cannot be read: every check here reads a checkpoint through it, and leaves a damaged
+    file to fairseq's loader, which says what is wrong with it."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def saved_model_cfg(path):
-    """``cfg.model`` of the checkpoint at ``path`` (a Namespace or DictConfig), None if unreadable.
-    Memory-mapped: no copy of the weights."""
+    """``cfg.model`` of the checkpoint at ``path`` (a Namespace or DictConfig), None if unreadable."""
     from omegaconf import OmegaConf
 
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True)
-    except Exception:  # noqa: BLE001  (fairseq's loader says what is wrong with the file)
-        return None
-    model_cfg = _model_cfg_of(state)
+    model_cfg = _model_cfg_of(saved_state(path))
     if isinstance(model_cfg, dict):
         model_cfg = OmegaConf.create(model_cfg)
     return model_cfg
@@ -153,22 +158,17 @@ def saved_model_cfg(path):
 
 def saved_has_ema(path) -> bool:
     """Whether the checkpoint at ``path`` holds an EMA (``extra_state["ema"]``, what --store-ema
-    saves); True when it cannot be read (fairseq's loader then says why). Memory-mapped."""
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception:  # noqa: BLE001
+    saves); True when it cannot be read (fairseq's loader then says why)."""
+    state = saved_state(path)
+    if state is None:
         return True
     extra = state.get("extra_state") if isinstance(state, dict) else None
     return isinstance(extra, dict) and "ema" in extra
 
 
 def saved_task_name(path):
-    """The ``--task`` the checkpoint at ``path`` was trained with, None if unreadable or unsaid.
-    Memory-mapped: no copy of the weights."""
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-    except Exception:  # noqa: BLE001  (fairseq's loader says what is wrong with the file)
-        return None
+    """The ``--task`` the checkpoint at ``path`` was trained with, None if unreadable or unsaid."""
+    state = saved_state(path)
     cfg = state.get("cfg") if isinstance(state, dict) else None
     task = cfg.get("task") if isinstance(cfg, dict) else getattr(cfg, "task", None)
     name = task.get("_name") if hasattr(task, "get") else getattr(task, "_name", None)
@@ -215,11 +215,11 @@ def optimizer_state_problem(path, trainer, cfg):
     what does not fit."""
     if cfg.reset_optimizer:
         return None
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
-        last = state["optimizer_history"][-1]
-    except Exception:  # noqa: BLE001  (a best effort on an error path; fairseq's error follows)
+    state = saved_state(path)  # a best effort on an error path: fairseq's error follows otherwise
+    history = state.get("optimizer_history") if isinstance(state, dict) else None
+    if not history:
         return None
+    last = history[-1]
     from fairseq.criterions import CRITERION_REGISTRY
     from fairseq.optim import OPTIMIZER_REGISTRY
 
@@ -280,9 +280,8 @@ def _checkpoint_facts(path):
 
     Read again on this error path only; memory-mapped, so a large checkpoint costs no copy.
     """
-    try:
-        state = torch.load(path, map_location="cpu", mmap=True)
-    except Exception:  # noqa: BLE001  (the explanation is a best effort; fairseq's error follows)
+    state = saved_state(path)
+    if state is None:  # the explanation is a best effort; fairseq's error follows
         return "unknown", None
     return _arch_of(state), _position_rows(state)
 

@@ -23,12 +23,14 @@ JSON_ERRORS = (json.JSONDecodeError, RecursionError)
 
 
 def json_problem(error: Exception) -> str:
-    """One of :data:`JSON_ERRORS` in words: the decoder's message and where (the column, and the
-    line past the first), or the nesting."""
-    if not isinstance(error, json.JSONDecodeError):
-        return "nested too deeply"  # the RecursionError
-    where = f"column {error.colno}" if error.lineno == 1 else f"line {error.lineno} column {error.colno}"
-    return f"{error.msg} at {where}"
+    """A reader's error in words: for :data:`JSON_ERRORS`, the decoder's message and where (the
+    column, and the line past the first), or the nesting; any other error as it says itself."""
+    if isinstance(error, json.JSONDecodeError):
+        where = f"column {error.colno}" if error.lineno == 1 else f"line {error.lineno} column {error.colno}"
+        return f"{error.msg} at {where}"
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return str(error)
 
 
 def flatten(text: str, newline_token: Optional[str] = None) -> str:

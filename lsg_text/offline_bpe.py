@@ -58,8 +58,7 @@ def check_gpt2_files(
         with open(encoder_json, encoding="utf-8") as f:
             encoder = json.load(f)
     except (*JSON_ERRORS, UnicodeDecodeError) as e:
-        problem = json_problem(e) if isinstance(e, JSON_ERRORS) else e
-        raise DataError(f"{encoder_flag}: {encoder_json} is not a JSON file ({problem})") from None
+        raise DataError(f"{encoder_flag}: {encoder_json} is not a JSON file ({json_problem(e)})") from None
     if not isinstance(encoder, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()):
         raise DataError(f"{encoder_flag}: {encoder_json} must be a JSON object mapping token -> integer id")
     if len(set(encoder.values())) != len(encoder):

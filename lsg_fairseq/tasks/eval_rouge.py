@@ -33,8 +33,7 @@ def parse_eval_rouge_args(text: str) -> dict:
     try:
         args = json.loads(text)
     except (TypeError, *JSON_ERRORS) as e:
-        problem = json_problem(e) if isinstance(e, JSON_ERRORS) else e
-        raise ConfigError(f"{flag}: not valid JSON ({problem}); e.g. {DEFAULT_EVAL_ROUGE_ARGS}") from None
+        raise ConfigError(f"{flag}: not valid JSON ({json_problem(e)}); e.g. {DEFAULT_EVAL_ROUGE_ARGS}") from None
     if not isinstance(args, dict):
         raise ConfigError(f"{flag}: expected a JSON object, got {type(args).__name__}; e.g. {DEFAULT_EVAL_ROUGE_ARGS}")
     unknown = sorted(set(args) - set(GENERATION_SETTINGS))

@@ -137,6 +137,17 @@ class LongDocumentSummarizationConfig(TranslationConfig):
     )
 
 
+def check_position_room(cfg, least: int, room: str) -> None:
+    """``--max-source-positions`` and ``--max-target-positions`` (the task's ``cfg``) at least
+    ``least``, the message saying what ``room`` they need."""
+    for flag, value in (
+        ("--max-source-positions", cfg.max_source_positions),
+        ("--max-target-positions", cfg.max_target_positions),
+    ):
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} must be >= {least} {room}, got {value}")
+
+
 def data_argument() -> str:
     """What the data folder is called where it is given: fairseq's commands take it as their first
     argument (no flag), fairseq-hydra-train as a config key."""
@@ -155,6 +166,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         self.eval_rouge_gen_args = None
         self.truncation_counts = {}
         self._model_prepend_bos = True  # until a model is built: BART's convention
+        self._source_table = True  # the same: a source position table (LOCOST's encoder has none)
 
     @property
     def prepend_bos(self) -> bool:
@@ -200,12 +212,7 @@ class LongDocumentSummarizationTask(TranslationTask):
             what = "is a file, not a data folder" if paths and os.path.exists(paths[0]) else "does not exist"
             raise MissingFileError(f"data directory {cfg.data!r} {what} ({data_argument()})")
         parse_eval_rouge_args(cfg.eval_rouge_args)  # refuse a bad option dictionary before any work
-        for flag, value in (
-            ("--max-source-positions", cfg.max_source_positions),
-            ("--max-target-positions", cfg.max_target_positions),
-        ):
-            if value is not None and value < 2:
-                raise ConfigError(f"{flag} must be >= 2 (room for </s> and one token), got {value}")
+        check_position_room(cfg, 2, "(room for </s> and one token)")
         if cfg.upsample_primary == -1:  # fairseq's default, saved in the checkpoints of earlier runs: 1 meant
             with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.nullcontext():
                 cfg.upsample_primary = 1
@@ -304,7 +311,7 @@ class LongDocumentSummarizationTask(TranslationTask):
                     "raw references, e.g. generate_to_rouge.py --ref-file)"
                 )
             raise_limit = ""
-            if side == "source" and not getattr(self, "_source_table", True):
+            if side == "source" and not self._source_table:
                 raise_limit = (
                     f", or raise the model's, which no position table holds: --model-overrides "
                     f"\"{{'max_source_positions': {task_max}}}\""
@@ -423,15 +430,11 @@ class LongDocumentSummarizationTask(TranslationTask):
         self._model_prepend_bos = bool(getattr(model, "prepend_bos", True))  # before any dataset
         # LOCOST's encoder has no position table: its source limit is a setting, which a model override raises
         self._source_table = getattr(getattr(model, "encoder", None), "embed_positions", None) is not None
-        for flag, value in (
-            ("--max-source-positions", self.cfg.max_source_positions),
-            ("--max-target-positions", self.cfg.max_target_positions),
-        ):
-            if self.prepend_bos and value is not None and value < 3:  # else every example truncated to <s></s>
-                raise ConfigError(
-                    f"{flag} must be >= 3 with <s> before each sequence ({type(model).__name__}'s convention: room "
-                    f"for <s>, </s> and one token), got {value}"
-                )
+        if self.prepend_bos:  # else every example truncated to <s></s>
+            name = type(model).__name__
+            check_position_room(
+                self.cfg, 3, f"with <s> before each sequence ({name}'s convention: room for <s>, </s> and one token)"
+            )
         if self.cfg.eval_rouge:
             self.bpe = build_eval_bpe(self.cfg, self.tgt_dict)
             self.eval_rouge_gen_args = parse_eval_rouge_args(self.cfg.eval_rouge_args)

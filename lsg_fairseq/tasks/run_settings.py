@@ -98,7 +98,8 @@ def check_valid_subsets(dataset) -> None:
     it once for both, and its epoch iterator then starts at epoch 2, unshuffled (exit 0)."""
     if dataset.disable_validation:
         return
-    if dataset.train_subset in dataset.valid_subset.split(","):
+    subsets = dataset.valid_subset.split(",")
+    if dataset.train_subset in subsets:
         raise ConfigError(
             f"--valid-subset {dataset.valid_subset} holds the training split {dataset.train_subset}: fairseq "
             "then skips epoch 1 and trains without shuffling; validate on another split (a copy of it binarized "
@@ -106,7 +107,7 @@ def check_valid_subsets(dataset) -> None:
         )
     if not dataset.combine_valid_subsets:
         return
-    others = [name for name in dataset.valid_subset.split(",") if name != "valid"]
+    others = [name for name in subsets if name != "valid"]
     if others:
         raise ConfigError(
             f"--valid-subset {dataset.valid_subset} with --combine-valid-subsets: the combined splits (valid, "
