@@ -31,7 +31,13 @@ class Measures(NamedTuple):
 def _start_child(args, target, *target_args):
     """(the parent's end of a pipe, the started child ``target(send_end, *target_args)``), the child
     forked or spawned as :func:`start_method` says."""
-    ctx = mp.get_context(start_method(args))
+    method = start_method(args)
+    if method == "fork" and "train" in args.modes:
+        # a training row's first backward imports torch._dynamo (torch.utils.checkpoint is wrapped
+        # by torch._disable_dynamo), seconds of imports: imported here once, each forked child
+        # finds it imported instead of importing it again
+        import torch._dynamo  # noqa: F401
+    ctx = mp.get_context(method)
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target, args=(send, *target_args))
     proc.start()

@@ -472,7 +472,11 @@ def measure_readings(arch, mode, length, args) -> dict:
 
 
 def dynamo_frames() -> int:
-    """The frames dynamo has compiled in this process so far (compile_counts.py counts its graphs so)."""
+    """The frames dynamo has compiled in this process so far (compile_counts.py counts its graphs so).
+    0 before dynamo is imported (nothing has compiled then): importing it only to read 0 would cost
+    every row seconds of imports (sympy's among them), in each forked or spawned child."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
     from torch._dynamo.utils import counters
 
     return counters["frames"]["total"]

@@ -213,6 +213,35 @@ def test_a_compiled_row_counts_the_graphs_its_timed_calls_compiled():
     assert counts[1] > 0 and counts[2] == 0, counts
 
 
+COLD_ROWS = """
+import sys
+sys.path.insert(0, "benchmarks")
+import processes, run
+
+def child(conn, args):
+    before = set(sys.modules)
+    run.measure("lsg_norm", "train", 256, args, readings=False)
+    conn.send(sorted(m for m in set(sys.modules) - before if m.startswith("torch._dynamo")))
+
+args = run.parse_args(["--smoke", "--arch", "lsg_norm", "--modes", "enc"])
+run.measure("lsg_norm", "enc", 256, args, readings=False)
+assert "torch._dynamo" not in sys.modules, "an encoder row imported the compiler"
+args = run.parse_args(["--smoke", "--arch", "lsg_norm", "--modes", "enc", "train"])
+recv, proc = processes._start_child(args, child, args)
+imported = recv.recv()
+proc.join()
+assert "torch._dynamo" in sys.modules and imported == [], imported
+"""
+
+
+def test_a_row_imports_no_compiler_it_does_not_use():
+    """Without --compile-layers an encoder row never imports torch._dynamo (seconds of imports, and
+    its memory counted in the row's peak on a CPU); a training row imports it at its first backward
+    (torch.utils.checkpoint), so a parent that forks rows imports it once, before the first child."""
+    r = subprocess.run([sys.executable, "-c", COLD_ROWS], cwd=REPO_ROOT, timeout=120, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
 def test_every_arch_trains_at_16k_in_the_default_suite():
     run = load("benchmarks/run.py", "bench_run")
     args = run.parse_args([])

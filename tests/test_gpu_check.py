@@ -243,17 +243,17 @@ def test_a_check_out_of_time_still_leaves_a_report(tmp_path):
 def test_stages_selects_what_runs(tmp_path):
     """A device call's time is short: STAGES names the stages to run (a session can skip what an
     earlier reading measured); the others are reported as not selected, and the header says so."""
-    proc = gpu_check(tmp_path, DEV="cpu", STAGES="locost600k")
+    proc = gpu_check(tmp_path, DEV="cpu", STAGES="convprobe")  # the cheapest stage: no fairseq import
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((tmp_path / "cuda.json").read_text())
     status = {s["stage"]: s["status"] for s in result["stages"]}
     assert [s["stage"] for s in result["stages"]] == STAGES
-    assert status.pop("locost600k") == "ok"
+    assert status.pop("convprobe") == "ok"
     assert set(status.values()) == {"not selected (STAGES)"}
-    assert result["env"]["stages_selected"] == ["locost600k"]
+    assert result["env"]["stages_selected"] == ["convprobe"]
     md = (tmp_path / "cuda.md").read_text()
-    assert "Command: `STAGES='locost600k' benchmarks/gpu_check.sh`" in md
-    assert [r["arch"] for r in result["benchmarks"]["locost600k"]["records"]] == ["locost"]
+    assert "Command: `STAGES='convprobe' benchmarks/gpu_check.sh`" in md
+    assert result["convprobe"]["lengths"] and not result["benchmarks"]  # no benchmark stage ran
 
 
 @pytest.mark.parametrize("group", ["timed", "untimed"])
