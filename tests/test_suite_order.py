@@ -1,4 +1,4 @@
-"""The suite's order on ``make test``'s two workers: the file marked ``long`` goes out first.
+"""The suite's order on ``make test``'s workers: the file marked ``long`` goes out first.
 
 pytest-xdist's ``--dist loadfile`` hands out whole files, by default reordered by their number of
 tests (most first), which put the one-test long-context file last: it then ran alone for ~6 minutes
