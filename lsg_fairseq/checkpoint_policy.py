@@ -169,8 +169,7 @@ def saved_has_ema(path) -> bool:
 def saved_task_name(path):
     """The ``--task`` the checkpoint at ``path`` was trained with, None if unreadable or unsaid."""
     state = saved_state(path)
-    cfg = state.get("cfg") if isinstance(state, dict) else None
-    task = cfg.get("task") if isinstance(cfg, dict) else getattr(cfg, "task", None)
+    task = _cfg_section(state, "task")
     name = task.get("_name") if hasattr(task, "get") else getattr(task, "_name", None)
     if name is None and isinstance(state, dict):  # a legacy checkpoint: its argparse namespace
         name = getattr(state.get("args"), "task", None)
@@ -246,15 +245,21 @@ def optimizer_state_problem(path, trainer, cfg):
     return None
 
 
+def _cfg_section(state, section: str):
+    """A loaded checkpoint's ``cfg.<section>`` (a dict, DictConfig or Namespace), None when it has none."""
+    cfg = state.get("cfg") if isinstance(state, dict) else None
+    if cfg is None:
+        return None
+    return cfg.get(section) if isinstance(cfg, dict) else getattr(cfg, section, None)
+
+
 def _model_cfg_of(state):
     """A loaded checkpoint's ``cfg.model`` (a dict, DictConfig or Namespace), else its legacy
     ``args``; None when it holds neither."""
-    if not isinstance(state, dict):
-        return None
-    cfg, model_cfg = state.get("cfg"), None
-    if cfg is not None:
-        model_cfg = cfg.get("model") if isinstance(cfg, dict) else getattr(cfg, "model", None)
-    return model_cfg if model_cfg is not None else state.get("args")
+    model_cfg = _cfg_section(state, "model")
+    if model_cfg is None and isinstance(state, dict):
+        return state.get("args")
+    return model_cfg
 
 
 def _arch_of(state) -> str:

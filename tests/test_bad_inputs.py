@@ -1335,17 +1335,17 @@ def test_prefix_size_forces_words_after_the_bos(word_data, tiny_checkpoint, tmp_
     starts with <s> for the BART families: N=1 forced <s> alone and changed nothing."""
     from lsg_fairseq.cli import fairseq_wrappers
 
-    for size in (1,):  # the count that changed; 2 forces two words the same way
-        out = tmp_path / f"prefix{size}"
-        fairseq_wrappers.generate(
-            [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--cpu", "--truncate-target"]
-            + ["--max-source-positions", "128", "--max-target-positions", "64", "--beam", "2", "--max-len-b", "5"]
-            + ["--prefix-size", str(size), "--results-path", str(out)]
-        )
-        lines = (out / "generate-valid.txt").read_text().splitlines()
-        refs = {ln.split("\t")[0][2:]: ln.split("\t")[1].split() for ln in lines if ln.startswith("T-")}
-        hyps = {ln.split("\t")[0][2:]: ln.split("\t")[2].split() for ln in lines if ln.startswith("H-")}
-        assert refs and hyps.keys() == refs.keys()
-        for i, ref in refs.items():
-            words = [w.replace("<<unk>>", "<unk>") for w in ref[:size]]  # fairseq shows a reference's <unk> so
-            assert hyps[i][:size] == words, (size, i, hyps[i], ref)
+    size = 1  # the count that changed; 2 forces two words the same way
+    out = tmp_path / f"prefix{size}"
+    fairseq_wrappers.generate(
+        [str(word_data), "--path", tiny_checkpoint, "--gen-subset", "valid", "--cpu", "--truncate-target"]
+        + ["--max-source-positions", "128", "--max-target-positions", "64", "--beam", "2", "--max-len-b", "5"]
+        + ["--prefix-size", str(size), "--results-path", str(out)]
+    )
+    lines = (out / "generate-valid.txt").read_text().splitlines()
+    refs = {ln.split("\t")[0][2:]: ln.split("\t")[1].split() for ln in lines if ln.startswith("T-")}
+    hyps = {ln.split("\t")[0][2:]: ln.split("\t")[2].split() for ln in lines if ln.startswith("H-")}
+    assert refs and hyps.keys() == refs.keys()
+    for i, ref in refs.items():
+        words = [w.replace("<<unk>>", "<unk>") for w in ref[:size]]  # fairseq shows a reference's <unk> so
+        assert hyps[i][:size] == words, (size, i, hyps[i], ref)
