@@ -31,11 +31,10 @@ import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from lsg_text.atomic import atomic_write
+from lsg_text.provenance import cpu_name
 
-from lsg_text.atomic import atomic_write  # noqa: E402  (the repository's packages, found from here)
-from lsg_text.provenance import cpu_name  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LOG_VAR = "SUITE_WORK_LOG"
 # Written into a temp folder that goes first on PYTHONPATH; imported by every Python process the

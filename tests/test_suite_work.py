@@ -15,10 +15,10 @@ suite_work = load_script("benchmarks/suite_work.py", "suite_work")
 
 def test_the_pytest_line_is_the_makefiles():
     with open(os.path.join(REPO_ROOT, "Makefile")) as f:
-        env, command = suite_work.pytest_command(f.read(), 4, ["tests/test_a.py", "tests/test_b.py"])
+        env, command = suite_work.pytest_command(f.read(), 4, ["suite/test_a.py", "suite/test_b.py"])
     assert env == {"PYTHONDONTWRITEBYTECODE": ""}  # make test writes bytecode: so does the reading
     assert command[:3] == [sys.executable, "-m", "pytest"] and command[-1] == "--durations=0"
-    assert command[3:5] == ["tests/test_a.py", "tests/test_b.py"] and "tests" not in command
+    assert command[3:5] == ["suite/test_a.py", "suite/test_b.py"] and "tests" not in command
     assert command[command.index("-n") + 1] == "4" and "--no-loadscope-reorder" in command
 
 
@@ -35,8 +35,8 @@ def test_each_process_is_one_line_named_as_it_started(tmp_path):
     """A test may replace sys.argv (monkeypatch): the record keeps the command as it started, and
     the test that started it without pytest's phase."""
     (tmp_path / "script.py").write_text("import sys\nsys.argv[:] = ['lsg-fairseq-generate']\n")
-    (record,) = _logged(tmp_path, "script.py", "--flag", PYTEST_CURRENT_TEST="tests/test_x.py::test_y[a b] (call)")
-    assert record["argv"] == ["script.py", "--flag"] and record["test"] == "tests/test_x.py::test_y[a b]"
+    (record,) = _logged(tmp_path, "script.py", "--flag", PYTEST_CURRENT_TEST="suite/test_x.py::test_y[a b] (call)")
+    assert record["argv"] == ["script.py", "--flag"] and record["test"] == "suite/test_x.py::test_y[a b]"
     assert record["pid"] > 0 and record["cpu"] >= 0 and record["fairseq"] is False
     (record,) = _logged(tmp_path, "-c", "import sys; sys.argv[:] = ['x']", PYTEST_CURRENT_TEST="")
     assert suite_work.program(record["argv"]) == "python -c" and record["test"] == ""
@@ -51,17 +51,17 @@ def test_the_cpu_is_sorted_by_who_spent_it():
         rec(10, 1, 0.5, ["-m"]),  # the pytest main process
         rec(11, 10, 30.0, ["-c"]),  # two workers
         rec(12, 10, 20.0, ["-c"]),
-        rec(20, 11, 4.0, ["/venv/bin/fairseq-train"], "tests/test_a.py::test_one", fairseq=True),
-        rec(21, 20, 1.0, ["scripts/key_recall.py"], "tests/test_a.py::test_two"),
-        rec(22, 12, 3.5, ["/venv/bin/fairseq-train"], "tests/test_b.py::test_three", fairseq=True),
+        rec(20, 11, 4.0, ["/venv/bin/fairseq-train"], "suite/test_a.py::test_one", fairseq=True),
+        rec(21, 20, 1.0, ["scripts/key_recall.py"], "suite/test_a.py::test_two"),
+        rec(22, 12, 3.5, ["/venv/bin/fairseq-train"], "suite/test_b.py::test_three", fairseq=True),
     ]
     s = suite_work.summarize(records, main_pid=10, children_cpu=70.0)
     assert (s["workers"], s["workers_cpu"], s["main_cpu"]) == (2, 50.0, 0.5)
     assert (s["commands"], s["commands_cpu"], s["fairseq_commands"], s["fairseq_commands_cpu"]) == (3, 8.5, 2, 7.5)
     assert s["unlogged_cpu"] == 70.0 - 59.0
     assert s["by_program"]["fairseq-train"] == {"count": 2, "cpu": 7.5, "fairseq": 2}
-    assert s["by_file"]["tests/test_a.py"] == {"count": 2, "cpu": 5.0}
-    assert s["by_test"]["tests/test_b.py::test_three"] == {"count": 1, "cpu": 3.5}
+    assert s["by_file"]["suite/test_a.py"] == {"count": 2, "cpu": 5.0}
+    assert s["by_test"]["suite/test_b.py::test_three"] == {"count": 1, "cpu": 3.5}
 
 
 def test_a_run_reports_its_worker_and_the_command_a_test_started(tmp_path):
@@ -69,7 +69,7 @@ def test_a_run_reports_its_worker_and_the_command_a_test_started(tmp_path):
     test, and the report written beside its records."""
     tests = tmp_path / "tests_here"
     tests.mkdir()
-    (tests / "test_one.py").write_text(
+    (tests / "test_here.py").write_text(
         "import subprocess, sys\n\n\ndef test_starts_a_command():\n"
         "    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
     )
@@ -79,7 +79,8 @@ def test_a_run_reports_its_worker_and_the_command_a_test_started(tmp_path):
     s = result["summary"]
     assert result["run"]["outcome"].startswith("1 passed") and s["workers"] == 1
     ((test, work),) = s["by_test"].items()  # the test's node id, from pytest's root (here its folder)
-    assert test.endswith("test_one.py::test_starts_a_command") and work["count"] == 1 == s["commands"]
+    file, name = test.split("::")
+    assert file.endswith("test_here.py") and name == "test_starts_a_command" and work["count"] == 1 == s["commands"]
     assert s["by_program"]["python -c"]["count"] == 1 and s["children_cpu"] > 0
     md = out.read_text()
     assert "| the pytest workers (tests run in-process) | 1 |" in md and "-n 1 --dist loadfile" in md
