@@ -6,16 +6,15 @@ while the other worker idled (a 965 s suite). ``--no-loadscope-reorder`` keeps t
 order, which conftest.py sorts ``long`` first."""
 
 import os
-import re
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, load_script
+
+suite_work = load_script("benchmarks/suite_work.py", "suite_work")
 
 
 def pytest_line(makefile: str) -> str:
-    """The pytest line of the Makefile's ``test`` recipe."""
-    recipe = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, flags=re.M)
-    assert recipe, "the Makefile has no test recipe"
-    return next(line for line in recipe.group(1).splitlines() if "pytest" in line)
+    """The pytest line of the Makefile's ``test`` recipe, as ``benchmarks/suite_work.py`` reads it."""
+    return " ".join(suite_work.pytest_command(makefile, 3, ["tests"])[1])
 
 
 def keeps_the_long_file_first(command: str) -> bool:
