@@ -32,7 +32,7 @@ import tempfile
 import time
 
 from lsg_text.atomic import atomic_write
-from lsg_text.provenance import cpu_name
+from lsg_text.provenance import cpu_name, git_stamp
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,17 +40,19 @@ LOG_VAR = "SUITE_WORK_LOG"
 # Written into a temp folder that goes first on PYTHONPATH; imported by every Python process the
 # run starts (site.py imports sitecustomize). It costs a process ~1 ms and writes nothing unless
 # SUITE_WORK_LOG names a file.
-SITECUSTOMIZE = """
+SITECUSTOMIZE = f"""
 import atexit, os, sys, time
 
-_log = os.environ.get("SUITE_WORK_LOG")
+_log = os.environ.get({LOG_VAR!r})
 if _log:
     _start, _argv = time.time(), list(sys.argv)  # as started: a test may replace sys.argv later
 
     def _suite_work_record():
         import json, resource
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        argv = _argv if _argv[:1] not in (["-m"], ["-c"]) else ["-c"] if _argv[:1] == ["-c"] else sys.argv[:1]
+        argv = _argv
+        if argv[:1] == ["-m"]:  # python -m: the module's path is known once it runs
+            argv = sys.argv[:1]
         record = dict(pid=os.getpid(), ppid=os.getppid(), wall=round(time.time() - _start, 3),
                       cpu=round(usage.ru_utime + usage.ru_stime, 3), argv=argv[:8],
                       test=os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0],
@@ -231,10 +233,7 @@ def main(argv=None) -> int:
         sys.stdout.write(output[-3000:])
         raise SystemExit(f"suite_work.py: error: pytest exited with {proc.returncode}; no report written")
     result = {
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-        or "unknown",
+        "commit": git_stamp(REPO, ["."]),  # the suite runs the whole repository
         "command": "python benchmarks/suite_work.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "cpu": cpu_name(),
         "cores": len(os.sched_getaffinity(0)),
@@ -252,9 +251,10 @@ def main(argv=None) -> int:
     }
     with atomic_write(json_out) as f:
         f.write(json.dumps(result, indent=1).encode())
+    report = markdown(result)
     with atomic_write(args.out) as f:
-        f.write(markdown(result).encode())
-    print(markdown(result))
+        f.write(report.encode())
+    print(report)
     return 0 if proc.returncode == 0 else 1  # a failed suite: reported, and said by the exit status
 
 
