@@ -11,6 +11,7 @@ announces itself half-way through the copy's ``os.sendfile`` (how ``shutil.copyf
 Linux), the window in which stock fairseq's ``checkpoint_last.pt`` is half-written.
 """
 
+import copy
 import os
 import signal
 import subprocess
@@ -504,3 +505,41 @@ def test_store_ema_from_a_checkpoint_without_one_starts_from_its_weights(data_di
     assert all(torch.equal(ema[k], weights[k]) for k in weights), "the EMA is not the checkpoint's weights"
     assert all(torch.equal(trainer.ema.fp32_params[k], weights[k].float()) for k in trainer.ema.fp32_params)
     assert "ema" not in torch.load(saved["lsg64"], map_location="cpu", weights_only=False)["extra_state"]
+
+
+@pytest.mark.parametrize("arch", ["lsg_bart_tiny", "led_tiny"])
+def test_an_ema_of_pre_ln_layers_keeps_their_final_layer_norms(data_dir, tmp_path, monkeypatch, arch):
+    """fairseq's EMA step leaves the "version" buffers out of what it loads into its model, whose
+    upgrade then reads the pre-LN encoder and decoder as version 1 and drops their final LayerNorms.
+    With the fix an EMA copied from the model (decay 0) computes what the model computes, and its
+    state dict (what a checkpoint saves as ``extra_state["ema"]``) is the model's."""
+    from fairseq.models.ema.ema import EMA
+
+    from lsg_fairseq.fairseq_fixes._wrap import original
+
+    flags = LSG_TINY if arch == "lsg_bart_tiny" else ["--arch", "led_tiny", "--attention-window", "8"]
+    flags = [*flags, "--max-source-positions", "64", "--store-ema", "--dropout", "0"]
+    _, trainer = build_trainer(data_dir, tmp_path, *flags, "--encoder-normalize-before", "--decoder-normalize-before")
+    model = trainer.model.eval()
+    tokens = torch.randint(4, VOCAB - 1, (2, 24))
+    lengths = torch.full((2,), 24)
+    prev = torch.randint(4, VOCAB - 1, (2, 5))
+
+    def ema_after_a_step():
+        ema = EMA(model, trainer.cfg.ema)
+        ema._set_decay(0.0)  # the EMA becomes a copy of the model
+        ema._step_internal(model)
+        return ema.get_model().eval()
+
+    with monkeypatch.context() as stock:
+        stock.setattr(EMA, "restore", original(EMA, "restore"))
+        broken = ema_after_a_step()
+    assert broken.encoder.layer_norm is None and broken.decoder.layer_norm is None  # the bug, shown
+    fixed = ema_after_a_step()
+    assert fixed.state_dict().keys() == model.state_dict().keys()
+    assert all(torch.equal(fixed.state_dict()[k], v) for k, v in model.state_dict().items())
+    frozen = copy.deepcopy(model).requires_grad_(False)  # as the EMA's: frozen weights may take another path
+    with torch.no_grad():
+        expected = frozen(tokens, lengths, prev)[0]
+        assert torch.equal(fixed(tokens, lengths, prev)[0], expected)
+        assert not torch.allclose(broken(tokens, lengths, prev)[0], expected)

@@ -12,11 +12,11 @@ atomic checkpoint writes, load errors naming the file, ``--bf16`` off TPUs, ``--
 bfloat16, a missing ``--arch`` or ``--task`` named, the weights-only allowlist, NaN reports that
 reach the backward pass, ``--num-batch-buckets`` on numpy 2.4+, a legacy model's own flags under
 ``fairseq-hydra-train``, no data-loader worker's temp folder left behind, no best score carried from
-one training to the next in a process, an EMA started from the weights of a checkpoint without
-one. This plugin's policies (refusing a missing ``--restore-file``, explaining a checkpoint of
-another arch, refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through task hooks
-that only its own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only
-concern its own exceptions.
+one training to the next in a process, an EMA started from the weights of a checkpoint without one,
+an EMA that keeps a pre-LN stack's final LayerNorms. This plugin's policies (refusing a missing
+``--restore-file``, explaining a checkpoint of another arch, refusing ``--fp16`` where fairseq's
+fp16 trainer needs CUDA) run through task hooks that only its own tasks define
+(:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its own exceptions.
 ``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and without
 the plugin.
 """
@@ -28,6 +28,7 @@ from lsg_fairseq.fairseq_fixes import (
     bf16_off_tpu,
     checkpoint_errors,
     ema_from_weights,
+    ema_keeps_versions,
     hydra_model_flags,
     missing_arch,
     missing_task,
@@ -47,6 +48,7 @@ FIXES = (
     atomic_checkpoints,
     checkpoint_errors,
     ema_from_weights,
+    ema_keeps_versions,
     restore_hooks,
     run_hooks,
     bf16_off_tpu,
