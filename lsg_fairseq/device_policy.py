@@ -14,7 +14,8 @@ through the task hook of :mod:`lsg_fairseq.fairseq_fixes.run_hooks`, so it holds
   launcher (:func:`check_process_count`);
 * ``--fp16`` where fairseq's flat fp16 copies need CUDA (``--cpu``, or no GPU), and ``--amp``
   there (CUDA float16 autocast: on a CPU it trains in float32 and says nothing), are refused in one
-  line that names the flag and the CPU's half precision (``--bf16``).
+  line that names the flag and the CPU's half precision (``--bf16``);
+* ``--profile`` there too (:func:`check_profiler`): fairseq-train enters the CUDA profiler with it.
 
 :func:`explain_out_of_memory` turns a device out-of-memory error of a training, validation or
 generation step into a one-line refusal naming the batch's length and the flags that shrink it
@@ -130,6 +131,20 @@ def vet_run(cfg, command: str) -> None:
             f"CUDA tensor, and here {where}; use --bf16 for half precision on a CPU "
             "(or add --fp16-no-flatten-grads)"
         )
+
+
+def check_profiler(common) -> None:
+    """``--profile``: fairseq-train's ``cli_main`` (and fairseq-hydra-train's ``main``) run the whole
+    command inside ``torch.cuda.profiler.profile()`` and ``emit_nvtx()`` (NVTX ranges for Nsight
+    Systems or nvprof): where torch runs no CUDA that is an AssertionError traceback before the run
+    starts, so it is refused before it (this check runs there, ``fairseq_fixes.run_hooks``)."""
+    if not common.profile or (torch.cuda.is_available() and not common.cpu):
+        return
+    where = "--cpu is given" if common.cpu else f"torch {torch.__version__} sees no CUDA GPU"
+    raise ConfigError(
+        f"--profile: fairseq runs the command under the CUDA profiler with it (NVTX ranges for Nsight Systems), "
+        f"and here {where}; drop it"
+    )
 
 
 def check_process_count(dist) -> None:

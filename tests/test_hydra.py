@@ -121,6 +121,11 @@ def test_locost_config_keeps_the_ssm_group_under_bf16(run_folder):
             "task.data=nope",
             "data directory 'nope' does not exist (task.data)",
         ),
+        (  # fairseq-hydra-train enters the CUDA profiler before fairseq-train's main: checked with the config
+            "common.profile=true",
+            "common.profile: fairseq runs the command under the CUDA profiler with it (NVTX ranges for Nsight "
+            "Systems), and here common.cpu is given; drop it",
+        ),
         (  # checked at the first training log (fairseq: a KeyError after the first epoch)
             "checkpoint.best_checkpoint_metric=rouge",
             "checkpoint.best_checkpoint_metric rouge: not a metric of this run (its criterion and task log loss, "

@@ -779,8 +779,16 @@ def test_led_windows_compare_as_the_encoder_reads_them():
     )
 
 
-def test_real_fairseq_train_process_prints_one_line(word_data, tmp_path):
-    """The console script itself (the hook is installed by --user-dir's import, not by the tests)."""
+@pytest.mark.parametrize(
+    "flags,expected",
+    [
+        (["--block-size", "16", "--sparsity-factor", "3"], "--sparsity-factor (3) must divide --block-size (16)"),
+        (["--profile"], "--profile: fairseq runs the command under the CUDA profiler with it"),  # before call_main
+    ],
+    ids=["model_flags", "profile"],
+)
+def test_real_fairseq_train_process_prints_one_line(word_data, tmp_path, flags, expected):
+    """The console script itself (the hooks are installed by --user-dir's import, not by the tests)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [
@@ -793,10 +801,7 @@ def test_real_fairseq_train_process_prints_one_line(word_data, tmp_path):
             *TRAIN,
             "--save-dir",
             str(tmp_path / "ck"),
-            "--block-size",
-            "16",
-            "--sparsity-factor",
-            "3",
+            *flags,
         ],
         capture_output=True,
         text=True,
@@ -804,7 +809,49 @@ def test_real_fairseq_train_process_prints_one_line(word_data, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "--sparsity-factor (3) must divide --block-size (16)" in one_error_line(proc.stderr, "fairseq-train")
+    assert expected in one_error_line(proc.stderr, "fairseq-train")
+
+
+@pytest.mark.parametrize(
+    "flag,stock_error,expected",
+    [
+        (
+            "--profile",
+            AssertionError,  # torch.cuda.profiler.profile(): "Torch not compiled with CUDA enabled"
+            "--profile: fairseq runs the command under the CUDA profiler with it (NVTX ranges for Nsight Systems), "
+            "and here --cpu is given; drop it",
+        ),
+        (
+            "--use-plasma-view",
+            ImportError,  # "please run pip install pyarrow", whether pyarrow is installed or not
+            "--use-plasma-view: fairseq's plasma store shares language_modeling's token blocks, and this task has "
+            "none to share; drop it",
+        ),
+    ],
+)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the stock PlasmaStore's __del__
+def test_what_fairseq_train_starts_before_the_run_is_vetted_first(
+    word_data, tmp_path, capsys, monkeypatch, flag, stock_error, expected
+):
+    """fairseq-train's cli_main enters the CUDA profiler, or starts a plasma store, between parsing and
+    call_main, where the task's checks ran: a traceback. With the plugin imported as fairseq-train
+    imports it (its module loaded), the config is vetted as cli_main makes it."""
+    from fairseq_cli import train
+
+    from lsg_fairseq import fairseq_fixes
+    from lsg_fairseq.fairseq_fixes._wrap import original
+
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    argv += ["--save-dir", str(tmp_path / "ck"), flag]
+    stock = original(train, "convert_namespace_to_omegaconf")
+    monkeypatch.setattr(train, "convert_namespace_to_omegaconf", stock)  # and back after the test
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", *argv])
+    with pytest.raises(stock_error):
+        train.cli_main()
+    fairseq_fixes.install()  # as --user-dir's import does in fairseq-train, whose module is loaded then
+    code, err = fairseq_train(argv, capsys, monkeypatch)
+    assert code == 2 and one_error_line(err, "fairseq-train") == f"fairseq-train: error: {expected}"
+    assert not (tmp_path / "ck").exists()
 
 
 # ----------------------------------------------------------------------------- nothing skipped silently

@@ -7,13 +7,14 @@ and around ``main``. Its train and interactive commands run ``main`` through
 ``fairseq-generate``'s ``cli_main`` imports ``--user-dir`` while parsing and then calls its module's
 ``main``, also looked up when called. Wrapping those two lets a :class:`~lsg_text.errors.UserError`
 (a bad flag or file of ours, a missing split, a step out of device memory) print ``prog: error:
-<message>`` instead of a traceback. Any other exception, and every run that raises none of ours,
-is untouched. A ``--results-path`` that is a file is refused so before any work. A generation that
-stops so leaves no half-written ``--results-path`` file: fairseq opens (and so truncates)
-``generate-<subset>.txt`` before it loads anything, so the file holds only this run's partial
-output, and it is removed; a refusal before fairseq opened it leaves an earlier run's file as it
-was. (``lsg-fairseq-generate`` imports the plugin before ``fairseq_cli.generate`` and installs the
-fixes again once it is loaded.)
+<message>`` instead of a traceback. Any other exception, and every run that raises none of ours, is
+untouched. fairseq-train's ``cli_main`` vets its config before ``call_main`` (:mod:`.run_hooks`):
+its module's ``convert_namespace_to_omegaconf`` is wrapped so too. A ``--results-path`` that is a
+file is refused so before any work. A generation that stops so leaves no half-written
+``--results-path`` file: fairseq opens (and so truncates) ``generate-<subset>.txt`` before it loads
+anything, so the file holds only this run's partial output, and it is removed; a refusal before
+fairseq opened it leaves an earlier run's file as it was. (``lsg-fairseq-generate`` imports the
+plugin before ``fairseq_cli.generate`` and installs the fixes again once it is loaded.)
 """
 
 import argparse
@@ -84,3 +85,6 @@ def install() -> None:
     generate = sys.modules.get("fairseq_cli.generate")
     if generate is not None:  # fairseq-generate is importing the plugin through --user-dir
         wrap(generate, "main", _one_line_generate_errors)
+    train = sys.modules.get("fairseq_cli.train")
+    if train is not None:  # fairseq-train's cli_main vets its config as it makes it (run_hooks)
+        wrap(train, "convert_namespace_to_omegaconf", _one_line_user_errors)

@@ -21,6 +21,12 @@ diverged is fairseq's FloatingPointError traceback otherwise); None keeps the er
 Stock fairseq tasks define neither and run exactly as without the plugin; this plugin's tasks
 define both (``lsg_fairseq.tasks.run_settings``, ``lsg_fairseq.device_policy``).
 
+fairseq-train's ``cli_main`` acts on two flags between parsing and ``call_main``: it starts a plasma
+store (``--use-plasma-view``) and enters the CUDA profiler (``--profile``), both tracebacks where
+they cannot run. So when fairseq-train imports the plugin (``fairseq_cli.train`` loaded, as its
+console script does), its module's ``convert_namespace_to_omegaconf`` is wrapped too: the config it
+returns is vetted there, and ``call_main`` does not vet that config again.
+
 fairseq-hydra-train first completes the config hydra composed (``add_defaults``: the task's,
 model's, ... dataclass defaults, where a key that is no setting ends in omegaconf's ConfigKeyError
 traceback, or for a legacy model is ignored without a word): the task's ``vet_run(cfg,
@@ -68,10 +74,26 @@ def _vet(cfg, command: str):
     return task
 
 
+# the config fairseq-train's cli_main made and vetted (_train_config_vetted_by_the_task), which its
+# call_main does not vet again
+_vetted_early: list = []
+
+
+def _train_config_vetted_by_the_task(original):
+    def convert_namespace_to_omegaconf(args):
+        cfg = original(args)
+        _vet(cfg, "fairseq_cli.train")
+        _vetted_early[:] = [cfg]
+        return cfg
+
+    return convert_namespace_to_omegaconf
+
+
 def _vetted_by_the_task(original):
     def call_main(cfg, main, **kwargs):
         command = getattr(main, "__module__", "")
-        explain = getattr(_vet(cfg, command), "explain_failure", None)
+        early = any(cfg is vetted for vetted in _vetted_early)
+        explain = getattr(task_class(cfg) if early else _vet(cfg, command), "explain_failure", None)
         try:
             return original(cfg, main, **kwargs)
         except Exception as e:  # noqa: BLE001  (re-raised unless the task explains it)
@@ -109,3 +131,6 @@ def install() -> None:
     generate = sys.modules.get("fairseq_cli.generate")
     if generate is not None:  # fairseq-generate is importing the plugin through --user-dir
         wrap(generate, "main", _generate_vetted_by_the_task)
+    train = sys.modules.get("fairseq_cli.train")
+    if train is not None:  # fairseq-train (or another command that imported its module)
+        wrap(train, "convert_namespace_to_omegaconf", _train_config_vetted_by_the_task)

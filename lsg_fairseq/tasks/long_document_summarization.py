@@ -51,6 +51,7 @@ from lsg_fairseq.tasks.hydra_config import check_hydra_keys, in_hydra_terms, ref
 from lsg_fairseq.tasks.run_settings import (
     check_generate_args,
     check_generation_args,
+    check_launch,
     check_metric_logged,
     check_training_args,
     check_validate_args,
@@ -383,6 +384,8 @@ class LongDocumentSummarizationTask(TranslationTask):
     def vet_run(cls, cfg, command):
         if command == "fairseq_cli.hydra_train":  # the config (hydra's, then again in fairseq-train's main)
             check_hydra_keys(cfg)
+            with refusals_in_config_keys(cfg):
+                check_launch(cfg)  # fairseq-hydra-train enters the profiler before fairseq-train's main
             return
         cls.metric_to_watch = None
         train = command == "fairseq_cli.train"

@@ -20,6 +20,7 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from lsg_fairseq.checkpoint_policy import saved_has_ema, saved_task_name
+from lsg_fairseq.device_policy import check_profiler
 from lsg_fairseq.tasks.hydra_config import check_hydra_positions
 from lsg_text.argtypes import (
     GENERATE_SETTINGS,
@@ -68,10 +69,27 @@ def check_generation_args(args) -> None:
         raise ConfigError(f"--min-len {min_len} is above --max-len-b {max_len_b}")
 
 
+def check_launch(cfg) -> None:
+    """What fairseq-train's ``cli_main`` (and fairseq-hydra-train's ``main``) act on before the run
+    itself: the task's ``vet_run`` is called before that for both commands
+    (:mod:`lsg_fairseq.fairseq_fixes.run_hooks`). ``--use-plasma-view`` starts a plasma store to share
+    ``language_modeling``'s token blocks between processes; this plugin's tasks read no token blocks,
+    so the store would share nothing, and it needs ``pyarrow.plasma``, which pyarrow no longer ships
+    (deprecated since 10.0): fairseq's ImportError traceback says "pip install pyarrow" whether
+    pyarrow is installed or not. ``--profile``: :func:`~lsg_fairseq.device_policy.check_profiler`."""
+    if cfg.common.use_plasma_view:
+        raise ConfigError(
+            "--use-plasma-view: fairseq's plasma store shares language_modeling's token blocks, and this task "
+            "has none to share; drop it"
+        )
+    check_profiler(cfg.common)
+
+
 def check_training_args(cfg) -> None:
     """fairseq-train's settings (TRAINING_SETTINGS, ``--adam-betas``) and the combinations fairseq
     fails on late or keeps without a word (:func:`check_best_checkpoint_metric`,
-    :func:`check_finetune_from_model`)."""
+    :func:`check_finetune_from_model`), and what fairseq-train acts on before the run (:func:`check_launch`)."""
+    check_launch(cfg)
     if getattr(getattr(cfg, "optimizer", None), "_name", None) is None:  # fairseq's ValueError after loading
         raise ConfigError("--optimizer is required (e.g. --optimizer adam; LOCOST's --ssm-lr needs grouped_adam)")
     check_settings(cfg, TRAINING_SETTINGS)
