@@ -624,6 +624,11 @@ def test_fairseq_train_missing_split_is_one_line(word_data, tmp_path, capsys, mo
         ("led_tiny", ["--attention-window", "33"], "argument --attention-window: must be a positive even integer"),
         ("led_tiny", ["--attention-window", "0"], "argument --attention-window: must be a positive even integer"),
         ("locost_tiny", ["--d-state", "0"], "argument --d-state: must be an integer >= 2, got '0'"),
+        (  # a typo of 1e-6: RMSNorm would scale the activations down by ~1000 instead of normalizing them
+            "locost_tiny",
+            ["--layer-norm-eps", "1e6"],
+            "argument --layer-norm-eps: must be a number in (0, 1), got '1e6'",
+        ),
     ],
 )
 def test_train_flag_out_of_range_refused_when_parsed(word_data, tmp_path, capsys, monkeypatch, arch, flags, expected):

@@ -69,7 +69,11 @@ LOCOST_ARGS = [
     ("--encoder-layers", POSITIVE_INT, "number of LOCOST (SSM) encoder layers"),
     ("--decoder-layers", POSITIVE_INT, "number of T5 decoder layers"),
     ("--decoder-attention-heads", POSITIVE_INT, "number of decoder attention heads"),
-    ("--layer-norm-eps", float_range(0, lo_open=True), "RMSNorm epsilon"),
+    (  # RMSNorm divides by sqrt(mean(x^2) + eps): an eps near the mean square (~1) stops normalizing
+        "--layer-norm-eps",
+        float_range(0, 1, lo_open=True, hi_open=True),
+        "RMSNorm epsilon (T5's: 1e-6); below 1",
+    ),
     ("--relative-attention-num-buckets", int_range(4), "T5 relative position buckets (decoder self-attention)"),
     (
         "--relative-attention-max-distance",
