@@ -1190,6 +1190,13 @@ def test_training_setting_refused_by_fairseq_train_before_any_work(word_data, tm
             ["--write-checkpoints-asynchronously"],
             "--write-checkpoints-asynchronously: fairseq's asynchronous checkpoint writing needs the package iopath",
         ),
+        (  # the loggers: one warning from fairseq, then a training whose metrics go nowhere
+            ["--wandb-project", "long-docs"],
+            "--wandb-project long-docs: fairseq's Weights & Biases logging needs the package wandb, which is not "
+            "installed here (pip install wandb)",
+        ),
+        (["--aim-repo", "runs/aim"], "--aim-repo runs/aim: fairseq's Aim logging needs the package aim"),
+        (["--azureml-logging"], "--azureml-logging: fairseq's AzureML logging needs the package azureml.core"),
     ],
 )
 def test_settings_whose_package_is_missing_refused(word_data, monkeypatch, flags, message):
@@ -1220,6 +1227,22 @@ def test_each_scorer_package_is_the_one_fairseq_imports():
     for name, module in scorers:
         source = inspect.getsource(REGISTRIES["scoring"]["registry"][name])
         assert re.search(rf"\bimport {module}\b", source), (name, module)
+
+
+def test_each_logger_package_is_the_one_fairseq_imports():
+    import inspect
+    import re
+
+    from fairseq.logging import progress_bar
+
+    from lsg_fairseq.tasks.run_settings import ANY, SETTING_PACKAGES, _installed
+
+    source = inspect.getsource(progress_bar)
+    loggers = [module for (_, _, value), (module, _, _) in SETTING_PACKAGES.items() if value is ANY]
+    assert len(loggers) == 3
+    for module in loggers:
+        assert re.search(rf"^\s*(import {module}|from {module} import)\b", source, re.M), module
+    assert not _installed("no_such_package_here.core")  # find_spec of a dotted name raises without its parent
 
 
 def test_a_second_shard_is_loaded_beside_the_first(word_data, tmp_path):

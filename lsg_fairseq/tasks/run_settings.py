@@ -380,7 +380,10 @@ TOKENIZER_PACKAGES = {
     ("bpe", "bert"): ("transformers", "transformers"),
 }
 # the same for other settings, as (group, field, value) -> (package, pip name, what needs it): a
-# scorer's ImportError once generation is done, fairscale's once the model is built
+# scorer's ImportError once generation is done, fairscale's once the model is built; ANY: any value
+# given (a logger's project or repository, or its switch on), where fairseq logs one warning without
+# the package and trains on, its metrics going nowhere
+ANY = "any value"
 SETTING_PACKAGES = {
     ("scoring", "_name", "wer"): ("editdistance", "editdistance", "fairseq's wer scorer"),
     ("scoring", "_name", "meteor"): ("nltk", "nltk", "fairseq's meteor scorer"),
@@ -397,22 +400,34 @@ SETTING_PACKAGES = {
         "iopath",
         "fairseq's asynchronous checkpoint writing",
     ),
+    ("common", "wandb_project", ANY): ("wandb", "wandb", "fairseq's Weights & Biases logging"),
+    ("common", "aim_repo", ANY): ("aim", "aim", "fairseq's Aim logging"),
+    ("common", "azureml_logging", ANY): ("azureml.core", "azureml-core", "fairseq's AzureML logging"),
 }
 
 
+def _installed(module: str) -> bool:
+    """``module`` can be imported here (looked up, not imported)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a dotted name whose parent package is missing
+        return False
+
+
 def check_packages(cfg) -> None:
-    """The package ``--tokenizer``, ``--bpe``, ``--scoring``, ``--ddp-backend`` and
-    ``--zero-sharding`` import, installed (looked up, not imported)."""
+    """The package ``--tokenizer``, ``--bpe``, ``--scoring``, ``--ddp-backend``, ``--zero-sharding``
+    and fairseq's loggers (``--wandb-project``, ...) import, installed (looked up, not imported)."""
     needs = {
         (group, "_name", name): (module, pip, f"fairseq's {name} {group}")
         for (group, name), (module, pip) in TOKENIZER_PACKAGES.items()
     }
     for (group, key, value), (module, pip_name, what) in {**needs, **SETTING_PACKAGES}.items():
         section = getattr(cfg, group, None)
-        if section is None or section.get(key) != value or importlib.util.find_spec(module) is not None:
+        setting = None if section is None else section.get(key)
+        if not (setting if value is ANY else setting == value) or _installed(module):
             continue
         flag = f"--{group.replace('_', '-')}" if key == "_name" else _flag(key)
-        given = flag if value is True else f"{flag} {value}"  # a switch is given by its name alone
+        given = flag if setting is True else f"{flag} {setting}"  # a switch is given by its name alone
         raise ConfigError(
             f"{given}: {what} needs the package {module}, which is not installed here (pip install {pip_name})"
         )
