@@ -7,6 +7,8 @@ task in the same process keeps fairseq's behaviour.
 * ``--restore-file some/typo.pt`` that does not exist: fairseq logs "No existing checkpoint found"
   and trains from scratch, which for a fine-tuning run means days spent on the wrong thing; refused,
   as is a ``--finetune-from-model`` that does not exist (fairseq's error is a traceback).
+* A first launch (no ``checkpoint_last.pt`` to resume from) in a ``--save-dir`` holding another
+  run's checkpoints: fairseq writes over them; refused, naming the newest to resume from.
 * A checkpoint that does not fit the model: fairseq says "please ensure that the architectures
   match"; we say which ``--arch`` it was saved with, or how many positions its table holds and
   how to extend it.
@@ -24,7 +26,7 @@ import shlex
 import torch
 from fairseq.file_io import PathManager
 
-from lsg_fairseq.checkpoint_io import CheckpointError
+from lsg_fairseq.checkpoint_io import CheckpointError, is_local
 from lsg_text.errors import ConfigError, MissingFileError
 
 logger = logging.getLogger(__name__)
@@ -75,10 +77,14 @@ def restore_path(cfg, trainer) -> str:
 
 def check_restore(cfg, trainer) -> None:
     """Refuse a non-default ``--restore-file``, or the ``--continue-once`` or ``--finetune-from-model``
-    a first launch starts from, that does not exist."""
+    a first launch starts from, that does not exist; and a first launch in a ``--save-dir`` holding
+    another run's checkpoints (:func:`check_nothing_overwritten`)."""
     path = restore_path(cfg, trainer)
     # Only rank 0 reads the file (the others get it by broadcast), so only it checks.
-    if trainer.data_parallel_rank != 0 or PathManager.isfile(path):
+    if trainer.data_parallel_rank != 0:
+        return
+    if PathManager.isfile(path):
+        check_nothing_overwritten(cfg, trainer, path)
         return
     if cfg.restore_file == "checkpoint_last.pt" and path == getattr(cfg, "continue_once", None):
         raise MissingFileError(
@@ -97,6 +103,39 @@ def check_restore(cfg, trainer) -> None:
             "train from scratch. Give an existing checkpoint, or leave --restore-file out to "
             "resume from --save-dir/checkpoint_last.pt"
         )
+    check_nothing_overwritten(cfg, trainer, path)
+
+
+def saved_checkpoints(save_dir: str) -> list:
+    """The checkpoints fairseq-train writes (``checkpoint*.pt``: last, best, per epoch or update,
+    ``checkpoint.best_<metric>_<value>.pt``) that ``save_dir`` holds, newest first."""
+    if not is_local(save_dir) or not os.path.isdir(save_dir):
+        return []
+    names = [n for n in os.listdir(save_dir) if n.startswith("checkpoint") and n.endswith(".pt")]
+    names = [n for n in names if os.path.isfile(os.path.join(save_dir, n))]
+    return sorted(names, key=lambda n: os.path.getmtime(os.path.join(save_dir, n)), reverse=True)
+
+
+def check_nothing_overwritten(cfg, trainer, path: str) -> None:
+    """A first launch (no ``checkpoint_last.pt`` to resume from: from scratch, from
+    ``--finetune-from-model`` or from ``--continue-once``) in a ``--save-dir`` that holds another
+    run's checkpoints: fairseq writes over them (``checkpoint_best.pt`` at its first validation,
+    ``checkpoint1.pt`` at its first epoch's end) without a word. A rerun of a training saved with
+    ``--no-last-checkpoints`` ends so, or one whose ``checkpoint_last.pt`` was removed. Refused,
+    naming the newest to resume from; a ``--restore-file`` the user names, and ``--no-save``, pass."""
+    if cfg.no_save or cfg.restore_file != "checkpoint_last.pt":
+        return
+    last = os.path.join(cfg.save_dir, f"checkpoint_last{trainer.checkpoint_suffix}.pt")
+    earlier = [] if PathManager.exists(last) else saved_checkpoints(cfg.save_dir)
+    if not earlier:
+        return
+    start = "from scratch" if path == last else f"from {path}"
+    shown = ", ".join(earlier[:3]) + (f" and {len(earlier) - 3} more" if len(earlier) > 3 else "")
+    raise ConfigError(
+        f"--save-dir {cfg.save_dir} holds another run's checkpoints ({shown}) and no checkpoint_last.pt to "
+        f"resume from (--no-last-checkpoints writes none): this run would start {start} and write over them. "
+        f"Resume with --restore-file {os.path.join(cfg.save_dir, earlier[0])}, or give an empty --save-dir"
+    )
 
 
 def check_built_as_saved(cfg, trainer) -> None:

@@ -13,6 +13,7 @@ Linux), the window in which stock fairseq's ``checkpoint_last.pt`` is half-writt
 
 import copy
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from fairseq.file_io import PathManager
 import lsg_fairseq  # noqa: F401  (installs the patches)
 from lsg_fairseq.checkpoint_io import CheckpointError
 from lsg_fairseq.fairseq_fixes._wrap import original
+from lsg_text.errors import ConfigError
 
 from conftest import FIXTURES, REPO_ROOT, TINY_DIMS, TINY_LOCOST
 
@@ -311,6 +313,40 @@ def test_missing_continue_once_refused_not_trained_from_scratch(data_dir, tmp_pa
 
     cfg, trainer = build_trainer(data_dir, tmp_path / "run2", *flags, "--continue-once", saved["lsg64"])
     assert restore_path(cfg.checkpoint, trainer) == saved["lsg64"]  # what the settings check reads
+
+
+def test_a_first_launch_does_not_write_over_another_runs_checkpoints(data_dir, tmp_path, saved):
+    """A rerun of a training saved with --no-last-checkpoints (no checkpoint_last.pt to resume from)
+    started from scratch and wrote over checkpoint_best.pt and checkpointN.pt without a word. Refused,
+    naming the newest; a --restore-file the user names, --no-save, and a resume from
+    checkpoint_last.pt go on."""
+    import shutil
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("checkpoint1.pt", "checkpoint_best.pt", "checkpoint2.pt"):  # saved in this order
+        shutil.copy(saved["lsg64"], run / name)
+        os.utime(run / name, (time.time(), time.time() + len(os.listdir(run))))
+    flags = [*LSG_TINY, "--max-source-positions", "64"]
+    cfg, trainer = build_trainer(data_dir, run, *flags)
+    with pytest.raises(ConfigError) as e:
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    assert str(e.value) == (
+        f"--save-dir {run} holds another run's checkpoints (checkpoint2.pt, checkpoint_best.pt, checkpoint1.pt) "
+        "and no checkpoint_last.pt to resume from (--no-last-checkpoints writes none): this run would start from "
+        f"scratch and write over them. Resume with --restore-file {run / 'checkpoint2.pt'}, or give an empty --save-dir"
+    )
+    cfg, trainer = build_trainer(data_dir, run, *flags, "--finetune-from-model", saved["lsg64"])
+    with pytest.raises(ConfigError, match=f"would start from {re.escape(saved['lsg64'])} and write over them"):
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    from lsg_fairseq.checkpoint_policy import check_restore
+
+    for more in (["--restore-file", str(run / "checkpoint2.pt")], ["--no-save"]):
+        cfg, trainer = build_trainer(data_dir, run, *flags, *more)
+        check_restore(cfg.checkpoint, trainer)  # what load_checkpoint's hook calls first (this folder has no data)
+    shutil.copy(saved["lsg64"], run / "checkpoint_last.pt")
+    cfg, trainer = build_trainer(data_dir, run, *flags)
+    check_restore(cfg.checkpoint, trainer)  # a resume
 
 
 def test_missing_restore_file_trains_from_scratch_without_the_hooks(word_data, tmp_path):
