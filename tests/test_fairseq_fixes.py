@@ -22,9 +22,11 @@ import torch
 from fairseq import checkpoint_utils, options
 from fairseq.data import LanguagePairDataset, bucket_pad_length_dataset, data_utils
 from fairseq.dataclass import initialize
+from fairseq.dataclass import utils as dataclass_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 from fairseq.file_io import PathManager
+from fairseq.models.ema.ema import EMA
 from fairseq.models.transformer.transformer_config import TransformerConfig
 from fairseq.nan_detector import NanDetector
 from fairseq.trainer import Trainer
@@ -48,6 +50,8 @@ PATCHED = [
     (bucket_pad_length_dataset, "get_buckets"),
     (LanguagePairDataset, "__init__"),
     (Trainer, "load_checkpoint"),
+    (dataclass_utils, "_override_attr"),
+    (EMA, "restore"),
 ]
 
 
@@ -81,6 +85,23 @@ argv = [sys.argv[2], "--arch", "transformer", "--cpu"]
 cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
 (original(distributed_utils, "call_main") if sys.argv[1] == "stock" else distributed_utils.call_main)(cfg, main)
 """
+
+
+def test_polynomial_decay_without_total_num_update_decays_over_the_run(monkeypatch):
+    """fairseq#4064: --lr-scheduler polynomial_decay without --total-num-update was hydra's
+    ConfigCompositionException ("total_num_update=null") before any work; its dataclass's default
+    is --max-update, which the fixed conversion keeps. A value given still wins."""
+    from hydra.errors import ConfigCompositionException
+
+    flags = ["--optimizer", "adam", "--lr-scheduler", "polynomial_decay", "--max-update", "7"]
+    with monkeypatch.context() as stock:
+        stock.setattr(dataclass_utils, "_override_attr", original(dataclass_utils, "_override_attr"))
+        with pytest.raises(ConfigCompositionException, match="total_num_update=null"):
+            train_cfg("data-bin", *flags)
+    assert train_cfg("data-bin", *flags).lr_scheduler.total_num_update == 7
+    assert train_cfg("data-bin", *flags, "--total-num-update", "3").lr_scheduler.total_num_update == 3
+    # a field that may be None keeps the None given: translation's dataset_impl (II("dataset.dataset_impl"))
+    assert train_cfg("data-bin", *flags).task.dataset_impl is None
 
 
 def test_install_is_idempotent_and_keeps_the_originals():

@@ -13,10 +13,11 @@ bfloat16, a missing ``--arch`` or ``--task`` named, the weights-only allowlist, 
 reach the backward pass, ``--num-batch-buckets`` on numpy 2.4+, a legacy model's own flags under
 ``fairseq-hydra-train``, no data-loader worker's temp folder left behind, no best score carried from
 one training to the next in a process, an EMA started from the weights of a checkpoint without one,
-an EMA that keeps a pre-LN stack's final LayerNorms. This plugin's policies (refusing a missing
-``--restore-file``, explaining a checkpoint of another arch, refusing ``--fp16`` where fairseq's
-fp16 trainer needs CUDA) run through task hooks that only its own tasks define
-(:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line errors only concern its own exceptions.
+an EMA that keeps a pre-LN stack's final LayerNorms, ``--lr-scheduler polynomial_decay`` without
+``--total-num-update``. This plugin's policies (refusing a missing ``--restore-file``, explaining a
+checkpoint of another arch, refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through
+task hooks that only its own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line
+errors only concern its own exceptions.
 ``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and without
 the plugin.
 """
@@ -30,6 +31,7 @@ from lsg_fairseq.fairseq_fixes import (
     ema_from_weights,
     ema_keeps_versions,
     hydra_model_flags,
+    interpolated_defaults,
     missing_arch,
     missing_task,
     nan_detector_hooks,
@@ -56,6 +58,7 @@ FIXES = (
     missing_arch,
     missing_task,
     hydra_model_flags,
+    interpolated_defaults,
     nan_detector_hooks,
     numpy_buckets,
     worker_temp_dir,
