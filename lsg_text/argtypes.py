@@ -196,6 +196,12 @@ TRAINING_SETTINGS = {
     ("optimizer", "adam_eps"): float_range(0, lo_open=True),
     ("lr_scheduler", "warmup_updates"): NON_NEGATIVE_INT,
     ("lr_scheduler", "total_num_update"): float_range(0, lo_open=True),
+    # the learning rate a schedule decays to (polynomial_decay; cosine's and step's floor) and
+    # polynomial_decay's exponent: below 0 the rate turns negative (gradient ascent) or grows as
+    # the schedule ends, and the run diverges with exit 0
+    ("lr_scheduler", "end_learning_rate"): float_range(0),
+    ("lr_scheduler", "min_lr"): float_range(0),
+    ("lr_scheduler", "power"): float_range(0, lo_open=True),
     ("criterion", "label_smoothing"): PROBABILITY,
     ("ema", "ema_decay"): float_range(0, 1),  # 1.5: the EMA diverges from the weights, exit 0
 }

@@ -69,6 +69,8 @@ def check_output_path(path: str, flag: str, folder: bool = False) -> None:
     error comes from deep in a write, after the work, naming a temp file."""
     if path in (None, "-"):
         return
+    if path == "":  # an unset shell variable, typically; os.makedirs("") fails, open("") too
+        raise DataError(f"{flag}: an empty path (give a path)")
     if os.path.islink(path) and not os.path.exists(path):  # a write would follow it, or fail on it
         raise DataError(
             f"{flag} {path}: a symbolic link to {os.readlink(path)}, which does not exist (choose another path)"

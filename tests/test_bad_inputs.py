@@ -950,6 +950,15 @@ TRAINING_CASES = [
         ["--lr-scheduler", "polynomial_decay", "--total-num-update", "0"],  # AssertionError
         "--total-num-update 0: must be a number > 0",
     ),
+    (  # the rate turns negative at the schedule's end: gradient ascent, exit 0
+        ["--lr-scheduler", "polynomial_decay", "--total-num-update", "10", "--end-learning-rate", "-1"],
+        "--end-learning-rate -1: must be a number >= 0",
+    ),
+    (  # the rate grows as the schedule ends
+        ["--lr-scheduler", "polynomial_decay", "--total-num-update", "10", "--power", "-1"],
+        "--power -1: must be a number > 0",
+    ),
+    (["--lr-scheduler", "cosine", "--min-lr", "-1"], "--min-lr -1: must be a number >= 0"),
     (
         ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "2"],  # trains, on a wrong loss
         "--label-smoothing 2: must be a number in [0, 1)",

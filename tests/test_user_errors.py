@@ -1128,6 +1128,34 @@ def test_train_output_folder_of_the_wrong_kind_is_one_line(word_data, tmp_path, 
     assert not (tmp_path / "ck").exists()
 
 
+@pytest.mark.parametrize(
+    "flag,value,expected",
+    [
+        ("--save-dir", "", "--save-dir: an empty path (give a path)"),  # fairseq: os.makedirs('') traceback
+        # fairseq's IsADirectoryError from its log handler (and our explanation blamed --save-dir, below it)
+        ("--log-file", "{tmp}", "--log-file {tmp}: is a folder (give the path of a file, e.g. one inside it)"),
+        (  # fairseq's FileNotFoundError: it opens the file first, in a folder it does not make
+            "--log-file",
+            "{tmp}/logs/train.log",
+            "--log-file {tmp}/logs/train.log: the folder {tmp}/logs does not exist, and fairseq-train does not make it "
+            "(make it first)",
+        ),
+    ],
+    ids=["empty_save_dir", "log_file_is_a_folder", "log_file_in_no_folder"],
+)
+def test_train_log_file_and_an_empty_save_dir_are_one_line(
+    word_data, tmp_path, capsys, monkeypatch, flag, value, expected
+):
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    argv.append("--truncate-target")
+    if flag != "--save-dir":
+        argv += ["--save-dir", str(tmp_path / "ck")]
+    code, err = fairseq_train([*argv, flag, value.format(tmp=tmp_path)], capsys, monkeypatch)
+    line = one_error_line(err, "fairseq-train")
+    assert code == 2 and line == f"fairseq-train: error: {expected.format(tmp=tmp_path)}"
+    assert not (tmp_path / "ck").exists() and not (tmp_path / "logs").exists()
+
+
 @pytest.mark.parametrize("flag", ["--save-dir", "--tensorboard-logdir"])
 def test_train_output_folder_that_cannot_be_made_is_one_line(word_data, tmp_path, capsys, monkeypatch, flag):
     """A folder the kernel will not make whatever the permissions (in /proc, even for root; on a

@@ -182,14 +182,25 @@ def check_lr_scheduler(cfg) -> None:
 
 
 def check_output_folders(cfg) -> None:
-    """``--save-dir`` and ``--tensorboard-logdir`` folders, or paths where one can be made. fairseq's
-    own: a NotADirectoryError or FileExistsError traceback from ``os.makedirs`` (for the logs only
-    after the data and the model are loaded)."""
+    """``--save-dir`` and ``--tensorboard-logdir`` folders, or paths where one can be made, and
+    ``--log-file`` a file in a folder that exists. fairseq's own: a NotADirectoryError or
+    FileExistsError traceback from ``os.makedirs`` (for the logs only after the data and the model
+    are loaded); for ``--log-file``, which fairseq opens first and in a folder it does not make, an
+    IsADirectoryError or FileNotFoundError traceback."""
     if not cfg.checkpoint.no_save:
         check_output_path(cfg.checkpoint.save_dir, "--save-dir", folder=True)
     logdir = getattr(cfg.common, "tensorboard_logdir", None)
     if logdir:
         check_output_path(logdir, "--tensorboard-logdir", folder=True)
+    log_file = getattr(cfg.common, "log_file", None)
+    if log_file is not None:
+        check_output_path(log_file, "--log-file")
+        folder = os.path.dirname(os.path.abspath(log_file))
+        if not os.path.isdir(folder):
+            raise ConfigError(
+                f"--log-file {log_file}: the folder {folder} does not exist, and fairseq-train does not make it "
+                "(make it first)"
+            )
 
 
 LOWER_IS_BETTER = ("loss", "nll_loss", "ppl")  # what validation logs whatever the flags
