@@ -12,6 +12,7 @@ Linux), the window in which stock fairseq's ``checkpoint_last.pt`` is half-writt
 """
 
 import copy
+import logging
 import os
 import re
 import signal
@@ -544,11 +545,12 @@ def test_store_ema_from_a_checkpoint_without_one_starts_from_its_weights(data_di
 
 
 @pytest.mark.parametrize("arch", ["lsg_bart_tiny", "led_tiny"])
-def test_an_ema_of_pre_ln_layers_keeps_their_final_layer_norms(data_dir, tmp_path, monkeypatch, arch):
+def test_an_ema_of_pre_ln_layers_keeps_their_final_layer_norms(data_dir, tmp_path, monkeypatch, caplog, arch):
     """fairseq's EMA step leaves the "version" buffers out of what it loads into its model, whose
     upgrade then reads the pre-LN encoder and decoder as version 1 and drops their final LayerNorms.
     With the fix an EMA copied from the model (decay 0) computes what the model computes, and its
-    state dict (what a checkpoint saves as ``extra_state["ema"]``) is the model's."""
+    state dict (what a checkpoint saves as ``extra_state["ema"]``) is the model's. An EMA saved with
+    the bug is not restored: the EMA keeps the model's weights, with a warning."""
     from fairseq.models.ema.ema import EMA
 
     from lsg_fairseq.fairseq_fixes._wrap import original
@@ -574,6 +576,12 @@ def test_an_ema_of_pre_ln_layers_keeps_their_final_layer_norms(data_dir, tmp_pat
     fixed = ema_after_a_step()
     assert fixed.state_dict().keys() == model.state_dict().keys()
     assert all(torch.equal(fixed.state_dict()[k], v) for k, v in model.state_dict().items())
+    # an EMA saved with the bug (version 1, no final LayerNorms), restored on a resume: not loaded
+    ema = EMA(model, trainer.cfg.ema)
+    with caplog.at_level(logging.WARNING, logger="lsg_fairseq.fairseq_fixes.ema_keeps_versions"):
+        ema.restore(broken.state_dict())
+    assert ema.get_model().encoder.layer_norm is not None and "saved without its final LayerNorms" in caplog.text
+    assert all(torch.equal(ema.get_model().state_dict()[k], v) for k, v in model.state_dict().items())
     frozen = copy.deepcopy(model).requires_grad_(False)  # as the EMA's: frozen weights may take another path
     with torch.no_grad():
         expected = frozen(tokens, lengths, prev)[0]
