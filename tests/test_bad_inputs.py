@@ -945,6 +945,7 @@ TRAINING_CASES = [
     (["--log-interval", "0"], "--log-interval 0: must be an integer >= 1"),  # ZeroDivisionError
     (["--weight-decay", "-1"], "--weight-decay -1: must be a number >= 0"),  # weights grow
     (["--adam-eps", "-0.5"], "--adam-eps -0.5: must be a number > 0"),
+    (["--optimizer", "sgd", "--momentum", "2"], "--momentum 2: must be a number in [0, 1)"),  # diverges, exit 0
     (["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "-10"], "--warmup-updates -10: must be an integer >= 0"),
     (
         ["--lr-scheduler", "polynomial_decay", "--total-num-update", "0"],  # AssertionError
@@ -973,6 +974,15 @@ def training_cfg(data, *flags, optimizer=("--optimizer", "adam")):
     argv = [str(data), "--user-dir", lsg_fairseq.user_dir(), "--task", "long_document_summarization"]
     argv += [*TINY_LSG_BART, *optimizer, "--lr", "1e-3", "--max-tokens", "2048", "--cpu", *flags]
     return training_config(argv)
+
+
+def test_a_quantization_config_that_is_not_there_refused(word_data):
+    """fairseq's own: a FileNotFoundError traceback once the data and the model are loaded."""
+    from lsg_fairseq.tasks.run_settings import check_training_args
+    from lsg_text.errors import UserError
+
+    with pytest.raises(UserError, match=r"^--quantization-config-path: file not found: nowhere\.yaml$"):
+        check_training_args(training_cfg(word_data, "--quantization-config-path", "nowhere.yaml"))
 
 
 def test_training_without_an_optimizer_refused(word_data):

@@ -105,6 +105,8 @@ def check_training_args(cfg) -> None:
     check_valid_subsets(cfg.dataset)
     check_packages(cfg)
     check_ema_seed(getattr(cfg, "ema", None))
+    if cfg.common.quantization_config_path is not None:  # fairseq reads it once the model is built
+        require_file(cfg.common.quantization_config_path, "--quantization-config-path")
     check_output_folders(cfg)
     check_hydra_positions(cfg)  # a no-op for fairseq-train's flat model namespace
 
