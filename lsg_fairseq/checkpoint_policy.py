@@ -106,6 +106,13 @@ def check_restore(cfg, trainer) -> None:
     check_nothing_overwritten(cfg, trainer, path)
 
 
+def starts_anew(cfg, trainer) -> bool:
+    """Whether fairseq-train's ``load_checkpoint`` starts the learning-rate schedule anew: nothing to
+    restore (a first launch), a fine-tuning's first launch, or ``--reset-lr-scheduler``."""
+    path = restore_path(cfg, trainer)
+    return cfg.reset_lr_scheduler or not PathManager.isfile(path) or path == cfg.finetune_from_model
+
+
 def saved_checkpoints(save_dir: str) -> list:
     """The checkpoints fairseq-train writes (``checkpoint*.pt``: last, best, per epoch or update,
     ``checkpoint.best_<metric>_<value>.pt``) that ``save_dir`` holds, newest first."""

@@ -196,7 +196,6 @@ TRAINING_SETTINGS = {
     ("optimizer", "adam_eps"): float_range(0, lo_open=True),
     ("optimizer", "momentum"): float_range(0, 1, hi_open=True),  # sgd's and nag's: 1 or more diverges, exit 0
     ("lr_scheduler", "warmup_updates"): NON_NEGATIVE_INT,
-    ("lr_scheduler", "total_num_update"): float_range(0, lo_open=True),
     # the learning rate a schedule decays to (polynomial_decay; cosine's and step's floor) and
     # polynomial_decay's exponent: below 0 the rate turns negative (gradient ascent) or grows as
     # the schedule ends, and the run diverges with exit 0

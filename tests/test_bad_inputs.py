@@ -947,10 +947,6 @@ TRAINING_CASES = [
     (["--adam-eps", "-0.5"], "--adam-eps -0.5: must be a number > 0"),
     (["--optimizer", "sgd", "--momentum", "2"], "--momentum 2: must be a number in [0, 1)"),  # diverges, exit 0
     (["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "-10"], "--warmup-updates -10: must be an integer >= 0"),
-    (
-        ["--lr-scheduler", "polynomial_decay", "--total-num-update", "0"],  # AssertionError
-        "--total-num-update 0: must be a number > 0",
-    ),
     (  # the rate turns negative at the schedule's end: gradient ascent, exit 0
         ["--lr-scheduler", "polynomial_decay", "--total-num-update", "10", "--end-learning-rate", "-1"],
         "--end-learning-rate -1: must be a number >= 0",
@@ -1075,6 +1071,16 @@ COMBINATION_CASES = [
         ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "0"],
         "--warmup-updates 0 with --lr-scheduler inverse_sqrt: fairseq divides by it; give 1 or more (1: --lr from "
         "the first update, then its inverse square root decay)",
+    ),
+    (  # fairseq's AssertionError once the model is built
+        ["--lr-scheduler", "polynomial_decay", "--total-num-update", "0"],
+        "--total-num-update 0: --lr-scheduler polynomial_decay decays over that many updates (more than 0), "
+        "--max-update's by default: give --total-num-update N or --max-update N",
+    ),
+    (  # the same: its length is --max-update's 0 (no limit) by default
+        ["--lr-scheduler", "polynomial_decay", "--max-epoch", "1"],
+        "--total-num-update 0: --lr-scheduler polynomial_decay decays over that many updates (more than 0), "
+        "--max-update's by default: give --total-num-update N or --max-update N",
     ),
     (  # fairseq's AssertionError once the model is built
         ["--lr-scheduler", "cosine", "--max-update", "0", "--max-epoch", "1"],

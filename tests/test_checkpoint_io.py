@@ -350,6 +350,36 @@ def test_a_first_launch_does_not_write_over_another_runs_checkpoints(data_dir, t
     check_restore(cfg.checkpoint, trainer)  # a resume
 
 
+def test_a_stop_min_lr_the_schedule_starts_below_is_refused_on_a_first_launch(data_dir, tmp_path, saved):
+    """fairseq-train compares --stop-min-lr with the learning rate before every epoch, the first
+    included: inverse_sqrt warms up from 0 by default, so --stop-min-lr 1e-9 stopped it before its
+    first update, exit 0 (fairseq#2523). Refused where the schedule starts anew; a resume reads the
+    checkpoint's own rate, and a --warmup-init-lr above the floor starts above it."""
+    import shutil
+
+    flags = [*LSG_TINY, "--max-source-positions", "64", "--stop-min-lr", "1e-9"]
+    warmup = ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10"]
+    cfg, trainer = build_trainer(data_dir, tmp_path / "a", *flags, *warmup)
+    with pytest.raises(ConfigError) as e:
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)
+    assert str(e.value) == (
+        "--stop-min-lr 1e-09: this run's learning rate starts at 0 (--lr-scheduler inverse_sqrt), so fairseq-train "
+        "would stop before its first update, exit 0; give a lower --stop-min-lr (fairseq's default -1 never "
+        "stops), or a --warmup-init-lr above it"
+    )
+    cfg, trainer = build_trainer(
+        data_dir, tmp_path / "b", *LSG_TINY, "--max-source-positions", "64", "--stop-min-lr", "1e-2"
+    )
+    with pytest.raises(ConfigError, match=r"^--stop-min-lr 0.01: this run's learning rate starts at 0.001 \(--lr-sch"):
+        checkpoint_utils.load_checkpoint(cfg.checkpoint, trainer)  # fixed: --lr 1e-3 from the start
+    cfg, trainer = build_trainer(data_dir, tmp_path / "c", *flags, *warmup, "--warmup-init-lr", "1e-7")
+    trainer.task.check_restore(cfg.checkpoint, trainer)  # what load_checkpoint's hook calls first
+    (tmp_path / "d").mkdir()
+    shutil.copy(saved["lsg64"], tmp_path / "d" / "checkpoint_last.pt")
+    cfg, trainer = build_trainer(data_dir, tmp_path / "d", *flags, *warmup)
+    trainer.task.check_restore(cfg.checkpoint, trainer)  # a resume: the checkpoint's rate
+
+
 def test_missing_restore_file_trains_from_scratch_without_the_hooks(word_data, tmp_path):
     """fairseq's own load_checkpoint (no task hooks) takes a typo for "start fresh"."""
     cfg, trainer = build_trainer(

@@ -53,6 +53,7 @@ from lsg_fairseq.tasks.run_settings import (
     check_generation_args,
     check_launch,
     check_metric_logged,
+    check_stop_min_lr,
     check_training_args,
     check_validate_args,
     explain_missing_metric,
@@ -423,6 +424,9 @@ class LongDocumentSummarizationTask(TranslationTask):
     def check_restore(self, cfg, trainer):
         checkpoint_policy.check_restore(cfg, trainer)
         checkpoint_policy.check_built_as_saved(cfg, trainer)
+        if checkpoint_policy.starts_anew(cfg, trainer):
+            with refusals_in_config_keys(trainer.cfg):
+                check_stop_min_lr(trainer.cfg)
 
     def explain_restore_failure(self, cfg, trainer, error):
         checkpoint_policy.explain_restore_failure(cfg, trainer, error)

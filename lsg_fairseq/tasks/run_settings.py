@@ -85,6 +85,50 @@ def check_launch(cfg) -> None:
     check_profiler(cfg.common)
 
 
+def starting_lr(cfg) -> float:
+    """The learning rate fairseq-train's first epoch starts with when the schedule starts anew:
+    ``--lr-scheduler`` set up on a one-parameter optimizer at ``--lr``, then stepped as the trainer
+    and ``load_checkpoint`` step it before the first epoch (``step_update(0)``, ``step_begin_epoch(1)``,
+    ``step(1)``). Warmup schedules start at ``--warmup-init-lr``, 0 by default."""
+    import torch
+    from fairseq.optim import FairseqOptimizer
+    from fairseq.optim.lr_scheduler import build_lr_scheduler
+
+    class OneParameter(FairseqOptimizer):
+        def __init__(self, lr: float):
+            super().__init__(cfg.optimizer)
+            self._optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+
+    optimizer = OneParameter(float(cfg.optimization.lr[0]))
+    # a resolved copy: the schedules write their defaults into it (inverse_sqrt's warmup_init_lr)
+    schedule = build_lr_scheduler(OmegaConf.create(OmegaConf.to_container(cfg.lr_scheduler, resolve=True)), optimizer)
+    schedule.step_update(0)
+    schedule.step_begin_epoch(1)
+    schedule.step(1)
+    return optimizer.get_lr()
+
+
+def check_stop_min_lr(cfg) -> None:
+    """``--stop-min-lr`` at or above the learning rate a new schedule starts with: fairseq-train
+    compares them before every epoch, the first included, and stops without an update (exit 0, no
+    checkpoint). Warmup schedules start at 0 unless ``--warmup-init-lr`` says otherwise, which is why
+    fairseq's default is -1 (fairseq#2523). Called by the task when fairseq-train's
+    ``load_checkpoint`` starts the schedule anew (``checkpoint_policy.starts_anew``)."""
+    stop = cfg.optimization.stop_min_lr
+    if stop < 0 or cfg.lr_scheduler is None or cfg.lr_scheduler.get("_name") is None:
+        return
+    try:
+        lr = starting_lr(cfg)
+    except (AssertionError, ValueError):  # the schedule's own refusal (pass_through's optimizer): fairseq's to say
+        return
+    if lr <= stop:
+        raise ConfigError(
+            f"--stop-min-lr {stop:g}: this run's learning rate starts at {lr:g} (--lr-scheduler "
+            f"{cfg.lr_scheduler._name}), so fairseq-train would stop before its first update, exit 0; give a "
+            "lower --stop-min-lr (fairseq's default -1 never stops), or a --warmup-init-lr above it"
+        )
+
+
 def check_training_args(cfg) -> None:
     """fairseq-train's settings (TRAINING_SETTINGS, ``--adam-betas``) and the combinations fairseq
     fails on late or keeps without a word (:func:`check_best_checkpoint_metric`,
@@ -152,11 +196,16 @@ def check_ema_seed(ema) -> None:
 
 def check_lr_scheduler(cfg) -> None:
     """What fairseq's schedules fail on once the model is built (a ZeroDivisionError, an assert, a
-    ValueError): inverse_sqrt divides by --warmup-updates (0 means no warmup for the others); cosine,
-    tri_stage and reduce_lr_on_plateau take one --lr, not a list; cosine needs a period, tri_stage
-    its stages, reduce_lr_on_plateau a factor below 1."""
+    ValueError): polynomial_decay needs its length; inverse_sqrt divides by --warmup-updates (0
+    means no warmup for the others); cosine, tri_stage and reduce_lr_on_plateau take one --lr, not a
+    list; cosine needs a period, tri_stage its stages, reduce_lr_on_plateau a factor below 1."""
     sched = getattr(cfg, "lr_scheduler", None)
     name = getattr(sched, "_name", None)
+    if name == "polynomial_decay" and sched.total_num_update <= 0:  # given so, or --max-update's 0 (no limit)
+        raise ConfigError(
+            f"--total-num-update {sched.total_num_update:g}: --lr-scheduler polynomial_decay decays over that many "
+            "updates (more than 0), --max-update's by default: give --total-num-update N or --max-update N"
+        )
     if name == "inverse_sqrt" and getattr(sched, "warmup_updates", 1) == 0:
         raise ConfigError(
             "--warmup-updates 0 with --lr-scheduler inverse_sqrt: fairseq divides by it; give 1 or more "
