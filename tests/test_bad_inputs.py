@@ -464,6 +464,10 @@ def separate_dictionaries(word_data, tmp_path_factory):
             ["--encoder-layers-to-keep", "0"],
             "--encoder-layers-to-keep: fairseq 0.12's layer pruning fails",
         ),  # AttributeError
+        # a KeyError when the model is built (no int8 form of LearnedPositionalEmbedding)
+        (["--quant-noise-scalar", "0.1"], "--quant-noise-scalar 0.1: fairseq's scalar quantization noise has no"),
+        # the first forward's shape RuntimeError: the output layer is the embedding
+        (["--decoder-output-dim", "32"], "--decoder-output-dim 32 differs from --decoder-embed-dim 16"),
         ("separate", ": dict.source.txt (2001 symbols) and dict.target.txt (505) differ, but"),
     ],
 )

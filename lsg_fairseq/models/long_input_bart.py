@@ -55,6 +55,19 @@ def check_bart_args(args, task) -> None:
             f"{getattr(args, 'arch', 'this model')} (fairseq cannot load the checkpoint it would train back for "
             "generation, nor does HF's BART hold one); drop it, the output layer is the shared embedding"
         )
+    noise = float(getattr(args, "quant_noise_scalar", 0) or 0)
+    if noise > 0:  # fairseq swaps modules by exact class: KeyError on LearnedPositionalEmbedding, model built
+        raise ConfigError(
+            f"--quant-noise-scalar {noise:g}: fairseq's scalar quantization noise has no int8 form of BART's learned "
+            "positional embeddings and fails on them; not supported (for int8 inference of a trained model: "
+            "lsg-fairseq-summarize --quantize int8)"
+        )
+    out_dim = getattr(args, "decoder_output_dim", None)
+    if out_dim is not None and out_dim != args.decoder_embed_dim:  # the first forward's shape RuntimeError
+        raise ConfigError(
+            f"--decoder-output-dim {out_dim} differs from --decoder-embed-dim {args.decoder_embed_dim}: "
+            f"{getattr(args, 'arch', 'the model')}'s output layer is its embedding, {args.decoder_embed_dim} wide"
+        )
     for side in ("encoder", "decoder"):  # fairseq's pruning: "'list' object has no attribute 'split'"
         if getattr(args, f"{side}_layers_to_keep", None):
             raise ConfigError(
