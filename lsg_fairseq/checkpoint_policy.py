@@ -83,9 +83,14 @@ def check_restore(cfg, trainer) -> None:
     # Only rank 0 reads the file (the others get it by broadcast), so only it checks.
     if trainer.data_parallel_rank != 0:
         return
-    if PathManager.isfile(path):
-        check_nothing_overwritten(cfg, trainer, path)
-        return
+    if not PathManager.isfile(path):
+        _check_start_given(cfg, path)
+    check_nothing_overwritten(cfg, trainer, path)
+
+
+def _check_start_given(cfg, path: str) -> None:
+    """``path``, the file :func:`restore_path` names, is not there: refused where the user named it
+    (a first launch's default, ``checkpoint_last.pt``, means "start fresh")."""
     if cfg.restore_file == "checkpoint_last.pt" and path == getattr(cfg, "continue_once", None):
         raise MissingFileError(
             f"--continue-once {path}: no such file; fairseq would silently train from scratch (give the "
@@ -103,7 +108,6 @@ def check_restore(cfg, trainer) -> None:
             "train from scratch. Give an existing checkpoint, or leave --restore-file out to "
             "resume from --save-dir/checkpoint_last.pt"
         )
-    check_nothing_overwritten(cfg, trainer, path)
 
 
 def starts_anew(cfg, trainer) -> bool:

@@ -102,6 +102,14 @@ MEMORY_ADVICE = {
 }
 
 
+def without_cuda(common) -> Optional[str]:
+    """Why a run has no CUDA device, in words (``--cpu``, or a torch that sees no GPU), or None
+    where it has one."""
+    if common.cpu:
+        return "--cpu is given"
+    return None if torch.cuda.is_available() else f"torch {torch.__version__} sees no CUDA GPU"
+
+
 def vet_run(cfg, command: str) -> None:
     """Refuse or settle precision flags before a ``command`` (``fairseq_cli.train``, ...) runs."""
     if command != "fairseq_cli.train":
@@ -117,9 +125,9 @@ def vet_run(cfg, command: str) -> None:
             "(--fp16-no-flatten-grads), so that its parameter groups survive"
         )
     check_process_count(cfg.distributed_training)
-    if torch.cuda.is_available() and not common.cpu:
+    where = without_cuda(common)
+    if where is None:
         return
-    where = "--cpu is given" if common.cpu else f"torch {torch.__version__} sees no CUDA GPU"
     if common.amp:
         raise ConfigError(
             f"--amp: fairseq's --amp is CUDA float16 autocast, and here ({where}) it would "
@@ -138,9 +146,9 @@ def check_profiler(common) -> None:
     command inside ``torch.cuda.profiler.profile()`` and ``emit_nvtx()`` (NVTX ranges for Nsight
     Systems or nvprof): where torch runs no CUDA that is an AssertionError traceback before the run
     starts, so it is refused before it (this check runs there, ``fairseq_fixes.run_hooks``)."""
-    if not common.profile or (torch.cuda.is_available() and not common.cpu):
+    where = without_cuda(common) if common.profile else None
+    if where is None:
         return
-    where = "--cpu is given" if common.cpu else f"torch {torch.__version__} sees no CUDA GPU"
     raise ConfigError(
         f"--profile: fairseq runs the command under the CUDA profiler with it (NVTX ranges for Nsight Systems), "
         f"and here {where}; drop it"
