@@ -468,6 +468,9 @@ def separate_dictionaries(word_data, tmp_path_factory):
         (["--quant-noise-scalar", "0.1"], "--quant-noise-scalar 0.1: fairseq's scalar quantization noise has no"),
         # the first forward's shape RuntimeError: the output layer is the embedding
         (["--decoder-output-dim", "32"], "--decoder-output-dim 32 differs from --decoder-embed-dim 16"),
+        # parsed, then read by none of BART's modules: trained without them, without a word
+        (["--adaptive-input"], "--adaptive-input: "),
+        (["--tie-adaptive-weights"], "--tie-adaptive-weights: "),
         ("separate", ": dict.source.txt (2001 symbols) and dict.target.txt (505) differ, but"),
     ],
 )

@@ -1156,6 +1156,45 @@ def test_train_log_file_and_an_empty_save_dir_are_one_line(
     assert not (tmp_path / "ck").exists() and not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize(
+    "flags,batches,refused",
+    [
+        (["--max-tokens", "4096"], 1, True),  # all 12 examples in one batch: the one dropped
+        (["--max-tokens", "400", "--update-freq", "4"], 4, True),  # 3 kept, short of one update
+        (["--max-tokens", "400", "--update-freq", "2"], 4, False),  # 3 kept: one update, one batch left
+    ],
+    ids=["one_batch", "short_of_an_update", "one_update"],
+)
+def test_skip_remainder_batch_with_no_update_in_an_epoch_is_one_line(
+    word_data, tmp_path, capsys, monkeypatch, flags, batches, refused
+):
+    """--skip-remainder-batch drops an epoch's last batch, then the batches short of --update-freq:
+    with none left fairseq-train ended the epoch in an UnboundLocalError ("valid_losses") traceback,
+    leaving an empty --save-dir. The one-update case checks updates_per_epoch against fairseq's count."""
+    from lsg_fairseq.tasks.run_settings import updates_per_epoch
+
+    save_dir = tmp_path / "runs" / "ck"
+    argv = [str(word_data), "--user-dir", lsg_fairseq.user_dir(), "--arch", "lsg_bart_tiny", *TRAIN]
+    argv += ["--truncate-target", "--max-update", "0", "--max-epoch", "1", "--save-dir", str(save_dir)]
+    argv += ["--skip-remainder-batch", *flags]
+    update_freq = int(flags[-1]) if "--update-freq" in flags else 1
+    if refused:
+        code, err = fairseq_train(argv, capsys, monkeypatch)
+        line = one_error_line(err, "fairseq-train")
+        assert code == 2 and line.startswith(
+            f"fairseq-train: error: --skip-remainder-batch: {word_data}/train makes {batches} batch"
+        ), line
+        assert "so no update would run" in line and ("lower --update-freq" in line) == (update_freq > 1)
+        assert not (tmp_path / "runs").exists()  # fairseq-train's main had made it
+    else:
+        from fairseq_cli import train
+
+        monkeypatch.setattr(sys, "argv", ["fairseq-train", *argv])
+        train.cli_main()
+        saved = torch.load(save_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+        assert saved["optimizer_history"][-1]["num_updates"] == updates_per_epoch(batches, update_freq, True) == 1
+
+
 @pytest.mark.parametrize("flag", ["--save-dir", "--tensorboard-logdir"])
 def test_train_output_folder_that_cannot_be_made_is_one_line(word_data, tmp_path, capsys, monkeypatch, flag):
     """A folder the kernel will not make whatever the permissions (in /proc, even for root; on a

@@ -13,11 +13,14 @@ its module's ``convert_namespace_to_omegaconf`` is wrapped so too. A ``--results
 file is refused so before any work. A generation that stops so leaves no half-written
 ``--results-path`` file: fairseq opens (and so truncates) ``generate-<subset>.txt`` before it loads
 anything, so the file holds only this run's partial output, and it is removed; a refusal before
-fairseq opened it leaves an earlier run's file as it was. (``lsg-fairseq-generate`` imports the
-plugin before ``fairseq_cli.generate`` and installs the fixes again once it is loaded.)
+fairseq opened it leaves an earlier run's file as it was. Likewise a training refused after
+fairseq-train's ``main`` made ``--save-dir`` (or ``--tensorboard-logdir``) leaves no empty folder.
+(``lsg-fairseq-generate`` imports the plugin before ``fairseq_cli.generate`` and installs the fixes
+again once it is loaded.)
 """
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -40,6 +43,34 @@ def _one_line_user_errors(original):
             sys.exit(report(e, _prog()))
 
     return run
+
+
+def _folders_missing(cfg) -> list:
+    """The output folders of a run (--save-dir, --tensorboard-logdir) and their ancestors that do not
+    exist yet, deepest first: what fairseq-train's main may make before a refusal stops it."""
+    missing = []
+    for section, key in (("checkpoint", "save_dir"), ("common", "tensorboard_logdir")):
+        folder = getattr(getattr(cfg, section, None), key, None)
+        folder = os.path.abspath(folder) if folder else None
+        while folder and not os.path.lexists(folder) and folder not in missing:
+            missing.append(folder)
+            folder = os.path.dirname(folder)
+    return sorted(missing, key=len, reverse=True)
+
+
+def _one_line_run_errors(original):
+    def call_main(cfg, main, **kwargs):
+        missing = _folders_missing(cfg)
+        try:
+            return original(cfg, main, **kwargs)
+        except UserError as e:
+            # fairseq-train makes --save-dir before it loads anything: a refusal leaves no empty folder
+            for folder in missing:
+                with contextlib.suppress(OSError):  # not empty, or not made: kept
+                    os.rmdir(folder)
+            sys.exit(report(e, _prog()))
+
+    return call_main
 
 
 def results_file(cfg):
@@ -80,7 +111,7 @@ def _one_line_generate_errors(original):
 
 
 def install() -> None:
-    wrap(distributed_utils, "call_main", _one_line_user_errors)
+    wrap(distributed_utils, "call_main", _one_line_run_errors)
     wrap(initialize, "add_defaults", _one_line_user_errors)  # fairseq-hydra-train, before call_main
     generate = sys.modules.get("fairseq_cli.generate")
     if generate is not None:  # fairseq-generate is importing the plugin through --user-dir

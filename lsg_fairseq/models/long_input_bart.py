@@ -55,6 +55,13 @@ def check_bart_args(args, task) -> None:
             f"{getattr(args, 'arch', 'this model')} (fairseq cannot load the checkpoint it would train back for "
             "generation, nor does HF's BART hold one); drop it, the output layer is the shared embedding"
         )
+    for flag in ("adaptive_input", "tie_adaptive_weights", "tie_adaptive_proj"):
+        if getattr(args, flag, False):  # parsed from the transformer's flags, read by none of BART's modules
+            raise ConfigError(
+                f"--{flag.replace('_', '-')}: {getattr(args, 'arch', 'this model')} has no adaptive input or "
+                "softmax (fairseq's are a language model's; BART's embedding is one table, shared with its output "
+                "layer), so the flag would change nothing; drop it"
+            )
     noise = float(getattr(args, "quant_noise_scalar", 0) or 0)
     if noise > 0:  # fairseq swaps modules by exact class: KeyError on LearnedPositionalEmbedding, model built
         raise ConfigError(

@@ -55,6 +55,7 @@ from lsg_fairseq.tasks.run_settings import (
     check_metric_logged,
     check_stop_min_lr,
     check_training_args,
+    check_updates_per_epoch,
     check_validate_args,
     explain_missing_metric,
     explain_output_folder_error,
@@ -267,7 +268,12 @@ class LongDocumentSummarizationTask(TranslationTask):
                 )
                 self._warned_batch_multiple = True
             kwargs["required_batch_size_multiple"] = 1
-        return super().get_batch_iterator(dataset, *args, **kwargs)
+        batches = super().get_batch_iterator(dataset, *args, **kwargs)
+        if kwargs.get("skip_remainder_batch"):  # fairseq-train's training split only
+            epoch, freqs = kwargs.get("epoch", 1), self.update_freq or (1,)
+            update_freq = freqs[epoch - 1] if epoch <= len(freqs) else freqs[-1]  # as fairseq-train's train()
+            check_updates_per_epoch(len(batches), update_freq, True, self._split_path(dataset))
+        return batches
 
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
         # fairseq skips examples above max_positions silently in training (and in valid/test with
@@ -278,10 +284,15 @@ class LongDocumentSummarizationTask(TranslationTask):
             self._refuse_over_long(indices, dataset, max_positions)
         return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
 
+    def _split_path(self, dataset) -> str:
+        """``<data>/<split>`` of a loaded split, for messages."""
+        split = next((k for k, v in self.datasets.items() if v is dataset), None)
+        return f"{utils.split_paths(self.cfg.data)[0]}/{split}" if split else "the dataset"
+
     def _refuse_over_long(self, indices, dataset, max_positions):
         limits = max_positions if isinstance(max_positions, tuple) else (max_positions, max_positions)
         split = next((k for k, v in self.datasets.items() if v is dataset), None)
-        where = f"{utils.split_paths(self.cfg.data)[0]}/{split}" if split else "the dataset"
+        where = self._split_path(dataset)
         max_tokens = getattr(self, "_batch_max_tokens", None)
         tokens_flag = "--max-tokens-valid" if split in self.valid_subsets else "--max-tokens"
         for side, sizes, limit, task_max in (
@@ -378,6 +389,8 @@ class LongDocumentSummarizationTask(TranslationTask):
     metric_to_watch: Optional[str] = None
     # fairseq-train's validation splits, set by vet_run: they are batched by --max-tokens-valid
     valid_subsets: tuple = ()
+    # fairseq-train's --update-freq (one per epoch, the last for the rest), set by vet_run
+    update_freq: tuple = ()
 
     # vet_run: called by fairseq-train, -generate, -interactive and -validate before any work
     # (lsg_fairseq.fairseq_fixes.run_hooks)
@@ -391,6 +404,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         cls.metric_to_watch = None
         train = command == "fairseq_cli.train"
         cls.valid_subsets = tuple(cfg.dataset.valid_subset.split(",")) if train else ()
+        cls.update_freq = tuple(cfg.optimization.update_freq) if train else ()
         with refusals_in_config_keys(cfg):
             if train:
                 check_training_args(cfg)

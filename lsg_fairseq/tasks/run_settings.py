@@ -129,6 +129,30 @@ def check_stop_min_lr(cfg) -> None:
         )
 
 
+def updates_per_epoch(batches: int, update_freq: int, skip_remainder_batch: bool) -> int:
+    """The updates fairseq-train makes in an epoch of ``batches`` batches (per process): it groups
+    them ``update_freq`` to an update (``GroupedIterator``); ``--skip-remainder-batch`` first drops
+    the last batch (``EpochBatchIterator``, whether full or not), then the group left short."""
+    if skip_remainder_batch:
+        return max(batches - 1, 0) // update_freq
+    return -(-batches // update_freq)
+
+
+def check_updates_per_epoch(batches: int, update_freq: int, skip_remainder_batch: bool, where: str) -> None:
+    """An epoch in which fairseq-train would make no update: it ends in fairseq's UnboundLocalError
+    ("valid_losses") once the epoch is over, a traceback. Called by the task when fairseq-train
+    batches its training split (``batches``: that epoch's, for one process)."""
+    if updates_per_epoch(batches, update_freq, skip_remainder_batch) > 0 or not skip_remainder_batch:
+        return
+    grouped = f" and, with --update-freq {update_freq}, the batches that fill no whole update" if update_freq > 1 else ""
+    fewer = " or a lower --update-freq" if update_freq > 1 else ""
+    raise ConfigError(
+        f"--skip-remainder-batch: {where} makes {batches} batch{'es' if batches != 1 else ''} an epoch (per "
+        f"process), and fairseq-train drops the last{grouped}, so no update would run; drop "
+        f"--skip-remainder-batch, or make smaller batches (--max-tokens, --batch-size){fewer}"
+    )
+
+
 def check_training_args(cfg) -> None:
     """fairseq-train's settings (TRAINING_SETTINGS, ``--adam-betas``) and the combinations fairseq
     fails on late or keeps without a word (:func:`check_best_checkpoint_metric`,
