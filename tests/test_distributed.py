@@ -219,3 +219,55 @@ def weights_at_init(arch, data, tmp_path):
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     return task.build_model(cfg.model).state_dict()
+
+
+SPAWN_DRIVER = r"""
+import sys
+sys.path.insert(0, {repo!r})
+import torch
+torch.set_num_threads(1)
+torch.cuda.device_count = lambda: 2  # fairseq-train spawns a process per GPU it counts (each --cpu here)
+if __name__ == "__main__":  # each spawned process imports this file again
+    import fairseq_cli.train as train_cli
+    sys.argv = ["fairseq-train", *sys.argv[1:]]
+    train_cli.cli_main()
+"""
+
+
+def test_the_processes_fairseq_spawns_refuse_in_one_line(word_data, tmp_path):
+    """Plain fairseq-train on a machine with several GPUs spawns one process per GPU and runs main
+    there, where the plugin's call_main wrappers did not run: a refusal raised during the run came
+    back as the launcher's traceback around the worker's, and the task's vet_run (what it records
+    for the run, --update-freq here) had not run in the worker. The spawn path is fairseq's own on
+    CPU too (gloo), once the GPUs are counted; 6 batches of 2, 3 a process, 2 after
+    --skip-remainder-batch: no update of 3."""
+    save_dir = tmp_path / "runs" / "ck"
+    argv = common(word_data, "lsg_bart", save_dir) + ["--skip-remainder-batch", "--update-freq", "3"]
+    argv += ["--distributed-world-size", "2", "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}"]
+    argv += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+    driver = tmp_path / "spawn_driver.py"
+    driver.write_text(SPAWN_DRIVER.format(repo=REPO_ROOT))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), *argv],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # a hung rank is killed with the launcher
+    )
+    try:
+        out, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert proc.returncode == 2 and "Traceback" not in err + out, err[-3000:]
+    assert lines == [  # once, not once a process
+        f"fairseq-train: error: --skip-remainder-batch: {word_data}/train makes 3 batches an epoch (per process), "
+        "and fairseq-train drops the last and, with --update-freq 3, the batches that fill no whole update, so no "
+        "update would run; drop --skip-remainder-batch, or make smaller batches (--max-tokens, --batch-size) or a "
+        "lower --update-freq"
+    ], err[-3000:]
+    assert not (tmp_path / "runs").exists()

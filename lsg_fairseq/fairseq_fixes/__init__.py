@@ -16,8 +16,9 @@ one training to the next in a process, an EMA started from the weights of a chec
 an EMA that keeps a pre-LN stack's final LayerNorms, ``--lr-scheduler polynomial_decay`` without
 ``--total-num-update``. This plugin's policies (refusing a missing ``--restore-file``, explaining a
 checkpoint of another arch, refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through
-task hooks that only its own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`), and one-line
-errors only concern its own exceptions.
+task hooks that only its own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`; in the processes
+fairseq spawns for several GPUs too, :mod:`.spawned_workers`), and one-line errors only concern its
+own exceptions.
 ``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and without
 the plugin.
 """
@@ -39,6 +40,7 @@ from lsg_fairseq.fairseq_fixes import (
     one_line_errors,
     restore_hooks,
     run_hooks,
+    spawned_workers,
     weights_only_load,
     worker_temp_dir,
 )
@@ -52,6 +54,7 @@ FIXES = (
     ema_from_weights,
     ema_keeps_versions,
     restore_hooks,
+    spawned_workers,
     run_hooks,
     bf16_off_tpu,
     bf16_inference,

@@ -18,9 +18,9 @@ def wrap(owner, name: str, make) -> None:
     raw = inspect.getattr_static(owner, name)
     kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
     func = raw.__func__ if kind else raw
-    makers = getattr(func, _MAKERS, ())
-    if make in makers:
+    if wrapped_by(owner, name, make):
         return
+    makers = getattr(func, _MAKERS, ())
     replacement = functools.update_wrapper(make(func), func)
     setattr(replacement, _ORIGINAL, getattr(func, _ORIGINAL, func))
     setattr(replacement, _MAKERS, makers + (make,))
@@ -35,3 +35,10 @@ def original(owner, name: str):
     if isinstance(inspect.getattr_static(owner, name), classmethod) and found is not func:
         return found.__get__(owner)
     return found
+
+
+def wrapped_by(owner, name: str, make) -> bool:
+    """Whether :func:`wrap` has wrapped ``owner.name`` with ``make`` already."""
+    raw = inspect.getattr_static(owner, name)
+    func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+    return make in getattr(func, _MAKERS, ())

@@ -31,7 +31,8 @@ from lsg_text.errors import UserError, report
 from lsg_fairseq.fairseq_fixes._wrap import wrap
 
 
-def _prog() -> str:
+def prog() -> str:
+    """The running command's name, for its error lines."""
     return os.path.basename(sys.argv[0]) or "fairseq"
 
 
@@ -40,7 +41,7 @@ def _one_line_user_errors(original):
         try:
             return original(*args, **kwargs)
         except UserError as e:
-            sys.exit(report(e, _prog()))
+            sys.exit(report(e, prog()))
 
     return run
 
@@ -68,7 +69,7 @@ def _one_line_run_errors(original):
             for folder in missing:
                 with contextlib.suppress(OSError):  # not empty, or not made: kept
                     os.rmdir(folder)
-            sys.exit(report(e, _prog()))
+            sys.exit(report(e, prog()))
 
     return call_main
 
@@ -96,7 +97,7 @@ def _one_line_generate_errors(original):
         results = results_file(cfg)
         folder = None if results is None else os.path.dirname(results)
         if folder and os.path.exists(folder) and not os.path.isdir(folder):  # fairseq's: FileExistsError
-            sys.exit(report(f"--results-path {folder}: exists and is not a folder (give a folder)", _prog()))
+            sys.exit(report(f"--results-path {folder}: exists and is not a folder (give a folder)", prog()))
         before = _written(results)
         try:
             return original(cfg, *args, **kwargs)
@@ -105,7 +106,7 @@ def _one_line_generate_errors(original):
             # vet_run, run_hooks) leaves an earlier run's results as they were
             if results is not None and _written(results) not in (None, before):
                 os.remove(results)
-            sys.exit(report(e, _prog()))
+            sys.exit(report(e, prog()))
 
     return main
 

@@ -44,7 +44,7 @@ from fairseq.dataclass import initialize
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.distributed import utils as distributed_utils
 
-from lsg_fairseq.fairseq_fixes._wrap import wrap
+from lsg_fairseq.fairseq_fixes._wrap import wrap, wrapped_by
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def task_class(cfg):
     return TASK_REGISTRY.get(name) if name else None
 
 
-def _vet(cfg, command: str):
+def vet(cfg, command: str):
     """The task's ``vet_run(cfg, command)``, when its class defines one; returns that class."""
     task = task_class(cfg)
     vet = getattr(task, "vet_run", None)
@@ -82,22 +82,29 @@ _vetted_early: list = []
 def _train_config_vetted_by_the_task(original):
     def convert_namespace_to_omegaconf(args):
         cfg = original(args)
-        _vet(cfg, "fairseq_cli.train")
+        vet(cfg, "fairseq_cli.train")
         _vetted_early[:] = [cfg]
         return cfg
 
     return convert_namespace_to_omegaconf
 
 
+def explained(task, cfg, command: str, error: BaseException):
+    """The task class's ``explain_failure(cfg, command, error)``: a clearer error, or None (also
+    for a task that defines none)."""
+    explain = getattr(task, "explain_failure", None)
+    return None if explain is None else explain(cfg, command, error)
+
+
 def _vetted_by_the_task(original):
     def call_main(cfg, main, **kwargs):
         command = getattr(main, "__module__", "")
         early = any(cfg is vetted for vetted in _vetted_early)
-        explain = getattr(task_class(cfg) if early else _vet(cfg, command), "explain_failure", None)
+        task = task_class(cfg) if early else vet(cfg, command)
         try:
             return original(cfg, main, **kwargs)
         except Exception as e:  # noqa: BLE001  (re-raised unless the task explains it)
-            better = None if explain is None else explain(cfg, command, e)
+            better = explained(task, cfg, command, e)
             if better is None:
                 raise
             raise better from e
@@ -107,7 +114,7 @@ def _vetted_by_the_task(original):
 
 def _config_vetted_by_the_task(original):
     def add_defaults(cfg):
-        _vet(cfg, HYDRA_CONFIG)
+        vet(cfg, HYDRA_CONFIG)
         return original(cfg)
 
     return add_defaults
@@ -117,14 +124,14 @@ def _generate_vetted_by_the_task(original):
     def main(cfg, *args, **kwargs):
         if isinstance(cfg, argparse.Namespace):  # what fairseq-generate's cli_main passes
             cfg = convert_namespace_to_omegaconf(cfg)
-        _vet(cfg, "fairseq_cli.generate")
+        vet(cfg, "fairseq_cli.generate")
         return original(cfg, *args, **kwargs)
 
     return main
 
 
 def install() -> None:
-    if "fairseq_cli.hydra_train" in sys.modules and not hasattr(distributed_utils.call_main, "__wrapped__"):
+    if "fairseq_cli.hydra_train" in sys.modules and not wrapped_by(distributed_utils, "call_main", _vetted_by_the_task):
         logger.warning(TOO_LATE)
     wrap(distributed_utils, "call_main", _vetted_by_the_task)
     wrap(initialize, "add_defaults", _config_vetted_by_the_task)

@@ -144,7 +144,9 @@ def check_updates_per_epoch(batches: int, update_freq: int, skip_remainder_batch
     batches its training split (``batches``: that epoch's, for one process)."""
     if updates_per_epoch(batches, update_freq, skip_remainder_batch) > 0 or not skip_remainder_batch:
         return
-    grouped = f" and, with --update-freq {update_freq}, the batches that fill no whole update" if update_freq > 1 else ""
+    grouped = ""
+    if update_freq > 1:
+        grouped = f" and, with --update-freq {update_freq}, the batches that fill no whole update"
     fewer = " or a lower --update-freq" if update_freq > 1 else ""
     raise ConfigError(
         f"--skip-remainder-batch: {where} makes {batches} batch{'es' if batches != 1 else ''} an epoch (per "
