@@ -112,8 +112,6 @@ def without_cuda(common) -> Optional[str]:
 
 def vet_run(cfg, command: str) -> None:
     """Refuse or settle precision flags before a ``command`` (``fairseq_cli.train``, ...) runs."""
-    if command == "fairseq_cli.interactive":
-        one_interactive_process(cfg.distributed_training)
     if command != "fairseq_cli.train":
         return  # generation and validation run fp16 on a CPU (slowly) and have no optimizer
     common = cfg.common
@@ -155,22 +153,6 @@ def check_profiler(common) -> None:
         f"--profile: fairseq runs the command under the CUDA profiler with it (NVTX ranges for Nsight Systems), "
         f"and here {where}; drop it"
     )
-
-
-def one_interactive_process(dist) -> None:
-    """fairseq-interactive reads its input in one process. On a machine with several GPUs,
-    fairseq's default ``--distributed-world-size`` (every visible GPU) made ``call_main`` spawn one
-    process per GPU, each reading /dev/null (multiprocessing's stdin for a child): nothing was
-    generated, exit 0. Settled to one process, with a log line."""
-    if dist.distributed_world_size <= 1 and dist.distributed_init_method is None:
-        return
-    logger.info(
-        f"fairseq-interactive reads its input in one process: --distributed-world-size "
-        f"{dist.distributed_world_size} (fairseq's default: every visible GPU) would spawn processes that "
-        "read no input; running one"
-    )
-    dist.distributed_world_size = 1
-    dist.distributed_init_method = None
 
 
 def check_process_count(dist) -> None:

@@ -549,6 +549,22 @@ def check_interactive_bpe(cfg) -> None:
 POST_PROCESS = ("sentencepiece", "wordpiece", "letter", "silence", "_EOW", "subword_nmt", "@@ ", "@@", "none")
 
 
+def check_interactive_processes(dist) -> None:
+    """fairseq-interactive reads its input in one process. With ``--distributed-world-size`` above 1
+    (or a ``--distributed-init-method``) its ``call_main`` spawns processes, each reading /dev/null
+    (multiprocessing's stdin for a child): nothing is generated, exit 0."""
+    flag = None
+    if dist.distributed_world_size > 1:
+        flag = f"--distributed-world-size {dist.distributed_world_size}"
+    elif dist.distributed_init_method is not None:
+        flag = f"--distributed-init-method {dist.distributed_init_method}"
+    if flag:
+        raise ConfigError(
+            f"{flag}: fairseq-interactive reads its input in one process, and the processes fairseq would spawn "
+            "for it read none (nothing would be printed); drop it"
+        )
+
+
 def check_post_process(symbol: Optional[str]) -> None:
     """``--post-process`` (alias ``--remove-bpe``) one of fairseq's :data:`POST_PROCESS`."""
     if symbol is None or symbol in POST_PROCESS:
@@ -615,6 +631,7 @@ def check_generate_args(cfg, command: str) -> None:
         if source != "-":  # fairseq's FileNotFoundError or UnicodeDecodeError once the model is loaded
             check_utf8(require_file(source, "--input"), "--input")
         check_interactive_bpe(cfg)
+        check_interactive_processes(cfg.distributed_training)
         buffer = max(1, cfg.interactive.buffer_size)  # what fairseq-interactive's main makes of 0 (not given)
         if data.batch_size and data.batch_size > buffer:  # its AssertionError
             raise ConfigError(
