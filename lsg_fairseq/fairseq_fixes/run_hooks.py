@@ -68,9 +68,9 @@ def task_class(cfg):
 def vet(cfg, command: str):
     """The task's ``vet_run(cfg, command)``, when its class defines one; returns that class."""
     task = task_class(cfg)
-    vet = getattr(task, "vet_run", None)
-    if vet is not None:
-        vet(cfg, command)
+    vet_run = getattr(task, "vet_run", None)
+    if vet_run is not None:
+        vet_run(cfg, command)
     return task
 
 
