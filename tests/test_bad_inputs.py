@@ -608,6 +608,12 @@ def test_generate_without_path_and_finetune_from_nothing_are_one_line(word_data,
         # fairseq-generate 0.12 shards by the distributed rank only: each "shard" generated every example, exit 0
         (["--shard-id", "1", "--num-shards", "2"], "--num-shards 2: fairseq-generate does not read it"),
         (["--shard-id", "3"], "--shard-id 3: fairseq-generate does not read it"),
+        # ... its batches of shard --distributed-rank of it, exit 0, or a ZeroDivisionError when none
+        (
+            ["--distributed-world-size", "2", "--distributed-rank", "1"],
+            "--distributed-world-size 2: fairseq-generate runs in one process and would generate only its batches "
+            "of shard 1 (--distributed-rank) of 2, none if the split makes fewer batches; drop it",
+        ),
         (["--seed", "-1"], "--seed -1: must be an integer in [0, 4294967295]"),
         (["--batch-size", "0"], "--batch-size 0: must be an integer >= 1"),
         (["--print-step"], "--print-step: only for fairseq's iterative refinement models"),  # KeyError

@@ -638,7 +638,16 @@ def check_generate_args(cfg, command: str) -> None:
                 f"--batch-size {data.batch_size}: must not exceed --buffer-size ({buffer}; lines read at a time): "
                 f"pass --buffer-size {data.batch_size} or more"
             )
-    # fairseq 0.12's generate shards by --distributed-world-size, never by these
+    # fairseq 0.12's generate shards by --distributed-world-size, in its one process: shard
+    # --distributed-rank of it only (exit 0), or a ZeroDivisionError once it has generated nothing
+    dist = cfg.distributed_training
+    if command == "fairseq_cli.generate" and dist.distributed_world_size > 1:
+        raise ConfigError(
+            f"--distributed-world-size {dist.distributed_world_size}: fairseq-generate runs in one process and "
+            f"would generate only its batches of shard {dist.distributed_rank} (--distributed-rank) of "
+            f"{dist.distributed_world_size}, none if the split makes fewer batches; drop it (for several GPUs, "
+            "split the data into folders and run one generation per folder and GPU)"
+        )
     for flag, value, unread in (("--num-shards", data.num_shards, 1), ("--shard-id", data.shard_id, 0)):
         if value != unread:
             raise ConfigError(
