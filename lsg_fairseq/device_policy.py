@@ -11,7 +11,8 @@ through the task hook of :mod:`lsg_fairseq.fairseq_fixes.run_hooks`, so it holds
   tensor instead (``--fp16-no-flatten-grads``, which carries the tags), said in the log.
   (``--bf16``, ``--memory-efficient-fp16`` and ``--amp`` keep the tensors apart already.)
 * ``--distributed-world-size N`` with more processes than GPUs for fairseq to spawn, and no
-  launcher (:func:`check_process_count`);
+  launcher (:func:`check_process_count`); with ``--cpu``, fairseq's default N (the GPUs it counts)
+  is settled to one process (:func:`one_cpu_process`);
 * ``--fp16`` where fairseq's flat fp16 copies need CUDA (``--cpu``, or no GPU), and ``--amp``
   there (CUDA float16 autocast: on a CPU it trains in float32 and says nothing), are refused in one
   line that names the flag and the CPU's half precision (``--bf16``);
@@ -124,6 +125,8 @@ def vet_run(cfg, command: str) -> None:
             "--optimizer grouped_adam with --fp16: float32 master copies kept per tensor "
             "(--fp16-no-flatten-grads), so that its parameter groups survive"
         )
+    if common.cpu:
+        one_cpu_process(cfg.distributed_training)
     check_process_count(cfg.distributed_training)
     where = without_cuda(common)
     if where is None:
@@ -155,15 +158,43 @@ def check_profiler(common) -> None:
     )
 
 
+def fairseq_spawns(dist) -> bool:
+    """Whether fairseq-train would start processes itself for ``dist``: several, and nothing else to
+    start them (no ``--distributed-init-method``, no torchrun or SLURM environment, no port)."""
+    launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
+    launched = launched or "SLURM_JOB_NODELIST" in os.environ
+    return (
+        dist.distributed_world_size > 1
+        and dist.distributed_init_method is None
+        and not launched
+        and (dist.distributed_port <= 0)
+    )
+
+
+def one_cpu_process(dist) -> None:
+    """``--cpu`` on a machine with several GPUs: fairseq-train's default ``--distributed-world-size``
+    counts them, and it spawned one process per GPU, each on the CPU with its NCCL backend, which
+    cannot run there (a RuntimeError traceback from every process; ``make demo`` with DEVICE=cpu on
+    such a machine). Trains in one process, said in the log. A world size above the GPUs is
+    :func:`check_process_count`'s."""
+    n = dist.distributed_world_size
+    if not fairseq_spawns(dist) or n > torch.cuda.device_count():
+        return
+    logger.info(
+        f"--cpu: --distributed-world-size {n} (fairseq's default counts the GPUs torch sees) would spawn {n} "
+        "processes on the CPU with fairseq's NCCL backend, which needs GPUs; training in one process (several "
+        "CPU processes: README, 'Distributed')"
+    )
+    dist.distributed_world_size = 1
+
+
 def check_process_count(dist) -> None:
     """``--distributed-world-size N`` with nothing to start the processes but fairseq itself (no
     ``--distributed-init-method``, no torchrun or SLURM environment, no port): fairseq then spawns
     one process per visible GPU and asserts there are N ("world size is 2 but have 0 available
     devices"), after the command has started. Refused here, with the ways that work."""
     n = dist.distributed_world_size
-    launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
-    launched = launched or "SLURM_JOB_NODELIST" in os.environ
-    if n <= 1 or dist.distributed_init_method is not None or launched or dist.distributed_port > 0:
+    if not fairseq_spawns(dist):
         return
     gpus = torch.cuda.device_count()
     if n > gpus:

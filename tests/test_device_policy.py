@@ -309,6 +309,26 @@ def test_divergence_explained_for_training_only(word_data, tmp_path):
     assert device_policy.explain_divergence(cfg, "fairseq_cli.train", KeyError("not ours")) is None
 
 
+def test_cpu_on_a_machine_with_gpus_trains_in_one_process(word_data, tmp_path, monkeypatch, caplog):
+    """fairseq-train's default --distributed-world-size counts the GPUs torch sees, also with --cpu:
+    on a machine with two it spawned two CPU processes with fairseq's NCCL backend, and each failed
+    ("Distributed package doesn't have NCCL built in", or no GPU for NCCL). Two GPUs counted here,
+    the default's value given as fairseq would take it."""
+    import logging
+
+    from fairseq_cli import train
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "SLURM_JOB_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    flags = ["--optimizer", "adam", "--max-update", "1", "--distributed-world-size", "2"]
+    monkeypatch.setattr(sys, "argv", ["fairseq-train", *train_argv(word_data, tmp_path / "ck", *flags)])
+    with caplog.at_level(logging.INFO, logger="lsg_fairseq.device_policy"):
+        train.cli_main()
+    assert (tmp_path / "ck" / "checkpoint_last.pt").is_file()
+    assert "--cpu: --distributed-world-size 2 (fairseq's default counts the GPUs torch sees)" in caplog.text
+
+
 def test_more_processes_than_gpus_without_a_launcher_is_one_line(word_data, tmp_path, monkeypatch, capsys):
     """fairseq's own: "world size is 2 but have 0 available devices" (an AssertionError) once it
     tries to spawn one process per GPU."""
