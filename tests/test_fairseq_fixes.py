@@ -381,3 +381,36 @@ def test_batch_buckets_on_numpy_2():
     right = LanguagePairDataset(*args, left_pad_source=False, num_buckets=2)
     assert right[0]["source"].tolist() == [10, 10, 10, vocab.pad()]
     assert LanguagePairDataset(*args).buckets is None  # no flag, no buckets: fairseq's own path
+
+
+def test_device_id_is_the_gpu_a_one_process_run_uses(tmp_path, monkeypatch, capsys):
+    """fairseq sets the device from --device-id only where it starts distributed training: a run of
+    one process built everything on GPU 0 whatever --device-id said. The GPUs are stood in for
+    (four seen, the current device recorded); the original call_main never sets it."""
+    import torch
+
+    from lsg_fairseq.fairseq_fixes._wrap import original
+
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.__setitem__(0, d))
+    monkeypatch.setattr(sys, "argv", ["fairseq-train"])
+
+    ran_on = []
+
+    def main(cfg):
+        ran_on.append(current[0])
+
+    cfg = train_cfg(tmp_path, "--distributed-world-size", "1", "--device-id", "3")
+    cfg.common.cpu = False  # the stand-in GPUs
+    original(distributed_utils, "call_main")(cfg, main)
+    distributed_utils.call_main(cfg, main)
+    assert ran_on == [0, 3]  # fairseq's: GPU 0
+    current[0] = 0
+    cfg.distributed_training.device_id = 4
+    with pytest.raises(SystemExit) as e:
+        distributed_utils.call_main(cfg, main)
+    assert e.value.code == 2 and ran_on == [0, 3]
+    assert capsys.readouterr().err == "fairseq-train: error: --device-id 4: torch sees 4 GPUs (0 to 3)\n"

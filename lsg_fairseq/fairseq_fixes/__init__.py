@@ -14,11 +14,11 @@ reach the backward pass, ``--num-batch-buckets`` on numpy 2.4+, a legacy model's
 ``fairseq-hydra-train``, no data-loader worker's temp folder left behind, no best score carried from
 one training to the next in a process, an EMA started from the weights of a checkpoint without one,
 an EMA that keeps a pre-LN stack's final LayerNorms, ``--lr-scheduler polynomial_decay`` without
-``--total-num-update``. This plugin's policies (refusing a missing ``--restore-file``, explaining a
-checkpoint of another arch, refusing ``--fp16`` where fairseq's fp16 trainer needs CUDA) run through
-task hooks that only its own tasks define (:mod:`.restore_hooks`, :mod:`.run_hooks`; in the processes
-fairseq spawns for several GPUs too, :mod:`.spawned_workers`), and one-line errors only concern its
-own exceptions.
+``--total-num-update``, ``--device-id`` in a run of one process. This plugin's policies (refusing a
+missing ``--restore-file``, explaining a checkpoint of another arch, refusing ``--fp16`` where
+fairseq's fp16 trainer needs CUDA) run through task hooks that only its own tasks define
+(:mod:`.restore_hooks`, :mod:`.run_hooks`; in the processes fairseq spawns for several GPUs too,
+:mod:`.spawned_workers`), and one-line errors only concern its own exceptions.
 ``tests/stock_fairseq`` checks that fairseq's own scenarios give identical results with and without
 the plugin.
 """
@@ -29,6 +29,7 @@ from lsg_fairseq.fairseq_fixes import (
     bf16_inference,
     bf16_off_tpu,
     checkpoint_errors,
+    device_id,
     ema_from_weights,
     ema_keeps_versions,
     hydra_model_flags,
@@ -55,6 +56,7 @@ FIXES = (
     ema_keeps_versions,
     restore_hooks,
     spawned_workers,
+    device_id,
     run_hooks,
     bf16_off_tpu,
     bf16_inference,
