@@ -414,3 +414,7 @@ def test_device_id_is_the_gpu_a_one_process_run_uses(tmp_path, monkeypatch, caps
         distributed_utils.call_main(cfg, main)
     assert e.value.code == 2 and ran_on == [0, 3]
     assert capsys.readouterr().err == "fairseq-train: error: --device-id 4: torch sees 4 GPUs (0 to 3)\n"
+    # fairseq's default is $LOCAL_RANK, which a scheduler may set for a process that sees one GPU
+    monkeypatch.setenv("LOCAL_RANK", "4")
+    distributed_utils.call_main(cfg, main)
+    assert ran_on == [0, 3, 0]

@@ -8,11 +8,14 @@ one GPU visible), fairseq-interactive and fairseq-generate build everything on
 ``torch.device("cuda")``, the current device, GPU 0: on a shared machine the run landed on another
 user's GPU, without a word. The fix sets the current device before ``main`` where the run has CUDA
 and no distributed start of its own; an ``N`` that torch does not see is refused in one line
-(torch's: an "invalid device ordinal" traceback from the first allocation). ``CUDA_VISIBLE_DEVICES``
-still works as before (it renumbers what torch sees).
+(torch's: an "invalid device ordinal" traceback from the first allocation), unless it is
+``$LOCAL_RANK`` (fairseq's default), which a scheduler may set for a process that sees only its own
+GPU: that runs on GPU 0, as before. ``CUDA_VISIBLE_DEVICES`` still works as before (it renumbers what
+torch sees).
 """
 
 import argparse
+import os
 import sys
 
 import torch
@@ -38,6 +41,8 @@ def use_device_asked(cfg) -> None:
     device = int(device)  # $LOCAL_RANK, fairseq's default, is a string
     seen = torch.cuda.device_count()
     if not 0 <= device < seen:
+        if os.environ.get("LOCAL_RANK") == str(device):
+            return  # a launcher's rank among GPUs this process does not see (one each): GPU 0, as fairseq
         raise ConfigError(f"--device-id {device}: torch sees {seen} GPU{'s' if seen != 1 else ''} (0 to {seen - 1})")
     if device != torch.cuda.current_device():
         torch.cuda.set_device(device)
