@@ -115,6 +115,26 @@ def common(data, arch, save_dir):
     ]
 
 
+def run_driver(command, env, timeout):
+    """``command`` (a driver of fairseq-train processes) to its end: (process, stdout, stderr). In a
+    session of its own, so that a hung rank (gloo waits forever for a dead peer) dies with it."""
+    proc = subprocess.Popen(
+        command,
+        env={**env, "OMP_NUM_THREADS": "1"},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc, out, err
+
+
 def losses(log_path):
     out = {}
     for line in open(log_path):
@@ -161,22 +181,7 @@ def test_two_gloo_processes_equal_one_process_with_update_freq_2(word_data, tmp_
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(repo=REPO_ROOT))
     env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
-    env["OMP_NUM_THREADS"] = "1"
-    # own session: a hung rank (gloo waits forever for a dead peer) is killed with the driver
-    proc = subprocess.Popen(
-        [sys.executable, str(driver), json.dumps(runs)],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    try:
-        _, driver_err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+    proc, _, driver_err = run_driver([sys.executable, str(driver), json.dumps(runs)], env, timeout=600)
     logs = {r["log"]: open(r["log"]).read() if os.path.exists(r["log"]) else "" for r in runs}
     assert proc.returncode == 0, driver_err[-2000:] + "\n".join(t[-3000:] for t in logs.values())
 
@@ -247,21 +252,7 @@ def test_the_processes_fairseq_spawns_refuse_in_one_line(word_data, tmp_path):
     argv += ["--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
     driver = tmp_path / "spawn_driver.py"
     driver.write_text(SPAWN_DRIVER.format(repo=REPO_ROOT))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(driver), *argv],
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # a hung rank is killed with the launcher
-    )
-    try:
-        out, err = proc.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+    proc, out, err = run_driver([sys.executable, str(driver), *argv], dict(os.environ), timeout=300)
     lines = [line for line in err.splitlines() if "error:" in line]
     assert proc.returncode == 2 and "Traceback" not in err + out, err[-3000:]
     assert lines == [  # once, not once a process
