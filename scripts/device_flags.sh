@@ -3,7 +3,8 @@
 # examples' run scripts, examples/long_context/common.sh): the device and precision of each
 # call, from the environment.
 #
-#   DEVICE=auto|cpu|cuda    (default auto: cuda when torch sees a GPU, else cpu; cuda without one is refused)
+#   DEVICE=auto|cpu|cuda    (default auto: cuda when torch sees a GPU, else cpu; cuda without one is refused;
+#                            cuda is one GPU, the first torch sees: CUDA_VISIBLE_DEVICES picks it)
 #   PRECISION=fp32|bf16|fp16 (default fp32; fp16 needs cuda: fairseq's fp16 trainer is CUDA-only)
 #
 # Sets TRAIN_DEVICE_FLAGS and GENERATE_DEVICE_FLAGS (arrays) and DEVICE to what was chosen, and defines
@@ -30,7 +31,9 @@ esac
 if [ "$DEVICE" = cpu ]; then
     TRAIN_DEVICE_FLAGS=(--cpu "${precision_flags[@]}")
 else
-    TRAIN_DEVICE_FLAGS=("${precision_flags[@]}")
+    # one GPU: fairseq-train's default world size is every GPU torch sees (one process each), and
+    # what these pipelines print (ROUGE, time, memory) is one device's
+    TRAIN_DEVICE_FLAGS=(--distributed-world-size 1 "${precision_flags[@]}")
 fi
 # shellcheck disable=SC2034  # read by the scripts that source this file
 GENERATE_DEVICE_FLAGS=("${TRAIN_DEVICE_FLAGS[@]}")

@@ -49,9 +49,9 @@ def test_cuda_is_refused_where_torch_sees_no_gpu(tmp_path):
     [
         ("cpu", "fp32", "cpu|--cpu|--cpu"),
         ("cpu", "bf16", "cpu|--cpu --bf16|--cpu --bf16"),
-        ("cuda", "fp32", "cuda||"),
-        ("cuda", "bf16", "cuda|--bf16|--bf16"),
-        ("cuda", "fp16", "cuda|--fp16|--fp16"),
+        ("cuda", "fp32", "cuda|--distributed-world-size 1|--distributed-world-size 1"),
+        ("cuda", "bf16", "cuda|--distributed-world-size 1 --bf16|--distributed-world-size 1 --bf16"),
+        ("cuda", "fp16", "cuda|--distributed-world-size 1 --fp16|--distributed-world-size 1 --fp16"),
     ],
 )
 def test_flags_for_each_device_and_precision(device, precision, expected, seen_gpu):
