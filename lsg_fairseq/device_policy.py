@@ -12,7 +12,8 @@ through the task hook of :mod:`lsg_fairseq.fairseq_fixes.run_hooks`, so it holds
   (``--bf16``, ``--memory-efficient-fp16`` and ``--amp`` keep the tensors apart already.)
 * ``--distributed-world-size N`` with more processes than GPUs for fairseq to spawn, and no
   launcher (:func:`check_process_count`); with ``--cpu``, fairseq's default N (the GPUs it counts)
-  is settled to one process (:func:`one_cpu_process`);
+  is settled to one process (:func:`one_cpu_process`); across SLURM nodes, no ``--distributed-port``
+  (:func:`check_slurm_port`);
 * ``--fp16`` where fairseq's flat fp16 copies need CUDA (``--cpu``, or no GPU), and ``--amp``
   there (CUDA float16 autocast: on a CPU it trains in float32 and says nothing), are refused in one
   line that names the flag and the CPU's half precision (``--bf16``);
@@ -128,6 +129,7 @@ def vet_run(cfg, command: str) -> None:
     if common.cpu:
         one_cpu_process(cfg.distributed_training)
     check_process_count(cfg.distributed_training)
+    check_slurm_port(cfg.distributed_training)
     where = without_cuda(common)
     if where is None:
         return
@@ -204,6 +206,23 @@ def check_process_count(dist) -> None:
             "--distributed-init-method tcp://HOST:PORT --distributed-no-spawn --distributed-backend gloo "
             "(README, 'Distributed')"
         )
+
+
+def check_slurm_port(dist) -> None:
+    """fairseq-train across SLURM nodes without ``--distributed-port``: fairseq reads the nodes from
+    SLURM, then, with no port to meet on, falls back to one node's own start and asserts that node has
+    every process's GPU ("world size is 16 but have 8 available devices"), in every task."""
+    nodes = os.environ.get("SLURM_NNODES", "1")
+    slurm = "SLURM_JOB_NODELIST" in os.environ or "SLURM_STEP_NODELIST" in os.environ
+    if not slurm or not nodes.isdigit() or int(nodes) <= 1:
+        return
+    if dist.distributed_world_size <= 1 or dist.distributed_init_method is not None or dist.distributed_port > 0:
+        return
+    raise ConfigError(
+        f"--distributed-port is required to train across the {nodes} SLURM nodes (any free port, the same in "
+        "every task, e.g. --distributed-port 12345): without it fairseq starts each node on its own and fails "
+        "(README, 'Distributed')"
+    )
 
 
 def is_out_of_memory(error: BaseException) -> bool:

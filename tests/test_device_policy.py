@@ -6,6 +6,7 @@ with that call answered on CPU (``flat_on_cpu``) the path runs here, which shows
 behaviour the policy exists for: one flat, untagged float32 tensor, so LOCOST's SSM group is gone.
 """
 
+import argparse
 import os
 import subprocess
 import sys
@@ -327,6 +328,33 @@ def test_cpu_on_a_machine_with_gpus_trains_in_one_process(word_data, tmp_path, m
         train.cli_main()
     assert (tmp_path / "ck" / "checkpoint_last.pt").is_file()
     assert "--cpu: --distributed-world-size 2 (fairseq's default counts the GPUs torch sees)" in caplog.text
+
+
+def test_training_across_slurm_nodes_without_a_port_is_one_line(word_data, tmp_path, monkeypatch, capsys):
+    """fairseq reads the nodes from SLURM, then, with no --distributed-port, starts each node on its
+    own and asserts "world size is 16 but have 8 available devices" in every task (the README's
+    SLURM recipe gives the port; forgetting it was that traceback). One node needs none."""
+    from fairseq_cli import train
+
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "SLURM_STEP_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gpu[01-02]")
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    flags = ["--optimizer", "adam", "--max-update", "1", "--distributed-world-size", "16"]
+    argv = ["fairseq-train", *train_argv(word_data, tmp_path / "ck", *flags)]
+    code, err = run_in_process(train.cli_main, argv, monkeypatch, capsys)
+    assert code == 2 and not (tmp_path / "ck").exists()
+    assert err[-1] == (
+        "fairseq-train: error: --distributed-port is required to train across the 2 SLURM nodes (any free port, "
+        "the same in every task, e.g. --distributed-port 12345): without it fairseq starts each node on its own "
+        "and fails (README, 'Distributed')"
+    )
+    from lsg_fairseq.device_policy import check_slurm_port
+
+    given = argparse.Namespace(distributed_world_size=16, distributed_init_method=None, distributed_port=12345)
+    check_slurm_port(given)  # the README's recipe
+    monkeypatch.setenv("SLURM_NNODES", "1")
+    check_slurm_port(argparse.Namespace(**{**vars(given), "distributed_port": -1}))  # one node: fairseq's own port
 
 
 def test_more_processes_than_gpus_without_a_launcher_is_one_line(word_data, tmp_path, monkeypatch, capsys):
