@@ -160,17 +160,17 @@ def check_profiler(common) -> None:
     )
 
 
+def start_inferred(dist) -> bool:
+    """Whether fairseq infers how several processes meet: no ``--distributed-init-method``, no port."""
+    return dist.distributed_world_size > 1 and dist.distributed_init_method is None and dist.distributed_port <= 0
+
+
 def fairseq_spawns(dist) -> bool:
     """Whether fairseq-train would start processes itself for ``dist``: several, and nothing else to
     start them (no ``--distributed-init-method``, no torchrun or SLURM environment, no port)."""
     launched = all(k in os.environ for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"))
     launched = launched or "SLURM_JOB_NODELIST" in os.environ
-    return (
-        dist.distributed_world_size > 1
-        and dist.distributed_init_method is None
-        and not launched
-        and (dist.distributed_port <= 0)
-    )
+    return start_inferred(dist) and not launched
 
 
 def one_cpu_process(dist) -> None:
@@ -214,9 +214,7 @@ def check_slurm_port(dist) -> None:
     every process's GPU ("world size is 16 but have 8 available devices"), in every task."""
     nodes = os.environ.get("SLURM_NNODES", "1")
     slurm = "SLURM_JOB_NODELIST" in os.environ or "SLURM_STEP_NODELIST" in os.environ
-    if not slurm or not nodes.isdigit() or int(nodes) <= 1:
-        return
-    if dist.distributed_world_size <= 1 or dist.distributed_init_method is not None or dist.distributed_port > 0:
+    if not slurm or not nodes.isdigit() or int(nodes) <= 1 or not start_inferred(dist):
         return
     raise ConfigError(
         f"--distributed-port is required to train across the {nodes} SLURM nodes (any free port, the same in "

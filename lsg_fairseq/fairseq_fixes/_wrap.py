@@ -15,12 +15,10 @@ def wrap(owner, name: str, make) -> None:
     then wraps the plain function, ``cls`` its first argument). The replacement keeps the
     original's name and docstring and remembers the unwrapped original for :func:`original`.
     """
-    raw = inspect.getattr_static(owner, name)
-    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
-    func = raw.__func__ if kind else raw
-    if wrapped_by(owner, name, make):
-        return
+    kind, func = _function(owner, name)
     makers = getattr(func, _MAKERS, ())
+    if make in makers:
+        return
     replacement = functools.update_wrapper(make(func), func)
     setattr(replacement, _ORIGINAL, getattr(func, _ORIGINAL, func))
     setattr(replacement, _MAKERS, makers + (make,))
@@ -37,8 +35,13 @@ def original(owner, name: str):
     return found
 
 
+def _function(owner, name: str):
+    """(staticmethod, classmethod or None; the plain function) of ``owner.name``."""
+    raw = inspect.getattr_static(owner, name)
+    kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    return kind, raw.__func__ if kind else raw
+
+
 def wrapped_by(owner, name: str, make) -> bool:
     """Whether :func:`wrap` has wrapped ``owner.name`` with ``make`` already."""
-    raw = inspect.getattr_static(owner, name)
-    func = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
-    return make in getattr(func, _MAKERS, ())
+    return make in getattr(_function(owner, name)[1], _MAKERS, ())

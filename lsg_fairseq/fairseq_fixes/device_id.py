@@ -14,7 +14,6 @@ GPU: that runs on GPU 0, as before. ``CUDA_VISIBLE_DEVICES`` still works as befo
 torch sees).
 """
 
-import argparse
 import os
 import sys
 
@@ -25,20 +24,16 @@ from lsg_fairseq.fairseq_fixes._wrap import wrap
 from lsg_text.errors import ConfigError
 
 
-def _settings(cfg):
-    """(cpu, world size, init method, device id) of a structured config or fairseq-generate's namespace."""
-    if isinstance(cfg, argparse.Namespace):
-        return cfg.cpu, cfg.distributed_world_size, cfg.distributed_init_method, cfg.device_id
-    dt = cfg.distributed_training
-    return cfg.common.cpu, dt.distributed_world_size, dt.distributed_init_method, dt.device_id
-
-
 def use_device_asked(cfg) -> None:
-    """``torch.cuda.set_device(--device-id)`` for a run of one process on CUDA."""
-    cpu, world_size, init_method, device = _settings(cfg)
-    if cpu or world_size > 1 or init_method is not None or not torch.cuda.is_available():
+    """``torch.cuda.set_device(--device-id)`` for a run of one process on CUDA. ``cfg``: the
+    structured config (installed before :mod:`.run_hooks`, whose wrapper of fairseq-generate's
+    ``main`` makes its namespace one)."""
+    dt = cfg.distributed_training
+    if cfg.common.cpu or dt.distributed_world_size > 1 or dt.distributed_init_method is not None:
         return  # a distributed start sets each process's device itself
-    device = int(device)  # $LOCAL_RANK, fairseq's default, is a string
+    if not torch.cuda.is_available():
+        return
+    device = int(dt.device_id)  # $LOCAL_RANK, fairseq's default, is a string
     seen = torch.cuda.device_count()
     if not 0 <= device < seen:
         if os.environ.get("LOCAL_RANK") == str(device):

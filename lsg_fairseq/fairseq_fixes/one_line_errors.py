@@ -31,8 +31,7 @@ from lsg_text.errors import UserError, report
 from lsg_fairseq.fairseq_fixes._wrap import wrap
 
 
-def prog() -> str:
-    """The running command's name, for its error lines."""
+def _prog() -> str:
     return os.path.basename(sys.argv[0]) or "fairseq"
 
 
@@ -41,7 +40,7 @@ def _one_line_user_errors(original):
         try:
             return original(*args, **kwargs)
         except UserError as e:
-            sys.exit(report(e, prog()))
+            sys.exit(report(e, _prog()))
 
     return run
 
@@ -69,7 +68,7 @@ def _one_line_run_errors(original):
             for folder in missing:
                 with contextlib.suppress(OSError):  # not empty, or not made: kept
                     os.rmdir(folder)
-            sys.exit(report(e, prog()))
+            sys.exit(report(e, _prog()))
 
     return call_main
 
@@ -97,7 +96,7 @@ def _one_line_generate_errors(original):
         results = results_file(cfg)
         folder = None if results is None else os.path.dirname(results)
         if folder and os.path.exists(folder) and not os.path.isdir(folder):  # fairseq's: FileExistsError
-            sys.exit(report(f"--results-path {folder}: exists and is not a folder (give a folder)", prog()))
+            sys.exit(report(f"--results-path {folder}: exists and is not a folder (give a folder)", _prog()))
         before = _written(results)
         try:
             return original(cfg, *args, **kwargs)
@@ -106,7 +105,7 @@ def _one_line_generate_errors(original):
             # vet_run, run_hooks) leaves an earlier run's results as they were
             if results is not None and _written(results) not in (None, before):
                 os.remove(results)
-            sys.exit(report(e, prog()))
+            sys.exit(report(e, _prog()))
 
     return main
 

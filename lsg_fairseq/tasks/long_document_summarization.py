@@ -272,7 +272,7 @@ class LongDocumentSummarizationTask(TranslationTask):
         if kwargs.get("skip_remainder_batch"):  # fairseq-train's training split only
             epoch, freqs = kwargs.get("epoch", 1), self.update_freq or (1,)
             update_freq = freqs[epoch - 1] if epoch <= len(freqs) else freqs[-1]  # as fairseq-train's train()
-            check_updates_per_epoch(len(batches), update_freq, True, self._split_path(dataset))
+            check_updates_per_epoch(len(batches), update_freq, True, self._split_path(dataset)[1])
         return batches
 
     def filter_indices_by_size(self, indices, dataset, max_positions=None, ignore_invalid_inputs=False):
@@ -284,15 +284,14 @@ class LongDocumentSummarizationTask(TranslationTask):
             self._refuse_over_long(indices, dataset, max_positions)
         return super().filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs)
 
-    def _split_path(self, dataset) -> str:
-        """``<data>/<split>`` of a loaded split, for messages."""
+    def _split_path(self, dataset):
+        """(name, ``<data>/<name>``) of a loaded split, for messages; (None, "the dataset") for another."""
         split = next((k for k, v in self.datasets.items() if v is dataset), None)
-        return f"{utils.split_paths(self.cfg.data)[0]}/{split}" if split else "the dataset"
+        return split, f"{utils.split_paths(self.cfg.data)[0]}/{split}" if split else "the dataset"
 
     def _refuse_over_long(self, indices, dataset, max_positions):
         limits = max_positions if isinstance(max_positions, tuple) else (max_positions, max_positions)
-        split = next((k for k, v in self.datasets.items() if v is dataset), None)
-        where = self._split_path(dataset)
+        split, where = self._split_path(dataset)
         max_tokens = getattr(self, "_batch_max_tokens", None)
         tokens_flag = "--max-tokens-valid" if split in self.valid_subsets else "--max-tokens"
         for side, sizes, limit, task_max in (
